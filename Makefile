@@ -1,0 +1,33 @@
+# Top-level entry points. Each target installs its own dependencies first.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+
+.PHONY: all deps build test demo bench clean pyref
+
+all: build
+
+deps:
+	@bash scripts/deps.sh
+
+$(BUILD)/build.ninja:
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release
+
+build: deps $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+demo: build
+	$(BUILD)/trex demo
+
+bench: build
+	$(BUILD)/trex bench peak
+	$(BUILD)/trex bench step --config configs/bench-v3.toml --steps 6
+
+# Python reference environment (torch + transformers) for regenerating parity dumps.
+pyref:
+	bash scripts/setup_pyref.sh
+
+clean:
+	rm -rf $(BUILD)

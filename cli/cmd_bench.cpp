@@ -1,0 +1,99 @@
+// trex bench peak: measured fp32 FMA and bf16 dot-product peak of this machine (all threads).
+// trex bench step --config FILE [--steps N]: trains N steps of the config's model (random init,
+// random tokens, routing as the model chooses) and prints one JSON line.
+#include <sys/resource.h>
+#include <algorithm>
+#include <cstdio>
+#include "cli/commands.h"
+#include "core/cpu.h"
+#include "core/parallel.h"
+#include "core/rng.h"
+#include "kernels/peak.h"
+#include "model/checkpoint.h"
+#include "train/run_config.h"
+#include "train/trainer.h"
+
+namespace trex::cli {
+
+namespace {
+
+double peak_rss_mb() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss / 1024.0;
+}
+
+}  // namespace
+
+void add_bench(CLI::App& app) {
+  auto* bench = app.add_subcommand("bench", "measure the machine and the engine");
+  bench->require_subcommand(1);
+
+  auto* peak = bench->add_subcommand("peak", "fp32 FMA and bf16 dot-product peak, all threads");
+  auto pthreads = std::make_shared<int>(0);
+  peak->add_option("--threads", *pthreads, "threads (default TREX_THREADS or all cores)");
+  peak->callback([pthreads] {
+    init_threads(*pthreads);
+    kern::Peak p = kern::measure_peak(0.5);
+    std::printf("{\"fp32_gflops\": %.1f, \"bf16_gflops\": %.1f, \"bf16_native\": %s, \"threads\": %d, \"isa\": \"%s\"}\n",
+                p.fp32_gflops, p.bf16_gflops, p.bf16_native ? "true" : "false", p.threads, isa_name(cpu_isa()));
+  });
+
+  auto* step = bench->add_subcommand("step", "train N steps of a config's model and report speed and MFU");
+  struct Opts {
+    std::string config;
+    int steps = 0, warmup = 1;
+    double peak_gflops = 0;
+  };
+  auto o = std::make_shared<Opts>();
+  step->add_option("--config", o->config, "trex TOML run config ([model] + [train])")->required();
+  step->add_option("--steps", o->steps, "measured steps (default train.steps)");
+  step->add_option("--warmup", o->warmup, "steps run before measuring (default 1)");
+  step->add_option("--peak-gflops", o->peak_gflops, "peak to compute MFU against (default: measured now)");
+  step->callback([o] {
+    train::RunConfig rc = train::load_run_config(o->config);
+    int threads = init_threads((int)rc.threads);
+    const int steps = o->steps > 0 ? o->steps : (int)rc.steps;
+    model::Model m(rc.model, rc.precision, {rc.aux_loss_alpha});
+    if (!rc.model_path.empty()) model::load_hf_weights(m, rc.model_path);
+    else m.init_random(rc.seed);
+    train::AdamW opt(m, {rc.lr, rc.beta1, rc.beta2, rc.eps, rc.weight_decay, rc.clip_grad_norm});
+    const int64_t B = rc.batch_size, T = rc.seq_len, N = B * T;
+    std::vector<int32_t> ids(N), labels(N);
+    Rng rng(rc.seed + 1);
+    std::vector<double> times;
+    double last_loss = 0;
+    for (int s = 0; s < o->warmup + steps; ++s) {
+      for (auto& v : labels) v = (int32_t)(rng.next_u64() % rc.model.vocab_size);
+      ids = labels;
+      std::vector<int32_t> targets = model::shift_labels(labels, B, T);
+      model::Batch b{B, T, ids.data(), targets.data(), nullptr, nullptr};
+      train::StepStats st = train::trainer_step(m, opt, {b}, rc.lr, rc.bias_update_gamma);
+      last_loss = st.loss;
+      if (s >= o->warmup) times.push_back(st.ms);
+      std::fprintf(stderr, "[bench step] step %d loss %.4f %.1f ms\n", s, st.loss, st.ms);
+    }
+    std::sort(times.begin(), times.end());
+    const double med = times[times.size() / 2], mn = times.front();
+    const double fpt = rc.model.train_flops_per_token(T);
+    double peak = o->peak_gflops;
+    bool measured = false;
+    if (peak <= 0) {
+      kern::Peak p = kern::measure_peak(0.3);
+      peak = rc.precision == kern::Prec::BF16 ? p.bf16_gflops : p.fp32_gflops;
+      measured = true;
+    }
+    const double tps = N / (med / 1000.0);
+    const double mfu = fpt * tps / (peak * 1e9);
+    std::printf(
+        "{\"impl\": \"trex\", \"config\": \"%s\", \"precision\": \"%s\", \"threads\": %d, \"batch\": %lld, \"seq\": %lld, "
+        "\"steps\": %d, \"step_ms_median\": %.1f, \"step_ms_min\": %.1f, \"tokens_per_s\": %.1f, "
+        "\"model_flops_per_token\": %.4g, \"active_params\": %lld, \"peak_gflops\": %.1f, \"peak_measured\": %s, "
+        "\"mfu\": %.4f, \"peak_rss_mb\": %.0f, \"last_loss\": %.4f, \"activation_mb\": %.0f}\n",
+        o->config.c_str(), rc.precision == kern::Prec::BF16 ? "bf16" : "fp32", threads, (long long)B, (long long)T,
+        steps, med, mn, tps, fpt, (long long)rc.model.num_active_params(), peak, measured ? "true" : "false", mfu,
+        peak_rss_mb(), last_loss, m.peak_activation_bytes() / 1048576.0);
+  });
+}
+
+}  // namespace trex::cli

@@ -1,0 +1,82 @@
+// trex grad --model DIR --batch FILE.json [--precision fp32|bf16] --out GRADS.safetensors
+// One forward + backward of a Hugging Face checkpoint on a batch {"input_ids": [[...]],
+// "labels": [[...]]} (labels aligned with input_ids as in transformers; -100 = ignored; absent =
+// input_ids). Prints {"loss": ...} and writes every parameter gradient under its HF name.
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include "cli/commands.h"
+#include "core/parallel.h"
+#include "model/checkpoint.h"
+#include "train/run_config.h"
+
+namespace trex::cli {
+
+namespace {
+
+std::vector<int32_t> read_rows(const nlohmann::json& j, const char* key, const std::string& path, int64_t& B,
+                               int64_t& T) {
+  TREX_USER_CHECK(j.contains(key) && j[key].is_array() && !j[key].empty(), "give a non-empty list of rows", path,
+                  ": '", key, "' must be a non-empty list of lists of integers");
+  const auto& rows = j[key];
+  B = rows.size();
+  T = -1;
+  std::vector<int32_t> out;
+  for (size_t b = 0; b < rows.size(); ++b) {
+    TREX_USER_CHECK(rows[b].is_array() && !rows[b].empty(), "each row must be a non-empty list", path, ": ", key,
+                    "[", b, "] is not a non-empty list");
+    if (T < 0) T = rows[b].size();
+    TREX_USER_CHECK((int64_t)rows[b].size() == T, "pad all rows to one length", path, ": ", key, "[", b,
+                    "] has length ", rows[b].size(), ", row 0 has ", T);
+    for (const auto& v : rows[b]) {
+      TREX_USER_CHECK(v.is_number_integer(), "ids must be integers", path, ": ", key, "[", b, "] holds ", v.dump());
+      out.push_back(v.get<int32_t>());
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void add_grad(CLI::App& app) {
+  auto* cmd = app.add_subcommand("grad", "one forward+backward of a checkpoint on a batch; writes all gradients");
+  struct Opts {
+    std::string model, batch, out, precision = "fp32";
+    int threads = 0;
+  };
+  auto o = std::make_shared<Opts>();
+  cmd->add_option("--model", o->model, "Hugging Face checkpoint directory (config.json + safetensors)")->required();
+  cmd->add_option("--batch", o->batch, "JSON file {\"input_ids\": [[...]], \"labels\": [[...]]}")->required();
+  cmd->add_option("--out", o->out, "output gradients (.safetensors)")->required();
+  cmd->add_option("--precision", o->precision, "fp32 or bf16");
+  cmd->add_option("--threads", o->threads, "threads (default TREX_THREADS or all cores)");
+  cmd->callback([o] {
+    init_threads(o->threads);
+    kern::Prec prec = train::parse_precision(o->precision, "--precision");
+    model::ModelConfig cfg = model::load_config_json(o->model + "/config.json");
+    std::ifstream f(o->batch);
+    TREX_USER_CHECK(f.good(), "check the --batch path", o->batch, ": cannot open");
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(f);
+    } catch (const nlohmann::json::parse_error& e) {
+      TREX_USER_FAIL("the batch file must be JSON", o->batch, ": ", e.what());
+    }
+    int64_t B, T, B2, T2;
+    std::vector<int32_t> ids = read_rows(j, "input_ids", o->batch, B, T);
+    std::vector<int32_t> labels = j.contains("labels") ? read_rows(j, "labels", o->batch, B2, T2) : ids;
+    if (j.contains("labels"))
+      TREX_USER_CHECK(B2 == B && T2 == T, "labels must have the shape of input_ids", o->batch, ": labels are [", B2,
+                      ", ", T2, "], input_ids [", B, ", ", T, "]");
+    std::vector<int32_t> targets = model::shift_labels(labels, B, T);
+    model::Model m(cfg, prec);
+    model::load_hf_weights(m, o->model);
+    model::Batch b{B, T, ids.data(), targets.data(), nullptr, nullptr};
+    model::LossParts lp = m.forward_backward(b, 1.f);
+    model::save_gradients(m, o->out);
+    std::printf("{\"loss\": %.9g, \"ce\": %.9g, \"n_valid\": %lld, \"tokens\": %lld}\n", lp.loss, lp.ce,
+                (long long)lp.n_valid, (long long)(B * T));
+  });
+}
+
+}  // namespace trex::cli

@@ -1,0 +1,159 @@
+#include "model/checkpoint.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include "core/log.h"
+#include "io/safetensors.h"
+
+namespace trex::model {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Layer index of "model.layers.<i>.", or -1.
+int64_t layer_of(const std::string& name) {
+  const std::string pre = "model.layers.";
+  if (name.rfind(pre, 0) != 0) return -1;
+  return std::atoll(name.c_str() + pre.size());
+}
+
+void read_tensor(const io::SafetensorsDir& ck, const std::string& name, const Shape& want, float* dst) {
+  const io::SafetensorsFile* f = nullptr;
+  const io::TensorInfo* t = ck.find(name, &f);
+  TREX_USER_CHECK(t, "the checkpoint must match config.json (or set tie_word_embeddings)", ck.dir(),
+                  ": tensor '", name, "' is missing");
+  TREX_USER_CHECK(t->shape == want, "the checkpoint must match config.json", f->path(), ": tensor '", name,
+                  "' has shape ", t->shape.str(), ", config.json implies ", want.str());
+  TREX_USER_CHECK(t->dtype == DType::F32 || t->dtype == DType::BF16 || t->dtype == DType::F16 ||
+                      t->dtype == DType::F64,
+                  "FP8 checkpoints must be dequantized first (weight_scale_inv blocks)", f->path(), ": tensor '",
+                  name, "' has dtype ", dtype_name(t->dtype), ", trex reads F32, BF16, F16, F64");
+  ck.read_f32(name, dst, want.numel());
+}
+
+}  // namespace
+
+void load_hf_weights(Model& m, const std::string& dir) {
+  io::SafetensorsDir ck = io::SafetensorsDir::open(dir);
+  std::set<std::string> used;
+  for (const ParamEntry& e : m.layout.entries) {
+    read_tensor(ck, e.name, e.shape, m.P() + e.offset);
+    used.insert(e.name);
+  }
+  for (const BufferEntry& b : m.layout.buffers) {
+    if (ck.find(b.name)) {
+      read_tensor(ck, b.name, Shape{b.size}, m.buffers.data() + b.offset);
+      used.insert(b.name);
+    } else {
+      TREX_LOG_WARN(dir, ": '", b.name, "' absent; router bias starts at 0");
+    }
+  }
+  int64_t skipped_mtp = 0, unknown = 0;
+  for (const std::string& n : ck.names()) {
+    if (used.count(n)) continue;
+    if (m.cfg.tie_word_embeddings && n == "lm_head.weight") continue;
+    if (n.size() > 16 && n.compare(n.size() - 16, 16, "weight_scale_inv") == 0)
+      TREX_USER_FAIL("dequantize the FP8 checkpoint to BF16 first", dir, ": FP8 block scales ('", n,
+                     "') found; this build reads BF16/F32 weights");
+    if (layer_of(n) >= m.cfg.num_hidden_layers) {
+      ++skipped_mtp;
+      continue;
+    }
+    if (n.find("rotary_emb.inv_freq") != std::string::npos) continue;
+    if (++unknown <= 5) TREX_LOG_WARN(dir, ": unexpected tensor '", n, "' ignored");
+  }
+  if (skipped_mtp) TREX_LOG_INFO(dir, ": skipped ", skipped_mtp, " tensors of layers >= num_hidden_layers (MTP)");
+  TREX_USER_CHECK(unknown == 0, "the checkpoint does not match config.json", dir, ": ", unknown,
+                  " tensors do not belong to this model config");
+  m.refresh_bf16();
+}
+
+std::string config_to_json(const ModelConfig& c) {
+  nlohmann::ordered_json j;
+  j["architectures"] = {"DeepseekV3ForCausalLM"};
+  j["model_type"] = "deepseek_v3";
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.intermediate_size;
+  j["moe_intermediate_size"] = c.moe_intermediate_size;
+  j["num_hidden_layers"] = c.num_hidden_layers;
+  j["num_attention_heads"] = c.num_attention_heads;
+  j["num_key_value_heads"] = c.num_attention_heads;
+  j["n_shared_experts"] = c.n_shared_experts;
+  j["n_routed_experts"] = c.n_routed_experts;
+  j["routed_scaling_factor"] = c.routed_scaling_factor;
+  j["kv_lora_rank"] = c.kv_lora_rank;
+  j["q_lora_rank"] = c.q_lora_rank ? nlohmann::ordered_json(c.q_lora_rank) : nlohmann::ordered_json(nullptr);
+  j["qk_rope_head_dim"] = c.qk_rope_head_dim;
+  j["v_head_dim"] = c.v_head_dim;
+  j["qk_nope_head_dim"] = c.qk_nope_head_dim;
+  j["topk_method"] = topk_method_name(c.topk_method);
+  j["n_group"] = c.n_group;
+  j["topk_group"] = c.topk_group;
+  j["num_experts_per_tok"] = c.num_experts_per_tok;
+  j["first_k_dense_replace"] = c.first_k_dense_replace;
+  j["norm_topk_prob"] = c.norm_topk_prob;
+  j["scoring_func"] = scoring_name(c.scoring_func);
+  j["hidden_act"] = "silu";
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  j["rope_theta"] = c.rope_theta;
+  if (c.rope_scaling.yarn) {
+    const RopeScaling& y = c.rope_scaling;
+    j["rope_scaling"] = {{"type", "yarn"},
+                         {"rope_type", "yarn"},
+                         {"factor", y.factor},
+                         {"original_max_position_embeddings", y.original_max_position_embeddings},
+                         {"beta_fast", y.beta_fast},
+                         {"beta_slow", y.beta_slow},
+                         {"mscale", y.mscale},
+                         {"mscale_all_dim", y.mscale_all_dim}};
+  } else {
+    j["rope_scaling"] = nullptr;
+  }
+  j["rope_interleave"] = c.rope_interleave;
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  j["attention_bias"] = false;
+  j["initializer_range"] = c.initializer_range;
+  j["num_nextn_predict_layers"] = 0;
+  return j.dump(2);
+}
+
+void save_hf_checkpoint(const Model& m, const std::string& dir, DType dtype, uint64_t max_shard_bytes) {
+  TREX_USER_CHECK(dtype == DType::F32 || dtype == DType::BF16, "use F32 or BF16", "checkpoint dtype ",
+                  dtype_name(dtype), " is not supported for saving");
+  fs::create_directories(dir);
+  std::vector<io::TensorToWrite> ts;
+  std::vector<std::vector<bf16>> conv;
+  conv.reserve(m.layout.entries.size());
+  for (const ParamEntry& e : m.layout.entries) {
+    const float* src = m.P() + e.offset;
+    if (dtype == DType::BF16) {
+      conv.emplace_back(e.shape.numel());
+      for (int64_t i = 0; i < e.shape.numel(); ++i) conv.back()[i] = f32_to_bf16(src[i]);
+      ts.push_back({e.name, DType::BF16, e.shape, conv.back().data()});
+    } else {
+      ts.push_back({e.name, DType::F32, e.shape, src});
+    }
+  }
+  for (const BufferEntry& b : m.layout.buffers)
+    ts.push_back({b.name, DType::F32, Shape{b.size}, m.buffers.data() + b.offset});
+  io::write_safetensors_dir(dir, ts, max_shard_bytes);
+  const std::string cfg = dir + "/config.json";
+  std::ofstream f(cfg + ".tmp");
+  f << config_to_json(m.cfg) << "\n";
+  f.close();
+  TREX_USER_CHECK(f.good(), "check free space and permissions", cfg, ": write failed");
+  fs::rename(cfg + ".tmp", cfg);
+}
+
+void save_gradients(const Model& m, const std::string& path) {
+  std::vector<io::TensorToWrite> ts;
+  for (const ParamEntry& e : m.layout.entries) ts.push_back({e.name, DType::F32, e.shape, m.G() + e.offset});
+  io::write_safetensors(path, ts);
+}
+
+}  // namespace trex::model

@@ -1,0 +1,233 @@
+#include "model/config.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include "core/error.h"
+#include "core/log.h"
+
+namespace trex::model {
+
+using nlohmann::json;
+
+namespace {
+
+const char* kFixHint = "fix the value in the model config (Hugging Face config.json keys)";
+
+struct Reader {
+  const json& j;
+  const std::string& where;
+
+  bool has(const char* k) const { return j.contains(k) && !j[k].is_null(); }
+
+  int64_t i64(const char* k, int64_t def, bool required = false, int64_t min = 0) const {
+    if (!has(k)) {
+      TREX_USER_CHECK(!required, kFixHint, where, ": required field '", k, "' is missing");
+      return def;
+    }
+    const json& v = j[k];
+    TREX_USER_CHECK(v.is_number_integer() || (v.is_number_float() && v.get<double>() == (int64_t)v.get<double>()),
+                    kFixHint, where, ": field '", k, "' must be an integer, got ", v.dump());
+    int64_t x = v.is_number_integer() ? v.get<int64_t>() : (int64_t)v.get<double>();
+    TREX_USER_CHECK(x >= min, kFixHint, where, ": field '", k, "' must be >= ", min, ", got ", x);
+    return x;
+  }
+  double f64(const char* k, double def, bool required = false) const {
+    if (!has(k)) {
+      TREX_USER_CHECK(!required, kFixHint, where, ": required field '", k, "' is missing");
+      return def;
+    }
+    TREX_USER_CHECK(j[k].is_number(), kFixHint, where, ": field '", k, "' must be a number, got ", j[k].dump());
+    return j[k].get<double>();
+  }
+  bool boolean(const char* k, bool def) const {
+    if (!has(k)) return def;
+    TREX_USER_CHECK(j[k].is_boolean(), kFixHint, where, ": field '", k, "' must be true or false, got ", j[k].dump());
+    return j[k].get<bool>();
+  }
+  std::string str(const char* k, const std::string& def) const {
+    if (!has(k)) return def;
+    TREX_USER_CHECK(j[k].is_string(), kFixHint, where, ": field '", k, "' must be a string, got ", j[k].dump());
+    return j[k].get<std::string>();
+  }
+};
+
+void parse_rope(const json& j, const std::string& where, ModelConfig& c) {
+  // transformers >= 5 writes rope_parameters {rope_type, rope_theta, factor, ...}; DeepSeek's
+  // own checkpoints write rope_theta and rope_scaling {type|rope_type, factor, ...}.
+  const json* rs = nullptr;
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) rs = &j["rope_parameters"];
+  else if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) rs = &j["rope_scaling"];
+  if (rs && rs->contains("rope_theta")) {
+    TREX_USER_CHECK((*rs)["rope_theta"].is_number(), kFixHint, where, ": rope_theta must be a number");
+    c.rope_theta = (*rs)["rope_theta"].get<double>();
+  }
+  if (!rs) return;
+  std::string type = "default";
+  if (rs->contains("rope_type") && (*rs)["rope_type"].is_string()) type = (*rs)["rope_type"];
+  else if (rs->contains("type") && (*rs)["type"].is_string()) type = (*rs)["type"];
+  if (type == "default") return;
+  TREX_USER_CHECK(type == "yarn", "use rope_type \"yarn\" or \"default\" (DeepSeek-V3 uses yarn)", where,
+                  ": rope scaling type '", type, "' is not supported");
+  Reader r{*rs, where};
+  RopeScaling& y = c.rope_scaling;
+  y.yarn = true;
+  y.factor = r.f64("factor", 1.0, true);
+  TREX_USER_CHECK(y.factor >= 1.0, kFixHint, where, ": rope_scaling.factor must be >= 1, got ", y.factor);
+  y.beta_fast = r.f64("beta_fast", 32.0);
+  y.beta_slow = r.f64("beta_slow", 1.0);
+  y.mscale = r.f64("mscale", 1.0);
+  y.mscale_all_dim = r.f64("mscale_all_dim", 0.0);
+  y.original_max_position_embeddings =
+      r.i64("original_max_position_embeddings", c.max_position_embeddings, false, 1);
+  y.truncate = r.boolean("truncate", true);
+  TREX_USER_CHECK(!r.has("attention_factor"), "remove rope_scaling.attention_factor", where,
+                  ": rope_scaling.attention_factor is not supported (DeepSeek uses mscale / mscale_all_dim)");
+}
+
+}  // namespace
+
+ModelConfig parse_config(const json& j, const std::string& where) {
+  TREX_USER_CHECK(j.is_object(), kFixHint, where, ": model config must be a JSON object");
+  Reader r{j, where};
+  ModelConfig c;
+  c.model_type = r.str("model_type", "deepseek_v3");
+  TREX_USER_CHECK(c.model_type == "deepseek_v3" || c.model_type == "kimi_k2",
+                  "this build trains model_type deepseek_v3 (also R1, V3.1, Kimi-K2, Moonlight)", where,
+                  ": model_type '", c.model_type, "' is not supported");
+  c.vocab_size = r.i64("vocab_size", 0, true, 1);
+  c.hidden_size = r.i64("hidden_size", 0, true, 1);
+  c.num_hidden_layers = r.i64("num_hidden_layers", 0, true, 1);
+  c.num_attention_heads = r.i64("num_attention_heads", 0, true, 1);
+  int64_t kvh = r.i64("num_key_value_heads", c.num_attention_heads, false, 1);
+  TREX_USER_CHECK(kvh == c.num_attention_heads, "set num_key_value_heads = num_attention_heads", where,
+                  ": MLA expands the latent to every head; num_key_value_heads (", kvh,
+                  ") != num_attention_heads (", c.num_attention_heads, ") is not supported");
+  c.q_lora_rank = r.has("q_lora_rank") ? r.i64("q_lora_rank", 0, false, 1) : 0;
+  c.kv_lora_rank = r.i64("kv_lora_rank", 0, true, 1);
+  c.qk_nope_head_dim = r.i64("qk_nope_head_dim", 0, true, 0);
+  c.qk_rope_head_dim = r.i64("qk_rope_head_dim", 0, true, 0);
+  TREX_USER_CHECK(c.qk_rope_head_dim % 2 == 0, kFixHint, where, ": qk_rope_head_dim must be even, got ",
+                  c.qk_rope_head_dim);
+  TREX_USER_CHECK(c.qk_head_dim() > 0, kFixHint, where, ": qk_nope_head_dim + qk_rope_head_dim must be > 0");
+  c.v_head_dim = r.i64("v_head_dim", 0, true, 1);
+  c.intermediate_size = r.i64("intermediate_size", 0, true, 1);
+  c.n_routed_experts = r.i64("n_routed_experts", 0, false, 0);
+  c.first_k_dense_replace = r.i64("first_k_dense_replace", 0, false, 0);
+  int64_t freq = r.i64("moe_layer_freq", 1, false, 1);
+  TREX_USER_CHECK(freq == 1, "set moe_layer_freq = 1", where, ": moe_layer_freq ", freq,
+                  " is not supported (DeepSeek-V3 uses 1)");
+  if (c.n_routed_experts > 0 && c.first_k_dense_replace < c.num_hidden_layers) {
+    c.moe_intermediate_size = r.i64("moe_intermediate_size", 0, true, 1);
+    c.n_shared_experts = r.i64("n_shared_experts", 0, false, 0);
+    c.num_experts_per_tok = r.i64("num_experts_per_tok", 0, true, 1);
+    c.n_group = r.i64("n_group", 1, false, 1);
+    c.topk_group = r.i64("topk_group", 1, false, 1);
+    std::string tm = r.str("topk_method", "noaux_tc");
+    if (tm == "noaux_tc") c.topk_method = TopkMethod::NoauxTc;
+    else if (tm == "greedy") c.topk_method = TopkMethod::Greedy;
+    else if (tm == "group_limited_greedy") c.topk_method = TopkMethod::GroupLimitedGreedy;
+    else TREX_USER_FAIL("allowed: noaux_tc, greedy, group_limited_greedy", where, ": topk_method '", tm, "' is not supported");
+    std::string sf = r.str("scoring_func", "sigmoid");
+    if (sf == "sigmoid") c.scoring_func = ScoringFunc::Sigmoid;
+    else if (sf == "softmax") c.scoring_func = ScoringFunc::Softmax;
+    else TREX_USER_FAIL("allowed: sigmoid, softmax", where, ": scoring_func '", sf, "' is not supported");
+    c.norm_topk_prob = r.boolean("norm_topk_prob", true);
+    c.routed_scaling_factor = r.f64("routed_scaling_factor", 1.0);
+    const int64_t E = c.n_routed_experts;
+    TREX_USER_CHECK(E % c.n_group == 0, kFixHint, where, ": n_routed_experts (", E,
+                    ") must be divisible by n_group (", c.n_group, ")");
+    TREX_USER_CHECK(c.topk_group <= c.n_group, kFixHint, where, ": topk_group (", c.topk_group,
+                    ") must be <= n_group (", c.n_group, ")");
+    if (c.topk_method == TopkMethod::NoauxTc)
+      TREX_USER_CHECK(E / c.n_group >= 2, kFixHint, where,
+                      ": noaux_tc scores each group by its top-2 experts, so every group needs >= 2 experts (",
+                      E, " experts in ", c.n_group, " groups)");
+    int64_t selectable = c.topk_method == TopkMethod::Greedy ? E : c.topk_group * (E / c.n_group);
+    TREX_USER_CHECK(c.num_experts_per_tok <= selectable, kFixHint, where, ": num_experts_per_tok (",
+                    c.num_experts_per_tok, ") exceeds the experts selectable (", selectable, ")");
+  }
+  c.max_position_embeddings = r.i64("max_position_embeddings", 4096, false, 1);
+  c.rope_theta = r.f64("rope_theta", 10000.0);
+  parse_rope(j, where, c);
+  c.rope_interleave = r.boolean("rope_interleave", true);
+  c.rms_norm_eps = r.f64("rms_norm_eps", 1e-6);
+  c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
+  c.initializer_range = r.f64("initializer_range", 0.02);
+  c.num_nextn_predict_layers = r.i64("num_nextn_predict_layers", 0, false, 0);
+  std::string act = r.str("hidden_act", "silu");
+  TREX_USER_CHECK(act == "silu", "set hidden_act = \"silu\"", where, ": hidden_act '", act, "' is not supported");
+  TREX_USER_CHECK(!r.boolean("attention_bias", false), "set attention_bias = false", where,
+                  ": attention_bias = true is not supported (DeepSeek-V3 has no attention biases)");
+  TREX_USER_CHECK(r.f64("attention_dropout", 0.0) == 0.0, "set attention_dropout = 0", where,
+                  ": attention dropout is not supported");
+  if (c.num_nextn_predict_layers > 0)
+    TREX_LOG_INFO(where, ": num_nextn_predict_layers = ", c.num_nextn_predict_layers,
+                  "; V3 MTP layers are not trained by this build and are skipped on load");
+  return c;
+}
+
+ModelConfig load_config_json(const std::string& path) {
+  std::ifstream f(path);
+  TREX_USER_CHECK(f.good(), "check the --model directory", path, ": cannot open model config");
+  json j;
+  try {
+    j = json::parse(f);
+  } catch (const json::parse_error& e) {
+    TREX_USER_FAIL("the file must be valid JSON", path, ": not valid JSON: ", e.what());
+  }
+  return parse_config(j, path);
+}
+
+int64_t ModelConfig::num_params() const {
+  const int64_t d = hidden_size, H = num_attention_heads;
+  int64_t attn = (q_lora_rank ? d * q_lora_rank + q_lora_rank + q_lora_rank * H * qk_head_dim()
+                              : d * H * qk_head_dim()) +
+                 d * (kv_lora_rank + qk_rope_head_dim) + kv_lora_rank +
+                 kv_lora_rank * H * (qk_nope_head_dim + v_head_dim) + H * v_head_dim * d + 2 * d;
+  int64_t total = vocab_size * d * (tie_word_embeddings ? 1 : 2) + d;
+  for (int64_t l = 0; l < num_hidden_layers; ++l) {
+    total += attn;
+    if (is_moe_layer(l))
+      total += n_routed_experts * 3 * d * moe_intermediate_size + 3 * d * shared_intermediate() +
+               n_routed_experts * d;
+    else
+      total += 3 * d * intermediate_size;
+  }
+  return total;
+}
+
+int64_t ModelConfig::num_active_params() const {
+  const int64_t d = hidden_size, H = num_attention_heads;
+  int64_t attn = (q_lora_rank ? d * q_lora_rank + q_lora_rank * H * qk_head_dim() : d * H * qk_head_dim()) +
+                 d * (kv_lora_rank + qk_rope_head_dim) + kv_lora_rank * H * (qk_nope_head_dim + v_head_dim) +
+                 H * v_head_dim * d;
+  int64_t total = vocab_size * d;  // LM head (the embedding lookup is not a matmul)
+  for (int64_t l = 0; l < num_hidden_layers; ++l) {
+    total += attn;
+    if (is_moe_layer(l))
+      total += num_experts_per_tok * 3 * d * moe_intermediate_size + 3 * d * shared_intermediate() +
+               n_routed_experts * d;
+    else
+      total += 3 * d * intermediate_size;
+  }
+  return total;
+}
+
+double ModelConfig::train_flops_per_token(int64_t T) const {
+  // Causal attention: per token on average (T+1)/2 keys; QK^T and PV: 2*H*(dqk+dv) FLOPs per
+  // key forward, x3 for forward + backward.
+  double attn = 6.0 * num_attention_heads * (qk_head_dim() + v_head_dim) * ((T + 1) / 2.0) * num_hidden_layers;
+  return 6.0 * static_cast<double>(num_active_params()) + attn;
+}
+
+std::string scoring_name(ScoringFunc s) { return s == ScoringFunc::Sigmoid ? "sigmoid" : "softmax"; }
+std::string topk_method_name(TopkMethod t) {
+  switch (t) {
+    case TopkMethod::NoauxTc: return "noaux_tc";
+    case TopkMethod::Greedy: return "greedy";
+    case TopkMethod::GroupLimitedGreedy: return "group_limited_greedy";
+  }
+  return "?";
+}
+
+}  // namespace trex::model

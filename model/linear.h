@@ -1,0 +1,33 @@
+// Linear layers (no bias) over a token-major activation: y = x @ W^T with W [out, in] as stored
+// in Hugging Face checkpoints. Precision: F32 runs f32 GEMMs; BF16 feeds the GEMM bf16 copies
+// of x and W (W from the bf16 shadow refreshed after each optimizer step) and accumulates in f32.
+// Parameter gradients accumulate (dW +=); activation gradients overwrite unless `dx_accum`.
+#pragma once
+#include <cstdint>
+#include "core/dtype.h"
+#include "core/stack_arena.h"
+#include "kernels/gemm.h"
+
+namespace trex::model {
+
+struct Ctx {
+  kern::Prec prec = kern::Prec::F32;
+  StackArena* ws = nullptr;  // scratch for bf16 copies and temporaries
+};
+
+// Weight pointers of one matrix: f32 master and (in bf16 mode) its bf16 shadow.
+struct W {
+  const float* f = nullptr;
+  const bf16* b = nullptr;
+};
+
+// x: [N, in]  W: [out, in]  ->  y: [N, out]  (y = beta*y + x @ W^T)
+void linear_fwd(const Ctx&, const float* x, int64_t N, int64_t in, W w, int64_t out, float* y, float beta = 0.f);
+// dy: [N, out]  x: [N, in]  ->  dx: [N, in] (= or += dy @ W; skipped if null), dW: [out, in] += dy^T @ x
+void linear_bwd(const Ctx&, const float* dy, const float* x, int64_t N, int64_t in, W w, int64_t out, float* dx,
+                bool dx_accum, float* dW);
+
+// Converts n floats to bf16 (round to nearest even), threaded.
+void to_bf16(const float* x, bf16* y, int64_t n);
+
+}  // namespace trex::model

@@ -1,0 +1,153 @@
+#include "model/mla.h"
+
+#include <cstring>
+#include "core/parallel.h"
+#include "kernels/attention.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+
+namespace trex::model {
+
+namespace {
+
+W wt(const AttnIn& in, int64_t off) { return {in.P + off, in.Pb ? in.Pb + off : nullptr}; }
+
+kern::RopeLayout layout(const RopeTable& r) {
+  return r.interleaved ? kern::RopeLayout::Interleaved : kern::RopeLayout::HalfSplit;
+}
+
+}  // namespace
+
+void mla_forward(const Ctx& c, const AttnIn& in, const float* x, float* out, MlaSaved& s) {
+  const ModelConfig& m = *in.cfg;
+  const LayerParams& p = *in.p;
+  const int64_t N = in.B * in.T, d = m.hidden_size, H = m.num_attention_heads;
+  const int64_t dn = m.qk_nope_head_dim, dr = m.qk_rope_head_dim, dqk = m.qk_head_dim(), dv = m.v_head_dim;
+  const int64_t r = m.kv_lora_rank, rq = m.q_lora_rank;
+  StackArena& A = *c.ws;
+  s.x = x;
+
+  // Queries: [N, H, dqk], RoPE on the last dr dims of each head.
+  s.Q = A.alloc<float>(N * H * dqk);
+  if (rq) {
+    s.qa = A.alloc<float>(N * rq);
+    s.qa_rstd = A.alloc<float>(N);
+    s.qan = A.alloc<float>(N * rq);
+    linear_fwd(c, x, N, d, wt(in, p.q_a), rq, s.qa);
+    kern::rmsnorm_fwd(s.qa, N, rq, in.P + p.q_a_norm, (float)m.rms_norm_eps, s.qan, s.qa_rstd);
+    linear_fwd(c, s.qan, N, rq, wt(in, p.q_b), H * dqk, s.Q);
+  } else {
+    linear_fwd(c, x, N, d, wt(in, p.q), H * dqk, s.Q);
+  }
+  if (dr)
+    kern::rope_apply(s.Q + dn, N, (int)H, H * dqk, dqk, (int)dr, in.pos, in.rope->cos, in.rope->sin, layout(*in.rope),
+                     false);
+
+  // Latent and shared rope key (kva is a temporary split into the two saved parts).
+  s.lat = A.alloc<float>(N * r);
+  s.lat_rstd = A.alloc<float>(N);
+  s.latn = A.alloc<float>(N * r);
+  float* kpe = A.alloc<float>(N * (dr ? dr : 1));
+  {
+    auto mk = A.mark();
+    float* kva = A.alloc<float>(N * (r + dr));
+    linear_fwd(c, x, N, d, wt(in, p.kv_a), r + dr, kva);
+    for (int64_t n = 0; n < N; ++n) {
+      std::memcpy(s.lat + n * r, kva + n * (r + dr), r * sizeof(float));
+      std::memcpy(kpe + n * dr, kva + n * (r + dr) + r, dr * sizeof(float));
+    }
+    A.release(mk);
+  }
+  kern::rmsnorm_fwd(s.lat, N, r, in.P + p.kv_a_norm, (float)m.rms_norm_eps, s.latn, s.lat_rstd);
+  if (dr) kern::rope_apply(kpe, N, 1, dr, dr, (int)dr, in.pos, in.rope->cos, in.rope->sin, layout(*in.rope), false);
+
+  // Per-head keys and values from the latent.
+  s.K = A.alloc<float>(N * H * dqk);
+  s.V = A.alloc<float>(N * H * dv);
+  {
+    auto mk2 = A.mark();
+    float* kv = A.alloc<float>(N * H * (dn + dv));
+    linear_fwd(c, s.latn, N, r, wt(in, p.kv_b), H * (dn + dv), kv);
+    parallel_for(N, 64, [&](int64_t b, int64_t e) {
+      for (int64_t n = b; n < e; ++n)
+        for (int64_t h = 0; h < H; ++h) {
+          const float* src = kv + (n * H + h) * (dn + dv);
+          float* k = s.K + (n * H + h) * dqk;
+          std::memcpy(k, src, dn * sizeof(float));
+          std::memcpy(k + dn, kpe + n * dr, dr * sizeof(float));
+          std::memcpy(s.V + (n * H + h) * dv, src + dn, dv * sizeof(float));
+        }
+    });
+    A.release(mk2);
+  }
+
+  s.O = A.alloc<float>(N * H * dv);
+  s.lse = A.alloc<float>(N * H);
+  kern::AttnShape sh{(int)in.B, (int)in.T, (int)H, (int)dqk, (int)dv, in.rope->softmax_scale, 0};
+  kern::attention_fwd(sh, s.Q, s.K, s.V, s.O, s.lse, in.seg);
+  linear_fwd(c, s.O, N, H * dv, wt(in, p.o), d, out);
+}
+
+void mla_backward(const Ctx& c, const AttnIn& in, const MlaSaved& s, const float* dout, float* dx) {
+  const ModelConfig& m = *in.cfg;
+  const LayerParams& p = *in.p;
+  const int64_t N = in.B * in.T, d = m.hidden_size, H = m.num_attention_heads;
+  const int64_t dn = m.qk_nope_head_dim, dr = m.qk_rope_head_dim, dqk = m.qk_head_dim(), dv = m.v_head_dim;
+  const int64_t r = m.kv_lora_rank, rq = m.q_lora_rank;
+  StackArena& A = *c.ws;
+  float* G = in.G;
+  auto mk = A.mark();
+
+  // Output projection.
+  float* dO = A.alloc<float>(N * H * dv);
+  linear_bwd(c, dout, s.O, N, H * dv, wt(in, p.o), d, dO, false, G + p.o);
+
+  // Attention core.
+  float* dQ = A.alloc<float>(N * H * dqk);
+  float* dK = A.alloc<float>(N * H * dqk);
+  float* dV = A.alloc<float>(N * H * dv);
+  kern::AttnShape sh{(int)in.B, (int)in.T, (int)H, (int)dqk, (int)dv, in.rope->softmax_scale, 0};
+  kern::attention_bwd(sh, s.Q, s.K, s.V, s.O, s.lse, dO, dQ, dK, dV, in.seg);
+
+  // Back into the latent: dkv [N, H, dn+dv], dk_pe [N, dr] summed over heads.
+  float* dkv = A.alloc<float>(N * H * (dn + dv));
+  float* dkva = A.alloc<float>(N * (r + dr));
+  parallel_for(N, 64, [&](int64_t b, int64_t e) {
+    for (int64_t n = b; n < e; ++n) {
+      float* dpe = dkva + n * (r + dr) + r;
+      for (int64_t j = 0; j < dr; ++j) dpe[j] = 0.f;
+      for (int64_t h = 0; h < H; ++h) {
+        const float* dk = dK + (n * H + h) * dqk;
+        float* dst = dkv + (n * H + h) * (dn + dv);
+        std::memcpy(dst, dk, dn * sizeof(float));
+        std::memcpy(dst + dn, dV + (n * H + h) * dv, dv * sizeof(float));
+        for (int64_t j = 0; j < dr; ++j) dpe[j] += dk[dn + j];
+      }
+    }
+  });
+  if (dr)
+    kern::rope_apply(dkva + r, N, 1, r + dr, dr, (int)dr, in.pos, in.rope->cos, in.rope->sin, layout(*in.rope), true);
+  float* dlatn = A.alloc<float>(N * r);
+  linear_bwd(c, dkv, s.latn, N, r, wt(in, p.kv_b), H * (dn + dv), dlatn, false, G + p.kv_b);
+  float* dlat = A.alloc<float>(N * r);
+  kern::rmsnorm_bwd(dlatn, s.lat, N, r, in.P + p.kv_a_norm, s.lat_rstd, dlat, G + p.kv_a_norm);
+  for (int64_t n = 0; n < N; ++n) std::memcpy(dkva + n * (r + dr), dlat + n * r, r * sizeof(float));
+  linear_bwd(c, dkva, s.x, N, d, wt(in, p.kv_a), r + dr, dx, false, G + p.kv_a);
+
+  // Queries: undo RoPE on the gradient (the rotation's adjoint is the inverse rotation).
+  if (dr)
+    kern::rope_apply(dQ + dn, N, (int)H, H * dqk, dqk, (int)dr, in.pos, in.rope->cos, in.rope->sin, layout(*in.rope),
+                     true);
+  if (rq) {
+    float* dqan = A.alloc<float>(N * rq);
+    linear_bwd(c, dQ, s.qan, N, rq, wt(in, p.q_b), H * dqk, dqan, false, G + p.q_b);
+    float* dqa = A.alloc<float>(N * rq);
+    kern::rmsnorm_bwd(dqan, s.qa, N, rq, in.P + p.q_a_norm, s.qa_rstd, dqa, G + p.q_a_norm);
+    linear_bwd(c, dqa, s.x, N, d, wt(in, p.q_a), rq, dx, true, G + p.q_a);
+  } else {
+    linear_bwd(c, dQ, s.x, N, d, wt(in, p.q), H * dqk, dx, true, G + p.q);
+  }
+  A.release(mk);
+}
+
+}  // namespace trex::model

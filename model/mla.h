@@ -1,0 +1,51 @@
+// Multi-head Latent Attention (DeepSeek-V2/V3), forward and backward side by side.
+//   q    = q_b(rmsnorm(q_a(x)))  or  q_proj(x)                       [N, H, dn + dr]
+//   kva  = kv_a_proj_with_mqa(x) = [latent | k_pe]                    [N, r + dr]
+//   kv   = kv_b(rmsnorm(latent))  = per head [k_nope | v]             [N, H, dn + dv]
+//   K    = [k_nope_h | rope(k_pe)] (k_pe shared by all heads), Q = [q_nope | rope(q_pe)]
+//   out  = o_proj(attention(Q, K, V))                                  [N, d]
+// Parameter gradients accumulate into the gradient slab; dx is overwritten.
+#pragma once
+#include <cstdint>
+#include "model/config.h"
+#include "model/linear.h"
+#include "model/params.h"
+
+namespace trex::model {
+
+struct RopeTable {
+  const float* cos = nullptr;  // [max_pos, dr/2]
+  const float* sin = nullptr;
+  int64_t max_pos = 0;
+  bool interleaved = true;
+  float softmax_scale = 1.f;   // qk_head_dim^-0.5 x YaRN mscale^2
+};
+
+// Everything a layer's attention needs from the model, for one micro-batch.
+struct AttnIn {
+  const ModelConfig* cfg;
+  const LayerParams* p;
+  const float* P;     // parameter slab
+  const bf16* Pb;     // bf16 shadow (bf16 mode) or null
+  float* G;           // gradient slab
+  const RopeTable* rope;
+  const int32_t* pos;  // [N] positions
+  const int32_t* seg;  // [B, T] document ids, or null
+  int64_t B, T;
+};
+
+// Activations saved by forward for backward (allocated from the activation arena).
+struct MlaSaved {
+  const float* x = nullptr;               // [N, d] input (normed hidden; owned by the layer)
+  float *qa = nullptr, *qa_rstd = nullptr, *qan = nullptr;  // q_lora path
+  float *Q = nullptr;                     // [N, H, dqk] after RoPE
+  float *lat = nullptr, *lat_rstd = nullptr, *latn = nullptr;  // [N, r] latent, rstd, normed
+  float *K = nullptr, *V = nullptr, *O = nullptr, *lse = nullptr;
+};
+
+// x: [N, d] -> out: [N, d]
+void mla_forward(const Ctx&, const AttnIn&, const float* x, float* out, MlaSaved& s);
+// dout: [N, d] -> dx: [N, d] (overwrite); parameter grads += into in.G
+void mla_backward(const Ctx&, const AttnIn&, const MlaSaved& s, const float* dout, float* dx);
+
+}  // namespace trex::model

@@ -1,0 +1,27 @@
+// SwiGLU MLP (dense layers and shared experts): y = down(silu(gate(x)) * up(x)), with gate and
+// up stacked as one [2F, d] weight so one GEMM produces both. Forward and backward side by side;
+// parameter gradients accumulate, dx accumulates into the caller's buffer when dx_accum.
+#pragma once
+#include <cstdint>
+#include "model/linear.h"
+
+namespace trex::model {
+
+struct MlpSaved {
+  const float* x = nullptr;  // [N, d] input
+  float* gu = nullptr;       // [N, 2F] gate|up pre-activation
+  float* h = nullptr;        // [N, F] silu(gate)*up
+};
+
+struct MlpW {
+  W gu, down;          // [2F, d], [d, F]
+  float *dgu, *ddown;  // gradient slots
+  int64_t d, F;
+};
+
+// x: [N, d] -> y: [N, d] (y = beta*y + mlp(x))
+void mlp_forward(const Ctx&, const MlpW&, const float* x, int64_t N, float* y, float beta, MlpSaved& s);
+// dy: [N, d] -> dx: [N, d] (overwrite, or += when dx_accum)
+void mlp_backward(const Ctx&, const MlpW&, const MlpSaved& s, int64_t N, const float* dy, float* dx, bool dx_accum);
+
+}  // namespace trex::model

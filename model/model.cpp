@@ -1,0 +1,237 @@
+#include "model/model.h"
+
+#include <cmath>
+#include <cstring>
+#include "core/error.h"
+#include "core/parallel.h"
+#include "core/rng.h"
+#include "kernels/lm_head_ce.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+#include "model/linear.h"
+
+namespace trex::model {
+
+std::vector<int32_t> shift_labels(const std::vector<int32_t>& labels, int64_t B, int64_t T) {
+  std::vector<int32_t> t(B * T, -100);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i + 1 < T; ++i) t[b * T + i] = labels[b * T + i + 1];
+  return t;
+}
+
+namespace {
+
+kern::RopeParams rope_params(const ModelConfig& c) {
+  kern::RopeParams r{};
+  r.dim = (int)c.qk_rope_head_dim;
+  r.theta = c.rope_theta;
+  r.yarn = c.rope_scaling.yarn;
+  r.factor = c.rope_scaling.factor;
+  r.beta_fast = c.rope_scaling.beta_fast;
+  r.beta_slow = c.rope_scaling.beta_slow;
+  r.mscale = c.rope_scaling.mscale;
+  r.mscale_all_dim = c.rope_scaling.mscale_all_dim;
+  r.original_max_pos = c.rope_scaling.original_max_position_embeddings;
+  r.truncate = c.rope_scaling.truncate;
+  return r;
+}
+
+struct LayerSaved {
+  float *h_in, *n1, *rstd1, *h_mid, *n2, *rstd2;
+  MlaSaved att;
+  MlpSaved mlp;
+  MoeSaved moe;
+};
+
+}  // namespace
+
+Model::Model(const ModelConfig& c, kern::Prec p, TrainOptions o)
+    : cfg(c), layout(build_layout(c)), prec(p), opt(o) {
+  params.reserve("params", layout.total * sizeof(float));
+  grads.reserve("grads", layout.total * sizeof(float));
+  params.zero();
+  grads.zero();
+  if (prec == kern::Prec::BF16) params_bf16.resize(layout.total);
+  buffers.assign(layout.buffers_total, 0.f);
+  load_.assign(cfg.num_hidden_layers, std::vector<int64_t>(cfg.n_routed_experts, 0));
+  // RoPE tables up to max_position_embeddings (grown on demand for longer sequences).
+  const int64_t half = cfg.qk_rope_head_dim / 2;
+  const int64_t maxp = cfg.max_position_embeddings;
+  cos_.assign(std::max<int64_t>(maxp * half, 1), 0.f);
+  sin_.assign(std::max<int64_t>(maxp * half, 1), 0.f);
+  if (half) kern::rope_tables(rope_params(cfg), maxp, cos_.data(), sin_.data());
+  rope_.cos = cos_.data();
+  rope_.sin = sin_.data();
+  rope_.max_pos = maxp;
+  rope_.interleaved = cfg.rope_interleave;
+  rope_.softmax_scale =
+      (float)(std::pow((double)cfg.qk_head_dim(), -0.5) * (half ? kern::yarn_softmax_mscale(rope_params(cfg)) : 1.0));
+}
+
+void Model::zero_grads() { grads.zero(); }
+
+void Model::refresh_bf16() {
+  if (!params_bf16.empty()) to_bf16(P(), params_bf16.data(), layout.total);
+}
+
+void Model::reset_load() {
+  for (auto& v : load_) std::fill(v.begin(), v.end(), 0);
+}
+
+void Model::init_random(uint64_t seed) {
+  Rng rng(seed);
+  float* p = P();
+  for (const ParamEntry& e : layout.entries) {
+    float* w = p + e.offset;
+    const int64_t n = e.shape.numel();
+    if (e.shape.ndim == 1) {
+      for (int64_t i = 0; i < n; ++i) w[i] = 1.f;
+    } else {
+      for (int64_t i = 0; i < n; ++i) w[i] = (float)(rng.normal() * cfg.initializer_range);
+    }
+  }
+  std::fill(buffers.begin(), buffers.end(), 0.f);
+  refresh_bf16();
+}
+
+LossParts Model::forward_backward(const Batch& b, float grad_scale) { return run(b, grad_scale, true); }
+LossParts Model::forward(const Batch& b) { return run(b, 0.f, false); }
+
+LossParts Model::run(const Batch& b, float grad_scale, bool backward) {
+  const int64_t B = b.B, T = b.T, N = B * T, d = cfg.hidden_size, V = cfg.vocab_size;
+  TREX_CHECK(B > 0 && T > 0, "empty batch");
+  for (int64_t i = 0; i < N; ++i) {
+    TREX_USER_CHECK(b.input_ids[i] >= 0 && b.input_ids[i] < V, "token ids must be in [0, vocab_size)",
+                    "input_ids[", i / T, "][", i % T, "] = ", b.input_ids[i], " is outside the vocabulary (",
+                    V, ")");
+    TREX_USER_CHECK(b.targets[i] == -100 || (b.targets[i] >= 0 && b.targets[i] < V),
+                    "labels must be -100 or in [0, vocab_size)", "label for position [", i / T, "][", i % T,
+                    "] = ", b.targets[i], " is outside the vocabulary (", V, ")");
+  }
+  acts.reset();
+  Ctx c{prec, &acts};
+  float* P = this->P();
+  float* G = this->G();
+  const bf16* Pb = this->Pb();
+  const float eps = (float)cfg.rms_norm_eps;
+
+  // Positions (grow the RoPE table if a position exceeds it).
+  int32_t* pos = acts.alloc<int32_t>(N);
+  int64_t maxpos = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    pos[i] = b.pos ? b.pos[i] : (int32_t)(i % T);
+    TREX_USER_CHECK(pos[i] >= 0, "position ids must be >= 0", "position id ", pos[i], " at ", i);
+    maxpos = std::max<int64_t>(maxpos, pos[i] + 1);
+  }
+  if (maxpos > rope_.max_pos && cfg.qk_rope_head_dim) {
+    const int64_t half = cfg.qk_rope_head_dim / 2;
+    cos_.assign(maxpos * half, 0.f);
+    sin_.assign(maxpos * half, 0.f);
+    kern::rope_tables(rope_params(cfg), maxpos, cos_.data(), sin_.data());
+    rope_.cos = cos_.data(), rope_.sin = sin_.data(), rope_.max_pos = maxpos;
+  }
+
+  // Embedding.
+  float* x = acts.alloc<float>(N * d);
+  parallel_for(N, 64, [&](int64_t s, int64_t e) {
+    for (int64_t n = s; n < e; ++n) std::memcpy(x + n * d, P + layout.embed + (int64_t)b.input_ids[n] * d, d * 4);
+  });
+
+  std::vector<LayerSaved> sv(cfg.num_hidden_layers);
+  LossParts out;
+  int64_t n_valid = 0;
+  for (int64_t i = 0; i < N; ++i) n_valid += b.targets[i] != -100;
+  out.n_valid = n_valid;
+
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    const LayerParams& lp = layout.layers[l];
+    LayerSaved& s = sv[l];
+    s.h_in = x;
+    s.n1 = acts.alloc<float>(N * d);
+    s.rstd1 = acts.alloc<float>(N);
+    kern::rmsnorm_fwd(x, N, d, P + lp.in_norm, eps, s.n1, s.rstd1);
+    AttnIn ai{&cfg, &lp, P, Pb, G, &rope_, pos, b.seg, B, T};
+    s.h_mid = acts.alloc<float>(N * d);
+    mla_forward(c, ai, s.n1, s.h_mid, s.att);
+    for (int64_t i = 0; i < N * d; ++i) s.h_mid[i] += x[i];
+    s.n2 = acts.alloc<float>(N * d);
+    s.rstd2 = acts.alloc<float>(N);
+    kern::rmsnorm_fwd(s.h_mid, N, d, P + lp.post_norm, eps, s.n2, s.rstd2);
+    float* h_out = acts.alloc<float>(N * d);
+    if (cfg.is_moe_layer(l)) {
+      MoeIn mi{&cfg, &lp, P, Pb, G, buffers.data() + lp.bias, B, T, opt.aux_loss_alpha, grad_scale};
+      out.aux += moe_forward(c, mi, s.n2, h_out, s.moe, load_[l].data());
+    } else {
+      MlpW w{{P + lp.mlp_gu, Pb ? Pb + lp.mlp_gu : nullptr}, {P + lp.mlp_down, Pb ? Pb + lp.mlp_down : nullptr},
+             G + lp.mlp_gu, G + lp.mlp_down, d, cfg.intermediate_size};
+      mlp_forward(c, w, s.n2, N, h_out, 0.f, s.mlp);
+    }
+    for (int64_t i = 0; i < N * d; ++i) h_out[i] += s.h_mid[i];
+    x = h_out;
+  }
+
+  // Final norm + LM head fused with cross-entropy.
+  float* hf = acts.alloc<float>(N * d);
+  float* rstdf = acts.alloc<float>(N);
+  kern::rmsnorm_fwd(x, N, d, P + layout.final_norm, eps, hf, rstdf);
+  float* dhf = backward ? acts.alloc<float>(N * d) : nullptr;
+  kern::CeArgs ce{};
+  ce.prec = prec;
+  ce.N = N, ce.d = d, ce.V = V;
+  ce.h = hf;
+  ce.W = P + layout.head;
+  if (prec == kern::Prec::BF16) {
+    bf16* hb = acts.alloc<bf16>(N * d);
+    to_bf16(hf, hb, N * d);
+    ce.h_b = hb;
+    ce.W_b = Pb + layout.head;
+  }
+  ce.labels = b.targets;
+  ce.grad_scale = n_valid ? grad_scale / (float)n_valid : 0.f;
+  ce.dh = dhf;
+  ce.dW = backward ? G + layout.head : nullptr;
+  ce.workspace = acts.alloc<float>(kern::lm_head_ce_workspace_floats(ce));
+  int64_t nv = 0;
+  double ce_sum = kern::lm_head_ce(ce, &nv);
+  out.ce = n_valid ? ce_sum / (double)n_valid : 0.0;
+  out.loss = out.ce + out.aux;
+  if (!backward) return out;
+
+  // Backward.
+  float* dx = acts.alloc<float>(N * d);
+  kern::rmsnorm_bwd(dhf, x, N, d, P + layout.final_norm, rstdf, dx, G + layout.final_norm);
+  float* tmp = acts.alloc<float>(N * d);
+  float* tmp2 = acts.alloc<float>(N * d);
+  for (int64_t l = cfg.num_hidden_layers - 1; l >= 0; --l) {
+    const LayerParams& lp = layout.layers[l];
+    LayerSaved& s = sv[l];
+    // h_out = h_mid + ffn(norm2(h_mid))
+    if (cfg.is_moe_layer(l)) {
+      MoeIn mi{&cfg, &lp, P, Pb, G, buffers.data() + lp.bias, B, T, opt.aux_loss_alpha, grad_scale};
+      moe_backward(c, mi, s.moe, dx, tmp);
+    } else {
+      MlpW w{{P + lp.mlp_gu, Pb ? Pb + lp.mlp_gu : nullptr}, {P + lp.mlp_down, Pb ? Pb + lp.mlp_down : nullptr},
+             G + lp.mlp_gu, G + lp.mlp_down, d, cfg.intermediate_size};
+      mlp_backward(c, w, s.mlp, N, dx, tmp, false);
+    }
+    kern::rmsnorm_bwd(tmp, s.h_mid, N, d, P + lp.post_norm, s.rstd2, tmp2, G + lp.post_norm);
+    for (int64_t i = 0; i < N * d; ++i) dx[i] += tmp2[i];
+    // h_mid = h_in + mla(norm1(h_in))
+    AttnIn ai{&cfg, &lp, P, Pb, G, &rope_, pos, b.seg, B, T};
+    mla_backward(c, ai, s.att, dx, tmp);
+    kern::rmsnorm_bwd(tmp, s.h_in, N, d, P + lp.in_norm, s.rstd1, tmp2, G + lp.in_norm);
+    for (int64_t i = 0; i < N * d; ++i) dx[i] += tmp2[i];
+  }
+  // Embedding: columns split across threads so every row update is race-free and ordered.
+  float* dE = G + layout.embed;
+  parallel_for(d, 16, [&](int64_t c0, int64_t c1) {
+    for (int64_t n = 0; n < N; ++n) {
+      float* row = dE + (int64_t)b.input_ids[n] * d;
+      const float* g = dx + n * d;
+      for (int64_t j = c0; j < c1; ++j) row[j] += g[j];
+    }
+  });
+  return out;
+}
+
+}  // namespace trex::model

@@ -1,0 +1,83 @@
+// A DeepSeek-V3-family causal LM on one rank: parameter / gradient / bf16-shadow slabs, the
+// activation arena, and the training step's forward and backward (embedding -> L x [RMSNorm,
+// MLA, residual, RMSNorm, dense MLP or MoE, residual] -> RMSNorm -> LM head fused with
+// cross-entropy). Gradients accumulate over calls until zero_grads().
+#pragma once
+#include <cstdint>
+#include <vector>
+#include "core/arena.h"
+#include "core/stack_arena.h"
+#include "kernels/gemm.h"
+#include "model/config.h"
+#include "model/mla.h"
+#include "model/moe.h"
+#include "model/params.h"
+
+namespace trex::model {
+
+// One micro-batch. targets are already shifted: targets[b, t] is the token that position t
+// predicts (-100 = no loss). pos and seg may be null (positions 0..T-1, one document per row).
+struct Batch {
+  int64_t B = 0, T = 0;
+  const int32_t* input_ids = nullptr;  // [B, T]
+  const int32_t* targets = nullptr;    // [B, T]
+  const int32_t* pos = nullptr;        // [B, T]
+  const int32_t* seg = nullptr;        // [B, T]
+};
+
+// Hugging Face labels (aligned with input_ids) -> shifted targets for Batch.
+std::vector<int32_t> shift_labels(const std::vector<int32_t>& labels, int64_t B, int64_t T);
+
+struct LossParts {
+  double loss = 0;  // ce + aux
+  double ce = 0;    // mean over valid targets
+  double aux = 0;   // sequence-wise balance loss (0 when off)
+  int64_t n_valid = 0;
+};
+
+struct TrainOptions {
+  double aux_loss_alpha = 0;  // sequence-wise aux loss coefficient
+};
+
+class Model {
+ public:
+  Model(const ModelConfig& cfg, kern::Prec prec, TrainOptions opt = {});
+
+  // Forward + backward of one micro-batch; gradients of grad_scale * (ce + aux) are added into
+  // the gradient slab. Returns the loss parts of this batch.
+  LossParts forward_backward(const Batch& b, float grad_scale = 1.f);
+  // Loss only (no gradients).
+  LossParts forward(const Batch& b);
+
+  void zero_grads();
+  // Re-rounds the bf16 shadow from the f32 master weights (after every optimizer step).
+  void refresh_bf16();
+  // Random init as Hugging Face does (normal(0, initializer_range), norms 1, biases 0).
+  void init_random(uint64_t seed);
+
+  // Expert loads (token-slot assignments per expert) per MoE layer since reset_load().
+  const std::vector<std::vector<int64_t>>& expert_load() const { return load_; }
+  void reset_load();
+
+  const ModelConfig cfg;
+  const ParamLayout layout;
+  const kern::Prec prec;
+  TrainOptions opt;
+  Arena params, grads;          // f32 [layout.total]
+  std::vector<bf16> params_bf16;  // [layout.total] in bf16 mode, empty otherwise
+  std::vector<float> buffers;     // [layout.buffers_total] router biases
+  StackArena acts;                // activations and scratch, reset every step
+
+  float* P() const { return reinterpret_cast<float*>(params.base()); }
+  float* G() const { return reinterpret_cast<float*>(grads.base()); }
+  const bf16* Pb() const { return params_bf16.empty() ? nullptr : params_bf16.data(); }
+  size_t peak_activation_bytes() const { return acts.peak(); }
+
+ private:
+  LossParts run(const Batch& b, float grad_scale, bool backward);
+  std::vector<float> cos_, sin_;
+  RopeTable rope_;
+  std::vector<std::vector<int64_t>> load_;
+};
+
+}  // namespace trex::model

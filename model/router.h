@@ -1,0 +1,32 @@
+// DeepSeek router vocabulary: logits = x @ Wr^T (always f32, as the reference keeps the gate in
+// fp32), scores = sigmoid(logits) or softmax(logits), selection on scores (+ the
+// e_score_correction_bias for noaux_tc, which therefore never receives a gradient), group-limited
+// top-k, probs = selected scores (normalized if norm_topk_prob) x routed_scaling_factor.
+// The routing map is idx [N, K]. Backward: the selection carries no gradient; probs do.
+#pragma once
+#include <cstdint>
+#include "model/config.h"
+
+namespace trex::model {
+
+struct RouterOut {
+  float* scores = nullptr;  // [N, E]
+  int32_t* idx = nullptr;   // [N, K] selected experts
+  float* probs = nullptr;   // [N, K] combine weights
+};
+
+// scores [N, E] from logits [N, E] (in place allowed), then selection. bias: [E] or null.
+void router_select(const ModelConfig& c, const float* logits, const float* bias, int64_t N, RouterOut& o);
+
+// dprobs [N, K] -> dscores [N, E] (+=)
+void router_probs_backward(const ModelConfig& c, const RouterOut& o, const float* dprobs, int64_t N, float* dscores);
+// dscores [N, E] -> dlogits [N, E] (overwrite; dscores may alias dlogits)
+void router_scores_backward(const ModelConfig& c, const float* scores, const float* dscores, int64_t N, float* dlogits);
+
+// Sequence-wise auxiliary balance loss (DeepSeek-V3 eqs. 17-20) over B sequences of T tokens:
+// mean over sequences of alpha * sum_i f_i P_i. Returns the loss; adds grad_scale * dL/dscores
+// into dscores when non-null.
+double seq_aux_loss(const ModelConfig& c, const RouterOut& o, int64_t B, int64_t T, double alpha, float grad_scale,
+                    float* dscores);
+
+}  // namespace trex::model

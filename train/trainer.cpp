@@ -1,0 +1,53 @@
+#include "train/trainer.h"
+
+#include "core/timer.h"
+
+namespace trex::train {
+
+void update_router_bias(model::Model& m, float gamma) {
+  const auto& load = m.expert_load();
+  if (gamma != 0.f) {
+    for (int64_t l = 0; l < m.cfg.num_hidden_layers; ++l) {
+      if (!m.cfg.is_moe_layer(l)) continue;
+      const auto& ld = load[l];
+      double mean = 0;
+      for (int64_t v : ld) mean += (double)v;
+      mean /= (double)ld.size();
+      float* bias = m.buffers.data() + m.layout.layers[l].bias;
+      for (size_t e = 0; e < ld.size(); ++e) {
+        double diff = mean - (double)ld[e];
+        bias[e] += gamma * (float)((diff > 0) - (diff < 0));
+      }
+    }
+  }
+  m.reset_load();
+}
+
+StepStats trainer_step(model::Model& m, AdamW& opt, const std::vector<model::Batch>& micro, float lr, float gamma) {
+  const double t0 = now_ms();
+  StepStats st;
+  int64_t total_valid = 0;
+  for (const auto& b : micro)
+    for (int64_t i = 0; i < b.B * b.T; ++i) total_valid += b.targets[i] != -100;
+  m.zero_grads();
+  m.reset_load();
+  for (const auto& b : micro) {
+    int64_t nv = 0;
+    for (int64_t i = 0; i < b.B * b.T; ++i) nv += b.targets[i] != -100;
+    // The model scales its CE gradient by 1/nv; weight each micro-batch by nv/total_valid.
+    // The aux loss is averaged over micro-batches.
+    float w = total_valid ? (float)nv / (float)total_valid : 1.f / micro.size();
+    model::LossParts lp = m.forward_backward(b, w);
+    st.ce += lp.ce * w;
+    st.aux += lp.aux / micro.size();
+    st.tokens += b.B * b.T;
+    st.n_valid += nv;
+  }
+  st.loss = st.ce + st.aux;
+  st.grad_norm = opt.step(m, lr);
+  update_router_bias(m, gamma);
+  st.ms = now_ms() - t0;
+  return st;
+}
+
+}  // namespace trex::train

@@ -1,0 +1,24 @@
+// The training step: forward + backward over the micro-batches of one global batch (gradient
+// accumulation), optimizer step, aux-loss-free router-bias update, metrics.
+#pragma once
+#include <vector>
+#include "model/model.h"
+#include "train/optimizer.h"
+
+namespace trex::train {
+
+struct StepStats {
+  double loss = 0, ce = 0, aux = 0, grad_norm = 0, ms = 0;
+  int64_t tokens = 0, n_valid = 0;
+};
+
+// DeepSeek-V3 aux-loss-free balancing: after the optimizer step each expert's
+// e_score_correction_bias moves by +gamma if its load (token-slot assignments this step) was
+// below the layer mean, by -gamma if above. gamma = 0 disables. Resets the load counters.
+void update_router_bias(model::Model& m, float gamma);
+
+// One optimizer step over `micro` (each micro-batch's gradient weighted by its share of valid
+// targets, so the result equals one big batch's mean loss).
+StepStats trainer_step(model::Model& m, AdamW& opt, const std::vector<model::Batch>& micro, float lr, float gamma);
+
+}  // namespace trex::train
