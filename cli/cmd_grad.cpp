@@ -43,6 +43,7 @@ void add_grad(CLI::App& app) {
   struct Opts {
     std::string model, batch, out, precision = "fp32";
     int threads = 0;
+    double aux_alpha = 0;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("--model", o->model, "Hugging Face checkpoint directory (config.json + safetensors)")->required();
@@ -50,6 +51,7 @@ void add_grad(CLI::App& app) {
   cmd->add_option("--out", o->out, "output gradients (.safetensors)")->required();
   cmd->add_option("--precision", o->precision, "fp32 or bf16");
   cmd->add_option("--threads", o->threads, "threads (default TREX_THREADS or all cores)");
+  cmd->add_option("--aux-loss-alpha", o->aux_alpha, "sequence-wise aux loss coefficient (default 0 = off)");
   cmd->callback([o] {
     init_threads(o->threads);
     kern::Prec prec = train::parse_precision(o->precision, "--precision");
@@ -69,7 +71,7 @@ void add_grad(CLI::App& app) {
       TREX_USER_CHECK(B2 == B && T2 == T, "labels must have the shape of input_ids", o->batch, ": labels are [", B2,
                       ", ", T2, "], input_ids [", B, ", ", T, "]");
     std::vector<int32_t> targets = model::shift_labels(labels, B, T);
-    model::Model m(cfg, prec);
+    model::Model m(cfg, prec, {o->aux_alpha});
     model::load_hf_weights(m, o->model);
     model::Batch b{B, T, ids.data(), targets.data(), nullptr, nullptr};
     model::LossParts lp = m.forward_backward(b, 1.f);

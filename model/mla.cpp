@@ -12,6 +12,10 @@ namespace {
 
 W wt(const AttnIn& in, int64_t off) { return {in.P + off, in.Pb ? in.Pb + off : nullptr}; }
 
+// The latent norms (q_a_layernorm, kv_a_layernorm) use eps 1e-6 whatever rms_norm_eps says,
+// as in DeepSeek's and Hugging Face's code (RMSNorm(rank) with its default eps).
+constexpr float kLatentNormEps = 1e-6f;
+
 kern::RopeLayout layout(const RopeTable& r) {
   return r.interleaved ? kern::RopeLayout::Interleaved : kern::RopeLayout::HalfSplit;
 }
@@ -34,7 +38,7 @@ void mla_forward(const Ctx& c, const AttnIn& in, const float* x, float* out, Mla
     s.qa_rstd = A.alloc<float>(N);
     s.qan = A.alloc<float>(N * rq);
     linear_fwd(c, x, N, d, wt(in, p.q_a), rq, s.qa);
-    kern::rmsnorm_fwd(s.qa, N, rq, in.P + p.q_a_norm, (float)m.rms_norm_eps, s.qan, s.qa_rstd);
+    kern::rmsnorm_fwd(s.qa, N, rq, in.P + p.q_a_norm, kLatentNormEps, s.qan, s.qa_rstd);
     linear_fwd(c, s.qan, N, rq, wt(in, p.q_b), H * dqk, s.Q);
   } else {
     linear_fwd(c, x, N, d, wt(in, p.q), H * dqk, s.Q);
@@ -58,7 +62,7 @@ void mla_forward(const Ctx& c, const AttnIn& in, const float* x, float* out, Mla
     }
     A.release(mk);
   }
-  kern::rmsnorm_fwd(s.lat, N, r, in.P + p.kv_a_norm, (float)m.rms_norm_eps, s.latn, s.lat_rstd);
+  kern::rmsnorm_fwd(s.lat, N, r, in.P + p.kv_a_norm, kLatentNormEps, s.latn, s.lat_rstd);
   if (dr) kern::rope_apply(kpe, N, 1, dr, dr, (int)dr, in.pos, in.rope->cos, in.rope->sin, layout(*in.rope), false);
 
   // Per-head keys and values from the latent.

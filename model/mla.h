@@ -4,6 +4,7 @@
 //   kv   = kv_b(rmsnorm(latent))  = per head [k_nope | v]             [N, H, dn + dv]
 //   K    = [k_nope_h | rope(k_pe)] (k_pe shared by all heads), Q = [q_nope | rope(q_pe)]
 //   out  = o_proj(attention(Q, K, V))                                  [N, d]
+// The latent RMSNorms use eps 1e-6 (not rms_norm_eps), as the reference code does.
 // Parameter gradients accumulate into the gradient slab; dx is overwritten.
 #pragma once
 #include <cstdint>

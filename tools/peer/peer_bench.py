@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""PyTorch peer for `trex bench step`: trains DeepseekV3ForCausalLM (transformers) on a random batch
+with the shapes of a trex TOML run config and prints one JSON line with the step time.
+
+  .venv/bin/python tools/peer/peer_bench.py configs/bench-v3.toml --steps 6 --threads 16 --mode eager
+"""
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+import tomllib
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("config", help="trex TOML run config ([model] = HF DeepseekV3 fields, [train])")
+    ap.add_argument("--steps", type=int, default=6, help="training steps in all (default 6)")
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="leading steps left out of the statistics (default 1 eager, 2 compile)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch.set_num_threads (default [train].threads; 0 = TREX_THREADS or all cores)")
+    ap.add_argument("--mode", choices=["eager", "compile"], default="eager")
+    ap.add_argument("--precision", choices=["bf16", "fp32"], default=None, help="override [train].precision")
+    ap.add_argument("--batch-size", type=int, default=None, help="override [train].batch_size")
+    ap.add_argument("--seq-len", type=int, default=None, help="override [train].seq_len")
+    ap.add_argument("--clip", type=float, default=1.0, help="global grad-norm clip (0: none)")
+    ap.add_argument("--experts-impl", default=None,
+                    help="transformers experts implementation (default: transformers' own, grouped_mm)")
+    return ap.parse_args()
+
+
+def resolve_threads(n):
+    if n is None or n <= 0:
+        env = os.environ.get("TREX_THREADS")
+        n = int(env) if env and int(env) > 0 else len(os.sched_getaffinity(0))
+    return n
+
+
+def build_config(model_tbl):
+    from transformers import DeepseekV3Config
+    kw = {k: v for k, v in model_tbl.items() if k != "model_type"}
+    kw.setdefault("num_nextn_predict_layers", 0)
+    kw.setdefault("num_key_value_heads", kw.get("num_attention_heads"))
+    theta = kw.pop("rope_theta", 10000.0)
+    rs = kw.pop("rope_scaling", None)
+    if "rope_parameters" not in kw:
+        if rs:
+            rs = dict(rs)
+            rs.setdefault("rope_type", rs.pop("type", "yarn"))
+            kw["rope_parameters"] = dict(rs, rope_theta=theta)
+        else:
+            kw["rope_parameters"] = dict(rope_type="default", rope_theta=theta)
+    return DeepseekV3Config(**kw)
+
+
+def main():
+    args = parse_args()
+    with open(args.config, "rb") as f:
+        cfg_toml = tomllib.load(f)
+    tr = cfg_toml.get("train", {})
+    threads = resolve_threads(args.threads if args.threads is not None else tr.get("threads", 0))
+    import torch
+    torch.set_num_threads(threads)
+    from transformers import DeepseekV3ForCausalLM
+
+    batch = args.batch_size or tr.get("batch_size", 1)
+    seq = args.seq_len or tr.get("seq_len", 2048)
+    precision = args.precision or tr.get("precision", "bf16")
+    if precision not in ("bf16", "fp32"):
+        sys.exit(f"precision {precision!r}: bf16 or fp32")
+    seed = tr.get("seed", 1234)
+    lr = tr.get("lr", 1e-4)
+    warmup = args.warmup if args.warmup is not None else (2 if args.mode == "compile" else 1)
+    if args.steps <= warmup:
+        sys.exit(f"--steps {args.steps} must exceed the {warmup} warm-up steps")
+
+    config = build_config(cfg_toml["model"])
+    if getattr(config, "scoring_func", "sigmoid") != "sigmoid" or \
+            getattr(config, "topk_method", "noaux_tc") != "noaux_tc":
+        print("warning: transformers' DeepseekV3 router is always sigmoid + noaux_tc; "
+              f"config asks {config.scoring_func} + {config.topk_method}", file=sys.stderr)
+    if args.experts_impl:
+        config._experts_implementation = args.experts_impl
+    torch.manual_seed(seed)
+    model = DeepseekV3ForCausalLM(config).float()
+    model.train()
+    attn_impl = model.config._attn_implementation
+    experts_impl = model.config._experts_implementation
+    nparams = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    fwd = torch.compile(model) if args.mode == "compile" else model
+
+    g = torch.Generator().manual_seed(seed + 1)
+    ids = torch.randint(0, config.vocab_size, (batch, seq), generator=g)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=(precision == "bf16"))
+
+    times, losses = [], []
+    for step in range(args.steps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with autocast:
+            loss = fwd(input_ids=ids, labels=ids).loss
+        loss.backward()
+        if args.clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        opt.step()
+        losses.append(loss.item())               # syncs; part of the step, as in a real loop
+        times.append((time.perf_counter() - t0) * 1e3)
+        print(f"step {step}: {times[-1]:.1f} ms loss {losses[-1]:.4f}", file=sys.stderr)
+
+    timed = times[warmup:]
+    med = statistics.median(timed)
+    print(json.dumps({
+        "impl": f"pytorch-{args.mode}", "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+        "threads": threads, "batch": batch, "seq": seq, "precision": precision,
+        "attn_impl": attn_impl, "experts_impl": experts_impl, "params": nparams,
+        "step_ms_median": round(med, 3), "step_ms_min": round(min(timed), 3),
+        "tokens_per_s": round(batch * seq / (med / 1e3), 2),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "steps": args.steps, "warmup": warmup, "step_ms": [round(t, 3) for t in times],
+        "losses": [round(x, 5) for x in losses], "config": args.config,
+    }))
+
+
+if __name__ == "__main__":
+    main()
