@@ -2,7 +2,8 @@
 // DeepseekV3ForCausalLM models (random init, fixed seed), and dumps a batch, the loss, every
 // parameter gradient and the losses of 10 AdamW steps. Here the C++ engine must match:
 // fp32 loss to 1e-5 relative, each gradient tensor to 1e-4 (||d - r|| / ||r||), the 10 losses
-// to 1e-4, and in bf16 the 10 losses stay within 2e-2 of the fp32 ones.
+// to 1e-4, and in bf16 the 10 losses stay within 2e-2 of the fp32 ones (or of PyTorch's own
+// bf16 drift where a routing flip moves both; see the bf16 check below).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -126,9 +127,23 @@ TEST_P(Parity, TenAdamWStepsFp32AndBf16) {
     for (int64_t i = 0; i < b.size; ++i)
       EXPECT_NEAR(bias[b.offset + i], rb[i].get<double>(), 1e-6) << b.name << "[" << i << "]";
   }
+  // bf16: (a) against the reference run with trex's bf16 semantics (bf16-rounded GEMM inputs and
+  // weights, f32 accumulation, f32 router) at 1e-2 absolute; (b) the drift from fp32 stays within
+  // 2e-2, or within PyTorch's own bf16 drift (autocast, or the bf16-weights run) + 2e-2 where a routing flip in these tiny random
+  // MoEs moves both engines (tests/reference/README.md, "bf16 yardsticks").
   std::vector<double> l16 = c.train(kern::Prec::BF16, nullptr);
-  for (size_t i = 0; i < l16.size(); ++i)
-    EXPECT_LE(std::abs(l16[i] - l32[i]), 2e-2) << "bf16 step " << i << ": " << l16[i] << " vs fp32 " << l32[i];
+  ASSERT_TRUE(c.expected.contains("losses_bf16_weights"));
+  const auto& rb = c.expected["losses_bf16_weights"];
+  const auto& ra = c.expected["losses_bf16_autocast"];
+  for (size_t i = 0; i < l16.size(); ++i) {
+    EXPECT_LE(std::abs(l16[i] - rb[i].get<double>()), 1e-2)
+        << "bf16 step " << i << ": " << l16[i] << " vs reference bf16 " << rb[i].get<double>();
+    const double torch_drift = std::max(std::abs(ra[i].get<double>() - ref[i].get<double>()),
+                                        std::abs(rb[i].get<double>() - ref[i].get<double>()));
+    EXPECT_LE(std::abs(l16[i] - l32[i]), std::max(2e-2, torch_drift + 2e-2))
+        << "bf16 step " << i << ": " << l16[i] << " vs fp32 " << l32[i] << " (PyTorch bf16 drift " << torch_drift
+        << ")";
+  }
   std::printf("[parity %s] fp32 loss %.5f -> %.5f (ref %.5f -> %.5f); bf16 %.5f -> %.5f\n", GetParam().c_str(),
               l32.front(), l32.back(), ref.front().get<double>(), ref.back().get<double>(), l16.front(), l16.back());
 }
