@@ -44,12 +44,14 @@ void add_bench(CLI::App& app) {
     std::string config;
     int steps = 0, warmup = 1;
     double peak_gflops = 0;
+    bool profile = false;
   };
   auto o = std::make_shared<Opts>();
   step->add_option("--config", o->config, "trex TOML run config ([model] + [train])")->required();
   step->add_option("--steps", o->steps, "measured steps (default train.steps)");
   step->add_option("--warmup", o->warmup, "steps run before measuring (default 1)");
   step->add_option("--peak-gflops", o->peak_gflops, "peak to compute MFU against (default: measured now)");
+  step->add_flag("--profile", o->profile, "print time per region of the step (stderr)");
   step->callback([o] {
     train::RunConfig rc = train::load_run_config(o->config);
     int threads = init_threads((int)rc.threads);
@@ -58,23 +60,30 @@ void add_bench(CLI::App& app) {
     if (!rc.model_path.empty()) model::load_hf_weights(m, rc.model_path);
     else m.init_random(rc.seed);
     train::AdamW opt(m, {rc.lr, rc.beta1, rc.beta2, rc.eps, rc.weight_decay, rc.clip_grad_norm});
+    Profiler prof;
     const int64_t B = rc.batch_size, T = rc.seq_len, N = B * T;
     std::vector<int32_t> ids(N), labels(N);
     Rng rng(rc.seed + 1);
     std::vector<double> times;
     double last_loss = 0;
     for (int s = 0; s < o->warmup + steps; ++s) {
+      if (o->profile && s == o->warmup) m.prof = &prof;
       for (auto& v : labels) v = (int32_t)(rng.next_u64() % rc.model.vocab_size);
       ids = labels;
       std::vector<int32_t> targets = model::shift_labels(labels, B, T);
       model::Batch b{B, T, ids.data(), targets.data(), nullptr, nullptr};
-      train::StepStats st = train::trainer_step(m, opt, {b}, rc.lr, rc.bias_update_gamma);
+      train::StepStats st = train::trainer_step(m, opt, {b}, rc.lr, rc.bias_update_gamma, m.prof);
       last_loss = st.loss;
       if (s >= o->warmup) times.push_back(st.ms);
       std::fprintf(stderr, "[bench step] step %d loss %.4f %.1f ms\n", s, st.loss, st.ms);
     }
     std::sort(times.begin(), times.end());
     const double med = times[times.size() / 2], mn = times.front();
+    if (o->profile) {
+      double sum = 0;
+      for (double t : times) sum += t;
+      prof.print(stderr, (int)times.size(), sum / times.size());
+    }
     const double fpt = rc.model.train_flops_per_token(T);
     double peak = o->peak_gflops;
     bool measured = false;

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include "core/dtype.h"
+#include "core/profile.h"
 #include "core/stack_arena.h"
 #include "kernels/gemm.h"
 
@@ -13,6 +14,7 @@ namespace trex::model {
 struct Ctx {
   kern::Prec prec = kern::Prec::F32;
   StackArena* ws = nullptr;  // scratch for bf16 copies and temporaries
+  Profiler* prof = nullptr;  // optional timing of named regions
 };
 
 // Weight pointers of one matrix: f32 master and (in bf16 mode) its bf16 shadow.

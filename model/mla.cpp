@@ -88,7 +88,10 @@ void mla_forward(const Ctx& c, const AttnIn& in, const float* x, float* out, Mla
   s.O = A.alloc<float>(N * H * dv);
   s.lse = A.alloc<float>(N * H);
   kern::AttnShape sh{(int)in.B, (int)in.T, (int)H, (int)dqk, (int)dv, in.rope->softmax_scale, 0};
-  kern::attention_fwd(sh, s.Q, s.K, s.V, s.O, s.lse, in.seg);
+  {
+    ProfScope ps(c.prof, "fwd.mla.attn_core");
+    kern::attention_fwd(sh, s.Q, s.K, s.V, s.O, s.lse, in.seg);
+  }
   linear_fwd(c, s.O, N, H * dv, wt(in, p.o), d, out);
 }
 
@@ -111,7 +114,10 @@ void mla_backward(const Ctx& c, const AttnIn& in, const MlaSaved& s, const float
   float* dK = A.alloc<float>(N * H * dqk);
   float* dV = A.alloc<float>(N * H * dv);
   kern::AttnShape sh{(int)in.B, (int)in.T, (int)H, (int)dqk, (int)dv, in.rope->softmax_scale, 0};
-  kern::attention_bwd(sh, s.Q, s.K, s.V, s.O, s.lse, dO, dQ, dK, dV, in.seg);
+  {
+    ProfScope ps(c.prof, "bwd.mla.attn_core");
+    kern::attention_bwd(sh, s.Q, s.K, s.V, s.O, s.lse, dO, dQ, dK, dV, in.seg);
+  }
 
   // Back into the latent: dkv [N, H, dn+dv], dk_pe [N, dr] summed over heads.
   float* dkv = A.alloc<float>(N * H * (dn + dv));

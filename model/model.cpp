@@ -109,7 +109,7 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward) {
                     "] = ", b.targets[i], " is outside the vocabulary (", V, ")");
   }
   acts.reset();
-  Ctx c{prec, &acts};
+  Ctx c{prec, &acts, prof};
   float* P = this->P();
   float* G = this->G();
   const bf16* Pb = this->Pb();
@@ -152,7 +152,10 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward) {
     kern::rmsnorm_fwd(x, N, d, P + lp.in_norm, eps, s.n1, s.rstd1);
     AttnIn ai{&cfg, &lp, P, Pb, G, &rope_, pos, b.seg, B, T};
     s.h_mid = acts.alloc<float>(N * d);
-    mla_forward(c, ai, s.n1, s.h_mid, s.att);
+    {
+      ProfScope ps(prof, "fwd.mla");
+      mla_forward(c, ai, s.n1, s.h_mid, s.att);
+    }
     for (int64_t i = 0; i < N * d; ++i) s.h_mid[i] += x[i];
     s.n2 = acts.alloc<float>(N * d);
     s.rstd2 = acts.alloc<float>(N);
@@ -160,10 +163,12 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward) {
     float* h_out = acts.alloc<float>(N * d);
     if (cfg.is_moe_layer(l)) {
       MoeIn mi{&cfg, &lp, P, Pb, G, buffers.data() + lp.bias, B, T, opt.aux_loss_alpha, grad_scale};
+      ProfScope ps(prof, "fwd.moe");
       out.aux += moe_forward(c, mi, s.n2, h_out, s.moe, load_[l].data());
     } else {
       MlpW w{{P + lp.mlp_gu, Pb ? Pb + lp.mlp_gu : nullptr}, {P + lp.mlp_down, Pb ? Pb + lp.mlp_down : nullptr},
              G + lp.mlp_gu, G + lp.mlp_down, d, cfg.intermediate_size};
+      ProfScope ps(prof, "fwd.mlp");
       mlp_forward(c, w, s.n2, N, h_out, 0.f, s.mlp);
     }
     for (int64_t i = 0; i < N * d; ++i) h_out[i] += s.h_mid[i];
@@ -192,7 +197,11 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward) {
   ce.dW = backward ? G + layout.head : nullptr;
   ce.workspace = acts.alloc<float>(kern::lm_head_ce_workspace_floats(ce));
   int64_t nv = 0;
-  double ce_sum = kern::lm_head_ce(ce, &nv);
+  double ce_sum;
+  {
+    ProfScope ps(prof, backward ? "head_ce.fwd+bwd" : "head_ce.fwd");
+    ce_sum = kern::lm_head_ce(ce, &nv);
+  }
   out.ce = n_valid ? ce_sum / (double)n_valid : 0.0;
   out.loss = out.ce + out.aux;
   if (!backward) return out;
@@ -208,17 +217,22 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward) {
     // h_out = h_mid + ffn(norm2(h_mid))
     if (cfg.is_moe_layer(l)) {
       MoeIn mi{&cfg, &lp, P, Pb, G, buffers.data() + lp.bias, B, T, opt.aux_loss_alpha, grad_scale};
+      ProfScope ps(prof, "bwd.moe");
       moe_backward(c, mi, s.moe, dx, tmp);
     } else {
       MlpW w{{P + lp.mlp_gu, Pb ? Pb + lp.mlp_gu : nullptr}, {P + lp.mlp_down, Pb ? Pb + lp.mlp_down : nullptr},
              G + lp.mlp_gu, G + lp.mlp_down, d, cfg.intermediate_size};
+      ProfScope ps(prof, "bwd.mlp");
       mlp_backward(c, w, s.mlp, N, dx, tmp, false);
     }
     kern::rmsnorm_bwd(tmp, s.h_mid, N, d, P + lp.post_norm, s.rstd2, tmp2, G + lp.post_norm);
     for (int64_t i = 0; i < N * d; ++i) dx[i] += tmp2[i];
     // h_mid = h_in + mla(norm1(h_in))
     AttnIn ai{&cfg, &lp, P, Pb, G, &rope_, pos, b.seg, B, T};
-    mla_backward(c, ai, s.att, dx, tmp);
+    {
+      ProfScope ps(prof, "bwd.mla");
+      mla_backward(c, ai, s.att, dx, tmp);
+    }
     kern::rmsnorm_bwd(tmp, s.h_in, N, d, P + lp.in_norm, s.rstd1, tmp2, G + lp.in_norm);
     for (int64_t i = 0; i < N * d; ++i) dx[i] += tmp2[i];
   }

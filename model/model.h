@@ -67,6 +67,7 @@ class Model {
   std::vector<bf16> params_bf16;  // [layout.total] in bf16 mode, empty otherwise
   std::vector<float> buffers;     // [layout.buffers_total] router biases
   StackArena acts;                // activations and scratch, reset every step
+  Profiler* prof = nullptr;       // optional: timing of named regions (owned by the caller)
 
   float* P() const { return reinterpret_cast<float*>(params.base()); }
   float* G() const { return reinterpret_cast<float*>(grads.base()); }

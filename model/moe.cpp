@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include "core/parallel.h"
+#include "core/timer.h"
 #include "kernels/gemm.h"
 #include "kernels/swiglu.h"
 
@@ -83,8 +84,11 @@ double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, Mo
   s.route.scores = A.alloc<float>(N * E);
   s.route.idx = A.alloc<int32_t>(R);
   s.route.probs = A.alloc<float>(R);
-  kern::gemm_f32(false, true, N, E, d, 1.f, x, d, in.P + p.router, d, 0.f, s.route.scores, E);
-  router_select(m, s.route.scores, in.bias, N, s.route);
+  {
+    ProfScope ps(c.prof, "fwd.moe.route");
+    kern::gemm_f32(false, true, N, E, d, 1.f, x, d, in.P + p.router, d, 0.f, s.route.scores, E);
+    router_select(m, s.route.scores, in.bias, N, s.route);
+  }
   double aux = in.aux_alpha > 0 ? seq_aux_loss(m, s.route, in.B, in.T, in.aux_alpha, 1.f, nullptr) : 0.0;
 
   // Dispatch: counting sort of (token, slot) pairs by expert, stable in token order.
@@ -111,6 +115,7 @@ double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, Mo
   s.h = A.alloc<float>(R * F);
   s.y = A.alloc<float>(R * d);
   {
+    ProfScope ps(c.prof, "fwd.moe.experts");
     auto mk = A.mark();
     float* xs = A.alloc<float>(R * d);
     parallel_for(R, 256, [&](int64_t b, int64_t e) {
@@ -176,6 +181,7 @@ void moe_backward(const Ctx& c, const MoeIn& in, const MoeSaved& s, const float*
   });
 
   // Experts: down, SwiGLU, gate|up.
+  auto t_exp = now_ms();
   float* dh = A.alloc<float>(R * F);
   const void* dyin = gemm_input(c, dy, R * d);
   expert_gemm_dx(c, D, E, dyin, bf ? (const void*)(in.Pb + p.exp_down) : (const void*)(in.P + p.exp_down), d, F, dh);
@@ -195,6 +201,7 @@ void moe_backward(const Ctx& c, const MoeIn& in, const MoeSaved& s, const float*
     expert_gemm_dw(c, D, E, dguin, xin, 2 * F, d, in.G + p.exp_gu);
   }
 
+  if (c.prof) c.prof->add("bwd.moe.experts", now_ms() - t_exp);
   // Dispatch adjoint (gather back to tokens, fixed slot order) + shared experts.
   if (m.n_shared_experts > 0) {
     mlp_backward(c, shared_w(in), s.shared, N, dout, dx, false);

@@ -23,13 +23,17 @@ void update_router_bias(model::Model& m, float gamma) {
   m.reset_load();
 }
 
-StepStats trainer_step(model::Model& m, AdamW& opt, const std::vector<model::Batch>& micro, float lr, float gamma) {
+StepStats trainer_step(model::Model& m, AdamW& opt, const std::vector<model::Batch>& micro, float lr, float gamma,
+                       Profiler* prof) {
   const double t0 = now_ms();
   StepStats st;
   int64_t total_valid = 0;
   for (const auto& b : micro)
     for (int64_t i = 0; i < b.B * b.T; ++i) total_valid += b.targets[i] != -100;
-  m.zero_grads();
+  {
+    ProfScope ps(prof, "step.zero_grads");
+    m.zero_grads();
+  }
   m.reset_load();
   for (const auto& b : micro) {
     int64_t nv = 0;
@@ -37,14 +41,21 @@ StepStats trainer_step(model::Model& m, AdamW& opt, const std::vector<model::Bat
     // The model scales its CE gradient by 1/nv; weight each micro-batch by nv/total_valid.
     // The aux loss is averaged over micro-batches.
     float w = total_valid ? (float)nv / (float)total_valid : 1.f / micro.size();
-    model::LossParts lp = m.forward_backward(b, w);
+    model::LossParts lp;
+    {
+      ProfScope ps(prof, "step.forward_backward");
+      lp = m.forward_backward(b, w);
+    }
     st.ce += lp.ce * w;
     st.aux += lp.aux / micro.size();
     st.tokens += b.B * b.T;
     st.n_valid += nv;
   }
   st.loss = st.ce + st.aux;
-  st.grad_norm = opt.step(m, lr);
+  {
+    ProfScope ps(prof, "step.optimizer");
+    st.grad_norm = opt.step(m, lr);
+  }
   update_router_bias(m, gamma);
   st.ms = now_ms() - t0;
   return st;

@@ -2,6 +2,7 @@
 // accumulation), optimizer step, aux-loss-free router-bias update, metrics.
 #pragma once
 #include <vector>
+#include "core/profile.h"
 #include "model/model.h"
 #include "train/optimizer.h"
 
@@ -19,6 +20,7 @@ void update_router_bias(model::Model& m, float gamma);
 
 // One optimizer step over `micro` (each micro-batch's gradient weighted by its share of valid
 // targets, so the result equals one big batch's mean loss).
-StepStats trainer_step(model::Model& m, AdamW& opt, const std::vector<model::Batch>& micro, float lr, float gamma);
+StepStats trainer_step(model::Model& m, AdamW& opt, const std::vector<model::Batch>& micro, float lr, float gamma,
+                       Profiler* prof = nullptr);
 
 }  // namespace trex::train

@@ -1,0 +1,185 @@
+// Op cases for causal flash attention (kernels/attention.h):
+//   test: dispatched fwd (o, lse) and bwd (dq, dk, dv) against the reference in double, over odd
+//         and round shapes, Dqk != Dv, document ids (2-3 documents per row) and sliding windows;
+//   grad: reference backward in double against finite differences of the reference forward;
+//   perf: GFLOP/s of fwd and bwd at B=1, T=2048, H=16, Dqk=192, Dv=128 (causal flop count).
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "kernels/ref/attention.h"
+#include "tests/ops/harness.h"
+
+namespace {
+
+using trex::Rng;
+using trex::kern::AttnShape;
+using namespace trex::ops;
+
+struct Cfg {
+  int B, T, H, Dqk, Dv, window;
+  bool seg;
+};
+
+std::string cfg_name(const char* op, const Cfg& c) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%s B=%d T=%d H=%d Dqk=%d Dv=%d%s%s", op, c.B, c.T, c.H, c.Dqk,
+                c.Dv, c.window > 0 ? (" win=" + std::to_string(c.window)).c_str() : "",
+                c.seg ? " seg" : "");
+  return buf;
+}
+
+AttnShape shape_of(const Cfg& c) {
+  // 1/sqrt(Dqk) times a YaRN-like factor.
+  return AttnShape{c.B,     c.T, c.H, c.Dqk, c.Dv, 1.1f / std::sqrt(static_cast<float>(c.Dqk)),
+                   c.window};
+}
+
+// 2-3 documents per batch row at random boundaries (ids increase along the row).
+std::vector<int32_t> make_seg(const Cfg& c, Rng& r) {
+  std::vector<int32_t> s(static_cast<size_t>(c.B) * c.T);
+  for (int b = 0; b < c.B; ++b) {
+    int ndoc = 2 + static_cast<int>(r.next_u64() % 2);
+    std::vector<int> cut;
+    for (int i = 1; i < ndoc; ++i)
+      cut.push_back(1 + static_cast<int>(r.next_u64() % std::max(c.T - 1, 1)));
+    for (int t = 0; t < c.T; ++t) {
+      int id = 0;
+      for (int x : cut) id += t >= x;
+      s[static_cast<size_t>(b) * c.T + t] = 10 * b + id;
+    }
+  }
+  return s;
+}
+
+template <class T>
+std::vector<double> to_double(const T* p, size_t n) {
+  return std::vector<double>(p, p + n);
+}
+
+bool check(const std::string& name, const char* what, const float* got,
+           const std::vector<double>& want, bool guard_ok, double tol) {
+  bool nan_mis = false;
+  double e = nmse(got, want.data(), want.size(), &nan_mis);
+  return report(name, what, e, tol, guard_ok && !nan_mis,
+                guard_ok ? "NaN/Inf mismatch" : "guard overwritten");
+}
+
+bool run_test(const Cfg& c) {
+  const AttnShape sh = shape_of(c);
+  const size_t nq = size_t(c.B) * c.T * c.H * c.Dqk, nv = size_t(c.B) * c.T * c.H * c.Dv,
+               nl = size_t(c.B) * c.H * c.T;
+  Rng r(1234 + c.T * 7 + c.Dqk);
+  std::vector<float> q(nq), k(nq), v(nv), dO(nv);
+  fill_normal(q.data(), nq, r), fill_normal(k.data(), nq, r), fill_normal(v.data(), nv, r);
+  fill_normal(dO.data(), nv, r);
+  std::vector<int32_t> seg = c.seg ? make_seg(c, r) : std::vector<int32_t>();
+  const int32_t* sp = c.seg ? seg.data() : nullptr;
+
+  Guarded<float> o(nv), lse(nl), dq(nq, 7.0f), dk(nq, 7.0f), dv(nv, 7.0f);
+  trex::kern::attention_fwd(sh, q.data(), k.data(), v.data(), o.data(), lse.data(), sp);
+  trex::kern::attention_bwd(sh, q.data(), k.data(), v.data(), o.data(), lse.data(), dO.data(),
+                            dq.data(), dk.data(), dv.data(), sp);
+
+  auto qd = to_double(q.data(), nq), kd = to_double(k.data(), nq), vd = to_double(v.data(), nv),
+       dOd = to_double(dO.data(), nv);
+  std::vector<double> od(nv), lsed(nl), dqd(nq), dkd(nq), dvd(nv);
+  trex::kern::ref::attention_fwd<double>(sh, qd.data(), kd.data(), vd.data(), od.data(),
+                                         lsed.data(), sp);
+  trex::kern::ref::attention_bwd<double>(sh, qd.data(), kd.data(), vd.data(), od.data(),
+                                         lsed.data(), dOd.data(), dqd.data(), dkd.data(),
+                                         dvd.data(), sp);
+  const std::string nf = cfg_name("attn_fwd", c), nb = cfg_name("attn_bwd", c);
+  bool ok = true;
+  ok &= check(nf, "o", o.data(), od, o.guard_ok(), 1e-10);
+  ok &= check(nf, "lse", lse.data(), lsed, lse.guard_ok(), 1e-12);
+  ok &= check(nb, "dq", dq.data(), dqd, dq.guard_ok(), 1e-10);
+  ok &= check(nb, "dk", dk.data(), dkd, dk.guard_ok(), 1e-10);
+  ok &= check(nb, "dv", dv.data(), dvd, dv.guard_ok(), 1e-10);
+  return ok;
+}
+
+// f(q, k, v) = sum(o * R) in double; its gradient is the reference backward with dO = R.
+bool run_grad(const Cfg& c) {
+  const AttnShape sh = shape_of(c);
+  const size_t nq = size_t(c.B) * c.T * c.H * c.Dqk, nv = size_t(c.B) * c.T * c.H * c.Dv,
+               nl = size_t(c.B) * c.H * c.T;
+  Rng r(99 + c.T);
+  std::vector<double> q(nq), k(nq), v(nv), R(nv), o(nv), lse(nl), dq(nq), dk(nq), dv(nv);
+  fill_normal(q.data(), nq, r), fill_normal(k.data(), nq, r), fill_normal(v.data(), nv, r);
+  fill_normal(R.data(), nv, r);
+  std::vector<int32_t> seg = c.seg ? make_seg(c, r) : std::vector<int32_t>();
+  const int32_t* sp = c.seg ? seg.data() : nullptr;
+  auto f = [&] {
+    trex::kern::ref::attention_fwd<double>(sh, q.data(), k.data(), v.data(), o.data(), lse.data(),
+                                           sp);
+    double s = 0;
+    for (size_t i = 0; i < nv; ++i) s += o[i] * R[i];
+    return s;
+  };
+  f();
+  trex::kern::ref::attention_bwd<double>(sh, q.data(), k.data(), v.data(), o.data(), lse.data(),
+                                         R.data(), dq.data(), dk.data(), dv.data(), sp);
+  const std::string n = cfg_name("attn_grad", c);
+  bool ok = true;
+  ok &= report(n, "dq", fd_check(q, f, dq), 1e-6);
+  ok &= report(n, "dk", fd_check(k, f, dk), 1e-6);
+  ok &= report(n, "dv", fd_check(v, f, dv), 1e-6);
+  return ok;
+}
+
+void run_perf(const Cfg& c) {
+  const AttnShape sh = shape_of(c);
+  const size_t nq = size_t(c.B) * c.T * c.H * c.Dqk, nv = size_t(c.B) * c.T * c.H * c.Dv,
+               nl = size_t(c.B) * c.H * c.T;
+  Rng r(5);
+  std::vector<float> q(nq), k(nq), v(nv), dO(nv), o(nv), lse(nl), dq(nq), dk(nq), dv(nv);
+  fill_normal(q.data(), nq, r), fill_normal(k.data(), nq, r), fill_normal(v.data(), nv, r);
+  fill_normal(dO.data(), nv, r);
+  std::vector<int32_t> seg = c.seg ? make_seg(c, r) : std::vector<int32_t>();
+  const int32_t* sp = c.seg ? seg.data() : nullptr;
+  // Causal flops (the attended half of T x T, or T x window): fwd 2 (Dqk + Dv) per score, bwd 2.5x.
+  double pairs = 0;
+  for (int t = 0; t < c.T; ++t) pairs += c.window > 0 ? std::min(t + 1, c.window) : t + 1;
+  const double ffwd = 2.0 * (c.Dqk + c.Dv) * pairs * c.H * c.B, fbwd = 2.5 * ffwd;
+  double tf = time_ms(
+      [&] {
+        trex::kern::attention_fwd(sh, q.data(), k.data(), v.data(), o.data(), lse.data(), sp);
+      },
+      3);
+  double tb = time_ms(
+      [&] {
+        trex::kern::attention_bwd(sh, q.data(), k.data(), v.data(), o.data(), lse.data(), dO.data(),
+                                  dq.data(), dk.data(), dv.data(), sp);
+      },
+      3);
+  std::printf("perf %-48s fwd %8.2f ms %7.1f GFLOP/s   bwd %8.2f ms %7.1f GFLOP/s\n",
+              cfg_name("attn", c).c_str(), tf, ffwd / tf * 1e-6, tb, fbwd / tb * 1e-6);
+}
+
+}  // namespace
+
+TREX_OP_CASES(attention_cases) {
+  const Cfg tests[] = {
+      {1, 1, 1, 16, 16, 0, false},      {2, 7, 3, 40, 24, 0, false},
+      {1, 130, 1, 72, 56, 0, false},    {2, 129, 3, 64, 64, 0, true},
+      {1, 200, 2, 192, 128, 50, false}, {3, 65, 5, 17, 33, 0, true},
+      {2, 300, 1, 40, 24, 70, true},    {1, 1000, 2, 48, 32, 0, true},
+      {1, 257, 3, 192, 128, 0, false},  {2, 64, 2, 16, 16, 3, false},
+  };
+  for (const Cfg& c : tests)
+    cases.push_back({cfg_name("attn", c), [c] { return run_test(c); }, nullptr, nullptr});
+  const Cfg grads[] = {
+      {2, 7, 2, 5, 3, 0, false},
+      {2, 9, 1, 4, 6, 0, true},
+      {1, 9, 3, 3, 3, 3, false},
+      {2, 8, 1, 5, 4, 4, true},
+  };
+  for (const Cfg& c : grads)
+    cases.push_back({cfg_name("attn", c), nullptr, [c] { return run_grad(c); }, nullptr});
+  const Cfg perfs[] = {{1, 2048, 16, 192, 128, 0, false}};
+  for (const Cfg& c : perfs)
+    cases.push_back({cfg_name("attn", c), nullptr, nullptr, [c] { run_perf(c); }});
+}
