@@ -41,7 +41,7 @@ struct Guarded {
   size_t n;
   explicit Guarded(size_t n_, T fill = T(0)) : buf(n_ + kGuard, T(0)), n(n_) {
     for (size_t i = 0; i < n; ++i) buf[i] = fill;
-    for (size_t i = 0; i < kGuard; ++i) std::memset(&buf[n + i], 0xA5, sizeof(T));
+    for (size_t i = 0; i < kGuard; ++i) std::memset(static_cast<void*>(&buf[n + i]), 0xA5, sizeof(T));
   }
   T* data() { return buf.data(); }
   const T* data() const { return buf.data(); }
