@@ -149,6 +149,7 @@ ModelConfig parse_config(const json& j, const std::string& where) {
   c.max_position_embeddings = r.i64("max_position_embeddings", 4096, false, 1);
   c.rope_theta = r.f64("rope_theta", 10000.0);
   parse_rope(j, where, c);
+  TREX_USER_CHECK(c.rope_theta > 1.0, kFixHint, where, ": rope_theta must be > 1, got ", c.rope_theta);
   c.rope_interleave = r.boolean("rope_interleave", true);
   c.rms_norm_eps = r.f64("rms_norm_eps", 1e-6);
   c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);

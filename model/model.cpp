@@ -64,8 +64,9 @@ Model::Model(const ModelConfig& c, kern::Prec p, TrainOptions o)
   rope_.sin = sin_.data();
   rope_.max_pos = maxp;
   rope_.interleaved = cfg.rope_interleave;
-  rope_.softmax_scale =
-      (float)(std::pow((double)cfg.qk_head_dim(), -0.5) * (half ? kern::yarn_softmax_mscale(rope_params(cfg)) : 1.0));
+  kern::RopeParams rp = rope_params(cfg);
+  if (rp.dim == 0) rp.dim = 2;  // the YaRN softmax factor applies even without rotated dims
+  rope_.softmax_scale = (float)(std::pow((double)cfg.qk_head_dim(), -0.5) * kern::yarn_softmax_mscale(rp));
 }
 
 void Model::zero_grads() { grads.zero(); }
