@@ -2,7 +2,8 @@
 # Installs the Debian packages trex builds against (idempotent; skips apt when all are present).
 set -euo pipefail
 PKGS="build-essential cmake ninja-build libdnnl-dev nlohmann-json3-dev libcli11-dev libgtest-dev
-      libopenmpi-dev openmpi-bin libtomlplusplus-dev python3"
+      libopenmpi-dev openmpi-bin libtomlplusplus-dev
+      coinor-libcbc-dev coinor-libclp-dev coinor-libcoinutils-dev pkg-config python3"
 missing=""
 for p in $PKGS; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

@@ -1,0 +1,54 @@
+// Dense GEMM and grouped (per-expert) GEMM, row-major with leading dimensions (in elements).
+//   C[M,N] = alpha * op(A) @ op(B) + beta * C
+//   op(A) = A stored [M, K] (lda >= K), or if ta: A stored [K, M] (lda >= M)
+//   op(B) = B stored [K, N] (ldb >= N), or if tb: B stored [N, K] (ldb >= K);  ldc >= N
+// BLAS semantics for beta: beta == 0 overwrites C without reading it (NaN in C is ignored).
+// The three uses in a linear layer with weight W: [out, in]:
+//   forward  y  = x @ W^T          gemm(ta=0, tb=1, beta=0)
+//   backward dx = dy @ W           gemm(ta=0, tb=0, beta=0)   (activation grad: overwrite)
+//   backward dW += dy^T @ x        gemm(ta=1, tb=0, beta=1)   (parameter grad: accumulate)
+// M, N, K may be any size >= 0 (M = 0 or N = 0: nothing happens; K = 0: C = beta * C).
+//
+// Implementation (see gemm.cpp): f32 goes to oneDNN's dnnl_sgemm (as fast as a matmul
+// primitive, and needs no per-shape primitive). bf16 operands are widened to f32 panels (exact)
+// and multiplied by the same sgemm. Measured on the 2-core Emerald Rapids VM (1 core): fp32
+// FMA peak 174 GFLOP/s, vdpbf16ps peak 87 GFLOP/s (half!), sgemm 145-165, oneDNN's bf16
+// matmul (bf16 emulated: CPUID hides AVX512-BF16) 31, widen + sgemm 135-158. So no
+// vdpbf16ps kernel can beat widening here. TREX_ISA=ref selects the scalar reference instead.
+// Results are deterministic for a fixed thread count.
+#pragma once
+#include <cstdint>
+#include "core/dtype.h"
+
+namespace trex::kern {
+
+enum class Prec { F32, BF16 };
+
+// A: op(A) [M, K]  B: op(B) [K, N]  C: [M, N] (f32 everywhere)
+void gemm_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+              const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+// A, B in bf16; products and accumulation in f32; C: [M, N] f32.
+void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
+               const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+// Mixed precision: A is float* when pa == F32, bf16* when pa == BF16 (same for B with pb);
+// f32 accumulation and output. E.g. dx = dy(f32) @ W(bf16) without rounding dy.
+void gemm_mixed(Prec pa, Prec pb, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+                int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+// One independent GEMM of a grouped call (an expert): A, B are float* or bf16* per the call's
+// Prec; M may be 0 (the group is skipped).
+struct GemmGroup {
+  const void* A;
+  const void* B;
+  float* C;
+  int64_t M, N, K, lda, ldb, ldc;
+};
+
+// groups: [n_groups]; each group computes C = alpha * op(A) @ op(B) + beta * C with the shared
+// ta / tb / alpha / beta / precision. Groups must not share C. Large groups run one after the
+// other on all threads; small ones run concurrently, one thread each (largest first).
+void grouped_gemm(Prec prec, bool ta, bool tb, float alpha, float beta, const GemmGroup* groups, int n_groups);
+
+}  // namespace trex::kern

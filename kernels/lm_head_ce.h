@@ -1,0 +1,43 @@
+// LM head fused with cross-entropy: loss = sum over valid rows n of
+//   lse_n - logit[n, labels[n]],   logit = h @ W^T,   lse_n = log sum_v exp(logit[n, v])
+// without ever forming the [N, V] logits: the vocabulary is processed in chunks with an online
+// log-sum-exp (pass 1); with gradients, pass 2 recomputes each chunk's logits and forms
+// p = grad_scale * (softmax - onehot), then dh += p @ W_c and dW_c += p^T @ h (GEMMs). Rows are
+// processed in blocks so the workspace is [row_block, chunk] floats.
+// FLOPs: 2*N*V*d for the loss alone, 8*N*V*d with gradients (the logits are computed twice).
+// Rows with label -100 are ignored (no loss, zero gradient); any other label outside [0, V) is
+// an error. NaN/Inf in a valid row's logits make the loss NaN.
+// Gradients: dh (activation) is OVERWRITTEN; dW (parameter) ACCUMULATES (+=).
+// Precision BF16: the logits use the bf16 copies h_b and W_b (f32 accumulation); the gradients
+// are those of that loss w.r.t. the rounded values (dh = p @ W_b, dW += p^T @ h_b, p in f32).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include "core/dtype.h"
+#include "kernels/gemm.h"
+
+namespace trex::kern {
+
+struct CeArgs {
+  Prec prec = Prec::F32;
+  int64_t N = 0, d = 0, V = 0;
+  const float* h = nullptr;       // [N, d]  final hidden states (prec F32)
+  const bf16* h_b = nullptr;      // [N, d]  bf16 copy (prec BF16)
+  const float* W = nullptr;       // [V, d]  head weight (prec F32)
+  const bf16* W_b = nullptr;      // [V, d]  bf16 copy (prec BF16)
+  const int32_t* labels = nullptr;  // [N]   target of each row (already shifted); -100 = ignored
+  float grad_scale = 1.f;         // gradients are of grad_scale * (sum of losses)
+  float* dh = nullptr;            // [N, d]  overwritten; null: no gradients (then dW unused)
+  float* dW = nullptr;            // [V, d]  accumulated (+=); required when dh is set
+  int64_t chunk = 0;              // vocabulary columns per chunk; 0: default (4096)
+  float* workspace = nullptr;     // lm_head_ce_workspace_floats(args) floats; null: allocated inside
+};
+
+// Returns the SUM of per-row losses over valid rows (in double); *n_valid (if not null) gets
+// the number of valid rows. With args.dh set, also computes the gradients described above.
+double lm_head_ce(const CeArgs& args, int64_t* n_valid);
+
+// Floats the caller must provide in args.workspace (depends on N, V and chunk only).
+size_t lm_head_ce_workspace_floats(const CeArgs& args);
+
+}  // namespace trex::kern

@@ -1,0 +1,76 @@
+// Peak throughput measurement (see peak.h): calibrate the iteration count on one thread, then
+// run the loop on all threads inside one OpenMP region and keep the best of three rounds.
+#include "kernels/peak.h"
+#include <omp.h>
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+#include "core/cpu.h"
+#include "core/parallel.h"
+#include "core/timer.h"
+
+namespace trex::kern {
+namespace cpu {
+float peak_fma_f32_avx512(int64_t iters);      // kernels/cpu/peak_avx512.cpp: 512 FLOPs / iter
+float peak_dpbf16_avx512bf16(int64_t iters);   // kernels/cpu/peak_avx512bf16.cpp: 1024 FLOPs / iter
+}  // namespace cpu
+
+namespace {
+
+// Baseline x86-64 (SSE2) mul + add loop: 16 accumulators x 4 lanes x 2 FLOPs = 128 FLOPs / iter.
+__attribute__((noinline)) float peak_muladd_sse(int64_t iters) {
+  typedef float v4 __attribute__((vector_size(16)));
+  v4 a[16];
+  for (int i = 0; i < 16; ++i) a[i] = v4{} + 0.001f * (i + 1);
+  const v4 x = v4{} + 0.999f, y = v4{} + 1e-4f;
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) a[i] = a[i] * x + y;
+  }
+  v4 s{};
+  for (int i = 0; i < 16; ++i) s += a[i];
+  return s[0] + s[1] + s[2] + s[3];
+}
+
+// GFLOP/s of fn(iters) running concurrently on `threads` threads for about `seconds`.
+double throughput(float (*fn)(int64_t), double flops_per_iter, int threads, double seconds) {
+  volatile float sink = 0;
+  int64_t iters = 1 << 12;
+  for (;;) {  // calibrate: one thread, until a run takes >= 10 ms
+    double t0 = now_ms();
+    sink = sink + fn(iters);
+    double ms = now_ms() - t0;
+    if (ms >= 10.0 || iters > (int64_t{1} << 40)) {
+      iters = std::max<int64_t>(1, static_cast<int64_t>(iters * (seconds * 1000.0 / 3.0) / std::max(ms, 1e-3)));
+      break;
+    }
+    iters *= 4;
+  }
+  double best = 0;
+  std::vector<float> out(threads);
+  for (int round = 0; round < 3; ++round) {
+    double t0 = now_ms();
+#pragma omp parallel num_threads(threads)
+    out[omp_get_thread_num()] = fn(iters);
+    double ms = now_ms() - t0;
+    for (float v : out) sink = sink + v;
+    best = std::max(best, flops_per_iter * static_cast<double>(iters) * threads / (ms * 1e6));
+  }
+  return best;
+}
+
+}  // namespace
+
+Peak measure_peak(double seconds_per_test) {
+  Peak p;
+  p.threads = num_threads();
+  const Isa isa = cpu_isa();
+  if (isa >= Isa::Avx512) p.fp32_gflops = throughput(cpu::peak_fma_f32_avx512, 512.0, p.threads, seconds_per_test);
+  else p.fp32_gflops = throughput(peak_muladd_sse, 128.0, p.threads, seconds_per_test);
+  p.bf16_native = isa >= Isa::Avx512Bf16;
+  p.bf16_gflops = p.bf16_native ? throughput(cpu::peak_dpbf16_avx512bf16, 1024.0, p.threads, seconds_per_test)
+                                : p.fp32_gflops;
+  return p;
+}
+
+}  // namespace trex::kern

@@ -1,0 +1,26 @@
+// Machine peak: fp32 FMA and bf16 dot-product (vdpbf16ps) throughput on all worker threads,
+// measured with register-only loops (16 independent accumulators per thread, enough to hide
+// the FMA latency on two ports). FLOPs count 2 per multiply-add: an fp32 zmm FMA is 32 FLOPs,
+// a vdpbf16ps zmm is 64 FLOPs (32 bf16 products summed pairwise into 16 f32 lanes).
+// Without AVX512-BF16 bf16_gflops = fp32_gflops and bf16_native = false. Without AVX-512 the
+// fp32 figure comes from a baseline SSE mul+add loop.
+// MFU note: on CPUs where vdpbf16ps runs at half the fp32 FMA rate (e.g. the Emerald Rapids
+// VMs this was written on: ~86 vs ~176 GFLOP/s per core) bf16 GEMMs run on the fp32 units
+// (kernels/gemm.h widens bf16), so the honest denominator is best_gflops().
+#pragma once
+
+namespace trex::kern {
+
+struct Peak {
+  double fp32_gflops = 0, bf16_gflops = 0;
+  int threads = 0;
+  bool bf16_native = false;
+  // The fastest arithmetic the machine offers for a GEMM of either precision.
+  double best_gflops() const { return fp32_gflops > bf16_gflops ? fp32_gflops : bf16_gflops; }
+};
+
+// Runs each throughput loop on num_threads() threads for about seconds_per_test seconds
+// (best of 3 timed rounds after a calibration round).
+Peak measure_peak(double seconds_per_test = 0.3);
+
+}  // namespace trex::kern

@@ -1,0 +1,106 @@
+// Unit tests for kernels/gemm.h, kernels/lm_head_ce.h and kernels/peak.h: hand-checked values
+// (the op harness in tests/ops covers random shapes against the references).
+#include <gtest/gtest.h>
+#include <cmath>
+#include <limits>
+#include <vector>
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kernels/gemm.h"
+#include "kernels/lm_head_ce.h"
+#include "kernels/peak.h"
+
+namespace {
+using namespace trex;
+using namespace trex::kern;
+
+// A = [[1,2,3],[4,5,6]] (2x3), B = [[1,0],[0,1],[1,1]] (3x2): A @ B = [[4,5],[10,11]].
+TEST(Gemm, AllTranspositionModes) {
+  const float A[] = {1, 2, 3, 4, 5, 6}, At[] = {1, 4, 2, 5, 3, 6};
+  const float B[] = {1, 0, 0, 1, 1, 1}, Bt[] = {1, 0, 1, 0, 1, 1};
+  const float want[] = {4, 5, 10, 11};
+  for (int t = 0; t < 4; ++t) {
+    const bool ta = t & 1, tb = t & 2;
+    float C[4] = {std::nanf(""), std::nanf(""), std::nanf(""), std::nanf("")};  // beta = 0: not read
+    gemm_f32(ta, tb, 2, 2, 3, 1.f, ta ? At : A, ta ? 2 : 3, tb ? Bt : B, tb ? 3 : 2, 0.f, C, 2);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(C[i], want[i]) << "ta=" << ta << " tb=" << tb << " i=" << i;
+  }
+}
+
+TEST(Gemm, AlphaBetaAndKZero) {
+  const float A[] = {1, 2}, B[] = {3, 4};  // 1x2 @ 2x1 = 11
+  float C[] = {1};
+  gemm_f32(false, false, 1, 1, 2, 2.f, A, 2, B, 1, 3.f, C, 1);
+  EXPECT_EQ(C[0], 25.f);
+  gemm_f32(false, false, 1, 1, 0, 2.f, nullptr, 1, nullptr, 1, 0.5f, C, 1);  // K = 0: C = beta * C
+  EXPECT_EQ(C[0], 12.5f);
+}
+
+TEST(Gemm, Bf16IsExactOnSmallIntegers) {
+  std::vector<bf16> A(4 * 5), B(5 * 3);
+  std::vector<float> Af(A.size()), Bf(B.size());
+  for (size_t i = 0; i < A.size(); ++i) A[i] = f32_to_bf16(Af[i] = static_cast<float>(int(i % 7) - 3));
+  for (size_t i = 0; i < B.size(); ++i) B[i] = f32_to_bf16(Bf[i] = static_cast<float>(int(i % 5) - 2));
+  std::vector<float> C(12), Cf(12);
+  gemm_bf16(false, false, 4, 3, 5, 1.f, A.data(), 5, B.data(), 3, 0.f, C.data(), 3);
+  gemm_f32(false, false, 4, 3, 5, 1.f, Af.data(), 5, Bf.data(), 3, 0.f, Cf.data(), 3);
+  EXPECT_EQ(C, Cf);
+  gemm_mixed(Prec::F32, Prec::BF16, false, false, 4, 3, 5, 1.f, Af.data(), 5, B.data(), 3, 0.f, C.data(), 3);
+  EXPECT_EQ(C, Cf);
+}
+
+TEST(Gemm, BadLeadingDimensionThrows) {
+  float A[6] = {}, B[6] = {}, C[4] = {};
+  EXPECT_THROW(gemm_f32(false, false, 2, 2, 3, 1.f, A, 2, B, 2, 0.f, C, 2), trex::Error);  // lda < K
+}
+
+TEST(GroupedGemm, EmptyGroupsAreSkipped) {
+  const float A[] = {1, 2}, B[] = {3, 4};
+  float C0[] = {7}, C1[] = {0};
+  GemmGroup g[] = {{A, B, C0, 0, 1, 2, 2, 1, 1}, {A, B, C1, 1, 1, 2, 2, 1, 1}};
+  grouped_gemm(Prec::F32, false, false, 1.f, 0.f, g, 2);
+  EXPECT_EQ(C0[0], 7.f);
+  EXPECT_EQ(C1[0], 11.f);
+}
+
+// With W = 0 all logits are 0: loss per row = log V, p = softmax - onehot = 1/V - [v == y].
+TEST(LmHeadCe, ZeroWeightsGiveLogV) {
+  const int64_t N = 3, d = 2, V = 5;
+  std::vector<float> h = {1, 2, 3, 4, 5, 6}, W(V * d, 0.f), dh(N * d), dW(V * d, 0.f);
+  std::vector<int32_t> y = {4, -100, 0};
+  CeArgs a;
+  a.N = N, a.d = d, a.V = V, a.h = h.data(), a.W = W.data(), a.labels = y.data();
+  a.dh = dh.data(), a.dW = dW.data(), a.chunk = 2;
+  int64_t nv = 0;
+  double loss = lm_head_ce(a, &nv);
+  EXPECT_EQ(nv, 2);
+  EXPECT_NEAR(loss, 2 * std::log(5.0), 1e-6);
+  for (float v : dh) EXPECT_EQ(v, 0.f);  // W = 0
+  // dW[v, j] = sum over valid rows (1/V - [v == y]) h[n, j]; rows 0 and 2.
+  for (int64_t v = 0; v < V; ++v)
+    for (int64_t j = 0; j < d; ++j) {
+      double want = (0.2 - (v == 4)) * h[0 * d + j] + (0.2 - (v == 0)) * h[2 * d + j];
+      EXPECT_NEAR(dW[v * d + j], want, 1e-6) << v << "," << j;
+    }
+}
+
+TEST(LmHeadCe, LabelOutOfRangeThrows) {
+  std::vector<float> h(2, 1.f), W(6, 1.f);
+  std::vector<int32_t> y = {3};
+  CeArgs a;
+  a.N = 1, a.d = 2, a.V = 3, a.h = h.data(), a.W = W.data(), a.labels = y.data();
+  EXPECT_THROW(lm_head_ce(a, nullptr), trex::Error);
+}
+
+TEST(Peak, MeasuresSomething) {
+  Peak p = measure_peak(0.02);
+  EXPECT_GT(p.threads, 0);
+  EXPECT_GT(p.fp32_gflops, 0.1);
+  EXPECT_GT(p.bf16_gflops, 0.1);
+  EXPECT_GE(p.best_gflops(), p.fp32_gflops);
+  if (!p.bf16_native) {
+    EXPECT_EQ(p.bf16_gflops, p.fp32_gflops);
+  }
+}
+
+}  // namespace
