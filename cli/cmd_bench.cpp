@@ -103,12 +103,12 @@ void add_bench(CLI::App& app) {
     const double mfu = fpt * tps / (peak * 1e9);
     std::printf(
         "{\"impl\": \"trex\", \"config\": \"%s\", \"precision\": \"%s\", \"threads\": %d, \"batch\": %lld, \"seq\": %lld, "
-        "\"steps\": %d, \"step_ms_median\": %.1f, \"step_ms_min\": %.1f, \"tokens_per_s\": %.1f, "
+        "\"steps\": %d, \"step_ms\": %.1f, \"step_ms_median\": %.1f, \"step_ms_min\": %.1f, \"tokens_per_s\": %.1f, "
         "\"model_flops_per_token\": %.4g, \"active_params\": %lld, \"peak_gflops\": %.1f, \"peak_measured\": %s, "
         "\"mfu\": %.4f, \"mfu_vs_bf16_dot_peak\": %.4f, \"peak_rss_mb\": %.0f, \"last_loss\": %.4f, "
         "\"activation_mb\": %.0f}\n",
         o->config.c_str(), rc.precision == kern::Prec::BF16 ? "bf16" : "fp32", threads, (long long)B, (long long)T,
-        steps, med, mn, tps, fpt, (long long)rc.model.num_active_params(), peak, measured ? "true" : "false", mfu, bf16_dot > 0 ? fpt * tps / (bf16_dot * 1e9) : 0.0,
+        steps, med, med, mn, tps, fpt, (long long)rc.model.num_active_params(), peak, measured ? "true" : "false", mfu, bf16_dot > 0 ? fpt * tps / (bf16_dot * 1e9) : 0.0,
         peak_rss_mb(), last_loss, m.peak_activation_bytes() / 1048576.0);
   });
 }

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -171,7 +172,26 @@ TEST_P(Parity, LoadThenSaveGivesIdenticalTensors) {
   // And the saved config reads back to the same model.
   model::ModelConfig c2 = model::load_config_json(tmp.string() + "/config.json");
   EXPECT_EQ(c2.num_params(), c.cfg.num_params());
+  // A bf16 checkpoint (as DeepSeek releases them) survives load -> save bit for bit, sharded too.
+  fs::path bf = fs::temp_directory_path() / ("trex_rt_bf16_" + GetParam());
+  fs::path bf2 = fs::temp_directory_path() / ("trex_rt_bf16b_" + GetParam());
+  model::save_hf_checkpoint(m, bf.string(), DType::BF16, 20000);
+  model::Model m2(c2, kern::Prec::F32);
+  model::load_hf_weights(m2, bf.string());
+  model::save_hf_checkpoint(m2, bf2.string(), DType::BF16, 20000);
+  io::SafetensorsDir x = io::SafetensorsDir::open(bf.string()), y = io::SafetensorsDir::open(bf2.string());
+  EXPECT_TRUE(x.sharded());
+  for (const std::string& n : x.names()) {
+    const io::SafetensorsFile *fx, *fy;
+    const io::TensorInfo* tx = x.find(n, &fx);
+    const io::TensorInfo* ty = y.find(n, &fy);
+    ASSERT_TRUE(ty) << n;
+    ASSERT_EQ(tx->nbytes, ty->nbytes) << n;
+    EXPECT_EQ(0, std::memcmp(fx->data(*tx), fy->data(*ty), tx->nbytes)) << n;
+  }
   fs::remove_all(tmp);
+  fs::remove_all(bf);
+  fs::remove_all(bf2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Reference, Parity, ::testing::ValuesIn(cases()),
