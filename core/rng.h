@@ -8,6 +8,13 @@ namespace trex {
 class Rng {
  public:
   explicit Rng(uint64_t seed) : s_(seed ? seed : 0x9E3779B97F4A7C15ull) {}
+  // The whole generator state (for checkpoints): Rng::from_state(r.state()) continues r exactly.
+  uint64_t state() const { return s_; }
+  static Rng from_state(uint64_t s) {
+    Rng r(1);
+    r.s_ = s;
+    return r;
+  }
   uint64_t next_u64() {
     uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

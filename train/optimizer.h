@@ -18,6 +18,7 @@ class AdamW {
   // Clips, updates the f32 master weights and the bf16 shadow; returns the pre-clip grad norm.
   double step(model::Model& m, float lr);
   int64_t steps() const { return t_; }
+  void set_steps(int64_t t) { t_ = t; }  // when resuming from a checkpoint
   AdamWConfig cfg;
   Arena m1, m2;  // first and second moments, f32 [layout.total]
 

@@ -1,0 +1,137 @@
+#include "train/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include "core/log.h"
+#include "io/safetensors.h"
+#include "model/checkpoint.h"
+
+namespace trex::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::regex kName("step-([0-9]{8})");
+
+void fsync_path(const fs::path& p) {
+  int fd = ::open(p.c_str(), O_RDONLY);
+  TREX_USER_CHECK(fd >= 0, "check permissions on the run directory", p.string(), ": cannot open for fsync");
+  int rc = ::fsync(fd);
+  ::close(fd);
+  TREX_USER_CHECK(rc == 0, "check free space on the run directory's disk", p.string(), ": fsync failed");
+}
+
+void write_text(const fs::path& p, const std::string& text) {
+  std::ofstream f(p);
+  f << text;
+  f.close();
+  TREX_USER_CHECK(f.good(), "check free space and permissions", p.string(), ": write failed");
+}
+
+std::string step_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%08lld", (long long)step);
+  return buf;
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& run_dir, const model::Model& m, const AdamW& opt,
+                            const TrainState& st, int keep) {
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  fs::create_directories(root);
+  const fs::path final_dir = root / step_name(st.step);
+  const fs::path tmp = root / (".tmp-" + step_name(st.step) + "-" + std::to_string(::getpid()));
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+
+  model::save_hf_checkpoint(m, tmp.string(), DType::F32);
+  std::vector<io::TensorToWrite> ts;
+  const float* M1 = reinterpret_cast<const float*>(opt.m1.base());
+  const float* M2 = reinterpret_cast<const float*>(opt.m2.base());
+  for (const model::ParamEntry& e : m.layout.entries) {
+    ts.push_back({"exp_avg." + e.name, DType::F32, e.shape, M1 + e.offset});
+    ts.push_back({"exp_avg_sq." + e.name, DType::F32, e.shape, M2 + e.offset});
+  }
+  io::write_safetensors((tmp / "optimizer.safetensors").string(), ts);
+  nlohmann::json js = {{"step", st.step},
+                       {"optimizer_step", opt.steps()},
+                       {"data_position", st.data_position},
+                       {"rng_state", std::to_string(st.rng_state)},
+                       {"extra", st.extra}};
+  write_text(tmp / "trainer_state.json", js.dump(2) + "\n");
+  for (const auto& f : fs::directory_iterator(tmp)) fsync_path(f.path());
+  fsync_path(tmp);
+
+  if (fs::exists(final_dir)) fs::remove_all(final_dir);  // re-saving the same step replaces it
+  fs::rename(tmp, final_dir);
+  fsync_path(root);
+
+  // Retention: keep the newest `keep` complete checkpoints; clear stale temporaries.
+  std::vector<std::pair<int64_t, fs::path>> all;
+  for (const auto& e : fs::directory_iterator(root)) {
+    const std::string n = e.path().filename().string();
+    std::smatch mt;
+    if (std::regex_match(n, mt, kName)) all.push_back({std::stoll(mt[1]), e.path()});
+    else if (n.rfind(".tmp-", 0) == 0 && e.path() != tmp) fs::remove_all(e.path());
+  }
+  std::sort(all.begin(), all.end());
+  for (size_t i = 0; keep > 0 && i + keep < all.size(); ++i) fs::remove_all(all[i].second);
+  return final_dir.string();
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  if (!fs::exists(root)) return std::nullopt;
+  int64_t best = -1;
+  fs::path best_path;
+  for (const auto& e : fs::directory_iterator(root)) {
+    const std::string n = e.path().filename().string();
+    std::smatch mt;
+    if (!std::regex_match(n, mt, kName) || !fs::exists(e.path() / "trainer_state.json")) continue;
+    int64_t s = std::stoll(mt[1]);
+    if (s > best) best = s, best_path = e.path();
+  }
+  if (best < 0) return std::nullopt;
+  return best_path.string();
+}
+
+TrainState load_checkpoint(const std::string& dir, model::Model& m, AdamW& opt) {
+  model::ModelConfig c = model::load_config_json(dir + "/config.json");
+  TREX_USER_CHECK(c.num_params() == m.cfg.num_params() && c.num_hidden_layers == m.cfg.num_hidden_layers,
+                  "resume with the model config the run was started with", dir,
+                  ": checkpoint model does not match the configured model");
+  model::load_hf_weights(m, dir);
+  io::SafetensorsFile f = io::SafetensorsFile::open(dir + "/optimizer.safetensors");
+  float* M1 = reinterpret_cast<float*>(opt.m1.base());
+  float* M2 = reinterpret_cast<float*>(opt.m2.base());
+  for (const model::ParamEntry& e : m.layout.entries) {
+    f.read_f32("exp_avg." + e.name, M1 + e.offset, e.shape.numel());
+    f.read_f32("exp_avg_sq." + e.name, M2 + e.offset, e.shape.numel());
+  }
+  nlohmann::json js;
+  try {
+    js = nlohmann::json::parse(std::ifstream(dir + "/trainer_state.json"));
+  } catch (const nlohmann::json::exception& e) {
+    TREX_USER_FAIL("the checkpoint is damaged; resume from an older one", dir, "/trainer_state.json: ", e.what());
+  }
+  TrainState st;
+  try {
+    st.step = js.at("step").get<int64_t>();
+    st.data_position = js.at("data_position").get<int64_t>();
+    st.rng_state = std::stoull(js.at("rng_state").get<std::string>());
+    st.extra = js.value("extra", nlohmann::json::object());
+    opt.set_steps(js.at("optimizer_step").get<int64_t>());
+  } catch (const std::exception& e) {
+    TREX_USER_FAIL("the checkpoint is damaged; resume from an older one", dir, "/trainer_state.json: ", e.what());
+  }
+  return st;
+}
+
+}  // namespace trex::train

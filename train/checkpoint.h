@@ -1,0 +1,34 @@
+// Training checkpoints: RUN_DIR/checkpoints/step-NNNNNNNN/ holds the model in Hugging Face
+// layout (config.json + model.safetensors, f32 master weights, router biases), the AdamW moments
+// (optimizer.safetensors, under the parameter names with "exp_avg." / "exp_avg_sq." prefixes),
+// and trainer_state.json (step, optimizer step, data position, RNG state, anything else the
+// caller adds). A checkpoint is written into a temporary directory, every file fsynced, then
+// renamed into place and the parent fsynced: a crash at any moment leaves either the previous
+// complete checkpoint or the new complete one as the newest, never a half one. The last `keep`
+// checkpoints are kept.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <nlohmann/json.hpp>
+#include "model/model.h"
+#include "train/optimizer.h"
+
+namespace trex::train {
+
+struct TrainState {
+  int64_t step = 0;          // optimizer steps done
+  int64_t data_position = 0; // where the data loader resumes
+  uint64_t rng_state = 0;    // data-order / sampling RNG
+  nlohmann::json extra;      // free-form (schedule, metrics state)
+};
+
+// Writes a checkpoint for state.step; returns its directory. Removes checkpoints beyond `keep`.
+std::string save_checkpoint(const std::string& run_dir, const model::Model& m, const AdamW& opt,
+                            const TrainState& state, int keep = 3);
+// The newest complete checkpoint directory under run_dir, if any.
+std::optional<std::string> latest_checkpoint(const std::string& run_dir);
+// Loads weights, router biases, optimizer moments and state; the model config must match.
+TrainState load_checkpoint(const std::string& dir, model::Model& m, AdamW& opt);
+
+}  // namespace trex::train
