@@ -56,16 +56,17 @@ void add_bench(CLI::App& app) {
   step->add_flag("--profile", o->profile, "print time per region of the step (stderr)");
   step->callback([o] {
     train::RunConfig rc = train::load_run_config(o->config);
-    int threads = init_threads((int)rc.threads);
-    const int steps = o->steps > 0 ? o->steps : (int)rc.steps;
-    model::Model m(rc.model, rc.precision, {rc.aux_loss_alpha});
+    int threads = init_threads((int)rc.train.threads);
+    const int steps = o->steps > 0 ? o->steps : (int)rc.train.steps;
+    model::Model m(rc.model, rc.train.precision, {rc.train.aux_loss_alpha});
     if (!rc.model_path.empty()) model::load_hf_weights(m, rc.model_path);
-    else m.init_random(rc.seed);
-    train::AdamW opt(m, {rc.lr, rc.beta1, rc.beta2, rc.eps, rc.weight_decay, rc.clip_grad_norm});
+    else m.init_random(rc.train.seed);
+    const float lr = (float)rc.optim.schedule.lr;
+    train::AdamW opt(m, {lr, rc.optim.beta1, rc.optim.beta2, rc.optim.eps, rc.optim.weight_decay, rc.optim.clip_grad_norm});
     Profiler prof;
-    const int64_t B = rc.batch_size, T = rc.seq_len, N = B * T;
+    const int64_t B = rc.train.batch_size, T = rc.data.seq_len, N = B * T;
     std::vector<int32_t> ids(N), labels(N);
-    Rng rng(rc.seed + 1);
+    Rng rng(rc.train.seed + 1);
     std::vector<double> times;
     double last_loss = 0;
     for (int s = 0; s < o->warmup + steps; ++s) {
@@ -74,7 +75,7 @@ void add_bench(CLI::App& app) {
       ids = labels;
       std::vector<int32_t> targets = model::shift_labels(labels, B, T);
       model::Batch b{B, T, ids.data(), targets.data(), nullptr, nullptr};
-      train::StepStats st = train::trainer_step(m, opt, {b}, rc.lr, rc.bias_update_gamma, m.prof);
+      train::StepStats st = train::trainer_step(m, opt, {b}, lr, rc.train.bias_update_gamma, m.prof);
       last_loss = st.loss;
       if (s >= o->warmup) times.push_back(st.ms);
       std::fprintf(stderr, "[bench step] step %d loss %.4f %.1f ms\n", s, st.loss, st.ms);
@@ -95,7 +96,7 @@ void add_bench(CLI::App& app) {
     double bf16_dot = 0;
     if (peak <= 0) {
       kern::Peak p = kern::measure_peak(0.3);
-      peak = rc.precision == kern::Prec::BF16 ? p.best_gflops() : p.fp32_gflops;
+      peak = rc.train.precision == kern::Prec::BF16 ? p.best_gflops() : p.fp32_gflops;
       bf16_dot = p.bf16_gflops;
       measured = true;
     }
@@ -107,7 +108,7 @@ void add_bench(CLI::App& app) {
         "\"model_flops_per_token\": %.4g, \"active_params\": %lld, \"peak_gflops\": %.1f, \"peak_measured\": %s, "
         "\"mfu\": %.4f, \"mfu_vs_bf16_dot_peak\": %.4f, \"peak_rss_mb\": %.0f, \"last_loss\": %.4f, "
         "\"activation_mb\": %.0f}\n",
-        o->config.c_str(), rc.precision == kern::Prec::BF16 ? "bf16" : "fp32", threads, (long long)B, (long long)T,
+        o->config.c_str(), rc.train.precision == kern::Prec::BF16 ? "bf16" : "fp32", threads, (long long)B, (long long)T,
         steps, med, med, mn, tps, fpt, (long long)rc.model.num_active_params(), peak, measured ? "true" : "false", mfu, bf16_dot > 0 ? fpt * tps / (bf16_dot * 1e9) : 0.0,
         peak_rss_mb(), last_loss, m.peak_activation_bytes() / 1048576.0);
   });

@@ -239,6 +239,12 @@ std::vector<PackedSeq> pack(const std::vector<Sample>& docs, int64_t seq_len, Ov
     } else if (split_long) {
       for (int64_t o = 0; o < n; o += seq_len) place(d.ids.data() + o, d.loss.data() + o, std::min(seq_len, n - o));
     } else if (policy == OverflowPolicy::Truncate) {
+      bool any = false;  // a truncation that cuts off every target leaves nothing to learn
+      for (int64_t i = 1; i < seq_len; ++i) any |= d.loss[i] != 0;
+      if (!any) {
+        ++st.dropped_too_long;
+        continue;
+      }
       ++st.truncated;
       place(d.ids.data(), d.loss.data(), seq_len);
     } else {

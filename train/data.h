@@ -76,7 +76,8 @@ enum class OverflowPolicy { Truncate, Drop };
 
 // Packs documents in order into sequences of seq_len (greedy: a document goes into the current
 // sequence if it fits, else starts the next). Documents longer than seq_len are truncated or
-// dropped (counted). CPT documents (split_long = true) are instead cut into seq_len pieces.
+// dropped (counted; a truncation that would keep no target drops the document). CPT documents
+// (split_long = true) are instead cut into seq_len pieces.
 std::vector<PackedSeq> pack(const std::vector<Sample>& docs, int64_t seq_len, OverflowPolicy policy, bool split_long,
                             int32_t pad_id, DataStats& stats);
 

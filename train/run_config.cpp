@@ -1,10 +1,13 @@
 #include "train/run_config.h"
 
-#include <set>
+#include <functional>
+#include <map>
 #include "core/error.h"
 #include "io/toml_json.h"
 
 namespace trex::train {
+
+using nlohmann::json;
 
 kern::Prec parse_precision(const std::string& s, const std::string& where) {
   if (s == "fp32" || s == "f32") return kern::Prec::F32;
@@ -12,60 +15,187 @@ kern::Prec parse_precision(const std::string& s, const std::string& where) {
   TREX_USER_FAIL("allowed: fp32, bf16", where, ": precision '", s, "' is not supported");
 }
 
-RunConfig load_run_config(const std::string& path) {
-  nlohmann::json j = io::load_toml_as_json(path);
+namespace {
+
+using Setter = std::function<void(const json&, const std::string& key)>;
+
+struct Section {
+  std::map<std::string, Setter> keys;
+};
+
+std::string allowed_keys(const Section& s) {
+  std::string a;
+  for (auto& [k, v] : s.keys) a += (a.empty() ? "" : ", ") + k;
+  return a;
+}
+
+struct Ctx {
+  std::string where;
+  int64_t i64(const json& v, const std::string& key, int64_t lo) const {
+    TREX_USER_CHECK(v.is_number_integer(), "use an integer", where, ": ", key, " must be an integer, got ", v.dump());
+    int64_t x = v.get<int64_t>();
+    TREX_USER_CHECK(x >= lo, "use a value >= " + std::to_string(lo), where, ": ", key, " = ", x, " is out of range");
+    return x;
+  }
+  double f64(const json& v, const std::string& key, double lo, double hi = 1e300) const {
+    TREX_USER_CHECK(v.is_number(), "use a number", where, ": ", key, " must be a number, got ", v.dump());
+    double x = v.get<double>();
+    TREX_USER_CHECK(x >= lo && x <= hi, "use a value in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]",
+                    where, ": ", key, " = ", x, " is out of range");
+    return x;
+  }
+  bool boolean(const json& v, const std::string& key) const {
+    TREX_USER_CHECK(v.is_boolean(), "use true or false", where, ": ", key, " must be true or false");
+    return v.get<bool>();
+  }
+  std::string str(const json& v, const std::string& key, std::initializer_list<const char*> allowed = {}) const {
+    TREX_USER_CHECK(v.is_string(), "use a string", where, ": ", key, " must be a string, got ", v.dump());
+    std::string s = v.get<std::string>();
+    if (allowed.size() == 0) return s;
+    std::string list;
+    for (const char* a : allowed) {
+      if (s == a) return s;
+      list += (list.empty() ? "" : ", ") + std::string(a);
+    }
+    TREX_USER_FAIL("allowed: " + list, where, ": ", key, " = '", s, "' is not allowed");
+  }
+  std::vector<std::string> files(const json& v, const std::string& key) const {
+    if (v.is_string()) return {v.get<std::string>()};
+    TREX_USER_CHECK(v.is_array(), "use a path or a list of paths", where, ": ", key, " must be a list of paths");
+    std::vector<std::string> out;
+    for (const json& e : v) out.push_back(str(e, key));
+    return out;
+  }
+};
+
+void apply_override(json& j, const std::string& ov) {
+  size_t eq = ov.find('='), dot = ov.find('.');
+  TREX_USER_CHECK(eq != std::string::npos && dot != std::string::npos && dot < eq,
+                  "write --set section.key=value", "--set '", ov, "' is not section.key=value");
+  std::string sec = ov.substr(0, dot), key = ov.substr(dot + 1, eq - dot - 1), val = ov.substr(eq + 1);
+  json v;
+  try {
+    v = json::parse(val);
+  } catch (const json::parse_error&) {
+    v = val;  // bare words are strings
+  }
+  j[sec][key] = v;
+}
+
+}  // namespace
+
+RunConfig parse_run_config(json j, const std::string& where, const std::vector<std::string>& overrides) {
+  for (const std::string& ov : overrides) apply_override(j, ov);
   RunConfig r;
-  for (auto& [k, v] : j.items())
-    TREX_USER_CHECK(k == "model" || k == "train", "allowed sections: [model], [train]", path, ": unknown section [",
-                    k, "]");
-  TREX_USER_CHECK(j.contains("model") && j["model"].is_object(), "add a [model] section", path,
-                  ": missing [model]");
-  nlohmann::json mj = j["model"];
+  r.raw = j;
+  Ctx c{where};
+  TREX_USER_CHECK(j.is_object(), "a run config is a TOML table", where, ": not a table");
+  TREX_USER_CHECK(j.contains("model") && j["model"].is_object(), "add a [model] section (path = checkpoint dir, or "
+                  "Hugging Face config.json keys)", where, ": missing [model]");
+
+  std::map<std::string, Section> S;
+  S["data"].keys = {
+      {"mode", [&](const json& v, const std::string& k) { r.data.mode = c.str(v, k, {"cpt", "sft"}); }},
+      {"train", [&](const json& v, const std::string& k) { r.data.train = c.files(v, k); }},
+      {"eval", [&](const json& v, const std::string& k) { r.data.eval = c.files(v, k); }},
+      {"eval_fraction", [&](const json& v, const std::string& k) { r.data.eval_fraction = c.f64(v, k, 0, 0.9); }},
+      {"seq_len", [&](const json& v, const std::string& k) { r.data.seq_len = c.i64(v, k, 2); }},
+      {"chat_template", [&](const json& v, const std::string& k) {
+         r.data.chat_template = c.str(v, k, {"deepseek", "chatml"});
+       }},
+      {"train_on_prompt", [&](const json& v, const std::string& k) { r.data.train_on_prompt = c.boolean(v, k); }},
+      {"overflow", [&](const json& v, const std::string& k) {
+         r.data.overflow = c.str(v, k, {"truncate", "drop"}) == "drop" ? OverflowPolicy::Drop : OverflowPolicy::Truncate;
+       }},
+      {"tokenizer", [&](const json& v, const std::string& k) { r.data.tokenizer = c.str(v, k); }},
+  };
+  S["train"].keys = {
+      {"batch_size", [&](const json& v, const std::string& k) { r.train.batch_size = c.i64(v, k, 1); }},
+      {"grad_accum", [&](const json& v, const std::string& k) { r.train.grad_accum = c.i64(v, k, 1); }},
+      {"steps", [&](const json& v, const std::string& k) { r.train.steps = c.i64(v, k, 1); }},
+      {"threads", [&](const json& v, const std::string& k) { r.train.threads = c.i64(v, k, 0); }},
+      {"seed", [&](const json& v, const std::string& k) { r.train.seed = (uint64_t)c.i64(v, k, 0); }},
+      {"eval_every", [&](const json& v, const std::string& k) { r.train.eval_every = c.i64(v, k, 0); }},
+      {"eval_batches", [&](const json& v, const std::string& k) { r.train.eval_batches = c.i64(v, k, 1); }},
+      {"precision", [&](const json& v, const std::string& k) {
+         r.train.precision = parse_precision(c.str(v, k, {"fp32", "bf16"}), where);
+       }},
+      {"bias_update_gamma", [&](const json& v, const std::string& k) {
+         r.train.bias_update_gamma = (float)c.f64(v, k, 0, 1);
+       }},
+      {"aux_loss_alpha", [&](const json& v, const std::string& k) { r.train.aux_loss_alpha = c.f64(v, k, 0, 10); }},
+  };
+  S["optim"].keys = {
+      {"lr", [&](const json& v, const std::string& k) { r.optim.schedule.lr = c.f64(v, k, 0, 10); }},
+      {"min_lr", [&](const json& v, const std::string& k) { r.optim.schedule.min_lr = c.f64(v, k, 0, 10); }},
+      {"schedule", [&](const json& v, const std::string& k) {
+         r.optim.schedule.kind = parse_schedule(c.str(v, k, {"constant", "linear", "cosine", "wsd"}), where);
+       }},
+      {"warmup_steps", [&](const json& v, const std::string& k) { r.optim.schedule.warmup_steps = c.i64(v, k, 0); }},
+      {"decay_fraction", [&](const json& v, const std::string& k) {
+         r.optim.schedule.decay_fraction = c.f64(v, k, 0, 1);
+       }},
+      {"weight_decay", [&](const json& v, const std::string& k) { r.optim.weight_decay = (float)c.f64(v, k, 0, 10); }},
+      {"beta1", [&](const json& v, const std::string& k) { r.optim.beta1 = (float)c.f64(v, k, 0, 0.999999); }},
+      {"beta2", [&](const json& v, const std::string& k) { r.optim.beta2 = (float)c.f64(v, k, 0, 0.999999); }},
+      {"eps", [&](const json& v, const std::string& k) { r.optim.eps = (float)c.f64(v, k, 0, 1); }},
+      {"clip_grad_norm", [&](const json& v, const std::string& k) { r.optim.clip_grad_norm = (float)c.f64(v, k, 0); }},
+  };
+  S["parallel"].keys = {
+      {"dp", [&](const json& v, const std::string& k) { r.parallel.dp = c.i64(v, k, 1); }},
+      {"tp", [&](const json& v, const std::string& k) { r.parallel.tp = c.i64(v, k, 1); }},
+      {"pp", [&](const json& v, const std::string& k) { r.parallel.pp = c.i64(v, k, 1); }},
+      {"ep", [&](const json& v, const std::string& k) { r.parallel.ep = c.i64(v, k, 1); }},
+  };
+  S["checkpoint"].keys = {
+      {"dir", [&](const json& v, const std::string& k) { r.checkpoint.dir = c.str(v, k); }},
+      {"every", [&](const json& v, const std::string& k) { r.checkpoint.every = c.i64(v, k, 0); }},
+      {"keep", [&](const json& v, const std::string& k) { r.checkpoint.keep = c.i64(v, k, 1); }},
+      {"resume", [&](const json& v, const std::string& k) { r.checkpoint.resume = c.str(v, k); }},
+  };
+  S["log"].keys = {
+      {"every", [&](const json& v, const std::string& k) { r.log.every = c.i64(v, k, 1); }},
+      {"progress", [&](const json& v, const std::string& k) { r.log.progress = c.str(v, k, {"auto", "bar", "lines"}); }},
+  };
+
+  for (auto& [sec, body] : j.items()) {
+    if (sec == "model") continue;
+    auto it = S.find(sec);
+    if (it == S.end()) {
+      std::string all = "model";
+      for (auto& [n, s] : S) all += ", " + n;
+      TREX_USER_FAIL("allowed sections: " + all, where, ": unknown section [", sec, "]");
+    }
+    TREX_USER_CHECK(body.is_object(), "a section is a table", where, ": [", sec, "] is not a table");
+    for (auto& [k, v] : body.items()) {
+      auto kt = it->second.keys.find(k);
+      TREX_USER_CHECK(kt != it->second.keys.end(), "allowed keys in [" + sec + "]: " + allowed_keys(it->second), where,
+                      ": unknown key ", sec, ".", k);
+      kt->second(v, sec + "." + k);
+    }
+  }
+
+  json mj = j["model"];
   if (mj.contains("path")) {
-    TREX_USER_CHECK(mj["path"].is_string(), "model.path must be a string", path, ": bad model.path");
+    TREX_USER_CHECK(mj["path"].is_string(), "model.path must be a string", where, ": bad model.path");
     r.model_path = mj["path"].get<std::string>();
     std::string cfg = r.model_path;
     if (cfg.size() < 5 || cfg.compare(cfg.size() - 5, 5, ".json") != 0) cfg += "/config.json";
     r.model = model::load_config_json(cfg);
+    if (r.data.tokenizer.empty()) r.data.tokenizer = r.model_path + "/tokenizer.json";
   } else {
-    r.model = model::parse_config(mj, path + " [model]");
+    r.model = model::parse_config(mj, where + " [model]");
   }
-  if (!j.contains("train")) return r;
-  const nlohmann::json& t = j["train"];
-  static const std::set<std::string> keys = {"batch_size", "seq_len", "threads", "steps", "seed", "precision",
-                                             "lr", "weight_decay", "clip_grad_norm", "beta1", "beta2", "eps",
-                                             "bias_update_gamma", "aux_loss_alpha"};
-  for (auto& [k, v] : t.items()) {
-    if (keys.count(k)) continue;
-    std::string allowed;
-    for (auto& a : keys) allowed += (allowed.empty() ? "" : ", ") + a;
-    TREX_USER_FAIL("allowed keys: " + allowed, path, ": unknown key train.", k);
-  }
-  auto num = [&](const char* k, auto& dst, double lo) {
-    if (!t.contains(k)) return;
-    TREX_USER_CHECK(t[k].is_number(), "use a number", path, ": train.", k, " must be a number");
-    double v = t[k].get<double>();
-    TREX_USER_CHECK(v >= lo, "use a value >= " + std::to_string(lo), path, ": train.", k, " = ", v, " is out of range");
-    dst = static_cast<std::remove_reference_t<decltype(dst)>>(v);
-  };
-  num("batch_size", r.batch_size, 1);
-  num("seq_len", r.seq_len, 1);
-  num("threads", r.threads, 0);
-  num("steps", r.steps, 1);
-  num("seed", r.seed, 0);
-  num("lr", r.lr, 0);
-  num("weight_decay", r.weight_decay, 0);
-  num("clip_grad_norm", r.clip_grad_norm, 0);
-  num("beta1", r.beta1, 0);
-  num("beta2", r.beta2, 0);
-  num("eps", r.eps, 0);
-  num("bias_update_gamma", r.bias_update_gamma, 0);
-  num("aux_loss_alpha", r.aux_loss_alpha, 0);
-  if (t.contains("precision")) {
-    TREX_USER_CHECK(t["precision"].is_string(), "allowed: fp32, bf16", path, ": train.precision must be a string");
-    r.precision = parse_precision(t["precision"].get<std::string>(), path + ": train.precision");
-  }
+  r.optim.schedule.total_steps = r.train.steps;
+  const ParallelConfig& p = r.parallel;
+  TREX_USER_CHECK(p.dp == 1 && p.tp == 1 && p.pp == 1 && p.ep == 1,
+                  "run on one rank for now (dp = tp = pp = ep = 1); the parallel layer is issue 5", where,
+                  ": [parallel] dp=", p.dp, " tp=", p.tp, " pp=", p.pp, " ep=", p.ep, " is not supported by this build");
   return r;
+}
+
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+  return parse_run_config(io::load_toml_as_json(path), path, overrides);
 }
 
 }  // namespace trex::train

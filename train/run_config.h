@@ -1,26 +1,74 @@
-// A trex run config (TOML): [model] holds Hugging Face config.json keys (or `path` to a
-// checkpoint directory / config.json); [train] the run shape. Unknown keys are errors that name
-// the key and the allowed ones. (The full CPT/SFT config of issue 4 extends this file.)
+// A trex run config (TOML) with sections [model] [data] [train] [optim] [parallel] [checkpoint]
+// [log]. [model] holds Hugging Face config.json keys inline, or `path` to a checkpoint directory.
+// `--set section.key=value` overrides any key. Unknown sections and keys, wrong types and
+// out-of-range values are errors that name the file, the key and what is allowed.
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
+#include <nlohmann/json.hpp>
 #include "kernels/gemm.h"
 #include "model/config.h"
+#include "train/data.h"
+#include "train/schedule.h"
 
 namespace trex::train {
 
-struct RunConfig {
-  model::ModelConfig model;
-  std::string model_path;  // checkpoint directory when [model].path is set
-  int64_t batch_size = 1, seq_len = 128, threads = 0, steps = 10;
+struct DataConfig {
+  std::string mode = "cpt";             // cpt | sft
+  std::vector<std::string> train, eval;  // files (.jsonl or text)
+  double eval_fraction = 0.0;            // held-out share of train when eval is empty
+  int64_t seq_len = 512;
+  std::string chat_template = "deepseek";
+  bool train_on_prompt = false;
+  OverflowPolicy overflow = OverflowPolicy::Truncate;
+  std::string tokenizer;  // tokenizer.json (default: <model.path>/tokenizer.json)
+};
+
+struct TrainConfig {
+  int64_t batch_size = 1, grad_accum = 1, steps = 10, threads = 0, eval_every = 0, eval_batches = 4;
   uint64_t seed = 1234;
   kern::Prec precision = kern::Prec::BF16;
-  float lr = 1e-4f, weight_decay = 0.1f, clip_grad_norm = 1.0f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
   float bias_update_gamma = 0.001f;
   double aux_loss_alpha = 0.0;
 };
 
-RunConfig load_run_config(const std::string& path);
+struct OptimConfig {
+  LrSchedule schedule;  // lr, min_lr, warmup_steps, decay_fraction, kind
+  float weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, clip_grad_norm = 1.0f;
+};
+
+struct ParallelConfig {
+  int64_t dp = 1, tp = 1, pp = 1, ep = 1;
+};
+
+struct CheckpointConfig {
+  std::string dir = "runs/default";
+  int64_t every = 0;  // 0: only at the end
+  int64_t keep = 3;
+  std::string resume = "none";  // none | auto | <checkpoint dir>
+};
+
+struct LogConfig {
+  int64_t every = 1;
+  std::string progress = "auto";  // auto | bar | lines
+};
+
+struct RunConfig {
+  model::ModelConfig model;
+  std::string model_path;  // checkpoint directory when [model].path is set
+  DataConfig data;
+  TrainConfig train;
+  OptimConfig optim;
+  ParallelConfig parallel;
+  CheckpointConfig checkpoint;
+  LogConfig log;
+  nlohmann::json raw;  // the merged config as read (saved next to checkpoints)
+};
+
+// overrides: "section.key=value" (value parsed as JSON when it parses, else taken as a string).
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
+RunConfig parse_run_config(nlohmann::json j, const std::string& where, const std::vector<std::string>& overrides = {});
 kern::Prec parse_precision(const std::string& s, const std::string& where);
 
 }  // namespace trex::train

@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <algorithm>
 #include "core/timer.h"
 
 namespace trex::train {
@@ -55,6 +56,13 @@ StepStats trainer_step(model::Model& m, AdamW& opt, const std::vector<model::Bat
   {
     ProfScope ps(prof, "step.optimizer");
     st.grad_norm = opt.step(m, lr);
+  }
+  for (int64_t l = 0; l < m.cfg.num_hidden_layers; ++l) {
+    if (!m.cfg.is_moe_layer(l)) continue;
+    const auto& ld = m.expert_load()[l];
+    double sum = 0, mx = 0;
+    for (int64_t v : ld) sum += (double)v, mx = std::max(mx, (double)v);
+    st.load_max_over_mean.push_back(sum > 0 ? mx / (sum / ld.size()) : 0.0);
   }
   update_router_bias(m, gamma);
   st.ms = now_ms() - t0;

@@ -11,6 +11,7 @@ namespace trex::train {
 struct StepStats {
   double loss = 0, ce = 0, aux = 0, grad_norm = 0, ms = 0;
   int64_t tokens = 0, n_valid = 0;
+  std::vector<double> load_max_over_mean;  // per MoE layer: busiest expert's load / mean load
 };
 
 // DeepSeek-V3 aux-loss-free balancing: after the optimizer step each expert's

@@ -109,6 +109,11 @@ TEST(Data, OverflowPolicies) {
   EXPECT_EQ(st.truncated, 1);
   auto c = pack({big}, 10, OverflowPolicy::Drop, true, 0, st);  // CPT: cut into pieces
   EXPECT_EQ(c.size(), 3u);
+  Sample late = big;  // only the tail is trained on: truncating would keep no target
+  std::fill(late.loss.begin(), late.loss.begin() + 20, 0);
+  DataStats st2;
+  EXPECT_TRUE(pack({late}, 10, OverflowPolicy::Truncate, false, 0, st2).empty());
+  EXPECT_EQ(st2.dropped_too_long, 1);
 }
 
 TEST(Data, CptJsonlAndText) {

@@ -25,7 +25,7 @@ def parse_args():
     ap.add_argument("--mode", choices=["eager", "compile"], default="eager")
     ap.add_argument("--precision", choices=["bf16", "fp32"], default=None, help="override [train].precision")
     ap.add_argument("--batch-size", type=int, default=None, help="override [train].batch_size")
-    ap.add_argument("--seq-len", type=int, default=None, help="override [train].seq_len")
+    ap.add_argument("--seq-len", type=int, default=None, help="override [data].seq_len")
     ap.add_argument("--clip", type=float, default=1.0, help="global grad-norm clip (0: none)")
     ap.add_argument("--experts-impl", default=None,
                     help="transformers experts implementation (default: transformers' own, grouped_mm)")
@@ -61,18 +61,20 @@ def main():
     with open(args.config, "rb") as f:
         cfg_toml = tomllib.load(f)
     tr = cfg_toml.get("train", {})
+    da = cfg_toml.get("data", {})
+    op = cfg_toml.get("optim", {})
     threads = resolve_threads(args.threads if args.threads is not None else tr.get("threads", 0))
     import torch
     torch.set_num_threads(threads)
     from transformers import DeepseekV3ForCausalLM
 
     batch = args.batch_size or tr.get("batch_size", 1)
-    seq = args.seq_len or tr.get("seq_len", 2048)
+    seq = args.seq_len or da.get("seq_len", 2048)
     precision = args.precision or tr.get("precision", "bf16")
     if precision not in ("bf16", "fp32"):
         sys.exit(f"precision {precision!r}: bf16 or fp32")
     seed = tr.get("seed", 1234)
-    lr = tr.get("lr", 1e-4)
+    lr = op.get("lr", 1e-4)
     warmup = args.warmup if args.warmup is not None else (2 if args.mode == "compile" else 1)
     if args.steps <= warmup:
         sys.exit(f"--steps {args.steps} must exceed the {warmup} warm-up steps")

@@ -1,0 +1,60 @@
+#include "train/metrics.h"
+
+#include <unistd.h>
+#include <algorithm>
+#include <filesystem>
+#include "core/error.h"
+#include "core/timer.h"
+
+namespace trex::train {
+
+MetricsLog::MetricsLog(const std::string& run_dir, const std::string& progress, int64_t every, bool append)
+    : every_(every), t0_ms_(now_ms()) {
+  std::filesystem::create_directories(run_dir);
+  const std::string path = run_dir + "/metrics.jsonl";
+  f_ = std::fopen(path.c_str(), append ? "a" : "w");
+  TREX_USER_CHECK(f_, "check that checkpoint.dir is writable", path, ": cannot open for writing");
+  bar_ = progress == "bar" || (progress == "auto" && ::isatty(STDERR_FILENO));
+}
+
+MetricsLog::~MetricsLog() {
+  if (bar_) std::fputc('\n', stderr);
+  if (f_) std::fclose(f_);
+}
+
+void MetricsLog::message(const std::string& s) {
+  if (bar_) std::fputc('\n', stderr);
+  std::fprintf(stderr, "%s\n", s.c_str());
+}
+
+void MetricsLog::step(const StepMetrics& m) {
+  nlohmann::json j = {{"step", m.step},       {"loss", m.loss},       {"ce", m.ce},
+                      {"aux", m.aux},         {"lr", m.lr},           {"grad_norm", m.grad_norm},
+                      {"step_ms", m.ms},      {"tokens", m.tokens},   {"tokens_per_s", m.tokens_per_s},
+                      {"mfu", m.mfu},         {"expert_load_max_over_mean", m.load_max_over_mean}};
+  if (m.eval_loss >= 0) j["eval_loss"] = m.eval_loss;
+  std::fprintf(f_, "%s\n", j.dump().c_str());
+  std::fflush(f_);
+  if (first_step_ < 0) first_step_ = m.step - 1, t0_ms_ = now_ms() - m.ms;
+  const double elapsed = (now_ms() - t0_ms_) / 1000.0;
+  const int64_t done = m.step - first_step_, left = m.total_steps - m.step;
+  const double eta = done > 0 ? elapsed / done * left : 0;
+  double lb = 0;
+  for (double v : m.load_max_over_mean) lb = std::max(lb, v);
+  char tail[256];
+  std::snprintf(tail, sizeof tail, "loss %.4f%s lr %.2e gnorm %.3f %.0f tok/s mfu %.1f%% load %.2f eta %.0fs",
+                m.loss, m.eval_loss >= 0 ? (" eval " + std::to_string(m.eval_loss).substr(0, 6)).c_str() : "", m.lr,
+                m.grad_norm, m.tokens_per_s, 100 * m.mfu, lb, eta);
+  if (bar_) {
+    const int width = 30;
+    int fill = m.total_steps ? (int)(width * m.step / m.total_steps) : width;
+    std::string bar(fill, '#');
+    bar.resize(width, '.');
+    std::fprintf(stderr, "\r[%s] %lld/%lld %s   ", bar.c_str(), (long long)m.step, (long long)m.total_steps, tail);
+    std::fflush(stderr);
+  } else if (m.step % every_ == 0 || m.step == m.total_steps || m.eval_loss >= 0) {
+    std::fprintf(stderr, "step %lld/%lld %s\n", (long long)m.step, (long long)m.total_steps, tail);
+  }
+}
+
+}  // namespace trex::train
