@@ -1,0 +1,109 @@
+// trex plan: memory, step time, MFU and cost of a training run at cluster scale, before it is
+// launched (plan/). One layout with --layout, or every valid layout ranked with --search.
+//   trex plan --model deepseek-v3 --cluster h800 --devices 2048 --layout pp=16,ep=64 --tokens 10e9
+//   trex plan --model CONFIG.json --cluster my_cluster.toml --devices 256 --search [--json]
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include "cli/commands.h"
+#include "core/error.h"
+#include "io/toml_json.h"
+#include "plan/calibration.h"
+#include "plan/planner.h"
+#include "plan/report.h"
+
+namespace trex::cli {
+
+namespace {
+
+struct PlanOpts {
+  std::string model, cluster, layout, calibration;
+  int64_t devices = 0;
+  bool search = false, json = false, list = false, vary_devices = false;
+  int top = 10;
+  int64_t min_devices = 1;
+  double tokens = 0;
+};
+
+void list_builtins() {
+  std::printf("models:   ");
+  for (auto& m : plan::builtin_model_names()) std::printf(" %s", m.c_str());
+  std::printf("   (or a config.json, a model directory, a trex TOML run config)\nclusters:  cpu-this");
+  for (auto& c : plan::builtin_spec_names()) std::printf(" %s", c.c_str());
+  std::printf("   (or a TOML spec file; see plan/specs/h800.toml)\ncalibration for cpu-this: %s\n",
+              plan::default_calibration_path().c_str());
+}
+
+// A trex TOML run config's [train] seq_len and batch_size become the default seq and mbs.
+plan::Layout base_layout(const std::string& model) {
+  plan::Layout l;
+  namespace fs = std::filesystem;
+  if (fs::path(model).extension() == ".toml" && fs::is_regular_file(model)) {
+    nlohmann::json t = io::load_toml_as_json(model);
+    if (t.contains("train") && t["train"].is_object()) {
+      const nlohmann::json& tr = t["train"];
+      if (tr.contains("seq_len") && tr["seq_len"].is_number_integer()) l.seq = tr["seq_len"].get<int64_t>();
+      if (tr.contains("batch_size") && tr["batch_size"].is_number_integer()) l.mbs = tr["batch_size"].get<int64_t>();
+    }
+  }
+  return l;
+}
+
+void run_plan(const PlanOpts& o) {
+  if (o.list) {
+    list_builtins();
+    return;
+  }
+  TREX_USER_CHECK(!o.model.empty() && !o.cluster.empty() && o.devices > 0,
+                  "e.g. trex plan --model deepseek-v3 --cluster h800 --devices 2048 --layout pp=16,ep=64 "
+                  "(trex plan --list shows the built-ins)",
+                  "trex plan needs --model, --cluster and --devices");
+  plan::ArchModel a = plan::resolve_model(o.model);
+  plan::ClusterSpec s = plan::load_spec(o.cluster, o.calibration);
+  plan::Layout base = plan::parse_layout(o.layout, base_layout(o.model));
+  if (o.search) {
+    plan::SearchOptions so;
+    so.top = o.top;
+    so.vary_devices = o.vary_devices;
+    so.min_devices = o.min_devices;
+    so.fixed = plan::layout_keys(o.layout);
+    plan::SearchResult r = plan::search(a, s, o.devices, base, o.tokens, so);
+    if (o.json) {
+      std::printf("%s\n", plan::search_to_json(r).dump(2).c_str());
+      return;
+    }
+    std::fputs(plan::format_search(r, s).c_str(), stdout);
+    if (!r.by_speed.empty()) std::fputs(("\n" + plan::format_plan(r.by_speed.front())).c_str(), stdout);
+    return;
+  }
+  plan::Plan p = plan::evaluate(a, s, o.devices, base, o.tokens);
+  if (o.json) std::printf("%s\n", plan::plan_to_json(p).dump(2).c_str());
+  else std::fputs(plan::format_plan(p).c_str(), stdout);
+}
+
+}  // namespace
+
+void add_plan(CLI::App& app) {
+  auto o = std::make_shared<PlanOpts>();
+  auto* c = app.add_subcommand("plan", "memory, step time, MFU and cost of a run on a cluster, before launching it");
+  c->add_option("--model", o->model, "built-in name (deepseek-v3, deepseek-v4-flash, deepseek-v4-pro), config.json, "
+                                     "model directory or trex TOML run config");
+  c->add_option("--cluster", o->cluster, "built-in spec (h800, h100, h200, b200, ascend-910c, cpu-this) or TOML file");
+  c->add_option("--devices", o->devices, "number of devices (GPUs, NPU dies, or ranks for cpu-this)");
+  c->add_option("--layout", o->layout,
+                "dp=..,tp=..,pp=..,ep=..,etp=..,mbs=..,gbs=..,seq=..,recompute=none|selective|full,zero=0-3,"
+                "schedule=1f1b|dualpipe,precision=bf16|fp8,overlap=ep+tp+dp+pp|all|none,mtp=0|1,moments=f32|bf16,"
+                "grads=f32|bf16,dedup=0|1,expert_load=X (with --search: the keys given are held fixed)");
+  c->add_flag("--search", o->search, "enumerate valid layouts that fit and rank them by tokens/s and by cost");
+  c->add_option("--top", o->top, "layouts shown by --search (default 10)");
+  c->add_flag("--vary-devices", o->vary_devices, "with --search: also try devices/2, devices/4, ... (cost ranking)");
+  c->add_option("--min-devices", o->min_devices, "with --vary-devices: the fewest devices tried (default 1)");
+  c->add_option("--tokens", o->tokens, "tokens of the whole run (e.g. 10e9): wall time, dollars and energy");
+  c->add_option("--calibration", o->calibration, "calibration JSON for cpu-this (default: $TREX_CALIBRATION or "
+                                                 "~/.cache/trex/calibration.json)");
+  c->add_flag("--json", o->json, "print one JSON object");
+  c->add_flag("--list", o->list, "list the built-in models and clusters");
+  c->callback([o] { run_plan(*o); });
+}
+
+}  // namespace trex::cli

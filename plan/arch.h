@@ -1,0 +1,107 @@
+// The planner's view of a model architecture: per decoder layer, how many parameters it holds
+// (replicated, tensor-parallel or expert-parallel), how many FLOPs a token costs in it, which
+// tensors the backward pass needs saved, and how much memory-bound traffic it makes. Built from a
+// DeepSeek-V3-family model::ModelConfig (the same parser that builds the model) or from the
+// planner's own DeepSeek-V4 description (plan/v4_arch.h) until the V4 config parser lands.
+//
+// Conventions: every per-token figure is for one token of a training sequence, before any
+// parallel split; "fwd" FLOPs are forward only (training = fwd + 2 x fwd for the backward).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+#include "model/config.h"
+
+namespace trex::plan {
+
+// Attention of a layer. MLA: DeepSeek-V3 multi-head latent attention over the causal context.
+// V4 layers (by compress ratio): SlidingWindow (0), CSA (compressed sparse, ratio 4, indexer
+// top-k), HCA (heavily compressed, ratio 128, dense over the compressed entries); every V4 layer
+// also attends its sliding window.
+enum class AttnKind { MLA, SlidingWindow, CSA, HCA };
+const char* attn_kind_name(AttnKind k);
+
+// Shape of the attention core (QK^T and PV) of a layer.
+struct AttnShape {
+  AttnKind kind = AttnKind::MLA;
+  int64_t heads = 0, qk_dim = 0, v_dim = 0;  // per head
+  int64_t window = 0;                        // V4 sliding window (keys), 0 = none
+  int64_t compress_ratio = 0;                // V4: tokens per compressed entry
+  int64_t index_topk = 0;                    // CSA: compressed entries kept per query
+  int64_t index_heads = 0, index_dim = 0;    // CSA indexer scoring (ReLU scores over entries)
+};
+
+// Mean over the positions 1..T of one causal sequence of the keys a query attends.
+double mean_attended_keys(const AttnShape& a, int64_t T);
+// Forward FLOPs per token of the attention core for sequences of T tokens, averaged over
+// positions: 2*H*(dqk + dv) per attended key, plus for CSA the indexer's 2*Hi*di per compressed
+// entry scored.
+double attn_core_fwd_flops(const AttnShape& a, int64_t T);
+
+// A tensor the backward pass reads, saved per token during the forward.
+struct SavedTensor {
+  std::string name;
+  double elems = 0;       // elements per token
+  int bytes = 2;          // bytes per element as stored by a bf16 run
+  bool fp8_ok = false;    // a GEMM / SwiGLU input that an FP8 recipe caches in 1 byte (+ scales)
+  bool selective = false; // dropped and recomputed under selective recompute
+  bool routed = false;    // per routed copy of the token (scales with the busiest expert rank's load)
+};
+
+struct LayerCost {
+  std::string kind;  // e.g. "mla+moe", "csa+moe(hash)"
+  AttnShape attn;
+  bool moe = false;
+  // Parameters. dense: attention, norms, dense MLP, shared experts, router, V4 compressors and
+  // hyper-connections (replicated over data parallel, split by tensor parallel). experts: all
+  // routed experts of the layer (split by expert parallel).
+  double dense_params = 0, expert_params = 0;
+  double active_matmul_params = 0;  // matmul weights a token goes through (6x of these = FLOPs)
+  // Forward FLOPs per token by efficiency class.
+  double gemm_fwd = 0;      // dense matmuls (2 x dense matmul params a token uses)
+  double expert_fwd = 0;    // routed-expert grouped GEMMs (2 x top-k x 3 x d x I)
+  double upproj_fwd = 0;    // part of gemm_fwd that selective recompute re-runs (MLA up-projections)
+  double elem_bytes_fwd = 0;      // memory-bound traffic per token (norms, RoPE, SwiGLU, router, permute)
+  double elem_sel_bytes_fwd = 0;  // part of it that selective recompute re-runs
+  std::vector<SavedTensor> saved;
+  double input_elems = 0;   // layer input per token (what full recompute keeps): d, or hc x d for V4
+  // MoE routing (for the all-to-all).
+  int64_t n_experts = 0, topk = 0, n_group = 1, topk_group = 1;
+  bool hash_routed = false;
+  // Tensor-parallel collectives per layer per direction (each of [tokens, d]).
+  int tp_collectives = 2;
+};
+
+struct ArchModel {
+  std::string name;         // "deepseek-v3", a config path, ...
+  std::string family;       // "deepseek_v3" | "deepseek_v4"
+  std::string source;       // where the figures come from
+  int64_t hidden = 0, vocab = 0, heads = 0, hc_mult = 1;
+  int64_t n_experts = 0, topk = 0;
+  std::vector<LayerCost> layers;
+  LayerCost mtp_block;      // the decoder block of one MTP module (computed when mtp is on)
+  double mtp_extra_params = 0;  // MTP projection + norms per module (embedding and head are shared)
+  int64_t mtp_modules = 0;  // modules in the checkpoint (num_nextn_predict_layers)
+  double embed_params = 0, head_params = 0, final_norm_params = 0;
+  bool tied_embeddings = false;
+
+  int64_t n_layers() const { return (int64_t)layers.size(); }
+  double total_params() const;   // all trained parameters (MTP modules excluded)
+  double active_params() const;  // matmul parameters a token goes through (LM head in, embedding out)
+  // Model FLOPs per trained token (the MFU numerator): 6 x active matmul params + 3 x the forward
+  // attention-core FLOPs for sequences of T tokens. MTP excluded (as in the published counts).
+  double model_flops_per_token(int64_t T) const;
+  int64_t residual_width() const { return hidden * hc_mult; }  // what a pipeline stage sends
+};
+
+// DeepSeek-V3 family (deepseek_v3, kimi_k2 model types) from the parsed config.
+ArchModel arch_from_config(const model::ModelConfig& c, const std::string& name);
+
+// Model name or path -> architecture. Names: deepseek-v3 (671B), deepseek-v4-flash,
+// deepseek-v4-pro; a path is a Hugging Face config.json or a trex TOML run config ([model]).
+ArchModel resolve_model(const std::string& name_or_path);
+std::vector<std::string> builtin_model_names();
+// The DeepSeek-V3 671B config.json values (huggingface.co/deepseek-ai/DeepSeek-V3).
+model::ModelConfig deepseek_v3_config();
+
+}  // namespace trex::plan

@@ -1,0 +1,74 @@
+// A parallel layout and run shape: dp x tp x pp devices (ep and etp carved out of dp x tp, as
+// Megatron-Core does: the expert data-parallel size is edp = dp * tp / (ep * etp)), batch
+// shape, recompute, ZeRO stage, pipeline schedule, precision and overlap flags. Validation
+// names the product or divisibility that fails.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+#include "plan/arch.h"
+
+namespace trex::plan {
+
+enum class Recompute { None, Selective, Full };
+enum class Schedule { OneF1B, DualPipe };
+enum class Precision { BF16, FP8 };
+const char* recompute_name(Recompute r);
+const char* schedule_name(Schedule s);
+const char* precision_name(Precision p);
+
+struct Layout {
+  int64_t dp = 0;   // 0: devices / (tp * pp)
+  int64_t tp = 1, pp = 1, ep = 1;
+  int64_t etp = 1;  // expert tensor parallel (experts split over etp ranks of an ep group)
+  int64_t mbs = 1;  // sequences per micro-batch
+  int64_t gbs = 0;  // sequences per optimizer step; 0: 4 x devices
+  int64_t seq = 4096;
+  Recompute recompute = Recompute::None;
+  int zero = 1;     // 0 replicated, 1 optimizer state, 2 + gradients, 3 + parameters sharded over dp
+  Schedule schedule = Schedule::OneF1B;
+  Precision precision = Precision::BF16;  // fp8: fp8 GEMMs, GEMM inputs cached in fp8 (DeepSeek-V3)
+  bool overlap_ep = true, overlap_tp = false, overlap_dp = true, overlap_pp = false;
+  bool mtp = false;          // train the checkpoint's MTP modules too
+  int grad_bytes = 4;        // main gradients (f32) that the optimizer reads and DP reduces
+  int moment_bytes = 4;      // AdamW moments (f32; DeepSeek-V3 used bf16)
+  bool ep_dedup = true;      // DeepEP-style: a token crosses to a remote node once, then fans out
+  double expert_load = 1.0;  // busiest expert rank's tokens over the mean (1 = balanced routing)
+
+  int64_t world() const { return dp * tp * pp; }
+  int64_t edp() const { return dp * tp / (ep * etp); }
+  int64_t micro_batches() const { return gbs / (dp * mbs); }
+  int64_t tokens_per_step() const { return gbs * seq; }
+};
+
+// Parses "dp=8,tp=2,pp=4,ep=8,mbs=1,gbs=512,seq=4096,recompute=selective,zero=1,
+// schedule=1f1b,precision=bf16,overlap=ep+dp,mtp=0,moments=f32,grads=f32,dedup=1,expert_load=1.1"
+// on top of `base`; any subset of keys, any order.
+Layout parse_layout(const std::string& s, Layout base);
+std::string layout_string(const Layout& l);
+// The keys a layout string sets (aliases normalized: micro_batch -> mbs, global_batch -> gbs).
+std::vector<std::string> layout_keys(const std::string& s);
+
+// Every violated constraint, each naming what fails; empty when the layout is valid. `l.dp` and
+// `l.gbs` are derived first when 0.
+std::vector<std::string> layout_problems(Layout& l, const ArchModel& a, int64_t devices);
+// Derives dp / gbs and throws UserError with the first problem (all of them in the message).
+void validate_layout(Layout& l, const ArchModel& a, int64_t devices);
+
+// Decoder layers per pipeline stage: the contiguous split that minimizes the heaviest stage (then
+// the spread), a stage weighing the sum of its layers' weights plus `first_extra` on the first
+// stage (embedding) and `last_extra` on the last (head, MTP). Every stage holds >= 1 layer.
+// paired (DualPipe): then single layers move between neighbouring stages while that lowers the
+// heaviest rank, rank r running stages r and pp-1-r.
+std::vector<int64_t> stage_layers(const std::vector<double>& layer_weight, double first_extra, double last_extra,
+                                  int64_t pp, bool paired = false);
+
+// One pipeline stage's share of the model.
+struct Chunk {
+  int64_t stage = 0, first_layer = 0, n_layers = 0;
+  bool embed = false, head = false;  // first stage: embedding; last stage: final norm, head (and MTP)
+};
+// Stages pipeline rank r runs: {r} under 1F1B, {r, pp-1-r} under DualPipe (two directions).
+std::vector<int64_t> rank_chunks(const Layout& l, int64_t r);
+
+}  // namespace trex::plan

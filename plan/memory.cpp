@@ -1,0 +1,131 @@
+#include "plan/memory.h"
+
+#include <algorithm>
+#include "core/error.h"
+#include "plan/timing.h"
+
+namespace trex::plan {
+
+double saved_bytes_per_token(const LayerCost& l, Recompute r, bool fp8, double expert_load) {
+  if (r == Recompute::Full) return 2.0 * l.input_elems;
+  double b = 0;
+  for (const SavedTensor& t : l.saved) {
+    if (r == Recompute::Selective && t.selective) continue;
+    const double per = (fp8 && t.fp8_ok) ? 1.0 + 4.0 / 128 : (double)t.bytes;
+    b += t.elems * per * (t.routed ? expert_load : 1.0);
+  }
+  return b;
+}
+
+namespace {
+
+struct ChunkContent {
+  double dense = 0, experts = 0;   // parameters
+  double act_mb = 0;               // saved activation bytes of one micro-batch (this device's share)
+  double work = 0;                 // working set held once (full-recompute layer, logits)
+  bool moe = false;
+};
+
+ChunkContent chunk_content(const ArchModel& a, const Layout& l, const Chunk& c) {
+  ChunkContent r;
+  const bool fp8 = l.precision == Precision::FP8;
+  const double tokens = (double)l.mbs * l.seq / l.tp;
+  auto add_layer = [&](const LayerCost& L) {
+    r.dense += L.dense_params;
+    r.experts += L.expert_params;
+    r.moe = r.moe || L.moe;
+    r.act_mb += tokens * saved_bytes_per_token(L, l.recompute, fp8, l.expert_load);
+    if (l.recompute == Recompute::Full)
+      r.work = std::max(r.work, tokens * saved_bytes_per_token(L, Recompute::None, fp8, l.expert_load));
+  };
+  for (int64_t i = 0; i < c.n_layers; ++i) add_layer(a.layers[c.first_layer + i]);
+  if (c.embed) r.dense += a.embed_params;
+  if (c.head) {
+    r.dense += a.final_norm_params + ((a.tied_embeddings && c.embed) ? 0 : a.head_params);
+    double logits = tokens * (double)a.vocab * 4.0;
+    if (l.mtp) {
+      for (int64_t m = 0; m < a.mtp_modules; ++m) {
+        add_layer(a.mtp_block);
+        r.dense += a.mtp_extra_params;
+      }
+      logits *= 1 + a.mtp_modules;  // each module's logits are held until its loss backward
+    }
+    r.work += logits;
+  }
+  return r;
+}
+
+}  // namespace
+
+MemoryReport plan_memory(const ArchModel& a, const ClusterSpec& s, const Layout& l) {
+  MemoryReport rep;
+  rep.usable = s.usable_bytes();
+  const std::vector<Chunk> chunks = pipeline_chunks(a, s, l);
+  std::vector<ChunkContent> content;
+  for (const Chunk& c : chunks) content.push_back(chunk_content(a, l, c));
+  const int64_t m = l.micro_batches();
+  const double dp = (double)l.dp, edp = (double)l.edp();
+  const int pb = 2;                                   // bf16 weights
+  const double ob = 4.0 + 2.0 * l.moment_bytes;       // f32 master + two moments
+
+  for (int64_t r = 0; r < l.pp; ++r) {
+    RankMemory rm;
+    rm.rank = r;
+    std::vector<int64_t> own = rank_chunks(l, r);
+    double act = 0, work = 0;
+    bool moe = false;
+    for (int64_t ci : own) {
+      const Chunk& c = chunks[ci];
+      const ChunkContent& cc = content[ci];
+      rm.layers += c.n_layers;
+      rm.embed = rm.embed || c.embed;
+      rm.head = rm.head || c.head;
+      rm.dense_params += cc.dense;
+      rm.expert_params += cc.experts;
+      moe = moe || cc.moe;
+      work = std::max(work, cc.work);
+      double inflight;
+      if (l.schedule == Schedule::DualPipe) inflight = std::min<double>((l.pp + 1) / 2.0, (double)m);
+      else inflight = (double)std::min<int64_t>(l.pp - r, m);
+      rm.inflight += inflight;
+      act += inflight * cc.act_mb;
+    }
+    const double dense_dev = rm.dense_params / l.tp;
+    const double exp_dev = rm.expert_params / (double)(l.ep * l.etp);
+    auto sharded = [&](bool shard) { return shard ? dense_dev / dp + exp_dev / edp : dense_dev + exp_dev; };
+    rm.params = pb * sharded(l.zero >= 3);
+    rm.grads = l.grad_bytes * sharded(l.zero >= 2);
+    rm.optimizer = ob * sharded(l.zero >= 1);
+    rm.activations = act + work;
+    const double tokens = (double)l.mbs * l.seq / l.tp;
+    if (moe && l.ep > 1)  // all-to-all send + receive buffers of one layer
+      rm.buffers += 2.0 * tokens * a.topk * a.hidden * 2.0 * l.expert_load;
+    if (l.tp > 1) rm.buffers += tokens * l.tp * a.hidden * 2.0;  // sequence-parallel all-gather
+    if (l.zero >= 3) {  // gathered parameters of the layer in use and the next one
+      double mx = 0;
+      for (int64_t ci : own)
+        for (int64_t i = 0; i < chunks[ci].n_layers; ++i) {
+          const LayerCost& L = a.layers[chunks[ci].first_layer + i];
+          mx = std::max(mx, L.dense_params / l.tp + L.expert_params / (double)(l.ep * l.etp));
+        }
+      rm.buffers += 2.0 * pb * mx;
+    }
+    rep.ranks.push_back(rm);
+  }
+  for (size_t r = 0; r < rep.ranks.size(); ++r)
+    if (rep.ranks[r].total() > rep.ranks[rep.worst].total()) rep.worst = (int64_t)r;
+  rep.fits = rep.peak().total() <= rep.usable;
+  const LayerCost* ref = &a.layers.front();
+  for (const LayerCost& L : a.layers)
+    if (L.moe) {
+      ref = &L;
+      break;
+    }
+  const bool fp8 = l.precision == Precision::FP8;
+  rep.act_per_token_layer[0] = saved_bytes_per_token(*ref, Recompute::None, fp8, l.expert_load);
+  rep.act_per_token_layer[1] = saved_bytes_per_token(*ref, Recompute::Selective, fp8, l.expert_load);
+  rep.act_per_token_layer[2] = saved_bytes_per_token(*ref, Recompute::Full, fp8, l.expert_load);
+  return rep;
+}
+
+}  // namespace trex::plan

@@ -1,0 +1,142 @@
+#include "plan/spec.h"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <toml++/toml.h>
+#include "core/error.h"
+#include "plan/calibration.h"
+
+namespace trex::plan {
+
+namespace {
+
+const char* kHint = "fix the cluster spec (see plan/specs/h800.toml for every key)";
+
+struct Section {
+  const toml::table* t;
+  std::string where, name;
+
+  double num(const char* key, double def, bool required = false, double min = 0) const {
+    const toml::node* n = t ? t->get(key) : nullptr;
+    if (!n) {
+      TREX_USER_CHECK(!required, kHint, where, ": [", name, "] ", key, " is required");
+      return def;
+    }
+    double v;
+    if (auto i = n->as_integer()) v = (double)i->get();
+    else if (auto f = n->as_floating_point()) v = f->get();
+    else TREX_USER_FAIL(kHint, where, ": [", name, "] ", key, " must be a number");
+    TREX_USER_CHECK(v >= min, kHint, where, ": [", name, "] ", key, " must be >= ", min, ", got ", v);
+    return v;
+  }
+  void only(std::initializer_list<const char*> keys) const {
+    if (!t) return;
+    for (auto&& [k, v] : *t) {
+      bool ok = false;
+      std::string allowed;
+      for (const char* a : keys) {
+        ok = ok || k.str() == a;
+        allowed += std::string(allowed.empty() ? "" : ", ") + a;
+      }
+      TREX_USER_CHECK(ok, "allowed keys in [" + name + "]: " + allowed, where, ": unknown key '", k.str(),
+                      "' in [", name, "]");
+    }
+  }
+};
+
+std::string str_of(const toml::table& t, const char* key, const std::string& where) {
+  const toml::node* n = t.get(key);
+  if (!n) return "";
+  auto s = n->as_string();
+  TREX_USER_CHECK(s, kHint, where, ": ", key, " must be a string");
+  return s->get();
+}
+
+}  // namespace
+
+ClusterSpec parse_spec_toml(const std::string& text, const std::string& where) {
+  toml::table root;
+  try {
+    root = toml::parse(text, where);
+  } catch (const toml::parse_error& e) {
+    const auto& b = e.source().begin;
+    TREX_USER_FAIL("fix the TOML syntax", where, ":", b.line, ":", b.column, ": ", e.description());
+  }
+  for (auto&& [k, v] : root) {
+    static const char* top[] = {"name", "description", "source", "note", "device", "network", "cost", "efficiency"};
+    bool ok = false;
+    for (const char* a : top) ok = ok || k.str() == a;
+    TREX_USER_CHECK(ok, "top-level keys: name, description, source, note, [device], [network], [cost], [efficiency]",
+                    where, ": unknown top-level key '", k.str(), "'");
+  }
+  ClusterSpec s;
+  s.name = str_of(root, "name", where);
+  s.description = str_of(root, "description", where);
+  s.source = str_of(root, "source", where);
+  s.note = str_of(root, "note", where);
+  if (s.name.empty()) s.name = where;
+
+  Section dev{root["device"].as_table(), where, "device"};
+  dev.only({"peak_bf16_tflops", "peak_fp8_tflops", "memory_gb", "memory_bandwidth_gbs", "reserved_gb"});
+  s.peak_bf16 = dev.num("peak_bf16_tflops", 0, true, 1e-6) * 1e12;
+  s.peak_fp8 = dev.num("peak_fp8_tflops", 0) * 1e12;
+  s.mem_bytes = dev.num("memory_gb", 0, true, 1e-6) * 1e9;
+  s.mem_bw = dev.num("memory_bandwidth_gbs", 0, true, 1e-6) * 1e9;
+  s.reserved_bytes = dev.num("reserved_gb", 0) * 1e9;
+  TREX_USER_CHECK(s.reserved_bytes < s.mem_bytes, kHint, where, ": [device] reserved_gb must be below memory_gb");
+
+  Section net{root["network"].as_table(), where, "network"};
+  net.only({"devices_per_node", "intra_node_gbs", "intra_node_latency_us", "inter_node_gbs", "inter_node_latency_us"});
+  s.devices_per_node = (int64_t)net.num("devices_per_node", 1, true, 1);
+  s.intra_bw = net.num("intra_node_gbs", 0, s.devices_per_node > 1, 1e-6) * 1e9;
+  s.intra_lat = net.num("intra_node_latency_us", 0) * 1e-6;
+  s.inter_bw = net.num("inter_node_gbs", 0, true, 1e-6) * 1e9;
+  s.inter_lat = net.num("inter_node_latency_us", 0) * 1e-6;
+  if (s.intra_bw <= 0) s.intra_bw = s.inter_bw;
+
+  Section cost{root["cost"].as_table(), where, "cost"};
+  cost.only({"price_per_device_hour", "power_w", "pue"});
+  s.price_per_device_hour = cost.num("price_per_device_hour", 0);
+  s.power_w = cost.num("power_w", 0);
+  s.pue = cost.num("pue", 1.0, false, 1.0);
+
+  Section e{root["efficiency"].as_table(), where, "efficiency"};
+  e.only({"gemm", "gemm_fp8", "grouped_gemm", "grouped_gemm_fp8", "attention", "memory", "net_intra", "net_inter",
+          "overlap", "comm_compute_share", "goodput"});
+  Efficiency& f = s.eff;
+  auto frac = [&](const char* k, double def, double min = 1e-3) {
+    double v = e.num(k, def, false, min);
+    TREX_USER_CHECK(v <= 1.0, kHint, where, ": [efficiency] ", k, " is a fraction of a peak, <= 1; got ", v);
+    return v;
+  };
+  f.gemm = frac("gemm", f.gemm);
+  f.gemm_fp8 = frac("gemm_fp8", f.gemm_fp8);
+  f.grouped_gemm = frac("grouped_gemm", f.grouped_gemm);
+  f.grouped_gemm_fp8 = frac("grouped_gemm_fp8", f.grouped_gemm_fp8);
+  f.attention = frac("attention", f.attention);
+  f.memory = frac("memory", f.memory);
+  f.net_intra = frac("net_intra", f.net_intra);
+  f.net_inter = frac("net_inter", f.net_inter);
+  f.overlap = frac("overlap", f.overlap, 0);
+  f.comm_compute_share = frac("comm_compute_share", f.comm_compute_share, 0);
+  TREX_USER_CHECK(f.comm_compute_share < 1, kHint, where, ": [efficiency] comm_compute_share must be < 1");
+  f.goodput = frac("goodput", f.goodput);
+  return s;
+}
+
+ClusterSpec load_spec(const std::string& name, const std::string& calibration) {
+  if (name == "cpu-this") return cpu_spec_from_calibration(find_calibration(calibration));
+  if (const char* text = builtin_spec_text(name)) return parse_spec_toml(text, name + " (built-in)");
+  std::string names = "cpu-this";
+  for (auto& n : builtin_spec_names()) names += ", " + n;
+  TREX_USER_CHECK(std::filesystem::is_regular_file(name), "built-in clusters: " + names + "; or a TOML spec file",
+                  "cluster '", name, "' is neither a built-in name nor a file");
+  std::ifstream f(name);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return parse_spec_toml(ss.str(), name);
+}
+
+}  // namespace trex::plan

@@ -1,0 +1,58 @@
+// Device and cluster description for the planner (TOML): compute peaks, memory, network tiers,
+// cost figures, and the per-op efficiency table the time model divides peaks by. Built-in specs
+// live in plan/specs/*.toml and are compiled in (plan/builtin_specs.cpp); "cpu-this" is built
+// from the calibration file that `trex bench` writes (plan/calibration.h).
+//
+// Units inside the program are SI: FLOP/s, bytes, bytes/s, seconds, watts, dollars.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace trex::plan {
+
+// Fractions of a peak a class of work reaches on this device with the software at hand. These are
+// the only knobs the validation may tune (docs/PLAN.md says which and why).
+struct Efficiency {
+  double gemm = 0.7;              // dense bf16 GEMM, of peak_bf16
+  double gemm_fp8 = 0.6;          // dense fp8 GEMM, of peak_fp8
+  double grouped_gemm = 0.6;      // routed-expert grouped GEMM (bf16), of peak_bf16
+  double grouped_gemm_fp8 = 0.5;  // routed-expert grouped GEMM (fp8), of peak_fp8
+  double attention = 0.5;         // attention core (flash-style QK^T/PV), of peak_bf16
+  double memory = 0.7;            // memory-bound ops, of memory bandwidth
+  double net_intra = 0.8;         // collectives inside a node, of intra-node bandwidth
+  double net_inter = 0.8;         // collectives across nodes, of inter-node bandwidth
+  double overlap = 0.9;           // share of overlappable communication actually hidden
+  double comm_compute_share = 0;  // compute units lent to communication kernels while overlapping
+  double goodput = 1.0;           // share of wall time in productive steady-state steps (the rest:
+                                  // failures and restarts, checkpoints, evaluation, stragglers)
+};
+
+struct ClusterSpec {
+  std::string name, description, source, note;
+  // Device.
+  double peak_bf16 = 0, peak_fp8 = 0;  // FLOP/s, dense; peak_fp8 = 0: no fp8 matmul
+  double mem_bytes = 0, mem_bw = 0;    // bytes, bytes/s
+  double reserved_bytes = 0;           // runtime, allocator and framework reserve
+  // Network: per device, one direction.
+  int64_t devices_per_node = 1;        // devices in one scale-up (fast) domain
+  double intra_bw = 0, intra_lat = 0;  // bytes/s, s
+  double inter_bw = 0, inter_lat = 0;
+  // Cost: stated example figures unless the user supplies their own.
+  double price_per_device_hour = 0;  // dollars
+  double power_w = 0;                // watts per device, all-in
+  double pue = 1.0;                  // facility overhead multiplier on power
+  Efficiency eff;
+
+  double usable_bytes() const { return mem_bytes - reserved_bytes; }
+};
+
+// Parses spec TOML text; `where` names the source in errors. Unknown keys are errors.
+ClusterSpec parse_spec_toml(const std::string& text, const std::string& where);
+// Name (built-in or "cpu-this") or path to a TOML file. `calibration` is the calibration file
+// for cpu-this ("" = default location, see plan/calibration.h).
+ClusterSpec load_spec(const std::string& name_or_path, const std::string& calibration = "");
+std::vector<std::string> builtin_spec_names();       // h800, h100, h200, b200, ascend-910c
+const char* builtin_spec_text(const std::string& name);  // the compiled-in TOML, nullptr if none
+
+}  // namespace trex::plan

@@ -1,0 +1,304 @@
+#include "plan/timing.h"
+
+#include <algorithm>
+#include <cmath>
+#include "core/error.h"
+
+namespace trex::plan {
+
+double bubble_fraction_1f1b(int64_t pp, int64_t m) { return (double)(pp - 1) / (double)(m + pp - 1); }
+
+Group place_group(const ClusterSpec& s, int64_t size, int64_t stride) {
+  Group g;
+  g.size = size;
+  const int64_t per_node = std::max<int64_t>(1, s.devices_per_node / std::max<int64_t>(1, stride));
+  g.nodes = (size + per_node - 1) / per_node;
+  if (size <= 1) g.nodes = 1;
+  const bool inter = g.nodes > 1;
+  g.bw = inter ? s.inter_bw * s.eff.net_inter : s.intra_bw * s.eff.net_intra;
+  g.lat = inter ? s.inter_lat : s.intra_lat;
+  return g;
+}
+
+double ring_all_reduce(const Group& g, double bytes) { return 2 * ring_reduce_scatter(g, bytes); }
+
+double ring_reduce_scatter(const Group& g, double bytes) {
+  if (g.size <= 1 || bytes <= 0) return 0;
+  const double n = (double)g.size;
+  return (n - 1) / n * bytes / g.bw + (n - 1) * g.lat;
+}
+
+namespace {
+
+// P(a given one of `nodes` nodes receives none of a token's experts).
+double p_node_missed(const LayerCost& L, int64_t nodes) {
+  auto ratio = [](double n, double g, double k) {  // C(n - g, k) / C(n, k)
+    double p = 1;
+    for (int i = 0; i < (int)k; ++i) p *= std::max(0.0, (n - g - i)) / (n - i);
+    return p;
+  };
+  if (!L.hash_routed && L.n_group > 1 && L.topk_group < L.n_group && L.n_group % nodes == 0)
+    return ratio((double)L.n_group, (double)(L.n_group / nodes), (double)L.topk_group);  // node-limited routing
+  return ratio((double)L.n_experts, (double)L.n_experts / nodes, (double)L.topk);
+}
+
+}  // namespace
+
+A2A ep_all_to_all(const ClusterSpec& s, const Layout& l, const LayerCost& L, int64_t hidden, double tokens,
+                  double eb) {
+  A2A r;
+  if (l.ep <= 1 || !L.moe) return r;
+  const Group g = place_group(s, l.ep, l.etp);
+  const double nn = (double)g.nodes, dl = (double)l.ep / nn, k = (double)L.topk, d = (double)hidden;
+  r.intra_bytes = tokens * k * d * eb * (dl - 1) / dl;
+  if (g.nodes > 1) {
+    const double remote = l.ep_dedup ? (nn - 1) * (1 - p_node_missed(L, g.nodes)) : k * (nn - 1) / nn;
+    r.inter_bytes = tokens * remote * d * eb;
+  }
+  const double intra_bw = s.intra_bw * s.eff.net_intra, inter_bw = s.inter_bw * s.eff.net_inter;
+  r.seconds = std::max(r.intra_bytes / intra_bw, g.nodes > 1 ? r.inter_bytes / inter_bw : 0.0) +
+              (g.nodes > 1 ? s.inter_lat : s.intra_lat);
+  return r;
+}
+
+namespace {
+
+struct RankTime {
+  double fwd = 0, bwd = 0, rec = 0, weight_grad = 0;
+  double gemm = 0, experts = 0, attention = 0, memory = 0;  // forward, by class
+  double tp = 0, ep = 0, pp = 0;
+  double ep_inter = 0, ep_intra = 0;
+  double dense = 0, expert_params = 0;  // parameters held
+};
+
+struct Rates {
+  double gemm, experts, attention, memory;
+  double head;  // the LM head GEMM stays bf16 under the fp8 recipe (DeepSeek-V3 sec. 3.3.1)
+};
+
+// Forward time of one layer for `tokens` tokens on one device, split by class.
+// Under fp8 every GEMM input is quantized (read bf16, write fp8: 3 B per element in the forward;
+// the backward's transposed re-quantization and output-gradient quantization are the 2x of it).
+double fp8_quant_bytes(const LayerCost& L, double expert_load) {
+  double b = 0;
+  for (const SavedTensor& t : L.saved)
+    if (t.fp8_ok) b += 3.0 * t.elems * (t.routed ? expert_load : 1.0);
+  return b;
+}
+
+void layer_fwd(const LayerCost& L, const Rates& R, double tokens, double expert_load, int64_t seq, bool fp8,
+               RankTime& t, double& fwd) {
+  const double g = tokens * L.gemm_fwd / R.gemm;
+  const double e = tokens * expert_load * L.expert_fwd / R.experts;
+  const double at = tokens * attn_core_fwd_flops(L.attn, seq) / R.attention;
+  const double m = tokens * (L.elem_bytes_fwd + (fp8 ? fp8_quant_bytes(L, expert_load) : 0)) / R.memory;
+  t.gemm += g;
+  t.experts += e;
+  t.attention += at;
+  t.memory += m;
+  fwd += g + e + at + m;
+}
+
+Rates make_rates(const ClusterSpec& s, const Layout& l) {
+  const bool fp8 = l.precision == Precision::FP8;
+  TREX_USER_CHECK(!fp8 || s.peak_fp8 > 0, "use precision=bf16 on this device", "cluster ", s.name,
+                  " has no fp8 matmul (peak_fp8 = 0); precision=fp8 cannot run there");
+  const Efficiency& e = s.eff;
+  return {fp8 ? s.peak_fp8 * e.gemm_fp8 : s.peak_bf16 * e.gemm,
+          fp8 ? s.peak_fp8 * e.grouped_gemm_fp8 : s.peak_bf16 * e.grouped_gemm, s.peak_bf16 * e.attention,
+          s.mem_bw * e.memory, s.peak_bf16 * e.gemm};
+}
+
+RankTime chunk_time(const ArchModel& a, const ClusterSpec& s, const Layout& l, const Chunk& c, const Rates& R) {
+  RankTime t;
+  const double tokens = (double)l.mbs * l.seq / l.tp;
+  const bool fp8 = l.precision == Precision::FP8;
+  const Group tp = place_group(s, l.tp, 1);
+  const Group pp = place_group(s, l.pp, l.tp * l.dp);
+  const int dirs = 2 + (l.recompute == Recompute::Full ? 1 : 0);  // fwd, bwd (+ replayed fwd)
+  double fwd_layers = 0;
+  auto layer = [&](const LayerCost& L) {
+    double f = 0;
+    layer_fwd(L, R, tokens, l.expert_load, l.seq, fp8, t, f);
+    fwd_layers += f;
+    if (l.recompute == Recompute::Selective)
+      t.rec += tokens * (L.upproj_fwd / R.gemm + L.elem_sel_bytes_fwd / R.memory);
+    t.dense += L.dense_params;
+    t.expert_params += L.expert_params;
+    if (l.tp > 1) t.tp += dirs * L.tp_collectives * ring_all_reduce(tp, (double)l.mbs * l.seq * a.hidden * 2.0);
+    if (L.moe && l.ep > 1) {
+      const double tok = tokens * l.expert_load;
+      A2A dis = ep_all_to_all(s, l, L, a.hidden, tok, fp8 ? 1.0 + 4.0 / 128 : 2.0);
+      A2A com = ep_all_to_all(s, l, L, a.hidden, tok, 2.0);
+      t.ep += dirs * (dis.seconds + com.seconds);
+      t.ep_inter += dis.inter_bytes + com.inter_bytes;
+      t.ep_intra += dis.intra_bytes + com.intra_bytes;
+    }
+  };
+  for (int64_t i = 0; i < c.n_layers; ++i) layer(a.layers[c.first_layer + i]);
+  if (l.recompute == Recompute::Full) t.rec += fwd_layers;
+  double fwd_other = 0;
+  const double d = (double)a.hidden, V = (double)a.vocab;
+  if (c.embed) {
+    t.dense += a.embed_params;
+    const double m = tokens * 4 * d / R.memory;  // gather rows, write activations
+    t.memory += m;
+    fwd_other += m;
+  }
+  if (c.head) {
+    t.dense += a.final_norm_params + ((a.tied_embeddings && c.embed) ? 0 : a.head_params);
+    const int64_t heads = 1 + (l.mtp ? a.mtp_modules : 0);
+    for (int64_t h = 0; h < heads; ++h) {
+      const double g = tokens * 2 * V * d / R.head, m = tokens * 12 * V / R.memory;
+      t.gemm += g;
+      t.memory += m;
+      fwd_other += g + m;
+    }
+    if (l.mtp)
+      for (int64_t i = 0; i < a.mtp_modules; ++i) {
+        layer(a.mtp_block);
+        t.dense += a.mtp_extra_params;
+        const double g = tokens * 2 * 2 * d * d / R.gemm;
+        t.gemm += g;
+        fwd_other += g;
+      }
+  }
+  t.fwd = fwd_layers + fwd_other;
+  t.bwd = 2 * t.fwd;
+  t.weight_grad = t.fwd;  // the weight-gradient half of the backward GEMMs
+  if (l.pp > 1) {
+    const double bytes = tokens * (double)a.residual_width() * 2.0;
+    t.pp = 2 * (bytes / pp.bw + pp.lat);  // activation forward, its gradient backward
+  }
+  return t;
+}
+
+// Time of one micro-batch on a rank: compute slowed by the units lent to overlapped
+// communication, plus the communication the overlap flags leave exposed.
+struct MbTime {
+  double slow = 1, exposed = 0, t_mb = 0;
+};
+MbTime mb_time(const RankTime& t, double dp_mb, const Layout& l, const Efficiency& e) {
+  const bool ovl_ep = l.overlap_ep || l.schedule == Schedule::DualPipe;
+  const bool ovl_pp = l.overlap_pp || l.schedule == Schedule::DualPipe;
+  MbTime r;
+  const double raw = t.fwd + t.bwd + t.rec;
+  const double ovl = (ovl_ep ? t.ep : 0) + (l.overlap_tp ? t.tp : 0) + (ovl_pp ? t.pp : 0) + (l.overlap_dp ? dp_mb : 0);
+  const double share = e.comm_compute_share;
+  r.slow = raw > 0 ? 1 + share / (1 - share) * std::min(1.0, ovl / raw) : 1;
+  const double compute = raw * r.slow;
+  const double hidden = std::min(ovl * e.overlap, compute);
+  r.exposed = t.tp + t.ep + t.pp + dp_mb - hidden;
+  r.t_mb = compute + r.exposed;
+  return r;
+}
+
+}  // namespace
+
+std::vector<Chunk> pipeline_chunks(const ArchModel& a, const ClusterSpec& s, const Layout& l) {
+  // Weights: the micro-batch time of each layer alone, and of the embedding and of the head (+ MTP)
+  // alone, so that stages balance on the time they will take (communication included).
+  const Rates R = make_rates(s, l);
+  auto alone = [&](int64_t first, int64_t n, bool embed, bool head) {
+    Layout one = l;
+    one.pp = 1;  // no pipeline transfers in the weights
+    RankTime t = chunk_time(a, s, one, Chunk{0, first, n, embed, head}, R);
+    return mb_time(t, 0, l, s.eff).t_mb;
+  };
+  std::vector<double> w;
+  for (int64_t i = 0; i < a.n_layers(); ++i) w.push_back(alone(i, 1, false, false));
+  std::vector<int64_t> n = stage_layers(w, alone(0, 0, true, false), alone(0, 0, false, true), l.pp,
+                                        l.schedule == Schedule::DualPipe);
+  std::vector<Chunk> c(l.pp);
+  int64_t first = 0;
+  for (int64_t k = 0; k < l.pp; ++k) {
+    c[k] = {k, first, n[k], k == 0, k == l.pp - 1};
+    first += n[k];
+  }
+  return c;
+}
+
+StepTime plan_time(const ArchModel& a, const ClusterSpec& s, const Layout& l) {
+  StepTime st;
+  const Efficiency& e = s.eff;
+  const Rates R = make_rates(s, l);
+  const std::vector<Chunk> chunks = pipeline_chunks(a, s, l);
+  std::vector<RankTime> ct;
+  for (const Chunk& c : chunks) ct.push_back(chunk_time(a, s, l, c, R));
+  const int64_t m = l.micro_batches();
+  st.micro_batches = m;
+  const Group dpg = place_group(s, l.dp, l.tp), edpg = place_group(s, l.edp(), l.ep * l.etp);
+
+  double worst = -1, dense_max = 0, exp_max = 0;
+  for (int64_t r = 0; r < l.pp; ++r) {
+    // A rank's time per micro-batch: its chunk, or the mean of its two DualPipe chunks.
+    RankTime t;
+    std::vector<int64_t> own = rank_chunks(l, r);
+    const double w = 1.0 / (double)own.size();
+    double dense = 0, experts = 0;
+    for (int64_t ci : own) {
+      const RankTime& c = ct[ci];
+      t.fwd += w * c.fwd, t.bwd += w * c.bwd, t.rec += w * c.rec, t.weight_grad += w * c.weight_grad;
+      t.gemm += w * c.gemm, t.experts += w * c.experts, t.attention += w * c.attention, t.memory += w * c.memory;
+      t.tp += w * c.tp, t.ep += w * c.ep, t.pp += w * c.pp;
+      t.ep_inter += w * c.ep_inter, t.ep_intra += w * c.ep_intra;
+      dense += c.dense, experts += c.expert_params;
+    }
+    const double G_d = dense / l.tp, G_e = experts / (double)(l.ep * l.etp);
+    dense_max = std::max(dense_max, G_d);
+    exp_max = std::max(exp_max, G_e);
+    double dp_mb = 0;  // ZeRO-3: gather parameters for forward and backward, scatter gradients
+    if (l.zero >= 3)
+      dp_mb = 2 * ring_reduce_scatter(dpg, 2.0 * G_d) + ring_reduce_scatter(dpg, l.grad_bytes * G_d) +
+              2 * ring_reduce_scatter(edpg, 2.0 * G_e) + ring_reduce_scatter(edpg, l.grad_bytes * G_e);
+    const MbTime mt = mb_time(t, dp_mb, l, e);
+    const double slow = mt.slow, exposed = mt.exposed, t_mb = mt.t_mb;
+    st.rank_t_mb.push_back(t_mb);
+    if (t_mb > worst) {
+      worst = t_mb;
+      st.slow_rank = r;
+      st.fwd = t.fwd * slow, st.bwd = t.bwd * slow, st.recompute = t.rec * slow;
+      st.gemm = t.gemm, st.experts = t.experts, st.attention = t.attention, st.memory_bound = t.memory;
+      st.comm_tp = t.tp, st.comm_ep = t.ep, st.comm_pp = t.pp, st.comm_dp_mb = dp_mb;
+      st.exposed_mb = exposed;
+      st.t_mb = t_mb;
+      st.ep_inter_bytes_mb = t.ep_inter, st.ep_intra_bytes_mb = t.ep_intra;
+      // DualPipe bubble terms: F, B (full backward incl. recompute), W (weight-gradient part).
+      const double F = t.fwd * slow + exposed / 3, B = (t.bwd + t.rec) * slow + 2 * exposed / 3;
+      const double W = t.weight_grad * slow;
+      st.bubble = l.schedule == Schedule::DualPipe ? (l.pp / 2.0 - 1) * std::max(0.0, F + 2 * B - 3 * W)
+                                                   : (double)(l.pp - 1) * t_mb;
+    }
+  }
+  st.compute = m * (st.fwd + st.bwd + st.recompute);
+  st.exposed_comm = m * st.exposed_mb;
+
+  // Gradient and parameter collectives once per step (ZeRO-0: all-reduce; 1-2: reduce-scatter of
+  // gradients + all-gather of updated bf16 parameters), dense over dp and experts over edp.
+  if (l.zero < 3) {
+    double grads, params = 0;
+    if (l.zero == 0) grads = ring_all_reduce(dpg, l.grad_bytes * dense_max) + ring_all_reduce(edpg, l.grad_bytes * exp_max);
+    else {
+      grads = ring_reduce_scatter(dpg, l.grad_bytes * dense_max) + ring_reduce_scatter(edpg, l.grad_bytes * exp_max);
+      params = ring_reduce_scatter(dpg, 2.0 * dense_max) + ring_reduce_scatter(edpg, 2.0 * exp_max);
+    }
+    st.dp_comm = grads + params;
+    st.dp_exposed = l.overlap_dp ? std::max(0.0, grads - e.overlap * st.bwd) + std::max(0.0, params - e.overlap * st.fwd)
+                                 : grads + params;
+  } else {
+    st.dp_comm = m * st.comm_dp_mb;
+  }
+  // AdamW over the local shard: read grad, master, 2 moments; write master, 2 moments, bf16 param.
+  const double local = l.zero >= 1 ? dense_max / l.dp + exp_max / l.edp() : dense_max + exp_max;
+  st.optimizer = local * (l.grad_bytes + 4 + 2 * l.moment_bytes + 4 + 2 * l.moment_bytes + 2) / R.memory;
+  st.exposed_comm += st.dp_exposed;
+  st.step = m * st.t_mb + st.bubble + st.dp_exposed + st.optimizer;
+  st.tokens_per_step = (double)l.tokens_per_step();
+  st.goodput = e.goodput;
+  st.tokens_per_s = st.tokens_per_step / st.step * st.goodput;
+  st.model_flops_per_token = a.model_flops_per_token(l.seq);
+  st.mfu = st.model_flops_per_token * st.tokens_per_s / ((double)l.world() * s.peak_bf16);
+  return st;
+}
+
+}  // namespace trex::plan
