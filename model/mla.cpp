@@ -22,7 +22,7 @@ kern::RopeLayout layout(const RopeTable& r) {
 
 }  // namespace
 
-void mla_forward(const Ctx& c, const AttnIn& in, const float* x, float* out, MlaSaved& s) {
+void mla_project(const Ctx& c, const AttnIn& in, const float* x, MlaSaved& s) {
   const ModelConfig& m = *in.cfg;
   const LayerParams& p = *in.p;
   const int64_t N = in.B * in.T, d = m.hidden_size, H = m.num_attention_heads;
@@ -84,7 +84,15 @@ void mla_forward(const Ctx& c, const AttnIn& in, const float* x, float* out, Mla
     });
     A.release(mk2);
   }
+}
 
+void mla_forward(const Ctx& c, const AttnIn& in, const float* x, float* out, MlaSaved& s) {
+  const ModelConfig& m = *in.cfg;
+  const LayerParams& p = *in.p;
+  const int64_t N = in.B * in.T, d = m.hidden_size, H = m.num_attention_heads;
+  const int64_t dqk = m.qk_head_dim(), dv = m.v_head_dim;
+  StackArena& A = *c.ws;
+  mla_project(c, in, x, s);
   s.O = A.alloc<float>(N * H * dv);
   s.lse = A.alloc<float>(N * H);
   kern::AttnShape sh{(int)in.B, (int)in.T, (int)H, (int)dqk, (int)dv, in.rope->softmax_scale, 0};

@@ -44,6 +44,9 @@ struct MlaSaved {
   float *K = nullptr, *V = nullptr, *O = nullptr, *lse = nullptr;
 };
 
+// Projections only: x: [N, d] -> s.Q [N, H, dqk] (RoPE applied), s.K [N, H, dqk], s.V [N, H, dv]
+// and the saved latents (used by forward, and by generation with a KV cache).
+void mla_project(const Ctx&, const AttnIn&, const float* x, MlaSaved& s);
 // x: [N, d] -> out: [N, d]
 void mla_forward(const Ctx&, const AttnIn&, const float* x, float* out, MlaSaved& s);
 // dout: [N, d] -> dx: [N, d] (overwrite); parameter grads += into in.G

@@ -95,6 +95,17 @@ void Model::init_random(uint64_t seed) {
   refresh_bf16();
 }
 
+const RopeTable& Model::rope_table(int64_t maxpos) {
+  if (maxpos > rope_.max_pos && cfg.qk_rope_head_dim) {
+    const int64_t half = cfg.qk_rope_head_dim / 2;
+    cos_.assign(maxpos * half, 0.f);
+    sin_.assign(maxpos * half, 0.f);
+    kern::rope_tables(rope_params(cfg), maxpos, cos_.data(), sin_.data());
+    rope_.cos = cos_.data(), rope_.sin = sin_.data(), rope_.max_pos = maxpos;
+  }
+  return rope_;
+}
+
 LossParts Model::forward_backward(const Batch& b, float grad_scale) { return run(b, grad_scale, true); }
 LossParts Model::forward(const Batch& b) { return run(b, 0.f, false); }
 
@@ -124,13 +135,7 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward) {
     TREX_USER_CHECK(pos[i] >= 0, "position ids must be >= 0", "position id ", pos[i], " at ", i);
     maxpos = std::max<int64_t>(maxpos, pos[i] + 1);
   }
-  if (maxpos > rope_.max_pos && cfg.qk_rope_head_dim) {
-    const int64_t half = cfg.qk_rope_head_dim / 2;
-    cos_.assign(maxpos * half, 0.f);
-    sin_.assign(maxpos * half, 0.f);
-    kern::rope_tables(rope_params(cfg), maxpos, cos_.data(), sin_.data());
-    rope_.cos = cos_.data(), rope_.sin = sin_.data(), rope_.max_pos = maxpos;
-  }
+  rope_table(maxpos);
 
   // Embedding.
   float* x = acts.alloc<float>(N * d);

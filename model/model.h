@@ -73,6 +73,8 @@ class Model {
   float* G() const { return reinterpret_cast<float*>(grads.base()); }
   const bf16* Pb() const { return params_bf16.empty() ? nullptr : params_bf16.data(); }
   size_t peak_activation_bytes() const { return acts.peak(); }
+  // RoPE tables and softmax scale covering positions [0, max_pos) (grown on demand).
+  const RopeTable& rope_table(int64_t max_pos);
 
  private:
   LossParts run(const Batch& b, float grad_scale, bool backward);

@@ -1,0 +1,52 @@
+// Generation with a KV cache: a Decoder feeds tokens (a prompt chunk or one new token) through
+// the model, keeping each layer's per-head keys (after RoPE) and values, and returns the logits
+// of the last token fed. generate() adds greedy or temperature / top-p sampling, stop strings
+// and a token limit. The model's training-time forward is untouched; tests check that the two
+// paths give the same losses.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+#include "core/rng.h"
+#include "model/model.h"
+
+namespace trex::model {
+
+class Decoder {
+ public:
+  // max_len: the longest prompt + generation this decoder will hold.
+  Decoder(Model& m, int64_t max_len);
+  // ids: [n] tokens at positions len()..len()+n-1 -> logits [vocab] of the last one.
+  const std::vector<float>& feed(const int32_t* ids, int64_t n);
+  void reset() { len_ = 0; }
+  int64_t len() const { return len_; }
+  int64_t max_len() const { return max_len_; }
+
+ private:
+  Model& m_;
+  int64_t max_len_, len_ = 0;
+  std::vector<std::vector<float>> K_, V_;  // per layer [max_len, H, dqk] / [max_len, H, dv]
+  std::vector<float> logits_;
+};
+
+struct SampleParams {
+  float temperature = 0.f;  // 0: greedy
+  float top_p = 1.f;
+  int64_t max_tokens = 256;
+  uint64_t seed = 0;
+  std::vector<std::string> stop;  // stop strings (checked on the decoded text)
+};
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;  // generated tokens (without the prompt)
+  std::string text;             // decoded, cut before a stop string
+  std::string finish;           // "eos" | "stop" | "length"
+};
+
+// decode: tokens -> text (for stop strings and the result); eos_ids end generation.
+GenerateResult generate(Decoder& dec, const std::vector<int32_t>& prompt, const SampleParams& sp,
+                        const std::function<std::string(const std::vector<int32_t>&)>& decode,
+                        const std::vector<int32_t>& eos_ids);
+
+}  // namespace trex::model
