@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   trex::cli::add_bench(app);
   trex::cli::add_demo(app);
   trex::cli::add_plan(app);
+  trex::cli::add_or(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

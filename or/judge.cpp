@@ -1,0 +1,346 @@
+#include "or/judge.h"
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include "core/error.h"
+#include "core/timer.h"
+
+namespace trex::orx {
+
+namespace {
+
+std::string lower(std::string s) {
+  for (auto& c : s) c = (char)std::tolower((unsigned char)c);
+  return s;
+}
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+std::vector<std::string> split_lines(const std::string& s) {
+  std::vector<std::string> v;
+  size_t b = 0;
+  while (b <= s.size()) {
+    size_t e = s.find('\n', b);
+    if (e == std::string::npos) e = s.size();
+    std::string l = s.substr(b, e - b);
+    if (!l.empty() && l.back() == '\r') l.pop_back();
+    v.push_back(l);
+    b = e + 1;
+  }
+  return v;
+}
+// First word of a line, lower case, trailing ':' dropped.
+std::string first_word(const std::string& line) {
+  std::string t = trim(line), w;
+  for (char c : t) {
+    if (std::isspace((unsigned char)c) || c == ':') break;
+    w += (char)std::tolower((unsigned char)c);
+  }
+  return w;
+}
+bool objective_line(const std::string& line) {
+  static const char* kw[] = {"maximize", "maximise", "maximum", "max", "minimize", "minimise", "minimum", "min"};
+  const std::string w = first_word(line);
+  for (const char* k : kw)
+    if (w == k) return true;
+  return false;
+}
+// Whether a block's first meaningful line (skipping blanks and \ comments) is an objective keyword.
+bool starts_like_lp(const std::string& text) {
+  for (const auto& l : split_lines(text)) {
+    const std::string t = trim(l);
+    if (t.empty() || t[0] == '\\') continue;
+    return objective_line(t);
+  }
+  return false;
+}
+std::string join_lines(const std::vector<std::string>& v, size_t b, size_t e) {
+  std::string s;
+  for (size_t i = b; i < e && i < v.size(); ++i) s += v[i] + "\n";
+  return s;
+}
+
+}  // namespace
+
+Truth parse_truth(const nlohmann::json& v) {
+  Truth t;
+  if (v.is_number()) {
+    t.kind = Truth::Number;
+    t.value = v.get<double>();
+    return t;
+  }
+  if (!v.is_string()) return t;
+  const std::string s = lower(trim(v.get<std::string>()));
+  if (s.find("infeasib") != std::string::npos || s == "no feasible solution" || s == "no best solution" || s == "no solution") {
+    t.kind = Truth::Infeasible;
+    return t;
+  }
+  if (s.find("unbounded") != std::string::npos) {
+    t.kind = Truth::Unbounded;
+    return t;
+  }
+  std::string num;
+  for (char c : s)
+    if (c != ',' && c != '$' && c != ' ' && c != '%') num += c;
+  char* end = nullptr;
+  const double x = std::strtod(num.c_str(), &end);
+  if (!num.empty() && end && *end == 0 && std::isfinite(x)) {
+    t.kind = Truth::Number;
+    t.value = x;
+  }
+  return t;
+}
+
+std::string truth_text(const Truth& t) {
+  switch (t.kind) {
+    case Truth::Number: {
+      char b[64];
+      std::snprintf(b, sizeof b, "%.12g", t.value);
+      return b;
+    }
+    case Truth::Infeasible: return "infeasible";
+    case Truth::Unbounded: return "unbounded";
+    default: return "unreadable";
+  }
+}
+
+ExtractedLp extract_lp(const std::string& output) {
+  ExtractedLp r;
+  r.how = "none";
+  const auto lines = split_lines(output);
+  struct Fence {
+    std::string lang, body;
+  };
+  std::vector<Fence> fences;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string t = trim(lines[i]);
+    if (t.rfind("```", 0) != 0) continue;
+    Fence f;
+    f.lang = lower(trim(t.substr(3)));
+    size_t j = i + 1;
+    while (j < lines.size() && trim(lines[j]).rfind("```", 0) != 0) ++j;
+    f.body = join_lines(lines, i + 1, j);
+    fences.push_back(f);
+    i = j;  // the closing fence (or the end)
+  }
+  for (auto it = fences.rbegin(); it != fences.rend(); ++it)
+    if (it->lang == "lp" || it->lang == "cplex" || it->lang == "cplex-lp" || it->lang == "cplex_lp") {
+      r.found = true;
+      r.lp = it->body;
+      r.how = "fenced_lp";
+      return r;
+    }
+  for (auto it = fences.rbegin(); it != fences.rend(); ++it)
+    if (starts_like_lp(it->body)) {
+      r.found = true;
+      r.lp = it->body;
+      r.how = "fenced";
+      return r;
+    }
+  // Bare: the last objective line that has an End line after it, else the last objective line.
+  int start = -1, fallback = -1;
+  for (int i = (int)lines.size() - 1; i >= 0; --i) {
+    if (!objective_line(lines[i])) continue;
+    if (fallback < 0) fallback = i;
+    for (size_t j = i + 1; j < lines.size(); ++j)
+      if (first_word(lines[j]) == "end" && trim(lines[j]).size() <= 4) {
+        start = i;
+        break;
+      }
+    if (start >= 0) break;
+  }
+  if (start < 0) start = fallback;
+  if (start < 0) return r;
+  size_t end = lines.size();
+  for (size_t j = start + 1; j < lines.size(); ++j)
+    if (first_word(lines[j]) == "end" && trim(lines[j]).size() <= 4) {
+      end = j + 1;
+      break;
+    }
+  r.found = true;
+  r.lp = join_lines(lines, start, end);
+  r.how = "bare";
+  return r;
+}
+
+bool strict_match(double pred, double truth) { return std::fabs(pred - truth) / (std::fabs(truth) + 1) < 1e-6; }
+bool lenient_match(double pred, double truth) { return strict_match(pred, truth) || std::fabs(pred - truth) <= 0.05 * std::fabs(truth); }
+
+Verdict judge_output(const std::string& output, const Truth& truth, Solver& solver, double time_limit_s) {
+  Verdict v;
+  v.lp = extract_lp(output);
+  if (!v.lp.found) {
+    v.result.status = SolveResult::ParseError;
+    v.result.message = "no LP block found in the output";
+    return v;
+  }
+  v.result = solver.solve_lp_text(v.lp.lp, time_limit_s);
+  const auto st = v.result.status;
+  v.parsed = st != SolveResult::ParseError;
+  v.solved = st == SolveResult::Optimal || st == SolveResult::Infeasible || st == SolveResult::Unbounded;
+  if (truth.kind == Truth::Number && st == SolveResult::Optimal) {
+    v.strict = strict_match(v.result.objective, truth.value);
+    v.lenient = lenient_match(v.result.objective, truth.value);
+  } else if ((truth.kind == Truth::Infeasible && st == SolveResult::Infeasible) || (truth.kind == Truth::Unbounded && st == SolveResult::Unbounded)) {
+    v.strict = v.lenient = true;
+  }
+  return v;
+}
+
+std::vector<Problem> load_problems(const std::string& path, const EvalOptions& o) {
+  std::ifstream f(path);
+  TREX_USER_CHECK(f.good(), "give an existing JSONL file with --data", "cannot read ", path);
+  std::vector<Problem> out;
+  std::string line;
+  int ln = 0;
+  auto field = [](const nlohmann::json& j, const std::string& forced, std::initializer_list<const char*> names) -> const nlohmann::json* {
+    if (!forced.empty()) return j.contains(forced) ? &j[forced] : nullptr;
+    for (const char* n : names)
+      if (j.contains(n)) return &j[n];
+    return nullptr;
+  };
+  while (std::getline(f, line)) {
+    ++ln;
+    if (trim(line).empty()) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const std::exception& e) {
+      TREX_USER_FAIL("each line must be one JSON object", path, ":", ln, ": invalid JSON (", e.what(), ")");
+    }
+    const nlohmann::json* q = field(j, o.question_field, {"question", "en_question", "problem", "prompt"});
+    const nlohmann::json* a = field(j, o.answer_field, {"answer", "en_answer", "ground_truth", "label"});
+    TREX_USER_CHECK(q && q->is_string(), "name the question field with --question-field", path, ":", ln, ": no question field");
+    Problem p;
+    p.question = q->get<std::string>();
+    if (a) p.truth = parse_truth(*a);
+    p.id = j.contains("id") ? (j["id"].is_string() ? j["id"].get<std::string>() : j["id"].dump()) : std::to_string(out.size());
+    p.category = j.contains("category") && j["category"].is_string() ? j["category"].get<std::string>() : "all";
+    p.family = j.contains("family") && j["family"].is_string() ? j["family"].get<std::string>() : "";
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+PredictionsSource::PredictionsSource(const std::string& path) {
+  std::ifstream f(path);
+  TREX_USER_CHECK(f.good(), "give an existing JSONL file with --predictions", "cannot read ", path);
+  std::string line;
+  int ln = 0;
+  while (std::getline(f, line)) {
+    ++ln;
+    if (trim(line).empty()) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const std::exception& e) {
+      TREX_USER_FAIL("each line must be one JSON object", path, ":", ln, ": invalid JSON (", e.what(), ")");
+    }
+    std::string out;
+    bool got = false;
+    for (const char* k : {"output", "prediction", "response", "completion", "generated", "text"})
+      if (j.contains(k) && j[k].is_string()) {
+        out = j[k].get<std::string>();
+        got = true;
+        break;
+      }
+    TREX_USER_CHECK(got, "put the model text in an \"output\" field", path, ":", ln, ": no output field");
+    if (j.contains("id")) by_id_[j["id"].is_string() ? j["id"].get<std::string>() : j["id"].dump()] = out;
+    by_line_.push_back(out);
+  }
+}
+
+std::string PredictionsSource::output(const Problem& p, size_t i) {
+  if (!by_id_.empty()) {
+    auto it = by_id_.find(p.id);
+    return it == by_id_.end() ? std::string() : it->second;
+  }
+  return i < by_line_.size() ? by_line_[i] : std::string();
+}
+
+EvalSummary evaluate(const std::vector<Problem>& problems, OutputSource& src, const EvalOptions& o, std::ostream* results) {
+  const double t0 = now_ms();
+  EvalSummary s;
+  for (size_t i = 0; i < problems.size(); ++i) {
+    const Problem& p = problems[i];
+    if (p.truth.kind == Truth::Unreadable) {
+      ++s.unreadable_truth;
+      continue;
+    }
+    const std::string out = src.output(p, i);
+    auto solver = make_cbc_solver();  // a fresh solver per problem
+    const Verdict v = judge_output(out, p.truth, *solver, o.time_limit_s);
+    for (EvalCounts* c : {&s.all, &s.per_category[p.category]}) {
+      ++c->n;
+      c->lp_found += v.lp.found;
+      c->parsed += v.parsed;
+      c->solved += v.solved;
+      c->strict += v.strict;
+      c->lenient += v.lenient;
+    }
+    if (results) {
+      nlohmann::ordered_json j;
+      j["id"] = p.id;
+      j["category"] = p.category;
+      if (!p.family.empty()) j["family"] = p.family;
+      j["truth"] = truth_text(p.truth);
+      j["output"] = out;
+      j["lp_found"] = v.lp.found;
+      j["extraction"] = v.lp.how;
+      j["parsed"] = v.parsed;
+      j["status"] = status_name(v.result.status);
+      if (v.result.status == SolveResult::Optimal) j["objective"] = v.result.objective;
+      else j["objective"] = nullptr;
+      j["message"] = v.result.message;
+      if (v.result.line) j["line"] = v.result.line;
+      j["strict"] = v.strict;
+      j["lenient"] = v.lenient;
+      *results << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    }
+  }
+  s.seconds = (now_ms() - t0) / 1000.0;
+  return s;
+}
+
+namespace {
+double pct(int64_t a, int64_t n) { return n ? 100.0 * a / n : 0.0; }
+nlohmann::ordered_json counts_json(const EvalCounts& c) {
+  return {{"n", c.n},
+          {"pass1_strict", pct(c.strict, c.n)},
+          {"pass1_lenient", pct(c.lenient, c.n)},
+          {"lp_found", pct(c.lp_found, c.n)},
+          {"parsed", pct(c.parsed, c.n)},
+          {"solved", pct(c.solved, c.n)}};
+}
+}  // namespace
+
+nlohmann::ordered_json summary_json(const EvalSummary& s) {
+  nlohmann::ordered_json j = counts_json(s.all);
+  nlohmann::ordered_json per = nlohmann::ordered_json::object();
+  for (const auto& [k, c] : s.per_category) per[k] = counts_json(c);
+  j["per_category"] = per;
+  j["unreadable_truth"] = s.unreadable_truth;
+  j["seconds"] = s.seconds;
+  return j;
+}
+
+std::string format_summary(const EvalSummary& s) {
+  std::string out;
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%-14s %6s %9s %9s %8s %8s %8s\n", "category", "n", "strict%", "lenient%", "found%", "parsed%", "solved%");
+  out += buf;
+  auto row = [&](const std::string& name, const EvalCounts& c) {
+    std::snprintf(buf, sizeof buf, "%-14s %6lld %9.2f %9.2f %8.2f %8.2f %8.2f\n", name.c_str(), (long long)c.n, pct(c.strict, c.n), pct(c.lenient, c.n),
+                  pct(c.lp_found, c.n), pct(c.parsed, c.n), pct(c.solved, c.n));
+    out += buf;
+  };
+  for (const auto& [k, c] : s.per_category) row(k, c);
+  row("all", s.all);
+  if (s.unreadable_truth) out += "skipped " + std::to_string(s.unreadable_truth) + " problems whose answer could not be read\n";
+  return out;
+}
+
+}  // namespace trex::orx

@@ -1,0 +1,100 @@
+// Pass@1 judge for OR modelling: take a model's output text, extract its LP block, solve it with
+// a fresh solver and compare the optimum with the truth.
+//   strict:  |pred - truth| / (|truth| + 1) < 1e-6
+//   lenient: |pred - truth| <= 0.05 |truth|  (5% relative; strict also counts as lenient)
+//   a truth of "infeasible" ("unbounded") matches an Infeasible (Unbounded) solve, under both rules.
+// Outputs come from an OutputSource: PredictionsSource reads them from a JSONL file; a model
+// runner is another OutputSource.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+#include <nlohmann/json.hpp>
+#include "or/solver.h"
+
+namespace trex::orx {
+
+struct Truth {
+  enum Kind { Number, Infeasible, Unbounded, Unreadable } kind = Unreadable;
+  double value = 0;
+};
+// A number (or numeric string such as "1,234.5" or "$12"), or "infeasible" / "unbounded"
+// (also "no feasible solution", "no best solution" -> Infeasible), case-insensitive.
+Truth parse_truth(const nlohmann::json& v);
+std::string truth_text(const Truth& t);
+
+struct ExtractedLp {
+  bool found = false;
+  std::string lp;
+  std::string how;  // "fenced_lp" | "fenced" (other fence holding an LP) | "bare" | "none"
+};
+// The last ```lp (or ```cplex) fenced block; else the last fenced block that starts with an
+// objective keyword; else a bare block from the last line starting with Maximize/Minimize
+// (or Max/Min...) up to its End line (or the end of the text). An unclosed final fence counts.
+ExtractedLp extract_lp(const std::string& output);
+
+bool strict_match(double pred, double truth);
+bool lenient_match(double pred, double truth);
+
+struct Verdict {
+  ExtractedLp lp;
+  bool parsed = false;  // an LP was found and it parsed
+  bool solved = false;  // the solver reached a verdict: optimal, infeasible or unbounded
+  SolveResult result;
+  bool strict = false, lenient = false;
+};
+Verdict judge_output(const std::string& output, const Truth& truth, Solver& solver, double time_limit_s);
+
+// ---- evaluation over a data set ----------------------------------------------------------
+struct Problem {
+  std::string id, question, category, family;
+  Truth truth;
+};
+
+struct EvalOptions {
+  std::string question_field;  // empty: question, en_question, problem, prompt (first present)
+  std::string answer_field;    // empty: answer, en_answer, ground_truth, label
+  double time_limit_s = 20;
+};
+// One Problem per JSONL line of `path`. Lines without a question raise a UserError.
+std::vector<Problem> load_problems(const std::string& path, const EvalOptions& o);
+
+class OutputSource {
+ public:
+  virtual ~OutputSource() = default;
+  // The model output for problem `p` (index `i` in the data set).
+  virtual std::string output(const Problem& p, size_t i) = 0;
+};
+
+// Outputs from a JSONL file: field output | prediction | response | completion | generated |
+// text; matched to problems by "id" when both files carry ids, else by line order.
+class PredictionsSource final : public OutputSource {
+ public:
+  explicit PredictionsSource(const std::string& path);
+  std::string output(const Problem& p, size_t i) override;
+  size_t size() const { return by_line_.size(); }
+
+ private:
+  std::vector<std::string> by_line_;
+  std::map<std::string, std::string> by_id_;
+};
+
+struct EvalCounts {
+  int64_t n = 0, lp_found = 0, parsed = 0, solved = 0, strict = 0, lenient = 0;
+};
+struct EvalSummary {
+  EvalCounts all;
+  std::map<std::string, EvalCounts> per_category;
+  int64_t unreadable_truth = 0;  // problems skipped because their answer could not be read
+  double seconds = 0;
+};
+
+// Judges every problem; writes one JSON line per problem to `results` when given.
+EvalSummary evaluate(const std::vector<Problem>& problems, OutputSource& src, const EvalOptions& o, std::ostream* results);
+std::string format_summary(const EvalSummary& s);  // human-readable table
+nlohmann::ordered_json summary_json(const EvalSummary& s);
+
+}  // namespace trex::orx
