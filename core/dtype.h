@@ -29,7 +29,9 @@ inline bf16 f32_to_bf16(float f) {
 // Rounds f32 through bf16 and back (what a bf16 GEMM input sees).
 inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
-enum class DType : uint8_t { F32, BF16, F16, F64, I64, I32, I16, I8, U8, BOOL, F8_E4M3, F8_E5M2 };
+// F8_E8M0: a power-of-two scale byte (DeepSeek-V4 block scales); F4: e2m1 packed two per byte
+// (dtype_size 1 per byte; an F4 tensor of n elements takes n / 2 bytes).
+enum class DType : uint8_t { F32, BF16, F16, F64, I64, I32, I16, I8, U8, BOOL, F8_E4M3, F8_E5M2, F8_E8M0, F4 };
 
 inline size_t dtype_size(DType t) {
   switch (t) {
@@ -39,6 +41,9 @@ inline size_t dtype_size(DType t) {
     default: return 1;
   }
 }
+
+// Bits per element (4 for packed F4).
+inline size_t dtype_bits(DType t) { return t == DType::F4 ? 4 : 8 * dtype_size(t); }
 
 inline std::string_view dtype_name(DType t) {
   switch (t) {
@@ -54,6 +59,8 @@ inline std::string_view dtype_name(DType t) {
     case DType::BOOL: return "BOOL";
     case DType::F8_E4M3: return "F8_E4M3";
     case DType::F8_E5M2: return "F8_E5M2";
+    case DType::F8_E8M0: return "F8_E8M0";
+    case DType::F4: return "F4";
   }
   return "?";
 }

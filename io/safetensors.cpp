@@ -107,17 +107,19 @@ json parse_strict(const char* b, const char* e, const std::string& where, const 
 int rust_rank(DType t) {
   switch (t) {
     case DType::BOOL: return 0;
-    case DType::U8: return 1;
-    case DType::I8: return 2;
-    case DType::F8_E5M2: return 3;
-    case DType::F8_E4M3: return 4;
-    case DType::I16: return 5;
-    case DType::F16: return 6;
-    case DType::BF16: return 7;
-    case DType::I32: return 8;
-    case DType::F32: return 9;
-    case DType::F64: return 10;
-    case DType::I64: return 11;
+    case DType::F4: return 1;
+    case DType::U8: return 2;
+    case DType::I8: return 3;
+    case DType::F8_E5M2: return 4;
+    case DType::F8_E4M3: return 5;
+    case DType::F8_E8M0: return 6;
+    case DType::I16: return 7;
+    case DType::F16: return 8;
+    case DType::BF16: return 9;
+    case DType::I32: return 10;
+    case DType::F32: return 11;
+    case DType::F64: return 12;
+    case DType::I64: return 13;
   }
   return -1;
 }
@@ -183,6 +185,11 @@ bool tensor_bytes(const Shape& s, DType t, uint64_t* out) {
     if (s.d[i] < 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(s.d[i]), &n)) return false;
   }
   if (n > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return false;
+  if (t == DType::F4) {  // two elements per byte
+    if (n % 2) return false;
+    *out = n / 2;
+    return true;
+  }
   return !__builtin_mul_overflow(n, static_cast<uint64_t>(dtype_size(t)), out);
 }
 
@@ -221,7 +228,8 @@ float f16_to_f32(uint16_t h) {
 bool parse_dtype(const std::string& s, DType* out) {
   static constexpr DType all[] = {DType::F32, DType::BF16, DType::F16, DType::F64,
                                   DType::I64, DType::I32, DType::I16, DType::I8,
-                                  DType::U8, DType::BOOL, DType::F8_E4M3, DType::F8_E5M2};
+                                  DType::U8, DType::BOOL, DType::F8_E4M3, DType::F8_E5M2,
+                                  DType::F8_E8M0, DType::F4};
   for (DType t : all)
     if (s == dtype_name(t)) {
       *out = t;
@@ -327,7 +335,7 @@ void SafetensorsFile::parse_header() {
     TREX_USER_CHECK(d != v.end(), kCorrupt, tw, ": missing \"dtype\"");
     TREX_USER_CHECK(d->is_string(), kCorrupt, tw, ": \"dtype\" is not a string");
     TREX_USER_CHECK(parse_dtype(d->get_ref<const std::string&>(), &t.dtype),
-                    "supported dtypes: F32 BF16 F16 F64 I64 I32 I16 I8 U8 BOOL F8_E4M3 F8_E5M2; "
+                    "supported dtypes: F32 BF16 F16 F64 I64 I32 I16 I8 U8 BOOL F8_E4M3 F8_E5M2 F8_E8M0 F4; "
                     "convert the checkpoint with a tool that writes one of them",
                     tw, ": unknown dtype \"", d->get_ref<const std::string&>(), "\"");
 
@@ -351,8 +359,14 @@ void SafetensorsFile::parse_header() {
       overflow |= __builtin_mul_overflow(numel, x, &numel);
     }
     uint64_t nbytes = 0;
-    overflow = overflow || numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
-               __builtin_mul_overflow(numel, static_cast<uint64_t>(dtype_size(t.dtype)), &nbytes);
+    overflow = overflow || numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+    if (t.dtype == DType::F4) {
+      TREX_USER_CHECK(numel % 2 == 0, kCorrupt, tw, ": F4 packs two elements per byte; shape ", t.shape.str(),
+                      " has an odd element count");
+      nbytes = numel / 2;
+    } else {
+      overflow = overflow || __builtin_mul_overflow(numel, static_cast<uint64_t>(dtype_size(t.dtype)), &nbytes);
+    }
     TREX_USER_CHECK(!overflow, kCorrupt, tw, ": shape ", t.shape.str(),
                     " overflows 64-bit element / byte counts");
 

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include "core/log.h"
+#include "io/quant.h"
 #include "io/safetensors.h"
 
 namespace trex::model {
@@ -20,32 +21,38 @@ int64_t layer_of(const std::string& name) {
   return std::atoll(name.c_str() + pre.size());
 }
 
-void read_tensor(const io::SafetensorsDir& ck, const std::string& name, const Shape& want, float* dst) {
+// Reads one weight (plain F32/BF16/F16/F64, or FP8/FP4 with its block scales, dequantized).
+void read_tensor(const io::SafetensorsDir& ck, const io::QuantizedTensorReader& q, const std::string& name,
+                 const Shape& want, float* dst) {
   const io::SafetensorsFile* f = nullptr;
   const io::TensorInfo* t = ck.find(name, &f);
   TREX_USER_CHECK(t, "the checkpoint must match config.json (or set tie_word_embeddings)", ck.dir(),
                   ": tensor '", name, "' is missing");
-  TREX_USER_CHECK(t->shape == want, "the checkpoint must match config.json", f->path(), ": tensor '", name,
-                  "' has shape ", t->shape.str(), ", config.json implies ", want.str());
-  TREX_USER_CHECK(t->dtype == DType::F32 || t->dtype == DType::BF16 || t->dtype == DType::F16 ||
-                      t->dtype == DType::F64,
-                  "FP8 checkpoints must be dequantized first (weight_scale_inv blocks)", f->path(), ": tensor '",
-                  name, "' has dtype ", dtype_name(t->dtype), ", trex reads F32, BF16, F16, F64");
-  ck.read_f32(name, dst, want.numel());
+  const Shape got = q.shape(name);  // logical shape (validates the scales of quantized weights)
+  TREX_USER_CHECK(got == want, "the checkpoint must match config.json", f->path(), ": tensor '", name,
+                  "' has shape ", got.str(), ", config.json implies ", want.str());
+  q.read_f32(name, dst, want.numel());
 }
 
 }  // namespace
 
 void load_hf_weights(Model& m, const std::string& dir) {
   io::SafetensorsDir ck = io::SafetensorsDir::open(dir);
+  io::QuantConfig qc;
+  if (fs::exists(dir + "/config.json")) {
+    std::ifstream cf(dir + "/config.json");
+    nlohmann::json cj = nlohmann::json::parse(cf, nullptr, false);
+    if (cj.is_object()) qc = io::QuantConfig::from_hf_config(cj, dir + "/config.json");
+  }
+  io::QuantizedTensorReader q(ck, qc);
   std::set<std::string> used;
   for (const ParamEntry& e : m.layout.entries) {
-    read_tensor(ck, e.name, e.shape, m.P() + e.offset);
+    read_tensor(ck, q, e.name, e.shape, m.P() + e.offset);
     used.insert(e.name);
   }
   for (const BufferEntry& b : m.layout.buffers) {
     if (ck.find(b.name)) {
-      read_tensor(ck, b.name, Shape{b.size}, m.buffers.data() + b.offset);
+      read_tensor(ck, q, b.name, Shape{b.size}, m.buffers.data() + b.offset);
       used.insert(b.name);
     } else {
       TREX_LOG_WARN(dir, ": '", b.name, "' absent; router bias starts at 0");
@@ -55,9 +62,7 @@ void load_hf_weights(Model& m, const std::string& dir) {
   for (const std::string& n : ck.names()) {
     if (used.count(n)) continue;
     if (m.cfg.tie_word_embeddings && n == "lm_head.weight") continue;
-    if (n.size() > 16 && n.compare(n.size() - 16, 16, "weight_scale_inv") == 0)
-      TREX_USER_FAIL("dequantize the FP8 checkpoint to BF16 first", dir, ": FP8 block scales ('", n,
-                     "') found; this build reads BF16/F32 weights");
+    if (q.is_scale(n)) continue;  // block scales of quantized weights, consumed above
     if (layer_of(n) >= m.cfg.num_hidden_layers) {
       ++skipped_mtp;
       continue;

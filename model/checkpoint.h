@@ -1,6 +1,8 @@
 // Hugging Face checkpoints of DeepseekV3ForCausalLM: config.json + model.safetensors (or
 // shards + model.safetensors.index.json), tensors under their checkpoint names. Loading checks
 // every expected tensor's presence, shape and dtype and names the file and tensor on error.
+// FP8 checkpoints (DeepSeek-V3/R1 e4m3 + 128x128 scale_inv blocks, per config.json's
+// quantization_config) are dequantized on load (io/quant.h).
 #pragma once
 #include <string>
 #include "model/model.h"

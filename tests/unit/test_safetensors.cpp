@@ -146,7 +146,7 @@ TEST(Safetensors, ParseDtype) {
     EXPECT_EQ(p, t);
   }
   DType p;
-  EXPECT_FALSE(parse_dtype("F8_E8M0", &p));
+  EXPECT_FALSE(parse_dtype("F6_E2M3", &p));
   EXPECT_FALSE(parse_dtype("f32", &p));
 }
 
@@ -477,8 +477,8 @@ TEST(SafetensorsCorrupt, DtypeNotString) {
                     {"'w.x'", "dtype"});
 }
 TEST(SafetensorsCorrupt, UnknownDtype) {
-  expect_bad_header("{" ENTRY("w.x", "\"dtype\":\"F8_E8M0\",\"shape\":[2],\"data_offsets\":[0,2]") "}", 2,
-                    {"'w.x'", "unknown dtype", "F8_E8M0"});
+  expect_bad_header("{" ENTRY("w.x", "\"dtype\":\"F6_E2M3\",\"shape\":[2],\"data_offsets\":[0,2]") "}", 2,
+                    {"'w.x'", "unknown dtype", "F6_E2M3"});
 }
 TEST(SafetensorsCorrupt, ShapeNotArray) {
   expect_bad_header("{" ENTRY("w.x", "\"dtype\":\"F32\",\"shape\":2,\"data_offsets\":[0,8]") "}", 8,

@@ -1,0 +1,78 @@
+// A DeepSeek-V3-style FP8 checkpoint (e4m3 weights + F32 128x128 scale_inv blocks, declared in
+// config.json's quantization_config) loads with every quantized weight dequantized, equal bit for
+// bit to its dequantized twin, and gives that twin's loss; its loss stays close to the f32 model.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include "core/parallel.h"
+#include "io/quant.h"
+#include "io/safetensors.h"
+#include "model/checkpoint.h"
+
+using namespace trex;
+namespace fs = std::filesystem;
+
+TEST(Fp8Checkpoint, LoadsAsItsDequantizedTwin) {
+  init_threads();
+  const std::string src = "tests/reference/data/v3_qlora_sigmoid";
+  model::ModelConfig cfg = model::load_config_json(src + "/model/config.json");
+  model::Model f32(cfg, kern::Prec::F32);
+  model::load_hf_weights(f32, src + "/model");
+  model::Model twin(cfg, kern::Prec::F32);
+  model::load_hf_weights(twin, src + "/model");
+
+  // Quantize the linear weights as DeepSeek's release does (not embeddings, head, norms, router).
+  io::QuantConfig qc;
+  qc.fp8_block = {16, 16};  // small blocks so the tiny model has several per matrix, with partial edges
+  std::vector<io::QuantizedTensor> qts;
+  std::vector<io::TensorToWrite> ts;
+  int quantized = 0;
+  for (const model::ParamEntry& e : f32.layout.entries) {
+    const bool linear = e.shape.ndim == 2 && e.name.find("embed_tokens") == std::string::npos &&
+                        e.name != "lm_head.weight" && e.name.find("mlp.gate.weight") == std::string::npos;
+    if (!linear) {
+      ts.push_back({e.name, DType::F32, e.shape, f32.P() + e.offset});
+      continue;
+    }
+    auto q = io::quantize_weight(e.name, f32.P() + e.offset, e.shape, io::QuantScheme::Fp8V3, qc);
+    ASSERT_EQ(q.size(), 2u);
+    std::vector<float> deq =
+        io::dequant_fp8_block(q[0].bytes.data(), q[0].shape, reinterpret_cast<const float*>(q[1].bytes.data()),
+                              q[1].shape, qc.fp8_block);
+    std::memcpy(twin.P() + e.offset, deq.data(), deq.size() * sizeof(float));
+    for (auto& t : q) qts.push_back(std::move(t));
+    ++quantized;
+  }
+  for (const auto& q : qts) ts.push_back(q.to_write());
+  for (const model::BufferEntry& b : f32.layout.buffers)
+    ts.push_back({b.name, DType::F32, Shape{b.size}, f32.buffers.data() + b.offset});
+  fs::path dir = fs::temp_directory_path() / "trex_fp8_ckpt";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  io::write_safetensors_dir(dir.string(), ts, 64 << 10);
+  nlohmann::json cj = nlohmann::json::parse(std::ifstream(src + "/model/config.json"));
+  cj["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
+                               {"weight_block_size", {16, 16}}};
+  std::ofstream(dir / "config.json") << cj.dump(2);
+  EXPECT_GT(quantized, 20);
+
+  model::Model fp8(cfg, kern::Prec::F32);
+  model::load_hf_weights(fp8, dir.string());
+  EXPECT_EQ(0, std::memcmp(fp8.P(), twin.P(), cfg.num_params() > 0 ? fp8.layout.total * sizeof(float) : 0));
+
+  auto batch = nlohmann::json::parse(std::ifstream(src + "/batch.json"));
+  std::vector<int32_t> ids, labels;
+  for (auto& r : batch["input_ids"]) for (auto& v : r) ids.push_back(v);
+  for (auto& r : batch["labels"]) for (auto& v : r) labels.push_back(v);
+  const int64_t B = batch["input_ids"].size(), T = batch["input_ids"][0].size();
+  auto tg = model::shift_labels(labels, B, T);
+  model::Batch b{B, T, ids.data(), tg.data(), nullptr, nullptr};
+  const double l8 = fp8.forward(b).loss, lt = twin.forward(b).loss, l32 = f32.forward(b).loss;
+  EXPECT_EQ(l8, lt);
+  EXPECT_NEAR(l8, l32, 0.05 * l32);  // e4m3 keeps ~3 significant bits per weight
+  EXPECT_NE(l8, l32);
+  fs::remove_all(dir);
+}
