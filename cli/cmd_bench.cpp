@@ -10,6 +10,7 @@
 #include "core/rng.h"
 #include "kernels/peak.h"
 #include "model/checkpoint.h"
+#include "plan/measure.h"
 #include "train/run_config.h"
 #include "train/trainer.h"
 
@@ -39,6 +40,19 @@ void add_bench(CLI::App& app) {
                 "\"threads\": %d, \"isa\": \"%s\"}\n",
                 p.fp32_gflops, p.bf16_gflops, p.best_gflops(), p.bf16_native ? "true" : "false", p.threads,
                 isa_name(cpu_isa()));
+  });
+
+  auto* cal = bench->add_subcommand("calibrate", "measure this machine for the planner (trex plan --cluster cpu-this)");
+  auto copts = std::make_shared<std::pair<std::string, int>>("", 0);
+  cal->add_option("--out", copts->first, "calibration JSON (default: $TREX_CALIBRATION or ~/.cache/trex/calibration.json)");
+  cal->add_option("--threads", copts->second, "threads");
+  cal->callback([copts] {
+    init_threads(copts->second);
+    plan::Calibration c = plan::measure_calibration(0.5);
+    const std::string path = copts->first.empty() ? plan::default_calibration_path() : copts->first;
+    plan::save_calibration(c, path);
+    std::printf("%s\n", plan::calibration_to_json(c).dump().c_str());
+    std::fprintf(stderr, "[bench calibrate] wrote %s\n", path.c_str());
   });
 
   auto* step = bench->add_subcommand("step", "train N steps of a config's model and report speed and MFU");
