@@ -13,6 +13,9 @@ int main(int argc, char** argv) {
   trex::cli::add_demo(app);
   trex::cli::add_plan(app);
   trex::cli::add_or(app);
+  trex::cli::add_tokenizer(app);
+  trex::cli::add_train(app);
+  trex::cli::add_generate(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

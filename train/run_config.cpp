@@ -108,6 +108,7 @@ RunConfig parse_run_config(json j, const std::string& where, const std::vector<s
          r.data.overflow = c.str(v, k, {"truncate", "drop"}) == "drop" ? OverflowPolicy::Drop : OverflowPolicy::Truncate;
        }},
       {"tokenizer", [&](const json& v, const std::string& k) { r.data.tokenizer = c.str(v, k); }},
+      {"eos_token", [&](const json& v, const std::string& k) { r.data.eos_token = c.str(v, k); }},
   };
   S["train"].keys = {
       {"batch_size", [&](const json& v, const std::string& k) { r.train.batch_size = c.i64(v, k, 1); }},

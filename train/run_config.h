@@ -23,6 +23,7 @@ struct DataConfig {
   bool train_on_prompt = false;
   OverflowPolicy overflow = OverflowPolicy::Truncate;
   std::string tokenizer;  // tokenizer.json (default: <model.path>/tokenizer.json)
+  std::string eos_token;  // end-of-document token (default: the tokenizer's usual one)
 };
 
 struct TrainConfig {

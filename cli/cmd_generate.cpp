@@ -1,0 +1,106 @@
+// trex generate --model DIR [--tokenizer PATH] (--prompt TEXT | --input FILE.jsonl [--output FILE])
+//   [--max-tokens N] [--temperature T] [--top-p P] [--seed S] [--stop STR ...] [--chat]
+// Greedy by default. --input reads {"prompt": ...} per line (or "question") and writes
+// {"prompt", "output", "finish", "n_tokens"} per line.
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include "cli/commands.h"
+#include "cli/tokenizer_fns.h"
+#include "core/parallel.h"
+#include "model/checkpoint.h"
+#include "model/generate.h"
+#include "train/data.h"
+
+namespace trex::cli {
+
+void add_generate(CLI::App& app) {
+  auto* cmd = app.add_subcommand("generate", "generate text from a checkpoint (KV cache; greedy or sampling)");
+  struct Opts {
+    std::string model, tokenizer, prompt, input, output, tmpl = "deepseek", precision = "fp32";
+    int64_t max_tokens = 128;
+    float temperature = 0.f, top_p = 1.f;
+    uint64_t seed = 0;
+    std::vector<std::string> stop;
+    bool chat = false;
+    int threads = 0;
+  };
+  auto o = std::make_shared<Opts>();
+  cmd->add_option("--model", o->model, "checkpoint directory (config.json + safetensors)")->required();
+  cmd->add_option("--tokenizer", o->tokenizer, "tokenizer.json (default: MODEL/tokenizer.json)");
+  cmd->add_option("--prompt", o->prompt, "prompt text");
+  cmd->add_option("--input", o->input, "JSONL with a \"prompt\" (or \"question\") per line");
+  cmd->add_option("--output", o->output, "JSONL results (default stdout)");
+  cmd->add_option("--max-tokens", o->max_tokens, "tokens to generate at most");
+  cmd->add_option("--temperature", o->temperature, "0 = greedy");
+  cmd->add_option("--top-p", o->top_p, "nucleus sampling mass");
+  cmd->add_option("--seed", o->seed, "sampling seed");
+  cmd->add_option("--stop", o->stop, "stop string (repeatable)");
+  cmd->add_flag("--chat", o->chat, "wrap the prompt as a user turn of the chat template");
+  cmd->add_option("--template", o->tmpl, "chat template: deepseek | chatml");
+  cmd->add_option("--precision", o->precision, "fp32 or bf16");
+  cmd->add_option("--threads", o->threads, "threads");
+  cmd->callback([o] {
+    init_threads(o->threads);
+    TREX_USER_CHECK(o->prompt.empty() != o->input.empty(), "give exactly one of --prompt and --input",
+                    "trex generate: need --prompt TEXT or --input FILE.jsonl");
+    model::ModelConfig cfg = model::load_config_json(o->model + "/config.json");
+    model::Model m(cfg, train::parse_precision(o->precision, "--precision"));
+    model::load_hf_weights(m, o->model);
+    io::Tokenizer tok = io::Tokenizer::load(o->tokenizer.empty() ? o->model : o->tokenizer);
+    const int32_t eos = find_eos(tok, "", "tokenizer");
+    train::ChatTemplate tmpl = train::ChatTemplate::by_name(o->tmpl);
+    auto encode_prompt = [&](const std::string& p) {
+      if (!o->chat) return tok.encode(p, true);
+      std::vector<int32_t> ids;
+      for (const std::string& piece : {tmpl.bos, tmpl.user, p, tmpl.name == "chatml" ? tmpl.eos + "\n" : "",
+                                       tmpl.assistant}) {
+        std::vector<int32_t> e = tok.encode(piece, false);
+        ids.insert(ids.end(), e.begin(), e.end());
+      }
+      return ids;
+    };
+    auto decode = [&](const std::vector<int32_t>& t) { return tok.decode(t, true); };
+    model::SampleParams sp{o->temperature, o->top_p, o->max_tokens, o->seed, o->stop};
+    std::vector<int32_t> eos_ids = {eos};
+    if (int32_t e2 = tok.token_to_id(tmpl.eos); e2 >= 0 && e2 != eos) eos_ids.push_back(e2);
+    auto run = [&](const std::string& p) {
+      std::vector<int32_t> ids = encode_prompt(p);
+      model::Decoder dec(m, (int64_t)ids.size() + o->max_tokens);
+      return model::generate(dec, ids, sp, decode, eos_ids);
+    };
+    if (!o->prompt.empty()) {
+      model::GenerateResult r = run(o->prompt);
+      std::printf("%s\n", r.text.c_str());
+      std::fprintf(stderr, "[generate] %zu tokens, finish: %s\n", r.tokens.size(), r.finish.c_str());
+      return;
+    }
+    std::ifstream in(o->input);
+    TREX_USER_CHECK(in.good(), "check the --input path", o->input, ": cannot open");
+    FILE* out = o->output.empty() ? stdout : std::fopen(o->output.c_str(), "w");
+    TREX_USER_CHECK(out, "check the --output path", o->output, ": cannot write");
+    std::string line;
+    int64_t ln = 0;
+    while (std::getline(in, line)) {
+      ++ln;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(line);
+      } catch (const nlohmann::json::parse_error&) {
+        TREX_USER_FAIL("each line must be a JSON object", o->input, ":", ln, ": not valid JSON");
+      }
+      std::string p = j.contains("prompt") && j["prompt"].is_string()       ? j["prompt"].get<std::string>()
+                      : j.contains("question") && j["question"].is_string() ? j["question"].get<std::string>()
+                                                                             : "";
+      TREX_USER_CHECK(!p.empty(), "give a \"prompt\" or \"question\" string", o->input, ":", ln, ": no prompt");
+      model::GenerateResult r = run(p);
+      nlohmann::json res = {{"prompt", p}, {"output", r.text}, {"finish", r.finish}, {"n_tokens", r.tokens.size()}};
+      std::fprintf(out, "%s\n", res.dump().c_str());
+      std::fflush(out);
+    }
+    if (out != stdout) std::fclose(out);
+  });
+}
+
+}  // namespace trex::cli

@@ -1,0 +1,33 @@
+// The bridge from io::Tokenizer to the data code: encode without template tokens, the
+// end-of-document id (data.eos_token or the first of the usual names the tokenizer knows).
+#pragma once
+#include <string>
+#include "core/error.h"
+#include "io/tokenizer.h"
+#include "train/loop.h"
+
+namespace trex::cli {
+
+inline int32_t find_eos(const io::Tokenizer& tok, const std::string& wanted, const std::string& where) {
+  if (!wanted.empty()) {
+    int32_t id = tok.token_to_id(wanted);
+    TREX_USER_CHECK(id >= 0, "set data.eos_token to a token of the tokenizer", where, ": eos_token '", wanted,
+                    "' is not in the tokenizer");
+    return id;
+  }
+  for (const char* name : {"<｜end▁of▁sentence｜>", "</s>", "<|endoftext|>", "<|im_end|>", "<eos>"}) {
+    int32_t id = tok.token_to_id(name);
+    if (id >= 0) return id;
+  }
+  TREX_USER_FAIL("set data.eos_token", where, ": the tokenizer has none of the usual end-of-text tokens");
+}
+
+inline train::TokenizerFns tokenizer_fns(const io::Tokenizer& tok, const std::string& eos, const std::string& where) {
+  train::TokenizerFns f;
+  f.encode = [&tok](std::string_view s) { return tok.encode(s, false); };
+  f.eos_id = find_eos(tok, eos, where);
+  f.pad_id = f.eos_id;
+  return f;
+}
+
+}  // namespace trex::cli
