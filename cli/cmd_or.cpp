@@ -1,7 +1,13 @@
 // trex or gen   --n N --out DIR --seed S [--test-frac F]: solver-verified OR data (cpt/sft/test.jsonl, stats.json)
 // trex or solve FILE [--time-limit S]: solve a CPLEX LP (.lp) or MPS (.mps) file, print one JSON line
-// trex or eval  --predictions P.jsonl --data TEST.jsonl [--out RESULTS.jsonl]: judge given outputs (Pass@1)
+// trex or eval  (--predictions P.jsonl | --model DIR) --data TEST.jsonl [--out RESULTS.jsonl]: Pass@1
 // See docs/OR.md.
+#include <memory>
+#include "cli/tokenizer_fns.h"
+#include "core/parallel.h"
+#include "model/checkpoint.h"
+#include "model/generate.h"
+#include "train/data.h"
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -95,14 +101,58 @@ void add_solve(CLI::App& parent) {
   });
 }
 
+// Zero-shot greedy generation from a checkpoint: the question wrapped in the evaluation prompt
+// (or/dataset.h: eval_prompt) as one user turn of the chat template.
+class ModelSource final : public orx::OutputSource {
+ public:
+  ModelSource(const std::string& dir, const std::string& tokenizer, const std::string& tmpl, int64_t max_tokens)
+      : cfg_(model::load_config_json(dir + "/config.json")),
+        m_(cfg_, kern::Prec::F32),
+        tok_(io::Tokenizer::load(tokenizer.empty() ? dir : tokenizer)),
+        tmpl_(train::ChatTemplate::by_name(tmpl)),
+        max_tokens_(max_tokens) {
+    model::load_hf_weights(m_, dir);
+    eos_ = {find_eos(tok_, "", "tokenizer")};
+    if (int32_t e = tok_.token_to_id(tmpl_.eos); e >= 0 && e != eos_[0]) eos_.push_back(e);
+  }
+  std::string output(const orx::Problem& p, size_t) override {
+    std::vector<int32_t> ids;
+    for (const std::string& piece : {tmpl_.bos, tmpl_.user, orx::eval_prompt(p.question),
+                                     tmpl_.name == "chatml" ? tmpl_.eos + "\n" : std::string(), tmpl_.assistant}) {
+      std::vector<int32_t> e = tok_.encode(piece, false);
+      ids.insert(ids.end(), e.begin(), e.end());
+    }
+    model::Decoder dec(m_, (int64_t)ids.size() + max_tokens_);
+    model::SampleParams sp;
+    sp.max_tokens = max_tokens_;
+    return model::generate(dec, ids, sp, [&](const std::vector<int32_t>& t) { return tok_.decode(t, true); }, eos_)
+        .text;
+  }
+
+ private:
+  model::ModelConfig cfg_;
+  model::Model m_;
+  io::Tokenizer tok_;
+  train::ChatTemplate tmpl_;
+  int64_t max_tokens_;
+  std::vector<int32_t> eos_;
+};
+
 void add_eval(CLI::App& parent) {
   auto* ev = parent.add_subcommand("eval", "Pass@1 of model outputs: extract the LP block, solve, compare with the answer");
   struct Opts {
-    std::string predictions, data, out, qfield, afield;
+    std::string predictions, data, out, qfield, afield, model, tokenizer, tmpl = "deepseek";
     double time_limit = 20;
+    int64_t max_tokens = 512;
+    int threads = 0;
   };
   auto o = std::make_shared<Opts>();
-  ev->add_option("--predictions", o->predictions, "JSONL with the model outputs (field output|prediction|response|completion)")->required();
+  ev->add_option("--predictions", o->predictions, "JSONL with the model outputs (field output|prediction|response|completion)");
+  ev->add_option("--model", o->model, "checkpoint directory: generate the outputs zero-shot, greedy");
+  ev->add_option("--tokenizer", o->tokenizer, "tokenizer.json (default: MODEL/tokenizer.json)");
+  ev->add_option("--template", o->tmpl, "chat template for --model: deepseek | chatml");
+  ev->add_option("--max-tokens", o->max_tokens, "generation limit per problem for --model (default 512)");
+  ev->add_option("--threads", o->threads, "threads");
   ev->add_option("--data", o->data, "JSONL with question/answer (or en_question/en_answer)")->required();
   ev->add_option("--out", o->out, "write one JSON line per problem here");
   ev->add_option("--question-field", o->qfield, "question field name (default: question, en_question, problem, prompt)");
@@ -114,7 +164,13 @@ void add_eval(CLI::App& parent) {
     eo.answer_field = o->afield;
     eo.time_limit_s = o->time_limit;
     std::vector<orx::Problem> probs = orx::load_problems(o->data, eo);
-    orx::PredictionsSource src(o->predictions);
+    TREX_USER_CHECK(o->predictions.empty() != o->model.empty(), "give exactly one of --predictions and --model",
+                    "trex or eval: need --predictions FILE or --model DIR");
+    init_threads(o->threads);
+    std::unique_ptr<orx::OutputSource> src_ptr;
+    if (!o->model.empty()) src_ptr = std::make_unique<ModelSource>(o->model, o->tokenizer, o->tmpl, o->max_tokens);
+    else src_ptr = std::make_unique<orx::PredictionsSource>(o->predictions);
+    orx::OutputSource& src = *src_ptr;
     std::ofstream res;
     if (!o->out.empty()) {
       res.open(o->out);
