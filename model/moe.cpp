@@ -21,45 +21,46 @@ MlpW shared_w(const MoeIn& in) {
           in.cfg->shared_intermediate()};
 }
 
-// Grouped GEMM over experts. X rows [rows, kdim] (f32 or bf16 copy), W slab [E, out, kdim].
-// mode 0: Y[rows,out] = X @ W_e^T;  mode 1: Y[rows,kdim_out] = X @ W_e (dx);  mode 2: dW_e += X^T @ Z
+// One grouped GEMM over the experts with rows: make(e, r0, M) builds expert e's group for its
+// sorted rows [r0, r0 + M). Element size of the operands: 2 (bf16 copies) or 4 (f32).
+template <class Make>
+void over_experts(const Ctx& c, const Dispatch& D, int64_t E, bool ta, bool tb, float beta, Make make) {
+  std::vector<kern::GemmGroup> g;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = D.offsets[e], M = D.offsets[e + 1] - r0;
+    if (M) g.push_back(make(e, r0, M));
+  }
+  kern::grouped_gemm(c.prec, ta, tb, 1.f, beta, g.data(), (int)g.size());
+}
+
+size_t elem(const Ctx& c) { return c.prec == kern::Prec::BF16 ? 2 : 4; }
+
+// Y[rows, out] = X[rows, in] @ W_e^T  (W slab [E, out, in])
 void expert_gemm_fwd(const Ctx& c, const Dispatch& D, int64_t E, const void* X, const void* Wslab, int64_t out,
                      int64_t in, float* Y) {
-  std::vector<kern::GemmGroup> g;
-  const size_t es = c.prec == kern::Prec::BF16 ? 2 : 4;
-  for (int64_t e = 0; e < E; ++e) {
-    int64_t r0 = D.offsets[e], M = D.offsets[e + 1] - r0;
-    if (!M) continue;
-    g.push_back({(const char*)X + r0 * in * es, (const char*)Wslab + e * out * in * es, Y + r0 * out, M, out, in, in,
-                 in, out});
-  }
-  kern::grouped_gemm(c.prec, false, true, 1.f, 0.f, g.data(), (int)g.size());
+  const size_t es = elem(c);
+  over_experts(c, D, E, false, true, 0.f, [&](int64_t e, int64_t r0, int64_t M) {
+    return kern::GemmGroup{(const char*)X + r0 * in * es, (const char*)Wslab + e * out * in * es, Y + r0 * out, M,
+                           out, in, in, in, out};
+  });
 }
 // dX[rows, in] = dY[rows, out] @ W_e
 void expert_gemm_dx(const Ctx& c, const Dispatch& D, int64_t E, const void* dY, const void* Wslab, int64_t out,
                     int64_t in, float* dX) {
-  std::vector<kern::GemmGroup> g;
-  const size_t es = c.prec == kern::Prec::BF16 ? 2 : 4;
-  for (int64_t e = 0; e < E; ++e) {
-    int64_t r0 = D.offsets[e], M = D.offsets[e + 1] - r0;
-    if (!M) continue;
-    g.push_back({(const char*)dY + r0 * out * es, (const char*)Wslab + e * out * in * es, dX + r0 * in, M, in, out,
-                 out, in, in});
-  }
-  kern::grouped_gemm(c.prec, false, false, 1.f, 0.f, g.data(), (int)g.size());
+  const size_t es = elem(c);
+  over_experts(c, D, E, false, false, 0.f, [&](int64_t e, int64_t r0, int64_t M) {
+    return kern::GemmGroup{(const char*)dY + r0 * out * es, (const char*)Wslab + e * out * in * es, dX + r0 * in, M,
+                           in, out, out, in, in};
+  });
 }
 // dW_e[out, in] += dY_e^T @ X_e
 void expert_gemm_dw(const Ctx& c, const Dispatch& D, int64_t E, const void* dY, const void* X, int64_t out,
                     int64_t in, float* dWslab) {
-  std::vector<kern::GemmGroup> g;
-  const size_t es = c.prec == kern::Prec::BF16 ? 2 : 4;
-  for (int64_t e = 0; e < E; ++e) {
-    int64_t r0 = D.offsets[e], M = D.offsets[e + 1] - r0;
-    if (!M) continue;
-    g.push_back({(const char*)dY + r0 * out * es, (const char*)X + r0 * in * es, dWslab + e * out * in, out, in, M,
-                 out, in, in});
-  }
-  kern::grouped_gemm(c.prec, true, false, 1.f, 1.f, g.data(), (int)g.size());
+  const size_t es = elem(c);
+  over_experts(c, D, E, true, false, 1.f, [&](int64_t e, int64_t r0, int64_t M) {
+    return kern::GemmGroup{(const char*)dY + r0 * out * es, (const char*)X + r0 * in * es, dWslab + e * out * in, out,
+                           in, M, out, in, in};
+  });
 }
 
 // f32 rows, or a bf16 copy of them in bf16 mode (from the scratch arena).
