@@ -10,5 +10,6 @@ void add_or(CLI::App& app);    // cli/cmd_or.cpp: trex or gen | solve | eval
 void add_plan(CLI::App& app);  // cli/cmd_plan.cpp: trex plan
 void add_train(CLI::App& app);
 void add_generate(CLI::App& app);
+void add_plot(CLI::App& app);
 void add_tokenizer(CLI::App& app);  // cli/cmd_tokenizer.cpp: trex tokenizer train
 }  // namespace trex::cli

@@ -3,7 +3,7 @@
 set -euo pipefail
 PKGS="build-essential cmake ninja-build libdnnl-dev nlohmann-json3-dev libcli11-dev libgtest-dev
       libopenmpi-dev openmpi-bin libtomlplusplus-dev
-      coinor-libcbc-dev coinor-libclp-dev coinor-libcoinutils-dev libpcre2-dev zlib1g-dev pkg-config python3"
+      coinor-libcbc-dev coinor-libclp-dev coinor-libcoinutils-dev libpcre2-dev zlib1g-dev pkg-config gnuplot-nox python3"
 missing=""
 for p in $PKGS; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
