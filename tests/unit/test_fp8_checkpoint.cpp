@@ -11,6 +11,7 @@
 #include "io/quant.h"
 #include "io/safetensors.h"
 #include "model/checkpoint.h"
+#include "tests/unit/test_util.h"
 
 using namespace trex;
 namespace fs = std::filesystem;
@@ -49,18 +50,16 @@ TEST(Fp8Checkpoint, LoadsAsItsDequantizedTwin) {
   for (const auto& q : qts) ts.push_back(q.to_write());
   for (const model::BufferEntry& b : f32.layout.buffers)
     ts.push_back({b.name, DType::F32, Shape{b.size}, f32.buffers.data() + b.offset});
-  fs::path dir = fs::temp_directory_path() / "trex_fp8_ckpt";
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  io::write_safetensors_dir(dir.string(), ts, 64 << 10);
+  test::TmpDir dir("trex_fp8_ckpt");
+  io::write_safetensors_dir(dir.str(), ts, 64 << 10);
   nlohmann::json cj = nlohmann::json::parse(std::ifstream(src + "/model/config.json"));
   cj["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
                                {"weight_block_size", {16, 16}}};
-  std::ofstream(dir / "config.json") << cj.dump(2);
+  std::ofstream(dir.file("config.json")) << cj.dump(2);
   EXPECT_GT(quantized, 20);
 
   model::Model fp8(cfg, kern::Prec::F32);
-  model::load_hf_weights(fp8, dir.string());
+  model::load_hf_weights(fp8, dir.str());
   EXPECT_EQ(0, std::memcmp(fp8.P(), twin.P(), cfg.num_params() > 0 ? fp8.layout.total * sizeof(float) : 0));
 
   auto batch = nlohmann::json::parse(std::ifstream(src + "/batch.json"));
@@ -74,5 +73,4 @@ TEST(Fp8Checkpoint, LoadsAsItsDequantizedTwin) {
   EXPECT_EQ(l8, lt);
   EXPECT_NEAR(l8, l32, 0.05 * l32);  // e4m3 keeps ~3 significant bits per weight
   EXPECT_NE(l8, l32);
-  fs::remove_all(dir);
 }

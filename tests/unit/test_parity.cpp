@@ -15,6 +15,7 @@
 #include "io/safetensors.h"
 #include "model/checkpoint.h"
 #include "train/trainer.h"
+#include "tests/unit/test_util.h"
 
 namespace fs = std::filesystem;
 using namespace trex;
@@ -153,11 +154,10 @@ TEST_P(Parity, LoadThenSaveGivesIdenticalTensors) {
   Case c(GetParam());
   model::Model m(c.cfg, kern::Prec::F32);
   model::load_hf_weights(m, c.dir + "/model");
-  fs::path tmp = fs::temp_directory_path() / ("trex_rt_" + GetParam());
-  fs::remove_all(tmp);
-  model::save_hf_checkpoint(m, tmp.string(), DType::F32);
+  test::TmpDir tmp("trex_rt"), bf("trex_rt_bf16"), bf2("trex_rt_bf16b");
+  model::save_hf_checkpoint(m, tmp.str(), DType::F32);
   io::SafetensorsDir a = io::SafetensorsDir::open(c.dir + "/model");
-  io::SafetensorsDir b = io::SafetensorsDir::open(tmp.string());
+  io::SafetensorsDir b = io::SafetensorsDir::open(tmp.str());
   for (const std::string& n : a.names()) {
     const io::SafetensorsFile *fa, *fb;
     const io::TensorInfo* ta = a.find(n, &fa);
@@ -170,16 +170,14 @@ TEST_P(Parity, LoadThenSaveGivesIdenticalTensors) {
   }
   EXPECT_EQ(a.names().size(), b.names().size());
   // And the saved config reads back to the same model.
-  model::ModelConfig c2 = model::load_config_json(tmp.string() + "/config.json");
+  model::ModelConfig c2 = model::load_config_json(tmp.file("config.json"));
   EXPECT_EQ(c2.num_params(), c.cfg.num_params());
   // A bf16 checkpoint (as DeepSeek releases them) survives load -> save bit for bit, sharded too.
-  fs::path bf = fs::temp_directory_path() / ("trex_rt_bf16_" + GetParam());
-  fs::path bf2 = fs::temp_directory_path() / ("trex_rt_bf16b_" + GetParam());
-  model::save_hf_checkpoint(m, bf.string(), DType::BF16, 20000);
+  model::save_hf_checkpoint(m, bf.str(), DType::BF16, 20000);
   model::Model m2(c2, kern::Prec::F32);
-  model::load_hf_weights(m2, bf.string());
-  model::save_hf_checkpoint(m2, bf2.string(), DType::BF16, 20000);
-  io::SafetensorsDir x = io::SafetensorsDir::open(bf.string()), y = io::SafetensorsDir::open(bf2.string());
+  model::load_hf_weights(m2, bf.str());
+  model::save_hf_checkpoint(m2, bf2.str(), DType::BF16, 20000);
+  io::SafetensorsDir x = io::SafetensorsDir::open(bf.str()), y = io::SafetensorsDir::open(bf2.str());
   EXPECT_TRUE(x.sharded());
   for (const std::string& n : x.names()) {
     const io::SafetensorsFile *fx, *fy;
@@ -189,9 +187,6 @@ TEST_P(Parity, LoadThenSaveGivesIdenticalTensors) {
     ASSERT_EQ(tx->nbytes, ty->nbytes) << n;
     EXPECT_EQ(0, std::memcmp(fx->data(*tx), fy->data(*ty), tx->nbytes)) << n;
   }
-  fs::remove_all(tmp);
-  fs::remove_all(bf);
-  fs::remove_all(bf2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Reference, Parity, ::testing::ValuesIn(cases()),

@@ -19,6 +19,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "tests/unit/test_util.h"
 #include "core/parallel.h"
 #include "core/timer.h"
 #include "io/quant.h"
@@ -29,30 +30,10 @@ using namespace trex::io;
 
 namespace {
 
-fs::path fixture_dir() {
-  const fs::path candidates[] = {fs::path(__FILE__).parent_path().parent_path() / "data/quant",
-                                 fs::path("tests/data/quant")};
-  for (const auto& p : candidates)
-    if (fs::exists(p / "codes.safetensors")) return p;
-  ADD_FAILURE() << "quant fixtures not found (run from the repository root)";
-  return candidates[1];
-}
+fs::path fixture_dir() { return test::data_dir("quant", "codes.safetensors"); }
 std::string fixture(const std::string& name) { return (fixture_dir() / name).string(); }
 
-struct TmpDir {
-  fs::path path;
-  TmpDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("trex_quant_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TmpDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using test::TmpDir;
 
 uint32_t bits(float f) { return std::bit_cast<uint32_t>(f); }
 

@@ -13,6 +13,7 @@
 #include "core/rng.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
+#include "tests/unit/test_util.h"
 
 using namespace trex;
 namespace fs = std::filesystem;
@@ -48,12 +49,6 @@ struct TrainRun {
   }
 };
 
-fs::path tmpdir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("trex_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  return p;
-}
-
 TEST(Resume, BitIdenticalLosses) {
   init_threads();
   for (kern::Prec prec : {kern::Prec::F32, kern::Prec::BF16}) {
@@ -62,15 +57,15 @@ TEST(Resume, BitIdenticalLosses) {
     std::vector<double> a;
     for (int i = 0; i < 20; ++i) a.push_back(straight.train_step());
 
-    fs::path dir = tmpdir("resume");
+    test::TmpDir dir("trex_resume");
     std::vector<double> b;
     {
       TrainRun first(c, 5, prec);
       for (int i = 0; i < 10; ++i) b.push_back(first.train_step());
-      train::save_checkpoint(dir.string(), first.m, first.opt, {first.step, first.step, first.data.state(), {}}, 2);
+      train::save_checkpoint(dir.str(), first.m, first.opt, {first.step, first.step, first.data.state(), {}}, 2);
     }
     TrainRun second(c, 12345, prec);  // different init: everything must come from the checkpoint
-    auto latest = train::latest_checkpoint(dir.string());
+    auto latest = train::latest_checkpoint(dir.str());
     ASSERT_TRUE(latest);
     train::TrainState st = train::load_checkpoint(*latest, second.m, second.opt);
     second.data = Rng::from_state(st.rng_state);
@@ -79,42 +74,40 @@ TEST(Resume, BitIdenticalLosses) {
     for (int i = 0; i < 10; ++i) b.push_back(second.train_step());
     ASSERT_EQ(a.size(), b.size());
     for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i;
-    fs::remove_all(dir);
   }
 }
 
 TEST(Resume, RetentionKeepsLastK) {
   model::ModelConfig c = config();
   TrainRun r(c, 1, kern::Prec::F32);
-  fs::path dir = tmpdir("keep");
-  for (int s = 1; s <= 5; ++s) train::save_checkpoint(dir.string(), r.m, r.opt, {s, s, 7, {}}, 2);
+  test::TmpDir dir("trex_keep");
+  for (int s = 1; s <= 5; ++s) train::save_checkpoint(dir.str(), r.m, r.opt, {s, s, 7, {}}, 2);
   int n = 0;
-  for (auto& e : fs::directory_iterator(dir / "checkpoints")) n += e.path().filename().string().rfind("step-", 0) == 0;
+  for (auto& e : fs::directory_iterator(dir.path / "checkpoints")) n += e.path().filename().string().rfind("step-", 0) == 0;
   EXPECT_EQ(n, 2);
-  EXPECT_EQ(fs::path(*train::latest_checkpoint(dir.string())).filename(), "step-00000005");
-  fs::remove_all(dir);
+  EXPECT_EQ(fs::path(*train::latest_checkpoint(dir.str())).filename(), "step-00000005");
 }
 
 TEST(Resume, SigkillDuringCheckpointWritesLeavesALoadableCheckpoint) {
   model::ModelConfig c = config(96);  // a few MB per checkpoint, so kills land mid-write
   Rng r(2024);
   for (int trial = 0; trial < 6; ++trial) {
-    fs::path dir = tmpdir("kill" + std::to_string(trial));
+    test::TmpDir dir("trex_kill");
     pid_t pid = ::fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
       // Child: no OpenMP team after fork (libgomp is not fork-safe); write checkpoints forever.
       omp_set_num_threads(1);
       TrainRun w(c, 3, kern::Prec::F32);
-      for (int64_t s = 1;; ++s) train::save_checkpoint(dir.string(), w.m, w.opt, {s, s, 11, {}}, 2);
+      for (int64_t s = 1;; ++s) train::save_checkpoint(dir.str(), w.m, w.opt, {s, s, 11, {}}, 2);
     }
     // Wait for the first complete checkpoint, then kill at a random moment.
-    for (int i = 0; i < 3000 && !train::latest_checkpoint(dir.string()); ++i) ::usleep(2000);
+    for (int i = 0; i < 3000 && !train::latest_checkpoint(dir.str()); ++i) ::usleep(2000);
     ::usleep(1000 + r.next_u64() % 40000);
     ::kill(pid, SIGKILL);
     int status = 0;
     ::waitpid(pid, &status, 0);
-    auto latest = train::latest_checkpoint(dir.string());
+    auto latest = train::latest_checkpoint(dir.str());
     ASSERT_TRUE(latest) << "trial " << trial;
     TrainRun back(c, 77, kern::Prec::F32);
     train::TrainState st;
@@ -122,7 +115,6 @@ TEST(Resume, SigkillDuringCheckpointWritesLeavesALoadableCheckpoint) {
     EXPECT_GE(st.step, 1);
     TrainRun ref(c, 3, kern::Prec::F32);
     EXPECT_EQ(0, std::memcmp(back.m.P(), ref.m.P(), ref.m.layout.total * sizeof(float))) << *latest;
-    fs::remove_all(dir);
   }
 }
 

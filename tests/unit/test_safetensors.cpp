@@ -17,6 +17,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "tests/unit/test_util.h"
 
 namespace fs = std::filesystem;
 using namespace trex;
@@ -24,31 +25,10 @@ using namespace trex::io;
 
 namespace {
 
-fs::path fixture_dir() {
-  const fs::path candidates[] = {fs::path(__FILE__).parent_path().parent_path() / "data/safetensors",
-                                 fs::path("tests/data/safetensors")};
-  for (const auto& p : candidates)
-    if (fs::exists(p / "mixed.safetensors")) return p;
-  ADD_FAILURE() << "fixtures not found (run from the repository root)";
-  return candidates[1];
-}
+fs::path fixture_dir() { return test::data_dir("safetensors", "mixed.safetensors"); }
 std::string fixture(const std::string& name) { return (fixture_dir() / name).string(); }
 
-struct TmpDir {
-  fs::path path;
-  TmpDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("trex_st_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TmpDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
+using test::TmpDir;
 
 std::string read_bytes(const std::string& p) {
   std::ifstream in(p, std::ios::binary);

@@ -8,18 +8,11 @@
 #include <filesystem>
 #include <string>
 #include <vector>
+#include "tests/unit/test_util.h"
 
 namespace trex::test_tok {
 
-inline std::filesystem::path fixture_dir() {
-  namespace fs = std::filesystem;
-  const fs::path candidates[] = {fs::path(__FILE__).parent_path().parent_path() / "data/tokenizer",
-                                 fs::path("tests/data/tokenizer")};
-  for (const auto& p : candidates)
-    if (fs::exists(p / "corpus.bin.gz")) return p;
-  ADD_FAILURE() << "tokenizer fixtures not found (run from the repository root)";
-  return candidates[1];
-}
+inline std::filesystem::path fixture_dir() { return test::data_dir("tokenizer", "corpus.bin.gz"); }
 inline std::string fixture(const std::string& name) { return (fixture_dir() / name).string(); }
 
 inline std::string read_gz(const std::string& path) {

@@ -24,15 +24,7 @@ using namespace trex::test_tok;
 
 namespace {
 
-struct TmpDir {
-  fs::path path;
-  TmpDir() {
-    static std::atomic<int> n{0};
-    path = fs::temp_directory_path() / ("trex_tok_train_" + std::to_string(getpid()) + "_" + std::to_string(n++));
-    fs::create_directories(path);
-  }
-  ~TmpDir() { fs::remove_all(path); }
-};
+using test::TmpDir;
 
 std::string slurp(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);

@@ -7,6 +7,7 @@
 #include <fstream>
 #include "core/error.h"
 #include "train/loop.h"
+#include "tests/unit/test_util.h"
 
 using namespace trex;
 using namespace trex::train;
@@ -85,36 +86,30 @@ TEST(TrainLoop, ConfigOverridesAndErrors) {
 
 TEST(TrainLoop, CptAndSftLowerTheLoss) {
   for (const char* mode : {"cpt", "sft"}) {
-    fs::path dir = fs::temp_directory_path() / (std::string("trex_loop_") + mode);
-    fs::remove_all(dir);
+    test::TmpDir dir(std::string("trex_loop_") + mode);
     std::string data = write_corpus(std::string("trex_loop_") + mode + ".jsonl", std::string(mode) == "sft");
-    RunConfig r = parse_run_config(base_config(dir.string(), data, mode), "run.toml",
+    RunConfig r = parse_run_config(base_config(dir.str(), data, mode), "run.toml",
                                    {"train.steps=12", std::string("data.seq_len=") + (std::string(mode) == "sft" ? "128" : "48")});
     TrainResult res = run_training(r, bytes_tok());
     EXPECT_EQ(res.steps, 12);
     EXPECT_LT(res.last_loss, res.first_loss) << mode;
     EXPECT_GE(res.last_eval_loss, 0) << mode;
     EXPECT_TRUE(fs::exists(fs::path(res.last_checkpoint) / "model.safetensors"));
-    EXPECT_EQ(losses(dir.string()).size(), 12u);
-    fs::remove_all(dir);
+    EXPECT_EQ(losses(dir.str()).size(), 12u);
   }
 }
 
 TEST(TrainLoop, StopAndResumeReproducesTheStraightRun) {
   std::string data = write_corpus("trex_loop_resume.jsonl", false);
-  fs::path a = fs::temp_directory_path() / "trex_loop_a", b = fs::temp_directory_path() / "trex_loop_b";
-  fs::remove_all(a);
-  fs::remove_all(b);
-  run_training(parse_run_config(base_config(a.string(), data, "cpt"), "run.toml"), bytes_tok());
-  run_training(parse_run_config(base_config(b.string(), data, "cpt"), "run.toml", {"train.steps=3"}), bytes_tok());
-  run_training(parse_run_config(base_config(b.string(), data, "cpt"), "run.toml", {"checkpoint.resume=auto"}),
+  test::TmpDir a("trex_loop_a"), b("trex_loop_b");
+  run_training(parse_run_config(base_config(a.str(), data, "cpt"), "run.toml"), bytes_tok());
+  run_training(parse_run_config(base_config(b.str(), data, "cpt"), "run.toml", {"train.steps=3"}), bytes_tok());
+  run_training(parse_run_config(base_config(b.str(), data, "cpt"), "run.toml", {"checkpoint.resume=auto"}),
                bytes_tok());
-  std::vector<double> la = losses(a.string()), lb = losses(b.string());
+  std::vector<double> la = losses(a.str()), lb = losses(b.str());
   ASSERT_EQ(la.size(), 6u);
   ASSERT_EQ(lb.size(), 6u);
   for (size_t i = 0; i < la.size(); ++i) EXPECT_EQ(la[i], lb[i]) << "step " << i + 1;
-  fs::remove_all(a);
-  fs::remove_all(b);
 }
 
 }  // namespace
