@@ -92,8 +92,7 @@ const std::vector<float>& Decoder::feed(const int32_t* ids, int64_t n) {
       MoeSaved ms;
       moe_forward(ctx, mi, h, t, ms, nullptr);
     } else {
-      MlpW w{{P + lp.mlp_gu, Pb ? Pb + lp.mlp_gu : nullptr}, {P + lp.mlp_down, Pb ? Pb + lp.mlp_down : nullptr},
-             nullptr, nullptr, d, c.intermediate_size};
+      MlpW w = mlp_weights(P, Pb, nullptr, lp.mlp_gu, lp.mlp_down, d, c.intermediate_size);
       MlpSaved ms;
       mlp_forward(ctx, w, h, n, t, 0.f, ms);
     }

@@ -4,6 +4,15 @@
 
 namespace trex::model {
 
+MlpW mlp_weights(const float* P, const bf16* Pb, float* G, int64_t gu_off, int64_t down_off, int64_t d, int64_t F) {
+  return {{P + gu_off, Pb ? Pb + gu_off : nullptr},
+          {P + down_off, Pb ? Pb + down_off : nullptr},
+          G ? G + gu_off : nullptr,
+          G ? G + down_off : nullptr,
+          d,
+          F};
+}
+
 void mlp_forward(const Ctx& c, const MlpW& w, const float* x, int64_t N, float* y, float beta, MlpSaved& s) {
   s.x = x;
   s.gu = c.ws->alloc<float>(N * 2 * w.F);

@@ -19,6 +19,10 @@ struct MlpW {
   int64_t d, F;
 };
 
+// The weights at slab offsets gu_off ([2F, d]) and down_off ([d, F]) of the parameter slab P,
+// its bf16 shadow Pb (or null) and the gradient slab G (or null when no backward follows).
+MlpW mlp_weights(const float* P, const bf16* Pb, float* G, int64_t gu_off, int64_t down_off, int64_t d, int64_t F);
+
 // x: [N, d] -> y: [N, d] (y = beta*y + mlp(x))
 void mlp_forward(const Ctx&, const MlpW&, const float* x, int64_t N, float* y, float beta, MlpSaved& s);
 // dy: [N, d] -> dx: [N, d] (overwrite, or += when dx_accum)

@@ -172,8 +172,7 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward) {
       ProfScope ps(prof, "fwd.moe");
       out.aux += moe_forward(c, mi, s.n2, h_out, s.moe, load_[l].data());
     } else {
-      MlpW w{{P + lp.mlp_gu, Pb ? Pb + lp.mlp_gu : nullptr}, {P + lp.mlp_down, Pb ? Pb + lp.mlp_down : nullptr},
-             G + lp.mlp_gu, G + lp.mlp_down, d, cfg.intermediate_size};
+      MlpW w = mlp_weights(P, Pb, G, lp.mlp_gu, lp.mlp_down, d, cfg.intermediate_size);
       ProfScope ps(prof, "fwd.mlp");
       mlp_forward(c, w, s.n2, N, h_out, 0.f, s.mlp);
     }
@@ -226,8 +225,7 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward) {
       ProfScope ps(prof, "bwd.moe");
       moe_backward(c, mi, s.moe, dx, tmp);
     } else {
-      MlpW w{{P + lp.mlp_gu, Pb ? Pb + lp.mlp_gu : nullptr}, {P + lp.mlp_down, Pb ? Pb + lp.mlp_down : nullptr},
-             G + lp.mlp_gu, G + lp.mlp_down, d, cfg.intermediate_size};
+      MlpW w = mlp_weights(P, Pb, G, lp.mlp_gu, lp.mlp_down, d, cfg.intermediate_size);
       ProfScope ps(prof, "bwd.mlp");
       mlp_backward(c, w, s.mlp, N, dx, tmp, false);
     }

@@ -11,14 +11,8 @@ namespace trex::model {
 namespace {
 
 MlpW shared_w(const MoeIn& in) {
-  const LayerParams& p = *in.p;
-  const int64_t d = in.cfg->hidden_size;
-  return {{in.P + p.sh_gu, in.Pb ? in.Pb + p.sh_gu : nullptr},
-          {in.P + p.sh_down, in.Pb ? in.Pb + p.sh_down : nullptr},
-          in.G + p.sh_gu,
-          in.G + p.sh_down,
-          d,
-          in.cfg->shared_intermediate()};
+  return mlp_weights(in.P, in.Pb, in.G, in.p->sh_gu, in.p->sh_down, in.cfg->hidden_size,
+                     in.cfg->shared_intermediate());
 }
 
 // One grouped GEMM over the experts with rows: make(e, r0, M) builds expert e's group for its

@@ -28,17 +28,20 @@ StepStats trainer_step(model::Model& m, AdamW& opt, const std::vector<model::Bat
                        Profiler* prof) {
   const double t0 = now_ms();
   StepStats st;
+  std::vector<int64_t> valid(micro.size(), 0);
   int64_t total_valid = 0;
-  for (const auto& b : micro)
-    for (int64_t i = 0; i < b.B * b.T; ++i) total_valid += b.targets[i] != -100;
+  for (size_t k = 0; k < micro.size(); ++k) {
+    for (int64_t i = 0; i < micro[k].B * micro[k].T; ++i) valid[k] += micro[k].targets[i] != -100;
+    total_valid += valid[k];
+  }
   {
     ProfScope ps(prof, "step.zero_grads");
     m.zero_grads();
   }
   m.reset_load();
-  for (const auto& b : micro) {
-    int64_t nv = 0;
-    for (int64_t i = 0; i < b.B * b.T; ++i) nv += b.targets[i] != -100;
+  for (size_t k = 0; k < micro.size(); ++k) {
+    const model::Batch& b = micro[k];
+    const int64_t nv = valid[k];
     // The model scales its CE gradient by 1/nv; weight each micro-batch by nv/total_valid.
     // The aux loss is averaged over micro-batches.
     float w = total_valid ? (float)nv / (float)total_valid : 1.f / micro.size();
