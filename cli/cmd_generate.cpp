@@ -48,22 +48,13 @@ void add_generate(CLI::App& app) {
     model::Model m(cfg, train::parse_precision(o->precision, "--precision"));
     model::load_hf_weights(m, o->model);
     io::Tokenizer tok = io::Tokenizer::load(o->tokenizer.empty() ? o->model : o->tokenizer);
-    const int32_t eos = find_eos(tok, "", "tokenizer");
     train::ChatTemplate tmpl = train::ChatTemplate::by_name(o->tmpl);
     auto encode_prompt = [&](const std::string& p) {
-      if (!o->chat) return tok.encode(p, true);
-      std::vector<int32_t> ids;
-      for (const std::string& piece : {tmpl.bos, tmpl.user, p, tmpl.name == "chatml" ? tmpl.eos + "\n" : "",
-                                       tmpl.assistant}) {
-        std::vector<int32_t> e = tok.encode(piece, false);
-        ids.insert(ids.end(), e.begin(), e.end());
-      }
-      return ids;
+      return o->chat ? chat_prompt_ids(tok, tmpl, p) : tok.encode(p, true);
     };
     auto decode = [&](const std::vector<int32_t>& t) { return tok.decode(t, true); };
     model::SampleParams sp{o->temperature, o->top_p, o->max_tokens, o->seed, o->stop};
-    std::vector<int32_t> eos_ids = {eos};
-    if (int32_t e2 = tok.token_to_id(tmpl.eos); e2 >= 0 && e2 != eos) eos_ids.push_back(e2);
+    const std::vector<int32_t> eos_ids = stop_ids(tok, tmpl);
     auto run = [&](const std::string& p) {
       std::vector<int32_t> ids = encode_prompt(p);
       model::Decoder dec(m, (int64_t)ids.size() + o->max_tokens);

@@ -112,16 +112,10 @@ class ModelSource final : public orx::OutputSource {
         tmpl_(train::ChatTemplate::by_name(tmpl)),
         max_tokens_(max_tokens) {
     model::load_hf_weights(m_, dir);
-    eos_ = {find_eos(tok_, "", "tokenizer")};
-    if (int32_t e = tok_.token_to_id(tmpl_.eos); e >= 0 && e != eos_[0]) eos_.push_back(e);
+    eos_ = stop_ids(tok_, tmpl_);
   }
   std::string output(const orx::Problem& p, size_t) override {
-    std::vector<int32_t> ids;
-    for (const std::string& piece : {tmpl_.bos, tmpl_.user, orx::eval_prompt(p.question),
-                                     tmpl_.name == "chatml" ? tmpl_.eos + "\n" : std::string(), tmpl_.assistant}) {
-      std::vector<int32_t> e = tok_.encode(piece, false);
-      ids.insert(ids.end(), e.begin(), e.end());
-    }
+    const std::vector<int32_t> ids = chat_prompt_ids(tok_, tmpl_, orx::eval_prompt(p.question));
     model::Decoder dec(m_, (int64_t)ids.size() + max_tokens_);
     model::SampleParams sp;
     sp.max_tokens = max_tokens_;

@@ -22,6 +22,21 @@ inline int32_t find_eos(const io::Tokenizer& tok, const std::string& wanted, con
   TREX_USER_FAIL("set data.eos_token", where, ": the tokenizer has none of the usual end-of-text tokens");
 }
 
+// Tokens that end a generated reply: the tokenizer's end-of-text token and the template's end of
+// turn when that is a different token.
+inline std::vector<int32_t> stop_ids(const io::Tokenizer& tok, const train::ChatTemplate& t) {
+  std::vector<int32_t> ids = {find_eos(tok, "", "tokenizer")};
+  if (int32_t e = tok.token_to_id(t.eos); e >= 0 && e != ids[0]) ids.push_back(e);
+  return ids;
+}
+
+// A user turn wrapped in the chat template, ready for generation.
+inline std::vector<int32_t> chat_prompt_ids(const io::Tokenizer& tok, const train::ChatTemplate& t,
+                                            const std::string& user) {
+  return train::render_generation_prompt({{"user", user}}, t,
+                                         [&tok](std::string_view s) { return tok.encode(s, false); });
+}
+
 inline train::TokenizerFns tokenizer_fns(const io::Tokenizer& tok, const std::string& eos, const std::string& where) {
   train::TokenizerFns f;
   f.encode = [&tok](std::string_view s) { return tok.encode(s, false); };

@@ -107,6 +107,14 @@ Sample render_chat(const std::vector<Message>& msgs, const ChatTemplate& t, cons
   return s;
 }
 
+std::vector<int32_t> render_generation_prompt(const std::vector<Message>& msgs, const ChatTemplate& t,
+                                              const EncodeFn& encode) {
+  std::vector<int32_t> ids = render_chat(msgs, t, encode, false).ids;
+  std::vector<int32_t> head = encode(t.assistant);
+  ids.insert(ids.end(), head.begin(), head.end());
+  return ids;
+}
+
 Sample cpt_document(std::string_view text, const EncodeFn& encode, int32_t eos_id) {
   Sample s;
   s.ids = encode(text);

@@ -56,6 +56,11 @@ bool parse_sft_line(std::string_view line, const std::string& where, std::vector
 Sample render_chat(const std::vector<Message>& msgs, const ChatTemplate& t, const EncodeFn& encode,
                    bool train_on_prompt);
 
+// Ids of a prompt for generation: the messages as render_chat writes them, then the assistant
+// header, so the model continues with the reply (the training-time layout of the same turns).
+std::vector<int32_t> render_generation_prompt(const std::vector<Message>& msgs, const ChatTemplate& t,
+                                              const EncodeFn& encode);
+
 // ---- CPT -------------------------------------------------------------------------------
 // Text -> one document: its tokens + EOS, every token a target.
 Sample cpt_document(std::string_view text, const EncodeFn& encode, int32_t eos_id);

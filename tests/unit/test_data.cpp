@@ -41,6 +41,9 @@ TEST(Data, ChatTargetsAreAssistantTokensOnly) {
   std::vector<uint8_t> loss = {0, 0, 0, 0, 0, 1, 1, 1};
   EXPECT_EQ(s.ids, ids);
   EXPECT_EQ(s.loss, loss);
+  // The generation prompt for the user turn is the sample up to and including the assistant tag.
+  std::vector<int32_t> prompt = render_generation_prompt({msgs[0]}, ChatTemplate::by_name("deepseek"), toy_encode);
+  EXPECT_EQ(prompt, std::vector<int32_t>(ids.begin(), ids.begin() + 5));
   Sample all = render_chat(msgs, ChatTemplate::by_name("deepseek"), toy_encode, true);
   EXPECT_EQ(std::count(all.loss.begin(), all.loss.end(), 1), 7);  // all but the first token
 }
