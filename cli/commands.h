@@ -11,5 +11,6 @@ void add_plan(CLI::App& app);  // cli/cmd_plan.cpp: trex plan
 void add_train(CLI::App& app);
 void add_generate(CLI::App& app);
 void add_plot(CLI::App& app);
+void add_convert(CLI::App& app);
 void add_tokenizer(CLI::App& app);  // cli/cmd_tokenizer.cpp: trex tokenizer train
 }  // namespace trex::cli

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   trex::cli::add_train(app);
   trex::cli::add_generate(app);
   trex::cli::add_plot(app);
+  trex::cli::add_convert(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

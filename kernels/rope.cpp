@@ -66,6 +66,7 @@ void rope_inv_freq(const RopeParams& p, double* inv_freq) {
 double rope_attention_factor(const RopeParams& p) {
   check_params(p);
   if (!p.yarn) return 1.0;
+  if (p.attention_factor > 0) return p.attention_factor;
   // `if mscale and mscale_all_dim` in transformers: both must be non-zero.
   if (p.mscale != 0 && p.mscale_all_dim != 0)
     return get_mscale(p.factor, p.mscale) / get_mscale(p.factor, p.mscale_all_dim);

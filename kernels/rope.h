@@ -20,6 +20,7 @@ struct RopeParams {
   double factor = 1, beta_fast = 32, beta_slow = 1, mscale = 1, mscale_all_dim = 0;
   int64_t original_max_pos = 4096;
   bool truncate = true;
+  double attention_factor = -1;  // YaRN: > 0 overrides the factor derived from mscale (HF "attention_factor")
 };
 
 // -> inv_freq: [dim/2] (double; HF keeps it as an f32 buffer)

@@ -1,6 +1,7 @@
 #include "model/checkpoint.h"
 
 #include <filesystem>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -21,6 +22,10 @@ int64_t layer_of(const std::string& name) {
   return std::atoll(name.c_str() + pre.size());
 }
 
+}  // namespace
+
+namespace detail {
+
 // Reads one weight (plain F32/BF16/F16/F64, or FP8/FP4 with its block scales, dequantized).
 void read_tensor(const io::SafetensorsDir& ck, const io::QuantizedTensorReader& q, const std::string& name,
                  const Shape& want, float* dst) {
@@ -34,16 +39,45 @@ void read_tensor(const io::SafetensorsDir& ck, const io::QuantizedTensorReader& 
   q.read_f32(name, dst, want.numel());
 }
 
-}  // namespace
+// An integer id table (tid2eid [vocab, K], I64 or I32) into f32 buffer slots; every id must be
+// an expert index.
+void read_id_table(const io::SafetensorsDir& ck, const BufferEntry& b, int64_t n_experts, float* dst) {
+  const io::SafetensorsFile* f = nullptr;
+  const io::TensorInfo* t = ck.find(b.name, &f);
+  const Shape want{b.size / b.cols, b.cols};
+  TREX_USER_CHECK(t->dtype == DType::I64 || t->dtype == DType::I32, "store the hash routing table as int64",
+                  f->path(), ": tensor '", b.name, "' has dtype ", dtype_name(t->dtype), ", expected I64 or I32");
+  TREX_USER_CHECK(t->shape == want, "the checkpoint must match config.json", f->path(), ": tensor '", b.name,
+                  "' has shape ", t->shape.str(), ", config.json implies ", want.str());
+  const char* p = static_cast<const char*>(f->data(*t));
+  for (int64_t i = 0; i < b.size; ++i) {
+    int64_t v;
+    if (t->dtype == DType::I64) std::memcpy(&v, p + 8 * i, 8);
+    else { int32_t w; std::memcpy(&w, p + 4 * i, 4); v = w; }
+    TREX_USER_CHECK(v >= 0 && v < n_experts, "hash routing ids must be expert indices", f->path(), ": ", b.name,
+                    "[", i / b.cols, "][", i % b.cols, "] = ", v, " is outside [0, ", n_experts, ")");
+    dst[i] = (float)v;
+  }
+}
 
-void load_hf_weights(Model& m, const std::string& dir) {
-  io::SafetensorsDir ck = io::SafetensorsDir::open(dir);
+io::QuantConfig quant_config_of(const std::string& dir) {
   io::QuantConfig qc;
   if (fs::exists(dir + "/config.json")) {
     std::ifstream cf(dir + "/config.json");
     nlohmann::json cj = nlohmann::json::parse(cf, nullptr, false);
     if (cj.is_object()) qc = io::QuantConfig::from_hf_config(cj, dir + "/config.json");
   }
+  return qc;
+}
+
+}  // namespace detail
+
+using namespace detail;
+
+void load_hf_weights(Model& m, const std::string& dir) {
+  io::SafetensorsDir ck = io::SafetensorsDir::open(dir);
+  if (m.cfg.is_v4() && ck.find("embed.weight")) return load_v4_original(m, dir);
+  io::QuantConfig qc = quant_config_of(dir);
   io::QuantizedTensorReader q(ck, qc);
   std::set<std::string> used;
   for (const ParamEntry& e : m.layout.entries) {
@@ -51,7 +85,13 @@ void load_hf_weights(Model& m, const std::string& dir) {
     used.insert(e.name);
   }
   for (const BufferEntry& b : m.layout.buffers) {
-    if (ck.find(b.name)) {
+    if (ck.find(b.name) && b.cols > 0) {
+      read_id_table(ck, b, m.cfg.n_routed_experts, m.buffers.data() + b.offset);
+      used.insert(b.name);
+    } else if (b.cols > 0) {
+      TREX_USER_FAIL("a DeepSeek-V4 checkpoint holds the hash routing table of each hash_moe layer", dir, ": '",
+                     b.name, "' is missing");
+    } else if (ck.find(b.name)) {
       read_tensor(ck, q, b.name, Shape{b.size}, m.buffers.data() + b.offset);
       used.insert(b.name);
     } else {
@@ -63,7 +103,7 @@ void load_hf_weights(Model& m, const std::string& dir) {
     if (used.count(n)) continue;
     if (m.cfg.tie_word_embeddings && n == "lm_head.weight") continue;
     if (q.is_scale(n)) continue;  // block scales of quantized weights, consumed above
-    if (layer_of(n) >= m.cfg.num_hidden_layers) {
+    if (layer_of(n) >= m.cfg.num_hidden_layers || n.rfind("mtp.", 0) == 0 || n.rfind("model.mtp.", 0) == 0) {
       ++skipped_mtp;
       continue;
     }
@@ -77,6 +117,7 @@ void load_hf_weights(Model& m, const std::string& dir) {
 }
 
 std::string config_to_json(const ModelConfig& c) {
+  if (c.is_v4()) return config_to_json_v4(c);
   nlohmann::ordered_json j;
   j["architectures"] = {"DeepseekV3ForCausalLM"};
   j["model_type"] = "deepseek_v3";
@@ -144,8 +185,16 @@ void save_hf_checkpoint(const Model& m, const std::string& dir, DType dtype, uin
       ts.push_back({e.name, DType::F32, e.shape, src});
     }
   }
-  for (const BufferEntry& b : m.layout.buffers)
-    ts.push_back({b.name, DType::F32, Shape{b.size}, m.buffers.data() + b.offset});
+  std::vector<std::vector<int64_t>> ids;
+  ids.reserve(m.layout.buffers.size());
+  for (const BufferEntry& b : m.layout.buffers) {
+    if (b.cols > 0) {  // integer id table, as HF stores it (int64)
+      ids.emplace_back(m.buffers.begin() + b.offset, m.buffers.begin() + b.offset + b.size);
+      ts.push_back({b.name, DType::I64, Shape{b.size / b.cols, b.cols}, ids.back().data()});
+    } else {
+      ts.push_back({b.name, DType::F32, Shape{b.size}, m.buffers.data() + b.offset});
+    }
+  }
   io::write_safetensors_dir(dir, ts, max_shard_bytes);
   const std::string cfg = dir + "/config.json";
   std::ofstream f(cfg + ".tmp");

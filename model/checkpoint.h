@@ -5,9 +5,18 @@
 // quantization_config) are dequantized on load (io/quant.h).
 #pragma once
 #include <string>
+#include "io/quant.h"
+#include "io/safetensors.h"
 #include "model/model.h"
 
 namespace trex::model {
+
+namespace detail {  // shared by the V3 / HF and the V4 original-layout loaders
+void read_tensor(const io::SafetensorsDir& ck, const io::QuantizedTensorReader& q, const std::string& name,
+                 const Shape& want, float* dst);
+void read_id_table(const io::SafetensorsDir& ck, const BufferEntry& b, int64_t n_experts, float* dst);
+io::QuantConfig quant_config_of(const std::string& dir);  // config.json's quantization_config
+}  // namespace detail
 
 // Reads weights (and router biases) from a checkpoint directory into the model.
 void load_hf_weights(Model& m, const std::string& dir);
@@ -19,5 +28,18 @@ void save_hf_checkpoint(const Model& m, const std::string& dir, DType dtype = DT
 void save_gradients(const Model& m, const std::string& path);
 // The config as a Hugging Face config.json object (string).
 std::string config_to_json(const ModelConfig& c);
+
+// DeepSeek-V4 original release layout (model/checkpoint_v4.cpp): `embed.weight`, `head.weight`,
+// `layers.N.attn.*`, `layers.N.ffn.*` (experts one tensor per expert: w1 gate, w3 up, w2 down),
+// `hc_head_*`; FP8 e4m3 + ue8m0 128x128 scales and FP4 e2m1 experts (ue8m0 per 32) dequantized
+// on load. Names mirror transformers' conversion_mapping "deepseek_v4" renames.
+std::string config_to_json_v4(const ModelConfig& c);
+std::string v4_original_name(const std::string& hf_name);  // non-expert tensors and buffers
+std::string v4_hf_name(const std::string& original_name);  // transformers' renames, in order
+void load_v4_original(Model& m, const std::string& dir);   // load_hf_weights calls it when it sees embed.weight
+// quantize: FP8 (e4m3, ue8m0 128x128) for the attention / indexer-query / shared-expert matrices
+// and FP4 (e2m1, ue8m0 per 32) for routed experts, as the release ships them; others in dtype.
+void save_v4_original(const Model& m, const std::string& dir, DType dtype, bool quantize,
+                      uint64_t max_shard_bytes = 5ull << 30);
 
 }  // namespace trex::model

@@ -4,84 +4,56 @@
 #include <nlohmann/json.hpp>
 #include "core/error.h"
 #include "core/log.h"
+#include "model/config_reader.h"
 
 namespace trex::model {
 
 using nlohmann::json;
+using namespace cfgread;
+
+void parse_rope_block(const json& rs, const std::string& where, const std::string& field, RopeScaling& y,
+                      double* theta) {
+  if (rs.contains("rope_theta") && !rs["rope_theta"].is_null()) {
+    TREX_USER_CHECK(rs["rope_theta"].is_number(), kFixHint, where, ": ", field, ".rope_theta must be a number");
+    *theta = rs["rope_theta"].get<double>();
+  }
+  std::string type = "default";
+  if (rs.contains("rope_type") && rs["rope_type"].is_string()) type = rs["rope_type"];
+  else if (rs.contains("type") && rs["type"].is_string()) type = rs["type"];
+  if (type == "default") return;
+  TREX_USER_CHECK(type == "yarn", "use rope_type \"yarn\" or \"default\" (DeepSeek uses yarn)", where, ": ",
+                  field, " type '", type, "' is not supported");
+  Reader r{rs, where};
+  y.yarn = true;
+  y.factor = r.f64("factor", 1.0, true);
+  TREX_USER_CHECK(y.factor >= 1.0, kFixHint, where, ": ", field, ".factor must be >= 1, got ", y.factor);
+  y.beta_fast = r.f64("beta_fast", 32.0);
+  y.beta_slow = r.f64("beta_slow", 1.0);
+  y.mscale = r.f64("mscale", 1.0);
+  y.mscale_all_dim = r.f64("mscale_all_dim", 0.0);
+  y.original_max_position_embeddings = r.i64("original_max_position_embeddings", y.original_max_position_embeddings,
+                                             false, 1);
+  y.truncate = r.boolean("truncate", true);
+  if (r.has("attention_factor")) {
+    y.attention_factor = r.f64("attention_factor", -1.0);
+    TREX_USER_CHECK(y.attention_factor > 0, kFixHint, where, ": ", field, ".attention_factor must be > 0");
+  }
+}
 
 namespace {
-
-const char* kFixHint = "fix the value in the model config (Hugging Face config.json keys)";
-
-struct Reader {
-  const json& j;
-  const std::string& where;
-
-  bool has(const char* k) const { return j.contains(k) && !j[k].is_null(); }
-
-  int64_t i64(const char* k, int64_t def, bool required = false, int64_t min = 0) const {
-    if (!has(k)) {
-      TREX_USER_CHECK(!required, kFixHint, where, ": required field '", k, "' is missing");
-      return def;
-    }
-    const json& v = j[k];
-    TREX_USER_CHECK(v.is_number_integer() || (v.is_number_float() && v.get<double>() == (int64_t)v.get<double>()),
-                    kFixHint, where, ": field '", k, "' must be an integer, got ", v.dump());
-    int64_t x = v.is_number_integer() ? v.get<int64_t>() : (int64_t)v.get<double>();
-    TREX_USER_CHECK(x >= min, kFixHint, where, ": field '", k, "' must be >= ", min, ", got ", x);
-    return x;
-  }
-  double f64(const char* k, double def, bool required = false) const {
-    if (!has(k)) {
-      TREX_USER_CHECK(!required, kFixHint, where, ": required field '", k, "' is missing");
-      return def;
-    }
-    TREX_USER_CHECK(j[k].is_number(), kFixHint, where, ": field '", k, "' must be a number, got ", j[k].dump());
-    return j[k].get<double>();
-  }
-  bool boolean(const char* k, bool def) const {
-    if (!has(k)) return def;
-    TREX_USER_CHECK(j[k].is_boolean(), kFixHint, where, ": field '", k, "' must be true or false, got ", j[k].dump());
-    return j[k].get<bool>();
-  }
-  std::string str(const char* k, const std::string& def) const {
-    if (!has(k)) return def;
-    TREX_USER_CHECK(j[k].is_string(), kFixHint, where, ": field '", k, "' must be a string, got ", j[k].dump());
-    return j[k].get<std::string>();
-  }
-};
 
 void parse_rope(const json& j, const std::string& where, ModelConfig& c) {
   // transformers >= 5 writes rope_parameters {rope_type, rope_theta, factor, ...}; DeepSeek's
   // own checkpoints write rope_theta and rope_scaling {type|rope_type, factor, ...}.
   const json* rs = nullptr;
+  const char* field = "rope_parameters";
   if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) rs = &j["rope_parameters"];
-  else if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) rs = &j["rope_scaling"];
-  if (rs && rs->contains("rope_theta")) {
-    TREX_USER_CHECK((*rs)["rope_theta"].is_number(), kFixHint, where, ": rope_theta must be a number");
-    c.rope_theta = (*rs)["rope_theta"].get<double>();
-  }
+  else if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) rs = &j["rope_scaling"], field = "rope_scaling";
   if (!rs) return;
-  std::string type = "default";
-  if (rs->contains("rope_type") && (*rs)["rope_type"].is_string()) type = (*rs)["rope_type"];
-  else if (rs->contains("type") && (*rs)["type"].is_string()) type = (*rs)["type"];
-  if (type == "default") return;
-  TREX_USER_CHECK(type == "yarn", "use rope_type \"yarn\" or \"default\" (DeepSeek-V3 uses yarn)", where,
-                  ": rope scaling type '", type, "' is not supported");
-  Reader r{*rs, where};
-  RopeScaling& y = c.rope_scaling;
-  y.yarn = true;
-  y.factor = r.f64("factor", 1.0, true);
-  TREX_USER_CHECK(y.factor >= 1.0, kFixHint, where, ": rope_scaling.factor must be >= 1, got ", y.factor);
-  y.beta_fast = r.f64("beta_fast", 32.0);
-  y.beta_slow = r.f64("beta_slow", 1.0);
-  y.mscale = r.f64("mscale", 1.0);
-  y.mscale_all_dim = r.f64("mscale_all_dim", 0.0);
-  y.original_max_position_embeddings =
-      r.i64("original_max_position_embeddings", c.max_position_embeddings, false, 1);
-  y.truncate = r.boolean("truncate", true);
-  TREX_USER_CHECK(!r.has("attention_factor"), "remove rope_scaling.attention_factor", where,
-                  ": rope_scaling.attention_factor is not supported (DeepSeek uses mscale / mscale_all_dim)");
+  c.rope_scaling.original_max_position_embeddings = c.max_position_embeddings;
+  parse_rope_block(*rs, where, field, c.rope_scaling, &c.rope_theta);
+  TREX_USER_CHECK(c.rope_scaling.attention_factor < 0, "remove rope_scaling.attention_factor", where,
+                  ": rope_scaling.attention_factor is not supported for DeepSeek-V3 (it uses mscale / mscale_all_dim)");
 }
 
 }  // namespace
@@ -91,8 +63,9 @@ ModelConfig parse_config(const json& j, const std::string& where) {
   Reader r{j, where};
   ModelConfig c;
   c.model_type = r.str("model_type", "deepseek_v3");
+  if (c.model_type == "deepseek_v4") return parse_config_v4(j, where);
   TREX_USER_CHECK(c.model_type == "deepseek_v3" || c.model_type == "kimi_k2",
-                  "this build trains model_type deepseek_v3 (also R1, V3.1, Kimi-K2, Moonlight)", where,
+                  "this build trains model_type deepseek_v3 (also R1, V3.1, Kimi-K2, Moonlight) and deepseek_v4", where,
                   ": model_type '", c.model_type, "' is not supported");
   c.vocab_size = r.i64("vocab_size", 0, true, 1);
   c.hidden_size = r.i64("hidden_size", 0, true, 1);
@@ -180,6 +153,7 @@ ModelConfig load_config_json(const std::string& path) {
 }
 
 int64_t ModelConfig::num_params() const {
+  if (is_v4()) return v4_num_params(*this, false);
   const int64_t d = hidden_size, H = num_attention_heads;
   int64_t attn = (q_lora_rank ? d * q_lora_rank + q_lora_rank + q_lora_rank * H * qk_head_dim()
                               : d * H * qk_head_dim()) +
@@ -198,6 +172,7 @@ int64_t ModelConfig::num_params() const {
 }
 
 int64_t ModelConfig::num_active_params() const {
+  if (is_v4()) return v4_num_params(*this, true);
   const int64_t d = hidden_size, H = num_attention_heads;
   int64_t attn = (q_lora_rank ? d * q_lora_rank + q_lora_rank * H * qk_head_dim() : d * H * qk_head_dim()) +
                  d * (kv_lora_rank + qk_rope_head_dim) + kv_lora_rank * H * (qk_nope_head_dim + v_head_dim) +
@@ -215,13 +190,16 @@ int64_t ModelConfig::num_active_params() const {
 }
 
 double ModelConfig::train_flops_per_token(int64_t T) const {
+  if (is_v4()) return 6.0 * static_cast<double>(num_active_params()) + v4_attn_flops_per_token(*this, T);
   // Causal attention: per token on average (T+1)/2 keys; QK^T and PV: 2*H*(dqk+dv) FLOPs per
   // key forward, x3 for forward + backward.
   double attn = 6.0 * num_attention_heads * (qk_head_dim() + v_head_dim) * ((T + 1) / 2.0) * num_hidden_layers;
   return 6.0 * static_cast<double>(num_active_params()) + attn;
 }
 
-std::string scoring_name(ScoringFunc s) { return s == ScoringFunc::Sigmoid ? "sigmoid" : "softmax"; }
+std::string scoring_name(ScoringFunc s) {
+  return s == ScoringFunc::Sigmoid ? "sigmoid" : s == ScoringFunc::Softmax ? "softmax" : "sqrtsoftplus";
+}
 std::string topk_method_name(TopkMethod t) {
   switch (t) {
     case TopkMethod::NoauxTc: return "noaux_tc";

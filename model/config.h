@@ -4,11 +4,12 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 #include <nlohmann/json_fwd.hpp>
 
 namespace trex::model {
 
-enum class ScoringFunc { Sigmoid, Softmax };
+enum class ScoringFunc { Sigmoid, Softmax, SqrtSoftplus };
 enum class TopkMethod { NoauxTc, Greedy, GroupLimitedGreedy };
 
 struct RopeScaling {
@@ -16,6 +17,27 @@ struct RopeScaling {
   double factor = 1.0, beta_fast = 32.0, beta_slow = 1.0, mscale = 1.0, mscale_all_dim = 0.0;
   int64_t original_max_position_embeddings = 4096;
   bool truncate = true;
+  double attention_factor = -1;  // > 0: given explicitly (cos/sin factor); else derived from mscale
+};
+
+// DeepSeek-V4 attention kinds per layer (HF layer_types; original compress_ratios 0 / 4 / 128).
+enum class AttnKind { Sliding, CSA, HCA };
+
+// The DeepSeek-V4 part of a config (model_type "deepseek_v4"; HF DeepseekV4Config names).
+struct V4Config {
+  int64_t head_dim = 0;                   // q / kv head dim (one shared KV head: K = V)
+  int64_t o_groups = 0, o_lora_rank = 0;  // grouped low-rank output projection
+  int64_t sliding_window = 0;             // keys t-W+1 .. t
+  int64_t csa_rate = 4, hca_rate = 128;   // compress_rates
+  int64_t index_n_heads = 0, index_head_dim = 0, index_topk = 0;
+  double compress_rope_theta = 160000.0;
+  RopeScaling compress_rope;              // YaRN of the compressed layers (attention_factor 1)
+  int64_t hc_mult = 1, hc_sinkhorn_iters = 1;
+  double hc_eps = 1e-6;
+  double swiglu_limit = 0;                // 0 = no clamp
+  std::vector<AttnKind> attn;             // [num_hidden_layers]
+  std::vector<char> hash;                 // [num_hidden_layers] 1 = hash_moe (tid2eid routing)
+  int64_t rate(int64_t l) const { return attn[l] == AttnKind::CSA ? csa_rate : attn[l] == AttnKind::HCA ? hca_rate : 0; }
 };
 
 struct ModelConfig {
@@ -38,10 +60,12 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   int64_t max_position_embeddings = 4096;
   double initializer_range = 0.02;
-  int64_t num_nextn_predict_layers = 0;  // MTP weights in V3 checkpoints are skipped on load
+  int64_t num_nextn_predict_layers = 0;  // MTP weights are skipped on load (not trained yet)
+  V4Config v4;                           // used when is_v4()
 
   // Derived.
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  bool is_v4() const { return model_type == "deepseek_v4"; }
   bool is_moe_layer(int64_t l) const { return n_routed_experts > 0 && l >= first_k_dense_replace; }
   int64_t shared_intermediate() const { return moe_intermediate_size * n_shared_experts; }
 
@@ -55,8 +79,16 @@ struct ModelConfig {
 
 // Parses a config object; `where` names the source (file path) in error messages.
 ModelConfig parse_config(const nlohmann::json& j, const std::string& where);
+ModelConfig parse_config_v4(const nlohmann::json& j, const std::string& where);  // model/config_v4.cpp
+// One rope_parameters / rope_scaling block (rope_type default or yarn) into y and *theta.
+void parse_rope_block(const nlohmann::json& rs, const std::string& where, const std::string& field, RopeScaling& y,
+                      double* theta);
 ModelConfig load_config_json(const std::string& path);
 std::string scoring_name(ScoringFunc);
+// DeepSeek-V4 counts (model/config_v4.cpp): parameters (all, or active per token), and the
+// attention + indexer training FLOPs per token for sequences of T tokens.
+int64_t v4_num_params(const ModelConfig& c, bool active);
+double v4_attn_flops_per_token(const ModelConfig& c, int64_t T);
 std::string topk_method_name(TopkMethod);
 
 }  // namespace trex::model

@@ -16,6 +16,8 @@ namespace trex::model {
 
 Decoder::Decoder(Model& m, int64_t max_len) : m_(m), max_len_(max_len) {
   TREX_USER_CHECK(max_len > 0, "use a positive length", "generation length ", max_len, " must be > 0");
+  TREX_USER_CHECK(!m.cfg.is_v4(), "generate with a DeepSeek-V3-family model", "generation with a KV cache is not "
+                  "implemented for DeepSeek-V4 yet (training, trex grad and evaluation losses are)");
   const ModelConfig& c = m.cfg;
   const int64_t H = c.num_attention_heads;
   K_.assign(c.num_hidden_layers, std::vector<float>(max_len * H * c.qk_head_dim()));

@@ -18,7 +18,7 @@ void mlp_forward(const Ctx& c, const MlpW& w, const float* x, int64_t N, float* 
   s.gu = c.ws->alloc<float>(N * 2 * w.F);
   s.h = c.ws->alloc<float>(N * w.F);
   linear_fwd(c, x, N, w.d, w.gu, 2 * w.F, s.gu);
-  kern::swiglu_fwd(s.gu, N, w.F, 0.f, s.h);
+  kern::swiglu_fwd(s.gu, N, w.F, w.limit, s.h);
   linear_fwd(c, s.h, N, w.F, w.down, w.d, y, beta);
 }
 
@@ -28,7 +28,7 @@ void mlp_backward(const Ctx& c, const MlpW& w, const MlpSaved& s, int64_t N, con
   float* dh = c.ws->alloc<float>(N * w.F);
   linear_bwd(c, dy, s.h, N, w.F, w.down, w.d, dh, false, w.ddown);
   float* dgu = c.ws->alloc<float>(N * 2 * w.F);
-  kern::swiglu_bwd(dh, s.gu, N, w.F, 0.f, dgu);
+  kern::swiglu_bwd(dh, s.gu, N, w.F, w.limit, dgu);
   linear_bwd(c, dgu, s.x, N, w.d, w.gu, 2 * w.F, dx, dx_accum, w.dgu);
   c.ws->release(m);
 }

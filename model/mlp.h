@@ -17,6 +17,7 @@ struct MlpW {
   W gu, down;          // [2F, d], [d, F]
   float *dgu, *ddown;  // gradient slots
   int64_t d, F;
+  float limit = 0.f;   // SwiGLU clamp (DeepSeek-V4 swiglu_limit); 0 = none
 };
 
 // The weights at slab offsets gu_off ([2F, d]) and down_off ([d, F]) of the parameter slab P,

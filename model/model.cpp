@@ -54,6 +54,7 @@ Model::Model(const ModelConfig& c, kern::Prec p, TrainOptions o)
   if (prec == kern::Prec::BF16) params_bf16.resize(layout.total);
   buffers.assign(layout.buffers_total, 0.f);
   load_.assign(cfg.num_hidden_layers, std::vector<int64_t>(cfg.n_routed_experts, 0));
+  if (cfg.is_v4()) return;  // V4 builds its two RoPE tables per batch length (v4_tables)
   // RoPE tables up to max_position_embeddings (grown on demand for longer sequences).
   const int64_t half = cfg.qk_rope_head_dim / 2;
   const int64_t maxp = cfg.max_position_embeddings;
@@ -80,6 +81,7 @@ void Model::reset_load() {
 }
 
 void Model::init_random(uint64_t seed) {
+  if (cfg.is_v4()) return init_random_v4(seed);
   Rng rng(seed);
   float* p = P();
   for (const ParamEntry& e : layout.entries) {
@@ -120,6 +122,7 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward) {
                     "labels must be -100 or in [0, vocab_size)", "label for position [", i / T, "][", i % T,
                     "] = ", b.targets[i], " is outside the vocabulary (", V, ")");
   }
+  if (cfg.is_v4()) return run_v4(b, grad_scale, backward);
   acts.reset();
   Ctx c{prec, &acts, prof};
   float* P = this->P();

@@ -1,4 +1,4 @@
-// A DeepSeek-V3-family causal LM on one rank: parameter / gradient / bf16-shadow slabs, the
+// A DeepSeek-V3-family (or DeepSeek-V4, model/model_v4.cpp) causal LM on one rank: parameter / gradient / bf16-shadow slabs, the
 // activation arena, and the training step's forward and backward (embedding -> L x [RMSNorm,
 // MLA, residual, RMSNorm, dense MLP or MoE, residual] -> RMSNorm -> LM head fused with
 // cross-entropy). Gradients accumulate over calls until zero_grads().
@@ -78,7 +78,11 @@ class Model {
 
  private:
   LossParts run(const Batch& b, float grad_scale, bool backward);
+  LossParts run_v4(const Batch& b, float grad_scale, bool backward);  // model/model_v4.cpp
+  void v4_tables(int64_t T);            // main / compress RoPE tables for positions [0, T)
+  void init_random_v4(uint64_t seed);
   std::vector<float> cos_, sin_;
+  std::vector<float> v4_cos_[2], v4_sin_[2];  // V4: [0] main, [1] compress
   RopeTable rope_;
   std::vector<std::vector<int64_t>> load_;
 };

@@ -11,8 +11,10 @@ namespace trex::model {
 namespace {
 
 MlpW shared_w(const MoeIn& in) {
-  return mlp_weights(in.P, in.Pb, in.G, in.p->sh_gu, in.p->sh_down, in.cfg->hidden_size,
-                     in.cfg->shared_intermediate());
+  MlpW w = mlp_weights(in.P, in.Pb, in.G, in.p->sh_gu, in.p->sh_down, in.cfg->hidden_size,
+                       in.cfg->shared_intermediate());
+  w.limit = in.swiglu_limit;
+  return w;
 }
 
 // One grouped GEMM over the experts with rows: make(e, r0, M) builds expert e's group for its
@@ -82,7 +84,7 @@ double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, Mo
   {
     ProfScope ps(c.prof, "fwd.moe.route");
     kern::gemm_f32(false, true, N, E, d, 1.f, x, d, in.P + p.router, d, 0.f, s.route.scores, E);
-    router_select(m, s.route.scores, in.bias, N, s.route);
+    router_select(m, s.route.scores, in.hash_idx ? nullptr : in.bias, N, s.route, in.hash_idx);
   }
   double aux = in.aux_alpha > 0 ? seq_aux_loss(m, s.route, in.B, in.T, in.aux_alpha, 1.f, nullptr) : 0.0;
 
@@ -119,7 +121,7 @@ double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, Mo
     const bool bf = c.prec == kern::Prec::BF16;
     const void* xin = gemm_input(c, xs, R * d);
     expert_gemm_fwd(c, D, E, xin, bf ? (const void*)(in.Pb + p.exp_gu) : (const void*)(in.P + p.exp_gu), 2 * F, d, s.gu);
-    kern::swiglu_fwd(s.gu, R, F, 0.f, s.h);
+    kern::swiglu_fwd(s.gu, R, F, in.swiglu_limit, s.h);
     const void* hin = gemm_input(c, s.h, R * F);
     expert_gemm_fwd(c, D, E, hin, bf ? (const void*)(in.Pb + p.exp_down) : (const void*)(in.P + p.exp_down), d, F, s.y);
     A.release(mk);
@@ -183,7 +185,7 @@ void moe_backward(const Ctx& c, const MoeIn& in, const MoeSaved& s, const float*
   const void* hin = gemm_input(c, s.h, R * F);
   expert_gemm_dw(c, D, E, dyin, hin, d, F, in.G + p.exp_down);
   float* dgu = A.alloc<float>(R * 2 * F);
-  kern::swiglu_bwd(dh, s.gu, R, F, 0.f, dgu);
+  kern::swiglu_bwd(dh, s.gu, R, F, in.swiglu_limit, dgu);
   float* dxs = A.alloc<float>(R * d);
   const void* dguin = gemm_input(c, dgu, R * 2 * F);
   expert_gemm_dx(c, D, E, dguin, bf ? (const void*)(in.Pb + p.exp_gu) : (const void*)(in.P + p.exp_gu), 2 * F, d, dxs);

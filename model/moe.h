@@ -41,6 +41,8 @@ struct MoeIn {
   int64_t B, T;
   double aux_alpha = 0;   // sequence-wise aux loss coefficient (0 = off)
   float aux_grad_scale = 1.f;
+  const int32_t* hash_idx = nullptr;  // [N, K] fixed experts (DeepSeek-V4 hash layers) or null
+  float swiglu_limit = 0.f;           // clamp of routed and shared experts (V4), 0 = none
 };
 
 // x: [N, d] -> out: [N, d]; returns the aux loss (0 when off); adds expert loads into `load` [E].

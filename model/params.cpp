@@ -2,34 +2,10 @@
 
 namespace trex::model {
 
-namespace {
-
-struct Builder {
-  ParamLayout& L;
-  int64_t add(const std::string& name, Shape s, bool decay) {
-    int64_t off = L.total;
-    L.index[name] = L.entries.size();
-    L.entries.push_back({name, off, s, decay});
-    L.total += (s.numel() + 15) / 16 * 16;  // 64-byte aligned tensors
-    return off;
-  }
-  // A slab holding consecutive tensors (no padding inside), returns its offset.
-  int64_t slab(int64_t numel) {
-    int64_t off = L.total;
-    L.total += (numel + 15) / 16 * 16;
-    return off;
-  }
-  void sub(const std::string& name, int64_t off, Shape s, bool decay) {
-    L.index[name] = L.entries.size();
-    L.entries.push_back({name, off, s, decay});
-  }
-};
-
-}  // namespace
-
 ParamLayout build_layout(const ModelConfig& c) {
+  if (c.is_v4()) return build_layout_v4(c);
   ParamLayout L;
-  Builder b{L};
+  LayoutBuilder b{L};
   const int64_t d = c.hidden_size, H = c.num_attention_heads;
   L.embed = b.add("model.embed_tokens.weight", {c.vocab_size, d}, true);
   L.layers.resize(c.num_hidden_layers);
@@ -72,9 +48,7 @@ ParamLayout build_layout(const ModelConfig& c) {
       b.sub(ex + "down_proj.weight", p.exp_down + e * d * F, {d, F}, true);
     }
     if (c.n_shared_experts > 0) swiglu_pair(mlp + "shared_experts.", c.shared_intermediate(), p.sh_gu, p.sh_down);
-    p.bias = L.buffers_total;
-    L.buffers.push_back({mlp + "gate.e_score_correction_bias", L.buffers_total, E});
-    L.buffers_total += E;
+    p.bias = b.buffer(mlp + "gate.e_score_correction_bias", E);
   }
   L.final_norm = b.add("model.norm.weight", {d}, false);
   L.head = c.tie_word_embeddings ? L.embed : b.add("lm_head.weight", {c.vocab_size, d}, true);

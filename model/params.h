@@ -31,10 +31,24 @@ struct LayerParams {
   int64_t bias = -1;                                    // e_score_correction_bias, into buffers
 };
 
+// DeepSeek-V4 per-layer tensors beyond LayerParams (which holds the norms and the MoE).
+struct V4LayerParams {
+  int64_t attn_hc_fn = -1, attn_hc_base = -1, attn_hc_scale = -1;  // [(2+n)n, n d], [(2+n)n], [3]
+  int64_t ffn_hc_fn = -1, ffn_hc_base = -1, ffn_hc_scale = -1;
+  int64_t q_a = -1, q_a_norm = -1, q_b = -1;     // [qr, d], [qr], [H hd, qr]
+  int64_t kv = -1, kv_norm = -1;                 // [hd, d], [hd]
+  int64_t o_a = -1, o_b = -1, sinks = -1;        // [G olr, H hd / G], [d, G olr], [H]
+  int64_t c_kv = -1, c_gate = -1, c_pb = -1, c_norm = -1;  // compressor: [c hd, d] x2, [m, c hd], [hd]
+  int64_t i_kv = -1, i_gate = -1, i_pb = -1, i_norm = -1;  // indexer compressor: [2 dI, d] x2, [m, 2 dI], [dI]
+  int64_t i_qb = -1, i_w = -1;                   // [nI dI, qr], [nI, d]
+  int64_t tid2eid = -1;                          // hash layers: [vocab, K] expert ids, into buffers
+};
+
 struct BufferEntry {
   std::string name;
   int64_t offset;
   int64_t size;
+  int64_t cols = 0;      // > 0: a [size / cols, cols] table of integer ids (tid2eid), saved as I64
 };
 
 struct ParamLayout {
@@ -45,6 +59,8 @@ struct ParamLayout {
   std::vector<LayerParams> layers;
   std::vector<BufferEntry> buffers;  // non-trained state saved in checkpoints (router biases)
   int64_t buffers_total = 0;
+  std::vector<V4LayerParams> v4;     // DeepSeek-V4 only
+  int64_t hc_head_fn = -1, hc_head_base = -1, hc_head_scale = -1;  // V4: [n, n d], [n], [1]
 
   const ParamEntry* find(const std::string& name) const {
     auto it = index.find(name);
@@ -53,5 +69,33 @@ struct ParamLayout {
 };
 
 ParamLayout build_layout(const ModelConfig& c);
+ParamLayout build_layout_v4(const ModelConfig& c);  // model/params_v4.cpp (Hugging Face V4 names)
+
+// Appends tensors to a layout: 64-byte aligned entries, or a slab holding several named views.
+struct LayoutBuilder {
+  ParamLayout& L;
+  int64_t add(const std::string& name, Shape s, bool decay) {
+    int64_t off = L.total;
+    L.index[name] = L.entries.size();
+    L.entries.push_back({name, off, s, decay});
+    L.total += (s.numel() + 15) / 16 * 16;
+    return off;
+  }
+  int64_t slab(int64_t numel) {
+    int64_t off = L.total;
+    L.total += (numel + 15) / 16 * 16;
+    return off;
+  }
+  void sub(const std::string& name, int64_t off, Shape s, bool decay) {
+    L.index[name] = L.entries.size();
+    L.entries.push_back({name, off, s, decay});
+  }
+  int64_t buffer(const std::string& name, int64_t size, int64_t cols = 0) {
+    int64_t off = L.buffers_total;
+    L.buffers.push_back({name, off, size, cols});
+    L.buffers_total += size;
+    return off;
+  }
+};
 
 }  // namespace trex::model

@@ -7,7 +7,8 @@
 
 namespace trex::model {
 
-void router_select(const ModelConfig& c, const float* logits, const float* bias, int64_t N, RouterOut& o) {
+void router_select(const ModelConfig& c, const float* logits, const float* bias, int64_t N, RouterOut& o,
+                   const int32_t* fixed_idx) {
   const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok, G = c.n_group, EG = E / G;
   const bool use_bias = c.topk_method == TopkMethod::NoauxTc && bias;
   const float ninf = -std::numeric_limits<float>::infinity();
@@ -19,6 +20,9 @@ void router_select(const ModelConfig& c, const float* logits, const float* bias,
       float* sc = o.scores + n * E;
       if (c.scoring_func == ScoringFunc::Sigmoid) {
         for (int64_t i = 0; i < E; ++i) sc[i] = 1.f / (1.f + std::exp(-lg[i]));
+      } else if (c.scoring_func == ScoringFunc::SqrtSoftplus) {
+        // torch softplus (beta 1, threshold 20), then sqrt
+        for (int64_t i = 0; i < E; ++i) sc[i] = std::sqrt(lg[i] > 20.f ? lg[i] : std::log1p(std::exp(lg[i])));
       } else {
         float mx = lg[0];
         for (int64_t i = 1; i < E; ++i) mx = std::max(mx, lg[i]);
@@ -59,7 +63,14 @@ void router_select(const ModelConfig& c, const float* logits, const float* bias,
       int32_t* id = o.idx + n * K;
       float* pr = o.probs + n * K;
       double sum = 0;
-      for (int64_t k = 0; k < K; ++k) {
+      if (fixed_idx) {  // hash routing: the experts are given, the scores still weight them
+        for (int64_t k = 0; k < K; ++k) {
+          id[k] = fixed_idx[n * K + k];
+          pr[k] = sc[id[k]];
+          sum += sc[id[k]];
+        }
+      }
+      for (int64_t k = 0; k < K && !fixed_idx; ++k) {
         int64_t best = -1;
         for (int64_t i = 0; i < E; ++i)
           if (sel[i] != ninf && (best < 0 || sel[i] > sel[best])) best = i;
@@ -112,6 +123,9 @@ void router_scores_backward(const ModelConfig& c, const float* scores, const flo
       float* dl = dlogits + n * E;
       if (c.scoring_func == ScoringFunc::Sigmoid) {
         for (int64_t i = 0; i < E; ++i) dl[i] = ds[i] * s[i] * (1.f - s[i]);
+      } else if (c.scoring_func == ScoringFunc::SqrtSoftplus) {
+        // s = sqrt(sp(x)): ds/dx = sigmoid(x) / (2 s), and sigmoid(x) = 1 - exp(-sp) = -expm1(-s^2)
+        for (int64_t i = 0; i < E; ++i) dl[i] = s[i] > 0.f ? ds[i] * (float)(-std::expm1(-(double)s[i] * s[i]) / (2.0 * s[i])) : 0.f;
       } else {
         double dot = 0;
         for (int64_t i = 0; i < E; ++i) dot += (double)ds[i] * s[i];

@@ -1,5 +1,5 @@
 // DeepSeek router vocabulary: logits = x @ Wr^T (always f32, as the reference keeps the gate in
-// fp32), scores = sigmoid(logits) or softmax(logits), selection on scores (+ the
+// fp32), scores = sigmoid, softmax or sqrt(softplus) of the logits, selection on scores (+ the
 // e_score_correction_bias for noaux_tc, which therefore never receives a gradient), group-limited
 // top-k, probs = selected scores (normalized if norm_topk_prob) x routed_scaling_factor.
 // The routing map is idx [N, K]. Backward: the selection carries no gradient; probs do.
@@ -16,7 +16,10 @@ struct RouterOut {
 };
 
 // scores [N, E] from logits [N, E] (in place allowed), then selection. bias: [E] or null.
-void router_select(const ModelConfig& c, const float* logits, const float* bias, int64_t N, RouterOut& o);
+// fixed_idx: [N, K] or null: hash routing (DeepSeek-V4 tid2eid), the experts are given and the
+// scores only weight them.
+void router_select(const ModelConfig& c, const float* logits, const float* bias, int64_t N, RouterOut& o,
+                   const int32_t* fixed_idx = nullptr);
 
 // dprobs [N, K] -> dscores [N, E] (+=)
 void router_probs_backward(const ModelConfig& c, const RouterOut& o, const float* dprobs, int64_t N, float* dscores);

@@ -9,7 +9,7 @@ void update_router_bias(model::Model& m, float gamma) {
   const auto& load = m.expert_load();
   if (gamma != 0.f) {
     for (int64_t l = 0; l < m.cfg.num_hidden_layers; ++l) {
-      if (!m.cfg.is_moe_layer(l)) continue;
+      if (!m.cfg.is_moe_layer(l) || m.layout.layers[l].bias < 0) continue;  // hash layers: no bias
       const auto& ld = load[l];
       double mean = 0;
       for (int64_t v : ld) mean += (double)v;

@@ -1,0 +1,15 @@
+// AVX-512 lightning-indexer top-k; semantics and shapes as in kernels/indexer.h. Call through
+// kernels/indexer.h, which checks the arguments.
+#pragma once
+#include <cstdint>
+#include "kernels/indexer.h"
+
+namespace trex::kern::cpu {
+
+// q: [B, T, nh, dI]  k: [B, nw, dI]  wts: [B, T, nh]  pos: [B, T]
+//   -> cnt: [B*T]  sel: [B*T, topk]  scores_out: [B, T, nw] or null
+// workspace: indexer_workspace_floats(sh) floats.
+void indexer_topk_avx512(const IndexerShape& sh, const float* q, const float* k, const float* wts,
+                         const int32_t* pos, int32_t* cnt, int32_t* sel, float* scores_out, float* workspace);
+
+}  // namespace trex::kern::cpu

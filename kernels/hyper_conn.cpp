@@ -1,0 +1,327 @@
+// mHC kernels (see kernels/hyper_conn.h). Baseline x86-64 code: the heavy work is the
+// projection x @ fn^T and its two backward products, done by kern::gemm_f32 (oneDNN sgemm), and
+// a few streaming loops over x written with independent partial sums so they vectorize. The
+// per-token coefficient math (sigmoids, softmax, Sinkhorn and its backward, O(iters * n^2)) is
+// the reference's (kernels/ref/hyper_conn.h).
+//
+// Work is cut into token chunks that depend only on the shape; each chunk runs its passes back
+// to back (projection + norm + coefficients + collapse in forward; dots, coefficient backward,
+// dx GEMM and dx update in backward). Every GEMM runs on one thread (inside an active parallel
+// region, or with one thread in all), so results are bitwise independent of the thread count.
+// dfn is one GEMM per fixed column block over all tokens; dbase / dscale are summed over tokens
+// in order.
+#include "kernels/hyper_conn.h"
+#include <omp.h>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include "core/error.h"
+#include "core/parallel.h"
+#include "kernels/gemm.h"
+#include "kernels/ref/hyper_conn.h"
+
+namespace trex::kern {
+namespace {
+
+constexpr int kMaxN = kHcMaxStreams;  // stack buffers of n floats
+constexpr int64_t kColBlock = 512;     // dfn column block
+
+void check_shape(const HcShape& s, const char* fn, bool need_iters) {
+  TREX_CHECK(s.N >= 0 && s.n >= 1 && s.n <= kMaxN && s.d >= 1, fn, ": N=", s.N, " n=", s.n, " d=", s.d);
+  TREX_CHECK(!need_iters || s.iters >= 1, fn, ": iters=", s.iters);
+  TREX_CHECK(s.hc_eps >= 0 && s.norm_eps >= 0, fn, ": hc_eps=", s.hc_eps, " norm_eps=", s.norm_eps);
+}
+
+// Tokens per chunk: 128, or fewer (a multiple of 16, at least 16) so that there are >= 8 chunks
+// when N allows. oneDNN's sgemm with the projection's narrow output (R columns) is 20-50%
+// slower on chunks of 16-64 tokens than on 128 or more (1 core, N=2048 and 512, K=4096 and
+// 28672); the chunk's x then lives in L3, which streams here about as fast as L2 did.
+int64_t chunk_tokens(const HcShape& s) {
+  const int64_t want = ((s.N + 7) / 8 + 15) / 16 * 16;
+  return std::clamp<int64_t>(want, 16, 128);
+}
+
+int64_t num_chunks(const HcShape& s) {
+  const int64_t ct = chunk_tokens(s);
+  return (s.N + ct - 1) / ct;
+}
+
+// fn(b) for b in [0, nb), dynamically scheduled. With more than one thread available it always
+// runs inside an active parallel region (also for nb == 1), so the sgemm calls in fn run on a
+// single thread and cannot split their reduction differently for another thread count.
+template <class F>
+void for_each_block(int64_t nb, F&& fn) {
+  if (nb == 1 && !omp_in_parallel() && num_threads() > 1) {
+#pragma omp parallel num_threads(2)
+    {
+      if (omp_get_thread_num() == 0) fn(int64_t{0});
+    }
+    return;
+  }
+  parallel_dynamic(nb, fn);
+}
+
+// sum_i a[i] * b[i] with 16 independent partial sums (vectorizes without reassociation).
+inline float dot(const float* a, const float* b, int64_t n) {
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int l = 0; l < 16; ++l) acc[l] += a[i + l] * b[i + l];
+  for (int l = 0; i < n; ++i, ++l) acc[l] += a[i] * b[i];
+  for (int w = 8; w >= 1; w /= 2)
+    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+  return acc[0];
+}
+
+// y[i] += a * x[i]
+inline void axpy(float a, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+// y: [d] = sum_j w[j] * x[j*d + i]   (collapse of n streams)
+inline void collapse(int n, int64_t d, const float* w, const float* x, float* y) {
+  for (int64_t i = 0; i < d; ++i) y[i] = w[0] * x[i];
+  for (int j = 1; j < n; ++j) axpy(w[j], x + j * d, y, d);
+}
+
+// Forward projection of one chunk of tokens [t0, t0+tc): mix = rstd * (x @ fn^T) ([tc, R]).
+void project_chunk(const HcShape& s, int R, int64_t t0, int64_t tc, const float* x, const float* fn, float* mix,
+                   float* rstd) {
+  const int64_t K = s.n * s.d;
+  gemm_f32(false, true, tc, R, K, 1.f, x + t0 * K, K, fn, K, 0.f, mix + t0 * R, R);
+  for (int64_t t = t0; t < t0 + tc; ++t) {
+    const float* xt = x + t * K;
+    const float r = 1.f / std::sqrt(dot(xt, xt, K) / static_cast<float>(K) + s.norm_eps);
+    rstd[t] = r;
+    for (int q = 0; q < R; ++q) mix[t * R + q] *= r;
+  }
+}
+
+// Parameter gradients shared by pre and head backward.
+// dmixs: [N, R] (dmix * rstd)  x: [N, K] -> dfn: [R, K] (+=), in fixed column blocks.
+void dfn_gemm(const HcShape& s, int R, const float* dmixs, const float* x, float* dfn) {
+  const int64_t K = s.n * s.d, nb = (K + kColBlock - 1) / kColBlock;
+  for_each_block(nb, [&](int64_t b) {
+    const int64_t c0 = b * kColBlock, cb = std::min(kColBlock, K - c0);
+    gemm_f32(true, false, R, cb, s.N, 1.f, dmixs, R, x + c0, K, 1.f, dfn + c0, K);
+  });
+}
+
+// dz: [N, R]  mix: [N, R] -> dbase: [R] (+=), dscale: [ngroups] (+=), summed over tokens in order.
+void reduce_base_scale(const HcShape& s, int R, int ngroups, const float* dz, const float* mix, float* dbase,
+                       float* dscale) {
+  const int n = s.n;
+  double ds[3] = {0, 0, 0};
+  for (int q = 0; q < R; ++q) {
+    const int g = std::min(q / n, ngroups - 1);
+    double b = 0, sc = 0;
+    for (int64_t t = 0; t < s.N; ++t) {
+      b += dz[t * R + q];
+      sc += static_cast<double>(dz[t * R + q]) * mix[t * R + q];
+    }
+    dbase[q] += static_cast<float>(b);
+    ds[g] += sc;
+  }
+  for (int g = 0; g < ngroups; ++g) dscale[g] += static_cast<float>(ds[g]);
+}
+
+}  // namespace
+
+void hc_pre_fwd(const HcShape& s, const float* x, const float* fn, const float* base, const float* scale, float* y,
+                float* post, float* comb, float* mix, float* rstd) {
+  check_shape(s, "hc_pre_fwd", true);
+  if (s.N == 0) return;
+  TREX_CHECK(x && fn && base && scale && y && post && comb && mix && rstd, "hc_pre_fwd: null pointer");
+  const int n = s.n, R = (2 + n) * n;
+  const int64_t d = s.d, K = n * d, ct = chunk_tokens(s);
+  for_each_block(num_chunks(s), [&](int64_t c) {
+    const int64_t t0 = c * ct, tc = std::min(ct, s.N - t0);
+    project_chunk(s, R, t0, tc, x, fn, mix, rstd);
+    float pre[kMaxN];
+    for (int64_t t = t0; t < t0 + tc; ++t) {
+      ref::hc_coeffs_fwd<float>(n, s.iters, s.hc_eps, mix + t * R, base, scale, pre, post + t * n,
+                                comb + t * n * n, nullptr);
+      collapse(n, d, pre, x + t * K, y + t * d);
+    }
+  });
+}
+
+size_t hc_pre_bwd_workspace_floats(const HcShape& s) {
+  const size_t N = static_cast<size_t>(s.N), n = static_cast<size_t>(s.n), R = (2 + n) * n;
+  return 2 * N * R + N * n + N + static_cast<size_t>(num_chunks(s)) * ref::hc_coeffs_scratch(s.n, s.iters);
+}
+
+void hc_pre_bwd(const HcShape& s, const float* x, const float* fn, const float* base, const float* scale,
+                const float* mix, const float* rstd, const float* dy, const float* dpost, const float* dcomb,
+                float* dx, float* dfn, float* dbase, float* dscale, float* workspace) {
+  check_shape(s, "hc_pre_bwd", true);
+  if (s.N == 0) return;
+  TREX_CHECK(x && fn && base && scale && mix && rstd && dx && dfn && dbase && dscale && workspace,
+             "hc_pre_bwd: null pointer");
+  const int n = s.n, R = (2 + n) * n;
+  const int64_t d = s.d, K = n * d, N = s.N, ct = chunk_tokens(s);
+  const size_t cs = ref::hc_coeffs_scratch(n, s.iters);
+  float* dz = workspace;        // [N, R] gradient of the pre-activations
+  float* dmixs = dz + N * R;    // [N, R] dmix * rstd
+  float* pre = dmixs + N * R;   // [N, n]
+  float* cx = pre + N * n;      // [N] coefficient of x in dx (RMSNorm backward)
+  float* scr = cx + N;          // [chunks, cs]
+  for_each_block(num_chunks(s), [&](int64_t c) {
+    const int64_t t0 = c * ct, tc = std::min(ct, N - t0);
+    float dpre[kMaxN];
+    for (int64_t t = t0; t < t0 + tc; ++t) {
+      const float* xt = x + t * K;
+      for (int j = 0; j < n; ++j) dpre[j] = dy ? dot(dy + t * d, xt + j * d, d) : 0.f;
+      const float* m = mix + t * R;
+      float* z = dz + t * R;
+      ref::hc_coeffs_bwd<float>(n, s.iters, s.hc_eps, m, base, scale, dpre, dpost ? dpost + t * n : nullptr,
+                                dcomb ? dcomb + t * n * n : nullptr, z, pre + t * n, scr + c * cs);
+      // dmix = dz * scale; the RMSNorm backward needs sum(g * xhat) = dmix . mix.
+      const float r = rstd[t];
+      float dm = 0;
+      for (int q = 0; q < R; ++q) {
+        const float dmq = z[q] * scale[std::min(q / n, 2)];
+        dmixs[t * R + q] = dmq * r;
+        dm += dmq * m[q];
+      }
+      cx[t] = r * r * dm / static_cast<float>(K);
+    }
+    // dx += dmixs @ fn + pre (x) dy - cx * x
+    gemm_f32(false, false, tc, K, R, 1.f, dmixs + t0 * R, R, fn, K, 1.f, dx + t0 * K, K);
+    for (int64_t t = t0; t < t0 + tc; ++t)
+      for (int j = 0; j < n; ++j) {
+        const float* xj = x + t * K + j * d;
+        float* dxj = dx + t * K + j * d;
+        const float p = pre[t * n + j], cc = cx[t];
+        if (dy) {
+          const float* dyt = dy + t * d;
+          for (int64_t i = 0; i < d; ++i) dxj[i] += p * dyt[i] - cc * xj[i];
+        } else {
+          for (int64_t i = 0; i < d; ++i) dxj[i] -= cc * xj[i];
+        }
+      }
+  });
+  dfn_gemm(s, R, dmixs, x, dfn);
+  reduce_base_scale(s, R, 3, dz, mix, dbase, dscale);
+}
+
+void hc_post_fwd(const HcShape& s, const float* x, const float* f, const float* post, const float* comb,
+                 float* out) {
+  check_shape(s, "hc_post_fwd", false);
+  if (s.N == 0) return;
+  TREX_CHECK(x && f && post && comb && out, "hc_post_fwd: null pointer");
+  TREX_CHECK(out != x, "hc_post_fwd: out must not alias x");
+  const int n = s.n;
+  const int64_t d = s.d, K = n * d;
+  parallel_for(s.N, std::max<int64_t>(1, 16384 / K), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* xt = x + t * K;
+      const float* ft = f + t * d;
+      const float* cm = comb + t * n * n;
+      for (int k = 0; k < n; ++k) {
+        float* o = out + t * K + k * d;
+        const float pk = post[t * n + k];
+        for (int64_t i = 0; i < d; ++i) o[i] = pk * ft[i];
+        for (int j = 0; j < n; ++j) axpy(cm[j * n + k], xt + j * d, o, d);
+      }
+    }
+  });
+}
+
+void hc_post_bwd(const HcShape& s, const float* x, const float* f, const float* post, const float* comb,
+                 const float* dout, float* dx, float* df, float* dpost, float* dcomb) {
+  check_shape(s, "hc_post_bwd", false);
+  if (s.N == 0) return;
+  TREX_CHECK(x && f && post && comb && dout && dx && df && dpost && dcomb, "hc_post_bwd: null pointer");
+  const int n = s.n;
+  const int64_t d = s.d, K = n * d;
+  parallel_for(s.N, std::max<int64_t>(1, 8192 / K), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* xt = x + t * K;
+      const float* ft = f + t * d;
+      const float* go = dout + t * K;
+      const float* cm = comb + t * n * n;
+      collapse(n, d, post + t * n, go, df + t * d);
+      for (int j = 0; j < n; ++j) {
+        float* dxj = dx + t * K + j * d;
+        for (int64_t i = 0; i < d; ++i) dxj[i] = cm[j * n] * go[i];
+        for (int k = 1; k < n; ++k) axpy(cm[j * n + k], go + k * d, dxj, d);
+      }
+      for (int k = 0; k < n; ++k) {
+        dpost[t * n + k] = dot(go + k * d, ft, d);
+        for (int j = 0; j < n; ++j) dcomb[(t * n + j) * n + k] = dot(go + k * d, xt + j * d, d);
+      }
+    }
+  });
+}
+
+void hc_head_fwd(const HcShape& s, const float* x, const float* hc_fn, const float* hc_base, const float* hc_scale,
+                 float* y, float* mix, float* rstd) {
+  check_shape(s, "hc_head_fwd", false);
+  if (s.N == 0) return;
+  TREX_CHECK(x && hc_fn && hc_base && hc_scale && y && mix && rstd, "hc_head_fwd: null pointer");
+  const int n = s.n;
+  const int64_t d = s.d, K = n * d, ct = chunk_tokens(s);
+  for_each_block(num_chunks(s), [&](int64_t c) {
+    const int64_t t0 = c * ct, tc = std::min(ct, s.N - t0);
+    project_chunk(s, n, t0, tc, x, hc_fn, mix, rstd);
+    float pre[kMaxN];
+    for (int64_t t = t0; t < t0 + tc; ++t) {
+      for (int j = 0; j < n; ++j)
+        pre[j] = ref::hc_sigmoid(mix[t * n + j] * hc_scale[0] + hc_base[j]) + s.hc_eps;
+      collapse(n, d, pre, x + t * K, y + t * d);
+    }
+  });
+}
+
+size_t hc_head_bwd_workspace_floats(const HcShape& s) {
+  const size_t N = static_cast<size_t>(s.N), n = static_cast<size_t>(s.n);
+  return 3 * N * n + N;
+}
+
+void hc_head_bwd(const HcShape& s, const float* x, const float* hc_fn, const float* hc_base, const float* hc_scale,
+                 const float* mix, const float* rstd, const float* dy, float* dx, float* dfn, float* dbase,
+                 float* dscale, float* workspace) {
+  check_shape(s, "hc_head_bwd", false);
+  if (s.N == 0) return;
+  TREX_CHECK(x && hc_fn && hc_base && hc_scale && mix && rstd && dy && dx && dfn && dbase && dscale && workspace,
+             "hc_head_bwd: null pointer");
+  const int n = s.n;
+  const int64_t d = s.d, K = n * d, N = s.N, ct = chunk_tokens(s);
+  float* dz = workspace;       // [N, n]
+  float* dmixs = dz + N * n;   // [N, n]
+  float* pre = dmixs + N * n;  // [N, n]
+  float* cx = pre + N * n;     // [N]
+  for_each_block(num_chunks(s), [&](int64_t c) {
+    const int64_t t0 = c * ct, tc = std::min(ct, N - t0);
+    for (int64_t t = t0; t < t0 + tc; ++t) {
+      const float* xt = x + t * K;
+      const float r = rstd[t];
+      float dm = 0;
+      for (int j = 0; j < n; ++j) {
+        const float mj = mix[t * n + j];
+        const float sg = ref::hc_sigmoid(mj * hc_scale[0] + hc_base[j]);
+        pre[t * n + j] = sg + s.hc_eps;
+        const float z = dot(dy + t * d, xt + j * d, d) * sg * (1.f - sg);
+        dz[t * n + j] = z;
+        dmixs[t * n + j] = z * hc_scale[0] * r;
+        dm += z * hc_scale[0] * mj;
+      }
+      cx[t] = r * r * dm / static_cast<float>(K);
+    }
+    // dx = dmixs @ fn + pre (x) dy - cx * x
+    gemm_f32(false, false, tc, K, n, 1.f, dmixs + t0 * n, n, hc_fn, K, 0.f, dx + t0 * K, K);
+    for (int64_t t = t0; t < t0 + tc; ++t)
+      for (int j = 0; j < n; ++j) {
+        const float* xj = x + t * K + j * d;
+        const float* dyt = dy + t * d;
+        float* dxj = dx + t * K + j * d;
+        const float p = pre[t * n + j], cc = cx[t];
+        for (int64_t i = 0; i < d; ++i) dxj[i] += p * dyt[i] - cc * xj[i];
+      }
+  });
+  dfn_gemm(s, n, dmixs, x, dfn);
+  reduce_base_scale(s, n, 1, dz, mix, dbase, dscale);
+}
+
+}  // namespace trex::kern

@@ -1,0 +1,339 @@
+// Scalar reference for DeepSeek-V4 manifold-constrained hyper-connections (mHC), the canonical
+// definition (Hugging Face DeepseekV4HyperConnection / DeepseekV4HyperHead / the post mixing in
+// DeepseekV4DecoderLayer.forward, all in fp32 there). n = hc_mult streams, d = hidden,
+// K = n*d, R = (2+n)*n. Per token t with streams x_t: [n, d], flat = x_t as [K]:
+//   rstd     = 1 / sqrt(mean(flat^2) + norm_eps)                   (unweighted RMSNorm)
+//   mix[q]   = sum_i (flat[i] * rstd) * fn[q, i]                   q < R (head: q < n)
+//   pre[j]   = sigmoid(mix[j] * scale[0] + base[j]) + hc_eps
+//   post[j]  = 2 * sigmoid(mix[n+j] * scale[1] + base[n+j])
+//   comb     = softmax_k(mix[2n + j*n + k] * scale[2] + base[2n + j*n + k]) + hc_eps
+//   comb     = colnorm(comb); then (iters-1) x { comb = rownorm(comb); comb = colnorm(comb) }
+//              rownorm: c[j][k] /= (sum_k c[j][k] + hc_eps); colnorm: c[j][k] /= (sum_j c[j][k] + hc_eps)
+//   y[i]     = sum_j pre[j] * x_t[j, i]                              (block input)
+//   post step: out[k, i] = post[k] * f[i] + sum_j comb[j][k] * x_t[j, i]
+//   head:    pre[j] = sigmoid(mix[j] * hc_scale[0] + hc_base[j]) + hc_eps; y = sum_j pre[j] x_t[j]
+// Backward is exactly what autograd computes through these formulas (Sinkhorn through every
+// iteration, the +hc_eps in every denominator included).
+// Gradients: parameter gradients (dfn, dbase, dscale) ACCUMULATE (+=); activation gradients
+// OVERWRITE, except hc_pre_bwd's dx, which ACCUMULATES (the residual stream's gradient is
+// summed from the pre branch and the post step of the same layer).
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+#include "kernels/hyper_conn.h"
+
+namespace trex::kern::ref {
+
+template <class T>
+T hc_sigmoid(T a) {
+  return T(1) / (T(1) + std::exp(-a));
+}
+
+// Scratch (in T) needed by hc_coeffs_bwd for n streams and `iters` Sinkhorn iterations.
+inline size_t hc_coeffs_scratch(int n, int iters) {
+  return static_cast<size_t>(2 * iters + 1) * n * n + 2 * static_cast<size_t>(n);
+}
+
+// One token's coefficients from its projections.
+// mix: [R]  base: [R]  scale: [3] -> pre: [n], post: [n], comb: [n*n] (comb[j*n+k]).
+// hist (may be null): [2*iters, n*n]: slot 0 = the softmax, slot 1+s = the input of
+// normalization step s (s = 0..2*iters-2; even s normalize columns, odd s rows).
+template <class T>
+void hc_coeffs_fwd(int n, int iters, T eps, const T* mix, const T* base, const T* scale, T* pre, T* post,
+                   T* comb, T* hist) {
+  for (int j = 0; j < n; ++j) pre[j] = hc_sigmoid(mix[j] * scale[0] + base[j]) + eps;
+  for (int j = 0; j < n; ++j) post[j] = T(2) * hc_sigmoid(mix[n + j] * scale[1] + base[n + j]);
+  const T* cw = mix + 2 * n;
+  const T* cb = base + 2 * n;
+  const int nn = n * n;
+  for (int j = 0; j < n; ++j) {
+    T* c = comb + j * n;
+    T m = -INFINITY;
+    for (int k = 0; k < n; ++k) {
+      c[k] = cw[j * n + k] * scale[2] + cb[j * n + k];
+      m = c[k] > m ? c[k] : m;
+    }
+    T s = 0;
+    for (int k = 0; k < n; ++k) {
+      c[k] = std::exp(c[k] - m);
+      s += c[k];
+    }
+    for (int k = 0; k < n; ++k) c[k] /= s;
+  }
+  if (hist) std::memcpy(hist, comb, sizeof(T) * nn);
+  for (int q = 0; q < nn; ++q) comb[q] += eps;
+  // Column sums are accumulated row by row into den[k] (the same order, j = 0..n-1, per
+  // column) so that the divisions vectorize across k.
+  T den[kHcMaxStreams];
+  const int steps = 2 * iters - 1;
+  for (int st = 0; st < steps; ++st) {
+    if (hist) std::memcpy(hist + (1 + st) * nn, comb, sizeof(T) * nn);
+    if (st % 2 == 0) {  // columns: den[k] = sum_j comb[j][k] + eps
+      for (int k = 0; k < n; ++k) den[k] = 0;
+      for (int j = 0; j < n; ++j)
+        for (int k = 0; k < n; ++k) den[k] += comb[j * n + k];
+      for (int k = 0; k < n; ++k) den[k] += eps;
+      for (int j = 0; j < n; ++j)
+        for (int k = 0; k < n; ++k) comb[j * n + k] /= den[k];
+    } else {  // rows: sum over k
+      for (int j = 0; j < n; ++j) {
+        T s = 0;
+        for (int k = 0; k < n; ++k) s += comb[j * n + k];
+        const T dj = s + eps;
+        for (int k = 0; k < n; ++k) comb[j * n + k] /= dj;
+      }
+    }
+  }
+}
+
+// Backward of hc_coeffs_fwd for one token, to the pre-activations a[q] = mix[q]*scale[g] + base[q].
+// dpre: [n] (may be null: zero)  dpost: [n] (may be null)  dcomb: [n*n] (may be null)
+// -> dz: [R] (OVERWRITES); pre: [n] (may be null) gets the forward pre. scratch: hc_coeffs_scratch.
+template <class T>
+void hc_coeffs_bwd(int n, int iters, T eps, const T* mix, const T* base, const T* scale, const T* dpre,
+                   const T* dpost, const T* dcomb, T* dz, T* pre, T* scratch) {
+  const int nn = n * n;
+  T* hist = scratch;                   // [2*iters, n*n]
+  T* G = scratch + 2 * iters * nn;     // [n*n]: gradient flowing back through Sinkhorn
+  T* pr = G + nn;                      // [n]
+  T* po = pr + n;                      // [n]
+  T* cm = dz + 2 * n;                  // the comb output lands in dz's slot, overwritten below
+  hc_coeffs_fwd<T>(n, iters, eps, mix, base, scale, pr, po, cm, hist);
+  if (pre) std::memcpy(pre, pr, sizeof(T) * n);
+  for (int q = 0; q < nn; ++q) G[q] = dcomb ? dcomb[q] : T(0);
+  // Step out = A / den (den = sums of A + eps along the step's axis):
+  //   dA = dout / den - sum_axis(dout * A) / den^2
+  T den[kHcMaxStreams], gs[kHcMaxStreams];
+  for (int st = 2 * iters - 2; st >= 0; --st) {
+    const T* A = hist + (1 + st) * nn;  // input of step st
+    if (st % 2 == 0) {                  // column step: sums over j, per column k
+      for (int k = 0; k < n; ++k) den[k] = gs[k] = 0;
+      for (int j = 0; j < n; ++j)
+        for (int k = 0; k < n; ++k) {
+          den[k] += A[j * n + k];
+          gs[k] += G[j * n + k] * A[j * n + k];
+        }
+      for (int k = 0; k < n; ++k) {
+        den[k] += eps;
+        gs[k] = gs[k] / (den[k] * den[k]);
+      }
+      for (int j = 0; j < n; ++j)
+        for (int k = 0; k < n; ++k) G[j * n + k] = G[j * n + k] / den[k] - gs[k];
+    } else {  // row step: sums over k, per row j
+      for (int j = 0; j < n; ++j) {
+        T s = 0, g = 0;
+        for (int k = 0; k < n; ++k) {
+          s += A[j * n + k];
+          g += G[j * n + k] * A[j * n + k];
+        }
+        const T dj = s + eps, corr = g / (dj * dj);
+        for (int k = 0; k < n; ++k) G[j * n + k] = G[j * n + k] / dj - corr;
+      }
+    }
+  }
+  // G is now the gradient of the softmax output (the + hc_eps passes it through).
+  const T* S = hist;
+  for (int j = 0; j < n; ++j) {
+    T s = 0;
+    for (int k = 0; k < n; ++k) s += G[j * n + k] * S[j * n + k];
+    for (int k = 0; k < n; ++k) cm[j * n + k] = S[j * n + k] * (G[j * n + k] - s);
+  }
+  for (int j = 0; j < n; ++j) {
+    const T sp = hc_sigmoid(mix[j] * scale[0] + base[j]);
+    dz[j] = dpre ? dpre[j] * sp * (T(1) - sp) : T(0);
+    const T sq = hc_sigmoid(mix[n + j] * scale[1] + base[n + j]);
+    dz[n + j] = dpost ? dpost[j] * T(2) * sq * (T(1) - sq) : T(0);
+  }
+}
+
+// Adds one token's parameter gradients from dz: dmix[q] = dz[q] * scale[g(q)] (written),
+// dbase[q] += dz[q], dscale[g] += sum_{q in g} dz[q] * mix[q]. R = (2+n)n (ngroups = 3) or
+// n (head, ngroups = 1).
+template <class T>
+void hc_dz_to_dmix(int n, int ngroups, const T* dz, const T* mix, const T* scale, T* dmix, T* dbase, T* dscale) {
+  for (int g = 0; g < ngroups; ++g) {
+    const int q0 = g * n, q1 = g < 2 ? (g + 1) * n : (2 + n) * n;
+    T ds = 0;
+    for (int q = q0; q < q1; ++q) {
+      dmix[q] = dz[q] * scale[g];
+      if (dbase) dbase[q] += dz[q];
+      ds += dz[q] * mix[q];
+    }
+    if (dscale) dscale[g] += ds;
+  }
+}
+
+// Shared forward projection: x_t: [K] -> rstd (returned), mix: [R] = (x_t * rstd) @ fn^T.
+template <class T>
+T hc_project(int64_t K, int R, T norm_eps, const T* xt, const T* fn, T* mix) {
+  T ss = 0;
+  for (int64_t i = 0; i < K; ++i) ss += xt[i] * xt[i];
+  const T r = T(1) / std::sqrt(ss / static_cast<T>(K) + norm_eps);
+  for (int q = 0; q < R; ++q) {
+    T s = 0;
+    for (int64_t i = 0; i < K; ++i) s += (xt[i] * r) * fn[q * K + i];
+    mix[q] = s;
+  }
+  return r;
+}
+
+// Shared backward of the projection and RMSNorm for one token:
+// dmix: [R] -> dx_t: [K] (+=), dfn: [R, K] (+=). xhat = x*rstd, g = dmix @ fn,
+// dx += rstd * (g - xhat * sum(g*xhat) / K).
+template <class T>
+void hc_project_bwd(int64_t K, int R, const T* xt, const T* fn, T r, const T* dmix, T* dxt, T* dfn) {
+  std::vector<T> g(K, T(0));
+  for (int q = 0; q < R; ++q)
+    for (int64_t i = 0; i < K; ++i) g[i] += dmix[q] * fn[q * K + i];
+  T gx = 0;
+  for (int64_t i = 0; i < K; ++i) gx += g[i] * (xt[i] * r);
+  const T m = gx / static_cast<T>(K);
+  for (int64_t i = 0; i < K; ++i) dxt[i] += r * (g[i] - (xt[i] * r) * m);
+  for (int q = 0; q < R; ++q)
+    for (int64_t i = 0; i < K; ++i) dfn[q * K + i] += dmix[q] * (xt[i] * r);
+}
+
+// x: [N, n, d]  fn: [R, K]  base: [R]  scale: [3] -> y: [N, d]  post: [N, n]  comb: [N, n, n]
+// mix: [N, R]  rstd: [N]
+template <class T>
+void hc_pre_fwd(const HcShape& s, const T* x, const T* fn, const T* base, const T* scale, T* y, T* post, T* comb,
+                T* mix, T* rstd) {
+  const int n = s.n;
+  const int64_t d = s.d, K = n * d;
+  const int R = (2 + n) * n;
+  std::vector<T> pre(n);
+  for (int64_t t = 0; t < s.N; ++t) {
+    const T* xt = x + t * K;
+    rstd[t] = hc_project<T>(K, R, static_cast<T>(s.norm_eps), xt, fn, mix + t * R);
+    hc_coeffs_fwd<T>(n, s.iters, static_cast<T>(s.hc_eps), mix + t * R, base, scale, pre.data(), post + t * n,
+                     comb + t * n * n, nullptr);
+    for (int64_t i = 0; i < d; ++i) {
+      T a = 0;
+      for (int j = 0; j < n; ++j) a += pre[j] * xt[j * d + i];
+      y[t * d + i] = a;
+    }
+  }
+}
+
+// dy: [N, d]  dpost: [N, n]  dcomb: [N, n, n] (each may be null = zero) -> dx: [N, n, d] (+=)
+// dfn: [R, K] (+=)  dbase: [R] (+=)  dscale: [3] (+=)
+template <class T>
+void hc_pre_bwd(const HcShape& s, const T* x, const T* fn, const T* base, const T* scale, const T* mix,
+                const T* rstd, const T* dy, const T* dpost, const T* dcomb, T* dx, T* dfn, T* dbase, T* dscale) {
+  const int n = s.n;
+  const int64_t d = s.d, K = n * d;
+  const int R = (2 + n) * n;
+  std::vector<T> pre(n), dpre(n), dz(R), dmix(R), scratch(hc_coeffs_scratch(n, s.iters));
+  for (int64_t t = 0; t < s.N; ++t) {
+    const T* xt = x + t * K;
+    T* dxt = dx + t * K;
+    for (int j = 0; j < n; ++j) {
+      T a = 0;
+      if (dy)
+        for (int64_t i = 0; i < d; ++i) a += dy[t * d + i] * xt[j * d + i];
+      dpre[j] = a;
+    }
+    hc_coeffs_bwd<T>(n, s.iters, static_cast<T>(s.hc_eps), mix + t * R, base, scale, dpre.data(),
+                     dpost ? dpost + t * n : nullptr, dcomb ? dcomb + t * n * n : nullptr, dz.data(), pre.data(),
+                     scratch.data());
+    if (dy)
+      for (int j = 0; j < n; ++j)
+        for (int64_t i = 0; i < d; ++i) dxt[j * d + i] += pre[j] * dy[t * d + i];
+    hc_dz_to_dmix<T>(n, 3, dz.data(), mix + t * R, scale, dmix.data(), dbase, dscale);
+    hc_project_bwd<T>(K, R, xt, fn, rstd[t], dmix.data(), dxt, dfn);
+  }
+}
+
+// x: [N, n, d]  f: [N, d]  post: [N, n]  comb: [N, n, n] -> out: [N, n, d]
+template <class T>
+void hc_post_fwd(const HcShape& s, const T* x, const T* f, const T* post, const T* comb, T* out) {
+  const int n = s.n;
+  const int64_t d = s.d;
+  for (int64_t t = 0; t < s.N; ++t)
+    for (int k = 0; k < n; ++k)
+      for (int64_t i = 0; i < d; ++i) {
+        T a = post[t * n + k] * f[t * d + i];
+        for (int j = 0; j < n; ++j) a += comb[(t * n + j) * n + k] * x[(t * n + j) * d + i];
+        out[(t * n + k) * d + i] = a;
+      }
+}
+
+// dout: [N, n, d] -> dx: [N, n, d]  df: [N, d]  dpost: [N, n]  dcomb: [N, n, n] (all OVERWRITE)
+template <class T>
+void hc_post_bwd(const HcShape& s, const T* x, const T* f, const T* post, const T* comb, const T* dout, T* dx,
+                 T* df, T* dpost, T* dcomb) {
+  const int n = s.n;
+  const int64_t d = s.d;
+  for (int64_t t = 0; t < s.N; ++t) {
+    const T* go = dout + t * n * d;
+    for (int64_t i = 0; i < d; ++i) {
+      T a = 0;
+      for (int k = 0; k < n; ++k) a += post[t * n + k] * go[k * d + i];
+      df[t * d + i] = a;
+    }
+    for (int j = 0; j < n; ++j)
+      for (int64_t i = 0; i < d; ++i) {
+        T a = 0;
+        for (int k = 0; k < n; ++k) a += comb[(t * n + j) * n + k] * go[k * d + i];
+        dx[(t * n + j) * d + i] = a;
+      }
+    for (int k = 0; k < n; ++k) {
+      T a = 0;
+      for (int64_t i = 0; i < d; ++i) a += go[k * d + i] * f[t * d + i];
+      dpost[t * n + k] = a;
+    }
+    for (int j = 0; j < n; ++j)
+      for (int k = 0; k < n; ++k) {
+        T a = 0;
+        for (int64_t i = 0; i < d; ++i) a += go[k * d + i] * x[(t * n + j) * d + i];
+        dcomb[(t * n + j) * n + k] = a;
+      }
+  }
+}
+
+// x: [N, n, d]  hc_fn: [n, K]  hc_base: [n]  hc_scale: [1] -> y: [N, d]  mix: [N, n]  rstd: [N]
+template <class T>
+void hc_head_fwd(const HcShape& s, const T* x, const T* hc_fn, const T* hc_base, const T* hc_scale, T* y, T* mix,
+                 T* rstd) {
+  const int n = s.n;
+  const int64_t d = s.d, K = n * d;
+  const T eps = static_cast<T>(s.hc_eps);
+  std::vector<T> pre(n);
+  for (int64_t t = 0; t < s.N; ++t) {
+    const T* xt = x + t * K;
+    rstd[t] = hc_project<T>(K, n, static_cast<T>(s.norm_eps), xt, hc_fn, mix + t * n);
+    for (int j = 0; j < n; ++j) pre[j] = hc_sigmoid(mix[t * n + j] * hc_scale[0] + hc_base[j]) + eps;
+    for (int64_t i = 0; i < d; ++i) {
+      T a = 0;
+      for (int j = 0; j < n; ++j) a += pre[j] * xt[j * d + i];
+      y[t * d + i] = a;
+    }
+  }
+}
+
+// dy: [N, d] -> dx: [N, n, d] (OVERWRITE)  dfn: [n, K] (+=)  dbase: [n] (+=)  dscale: [1] (+=)
+template <class T>
+void hc_head_bwd(const HcShape& s, const T* x, const T* hc_fn, const T* hc_base, const T* hc_scale, const T* mix,
+                 const T* rstd, const T* dy, T* dx, T* dfn, T* dbase, T* dscale) {
+  const int n = s.n;
+  const int64_t d = s.d, K = n * d;
+  const T eps = static_cast<T>(s.hc_eps);
+  std::vector<T> dz(n), dmix(n);
+  for (int64_t t = 0; t < s.N; ++t) {
+    const T* xt = x + t * K;
+    T* dxt = dx + t * K;
+    for (int j = 0; j < n; ++j) {
+      const T sg = hc_sigmoid(mix[t * n + j] * hc_scale[0] + hc_base[j]);
+      T a = 0;
+      for (int64_t i = 0; i < d; ++i) a += dy[t * d + i] * xt[j * d + i];
+      dz[j] = a * sg * (T(1) - sg);
+      for (int64_t i = 0; i < d; ++i) dxt[j * d + i] = (sg + eps) * dy[t * d + i];
+    }
+    hc_dz_to_dmix<T>(n, 1, dz.data(), mix + t * n, hc_scale, dmix.data(), dbase, dscale);
+    hc_project_bwd<T>(K, n, xt, hc_fn, rstd[t], dmix.data(), dxt, dfn);
+  }
+}
+
+}  // namespace trex::kern::ref

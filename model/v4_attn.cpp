@@ -1,0 +1,313 @@
+#include "model/v4_attn.h"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+#include "core/parallel.h"
+#include "kernels/compress_pool.h"
+#include "kernels/gemm.h"
+#include "kernels/indexer.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+#include "kernels/sparse_attn.h"
+
+namespace trex::model {
+
+namespace {
+
+W wt(const V4AttnIn& in, int64_t off) { return {in.P + off, in.Pb ? in.Pb + off : nullptr}; }
+float* gr(const V4AttnIn& in, int64_t off) { return in.G ? in.G + off : nullptr; }
+
+// RoPE on the last rd dims of each of H heads of hd: x [N, H, hd].
+void rope_heads(float* x, int64_t N, int H, int64_t hd, int64_t rd, const int32_t* pos, const float* cos,
+                const float* sin, bool inverse) {
+  kern::rope_apply(x + (hd - rd), N, H, H * hd, hd, (int)rd, pos, cos, sin, kern::RopeLayout::Interleaved, inverse);
+}
+
+float* ones(StackArena& A, int64_t n) {
+  float* o = A.alloc<float>(n);
+  for (int64_t i = 0; i < n; ++i) o[i] = 1.f;
+  return o;
+}
+
+// Grouped low-rank projection: Y[:, g*olr : (g+1)*olr] = X[:, g*Dg : (g+1)*Dg] @ W_g^T with
+// W [G*olr, Dg] (W_g its g-th block of rows). X: [N, G*Dg], Y: [N, G*olr].
+struct Grouped {
+  int64_t N, G, Dg, olr;
+};
+
+const void* rows_for_gemm(const Ctx& c, const float* x, int64_t n) {
+  if (c.prec == kern::Prec::F32) return x;
+  bf16* b = c.ws->alloc<bf16>(n);
+  to_bf16(x, b, n);
+  return b;
+}
+
+void grouped_fwd(const Ctx& c, const Grouped& g, const float* X, W w, float* Y) {
+  auto mk = c.ws->mark();
+  const bool bf = c.prec == kern::Prec::BF16 && w.b;
+  const void* x = bf ? rows_for_gemm(c, X, g.N * g.G * g.Dg) : (const void*)X;
+  const size_t es = bf ? 2 : 4;
+  const char* wb = bf ? (const char*)w.b : (const char*)w.f;
+  std::vector<kern::GemmGroup> gg;
+  for (int64_t k = 0; k < g.G; ++k)
+    gg.push_back({(const char*)x + k * g.Dg * es, wb + k * g.olr * g.Dg * es, Y + k * g.olr, g.N, g.olr, g.Dg,
+                  g.G * g.Dg, g.Dg, g.G * g.olr});
+  kern::grouped_gemm(bf ? kern::Prec::BF16 : kern::Prec::F32, false, true, 1.f, 0.f, gg.data(), (int)gg.size());
+  c.ws->release(mk);
+}
+
+// dY -> dX (overwrite), dW (+=)
+void grouped_bwd(const Ctx& c, const Grouped& g, const float* X, W w, const float* dY, float* dX, float* dW) {
+  auto mk = c.ws->mark();
+  const bool bf = c.prec == kern::Prec::BF16 && w.b;
+  const kern::Prec pr = bf ? kern::Prec::BF16 : kern::Prec::F32;
+  const size_t es = bf ? 2 : 4;
+  const void* dy = bf ? rows_for_gemm(c, dY, g.N * g.G * g.olr) : (const void*)dY;
+  const char* wb = bf ? (const char*)w.b : (const char*)w.f;
+  std::vector<kern::GemmGroup> gg;
+  for (int64_t k = 0; k < g.G; ++k)
+    gg.push_back({(const char*)dy + k * g.olr * es, wb + k * g.olr * g.Dg * es, dX + k * g.Dg, g.N, g.Dg, g.olr,
+                  g.G * g.olr, g.Dg, g.G * g.Dg});
+  kern::grouped_gemm(pr, false, false, 1.f, 0.f, gg.data(), (int)gg.size());
+  if (dW) {
+    const void* x = bf ? rows_for_gemm(c, X, g.N * g.G * g.Dg) : (const void*)X;
+    gg.clear();
+    for (int64_t k = 0; k < g.G; ++k)
+      gg.push_back({(const char*)dy + k * g.olr * es, (const char*)x + k * g.Dg * es, dW + k * g.olr * g.Dg, g.olr,
+                    g.Dg, g.N, g.G * g.olr, g.G * g.Dg, g.Dg});
+    kern::grouped_gemm(pr, true, false, 1.f, 1.f, gg.data(), (int)gg.size());
+  }
+  c.ws->release(mk);
+}
+
+// First token of the window that compressed entry w covers (CSA windows overlap the previous one).
+int64_t window_start(AttnKind k, int64_t w, int64_t m) { return k == AttnKind::CSA ? std::max<int64_t>(0, (w - 1) * m) : w * m; }
+
+// The CSA indexer (forward only): per query the selected compressed entries. -> cnt [N], sel [N, topk]
+void indexer_select(const Ctx& c, const V4AttnIn& in, const float* x, const float* qres, const int32_t* tpos,
+                    const int32_t* cpos, int64_t nw, int32_t* cnt, int32_t* sel) {
+  const ModelConfig& cf = *in.cfg;
+  const V4Config& v = cf.v4;
+  const V4LayerParams& p = *in.p;
+  const int64_t B = in.B, T = in.T, N = B * T, d = cf.hidden_size, dI = v.index_head_dim, nI = v.index_n_heads;
+  const int64_t rd = cf.qk_rope_head_dim, m = v.rate(in.layer);
+  StackArena& A = *c.ws;
+  auto mk = A.mark();
+  float* ik = A.alloc<float>(std::max<int64_t>(B * nw, 1) * dI);
+  if (nw > 0) {
+    float* ikv = A.alloc<float>(N * 2 * dI);
+    float* ig = A.alloc<float>(N * 2 * dI);
+    linear_fwd(c, x, N, d, wt(in, p.i_kv), 2 * dI, ikv);
+    linear_fwd(c, x, N, d, wt(in, p.i_gate), 2 * dI, ig);
+    float* pool = A.alloc<float>(B * nw * dI);
+    kern::compress_pool_fwd(B, T, m, dI, 2, ikv, ig, in.P + p.i_pb, pool);
+    kern::rmsnorm_fwd(pool, B * nw, dI, in.P + p.i_norm, (float)cf.rms_norm_eps, ik, nullptr);
+    rope_heads(ik, B * nw, 1, dI, rd, cpos, in.ccos, in.csin, false);
+  }
+  float* iq = A.alloc<float>(N * nI * dI);
+  linear_fwd(c, qres, N, cf.q_lora_rank, wt(in, p.i_qb), nI * dI, iq);
+  rope_heads(iq, N, (int)nI, dI, rd, tpos, in.ccos, in.csin, false);
+  float* wts = A.alloc<float>(N * nI);
+  linear_fwd(c, x, N, d, wt(in, p.i_w), nI, wts);
+  const float ws = (float)std::pow((double)nI, -0.5);
+  for (int64_t i = 0; i < N * nI; ++i) wts[i] *= ws;
+  kern::IndexerShape sh{B, T, nw, (int)nI, (int)dI, m, (int)v.index_topk, (float)std::pow((double)dI, -0.5)};
+  float* work = A.alloc<float>(std::max<size_t>(kern::indexer_workspace_floats(sh), 1));
+  kern::indexer_topk(sh, iq, ik, wts, tpos, cnt, sel, nullptr, work);
+  A.release(mk);
+}
+
+}  // namespace
+
+void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* out, V4AttnSaved& s) {
+  const ModelConfig& cf = *in.cfg;
+  const V4Config& v = cf.v4;
+  const V4LayerParams& p = *in.p;
+  const AttnKind kind = v.attn[in.layer];
+  const int64_t B = in.B, T = in.T, N = B * T, d = cf.hidden_size, H = cf.num_attention_heads, hd = v.head_dim;
+  const int64_t qr = cf.q_lora_rank, rd = cf.qk_rope_head_dim, m = v.rate(in.layer), W = v.sliding_window;
+  const float eps = (float)cf.rms_norm_eps;
+  StackArena& A = *c.ws;
+  s.x = x;
+
+  int32_t* tpos = A.alloc<int32_t>(N);
+  for (int64_t i = 0; i < N; ++i) tpos[i] = (int32_t)(i % T);
+
+  // Query path.
+  s.qa = A.alloc<float>(N * qr);
+  s.qa_rstd = A.alloc<float>(N);
+  s.qres = A.alloc<float>(N * qr);
+  linear_fwd(c, x, N, d, wt(in, p.q_a), qr, s.qa);
+  kern::rmsnorm_fwd(s.qa, N, qr, in.P + p.q_a_norm, eps, s.qres, s.qa_rstd);
+  s.qb = A.alloc<float>(N * H * hd);
+  s.q_rstd = A.alloc<float>(N * H);
+  s.Q = A.alloc<float>(N * H * hd);
+  linear_fwd(c, s.qres, N, qr, wt(in, p.q_b), H * hd, s.qb);
+  {
+    auto mk = A.mark();
+    kern::rmsnorm_fwd(s.qb, N * H, hd, ones(A, hd), eps, s.Q, s.q_rstd);
+    A.release(mk);
+  }
+  rope_heads(s.Q, N, (int)H, hd, rd, tpos, in.cos, in.sin, false);
+
+  // Sliding key/value rows, then compressed entries.
+  s.nw = kind == AttnKind::Sliding ? 0 : T / m;
+  const int64_t nw = s.nw;
+  s.M = N + B * nw;
+  s.KV = A.alloc<float>(s.M * hd);
+  s.kvp = A.alloc<float>(N * hd);
+  s.kv_rstd = A.alloc<float>(N);
+  linear_fwd(c, x, N, d, wt(in, p.kv), hd, s.kvp);
+  kern::rmsnorm_fwd(s.kvp, N, hd, in.P + p.kv_norm, eps, s.KV, s.kv_rstd);
+  rope_heads(s.KV, N, 1, hd, rd, tpos, in.cos, in.sin, false);
+  int32_t* cpos = A.alloc<int32_t>(std::max<int64_t>(B * nw, 1));
+  for (int64_t i = 0; i < B * nw; ++i) cpos[i] = (int32_t)((i % nw) * m);
+  if (kind != AttnKind::Sliding) {
+    const int cc = kind == AttnKind::CSA ? 2 : 1;
+    s.ckv = A.alloc<float>(N * cc * hd);
+    s.cgate = A.alloc<float>(N * cc * hd);
+    linear_fwd(c, x, N, d, wt(in, p.c_kv), cc * hd, s.ckv);
+    linear_fwd(c, x, N, d, wt(in, p.c_gate), cc * hd, s.cgate);
+    s.cpool = A.alloc<float>(std::max<int64_t>(B * nw, 1) * hd);
+    s.c_rstd = A.alloc<float>(std::max<int64_t>(B * nw, 1));
+    if (nw > 0) {
+      kern::compress_pool_fwd(B, T, m, hd, cc, s.ckv, s.cgate, in.P + p.c_pb, s.cpool);
+      float* C = s.KV + N * hd;
+      kern::rmsnorm_fwd(s.cpool, B * nw, hd, in.P + p.c_norm, eps, C, s.c_rstd);
+      rope_heads(C, B * nw, 1, hd, rd, cpos, in.ccos, in.csin, false);
+    }
+  }
+
+  // Key lists.
+  int32_t* cnt = nullptr;
+  int32_t* sel = nullptr;
+  const int64_t topk = v.index_topk;
+  if (kind == AttnKind::CSA) {
+    cnt = A.alloc<int32_t>(N);
+    sel = A.alloc<int32_t>(N * topk);
+    indexer_select(c, in, x, s.qres, tpos, cpos, nw, cnt, sel);
+  }
+  auto same_doc = [&](int64_t b, int64_t t, int64_t u) { return !in.seg || in.seg[b * T + u] == in.seg[b * T + t]; };
+  auto for_keys = [&](int64_t i, auto&& f) {
+    const int64_t b = i / T, t = i % T;
+    for (int64_t u = std::max<int64_t>(0, t - W + 1); u <= t; ++u)
+      if (same_doc(b, t, u)) f((int32_t)(b * T + u));
+    if (kind == AttnKind::HCA) {
+      for (int64_t w = 0; w < std::min<int64_t>((t + 1) / m, nw); ++w)
+        if (same_doc(b, t, window_start(kind, w, m))) f((int32_t)(N + b * nw + w));
+    } else if (kind == AttnKind::CSA) {
+      for (int64_t k = 0; k < cnt[i]; ++k) {
+        const int64_t w = sel[i * topk + k];
+        if (same_doc(b, t, window_start(kind, w, m))) f((int32_t)(N + b * nw + w));
+      }
+    }
+  };
+  s.off = A.alloc<int64_t>(N + 1);
+  s.off[0] = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    int64_t n = 0;
+    for_keys(i, [&](int32_t) { ++n; });
+    s.off[i + 1] = s.off[i] + n;
+  }
+  s.idx = A.alloc<int32_t>(std::max<int64_t>(s.off[N], 1));
+  parallel_for(N, 64, [&](int64_t b0, int64_t b1) {
+    for (int64_t i = b0; i < b1; ++i) {
+      int64_t k = s.off[i];
+      for_keys(i, [&](int32_t r) { s.idx[k++] = r; });
+    }
+  });
+
+  // Attention with sinks, inverse RoPE, grouped output projection.
+  s.O = A.alloc<float>(N * H * hd);
+  s.lse = A.alloc<float>(N * H);
+  kern::SparseAttnShape sh{N, (int)H, (int)hd, (float)std::pow((double)hd, -0.5)};
+  kern::sparse_attn_fwd(sh, s.Q, s.KV, s.M, s.off, s.idx, in.P + p.sinks, s.O, s.lse);
+  s.Or = A.alloc<float>(N * H * hd);
+  std::memcpy(s.Or, s.O, N * H * hd * sizeof(float));
+  rope_heads(s.Or, N, (int)H, hd, rd, tpos, in.cos, in.sin, true);
+  const Grouped g{N, v.o_groups, H * hd / v.o_groups, v.o_lora_rank};
+  s.Y = A.alloc<float>(N * v.o_groups * v.o_lora_rank);
+  grouped_fwd(c, g, s.Or, wt(in, p.o_a), s.Y);
+  linear_fwd(c, s.Y, N, v.o_groups * v.o_lora_rank, wt(in, p.o_b), d, out);
+}
+
+void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, const float* dout, float* dx) {
+  const ModelConfig& cf = *in.cfg;
+  const V4Config& v = cf.v4;
+  const V4LayerParams& p = *in.p;
+  const AttnKind kind = v.attn[in.layer];
+  const int64_t B = in.B, T = in.T, N = B * T, d = cf.hidden_size, H = cf.num_attention_heads, hd = v.head_dim;
+  const int64_t qr = cf.q_lora_rank, rd = cf.qk_rope_head_dim, m = v.rate(in.layer), nw = s.nw;
+  StackArena& A = *c.ws;
+  auto mk = A.mark();
+  int32_t* tpos = A.alloc<int32_t>(N);
+  for (int64_t i = 0; i < N; ++i) tpos[i] = (int32_t)(i % T);
+
+  // Output projections.
+  const int64_t GO = v.o_groups * v.o_lora_rank;
+  float* dY = A.alloc<float>(N * GO);
+  linear_bwd(c, dout, s.Y, N, GO, wt(in, p.o_b), d, dY, false, gr(in, p.o_b));
+  float* dO = A.alloc<float>(N * H * hd);
+  const Grouped g{N, v.o_groups, H * hd / v.o_groups, v.o_lora_rank};
+  grouped_bwd(c, g, s.Or, wt(in, p.o_a), dY, dO, gr(in, p.o_a));
+  rope_heads(dO, N, (int)H, hd, rd, tpos, in.cos, in.sin, false);  // adjoint of the inverse rotation
+
+  // Attention.
+  float* dQ = A.alloc<float>(N * H * hd);
+  float* dKV = A.alloc_zero<float>(s.M * hd);
+  kern::SparseAttnShape sh{N, (int)H, (int)hd, (float)std::pow((double)hd, -0.5)};
+  {
+    auto mw = A.mark();
+    float* work = A.alloc<float>(std::max<size_t>(kern::sparse_attn_bwd_workspace_floats(sh, s.M), 1));
+    kern::sparse_attn_bwd(sh, s.Q, s.KV, s.M, s.off, s.idx, in.P + p.sinks, s.O, s.lse, dO, dQ, dKV,
+                          gr(in, p.sinks), work);
+    A.release(mw);
+  }
+
+  // Sliding KV rows -> kv_norm -> kv_proj.
+  rope_heads(dKV, N, 1, hd, rd, tpos, in.cos, in.sin, true);
+  float* dkvp = A.alloc<float>(N * hd);
+  kern::rmsnorm_bwd(dKV, s.kvp, N, hd, in.P + p.kv_norm, s.kv_rstd, dkvp, gr(in, p.kv_norm));
+  linear_bwd(c, dkvp, s.x, N, d, wt(in, p.kv), hd, dx, false, gr(in, p.kv));
+
+  // Compressed entries -> kv_norm -> pooling -> kv_proj / gate_proj.
+  if (kind != AttnKind::Sliding && nw > 0) {
+    const int cc = kind == AttnKind::CSA ? 2 : 1;
+    int32_t* cpos = A.alloc<int32_t>(B * nw);
+    for (int64_t i = 0; i < B * nw; ++i) cpos[i] = (int32_t)((i % nw) * m);
+    float* dC = dKV + N * hd;
+    rope_heads(dC, B * nw, 1, hd, rd, cpos, in.ccos, in.csin, true);
+    float* dpool = A.alloc<float>(B * nw * hd);
+    kern::rmsnorm_bwd(dC, s.cpool, B * nw, hd, in.P + p.c_norm, s.c_rstd, dpool, gr(in, p.c_norm));
+    float* dckv = A.alloc<float>(N * cc * hd);
+    float* dcg = A.alloc<float>(N * cc * hd);
+    float* dpb = in.G ? in.G + p.c_pb : A.alloc_zero<float>(m * cc * hd);
+    {
+      auto mw = A.mark();
+      float* work = A.alloc<float>(std::max<size_t>(kern::compress_pool_bwd_workspace_floats(B, T, m, hd, cc), 1));
+      kern::compress_pool_bwd(B, T, m, hd, cc, s.ckv, s.cgate, in.P + p.c_pb, dpool, dckv, dcg, dpb, work);
+      A.release(mw);
+    }
+    linear_bwd(c, dckv, s.x, N, d, wt(in, p.c_kv), cc * hd, dx, true, gr(in, p.c_kv));
+    linear_bwd(c, dcg, s.x, N, d, wt(in, p.c_gate), cc * hd, dx, true, gr(in, p.c_gate));
+  }
+
+  // Query path: rope^-1 -> per-head norm -> q_b -> q_a_norm -> q_a.
+  rope_heads(dQ, N, (int)H, hd, rd, tpos, in.cos, in.sin, true);
+  float* dqb = A.alloc<float>(N * H * hd);
+  {
+    auto mw = A.mark();
+    float* dw = A.alloc_zero<float>(hd);
+    kern::rmsnorm_bwd(dQ, s.qb, N * H, hd, ones(A, hd), s.q_rstd, dqb, dw);
+    A.release(mw);
+  }
+  float* dqres = A.alloc<float>(N * qr);
+  linear_bwd(c, dqb, s.qres, N, qr, wt(in, p.q_b), H * hd, dqres, false, gr(in, p.q_b));
+  float* dqa = A.alloc<float>(N * qr);
+  kern::rmsnorm_bwd(dqres, s.qa, N, qr, in.P + p.q_a_norm, s.qa_rstd, dqa, gr(in, p.q_a_norm));
+  linear_bwd(c, dqa, s.x, N, d, wt(in, p.q_a), qr, dx, true, gr(in, p.q_a));
+  A.release(mk);
+}
+
+}  // namespace trex::model

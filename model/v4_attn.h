@@ -1,0 +1,61 @@
+// DeepSeek-V4 attention block (HF DeepseekV4Attention without a cache), forward and backward:
+//   q_res = rmsnorm(q_a(x))                                   [N, qr]   (weighted, eps rms_norm_eps)
+//   Q     = rope(rmsnorm_unweighted_per_head(q_b(q_res)))     [N, H, hd]
+//   KV    = rope(rmsnorm(kv(x)))                              [N, hd]   one head, used as K and V
+//   C     = rope(rmsnorm(pool(ckv(x), cgate(x), position_bias)))  [B, nw, hd] compressed entries
+//           (CSA: overlapping windows of 2m; HCA: windows of m), entry w at position w*m
+//   keys of query t: KV rows t-W+1..t (sliding_window W) + compressed entries
+//           (HCA: every w < (t+1)/m; CSA: the indexer's top index_topk of those)
+//   O     = softmax([scale q.k ..., sink_h]) without the sink column, times the keys   [N, H, hd]
+//   out   = o_b(grouped o_a(inverse_rope(O)))                 [N, d]
+// RoPE: interleaved pairs on the last qk_rope_head_dim dims of each head; sliding layers use the
+// "main" table, compressed layers (and the indexer) the "compress" table. The indexer's selection
+// carries no gradient, so the indexer's own weights get none (as in the reference).
+// Positions: the row index t of each token (HF's default position_ids). Packed rows (seg ids)
+// mask keys of other documents, and compressed entries whose window starts before the query's
+// document; RoPE is relative, so a document's sliding keys see the same q.k as when alone.
+// Parameter gradients accumulate into the gradient slab; dx is overwritten.
+#pragma once
+#include <cstdint>
+#include "model/config.h"
+#include "model/linear.h"
+#include "model/params.h"
+
+namespace trex::model {
+
+struct V4AttnIn {
+  const ModelConfig* cfg;
+  const V4LayerParams* p;
+  int64_t layer;
+  const float* P;      // parameter slab
+  const bf16* Pb;      // bf16 shadow or null
+  float* G;            // gradient slab (null: no backward)
+  const float *cos, *sin;    // this layer's RoPE table [T, rd/2] (main or compress)
+  const float *ccos, *csin;  // compress table [T, rd/2] (compressed entries, indexer)
+  const int32_t* seg;  // [B, T] document ids or null
+  int64_t B, T;
+};
+
+struct V4AttnSaved {
+  const float* x = nullptr;                   // [N, d]
+  float *qa = nullptr, *qa_rstd = nullptr, *qres = nullptr;  // [N, qr] x2, [N]
+  float *qb = nullptr, *q_rstd = nullptr;     // [N, H*hd] before the per-head norm, [N*H]
+  float* Q = nullptr;                         // [N, H, hd]
+  float *kvp = nullptr, *kv_rstd = nullptr;   // [N, hd], [N]
+  int64_t nw = 0, M = 0;                      // compressed entries per row, KV rows (N + B*nw)
+  float* KV = nullptr;                        // [M, hd] sliding rows, then compressed entries
+  float *ckv = nullptr, *cgate = nullptr;     // [N, c*hd]
+  float *cpool = nullptr, *c_rstd = nullptr;  // [B*nw, hd], [B*nw]
+  int64_t* off = nullptr;                     // [N+1] key lists
+  int32_t* idx = nullptr;
+  float *O = nullptr, *lse = nullptr;         // [N, H, hd] attention output, [N, H]
+  float* Or = nullptr;                        // [N, H*hd] after the inverse RoPE
+  float* Y = nullptr;                         // [N, G*olr] grouped o_a output
+};
+
+// x: [N, d] -> out: [N, d]
+void v4_attn_forward(const Ctx&, const V4AttnIn&, const float* x, float* out, V4AttnSaved& s);
+// dout: [N, d] -> dx: [N, d] (overwrite); parameter grads += into in.G
+void v4_attn_backward(const Ctx&, const V4AttnIn&, const V4AttnSaved& s, const float* dout, float* dx);
+
+}  // namespace trex::model

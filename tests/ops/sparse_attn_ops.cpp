@@ -1,0 +1,273 @@
+// Op cases for sparse shared-KV sink attention (kernels/sparse_attn.h):
+//   test: dispatched fwd (o, lse) and bwd (dq, dkv +=, dsink +=) against the reference in double,
+//         over odd and round H (1..64, padded head lanes) and D (16..512), lists of a sliding
+//         window plus random earlier / compressed rows in random order (lengths 0..~300, several
+//         key blocks), queries without keys, with and without a sink, one and many backward
+//         chunks; plus bitwise equality of all outputs between 1 thread and all threads;
+//   grad: reference backward in double against finite differences of the reference forward
+//         (dq, dkv, dsink of sum(o * R));
+//   perf: GFLOP/s of fwd (4 N H D n_avg) and bwd (8 N H D n_avg).
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/parallel.h"
+#include "kernels/ref/sparse_attn.h"
+#include "kernels/sparse_attn.h"
+#include "tests/ops/harness.h"
+
+namespace {
+
+using trex::Rng;
+using trex::kern::SparseAttnShape;
+using namespace trex::ops;
+
+struct Cfg {
+  int64_t N;
+  int H, D;
+  int window;      // rows [i - window + 1, i] of the first N rows of kv
+  int extra;       // plus up to this many random earlier rows or compressed rows [N, N + i/4]
+  int empty_every; // > 0: every empty_every-th query has no keys at all
+  bool sink;
+  float sharp;     // scale = sharp / sqrt(D)
+};
+
+std::string cfg_name(const char* op, const Cfg& c) {
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "%s N=%lld H=%d D=%d win=%d extra=%d%s%s%s", op,
+                static_cast<long long>(c.N), c.H, c.D, c.window, c.extra,
+                c.empty_every ? (" empty/" + std::to_string(c.empty_every)).c_str() : "",
+                c.sink ? " sink" : "", c.sharp != 1.f ? " sharp" : "");
+  return buf;
+}
+
+SparseAttnShape shape_of(const Cfg& c) {
+  return SparseAttnShape{c.N, c.H, c.D, c.sharp / std::sqrt(static_cast<float>(c.D))};
+}
+int64_t rows_of(const Cfg& c) { return c.N + c.N / 4 + 1; }
+
+struct Lists {
+  std::vector<int64_t> off;
+  std::vector<int32_t> idx;
+};
+
+// Query i: its window, then up to `extra` distinct rows drawn from the earlier rows before the
+// window and the compressed rows [N, N + i/4], the whole list shuffled.
+Lists make_lists(const Cfg& c, Rng& r) {
+  Lists L;
+  L.off.push_back(0);
+  std::vector<char> used(static_cast<size_t>(rows_of(c)), 0);
+  std::vector<int32_t> row;
+  for (int64_t i = 0; i < c.N; ++i) {
+    row.clear();
+    if (!(c.empty_every > 0 && i % c.empty_every == c.empty_every - 1)) {
+      const int64_t w0 = std::max<int64_t>(0, i - c.window + 1);
+      for (int64_t j = w0; j <= i; ++j) row.push_back(static_cast<int32_t>(j));
+      const int64_t pool = w0 + i / 4 + 1;
+      const int64_t want = std::min<int64_t>(c.extra, pool);
+      for (int32_t x : row) used[x] = 1;
+      while (static_cast<int64_t>(row.size()) < (i - w0 + 1) + want) {
+        int64_t k = static_cast<int64_t>(r.next_u64() % static_cast<uint64_t>(pool));
+        const int32_t x = static_cast<int32_t>(k < w0 ? k : c.N + (k - w0));
+        if (!used[x]) used[x] = 1, row.push_back(x);
+      }
+      for (int32_t x : row) used[x] = 0;
+      for (size_t a = row.size(); a > 1; --a) std::swap(row[a - 1], row[r.next_u64() % a]);
+    }
+    L.idx.insert(L.idx.end(), row.begin(), row.end());
+    L.off.push_back(static_cast<int64_t>(L.idx.size()));
+  }
+  return L;
+}
+
+std::vector<double> to_double(const float* p, size_t n) { return std::vector<double>(p, p + n); }
+
+bool check(const std::string& name, const char* what, const float* got,
+           const std::vector<double>& want, bool guard_ok, double tol) {
+  bool nan_mis = false;
+  double e = nmse(got, want.data(), want.size(), &nan_mis);
+  return report(name, what, e, tol, guard_ok && !nan_mis,
+                guard_ok ? "NaN/Inf mismatch" : "guard overwritten");
+}
+
+struct Inputs {
+  std::vector<float> q, kv, sink, dO, dkv0, dsink0;
+};
+Inputs make_inputs(const Cfg& c, Rng& r) {
+  const size_t nq = size_t(c.N) * c.H * c.D, nkv = size_t(rows_of(c)) * c.D;
+  Inputs in{std::vector<float>(nq), std::vector<float>(nkv), std::vector<float>(c.H),
+            std::vector<float>(nq), std::vector<float>(nkv), std::vector<float>(c.H)};
+  fill_normal(in.q.data(), nq, r), fill_normal(in.kv.data(), nkv, r);
+  fill_normal(in.sink.data(), c.H, r, 2.0), fill_normal(in.dO.data(), nq, r);
+  fill_normal(in.dkv0.data(), nkv, r, 0.25), fill_normal(in.dsink0.data(), c.H, r, 0.25);
+  return in;
+}
+
+bool run_test(const Cfg& c) {
+  const SparseAttnShape sh = shape_of(c);
+  const int64_t M = rows_of(c);
+  const size_t nq = size_t(c.N) * c.H * c.D, nkv = size_t(M) * c.D, nl = size_t(c.N) * c.H;
+  Rng r(1234 + c.N * 7 + c.D + c.H);
+  const Lists L = make_lists(c, r);
+  const Inputs in = make_inputs(c, r);
+  const float* sk = c.sink ? in.sink.data() : nullptr;
+
+  Guarded<float> o(nq), lse(nl), dq(nq, 7.0f), dkv(nkv), dsink(c.H);
+  std::copy(in.dkv0.begin(), in.dkv0.end(), dkv.data());
+  std::copy(in.dsink0.begin(), in.dsink0.end(), dsink.data());
+  std::vector<float> ws(trex::kern::sparse_attn_bwd_workspace_floats(sh, M), 3.0f);
+  trex::kern::sparse_attn_fwd(sh, in.q.data(), in.kv.data(), M, L.off.data(), L.idx.data(), sk,
+                              o.data(), lse.data());
+  trex::kern::sparse_attn_bwd(sh, in.q.data(), in.kv.data(), M, L.off.data(), L.idx.data(), sk,
+                              o.data(), lse.data(), in.dO.data(), dq.data(), dkv.data(),
+                              c.sink ? dsink.data() : nullptr, ws.data());
+
+  auto qd = to_double(in.q.data(), nq), kvd = to_double(in.kv.data(), nkv),
+       sd = to_double(in.sink.data(), c.H), dOd = to_double(in.dO.data(), nq);
+  std::vector<double> od(nq), lsed(nl), dqd(nq), dkvd = to_double(in.dkv0.data(), nkv),
+                                                 dsd = to_double(in.dsink0.data(), c.H);
+  const double* skd = c.sink ? sd.data() : nullptr;
+  trex::kern::ref::sparse_attn_fwd<double>(sh, qd.data(), kvd.data(), M, L.off.data(),
+                                           L.idx.data(), skd, od.data(), lsed.data());
+  trex::kern::ref::sparse_attn_bwd<double>(sh, qd.data(), kvd.data(), M, L.off.data(),
+                                           L.idx.data(), skd, od.data(), lsed.data(), dOd.data(),
+                                           dqd.data(), dkvd.data(), c.sink ? dsd.data() : nullptr);
+  const std::string nf = cfg_name("sattn_fwd", c), nb = cfg_name("sattn_bwd", c);
+  bool ok = true;
+  ok &= check(nf, "o", o.data(), od, o.guard_ok(), 1e-10);
+  ok &= check(nf, "lse", lse.data(), lsed, lse.guard_ok(), 1e-12);
+  ok &= check(nb, "dq", dq.data(), dqd, dq.guard_ok(), 1e-10);
+  ok &= check(nb, "dkv", dkv.data(), dkvd, dkv.guard_ok(), 1e-10);
+  ok &= check(nb, "dsink", dsink.data(), dsd, dsink.guard_ok(), 1e-10);
+  return ok;
+}
+
+// All outputs with 1 thread and with all threads must agree bit for bit.
+bool run_determinism(const Cfg& c) {
+  const SparseAttnShape sh = shape_of(c);
+  const int64_t M = rows_of(c);
+  const size_t nq = size_t(c.N) * c.H * c.D, nl = size_t(c.N) * c.H;
+  Rng r(77);
+  const Lists L = make_lists(c, r);
+  const Inputs in = make_inputs(c, r);
+  std::vector<float> ws(trex::kern::sparse_attn_bwd_workspace_floats(sh, M));
+  auto run = [&](std::vector<float>& out) {
+    std::vector<float> o(nq), lse(nl), dq(nq), dkv = in.dkv0, dsink = in.dsink0;
+    trex::kern::sparse_attn_fwd(sh, in.q.data(), in.kv.data(), M, L.off.data(), L.idx.data(),
+                                in.sink.data(), o.data(), lse.data());
+    trex::kern::sparse_attn_bwd(sh, in.q.data(), in.kv.data(), M, L.off.data(), L.idx.data(),
+                                in.sink.data(), o.data(), lse.data(), in.dO.data(), dq.data(),
+                                dkv.data(), dsink.data(), ws.data());
+    out.clear();
+    for (auto* v : {&o, &lse, &dq, &dkv, &dsink}) out.insert(out.end(), v->begin(), v->end());
+  };
+  const int nt = trex::num_threads();
+  std::vector<float> a, b;
+  omp_set_num_threads(1);
+  run(a);
+  omp_set_num_threads(nt);
+  run(b);
+  size_t diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  char what[64];
+  std::snprintf(what, sizeof what, "1 vs %d threads: %zu differing floats", nt, diff);
+  return report(cfg_name("sattn_determinism", c), "bits", static_cast<double>(diff), 0.0, true,
+                what);
+}
+
+// f(q, kv, sink) = sum(o * R) in double; its gradient is the reference backward with dO = R.
+bool run_grad(const Cfg& c) {
+  const SparseAttnShape sh = shape_of(c);
+  const int64_t M = rows_of(c);
+  const size_t nq = size_t(c.N) * c.H * c.D, nkv = size_t(M) * c.D, nl = size_t(c.N) * c.H;
+  Rng r(99 + c.N);
+  const Lists L = make_lists(c, r);
+  std::vector<double> q(nq), kv(nkv), sink(c.H), R(nq), o(nq), lse(nl), dq(nq), dkv(nkv, 0.0),
+      dsink(c.H, 0.0);
+  fill_normal(q.data(), nq, r), fill_normal(kv.data(), nkv, r), fill_normal(R.data(), nq, r);
+  fill_normal(sink.data(), c.H, r);
+  const double* sk = c.sink ? sink.data() : nullptr;
+  auto f = [&] {
+    trex::kern::ref::sparse_attn_fwd<double>(sh, q.data(), kv.data(), M, L.off.data(),
+                                             L.idx.data(), sk, o.data(), lse.data());
+    double s = 0;
+    for (size_t i = 0; i < nq; ++i) s += o[i] * R[i];
+    return s;
+  };
+  f();
+  trex::kern::ref::sparse_attn_bwd<double>(sh, q.data(), kv.data(), M, L.off.data(), L.idx.data(),
+                                           sk, o.data(), lse.data(), R.data(), dq.data(),
+                                           dkv.data(), c.sink ? dsink.data() : nullptr);
+  const std::string n = cfg_name("sattn_grad", c);
+  bool ok = true;
+  ok &= report(n, "dq", fd_check(q, f, dq), 1e-6);
+  ok &= report(n, "dkv", fd_check(kv, f, dkv), 1e-6);
+  if (c.sink) ok &= report(n, "dsink", fd_check(sink, f, dsink), 1e-6);
+  return ok;
+}
+
+void run_perf(const Cfg& c) {
+  const SparseAttnShape sh = shape_of(c);
+  const int64_t M = rows_of(c);
+  Rng r(5);
+  const Lists L = make_lists(c, r);
+  const Inputs in = make_inputs(c, r);
+  const size_t nq = size_t(c.N) * c.H * c.D, nl = size_t(c.N) * c.H;
+  std::vector<float> o(nq), lse(nl), dq(nq), dkv = in.dkv0, dsink = in.dsink0;
+  std::vector<float> ws(trex::kern::sparse_attn_bwd_workspace_floats(sh, M));
+  const float* sk = c.sink ? in.sink.data() : nullptr;
+  const double pairs = static_cast<double>(L.off.back());
+  const double ffwd = 4.0 * pairs * c.H * c.D, fbwd = 2.0 * ffwd;
+  double tf = time_ms(
+      [&] {
+        trex::kern::sparse_attn_fwd(sh, in.q.data(), in.kv.data(), M, L.off.data(), L.idx.data(),
+                                    sk, o.data(), lse.data());
+      },
+      3);
+  double tb = time_ms(
+      [&] {
+        trex::kern::sparse_attn_bwd(sh, in.q.data(), in.kv.data(), M, L.off.data(), L.idx.data(),
+                                    sk, o.data(), lse.data(), in.dO.data(), dq.data(), dkv.data(),
+                                    c.sink ? dsink.data() : nullptr, ws.data());
+      },
+      3);
+  std::printf("perf %-56s n_avg=%.1f fwd %8.2f ms %7.1f GFLOP/s   bwd %8.2f ms %7.1f GFLOP/s\n",
+              cfg_name("sattn", c).c_str(), pairs / c.N, tf, ffwd / tf * 1e-6, tb,
+              fbwd / tb * 1e-6);
+}
+
+}  // namespace
+
+TREX_OP_CASES(sparse_attn_cases) {
+  const Cfg tests[] = {
+      {1, 1, 16, 1, 0, 0, true, 1.f},        {7, 3, 24, 4, 2, 3, true, 1.f},
+      {37, 5, 40, 9, 5, 5, false, 1.f},      {300, 16, 128, 128, 64, 0, true, 1.f},
+      {129, 3, 512, 20, 150, 0, true, 1.f},  {200, 17, 72, 50, 30, 0, false, 1.f},
+      {150, 40, 33, 140, 10, 11, true, 3.f}, {260, 64, 128, 100, 40, 0, true, 1.f},
+      {1000, 2, 48, 64, 0, 7, true, 1.f},    {90, 16, 256, 130, 300, 13, false, 4.f},
+      {5, 4, 16, 3, 0, 1, true, 1.f},        {6, 2, 16, 3, 0, 1, false, 1.f},
+  };
+  for (const Cfg& c : tests)
+    cases.push_back({cfg_name("sattn", c), [c] { return run_test(c); }, nullptr, nullptr});
+  const Cfg det = {700, 16, 64, 100, 50, 9, true, 1.f};
+  cases.push_back({cfg_name("sattn_det", det), [det] { return run_determinism(det); }, nullptr,
+                   nullptr});
+  const Cfg grads[] = {
+      {5, 2, 3, 2, 1, 0, true, 1.f},
+      {6, 3, 4, 3, 2, 4, false, 1.f},
+      {4, 1, 5, 4, 0, 3, true, 2.f},
+  };
+  for (const Cfg& c : grads)
+    cases.push_back({cfg_name("sattn", c), nullptr, [c] { return run_grad(c); }, nullptr});
+  const Cfg perfs[] = {
+      {2048, 16, 128, 128, 64, 0, true, 1.f},
+      {1024, 64, 512, 128, 128, 0, true, 1.f},
+  };
+  for (const Cfg& c : perfs)
+    cases.push_back({cfg_name("sattn", c), nullptr, nullptr, [c] { run_perf(c); }});
+}
