@@ -72,7 +72,7 @@ void add_bench(CLI::App& app) {
     train::RunConfig rc = train::load_run_config(o->config);
     int threads = init_threads((int)rc.train.threads);
     const int steps = o->steps > 0 ? o->steps : (int)rc.train.steps;
-    model::Model m(rc.model, rc.train.precision, {rc.train.aux_loss_alpha});
+    model::Model m(rc.model, rc.train.precision, {rc.train.aux_loss_alpha, rc.train.mtp_loss_weight});
     if (!rc.model_path.empty()) model::load_hf_weights(m, rc.model_path);
     else m.init_random(rc.train.seed);
     const float lr = (float)rc.optim.schedule.lr;

@@ -43,7 +43,7 @@ void add_grad(CLI::App& app) {
   struct Opts {
     std::string model, batch, out, precision = "fp32";
     int threads = 0;
-    double aux_alpha = 0;
+    double aux_alpha = 0, mtp_weight = 0;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("--model", o->model, "Hugging Face checkpoint directory (config.json + safetensors)")->required();
@@ -52,6 +52,7 @@ void add_grad(CLI::App& app) {
   cmd->add_option("--precision", o->precision, "fp32 or bf16");
   cmd->add_option("--threads", o->threads, "threads (default TREX_THREADS or all cores)");
   cmd->add_option("--aux-loss-alpha", o->aux_alpha, "sequence-wise aux loss coefficient (default 0 = off)");
+  cmd->add_option("--mtp-loss-weight", o->mtp_weight, "DeepSeek-V4: train the MTP blocks with this loss weight (default 0 = off)");
   cmd->callback([o] {
     init_threads(o->threads);
     kern::Prec prec = train::parse_precision(o->precision, "--precision");
@@ -71,12 +72,12 @@ void add_grad(CLI::App& app) {
       TREX_USER_CHECK(B2 == B && T2 == T, "labels must have the shape of input_ids", o->batch, ": labels are [", B2,
                       ", ", T2, "], input_ids [", B, ", ", T, "]");
     std::vector<int32_t> targets = model::shift_labels(labels, B, T);
-    model::Model m(cfg, prec, {o->aux_alpha});
+    model::Model m(cfg, prec, {o->aux_alpha, o->mtp_weight});
     model::load_hf_weights(m, o->model);
     model::Batch b{B, T, ids.data(), targets.data(), nullptr, nullptr};
     model::LossParts lp = m.forward_backward(b, 1.f);
     model::save_gradients(m, o->out);
-    std::printf("{\"loss\": %.9g, \"ce\": %.9g, \"n_valid\": %lld, \"tokens\": %lld}\n", lp.loss, lp.ce,
+    std::printf("{\"loss\": %.9g, \"ce\": %.9g, \"mtp\": %.9g, \"n_valid\": %lld, \"tokens\": %lld}\n", lp.loss, lp.ce, lp.mtp,
                 (long long)lp.n_valid, (long long)(B * T));
   });
 }

@@ -32,14 +32,11 @@ void check_shape(const HcShape& s, const char* fn, bool need_iters) {
   TREX_CHECK(s.hc_eps >= 0 && s.norm_eps >= 0, fn, ": hc_eps=", s.hc_eps, " norm_eps=", s.norm_eps);
 }
 
-// Tokens per chunk: 128, or fewer (a multiple of 16, at least 16) so that there are >= 8 chunks
-// when N allows. oneDNN's sgemm with the projection's narrow output (R columns) is 20-50%
-// slower on chunks of 16-64 tokens than on 128 or more (1 core, N=2048 and 512, K=4096 and
-// 28672); the chunk's x then lives in L3, which streams here about as fast as L2 did.
-int64_t chunk_tokens(const HcShape& s) {
-  const int64_t want = ((s.N + 7) / 8 + 15) / 16 * 16;
-  return std::clamp<int64_t>(want, 16, 128);
-}
+// Tokens per chunk: 32, or 16 when N < 256 (more chunks to balance). Measured on 1 core
+// (noisy shared VM; min of 5 runs, N=2048 d=1024 and N=512 d=7168, n=4): chunks of 32 beat
+// 128 by ~15% in forward and ~25% in backward (the chunk's x is re-read from L2), although
+// sgemm alone prefers longer chunks.
+int64_t chunk_tokens(const HcShape& s) { return s.N < 256 ? 16 : 32; }
 
 int64_t num_chunks(const HcShape& s) {
   const int64_t ct = chunk_tokens(s);

@@ -46,7 +46,7 @@ void sparse_attn_bwd(const SparseAttnShape& sh, const float* q, const float* kv,
                      float* workspace);
 
 // Floats of workspace sparse_attn_bwd needs: (chunks - 1) partial [M, D] copies of dkv plus
-// chunks x round16(H) partial dsinks, chunks = clamp(ceil(N / 128), 1, 16) (a function of the
+// chunks x round16(H) partial dsinks, chunks = clamp(ceil(N / 256), 1, 16) (a function of the
 // shape only, never of the thread count).
 size_t sparse_attn_bwd_workspace_floats(const SparseAttnShape& sh, int64_t M);
 

@@ -60,6 +60,12 @@ void read_id_table(const io::SafetensorsDir& ck, const BufferEntry& b, int64_t n
   }
 }
 
+bool has_mtp_tensors(const io::SafetensorsDir& ck) {
+  for (const std::string& n : ck.names())
+    if (n.rfind("mtp.", 0) == 0) return true;
+  return false;
+}
+
 io::QuantConfig quant_config_of(const std::string& dir) {
   io::QuantConfig qc;
   if (fs::exists(dir + "/config.json")) {
@@ -80,11 +86,18 @@ void load_hf_weights(Model& m, const std::string& dir) {
   io::QuantConfig qc = quant_config_of(dir);
   io::QuantizedTensorReader q(ck, qc);
   std::set<std::string> used;
+  const bool fresh_mtp = m.cfg.v4.mtp_layers > 0 && !has_mtp_tensors(ck);
+  if (fresh_mtp) {
+    TREX_LOG_WARN(dir, ": no MTP tensors (mtp.*; transformers drops them); the MTP blocks start from random init");
+    m.init_mtp_random(0x5eed);
+  }
   for (const ParamEntry& e : m.layout.entries) {
+    if (fresh_mtp && e.name.rfind("mtp.", 0) == 0) continue;
     read_tensor(ck, q, e.name, e.shape, m.P() + e.offset);
     used.insert(e.name);
   }
   for (const BufferEntry& b : m.layout.buffers) {
+    if (fresh_mtp && b.name.rfind("mtp.", 0) == 0) continue;
     if (ck.find(b.name) && b.cols > 0) {
       read_id_table(ck, b, m.cfg.n_routed_experts, m.buffers.data() + b.offset);
       used.insert(b.name);

@@ -16,6 +16,7 @@ void read_tensor(const io::SafetensorsDir& ck, const io::QuantizedTensorReader& 
                  const Shape& want, float* dst);
 void read_id_table(const io::SafetensorsDir& ck, const BufferEntry& b, int64_t n_experts, float* dst);
 io::QuantConfig quant_config_of(const std::string& dir);  // config.json's quantization_config
+bool has_mtp_tensors(const io::SafetensorsDir& ck);       // any "mtp.*" tensor
 }  // namespace detail
 
 // Reads weights (and router biases) from a checkpoint directory into the model.

@@ -36,21 +36,34 @@ void replace_all(std::string& s, const std::string& a, const std::string& b) {
   for (size_t p = s.find(a); p != std::string::npos; p = s.find(a, p + b.size())) s.replace(p, a.size(), b);
 }
 
-// "model.layers.N.mlp.experts.gate_up_proj" -> N, else -1 (same for down_proj).
-int64_t merged_expert_layer(const std::string& hf, const char* leaf) {
-  const std::string pre = "model.layers.", suf = std::string(".mlp.experts.") + leaf;
-  if (hf.rfind(pre, 0) != 0 || hf.size() <= suf.size() || hf.compare(hf.size() - suf.size(), suf.size(), suf) != 0)
-    return -1;
-  return std::atoll(hf.c_str() + pre.size());
+// "model.layers.N.mlp.experts.gate_up_proj" -> "layers.N.", "mtp.K.mlp.experts.gate_up_proj" ->
+// "mtp.K." (the original-layout prefix of its per-expert tensors); "" if not a merged expert tensor.
+std::string merged_expert_prefix(const std::string& hf, const char* leaf) {
+  const std::string suf = std::string(".mlp.experts.") + leaf;
+  if (hf.size() <= suf.size() || hf.compare(hf.size() - suf.size(), suf.size(), suf) != 0) return "";
+  const std::string head = hf.substr(0, hf.size() - suf.size());
+  if (head.rfind("model.layers.", 0) == 0) return head.substr(6) + ".";
+  if (head.rfind("mtp.", 0) == 0) return head + ".";
+  return "";
 }
 
-std::string expert_name(int64_t l, int64_t e, const char* w) {
-  return "layers." + std::to_string(l) + ".ffn.experts." + std::to_string(e) + "." + w + ".weight";
+std::string expert_name(const std::string& prefix, int64_t e, const char* w) {
+  return prefix + "ffn.experts." + std::to_string(e) + "." + w + ".weight";
 }
 
 }  // namespace
 
 std::string v4_hf_name(const std::string& orig) {
+  if (orig.rfind("mtp.", 0) == 0) {  // MTP blocks: trex's convention (transformers has none)
+    const size_t dot = orig.find('.', 4);
+    if (dot == std::string::npos) return orig;
+    const std::string pre = orig.substr(0, dot + 1), rest = orig.substr(dot + 1);
+    for (const char* k : {"e_proj.weight", "h_proj.weight", "enorm.weight", "hnorm.weight", "norm.weight"})
+      if (rest == k) return orig;
+    if (rest.rfind("hc_head_", 0) == 0) return pre + "hc_head.hc_" + rest.substr(8);
+    const std::string h = v4_hf_name("layers.0." + rest);
+    return pre + h.substr(std::string("model.layers.0.").size());
+  }
   // transformers' conversion_mapping.py "deepseek_v4" WeightRenaming list, applied in order.
   static const std::vector<std::pair<std::regex, std::string>> rules = [] {
     const char* r[][2] = {
@@ -101,7 +114,7 @@ std::string v4_original_name(const std::string& hf) {
                         {".gate.e_score_correction_bias", ".gate.bias"},
                         {".shared_experts.gate_proj.", ".shared_experts.w1."},
                         {".shared_experts.up_proj.", ".shared_experts.w3."},
-                        {".shared_experts.down_proj.", ".shared_experts.w2."}};
+                        {".shared_experts.down_proj.", ".shared_experts.w2."}, {".hc_head.hc_", ".hc_head_"}};
   for (auto& x : r) replace_all(s, x[0], x[1]);
   return s;
 }
@@ -116,20 +129,27 @@ void load_v4_original(Model& m, const std::string& dir) {
     detail::read_tensor(ck, q, name, s, dst);
     used.insert(name);
   };
+  const bool fresh_mtp = m.cfg.v4.mtp_layers > 0 && !detail::has_mtp_tensors(ck);
+  if (fresh_mtp) {
+    TREX_LOG_WARN(dir, ": no MTP tensors (mtp.*); the MTP blocks start from random init");
+    m.init_mtp_random(0x5eed);
+  }
   for (const ParamEntry& e : m.layout.entries) {
+    if (fresh_mtp && e.name.rfind("mtp.", 0) == 0) continue;
     float* dst = m.P() + e.offset;
-    if (int64_t l = merged_expert_layer(e.name, "gate_up_proj"); l >= 0) {
+    if (std::string l = merged_expert_prefix(e.name, "gate_up_proj"); !l.empty()) {
       for (int64_t x = 0; x < E; ++x) {
         read(expert_name(l, x, "w1"), Shape{F, d}, dst + x * 2 * F * d);
         read(expert_name(l, x, "w3"), Shape{F, d}, dst + x * 2 * F * d + F * d);
       }
-    } else if (int64_t l2 = merged_expert_layer(e.name, "down_proj"); l2 >= 0) {
+    } else if (std::string l2 = merged_expert_prefix(e.name, "down_proj"); !l2.empty()) {
       for (int64_t x = 0; x < E; ++x) read(expert_name(l2, x, "w2"), Shape{d, F}, dst + x * d * F);
     } else {
       read(v4_original_name(e.name), e.shape, dst);
     }
   }
   for (const BufferEntry& b : m.layout.buffers) {
+    if (fresh_mtp && b.name.rfind("mtp.", 0) == 0) continue;
     const std::string on = v4_original_name(b.name);
     BufferEntry ob = b;
     ob.name = on;
@@ -148,7 +168,7 @@ void load_v4_original(Model& m, const std::string& dir) {
   for (const std::string& n : ck.names()) {
     if (used.count(n) || q.is_scale(n)) continue;
     if (m.cfg.tie_word_embeddings && n == "head.weight") continue;
-    if (n.rfind("mtp.", 0) == 0) {
+    if (n.rfind("mtp.", 0) == 0 && m.cfg.v4.mtp_layers == 0) {
       ++mtp;
       continue;
     }
@@ -194,14 +214,14 @@ void save_v4_original(const Model& m, const std::string& dir, DType dtype, bool 
   };
   for (const ParamEntry& e : m.layout.entries) {
     const float* src = m.P() + e.offset;
-    if (int64_t l = merged_expert_layer(e.name, "gate_up_proj"); l >= 0) {
+    if (std::string l = merged_expert_prefix(e.name, "gate_up_proj"); !l.empty()) {
       for (int64_t x = 0; x < E; ++x)
         for (int k = 0; k < 2; ++k) {
           const std::string n = expert_name(l, x, k ? "w3" : "w1");
           const float* p = src + x * 2 * F * d + k * F * d;
           quantize ? quant(n, Shape{F, d}, p, io::QuantScheme::Fp4V4) : plain(n, Shape{F, d}, p);
         }
-    } else if (int64_t l2 = merged_expert_layer(e.name, "down_proj"); l2 >= 0) {
+    } else if (std::string l2 = merged_expert_prefix(e.name, "down_proj"); !l2.empty()) {
       for (int64_t x = 0; x < E; ++x) {
         const std::string n = expert_name(l2, x, "w2");
         quantize ? quant(n, Shape{d, F}, src + x * d * F, io::QuantScheme::Fp4V4) : plain(n, Shape{d, F}, src + x * d * F);
@@ -286,7 +306,7 @@ std::string config_to_json_v4(const ModelConfig& c) {
   j["index_n_heads"] = v.index_n_heads;
   j["index_head_dim"] = v.index_head_dim;
   j["index_topk"] = v.index_topk;
-  j["num_nextn_predict_layers"] = 0;  // MTP weights are not written by this build
+  j["num_nextn_predict_layers"] = c.num_nextn_predict_layers;
   j["hidden_act"] = "silu";
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["initializer_range"] = c.initializer_range;

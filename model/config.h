@@ -35,8 +35,12 @@ struct V4Config {
   int64_t hc_mult = 1, hc_sinkhorn_iters = 1;
   double hc_eps = 1e-6;
   double swiglu_limit = 0;                // 0 = no clamp
-  std::vector<AttnKind> attn;             // [num_hidden_layers]
-  std::vector<char> hash;                 // [num_hidden_layers] 1 = hash_moe (tid2eid routing)
+  std::vector<AttnKind> attn;             // [num_hidden_layers + mtp_layers]
+  std::vector<char> hash;                 // [num_hidden_layers + mtp_layers] 1 = hash_moe (tid2eid routing)
+  // MTP blocks trex instantiates (0, or num_nextn_predict_layers when the run trains MTP: see
+  // with_mtp). They follow the main layers in attn / hash and in the parameter layout; their
+  // attention is sliding-window only (the release has no compressor tensors under mtp.*).
+  int64_t mtp_layers = 0;
   int64_t rate(int64_t l) const { return attn[l] == AttnKind::CSA ? csa_rate : attn[l] == AttnKind::HCA ? hca_rate : 0; }
 };
 
@@ -76,6 +80,10 @@ struct ModelConfig {
   // lookup excluded, LM head included) + the causal attention term 6 * H * (dqk + dv) * T / 2 * L.
   double train_flops_per_token(int64_t T) const;
 };
+
+// The config with its MTP blocks instantiated (DeepSeek-V4, num_nextn_predict_layers > 0);
+// unchanged for V3 or when n == 0.
+ModelConfig with_mtp(const ModelConfig& c, int64_t n);
 
 // Parses a config object; `where` names the source (file path) in error messages.
 ModelConfig parse_config(const nlohmann::json& j, const std::string& where);

@@ -213,6 +213,20 @@ ModelConfig parse_config_v4(const json& j, const std::string& where) {
   return c;
 }
 
+ModelConfig with_mtp(const ModelConfig& c, int64_t n) {
+  if (!c.is_v4() || n == 0) return c;
+  TREX_USER_CHECK(n <= c.num_nextn_predict_layers, "set num_nextn_predict_layers in the model config",
+                  "the run trains ", n, " MTP blocks but the model config has num_nextn_predict_layers = ",
+                  c.num_nextn_predict_layers);
+  ModelConfig m = c;
+  m.v4.mtp_layers = n;
+  m.v4.attn.resize(c.num_hidden_layers, AttnKind::Sliding);
+  m.v4.hash.resize(c.num_hidden_layers, 0);
+  m.v4.attn.resize(c.num_hidden_layers + n, AttnKind::Sliding);
+  m.v4.hash.resize(c.num_hidden_layers + n, 0);
+  return m;
+}
+
 // Matmul parameters per layer that every token uses (attention, compressor, indexer, HC).
 static int64_t v4_dense_layer_params(const ModelConfig& c, int64_t l, bool active) {
   const V4Config& v = c.v4;
@@ -240,10 +254,13 @@ int64_t v4_num_params(const ModelConfig& c, bool active) {
   const int64_t d = c.hidden_size, E = c.n_routed_experts, F = c.moe_intermediate_size, n = c.v4.hc_mult;
   int64_t total = active ? c.vocab_size * d : c.vocab_size * d * (c.tie_word_embeddings ? 1 : 2) + d + n * n * d + n + 1;
   if (active) total += n * n * d;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+  for (int64_t l = 0; l < c.num_hidden_layers + c.v4.mtp_layers; ++l) {
     total += v4_dense_layer_params(c, l, active);
     total += (active ? c.num_experts_per_tok : E) * 3 * d * F + 3 * d * c.shared_intermediate() + E * d;
   }
+  // MTP extras: e_proj, h_proj (active: once per stream), its hc_head, and the shared LM head once more.
+  const int64_t mtp = c.v4.mtp_layers;
+  total += mtp * (active ? (1 + n) * d * d + n * n * d + c.vocab_size * d : 2 * d * d + n * n * d + n + 1 + 3 * d);
   return total;
 }
 
@@ -254,7 +271,7 @@ double v4_attn_flops_per_token(const ModelConfig& c, int64_t T) {
   // forward only (its selection carries no gradient).
   const V4Config& v = c.v4;
   double attn = 0, index = 0;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+  for (int64_t l = 0; l < c.num_hidden_layers + v.mtp_layers; ++l) {
     double keys = 0, scored = 0;
     for (int64_t t = 0; t < T; ++t) {
       keys += (double)std::min<int64_t>(t + 1, v.sliding_window);

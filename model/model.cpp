@@ -46,14 +46,19 @@ struct LayerSaved {
 }  // namespace
 
 Model::Model(const ModelConfig& c, kern::Prec p, TrainOptions o)
-    : cfg(c), layout(build_layout(c)), prec(p), opt(o) {
+    : cfg(with_mtp(c, o.mtp_loss_weight > 0 ? c.num_nextn_predict_layers : 0)), layout(build_layout(cfg)), prec(p),
+      opt(o) {
+  TREX_USER_CHECK(o.mtp_loss_weight <= 0 || (c.is_v4() && c.num_nextn_predict_layers > 0),
+                  "set mtp_loss_weight = 0, or use a DeepSeek-V4 config with num_nextn_predict_layers > 0",
+                  "MTP training needs MTP blocks: model_type ", c.model_type, ", num_nextn_predict_layers ",
+                  c.num_nextn_predict_layers);
   params.reserve("params", layout.total * sizeof(float));
   grads.reserve("grads", layout.total * sizeof(float));
   params.zero();
   grads.zero();
   if (prec == kern::Prec::BF16) params_bf16.resize(layout.total);
   buffers.assign(layout.buffers_total, 0.f);
-  load_.assign(cfg.num_hidden_layers, std::vector<int64_t>(cfg.n_routed_experts, 0));
+  load_.assign(layout.layers.size(), std::vector<int64_t>(cfg.n_routed_experts, 0));
   if (cfg.is_v4()) return;  // V4 builds its two RoPE tables per batch length (v4_tables)
   // RoPE tables up to max_position_embeddings (grown on demand for longer sequences).
   const int64_t half = cfg.qk_rope_head_dim / 2;

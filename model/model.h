@@ -29,14 +29,16 @@ struct Batch {
 std::vector<int32_t> shift_labels(const std::vector<int32_t>& labels, int64_t B, int64_t T);
 
 struct LossParts {
-  double loss = 0;  // ce + aux
+  double loss = 0;  // ce + aux + mtp_loss_weight * mtp
   double ce = 0;    // mean over valid targets
   double aux = 0;   // sequence-wise balance loss (0 when off)
+  double mtp = 0;   // DeepSeek-V4 MTP: mean over depths of each depth's mean CE (0 when off)
   int64_t n_valid = 0;
 };
 
 struct TrainOptions {
-  double aux_loss_alpha = 0;  // sequence-wise aux loss coefficient
+  double aux_loss_alpha = 0;   // sequence-wise aux loss coefficient
+  double mtp_loss_weight = 0;  // > 0: train the config's MTP blocks (V4), loss += weight * mtp
 };
 
 class Model {
@@ -81,6 +83,10 @@ class Model {
   LossParts run_v4(const Batch& b, float grad_scale, bool backward);  // model/model_v4.cpp
   void v4_tables(int64_t T);            // main / compress RoPE tables for positions [0, T)
   void init_random_v4(uint64_t seed);
+ public:
+  // Random init (HF rules) of the MTP blocks only: for checkpoints without MTP weights.
+  void init_mtp_random(uint64_t seed);
+ private:
   std::vector<float> cos_, sin_;
   std::vector<float> v4_cos_[2], v4_sin_[2];  // V4: [0] main, [1] compress
   RopeTable rope_;

@@ -1,8 +1,12 @@
-// DeepSeek-V4 forward + backward of one micro-batch (HF DeepseekV4ForCausalLM, no MTP):
+// DeepSeek-V4 forward + backward of one micro-batch (HF DeepseekV4ForCausalLM, plus the MTP
+// blocks of DeepSeek's reference inference/model.py when the run trains them):
 //   X = embed[ids] copied to hc_mult streams                                   [N, n, d]
 //   per layer: (y, post, comb) = attn_hc(X); X = post * attn(rms_in(y)) + comb^T X
 //              (y, post, comb) = ffn_hc(X);  X = post * moe(rms_post(y)) + comb^T X
 //   h = rms_final(hc_head(X)); loss = CE(lm_head(h))
+//   MTP depth k (1..D): X_k = h_proj(hnorm(X_{k-1})) + e_proj(enorm(embed[ids shifted by k]))
+//   (X_0 = the main streams), one more layer (sliding attention, MoE), then its own hc_head and
+//   norm and the shared LM head predict the token k+1 ahead; loss += weight * mean_k CE_k.
 // The MoE of hash layers routes by tid2eid[input_ids]; the others by top-k of the biased
 // scores. Gradients accumulate into the gradient slab (scaled by grad_scale / n_valid for CE).
 #include <cmath>
@@ -112,180 +116,333 @@ void Model::init_random_v4(uint64_t seed) {
   refresh_bf16();
 }
 
+namespace {
+
+// Everything one micro-batch's layers need (pointers into the model).
+struct Env {
+  const ModelConfig& c;
+  const ParamLayout& L;
+  const Batch& b;
+  Ctx ctx;
+  const float* P;
+  float* G;  // null: forward only
+  const bf16* Pb;
+  float* buffers;
+  const std::vector<float>* cos;  // [2] main, compress
+  const std::vector<float>* sin;
+  std::vector<std::vector<int64_t>>* load;
+  kern::HcShape hs;
+  double aux_alpha;
+  float grad_scale;
+  std::vector<int32_t*> hash_idx;  // per layer [N, K] or null
+  int64_t N() const { return b.B * b.T; }
+};
+
+V4AttnIn attn_in(const Env& e, int64_t l) {
+  const bool main = e.c.v4.attn[l] == AttnKind::Sliding;
+  return V4AttnIn{&e.c, &e.L.v4[l], l, e.P, e.Pb, e.G, e.cos[main ? 0 : 1].data(), e.sin[main ? 0 : 1].data(),
+                  e.cos[1].data(), e.sin[1].data(), e.b.seg, e.b.B, e.b.T};
+}
+
+MoeIn moe_in(const Env& e, int64_t l) {
+  const LayerParams& lp = e.L.layers[l];
+  MoeIn mi{&e.c, &lp, e.P, e.Pb, e.G, lp.bias >= 0 ? e.buffers + lp.bias : nullptr, e.b.B, e.b.T, e.aux_alpha,
+           e.grad_scale};
+  mi.hash_idx = e.hash_idx[l];
+  mi.swiglu_limit = (float)e.c.v4.swiglu_limit;
+  return mi;
+}
+
+// One decoder layer: X [N, n, d] -> returns the output streams (arena). Adds the aux loss.
+float* layer_forward(Env& e, int64_t l, float* X, V4LayerSaved& s, double* aux) {
+  StackArena& A = *e.ctx.ws;
+  const int64_t N = e.N(), n = e.c.v4.hc_mult, d = e.c.hidden_size;
+  const float eps = (float)e.c.rms_norm_eps;
+  const LayerParams& lp = e.L.layers[l];
+  const V4LayerParams& q = e.L.v4[l];
+  const float* P = e.P;
+  s.X_in = X;
+  s.ha = hc_alloc(A, N, n, d);
+  kern::hc_pre_fwd(e.hs, X, P + q.attn_hc_fn, P + q.attn_hc_base, P + q.attn_hc_scale, s.ha.y, s.ha.post, s.ha.comb,
+                   s.ha.mix, s.ha.rstd);
+  s.n1 = A.alloc<float>(N * d);
+  s.rstd1 = A.alloc<float>(N);
+  kern::rmsnorm_fwd(s.ha.y, N, d, P + lp.in_norm, eps, s.n1, s.rstd1);
+  s.a = A.alloc<float>(N * d);
+  {
+    ProfScope ps(e.ctx.prof, "fwd.attn");
+    v4_attn_forward(e.ctx, attn_in(e, l), s.n1, s.a, s.att);
+  }
+  s.X_mid = A.alloc<float>(N * n * d);
+  kern::hc_post_fwd(e.hs, X, s.a, s.ha.post, s.ha.comb, s.X_mid);
+  s.hf = hc_alloc(A, N, n, d);
+  kern::hc_pre_fwd(e.hs, s.X_mid, P + q.ffn_hc_fn, P + q.ffn_hc_base, P + q.ffn_hc_scale, s.hf.y, s.hf.post, s.hf.comb,
+                   s.hf.mix, s.hf.rstd);
+  s.n2 = A.alloc<float>(N * d);
+  s.rstd2 = A.alloc<float>(N);
+  kern::rmsnorm_fwd(s.hf.y, N, d, P + lp.post_norm, eps, s.n2, s.rstd2);
+  s.f = A.alloc<float>(N * d);
+  {
+    ProfScope ps(e.ctx.prof, "fwd.moe");
+    *aux += moe_forward(e.ctx, moe_in(e, l), s.n2, s.f, s.moe, (*e.load)[l].data());
+  }
+  float* out = A.alloc<float>(N * n * d);
+  kern::hc_post_fwd(e.hs, s.X_mid, s.f, s.hf.post, s.hf.comb, out);
+  return out;
+}
+
+// Scratch of the backward pass, shared by all layers.
+struct BwdScratch {
+  float *dX2, *df, *dpost, *dcomb, *dnorm, *dy, *hc_work;
+};
+
+// dX: [N, n, d] gradient of the layer's output in, of its input out (in place).
+void layer_backward(Env& e, int64_t l, V4LayerSaved& s, float* dX, const BwdScratch& w) {
+  const int64_t N = e.N(), d = e.c.hidden_size;
+  const LayerParams& lp = e.L.layers[l];
+  const V4LayerParams& q = e.L.v4[l];
+  const float* P = e.P;
+  float* G = e.G;
+  kern::hc_post_bwd(e.hs, s.X_mid, s.f, s.hf.post, s.hf.comb, dX, w.dX2, w.df, w.dpost, w.dcomb);
+  {
+    ProfScope ps(e.ctx.prof, "bwd.moe");
+    moe_backward(e.ctx, moe_in(e, l), s.moe, w.df, w.dnorm);
+  }
+  kern::rmsnorm_bwd(w.dnorm, s.hf.y, N, d, P + lp.post_norm, s.rstd2, w.dy, G + lp.post_norm);
+  kern::hc_pre_bwd(e.hs, s.X_mid, P + q.ffn_hc_fn, P + q.ffn_hc_base, P + q.ffn_hc_scale, s.hf.mix, s.hf.rstd, w.dy,
+                   w.dpost, w.dcomb, w.dX2, G + q.ffn_hc_fn, G + q.ffn_hc_base, G + q.ffn_hc_scale, w.hc_work);
+  kern::hc_post_bwd(e.hs, s.X_in, s.a, s.ha.post, s.ha.comb, w.dX2, dX, w.df, w.dpost, w.dcomb);
+  {
+    ProfScope ps(e.ctx.prof, "bwd.attn");
+    v4_attn_backward(e.ctx, attn_in(e, l), s.att, w.df, w.dnorm);
+  }
+  kern::rmsnorm_bwd(w.dnorm, s.ha.y, N, d, P + lp.in_norm, s.rstd1, w.dy, G + lp.in_norm);
+  kern::hc_pre_bwd(e.hs, s.X_in, P + q.attn_hc_fn, P + q.attn_hc_base, P + q.attn_hc_scale, s.ha.mix, s.ha.rstd, w.dy,
+                   w.dpost, w.dcomb, dX, G + q.attn_hc_fn, G + q.attn_hc_base, G + q.attn_hc_scale, w.hc_work);
+}
+
+// A head: hc_head collapse, final norm, LM head fused with cross-entropy (its backward to dhf
+// runs inside lm_head_ce when G is set).
+struct Head {
+  int64_t fn, base, scale, norm;  // parameter offsets
+  const float* X = nullptr;       // [N, n, d]
+  float *yh, *mix, *rstdh, *rstdf, *dhf;
+};
+
+double head_forward(Env& e, Head& h, const int32_t* targets, float ce_scale, kern::Prec prec) {
+  StackArena& A = *e.ctx.ws;
+  const int64_t N = e.N(), n = e.c.v4.hc_mult, d = e.c.hidden_size;
+  h.yh = A.alloc<float>(N * d);
+  h.mix = A.alloc<float>(N * n);
+  h.rstdh = A.alloc<float>(N);
+  kern::hc_head_fwd(e.hs, h.X, e.P + h.fn, e.P + h.base, e.P + h.scale, h.yh, h.mix, h.rstdh);
+  float* hf = A.alloc<float>(N * d);
+  h.rstdf = A.alloc<float>(N);
+  kern::rmsnorm_fwd(h.yh, N, d, e.P + h.norm, (float)e.c.rms_norm_eps, hf, h.rstdf);
+  h.dhf = e.G ? A.alloc<float>(N * d) : nullptr;
+  kern::CeArgs ce{};
+  ce.prec = prec;
+  ce.N = N, ce.d = d, ce.V = e.c.vocab_size;
+  ce.h = hf;
+  ce.W = e.P + e.L.head;
+  if (prec == kern::Prec::BF16) {
+    bf16* hb = A.alloc<bf16>(N * d);
+    to_bf16(hf, hb, N * d);
+    ce.h_b = hb;
+    ce.W_b = e.Pb + e.L.head;
+  }
+  ce.labels = targets;
+  ce.grad_scale = ce_scale;
+  ce.dh = h.dhf;
+  ce.dW = e.G ? e.G + e.L.head : nullptr;
+  ce.workspace = A.alloc<float>(kern::lm_head_ce_workspace_floats(ce));
+  int64_t nv = 0;
+  ProfScope ps(e.ctx.prof, e.G ? "head_ce.fwd+bwd" : "head_ce.fwd");
+  return kern::lm_head_ce(ce, &nv);
+}
+
+// -> dX [N, n, d] (overwrite)
+void head_backward(Env& e, const Head& h, float* dX) {
+  StackArena& A = *e.ctx.ws;
+  const int64_t N = e.N(), d = e.c.hidden_size;
+  auto mk = A.mark();
+  float* dyh = A.alloc<float>(N * d);
+  kern::rmsnorm_bwd(h.dhf, h.yh, N, d, e.P + h.norm, h.rstdf, dyh, e.G + h.norm);
+  float* work = A.alloc<float>(std::max<size_t>(kern::hc_head_bwd_workspace_floats(e.hs), 1));
+  kern::hc_head_bwd(e.hs, h.X, e.P + h.fn, e.P + h.base, e.P + h.scale, h.mix, h.rstdh, dyh, dX, e.G + h.fn,
+                    e.G + h.base, e.G + h.scale, work);
+  A.release(mk);
+}
+
+// dE[ids[i]] += g[i] for i < N rows of d; columns split across threads (race-free, ordered).
+void embed_backward(float* dE, const int32_t* ids, const float* g, int64_t N, int64_t d, int64_t rows_per_token) {
+  parallel_for(d, 16, [&](int64_t c0, int64_t c1) {
+    for (int64_t i = 0; i < N; ++i) {
+      float* row = dE + (int64_t)ids[i] * d;
+      for (int64_t k = 0; k < rows_per_token; ++k) {
+        const float* gi = g + (i * rows_per_token + k) * d;
+        for (int64_t j = c0; j < c1; ++j) row[j] += gi[j];
+      }
+    }
+  });
+}
+
+// Saved state of one MTP depth.
+struct MtpSaved {
+  int32_t *ids, *tg;      // [N] shifted tokens and targets
+  int64_t n_valid;
+  float *e, *en, *e_rstd;  // [N, d] embedding rows, normed, rstd [N]
+  float *hn, *h_rstd;      // [N*n, d] normed previous streams, rstd [N*n]
+  float* ep;               // [N, d] e_proj output
+  float* X;                // [N, n, d] block input
+  V4LayerSaved layer;
+  Head head;
+};
+
+}  // namespace
+
 LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward) {
   const ModelConfig& c = cfg;
   const V4Config& v = c.v4;
-  const int64_t B = b.B, T = b.T, N = B * T, d = c.hidden_size, V = c.vocab_size, n = v.hc_mult;
-  const int64_t K = c.num_experts_per_tok;
+  const int64_t B = b.B, T = b.T, N = B * T, d = c.hidden_size, n = v.hc_mult, K = c.num_experts_per_tok;
+  const int64_t Lm = c.num_hidden_layers, D = v.mtp_layers;
   acts.reset();
-  Ctx ctx{prec, &acts, prof};
   StackArena& A = acts;
-  float* P = this->P();
-  float* G = backward ? this->G() : nullptr;
-  const bf16* Pb = this->Pb();
-  const float eps = (float)c.rms_norm_eps;
   v4_tables(T);
-  const kern::HcShape hs{N, (int)n, d, (int)v.hc_sinkhorn_iters, (float)v.hc_eps, eps};
+  Env e{c, layout, b, Ctx{prec, &acts, prof}, P(), backward ? G() : nullptr, Pb(), buffers.data(), v4_cos_, v4_sin_,
+        &load_, kern::HcShape{N, (int)n, d, (int)v.hc_sinkhorn_iters, (float)v.hc_eps, (float)c.rms_norm_eps},
+        opt.aux_loss_alpha, grad_scale, std::vector<int32_t*>(layout.layers.size(), nullptr)};
+  const float* P = e.P;
+  float* G = e.G;
 
   // Embedding into every stream.
   float* X = A.alloc<float>(N * n * d);
-  parallel_for(N, 64, [&](int64_t s, int64_t e) {
-    for (int64_t i = s; i < e; ++i)
+  parallel_for(N, 64, [&](int64_t s, int64_t t) {
+    for (int64_t i = s; i < t; ++i)
       for (int64_t k = 0; k < n; ++k) std::memcpy(X + (i * n + k) * d, P + layout.embed + (int64_t)b.input_ids[i] * d, d * 4);
   });
-  // Hash routing tables per token.
-  std::vector<int32_t*> hash_idx(c.num_hidden_layers, nullptr);
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+  // Hash routing: the experts of each token (main layers only; MTP blocks route by top-k).
+  for (int64_t l = 0; l < Lm; ++l) {
     if (layout.v4[l].tid2eid < 0) continue;
-    hash_idx[l] = A.alloc<int32_t>(N * K);
+    e.hash_idx[l] = A.alloc<int32_t>(N * K);
     const float* tab = buffers.data() + layout.v4[l].tid2eid;
     for (int64_t i = 0; i < N; ++i)
-      for (int64_t k = 0; k < K; ++k) hash_idx[l][i * K + k] = (int32_t)tab[(int64_t)b.input_ids[i] * K + k];
+      for (int64_t k = 0; k < K; ++k) e.hash_idx[l][i * K + k] = (int32_t)tab[(int64_t)b.input_ids[i] * K + k];
   }
 
-  std::vector<V4LayerSaved> sv(c.num_hidden_layers);
   LossParts out;
   int64_t n_valid = 0;
   for (int64_t i = 0; i < N; ++i) n_valid += b.targets[i] != -100;
   out.n_valid = n_valid;
 
-  auto attn_in = [&](int64_t l) {
-    const bool main = v.attn[l] == AttnKind::Sliding;
-    return V4AttnIn{&c, &layout.v4[l], l, P, Pb, G,
-                    v4_cos_[main ? 0 : 1].data(), v4_sin_[main ? 0 : 1].data(), v4_cos_[1].data(), v4_sin_[1].data(),
-                    b.seg, B, T};
-  };
-  auto moe_in = [&](int64_t l) {
-    const LayerParams& lp = layout.layers[l];
-    MoeIn mi{&c, &lp, P, Pb, G, lp.bias >= 0 ? buffers.data() + lp.bias : nullptr, B, T, opt.aux_loss_alpha, grad_scale};
-    mi.hash_idx = hash_idx[l];
-    mi.swiglu_limit = (float)v.swiglu_limit;
-    return mi;
-  };
-
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const LayerParams& lp = layout.layers[l];
-    const V4LayerParams& q = layout.v4[l];
-    V4LayerSaved& s = sv[l];
-    s.X_in = X;
-    // Attention half.
-    s.ha = hc_alloc(A, N, n, d);
-    kern::hc_pre_fwd(hs, X, P + q.attn_hc_fn, P + q.attn_hc_base, P + q.attn_hc_scale, s.ha.y, s.ha.post, s.ha.comb,
-                     s.ha.mix, s.ha.rstd);
-    s.n1 = A.alloc<float>(N * d);
-    s.rstd1 = A.alloc<float>(N);
-    kern::rmsnorm_fwd(s.ha.y, N, d, P + lp.in_norm, eps, s.n1, s.rstd1);
-    s.a = A.alloc<float>(N * d);
-    {
-      ProfScope ps(prof, "fwd.attn");
-      v4_attn_forward(ctx, attn_in(l), s.n1, s.a, s.att);
-    }
-    s.X_mid = A.alloc<float>(N * n * d);
-    kern::hc_post_fwd(hs, X, s.a, s.ha.post, s.ha.comb, s.X_mid);
-    // MoE half.
-    s.hf = hc_alloc(A, N, n, d);
-    kern::hc_pre_fwd(hs, s.X_mid, P + q.ffn_hc_fn, P + q.ffn_hc_base, P + q.ffn_hc_scale, s.hf.y, s.hf.post,
-                     s.hf.comb, s.hf.mix, s.hf.rstd);
-    s.n2 = A.alloc<float>(N * d);
-    s.rstd2 = A.alloc<float>(N);
-    kern::rmsnorm_fwd(s.hf.y, N, d, P + lp.post_norm, eps, s.n2, s.rstd2);
-    s.f = A.alloc<float>(N * d);
-    {
-      ProfScope ps(prof, "fwd.moe");
-      out.aux += moe_forward(ctx, moe_in(l), s.n2, s.f, s.moe, load_[l].data());
-    }
-    X = A.alloc<float>(N * n * d);
-    kern::hc_post_fwd(hs, s.X_mid, s.f, s.hf.post, s.hf.comb, X);
-  }
-
-  // Head: collapse the streams, final norm, LM head fused with cross-entropy.
-  float* yh = A.alloc<float>(N * d);
-  float* mixh = A.alloc<float>(N * n);
-  float* rstdh = A.alloc<float>(N);
-  kern::hc_head_fwd(hs, X, P + layout.hc_head_fn, P + layout.hc_head_base, P + layout.hc_head_scale, yh, mixh, rstdh);
-  float* hf = A.alloc<float>(N * d);
-  float* rstdf = A.alloc<float>(N);
-  kern::rmsnorm_fwd(yh, N, d, P + layout.final_norm, eps, hf, rstdf);
-  float* dhf = backward ? A.alloc<float>(N * d) : nullptr;
-  kern::CeArgs ce{};
-  ce.prec = prec;
-  ce.N = N, ce.d = d, ce.V = V;
-  ce.h = hf;
-  ce.W = P + layout.head;
-  if (prec == kern::Prec::BF16) {
-    bf16* hb = A.alloc<bf16>(N * d);
-    to_bf16(hf, hb, N * d);
-    ce.h_b = hb;
-    ce.W_b = Pb + layout.head;
-  }
-  ce.labels = b.targets;
-  ce.grad_scale = n_valid ? grad_scale / (float)n_valid : 0.f;
-  ce.dh = dhf;
-  ce.dW = backward ? G + layout.head : nullptr;
-  ce.workspace = A.alloc<float>(kern::lm_head_ce_workspace_floats(ce));
-  int64_t nv = 0;
-  double ce_sum;
-  {
-    ProfScope ps(prof, backward ? "head_ce.fwd+bwd" : "head_ce.fwd");
-    ce_sum = kern::lm_head_ce(ce, &nv);
-  }
+  std::vector<V4LayerSaved> sv(Lm);
+  for (int64_t l = 0; l < Lm; ++l) X = layer_forward(e, l, X, sv[l], &out.aux);
+  Head hm{layout.hc_head_fn, layout.hc_head_base, layout.hc_head_scale, layout.final_norm, X};
+  const double ce_sum = head_forward(e, hm, b.targets, n_valid ? grad_scale / (float)n_valid : 0.f, prec);
   out.ce = n_valid ? ce_sum / (double)n_valid : 0.0;
-  out.loss = out.ce + out.aux;
+
+  // MTP depths.
+  std::vector<MtpSaved> ms(D);
+  const float* Xprev = X;
+  const float w_mtp = (float)opt.mtp_loss_weight;
+  for (int64_t k = 0; k < D; ++k) {
+    const V4MtpParams& t = layout.mtp[k];
+    const int64_t l = Lm + k, shift = k + 1;
+    MtpSaved& m = ms[k];
+    m.ids = A.alloc<int32_t>(N);
+    m.tg = A.alloc<int32_t>(N);
+    m.n_valid = 0;
+    for (int64_t i = 0; i < N; ++i) {
+      const int64_t bi = i / T, ti = i % T, j = bi * T + ti + shift;
+      const bool ok = ti + shift < T && (!b.seg || b.seg[j] == b.seg[i]);
+      m.ids[i] = ok ? b.input_ids[j] : b.input_ids[i];
+      m.tg[i] = ok ? b.targets[j] : -100;
+      m.n_valid += m.tg[i] != -100;
+    }
+    const float eps = (float)c.rms_norm_eps;
+    m.e = A.alloc<float>(N * d);
+    for (int64_t i = 0; i < N; ++i) std::memcpy(m.e + i * d, P + layout.embed + (int64_t)m.ids[i] * d, d * 4);
+    m.en = A.alloc<float>(N * d);
+    m.e_rstd = A.alloc<float>(N);
+    kern::rmsnorm_fwd(m.e, N, d, P + t.enorm, eps, m.en, m.e_rstd);
+    m.hn = A.alloc<float>(N * n * d);
+    m.h_rstd = A.alloc<float>(N * n);
+    kern::rmsnorm_fwd(Xprev, N * n, d, P + t.hnorm, eps, m.hn, m.h_rstd);
+    m.ep = A.alloc<float>(N * d);
+    linear_fwd(e.ctx, m.en, N, d, W{P + t.e_proj, Pb() ? Pb() + t.e_proj : nullptr}, d, m.ep);
+    m.X = A.alloc<float>(N * n * d);
+    linear_fwd(e.ctx, m.hn, N * n, d, W{P + t.h_proj, Pb() ? Pb() + t.h_proj : nullptr}, d, m.X);
+    parallel_for(N, 16, [&](int64_t s0, int64_t s1) {
+      for (int64_t i = s0; i < s1; ++i)
+        for (int64_t r = 0; r < n; ++r)
+          for (int64_t j = 0; j < d; ++j) m.X[(i * n + r) * d + j] += m.ep[i * d + j];
+    });
+    float* Xk = layer_forward(e, l, m.X, m.layer, &out.aux);
+    m.head = Head{t.hc_fn, t.hc_base, t.hc_scale, t.norm, Xk};
+    const float sc = m.n_valid ? grad_scale * w_mtp / (float)D / (float)m.n_valid : 0.f;
+    const double s = head_forward(e, m.head, m.tg, sc, prec);
+    out.mtp += (m.n_valid ? s / (double)m.n_valid : 0.0) / (double)D;
+    Xprev = Xk;
+  }
+  out.loss = out.ce + out.aux + opt.mtp_loss_weight * out.mtp;
   if (!backward) return out;
 
   // Backward.
-  float* dyh = A.alloc<float>(N * d);
-  kern::rmsnorm_bwd(dhf, yh, N, d, P + layout.final_norm, rstdf, dyh, G + layout.final_norm);
+  BwdScratch w;
+  w.dX2 = A.alloc<float>(N * n * d);
+  w.df = A.alloc<float>(N * d);
+  w.dpost = A.alloc<float>(N * n);
+  w.dcomb = A.alloc<float>(N * n * n);
+  w.dnorm = A.alloc<float>(N * d);
+  w.dy = A.alloc<float>(N * d);
+  w.hc_work = A.alloc<float>(std::max<size_t>(kern::hc_pre_bwd_workspace_floats(e.hs), 1));
   float* dX = A.alloc<float>(N * n * d);
-  {
+  float* dprev = D ? A.alloc_zero<float>(N * n * d) : nullptr;  // MTP's gradient into the streams below it
+  for (int64_t k = D - 1; k >= 0; --k) {
+    const V4MtpParams& t = layout.mtp[k];
+    MtpSaved& m = ms[k];
+    head_backward(e, m.head, dX);
+    if (dprev) for (int64_t i = 0; i < N * n * d; ++i) dX[i] += dprev[i];  // from depth k+1
+    layer_backward(e, Lm + k, m.layer, dX, w);
+    // X = h_proj(hn) + e_proj(en) broadcast over streams
     auto mk = A.mark();
-    float* work = A.alloc<float>(std::max<size_t>(kern::hc_head_bwd_workspace_floats(hs), 1));
-    kern::hc_head_bwd(hs, X, P + layout.hc_head_fn, P + layout.hc_head_base, P + layout.hc_head_scale, mixh, rstdh, dyh,
-                      dX, G + layout.hc_head_fn, G + layout.hc_head_base, G + layout.hc_head_scale, work);
+    float* dhn = A.alloc<float>(N * n * d);
+    linear_bwd(e.ctx, dX, m.hn, N * n, d, W{P + t.h_proj, Pb() ? Pb() + t.h_proj : nullptr}, d, dhn, false,
+               G + t.h_proj);
+    float* dep = A.alloc_zero<float>(N * d);
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t j = 0; j < d; ++j) dep[i * d + j] += dX[(i * n + r) * d + j];
+    float* den = A.alloc<float>(N * d);
+    linear_bwd(e.ctx, dep, m.en, N, d, W{P + t.e_proj, Pb() ? Pb() + t.e_proj : nullptr}, d, den, false, G + t.e_proj);
+    float* de = A.alloc<float>(N * d);
+    kern::rmsnorm_bwd(den, m.e, N, d, P + t.enorm, m.e_rstd, de, G + t.enorm);
+    embed_backward(G + layout.embed, m.ids, de, N, d, 1);
+    const float* Xp = k ? ms[k - 1].head.X : X;
+    kern::rmsnorm_bwd(dhn, Xp, N * n, d, P + t.hnorm, m.h_rstd, dprev, G + t.hnorm);
     A.release(mk);
   }
-  float* dX2 = A.alloc<float>(N * n * d);
-  float* df = A.alloc<float>(N * d);
-  float* dpost = A.alloc<float>(N * n);
-  float* dcomb = A.alloc<float>(N * n * n);
-  float* dnorm = A.alloc<float>(N * d);
-  float* dy = A.alloc<float>(N * d);
-  float* hc_work = A.alloc<float>(std::max<size_t>(kern::hc_pre_bwd_workspace_floats(hs), 1));
-  for (int64_t l = c.num_hidden_layers - 1; l >= 0; --l) {
-    const LayerParams& lp = layout.layers[l];
-    const V4LayerParams& q = layout.v4[l];
-    V4LayerSaved& s = sv[l];
-    // X_out = post_f * f + comb_f^T X_mid
-    kern::hc_post_bwd(hs, s.X_mid, s.f, s.hf.post, s.hf.comb, dX, dX2, df, dpost, dcomb);
-    {
-      ProfScope ps(prof, "bwd.moe");
-      moe_backward(ctx, moe_in(l), s.moe, df, dnorm);
-    }
-    kern::rmsnorm_bwd(dnorm, s.hf.y, N, d, P + lp.post_norm, s.rstd2, dy, G + lp.post_norm);
-    kern::hc_pre_bwd(hs, s.X_mid, P + q.ffn_hc_fn, P + q.ffn_hc_base, P + q.ffn_hc_scale, s.hf.mix, s.hf.rstd, dy,
-                     dpost, dcomb, dX2, G + q.ffn_hc_fn, G + q.ffn_hc_base, G + q.ffn_hc_scale, hc_work);
-    // X_mid = post_a * a + comb_a^T X_in
-    kern::hc_post_bwd(hs, s.X_in, s.a, s.ha.post, s.ha.comb, dX2, dX, df, dpost, dcomb);
-    {
-      ProfScope ps(prof, "bwd.attn");
-      v4_attn_backward(ctx, attn_in(l), s.att, df, dnorm);
-    }
-    kern::rmsnorm_bwd(dnorm, s.ha.y, N, d, P + lp.in_norm, s.rstd1, dy, G + lp.in_norm);
-    kern::hc_pre_bwd(hs, s.X_in, P + q.attn_hc_fn, P + q.attn_hc_base, P + q.attn_hc_scale, s.ha.mix, s.ha.rstd, dy,
-                     dpost, dcomb, dX, G + q.attn_hc_fn, G + q.attn_hc_base, G + q.attn_hc_scale, hc_work);
-  }
-  // Embedding: the sum over streams; columns split across threads (race-free, ordered).
-  float* dE = G + layout.embed;
-  parallel_for(d, 16, [&](int64_t c0, int64_t c1) {
-    for (int64_t i = 0; i < N; ++i) {
-      float* row = dE + (int64_t)b.input_ids[i] * d;
-      for (int64_t k = 0; k < n; ++k) {
-        const float* g = dX + (i * n + k) * d;
-        for (int64_t j = c0; j < c1; ++j) row[j] += g[j];
-      }
-    }
-  });
+  head_backward(e, hm, dX);
+  if (dprev) for (int64_t i = 0; i < N * n * d; ++i) dX[i] += dprev[i];
+  for (int64_t l = Lm - 1; l >= 0; --l) layer_backward(e, l, sv[l], dX, w);
+  embed_backward(G + layout.embed, b.input_ids, dX, N, d, n);
   return out;
+}
+
+void Model::init_mtp_random(uint64_t seed) {
+  // HF-style init (as init_random_v4) of the mtp.* tensors only.
+  Rng rng(seed);
+  for (const ParamEntry& en : layout.entries) {
+    if (en.name.rfind("mtp.", 0) != 0) continue;
+    float* w = P() + en.offset;
+    const bool zero = en.name.find("sinks") != std::string::npos || en.name.find("position_bias") != std::string::npos ||
+                      en.name.find("hc.base") != std::string::npos || en.name.find("hc_base") != std::string::npos;
+    for (int64_t i = 0; i < en.shape.numel(); ++i)
+      w[i] = zero ? 0.f : en.shape.ndim >= 2 ? (float)(rng.normal() * cfg.initializer_range) : 1.f;
+  }
+  for (const BufferEntry& bf : layout.buffers)
+    if (bf.name.rfind("mtp.", 0) == 0) std::fill(buffers.begin() + bf.offset, buffers.begin() + bf.offset + bf.size, 0.f);
+  refresh_bf16();
 }
 
 }  // namespace trex::model

@@ -44,6 +44,13 @@ struct V4LayerParams {
   int64_t tid2eid = -1;                          // hash layers: [vocab, K] expert ids, into buffers
 };
 
+// A DeepSeek-V4 MTP block's own tensors (its attention / MoE / HC live in layers[L + k]).
+struct V4MtpParams {
+  int64_t e_proj = -1, h_proj = -1;            // [d, d]
+  int64_t enorm = -1, hnorm = -1, norm = -1;   // [d]
+  int64_t hc_fn = -1, hc_base = -1, hc_scale = -1;  // [n, n d], [n], [1]
+};
+
 struct BufferEntry {
   std::string name;
   int64_t offset;
@@ -59,7 +66,8 @@ struct ParamLayout {
   std::vector<LayerParams> layers;
   std::vector<BufferEntry> buffers;  // non-trained state saved in checkpoints (router biases)
   int64_t buffers_total = 0;
-  std::vector<V4LayerParams> v4;     // DeepSeek-V4 only
+  std::vector<V4LayerParams> v4;     // DeepSeek-V4 only (main layers, then MTP blocks)
+  std::vector<V4MtpParams> mtp;      // DeepSeek-V4 MTP blocks
   int64_t hc_head_fn = -1, hc_head_base = -1, hc_head_scale = -1;  // V4: [n, n d], [n], [1]
 
   const ParamEntry* find(const std::string& name) const {

@@ -1,4 +1,5 @@
-// DeepSeek-V4 parameter layout under the Hugging Face DeepseekV4ForCausalLM names. Experts are
+// DeepSeek-V4 parameter layout under the Hugging Face DeepseekV4ForCausalLM names (MTP blocks,
+// which transformers does not model, under mtp.<k>. with the same inner names as a layer). Experts are
 // stored merged as HF does: experts.gate_up_proj [E, 2F, d] (gate rows first) and
 // experts.down_proj [E, d, F]. Buffers: e_score_correction_bias [E] (top-k layers) and
 // tid2eid [vocab, K] (hash layers).
@@ -14,12 +15,27 @@ ParamLayout build_layout_v4(const ModelConfig& c) {
   const int64_t E = c.n_routed_experts, F = c.moe_intermediate_size, K = c.num_experts_per_tok;
   const int64_t nmix = (2 + n) * n;
   L.embed = b.add("model.embed_tokens.weight", {c.vocab_size, d}, true);
-  L.layers.resize(c.num_hidden_layers);
-  L.v4.resize(c.num_hidden_layers);
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+  const int64_t nl = c.num_hidden_layers + v.mtp_layers;
+  L.layers.resize(nl);
+  L.v4.resize(nl);
+  L.mtp.resize(v.mtp_layers);
+  for (int64_t l = 0; l < nl; ++l) {
     LayerParams& p = L.layers[l];
     V4LayerParams& q = L.v4[l];
-    const std::string pre = "model.layers." + std::to_string(l) + ".";
+    const bool is_mtp = l >= c.num_hidden_layers;
+    const std::string pre = is_mtp ? "mtp." + std::to_string(l - c.num_hidden_layers) + "."
+                                   : "model.layers." + std::to_string(l) + ".";
+    if (is_mtp) {  // MTP block extras (DeepSeek-V4 inference/model.py MTPBlock)
+      V4MtpParams& t = L.mtp[l - c.num_hidden_layers];
+      t.e_proj = b.add(pre + "e_proj.weight", {d, d}, true);
+      t.h_proj = b.add(pre + "h_proj.weight", {d, d}, true);
+      t.enorm = b.add(pre + "enorm.weight", {d}, false);
+      t.hnorm = b.add(pre + "hnorm.weight", {d}, false);
+      t.norm = b.add(pre + "norm.weight", {d}, false);
+      t.hc_fn = b.add(pre + "hc_head.hc_fn", {n, n * d}, true);
+      t.hc_base = b.add(pre + "hc_head.hc_base", {n}, false);
+      t.hc_scale = b.add(pre + "hc_head.hc_scale", {1}, false);
+    }
     const std::string at = pre + "self_attn.";
     p.in_norm = b.add(pre + "input_layernorm.weight", {d}, false);
     p.post_norm = b.add(pre + "post_attention_layernorm.weight", {d}, false);

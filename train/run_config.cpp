@@ -125,6 +125,7 @@ RunConfig parse_run_config(json j, const std::string& where, const std::vector<s
          r.train.bias_update_gamma = (float)c.f64(v, k, 0, 1);
        }},
       {"aux_loss_alpha", [&](const json& v, const std::string& k) { r.train.aux_loss_alpha = c.f64(v, k, 0, 10); }},
+      {"mtp_loss_weight", [&](const json& v, const std::string& k) { r.train.mtp_loss_weight = c.f64(v, k, 0, 10); }},
   };
   S["optim"].keys = {
       {"lr", [&](const json& v, const std::string& k) { r.optim.schedule.lr = c.f64(v, k, 0, 10); }},

@@ -32,6 +32,7 @@ struct TrainConfig {
   kern::Prec precision = kern::Prec::BF16;
   float bias_update_gamma = 0.001f;
   double aux_loss_alpha = 0.0;
+  double mtp_loss_weight = 0.0;  // DeepSeek-V4: > 0 trains the config's MTP blocks (loss += weight x MTP CE)
 };
 
 struct OptimConfig {

@@ -8,7 +8,7 @@ namespace trex::train {
 void update_router_bias(model::Model& m, float gamma) {
   const auto& load = m.expert_load();
   if (gamma != 0.f) {
-    for (int64_t l = 0; l < m.cfg.num_hidden_layers; ++l) {
+    for (int64_t l = 0; l < (int64_t)m.layout.layers.size(); ++l) {
       if (!m.cfg.is_moe_layer(l) || m.layout.layers[l].bias < 0) continue;  // hash layers: no bias
       const auto& ld = load[l];
       double mean = 0;
@@ -52,15 +52,16 @@ StepStats trainer_step(model::Model& m, AdamW& opt, const std::vector<model::Bat
     }
     st.ce += lp.ce * w;
     st.aux += lp.aux / micro.size();
+    st.mtp += lp.mtp * w;
     st.tokens += b.B * b.T;
     st.n_valid += nv;
   }
-  st.loss = st.ce + st.aux;
+  st.loss = st.ce + st.aux + m.opt.mtp_loss_weight * st.mtp;
   {
     ProfScope ps(prof, "step.optimizer");
     st.grad_norm = opt.step(m, lr);
   }
-  for (int64_t l = 0; l < m.cfg.num_hidden_layers; ++l) {
+  for (int64_t l = 0; l < (int64_t)m.layout.layers.size(); ++l) {
     if (!m.cfg.is_moe_layer(l)) continue;
     const auto& ld = m.expert_load()[l];
     double sum = 0, mx = 0;

@@ -9,7 +9,7 @@
 namespace trex::train {
 
 struct StepStats {
-  double loss = 0, ce = 0, aux = 0, grad_norm = 0, ms = 0;
+  double loss = 0, ce = 0, aux = 0, mtp = 0, grad_norm = 0, ms = 0;  // mtp: V4 MTP CE (loss adds weight x mtp)
   int64_t tokens = 0, n_valid = 0;
   std::vector<double> load_max_over_mean;  // per MoE layer: busiest expert's load / mean load
 };

@@ -183,7 +183,7 @@ void indexer_topk_avx512(const IndexerShape& sh, const float* q, const float* k,
         score_row(q + bt * sh.nh * dI, wts + bt * sh.nh, kp + b * npan * dI * kPanel, nv, sh.nh, sh.dI,
                   sh.softmax_scale, row);
       if (so) {
-        std::memcpy(so, row, sizeof(float) * nv);
+        std::copy(row, row + nv, so);
         std::fill(so + nv, so + nw, -std::numeric_limits<float>::infinity());
       }
       const int64_t c = std::min(nv, kk);

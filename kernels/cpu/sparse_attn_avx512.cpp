@@ -2,23 +2,28 @@
 // kernels/sparse_attn.h, the canonical definition in kernels/ref/sparse_attn.h.
 //
 // All heads of a query share its key rows (K = V = kv), so a query is one work unit: its list is
-// walked in blocks of kKB rows, each gathered into a contiguous tile Kc [nb, D], and every product
-// is a small matrix product through one register-blocked micro-kernel (R rows x 16 NV columns of
-// fp32 accumulators, C[m, n] (+)= A[m, k] B[k, n], A read by broadcast under any strides, B rows
-// as vectors, C rows contiguous or scattered by a row list):
-//   forward:  S^T = Kc Q^T [nb, Hp] (Q^T packed once per query, heads in lanes, so the online
-//             softmax runs down columns without horizontal reductions), m, l updated per block in
-//             log2 units (the sink starts them: m = sink, l = 1), O [H, D] rescaled and
-//             O += P Kc with A = P^T read transposed; finally O /= l, lse = m + log l.
-//   backward: [S^T | dP^T] = Kc [Q^T | dO^T] [nb, 2Hp] in one product, P = exp(S scale - lse),
-//             dS = P (dP - delta) scale with delta = dO.o, then dq += dS Kc (dq rows of the query,
-//             overwritten on its first block) and dkv[rows] += [dS^T | P^T] [Q ; dO] (key and
-//             value part in one product, K = 2Hp, C rows scattered by the list).
+// walked in blocks of up to kKB rows, and every product is a small matrix product in a
+// register-blocked micro-kernel that reads the listed kv rows in place (no gathered copy: copying
+// costs as much as the product for H = 16). Heads live in vector lanes throughout (Hp =
+// round16(H) lanes; the padded lanes carry zeros and are never stored):
+//   scores    S^T [nb, Hp] = K Q^T: broadcast K[j, d] from the listed rows, Q^T [D, Hp] rows as
+//             vectors (packed once per query, pre-scaled by scale log2(e), so S is in log2 units);
+//   outputs   O^T [D, Hp] (+)= K^T P^T: broadcast K[j, d] again, P^T rows as vectors;
+//   key grads dkv[rows] += [dS^T | P^T] [Q ; dO] with the C rows scattered by the list.
+// Each kv element of a block is read once per product (the rows are random, so re-reading them
+// would miss L1), the softmax runs down columns with one lane per head (no horizontal
+// reductions), and O^T, dq^T are transposed into [H, D] once per query. The next query's q, o
+// (dO, dq) are prefetched into L2 a line every second step of the value products.
+//   forward:  per block S^T, m and l updated in log2 units (the sink starts them: m = sink, l =
+//             1), O^T = alpha O^T + K^T P^T (alpha = 2^(m_old - m_new) per column, applied as the
+//             accumulators load); finally o = (O^T / l)^T, lse = m + log l.
+//   backward: [S^T | dP^T] = K [Q^T | dO^T] in one product, P = 2^(S - lse), dS = P (dP - delta)
+//             scale with delta = dO.o, then dq^T += K^T dS^T and dkv[rows] += [dS^T | P^T] [Q ; dO]
+//             (key and value part in one product, K = 2Hp).
 // Determinism: forward queries are independent. Backward queries go in C fixed chunks (a function
 // of N only, kernels/cpu/sparse_attn_avx512.h); chunk 0 accumulates into dkv, chunk c > 0 into its
 // own partial [M, D] in the workspace (only the row range the chunk touches is zeroed), and the
 // partials are added to dkv row by row in chunk order; dsink likewise through per-chunk partials.
-// Hp = round16(H): padded head lanes carry zeros in Q^T / dO^T / [Q ; dO] and are never stored.
 #include "kernels/cpu/sparse_attn_avx512.h"
 // GCC 12 reports the _mm512_undefined_ps() idiom inside its own intrinsics as (maybe-)
 // uninitialized; the warnings point into the header, so silencing them there is enough.
@@ -43,13 +48,15 @@
 namespace trex::kern::cpu {
 namespace {
 
-constexpr int kKB = 128;  // key rows per block (gathered tile)
+constexpr int kKB = 128;  // key rows per block
 constexpr int kNV = 4;    // micro-kernel vectors of 16 columns at most
-constexpr int kRMax = 12;  // micro-kernel rows at most
+constexpr int kCC = 64;   // column chunk of a panel (16 kNV)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr float kExpFloor = -200.f;  // log2 units: exp2 of anything below is 0 in fp32
+// log2 units: exp2 of anything below is 0 in fp32. Clamp with max(floor, x): vmaxps returns its
+// second operand when either is NaN, so a NaN score stays NaN (as in the reference).
+constexpr float kExpFloor = -200.f;
 
 inline int64_t round16(int64_t n) { return (n + 15) & ~int64_t{15}; }
 inline __mmask16 tail_mask(int w) { return w >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << w) - 1); }
@@ -69,114 +76,244 @@ inline __m512 exp2_ps(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// C[r, 0:16 NV] (+)= sum_k A(r, k) B(k, 0:16 NV) for r < R, where
-//   A(r, k) = A[r sam + k sak], or A[aidx[r] sam + k] when AIDX (rows of kv picked by a list),
-//   B(k, :) = B[k ldb + :],     or B[bidx[k] ldb + :] when BIDX,
-//   row r of C at C + r ldc,    or C + cidx[r] ldc when CIDX.
-// The last vector of each row of B and C is limited to the lanes in `mlast`.
-template <int R, int NV, bool ACC, bool CIDX, bool AIDX, bool BIDX>
-void micro(int K, const float* A, int64_t sam, int64_t sak, const int32_t* aidx, const float* B,
-           int64_t ldb, const int32_t* bidx, float* C, int64_t ldc, const int32_t* cidx,
-           __mmask16 mlast) {
-  __m512 c[R][NV];
-  float* crow[R];
-  const float* arow[R];
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-    crow[r] = C + (CIDX ? static_cast<int64_t>(cidx[r]) : r) * ldc;
-    arow[r] = A + (AIDX ? static_cast<int64_t>(aidx[r]) : r) * sam;
+// A panel in column chunks: P [K, N] (N a multiple of 16) stored as chunks of kCC columns, chunk
+// c (columns kCC c .. kCC c + w, w = min(kCC, N - kCC c)) at P + kCC c K with row stride w, so a
+// micro-kernel walks one chunk with a compile-time stride and the chunk is contiguous in memory.
+inline const float* chunk_of(const float* P, int K, int n0) {
+  return P + static_cast<int64_t>(n0) * K;
+}
+
+// Near-equal row groups of at most rmax rows: f(m0, r) for each (128 = 8 x 11 + 4 x 10 with 12).
+template <class F>
+inline void row_groups(int M, int rmax, F&& f) {
+  const int ng = (M + rmax - 1) / rmax;
+  for (int g = 0, m0 = 0; g < ng; ++g) {
+    const int r = (M - m0) / (ng - g);
+    f(m0, r);
+    m0 += r;
   }
+}
+
+template <template <int, int, bool> class Micro, bool ACC, int R, int... Vs>
+constexpr auto table_row(std::integer_sequence<int, Vs...>) {
+  return std::array<decltype(&Micro<1, 1, ACC>::run), kNV>{{&Micro<R, Vs + 1, ACC>::run...}};
+}
+// [R - 1][NV - 1] -> Micro<R, NV, ACC>::run
+template <template <int, int, bool> class Micro, bool ACC, int... Rs>
+constexpr auto make_table(std::integer_sequence<int, Rs...>) {
+  return std::array<decltype(table_row<Micro, ACC, 1>(std::make_integer_sequence<int, kNV>{})),
+                    sizeof...(Rs)>{
+      {table_row<Micro, ACC, Rs + 1>(std::make_integer_sequence<int, kNV>{})...}};
+}
+
+// ---- scores: C[r, 0:16 NV] = sum_k kv[rows[r] D + k] B[k 16 NV + 0:16 NV], r < R ---------------
+// B is one chunk of a panel. k runs from -K up to 0 over row pointers advanced by K, so the R row
+// pointers, k and the B pointer are all the loop keeps in registers. (ACC is unused here and in
+// MicroKeyGrad: the tables take one template shape.)
+template <int R, int NV, bool ACC>
+struct MicroScores {
+  static void run(int K, const float* kv, int64_t D, const int32_t* rows, const float* B, float* C,
+                  int64_t ldc) {
+    __m512 c[R][NV];
+    const float* ar[R];
 #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
+    for (int r = 0; r < R; ++r) ar[r] = kv + static_cast<int64_t>(rows[r]) * D + K;
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v)
-      c[r][v] = ACC ? _mm512_maskz_loadu_ps(v == NV - 1 ? mlast : 0xFFFF, crow[r] + 16 * v)
-                    : _mm512_setzero_ps();
-  const float* bk = B;
-  for (int k = 0; k < K; ++k) {
-    if constexpr (BIDX) {
-      bk = B + static_cast<int64_t>(bidx[k]) * ldb;
-      if (k + 8 < K) {
-        const float* pf = B + static_cast<int64_t>(bidx[k + 8]) * ldb;
+      for (int v = 0; v < NV; ++v) c[r][v] = _mm512_setzero_ps();
+    const float* bk = B;
+    for (int64_t k = -K; k < 0; ++k, bk += 16 * NV) {
+      __m512 b[NV];
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) _mm_prefetch(reinterpret_cast<const char*>(pf + 16 * v), _MM_HINT_T0);
+      for (int v = 0; v < NV; ++v) b[v] = _mm512_loadu_ps(bk + 16 * v);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        const __m512 a = _mm512_set1_ps(ar[r][k]);
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) c[r][v] = _mm512_fmadd_ps(a, b[v], c[r][v]);
       }
     }
-    __m512 b[NV];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) _mm512_storeu_ps(C + r * ldc + 16 * v, c[r][v]);
+  }
+};
+// 12 row pointers + k + B fill the general-purpose registers.
+constexpr auto kScores = make_table<MicroScores, false>(std::make_integer_sequence<int, 12>{});
+constexpr int rows_scores(int nv) { return nv <= 2 ? 12 : nv == 3 ? 8 : 6; }
+
+// C[M, N] = kv[rows] [M, K] B [K, N], B a panel, C row-major (ldc).
+void gemm_scores(int M, int N, int K, const float* kv, int64_t D, const int32_t* rows,
+                 const float* B, float* C, int64_t ldc) {
+  for (int n0 = 0; n0 < N; n0 += kCC) {
+    const int nv = std::min(N - n0, kCC) / 16;
+    row_groups(M, rows_scores(nv), [&](int m0, int r) {
+      kScores[r - 1][nv - 1](K, kv, D, rows + m0, chunk_of(B, K, n0), C + m0 * ldc + n0, ldc);
+    });
+  }
+}
+
+// ---- transposed values: C[r, 0:16 NV] (+)= sum_k kv[rows[k] D + d0 + r] B[k ldb + 0:16 NV] ------
+// (C = O^T or dq^T rows d0 .. d0 + R, B = P^T or dS^T.) One kv row per step, read at immediate
+// offsets; the row 8 steps ahead is prefetched (the rows are scattered).
+template <int R, int NV, bool ACC>
+struct MicroValsT {
+  static void run(int K, const float* kv, int64_t D, const int32_t* rows, const float* B,
+                  int64_t ldb, float* C, int64_t ldc, const float* alpha, const char* pf, int npf) {
+    __m512 c[R][NV];
+    __m512 al[NV];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v)
-      b[v] = v == NV - 1 ? _mm512_maskz_loadu_ps(mlast, bk + 16 * v) : _mm512_loadu_ps(bk + 16 * v);
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      __m512 ar = _mm512_set1_ps(AIDX ? arow[r][k] : arow[r][k * sak]);
+      al[v] = ACC ? _mm512_loadu_ps(alpha + 16 * v) : _mm512_setzero_ps();
+#pragma GCC unroll 32
+    for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) c[r][v] = _mm512_fmadd_ps(ar, b[v], c[r][v]);
-    }
-    if constexpr (!BIDX) bk += ldb;
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
+      for (int v = 0; v < NV; ++v)
+        c[r][v] =
+            ACC ? _mm512_mul_ps(al[v], _mm512_loadu_ps(C + r * ldc + 16 * v)) : _mm512_setzero_ps();
+    const float* bk = B;
+    for (int k = 0; k < K; ++k, bk += ldb) {
+      if ((k & 1) == 0 && (k >> 1) < npf) _mm_prefetch(pf + 32 * k, _MM_HINT_T1);
+      const float* a = kv + static_cast<int64_t>(rows[k]) * D;
+      if (k + 8 < K) {  // the row 8 steps ahead: its first line, then (next step) its last
+        const char* p = reinterpret_cast<const char*>(kv + static_cast<int64_t>(rows[k + 8]) * D);
+        _mm_prefetch(p, _MM_HINT_T0);
+        if (R > 16 && k > 0)
+          _mm_prefetch(
+              reinterpret_cast<const char*>(kv + static_cast<int64_t>(rows[k + 7]) * D) + 4 * R - 4,
+              _MM_HINT_T0);
+      }
+      __m512 b[NV];
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      if (v == NV - 1)
-        _mm512_mask_storeu_ps(crow[r] + 16 * v, mlast, c[r][v]);
-      else
-        _mm512_storeu_ps(crow[r] + 16 * v, c[r][v]);
+      for (int v = 0; v < NV; ++v) b[v] = _mm512_loadu_ps(bk + 16 * v);
+#pragma GCC unroll 32
+      for (int r = 0; r < R; ++r) {
+        const __m512 ar = _mm512_set1_ps(a[r]);
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) c[r][v] = _mm512_fmadd_ps(ar, b[v], c[r][v]);
+      }
     }
-}
-
-using MicroFn = void (*)(int, const float*, int64_t, int64_t, const int32_t*, const float*,
-                         int64_t, const int32_t*, float*, int64_t, const int32_t*, __mmask16);
-
-template <bool ACC, bool CIDX, bool AIDX, bool BIDX, int R, int... Vs>
-constexpr std::array<MicroFn, kNV> micro_row(std::integer_sequence<int, Vs...>) {
-  return {{&micro<R, Vs + 1, ACC, CIDX, AIDX, BIDX>...}};
-}
-template <bool ACC, bool CIDX, bool AIDX, bool BIDX>
-struct MicroTable {
-  template <int... Rs>
-  static constexpr auto make(std::integer_sequence<int, Rs...>) {
-    return std::array<std::array<MicroFn, kNV>, sizeof...(Rs)>{
-        {micro_row<ACC, CIDX, AIDX, BIDX, Rs + 1>(std::make_integer_sequence<int, kNV>{})...}};
+#pragma GCC unroll 32
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) _mm512_storeu_ps(C + r * ldc + 16 * v, c[r][v]);
   }
-  static constexpr auto tab = make(std::make_integer_sequence<int, kRMax>{});
+};
+// With one vector of columns (H <= 16) every FMA needs its own broadcast load, so the loads bound
+// it: more rows amortize the B load and the prefetches (28 accumulators + 2 fit 32 zmm).
+constexpr auto kValsTSet = make_table<MicroValsT, false>(std::make_integer_sequence<int, 28>{});
+constexpr auto kValsTAcc = make_table<MicroValsT, true>(std::make_integer_sequence<int, 28>{});
+constexpr int rows_valst(int nv) { return nv == 1 ? 28 : nv == 2 ? 12 : nv == 3 ? 8 : 6; }
+
+// Lines to prefetch into L2 while a product runs, one every second micro-kernel step (in a burst
+// they stall the core once the line fill buffers run out): the next query's inputs and outputs
+// (a line read in alone is owned exclusively, so a later store to it needs no further request).
+struct PfStream {
+  static constexpr int kMax = 4;
+  const char* p[kMax] = {};
+  int64_t lines[kMax] = {};
+  int cur = 0;
+  void add(const float* x, int64_t n) {  // the lines of x[0 .. n) (n a multiple of 16)
+    for (int i = 0; i < kMax; ++i)
+      if (!lines[i]) {
+        p[i] = reinterpret_cast<const char*>(x), lines[i] = n / 16;
+        return;
+      }
+  }
+  int take(int k, const char** at) {  // up to ceil(k / 2) contiguous lines
+    while (cur < kMax && !lines[cur]) ++cur;
+    if (cur == kMax) return 0;
+    const int n = static_cast<int>(std::min<int64_t>(lines[cur], (k + 1) / 2));
+    *at = p[cur], p[cur] += 64 * n, lines[cur] -= n;
+    return n;
+  }
 };
 
-// Rows of the register block for NV vectors of columns: accumulators and B vectors fit in the
-// 32 zmm registers, and with A rows picked by a list (AIDX) their row pointers fit in the GPRs.
-constexpr int rows_for(int nv, bool aidx) {
-  return aidx ? (nv <= 2 ? 12 : nv == 3 ? 8 : 6) : 6;
-}
-
-// C[M, N] (+)= A[M, K] B[K, N] with A, B, C addressed as in `micro` (aidx, bidx, cidx index the
-// M, K and M dimensions). ACC = false overwrites C (also when K = 0). Rows go in ceil(M / rmax)
-// groups of near-equal size (128 = 16 x 8; 13 = 7 + 6 rather than 8 + 5), columns in chunks of
-// 16 kNV.
-template <bool ACC, bool CIDX, bool AIDX, bool BIDX>
-void gemm(int M, int N, int K, const float* A, int64_t sam, int64_t sak, const int32_t* aidx,
-          const float* B, int64_t ldb, const int32_t* bidx, float* C, int64_t ldc,
-          const int32_t* cidx) {
-  const auto& tab = MicroTable<ACC, CIDX, AIDX, BIDX>::tab;
-  for (int n0 = 0; n0 < N; n0 += 16 * kNV) {
-    const int nw = std::min(N - n0, 16 * kNV), nv = (nw + 15) / 16, rmax = rows_for(nv, AIDX);
-    const __mmask16 ml = tail_mask(nw - 16 * (nv - 1));
-    const int ng = (M + rmax - 1) / rmax;
-    for (int g = 0, m0 = 0; g < ng; ++g) {
-      const int r = (M - m0) / (ng - g);
-      tab[r - 1][nv - 1](K, AIDX ? A : A + m0 * sam, sam, sak, AIDX ? aidx + m0 : nullptr, B + n0,
-                         ldb, bidx, CIDX ? C + n0 : C + m0 * ldc + n0, ldc,
-                         CIDX ? cidx + m0 : nullptr, ml);
-      m0 += r;
-    }
+// C[D, N] = alpha C + kv[rows]^T [D, K] B [K, N] (alpha per column, ACC; C = ... without), B
+// row-major (ldb), C row-major (ldc); N a multiple of 16. The row range of one kv row goes into
+// the row groups as d0 offsets: kv + d0 is passed.
+template <bool ACC>
+void gemm_valst(int D, int N, int K, const float* kv, const int32_t* rows, const float* B,
+                int64_t ldb, float* C, int64_t ldc, const float* alpha, PfStream& pf) {
+  const auto& tab = ACC ? kValsTAcc : kValsTSet;
+  for (int n0 = 0; n0 < N; n0 += kCC) {
+    const int nv = std::min(N - n0, kCC) / 16;
+    row_groups(D, rows_valst(nv), [&](int d0, int r) {
+      const char* at = nullptr;
+      const int npf = pf.take(K, &at);
+      tab[r - 1][nv - 1](K, kv + d0, D, rows, B + n0, ldb, C + d0 * ldc + n0, ldc,
+                         alpha ? alpha + n0 : nullptr, at, npf);
+    });
   }
 }
 
-// dst[c ldd + r] = src[r lds + c] for r < 16, c < nc (nc <= 16); rows r >= nr read as 0.
-void transpose16(const float* src, int64_t lds, int nr, int nc, float* dst, int64_t ldd) {
-  __m512 r[16], t[16];
-  const __mmask16 mc = tail_mask(nc);
-  for (int i = 0; i < 16; ++i)
-    r[i] = _mm512_maskz_loadu_ps(i < nr ? mc : __mmask16(0), src + (i < nr ? i * lds : 0));
+// ---- key grads: C[rows[r], 0:16 NV] += sum_k A[r lda + k] B[k w + 0:16 NV], r < R ---------------
+// A = [dS^T | P^T] rows, B one chunk (width w) of the panel [Q ; dO]; the last vector is masked
+// to D.
+template <int R, int NV, bool ACC>
+struct MicroKeyGrad {
+  static void run(int K, const float* A, int64_t lda, const float* B, int64_t w, float* C,
+                  int64_t ldc, const int32_t* rows, __mmask16 mlast) {
+    __m512 c[R][NV];
+    float* cr[R];
+    // The C rows are scattered (in L2 or further): sum into zeroed registers and add C at the end,
+    // so their latency overlaps the products instead of delaying them.
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      cr[r] = C + static_cast<int64_t>(rows[r]) * ldc;
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v)
+        _mm_prefetch(reinterpret_cast<const char*>(cr[r] + 16 * v), _MM_HINT_T0);
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) c[r][v] = _mm512_setzero_ps();
+    const float* bk = B;
+    for (int k = 0; k < K; ++k, bk += w) {
+      __m512 b[NV];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v)
+        b[v] =
+            v == NV - 1 ? _mm512_maskz_loadu_ps(mlast, bk + 16 * v) : _mm512_loadu_ps(bk + 16 * v);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        const __m512 ar = _mm512_set1_ps(A[r * lda + k]);
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) c[r][v] = _mm512_fmadd_ps(ar, b[v], c[r][v]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) {
+        const __mmask16 m = v == NV - 1 ? mlast : __mmask16(0xFFFF);
+        _mm512_mask_storeu_ps(cr[r] + 16 * v, m,
+                              _mm512_add_ps(c[r][v], _mm512_maskz_loadu_ps(m, cr[r] + 16 * v)));
+      }
+  }
+};
+constexpr auto kKeyGrad = make_table<MicroKeyGrad, true>(std::make_integer_sequence<int, 6>{});
+
+// C[rows[m], 0:D] += A [M, K] B [K, D] (A row-major lda, B a panel of D columns; its chunks pad
+// the last one to a multiple of 16 columns, unread past D).
+void gemm_keygrad(int M, int D, int K, const float* A, int64_t lda, const float* B, float* C,
+                  const int32_t* rows) {
+  for (int n0 = 0; n0 < D; n0 += kCC) {
+    const int nw = std::min(D - n0, kCC), nv = (nw + 15) / 16;
+    row_groups(M, 6, [&](int m0, int r) {
+      kKeyGrad[r - 1][nv - 1](K, A + m0 * lda, lda, chunk_of(B, K, n0), round16(nw), C + n0, D,
+                              rows + m0, tail_mask(nw - 16 * (nv - 1)));
+    });
+  }
+}
+
+// ---- packing ----------------------------------------------------------------------------------
+// In-register 16 x 16 transpose: r[c] lane i <- r[i] lane c.
+inline void transpose16_regs(__m512 r[16]) {
+  __m512 t[16];
   for (int i = 0; i < 8; ++i) {  // per 128-bit lane: (a0 b0 a1 b1), (a2 b2 a3 b3)
     t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
     t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
@@ -201,36 +338,58 @@ void transpose16(const float* src, int64_t lds, int nr, int nc, float* dst, int6
     r[k + 4] = _mm512_shuffle_f32x4(t[k + 4], t[k + 12], 0x88);
     r[k + 12] = _mm512_shuffle_f32x4(t[k + 4], t[k + 12], 0xDD);
   }
-  for (int c = 0; c < nc; ++c) _mm512_storeu_ps(dst + c * ldd, r[c]);
 }
 
-// dst[d ldd + h] = src[h D + d] for d < D, h < Hp = round16(H) (zero for h >= H).
-void pack_heads_transposed(const float* src, int H, int D, float* dst, int64_t ldd) {
-  for (int h0 = 0; h0 < H; h0 += 16)
-    for (int d0 = 0; d0 < D; d0 += 16)
-      transpose16(src + static_cast<int64_t>(h0) * D + d0, D, std::min(16, H - h0),
-                  std::min(16, D - d0), dst + static_cast<int64_t>(d0) * ldd + h0, ldd);
-}
-
-// Prefetches rows[0 .. n) of x (rows of D floats) into L2.
-void prefetch_rows(const float* x, int D, const int32_t* rows, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) {
-    const char* p = reinterpret_cast<const char*>(x + static_cast<int64_t>(rows[j]) * D);
-    for (int b = 0; b < D * 4; b += 64) _mm_prefetch(p + b, _MM_HINT_T1);
+// Columns col0 .. col0 + Hp of a panel [D, N] (col0 and N multiples of 16):
+// P(d, col0 + h) = s src[h D + d] for d < D, h < Hp = round16(H) (zero for h >= H).
+void pack_heads_transposed(const float* src, int H, int D, float s, float* P, int col0, int N) {
+  const __m512 vs = _mm512_set1_ps(s);
+  for (int h0 = 0; h0 < H; h0 += 16) {
+    const int col = col0 + h0, c0 = col / kCC * kCC, w = std::min(kCC, N - c0);
+    float* base = P + static_cast<int64_t>(c0) * D + (col - c0);
+    const int nh = std::min(16, H - h0);
+    for (int d0 = 0; d0 < D; d0 += 16) {
+      __m512 r[16];
+      const int nd = std::min(16, D - d0);
+      for (int i = 0; i < 16; ++i)  // row h0 + i of src (zero past H), columns d0 .. d0 + nd
+        r[i] = i < nh ? _mm512_mul_ps(vs,
+                                      _mm512_maskz_loadu_ps(tail_mask(nd), src + (h0 + i) * D + d0))
+                      : _mm512_setzero_ps();
+      transpose16_regs(r);
+      for (int c = 0; c < nd; ++c) _mm512_storeu_ps(base + static_cast<int64_t>(d0 + c) * w, r[c]);
+    }
   }
 }
-// Prefetches n contiguous floats into L2.
-void prefetch_span(const float* x, int64_t n) {
-  const char* p = reinterpret_cast<const char*>(x);
-  for (int64_t b = 0; b < n * 4; b += 64) _mm_prefetch(p + b, _MM_HINT_T1);
+
+// dst[h D + d] = s[h] XT[d ldx + h] for h < H, d < D (XT [D, >= round16(H)] row-major).
+void unpack_transposed(const float* XT, int64_t ldx, int H, int D, const float* s, float* dst) {
+  for (int h0 = 0; h0 < H; h0 += 16) {
+    const int nh = std::min(16, H - h0);
+    const __m512 vs = _mm512_loadu_ps(s + h0);
+    for (int d0 = 0; d0 < D; d0 += 16) {
+      const int nd = std::min(16, D - d0);
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i)  // row d0 + i of XT, scaled per column (head)
+        r[i] = i < nd ? _mm512_mul_ps(vs, _mm512_loadu_ps(XT + (d0 + i) * ldx + h0))
+                      : _mm512_setzero_ps();
+      transpose16_regs(r);
+      for (int h = 0; h < nh; ++h)
+        _mm512_mask_storeu_ps(dst + static_cast<int64_t>(h0 + h) * D + d0, tail_mask(nd), r[h]);
+    }
+  }
 }
 
-// x[0:D] *= s
-inline void scale_row(float* x, int D, float s) {
-  const __m512 vs = _mm512_set1_ps(s);
-  for (int d = 0; d < D; d += 16) {
-    const __mmask16 m = tail_mask(D - d);
-    _mm512_mask_storeu_ps(x + d, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + d), vs));
+// Rows r0 .. r0 + R of a panel [K, D] (chunks padded to 16 columns, never read past D) = the
+// rows of a row-major [R, D] matrix src, or zeros when src is null.
+void pack_rows_panel(const float* src, int R, int D, float* P, int r0, int K) {
+  for (int c0 = 0; c0 < D; c0 += kCC) {
+    const int nw = std::min(kCC, D - c0), w = static_cast<int>(round16(nw));
+    float* base = P + static_cast<int64_t>(c0) * K + static_cast<int64_t>(r0) * w;
+    for (int r = 0; r < R; ++r)
+      if (src)
+        std::memcpy(base + r * w, src + static_cast<int64_t>(r) * D + c0, sizeof(float) * nw);
+      else
+        std::memset(base + r * w, 0, sizeof(float) * w);
   }
 }
 
@@ -243,7 +402,7 @@ inline float dot(const float* a, const float* b, int D) {
   return _mm512_reduce_add_ps(acc);
 }
 
-// Per-thread scratch that grows to the largest request and is reused (O((kKB + H) D) floats).
+// Per-thread scratch that grows to the largest request and is reused (O((kKB + D) H) floats).
 struct Scratch {
   float* p = nullptr;
   size_t cap = 0;
@@ -264,102 +423,88 @@ float* thread_scratch(size_t n) {
   return s.get(n);
 }
 
-// The rows of the next key block: later in this list, else the first block of the next query.
-struct Next {
-  const int32_t* rows;  // next query's list (null: none)
-  int64_t n;
-};
-inline void prefetch_next_block(const float* kv, int D, const int32_t* rows, int64_t n,
-                                int64_t j0, const Next& nx) {
-  if (j0 + kKB < n)
-    prefetch_rows(kv, D, rows + j0 + kKB, std::min<int64_t>(kKB, n - j0 - kKB));
-  else if (nx.rows)
-    prefetch_rows(kv, D, nx.rows, std::min<int64_t>(kKB, nx.n));
-}
-
-// One query of the forward: o_i: [H, D]  lse_i: [H]. Prefetches the next query's q (qn).
-static int SKIP = getenv("SKIP") ? atoi(getenv("SKIP")) : 0;
+// ---- one query ----------------------------------------------------------------------------------
+// Forward: o_i: [H, D]  lse_i: [H]. Prefetches the next query's q and o (qn, on).
 void fwd_query(const SparseAttnShape& sh, const float* qi, const float* kv, const int32_t* rows,
                int64_t n, const float* sink, float* oi, float* lsei, const float* qn,
-               const Next& nx) {
+               const float* on) {
   const int H = sh.H, D = sh.D, Hp = static_cast<int>(round16(H));
-  if (qn) prefetch_span(qn, static_cast<int64_t>(H) * D);
+  PfStream pf;  // the next query's q and o come into L2 while this one computes
+  if (qn) pf.add(qn, static_cast<int64_t>(H) * D), pf.add(on, static_cast<int64_t>(H) * D);
   if (n == 0) {
     std::memset(oi, 0, sizeof(float) * H * D);
     for (int h = 0; h < H; ++h) lsei[h] = sink ? sink[h] : kNegInf;
     return;
   }
-  float* QT = thread_scratch(static_cast<size_t>(D) * Hp + static_cast<size_t>(kKB) * Hp + 3 * Hp);
-  float* S = QT + static_cast<size_t>(D) * Hp;
-  float* m2 = S + static_cast<size_t>(kKB) * Hp;  // running max, log2 units
-  float* l = m2 + Hp;                              // running sum of 2^(s - m2)
-  float* alpha = l + Hp;                           // rescale of this block
-  pack_heads_transposed(qi, H, D, QT, Hp);
+  const size_t np = static_cast<size_t>(D) * Hp, ns = static_cast<size_t>(kKB) * Hp;
+  float* QT = thread_scratch(2 * np + ns + 4 * Hp);  // panel Q^T scale log2(e) [D, Hp]
+  float* OT = QT + np;                               // unnormalized O^T [D, Hp]
+  float* S = OT + np;                                // S^T, then P^T, of a block [nb, Hp]
+  float* m2 = S + ns;                                // running max, log2 units
+  float* l = m2 + Hp;                                // running sum of 2^(s - m2)
+  float* rl = l + Hp;                                // 1 / l at the end
+  float* alpha = rl + Hp;                            // rescale of O^T by a block
+  pack_heads_transposed(qi, H, D, sh.scale * kLog2e, QT, 0, Hp);
   for (int h = 0; h < Hp; ++h) {
     const bool has = sink && h < H;
     m2[h] = has ? sink[h] * kLog2e : kNegInf;
     l[h] = has ? 1.f : 0.f;
   }
-  const __m512 c1 = _mm512_set1_ps(sh.scale * kLog2e), floor = _mm512_set1_ps(kExpFloor);
+  const __m512 floor = _mm512_set1_ps(kExpFloor);
   for (int64_t j0 = 0; j0 < n; j0 += kKB) {
     const int nb = static_cast<int>(std::min<int64_t>(kKB, n - j0));
     const int32_t* rb = rows + j0;
-    prefetch_next_block(kv, D, rows, n, j0, nx);
-    // S^T [nb, Hp] = K Q^T
-    if (!(SKIP & 1)) gemm<false, false, true, false>(nb, Hp, D, kv, D, 1, rb, QT, Hp, nullptr, S, Hp, nullptr);
-    for (int h0 = 0; h0 < Hp && !(SKIP & 4); h0 += 16) {
+    gemm_scores(nb, Hp, D, kv, D, rb, QT, S, Hp);  // S^T [nb, Hp] = K Q^T
+    for (int h0 = 0; h0 < Hp; h0 += 16) {
       __m512 mb = _mm512_set1_ps(kNegInf);
-      for (int j = 0; j < nb; ++j) {
-        float* s = S + static_cast<int64_t>(j) * Hp + h0;
-        const __m512 v = _mm512_mul_ps(_mm512_load_ps(s), c1);
-        _mm512_store_ps(s, v);
-        mb = _mm512_max_ps(mb, v);
-      }
+      for (int j = 0; j < nb; ++j) mb = _mm512_max_ps(mb, _mm512_load_ps(S + j * Hp + h0));
       const __m512 mo = _mm512_load_ps(m2 + h0), mn = _mm512_max_ps(mo, mb);
-      const __m512 al = exp2_ps(_mm512_max_ps(_mm512_sub_ps(mo, mn), floor));
       __m512 sum = _mm512_setzero_ps();
       for (int j = 0; j < nb; ++j) {
-        float* s = S + static_cast<int64_t>(j) * Hp + h0;
-        const __m512 p = exp2_ps(_mm512_max_ps(_mm512_sub_ps(_mm512_load_ps(s), mn), floor));
+        float* s = S + j * Hp + h0;
+        const __m512 p = exp2_ps(_mm512_max_ps(floor, _mm512_sub_ps(_mm512_load_ps(s), mn)));
         _mm512_store_ps(s, p);
         sum = _mm512_add_ps(sum, p);
       }
+      const __m512 al = exp2_ps(_mm512_max_ps(floor, _mm512_sub_ps(mo, mn)));
       _mm512_store_ps(m2 + h0, mn);
       _mm512_store_ps(l + h0, _mm512_fmadd_ps(_mm512_load_ps(l + h0), al, sum));
       _mm512_store_ps(alpha + h0, al);
     }
-    if (SKIP & 2) {} else if (j0 == 0) {
-      gemm<false, false, false, true>(H, D, nb, S, 1, Hp, nullptr, kv, D, rb, oi, D, nullptr);
-    } else {
-      for (int h = 0; h < H; ++h)
-        if (alpha[h] != 1.f) scale_row(oi + static_cast<int64_t>(h) * D, D, alpha[h]);
-      gemm<true, false, false, true>(H, D, nb, S, 1, Hp, nullptr, kv, D, rb, oi, D, nullptr);
-    }
+    if (j0 == 0)  // O^T = K^T P^T
+      gemm_valst<false>(D, Hp, nb, kv, rb, S, Hp, OT, Hp, nullptr, pf);
+    else  // O^T = alpha O^T + K^T P^T
+      gemm_valst<true>(D, Hp, nb, kv, rb, S, Hp, OT, Hp, alpha, pf);
   }
-  for (int h = 0; h < H; ++h) {
-    scale_row(oi + static_cast<int64_t>(h) * D, D, 1.f / l[h]);
-    lsei[h] = (m2[h] + std::log2(l[h])) * kLn2;
-  }
+  for (int h = 0; h < Hp; ++h) rl[h] = h < H ? 1.f / l[h] : 0.f;
+  for (int h = 0; h < H; ++h) lsei[h] = (m2[h] + std::log2(l[h])) * kLn2;
+  unpack_transposed(OT, Hp, H, D, rl, oi);
 }
 
-// One query of the backward: dq_i [H, D] overwritten, dkv rows (of `dkv_rows`) += and dsink_part
-// [Hp] +=. Prefetches the next query's q, dO, o (qn, dOn, on).
+// Backward: dq_i [H, D] overwritten, dkv rows (of `dkv_rows`) += and dsink_part [Hp] +=.
+// Prefetches the next query's q, dO, o, dq (qn, dOn, on, dqn).
 void bwd_query(const SparseAttnShape& sh, const float* qi, const float* kv, const int32_t* rows,
                int64_t n, const float* sink, const float* oi, const float* lsei, const float* dOi,
                float* dqi, float* dkv_rows, float* dsink_part, const float* qn, const float* dOn,
-               const float* on, const Next& nx) {
+               const float* on, const float* dqn) {
   const int H = sh.H, D = sh.D, Hp = static_cast<int>(round16(H)), W = 2 * Hp;
+  PfStream pf;
   if (qn)
-    for (const float* x : {qn, dOn, on}) prefetch_span(x, static_cast<int64_t>(H) * D);
-  float* B1 = thread_scratch(static_cast<size_t>(D) * W * 2 + static_cast<size_t>(kKB) * W + 2 * Hp);
-  float* QdO = B1 + static_cast<size_t>(D) * W;  // [Q ; dO] [2Hp, D]
-  float* SP = QdO + static_cast<size_t>(D) * W;  // [S^T | dP^T] then [dS^T | P^T], [nb, 2Hp]
-  float* delta = SP + static_cast<size_t>(kKB) * W;
+    for (const float* x : {dOn, on, qn, dqn}) pf.add(x, static_cast<int64_t>(H) * D);
+  const size_t nb1 = static_cast<size_t>(D) * W, nqd = static_cast<size_t>(W) * round16(D) + 64,
+               nsp = static_cast<size_t>(kKB) * W, ndq = static_cast<size_t>(D) * Hp;
+  float* B1 = thread_scratch(nb1 + nqd + nsp + ndq + 3 * Hp);  // [Q^T scale log2(e) | dO^T]
+  float* QdO = B1 + nb1;                                       // panel [Q ; dO] [2Hp, D]
+  float* SP = QdO + nqd;  // [S^T | dP^T] then [dS^T | P^T] of a key block [nb, 2Hp]
+  float* dqT = SP + nsp;  // dq^T [D, Hp]
+  float* delta = dqT + ndq;
   float* lse2 = delta + Hp;
+  float* ones = lse2 + Hp;
   for (int h = 0; h < Hp; ++h) {
-    delta[h] = h < H ? dot(dOi + static_cast<int64_t>(h) * D, oi + static_cast<int64_t>(h) * D, D)
-                     : 0.f;
+    delta[h] =
+        h < H ? dot(dOi + static_cast<int64_t>(h) * D, oi + static_cast<int64_t>(h) * D, D) : 0.f;
     lse2[h] = h < H ? lsei[h] * kLog2e : 0.f;
+    ones[h] = 1.f;
     if (sink && h < H && lsei[h] != kNegInf)
       dsink_part[h] += -std::exp(sink[h] - lsei[h]) * delta[h];
   }
@@ -367,40 +512,37 @@ void bwd_query(const SparseAttnShape& sh, const float* qi, const float* kv, cons
     std::memset(dqi, 0, sizeof(float) * H * D);
     return;
   }
-  pack_heads_transposed(qi, H, D, B1, W);
-  pack_heads_transposed(dOi, H, D, B1 + Hp, W);
-  std::memcpy(QdO, qi, sizeof(float) * H * D);
-  std::memset(QdO + static_cast<int64_t>(H) * D, 0, sizeof(float) * (Hp - H) * D);
-  std::memcpy(QdO + static_cast<int64_t>(Hp) * D, dOi, sizeof(float) * H * D);
-  std::memset(QdO + static_cast<int64_t>(Hp + H) * D, 0, sizeof(float) * (Hp - H) * D);
-  const __m512 c1 = _mm512_set1_ps(sh.scale * kLog2e), vscale = _mm512_set1_ps(sh.scale),
-               floor = _mm512_set1_ps(kExpFloor);
+  pack_heads_transposed(qi, H, D, sh.scale * kLog2e, B1, 0, W);
+  pack_heads_transposed(dOi, H, D, 1.f, B1, Hp, W);
+  pack_rows_panel(qi, H, D, QdO, 0, W);
+  pack_rows_panel(nullptr, Hp - H, D, QdO, H, W);
+  pack_rows_panel(dOi, H, D, QdO, Hp, W);
+  pack_rows_panel(nullptr, Hp - H, D, QdO, Hp + H, W);
+  const __m512 vscale = _mm512_set1_ps(sh.scale), floor = _mm512_set1_ps(kExpFloor);
   for (int64_t j0 = 0; j0 < n; j0 += kKB) {
     const int nb = static_cast<int>(std::min<int64_t>(kKB, n - j0));
     const int32_t* rb = rows + j0;
-    prefetch_rows(dkv_rows, D, rb, nb);
-    prefetch_next_block(kv, D, rows, n, j0, nx);
-    // [S^T | dP^T] = K [Q^T | dO^T]
-    gemm<false, false, true, false>(nb, W, D, kv, D, 1, rb, B1, W, nullptr, SP, W, nullptr);
+    // [S^T | dP^T] = K [Q^T | dO^T], S in log2 units
+    gemm_scores(nb, W, D, kv, D, rb, B1, SP, W);
     for (int h0 = 0; h0 < Hp; h0 += 16) {
       const __m512 l2 = _mm512_load_ps(lse2 + h0), dl = _mm512_load_ps(delta + h0);
       for (int j = 0; j < nb; ++j) {
         float* s = SP + static_cast<int64_t>(j) * W + h0;
-        const __m512 x = _mm512_fmsub_ps(_mm512_load_ps(s), c1, l2);
-        const __m512 p = exp2_ps(_mm512_max_ps(x, floor));
-        const __m512 ds = _mm512_mul_ps(_mm512_mul_ps(p, _mm512_sub_ps(_mm512_load_ps(s + Hp), dl)),
-                                        vscale);
+        const __m512 p = exp2_ps(_mm512_max_ps(floor, _mm512_sub_ps(_mm512_load_ps(s), l2)));
+        const __m512 ds =
+            _mm512_mul_ps(_mm512_mul_ps(p, _mm512_sub_ps(_mm512_load_ps(s + Hp), dl)), vscale);
         _mm512_store_ps(s, ds);
         _mm512_store_ps(s + Hp, p);
       }
     }
-    if (j0 == 0)  // dq = dS K
-      gemm<false, false, false, true>(H, D, nb, SP, 1, W, nullptr, kv, D, rb, dqi, D, nullptr);
-    else  // dq += dS K
-      gemm<true, false, false, true>(H, D, nb, SP, 1, W, nullptr, kv, D, rb, dqi, D, nullptr);
+    if (j0 == 0)  // dq^T = K^T dS^T
+      gemm_valst<false>(D, Hp, nb, kv, rb, SP, W, dqT, Hp, nullptr, pf);
+    else  // dq^T += K^T dS^T
+      gemm_valst<true>(D, Hp, nb, kv, rb, SP, W, dqT, Hp, ones, pf);
     // dkv[rows] += [dS^T | P^T] [Q ; dO]
-    gemm<true, true, false, false>(nb, D, W, SP, W, 1, nullptr, QdO, D, nullptr, dkv_rows, D, rb);
+    gemm_keygrad(nb, D, W, SP, W, QdO, dkv_rows, rb);
   }
+  unpack_transposed(dqT, Hp, H, D, ones, dqi);
 }
 
 }  // namespace
@@ -412,12 +554,10 @@ void sparse_attn_fwd_avx512(const SparseAttnShape& sh, const float* q, const flo
   constexpr int64_t kQ = 4;  // queries per work item
   const int64_t HD = static_cast<int64_t>(sh.H) * sh.D;
   parallel_dynamic((sh.N + kQ - 1) / kQ, [&](int64_t it) {
-    for (int64_t i = it * kQ; i < std::min(sh.N, it * kQ + kQ); ++i) {
-      const bool more = i + 1 < sh.N;
-      const Next nx{more ? idx + off[i + 1] : nullptr, more ? off[i + 2] - off[i + 1] : 0};
+    for (int64_t i = it * kQ; i < std::min(sh.N, it * kQ + kQ); ++i)
       fwd_query(sh, q + i * HD, kv, idx + off[i], off[i + 1] - off[i], sink, o + i * HD,
-                lse + i * sh.H, more ? q + (i + 1) * HD : nullptr, nx);
-    }
+                lse + i * sh.H, i + 1 < sh.N ? q + (i + 1) * HD : nullptr,
+                i + 1 < sh.N ? o + (i + 1) * HD : nullptr);
   });
 }
 
@@ -427,9 +567,9 @@ void sparse_attn_bwd_avx512(const SparseAttnShape& sh, const float* q, const flo
                             float* dkv, float* dsink, float* workspace) {
   const int64_t N = sh.N, C = sparse_attn_bwd_chunks(N), D = sh.D, HD = sh.H * D;
   const int Hp = static_cast<int>(round16(sh.H));
-  float* part = workspace;                       // [C - 1, M, D]: chunks 1.. (0 uses dkv)
-  float* sinkp = workspace + (C - 1) * M * D;    // [C, Hp]
-  std::vector<int64_t> lo(C, 0), hi(C, -1);      // row range each chunk touches
+  float* part = workspace;                     // [C - 1, M, D]: chunks 1.. (0 uses dkv)
+  float* sinkp = workspace + (C - 1) * M * D;  // [C, Hp]
+  std::vector<int64_t> lo(C, 0), hi(C, -1);    // row range each chunk touches
   parallel_dynamic(C, [&](int64_t c) {
     const int64_t i0 = N * c / C, i1 = N * (c + 1) / C;
     float* tgt = c == 0 ? dkv : part + (c - 1) * M * D;
@@ -442,11 +582,10 @@ void sparse_attn_bwd_avx512(const SparseAttnShape& sh, const float* q, const flo
     }
     for (int64_t i = i0; i < i1; ++i) {
       const bool more = i + 1 < i1;
-      const Next nx{more ? idx + off[i + 1] : nullptr, more ? off[i + 2] - off[i + 1] : 0};
       bwd_query(sh, q + i * HD, kv, idx + off[i], off[i + 1] - off[i], sink, o + i * HD,
                 lse + i * sh.H, dO + i * HD, dq + i * HD, tgt, sp,
                 more ? q + (i + 1) * HD : nullptr, more ? dO + (i + 1) * HD : nullptr,
-                more ? o + (i + 1) * HD : nullptr, nx);
+                more ? o + (i + 1) * HD : nullptr, more ? dq + (i + 1) * HD : nullptr);
     }
   });
   if (C > 1)
@@ -458,8 +597,9 @@ void sparse_attn_bwd_avx512(const SparseAttnShape& sh, const float* q, const flo
           for (int64_t d = 0; d < D; d += 16) {
             const __mmask16 m = tail_mask(static_cast<int>(std::min<int64_t>(16, D - d)));
             float* y = dkv + r * D + d;
-            _mm512_mask_storeu_ps(y, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, y),
-                                                      _mm512_maskz_loadu_ps(m, src + r * D + d)));
+            _mm512_mask_storeu_ps(y, m,
+                                  _mm512_add_ps(_mm512_maskz_loadu_ps(m, y),
+                                                _mm512_maskz_loadu_ps(m, src + r * D + d)));
           }
       }
     });

@@ -11,7 +11,7 @@
 namespace trex::kern::cpu {
 
 // Fixed query chunks of the backward's deterministic dkv / dsink reduction: a function of N only.
-constexpr int64_t kSparseAttnChunkMin = 128;  // queries per chunk at least (below 16 chunks)
+constexpr int64_t kSparseAttnChunkMin = 256;  // queries per chunk at least (below 16 chunks)
 constexpr int64_t kSparseAttnChunksMax = 16;
 inline int64_t sparse_attn_bwd_chunks(int64_t N) {
   return std::clamp<int64_t>((N + kSparseAttnChunkMin - 1) / kSparseAttnChunkMin, 1,

@@ -30,19 +30,20 @@ using namespace trex::ops;
 struct Cfg {
   int64_t N;
   int H, D;
-  int window;      // rows [i - window + 1, i] of the first N rows of kv
-  int extra;       // plus up to this many random earlier rows or compressed rows [N, N + i/4]
-  int empty_every; // > 0: every empty_every-th query has no keys at all
+  int window;       // rows [i - window + 1, i] of the first N rows of kv
+  int extra;        // plus up to this many random earlier rows or compressed rows [N, N + i/4]
+  int empty_every;  // > 0: every empty_every-th query has no keys at all
   bool sink;
-  float sharp;     // scale = sharp / sqrt(D)
+  float sharp;  // scale = sharp / sqrt(D)
+  bool nan = false;  // a NaN in one element of q and of kv (NaN/Inf positions must agree)
 };
 
 std::string cfg_name(const char* op, const Cfg& c) {
   char buf[200];
-  std::snprintf(buf, sizeof buf, "%s N=%lld H=%d D=%d win=%d extra=%d%s%s%s", op,
+  std::snprintf(buf, sizeof buf, "%s N=%lld H=%d D=%d win=%d extra=%d%s%s%s%s", op,
                 static_cast<long long>(c.N), c.H, c.D, c.window, c.extra,
                 c.empty_every ? (" empty/" + std::to_string(c.empty_every)).c_str() : "",
-                c.sink ? " sink" : "", c.sharp != 1.f ? " sharp" : "");
+                c.sink ? " sink" : "", c.sharp != 1.f ? " sharp" : "", c.nan ? " nan" : "");
   return buf;
 }
 
@@ -114,7 +115,11 @@ bool run_test(const Cfg& c) {
   const size_t nq = size_t(c.N) * c.H * c.D, nkv = size_t(M) * c.D, nl = size_t(c.N) * c.H;
   Rng r(1234 + c.N * 7 + c.D + c.H);
   const Lists L = make_lists(c, r);
-  const Inputs in = make_inputs(c, r);
+  Inputs in = make_inputs(c, r);
+  if (c.nan) {
+    in.q[(size_t(c.N / 2) * c.H + c.H - 1) * c.D + 1] = std::nanf("");
+    in.kv[size_t(c.N / 3) * c.D] = std::nanf("");
+  }
   const float* sk = c.sink ? in.sink.data() : nullptr;
 
   Guarded<float> o(nq), lse(nl), dq(nq, 7.0f), dkv(nkv), dsink(c.H);
@@ -132,11 +137,11 @@ bool run_test(const Cfg& c) {
   std::vector<double> od(nq), lsed(nl), dqd(nq), dkvd = to_double(in.dkv0.data(), nkv),
                                                  dsd = to_double(in.dsink0.data(), c.H);
   const double* skd = c.sink ? sd.data() : nullptr;
-  trex::kern::ref::sparse_attn_fwd<double>(sh, qd.data(), kvd.data(), M, L.off.data(),
-                                           L.idx.data(), skd, od.data(), lsed.data());
-  trex::kern::ref::sparse_attn_bwd<double>(sh, qd.data(), kvd.data(), M, L.off.data(),
-                                           L.idx.data(), skd, od.data(), lsed.data(), dOd.data(),
-                                           dqd.data(), dkvd.data(), c.sink ? dsd.data() : nullptr);
+  trex::kern::ref::sparse_attn_fwd<double>(sh, qd.data(), kvd.data(), M, L.off.data(), L.idx.data(),
+                                           skd, od.data(), lsed.data());
+  trex::kern::ref::sparse_attn_bwd<double>(sh, qd.data(), kvd.data(), M, L.off.data(), L.idx.data(),
+                                           skd, od.data(), lsed.data(), dOd.data(), dqd.data(),
+                                           dkvd.data(), c.sink ? dsd.data() : nullptr);
   const std::string nf = cfg_name("sattn_fwd", c), nb = cfg_name("sattn_bwd", c);
   bool ok = true;
   ok &= check(nf, "o", o.data(), od, o.guard_ok(), 1e-10);
@@ -193,8 +198,8 @@ bool run_grad(const Cfg& c) {
   fill_normal(sink.data(), c.H, r);
   const double* sk = c.sink ? sink.data() : nullptr;
   auto f = [&] {
-    trex::kern::ref::sparse_attn_fwd<double>(sh, q.data(), kv.data(), M, L.off.data(),
-                                             L.idx.data(), sk, o.data(), lse.data());
+    trex::kern::ref::sparse_attn_fwd<double>(sh, q.data(), kv.data(), M, L.off.data(), L.idx.data(),
+                                             sk, o.data(), lse.data());
     double s = 0;
     for (size_t i = 0; i < nq; ++i) s += o[i] * R[i];
     return s;
@@ -251,12 +256,14 @@ TREX_OP_CASES(sparse_attn_cases) {
       {150, 40, 33, 140, 10, 11, true, 3.f}, {260, 64, 128, 100, 40, 0, true, 1.f},
       {1000, 2, 48, 64, 0, 7, true, 1.f},    {90, 16, 256, 130, 300, 13, false, 4.f},
       {5, 4, 16, 3, 0, 1, true, 1.f},        {6, 2, 16, 3, 0, 1, false, 1.f},
+      {140, 72, 8, 20, 9, 0, true, 1.f},     {133, 33, 200, 40, 20, 17, true, 2.f},
+      {60, 5, 40, 9, 5, 0, true, 1.f, true},
   };
   for (const Cfg& c : tests)
     cases.push_back({cfg_name("sattn", c), [c] { return run_test(c); }, nullptr, nullptr});
   const Cfg det = {700, 16, 64, 100, 50, 9, true, 1.f};
-  cases.push_back({cfg_name("sattn_det", det), [det] { return run_determinism(det); }, nullptr,
-                   nullptr});
+  cases.push_back(
+      {cfg_name("sattn_det", det), [det] { return run_determinism(det); }, nullptr, nullptr});
   const Cfg grads[] = {
       {5, 2, 3, 2, 1, 0, true, 1.f},
       {6, 3, 4, 3, 2, 4, false, 1.f},

@@ -72,10 +72,10 @@ Data make_data(int64_t B, int64_t T, int64_t V, uint64_t seed) {
   return d;
 }
 
-void fd_check(const json& j, int64_t B, int64_t T, bool packed) {
+void fd_check(const json& j, int64_t B, int64_t T, bool packed, double mtp_weight = 0) {
   init_threads();
   model::ModelConfig cfg = cfg_of(j);
-  model::Model m(cfg, kern::Prec::F32);
+  model::Model m(cfg, kern::Prec::F32, {0.0, mtp_weight});
   m.init_random(7);
   perturb_vectors(m, 3);
   Data data = make_data(B, T, cfg.vocab_size, 11);
@@ -118,6 +118,60 @@ void fd_check(const json& j, int64_t B, int64_t T, bool packed) {
 TEST(V4Model, FiniteDifferenceOddShapes) { fd_check(base(), 2, 23, false); }
 
 TEST(V4Model, FiniteDifferencePackedRows) { fd_check(base(), 1, 31, true); }
+
+TEST(V4Model, FiniteDifferenceTwoMtpDepthsPacked) {
+  json j = base();
+  j["num_nextn_predict_layers"] = 2;
+  fd_check(j, 2, 17, true, 0.7);
+}
+
+TEST(V4Model, MtpLossAndLayout) {
+  init_threads();
+  json j = base();
+  j["num_nextn_predict_layers"] = 1;
+  model::ModelConfig cfg = cfg_of(j);
+  model::Model off(cfg, kern::Prec::F32), on(cfg, kern::Prec::F32, {0.0, 0.5});
+  EXPECT_EQ(off.layout.mtp.size(), 0u);
+  ASSERT_EQ(on.layout.mtp.size(), 1u);
+  EXPECT_TRUE(on.layout.find("mtp.0.e_proj.weight"));
+  EXPECT_TRUE(on.layout.find("mtp.0.self_attn.q_a_proj.weight"));
+  EXPECT_EQ(model::v4_original_name("mtp.0.self_attn.q_a_proj.weight"), "mtp.0.attn.wq_a.weight");
+  EXPECT_EQ(model::v4_original_name("mtp.0.hc_head.hc_fn"), "mtp.0.hc_head_fn");
+  for (const auto& e : on.layout.entries)
+    if (e.name.rfind("mtp.", 0) == 0 && e.name.find(".mlp.experts.") == std::string::npos)
+      EXPECT_EQ(model::v4_hf_name(model::v4_original_name(e.name)), e.name);
+  on.init_random(3);
+  // The main model's weights are shared: the MTP-off model on the same weights gives the same CE.
+  for (const auto& e : off.layout.entries) {
+    const auto* f = on.layout.find(e.name);
+    ASSERT_TRUE(f) << e.name;
+    std::memcpy(off.P() + e.offset, on.P() + f->offset, e.shape.numel() * sizeof(float));
+  }
+  for (const auto& b : off.layout.buffers)
+    for (const auto& b2 : on.layout.buffers)
+      if (b2.name == b.name) std::copy(on.buffers.begin() + b2.offset, on.buffers.begin() + b2.offset + b.size, off.buffers.begin() + b.offset);
+  off.refresh_bf16();
+  Data data = make_data(2, 13, cfg.vocab_size, 4);
+  model::LossParts a = off.forward(data.batch(false)), b = on.forward(data.batch(false));
+  EXPECT_EQ(a.ce, b.ce);
+  EXPECT_GT(b.mtp, 0.0);
+  EXPECT_NEAR(b.loss, b.ce + 0.5 * b.mtp, 1e-9);
+  // Save with MTP, reload in both layouts.
+  test::TmpDir hf("trex_v4_mtp_hf"), orig("trex_v4_mtp_orig");
+  model::save_hf_checkpoint(on, hf.str(), DType::F32);
+  model::save_v4_original(on, orig.str(), DType::F32, false);
+  EXPECT_TRUE(io::SafetensorsDir::open(orig.str()).find("mtp.0.ffn.experts.1.w2.weight"));
+  for (const std::string& dir : {hf.str(), orig.str()}) {
+    model::Model r(model::load_config_json(dir + "/config.json"), kern::Prec::F32, {0.0, 0.5});
+    model::load_hf_weights(r, dir);
+    model::LossParts c = r.forward(data.batch(false));
+    EXPECT_EQ(c.loss, b.loss) << dir;
+  }
+  // V3 configs and V4 configs without MTP blocks refuse an MTP weight.
+  json k = base();
+  k["num_nextn_predict_layers"] = 0;
+  EXPECT_THROW(model::Model(cfg_of(k), kern::Prec::F32, {0.0, 0.3}), UserError);
+}
 
 TEST(V4Model, ConfigDefaultsAndLegacyKeys) {
   json j = base();

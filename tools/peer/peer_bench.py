@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""PyTorch peer for `trex bench step`: trains DeepseekV3ForCausalLM (transformers) on a random batch
+"""PyTorch peer for `trex bench step`: trains DeepseekV3ForCausalLM or DeepseekV4ForCausalLM
+(transformers, by [model].model_type) on a random batch
 with the shapes of a trex TOML run config and prints one JSON line with the step time.
 
   .venv/bin/python tools/peer/peer_bench.py configs/bench-v3.toml --steps 6 --threads 16 --mode eager
@@ -40,6 +41,10 @@ def resolve_threads(n):
 
 
 def build_config(model_tbl):
+    if model_tbl.get("model_type") == "deepseek_v4":
+        from transformers import DeepseekV4Config
+        kw = {k: v for k, v in model_tbl.items() if k != "model_type"}
+        return DeepseekV4Config(**kw)
     from transformers import DeepseekV3Config
     kw = {k: v for k, v in model_tbl.items() if k != "model_type"}
     kw.setdefault("num_nextn_predict_layers", 0)
@@ -66,7 +71,7 @@ def main():
     threads = resolve_threads(args.threads if args.threads is not None else tr.get("threads", 0))
     import torch
     torch.set_num_threads(threads)
-    from transformers import DeepseekV3ForCausalLM
+    from transformers import DeepseekV3ForCausalLM, DeepseekV4ForCausalLM
 
     batch = args.batch_size or tr.get("batch_size", 1)
     seq = args.seq_len or da.get("seq_len", 2048)
@@ -80,14 +85,21 @@ def main():
         sys.exit(f"--steps {args.steps} must exceed the {warmup} warm-up steps")
 
     config = build_config(cfg_toml["model"])
-    if getattr(config, "scoring_func", "sigmoid") != "sigmoid" or \
-            getattr(config, "topk_method", "noaux_tc") != "noaux_tc":
+    if config.model_type == "deepseek_v3" and (getattr(config, "scoring_func", "sigmoid") != "sigmoid" or
+                                               getattr(config, "topk_method", "noaux_tc") != "noaux_tc"):
         print("warning: transformers' DeepseekV3 router is always sigmoid + noaux_tc; "
               f"config asks {config.scoring_func} + {config.topk_method}", file=sys.stderr)
     if args.experts_impl:
         config._experts_implementation = args.experts_impl
     torch.manual_seed(seed)
-    model = DeepseekV3ForCausalLM(config).float()
+    v4 = config.model_type == "deepseek_v4"
+    model = (DeepseekV4ForCausalLM if v4 else DeepseekV3ForCausalLM)(config).float()
+    if v4:  # HF initializes tid2eid to zeros (all tokens -> expert 0); give hash layers K random experts as trex does
+        with torch.no_grad():
+            for mod in model.modules():
+                if hasattr(mod, "tid2eid"):
+                    perm = torch.rand(config.vocab_size, config.n_routed_experts).argsort(dim=-1)
+                    mod.tid2eid.copy_(perm[:, : config.num_experts_per_tok])
     model.train()
     attn_impl = model.config._attn_implementation
     experts_impl = model.config._experts_implementation
