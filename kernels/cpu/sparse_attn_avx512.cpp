@@ -402,6 +402,18 @@ inline float dot(const float* a, const float* b, int D) {
   return _mm512_reduce_add_ps(acc);
 }
 
+// Flush-to-zero and denormals-are-zero while a work item runs (restored after): a sharp softmax
+// makes tiny probabilities whose products are denormal, and each one costs a microcode assist of
+// ~100 cycles (measured: 80x slower at a score spread of a few hundred). Values below 2^-126
+// change the results by less than 1e-38.
+struct FlushDenormals {
+  unsigned old = _mm_getcsr();
+  FlushDenormals() { _mm_setcsr(old | 0x8040); }  // FTZ (bit 15) | DAZ (bit 6)
+  ~FlushDenormals() { _mm_setcsr(old); }
+  FlushDenormals(const FlushDenormals&) = delete;
+  FlushDenormals& operator=(const FlushDenormals&) = delete;
+};
+
 // Per-thread scratch that grows to the largest request and is reused (O((kKB + D) H) floats).
 struct Scratch {
   float* p = nullptr;
@@ -554,6 +566,7 @@ void sparse_attn_fwd_avx512(const SparseAttnShape& sh, const float* q, const flo
   constexpr int64_t kQ = 4;  // queries per work item
   const int64_t HD = static_cast<int64_t>(sh.H) * sh.D;
   parallel_dynamic((sh.N + kQ - 1) / kQ, [&](int64_t it) {
+    const FlushDenormals ftz;
     for (int64_t i = it * kQ; i < std::min(sh.N, it * kQ + kQ); ++i)
       fwd_query(sh, q + i * HD, kv, idx + off[i], off[i + 1] - off[i], sink, o + i * HD,
                 lse + i * sh.H, i + 1 < sh.N ? q + (i + 1) * HD : nullptr,
@@ -571,6 +584,7 @@ void sparse_attn_bwd_avx512(const SparseAttnShape& sh, const float* q, const flo
   float* sinkp = workspace + (C - 1) * M * D;  // [C, Hp]
   std::vector<int64_t> lo(C, 0), hi(C, -1);    // row range each chunk touches
   parallel_dynamic(C, [&](int64_t c) {
+    const FlushDenormals ftz;
     const int64_t i0 = N * c / C, i1 = N * (c + 1) / C;
     float* tgt = c == 0 ? dkv : part + (c - 1) * M * D;
     float* sp = sinkp + c * Hp;

@@ -1,7 +1,7 @@
 // Scalar reference for DeepSeek-V4 manifold-constrained hyper-connections (mHC), the canonical
 // definition (Hugging Face DeepseekV4HyperConnection / DeepseekV4HyperHead / the post mixing in
-// DeepseekV4DecoderLayer.forward, all in fp32 there). n = hc_mult streams, d = hidden,
-// K = n*d, R = (2+n)*n. Per token t with streams x_t: [n, d], flat = x_t as [K]:
+// DeepseekV4DecoderLayer.forward, all in fp32 there). n = hc_mult streams (<= kHcMaxStreams),
+// d = hidden, K = n*d, R = (2+n)*n. Per token t with streams x_t: [n, d], flat = x_t as [K]:
 //   rstd     = 1 / sqrt(mean(flat^2) + norm_eps)                   (unweighted RMSNorm)
 //   mix[q]   = sum_i (flat[i] * rstd) * fn[q, i]                   q < R (head: q < n)
 //   pre[j]   = sigmoid(mix[j] * scale[0] + base[j]) + hc_eps

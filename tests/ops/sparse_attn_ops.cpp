@@ -6,7 +6,7 @@
 //         chunks; plus bitwise equality of all outputs between 1 thread and all threads;
 //   grad: reference backward in double against finite differences of the reference forward
 //         (dq, dkv, dsink of sum(o * R));
-//   perf: GFLOP/s of fwd (4 N H D n_avg) and bwd (8 N H D n_avg).
+//   perf: GFLOP/s of fwd (4 N H D n_avg) and bwd (8 N H D n_avg), also with very sharp scores.
 #include <omp.h>
 
 #include <algorithm>
@@ -34,7 +34,7 @@ struct Cfg {
   int extra;        // plus up to this many random earlier rows or compressed rows [N, N + i/4]
   int empty_every;  // > 0: every empty_every-th query has no keys at all
   bool sink;
-  float sharp;  // scale = sharp / sqrt(D)
+  float sharp;       // scale = sharp / sqrt(D)
   bool nan = false;  // a NaN in one element of q and of kv (NaN/Inf positions must agree)
 };
 
@@ -143,12 +143,15 @@ bool run_test(const Cfg& c) {
                                            skd, od.data(), lsed.data(), dOd.data(), dqd.data(),
                                            dkvd.data(), c.sink ? dsd.data() : nullptr);
   const std::string nf = cfg_name("sattn_fwd", c), nb = cfg_name("sattn_bwd", c);
+  // fp32 scores of size ~sharp carry absolute errors ~sharp * 1e-7 into exp(): the gradients'
+  // NMSE grows like sharp^2 (the float reference itself is at 2e-10 for sharp = 40).
+  const double cond = std::max(1.0, double(c.sharp) * c.sharp / 16);
   bool ok = true;
-  ok &= check(nf, "o", o.data(), od, o.guard_ok(), 1e-10);
-  ok &= check(nf, "lse", lse.data(), lsed, lse.guard_ok(), 1e-12);
-  ok &= check(nb, "dq", dq.data(), dqd, dq.guard_ok(), 1e-10);
-  ok &= check(nb, "dkv", dkv.data(), dkvd, dkv.guard_ok(), 1e-10);
-  ok &= check(nb, "dsink", dsink.data(), dsd, dsink.guard_ok(), 1e-10);
+  ok &= check(nf, "o", o.data(), od, o.guard_ok(), 1e-10 * cond);
+  ok &= check(nf, "lse", lse.data(), lsed, lse.guard_ok(), 1e-12 * cond);
+  ok &= check(nb, "dq", dq.data(), dqd, dq.guard_ok(), 1e-10 * cond);
+  ok &= check(nb, "dkv", dkv.data(), dkvd, dkv.guard_ok(), 1e-10 * cond);
+  ok &= check(nb, "dsink", dsink.data(), dsd, dsink.guard_ok(), 1e-10 * cond);
   return ok;
 }
 
@@ -257,7 +260,7 @@ TREX_OP_CASES(sparse_attn_cases) {
       {1000, 2, 48, 64, 0, 7, true, 1.f},    {90, 16, 256, 130, 300, 13, false, 4.f},
       {5, 4, 16, 3, 0, 1, true, 1.f},        {6, 2, 16, 3, 0, 1, false, 1.f},
       {140, 72, 8, 20, 9, 0, true, 1.f},     {133, 33, 200, 40, 20, 17, true, 2.f},
-      {60, 5, 40, 9, 5, 0, true, 1.f, true},
+      {60, 5, 40, 9, 5, 0, true, 1.f, true}, {300, 16, 64, 100, 40, 0, true, 40.f},
   };
   for (const Cfg& c : tests)
     cases.push_back({cfg_name("sattn", c), [c] { return run_test(c); }, nullptr, nullptr});
@@ -274,6 +277,7 @@ TREX_OP_CASES(sparse_attn_cases) {
   const Cfg perfs[] = {
       {2048, 16, 128, 128, 64, 0, true, 1.f},
       {1024, 64, 512, 128, 128, 0, true, 1.f},
+      {2048, 16, 128, 128, 64, 0, true, 40.f},  // score spread ~1000: tiny (denormal) probabilities
   };
   for (const Cfg& c : perfs)
     cases.push_back({cfg_name("sattn", c), nullptr, nullptr, [c] { run_perf(c); }});
