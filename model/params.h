@@ -18,6 +18,8 @@ struct ParamEntry {
   int64_t offset;    // elements into the slab
   Shape shape;
   bool decay;        // weight decay applies (matrices yes, norms no)
+  bool frozen = false;  // never receives a gradient (V4 indexer): the optimizer skips it, as torch
+                        // skips parameters whose .grad stays None (no weight decay either)
 };
 
 // Offsets (elements) of one decoder layer's tensors; -1 where the layer has none.

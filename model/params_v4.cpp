@@ -91,6 +91,9 @@ ParamLayout build_layout_v4(const ModelConfig& c) {
   L.hc_head_base = b.add("model.hc_head.hc_base", {n}, false);
   L.hc_head_scale = b.add("model.hc_head.hc_scale", {1}, false);
   L.head = c.tie_word_embeddings ? L.embed : b.add("lm_head.weight", {c.vocab_size, d}, true);
+  // The indexer only selects (top-k): autograd gives its weights no gradient at all.
+  for (ParamEntry& e : L.entries)
+    if (e.name.find(".compressor.indexer.") != std::string::npos) e.frozen = true;
   return L;
 }
 

@@ -30,6 +30,7 @@ double AdamW::step(model::Model& m, float lr) {
   float* Vv = reinterpret_cast<float*>(m2.base());
   bf16* Pb = m.params_bf16.empty() ? nullptr : m.params_bf16.data();
   for (const model::ParamEntry& e : m.layout.entries) {
+    if (e.frozen) continue;
     kern::AdamWParams p{lr, cfg.beta1, cfg.beta2, cfg.eps, e.decay ? cfg.weight_decay : 0.f, t_, scale};
     kern::adamw_step(p, m.P() + e.offset, m.G() + e.offset, M + e.offset, Vv + e.offset, e.shape.numel(),
                      Pb ? Pb + e.offset : nullptr);
