@@ -187,8 +187,9 @@ void save_v4_original(const Model& m, const std::string& dir, DType dtype, bool 
   fs::create_directories(dir);
   const int64_t E = m.cfg.n_routed_experts, F = m.cfg.moe_intermediate_size, d = m.cfg.hidden_size;
   TREX_USER_CHECK(!quantize || (d % 2 == 0 && F % 2 == 0), "quantize a model with even hidden_size and "
-                  "moe_intermediate_size", "FP4 experts pack two values per byte; hidden_size ", d,
-                  " / moe_intermediate_size ", F, " is odd");
+                  "moe_intermediate_size, or convert without --quantize", "FP4 experts pack two values per byte (rows "
+                  "of hidden_size and moe_intermediate_size values); ", d % 2 ? "hidden_size " : "moe_intermediate_size ",
+                  d % 2 ? d : F, " is odd");
   std::vector<io::TensorToWrite> ts;
   std::vector<std::vector<bf16>> conv;
   std::vector<io::QuantizedTensor> qts;

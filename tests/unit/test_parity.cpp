@@ -55,10 +55,12 @@ struct Case {
   }
   model::Batch batch() const { return {B, T, ids.data(), targets.data(), nullptr, nullptr}; }
   double aux_alpha() const { return expected["train"].value("aux_loss_alpha", 0.0); }
+  double mtp_weight() const { return expected["train"].value("mtp_loss_weight", 0.0); }
+  model::TrainOptions opts() const { return {aux_alpha(), mtp_weight()}; }
 
   // Losses of the 10 training steps of the reference recipe.
   std::vector<double> train(kern::Prec prec, std::vector<float>* final_bias) const {
-    model::Model m(cfg, prec, {aux_alpha()});
+    model::Model m(cfg, prec, opts());
     model::load_hf_weights(m, dir + "/model");
     const auto& t = expected["train"];
     train::AdamW opt(m, {t["lr"].get<float>(), t["beta1"].get<float>(), t["beta2"].get<float>(),
@@ -86,7 +88,7 @@ class Parity : public ::testing::TestWithParam<std::string> {};
 TEST_P(Parity, LossAndEveryGradientFp32) {
   init_threads();
   Case c(GetParam());
-  model::Model m(c.cfg, kern::Prec::F32, {c.aux_alpha()});
+  model::Model m(c.cfg, kern::Prec::F32, c.opts());
   model::load_hf_weights(m, c.dir + "/model");
   model::LossParts lp = m.forward_backward(c.batch(), 1.f);
   const double ref = c.expected["loss"].get<double>();
@@ -126,7 +128,7 @@ TEST_P(Parity, TenAdamWStepsFp32AndBf16) {
     EXPECT_LE(std::abs(l32[i] - r) / std::abs(r), 1e-4) << "step " << i << ": " << l32[i] << " vs " << r;
   }
   // Router biases after the aux-loss-free updates.
-  model::Model m(c.cfg, kern::Prec::F32);
+  model::Model m(c.cfg, kern::Prec::F32, c.opts());
   for (const model::BufferEntry& b : m.layout.buffers) {
     if (strict < l32.size()) break;
     if (!c.expected.contains("final_bias") || !c.expected["final_bias"].contains(b.name)) continue;
@@ -161,7 +163,7 @@ TEST_P(Parity, TenAdamWStepsFp32AndBf16) {
 
 TEST_P(Parity, LoadThenSaveGivesIdenticalTensors) {
   Case c(GetParam());
-  model::Model m(c.cfg, kern::Prec::F32);
+  model::Model m(c.cfg, kern::Prec::F32, c.opts());
   model::load_hf_weights(m, c.dir + "/model");
   test::TmpDir tmp("trex_rt"), bf("trex_rt_bf16"), bf2("trex_rt_bf16b");
   model::save_hf_checkpoint(m, tmp.str(), DType::F32);
@@ -183,7 +185,7 @@ TEST_P(Parity, LoadThenSaveGivesIdenticalTensors) {
   EXPECT_EQ(c2.num_params(), c.cfg.num_params());
   // A bf16 checkpoint (as DeepSeek releases them) survives load -> save bit for bit, sharded too.
   model::save_hf_checkpoint(m, bf.str(), DType::BF16, 20000);
-  model::Model m2(c2, kern::Prec::F32);
+  model::Model m2(c2, kern::Prec::F32, c.opts());
   model::load_hf_weights(m2, bf.str());
   model::save_hf_checkpoint(m2, bf2.str(), DType::BF16, 20000);
   io::SafetensorsDir x = io::SafetensorsDir::open(bf.str()), y = io::SafetensorsDir::open(bf2.str());
