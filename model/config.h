@@ -78,6 +78,7 @@ struct ModelConfig {
   int64_t num_active_params() const;
   // Training FLOPs per token for a sequence of T tokens: 6 x active matmul params (embedding
   // lookup excluded, LM head included) + the causal attention term 6 * H * (dqk + dv) * T / 2 * L.
+  // DeepSeek-V4: the attention term counts the keys actually attended (v4_attn_flops_per_token).
   double train_flops_per_token(int64_t T) const;
 };
 

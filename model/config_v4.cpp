@@ -207,10 +207,7 @@ ModelConfig parse_config_v4(const json& j, const std::string& where) {
                   "set attention_bias = mlp_bias = false", where, ": biases are not supported (V4 has none)");
   TREX_USER_CHECK(r.f64("attention_dropout", 0.0) == 0.0, "set attention_dropout = 0", where,
                   ": attention dropout is not supported");
-  if (c.num_nextn_predict_layers > 0)
-    TREX_LOG_INFO(where, ": num_nextn_predict_layers = ", c.num_nextn_predict_layers,
-                  "; MTP layers are not trained by this build and are skipped on load");
-  return c;
+  return c;  // MTP blocks (num_nextn_predict_layers) are instantiated by with_mtp when a run trains them
 }
 
 ModelConfig with_mtp(const ModelConfig& c, int64_t n) {
@@ -268,7 +265,8 @@ double v4_attn_flops_per_token(const ModelConfig& c, int64_t T) {
   // Keys each query actually attends (sliding window + visible compressed entries, CSA capped at
   // index_topk), averaged over the T positions of a sequence; 4 H hd FLOPs per key forward
   // (q.k and p.v), x3 with backward. The indexer scores every visible CSA entry: 2 nI dI FLOPs
-  // forward only (its selection carries no gradient).
+  // forward only (its selection carries no gradient), and its projections run forward only, so
+  // the 6 x active-parameter term is corrected by -4 x their parameters.
   const V4Config& v = c.v4;
   double attn = 0, index = 0;
   for (int64_t l = 0; l < c.num_hidden_layers + v.mtp_layers; ++l) {
@@ -282,6 +280,10 @@ double v4_attn_flops_per_token(const ModelConfig& c, int64_t T) {
     }
     attn += 12.0 * c.num_attention_heads * v.head_dim * keys / (double)T;
     index += 2.0 * v.index_n_heads * v.index_head_dim * scored / (double)T;
+    // The indexer's projections are in num_active_params (6 x), but run forward only (2 x).
+    if (v.attn[l] == AttnKind::CSA)
+      index -= 4.0 * (double)(c.q_lora_rank * v.index_n_heads * v.index_head_dim + c.hidden_size * v.index_n_heads +
+                              2 * c.hidden_size * 2 * v.index_head_dim);
   }
   return attn + index;
 }

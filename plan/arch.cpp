@@ -6,7 +6,6 @@
 #include <nlohmann/json.hpp>
 #include "core/error.h"
 #include "io/toml_json.h"
-#include "plan/v4_arch.h"
 
 namespace trex::plan {
 
@@ -54,11 +53,14 @@ double mean_attended_keys(const AttnShape& a, int64_t T) {
   return s / (double)T;
 }
 
+double indexer_fwd_flops(const AttnShape& a, int64_t T) {
+  TREX_CHECK(T > 0);
+  if (a.kind != AttnKind::CSA) return 0;  // the indexer scores every compressed entry formed so far
+  return 2.0 * a.index_heads * a.index_dim * sum_floor(T, a.compress_ratio) / (double)T;
+}
+
 double attn_core_fwd_flops(const AttnShape& a, int64_t T) {
-  double f = 2.0 * a.heads * (a.qk_dim + a.v_dim) * mean_attended_keys(a, T);
-  if (a.kind == AttnKind::CSA)  // indexer scores every compressed entry formed so far
-    f += 2.0 * a.index_heads * a.index_dim * sum_floor(T, a.compress_ratio) / (double)T;
-  return f;
+  return 2.0 * a.heads * (a.qk_dim + a.v_dim) * mean_attended_keys(a, T) + indexer_fwd_flops(a, T);
 }
 
 double ArchModel::total_params() const {
@@ -68,15 +70,19 @@ double ArchModel::total_params() const {
 }
 
 double ArchModel::active_params() const {
-  double p = head_params;
+  double p = head_params + final_mix_params;
   for (const LayerCost& l : layers) p += l.active_matmul_params;
   return p;
 }
 
 double ArchModel::model_flops_per_token(int64_t T) const {
-  double attn = 0;
-  for (const LayerCost& l : layers) attn += attn_core_fwd_flops(l.attn, T);
-  return 6.0 * active_params() + 3.0 * attn;
+  double attn = 0, index = 0, fwd_only = 0;
+  for (const LayerCost& l : layers) {
+    attn += 2.0 * l.attn.heads * (l.attn.qk_dim + l.attn.v_dim) * mean_attended_keys(l.attn, T);
+    index += indexer_fwd_flops(l.attn, T);
+    fwd_only += l.fwd_only_matmul_params;
+  }
+  return 6.0 * active_params() - 4.0 * fwd_only + 3.0 * attn + index;
 }
 
 namespace {
@@ -160,9 +166,152 @@ LayerCost v3_layer(const model::ModelConfig& c, int64_t l) {
   return L;
 }
 
+// One DeepSeek-V4 decoder layer. Parameter shapes as model/params_v4.cpp lays them out (and
+// model/config_v4.cpp counts them): attention wq_a [d, q_lora], wq_b [q_lora, H*hd], wkv [d, hd]
+// (one shared K = V head), grouped output wo_a (H*hd -> o_groups*o_lora, block-diagonal) and
+// wo_b [o_groups*o_lora, d]; a compressor per compressed layer (wkv and wgate [d, coff*hd], coff
+// = 2 for CSA's overlapping windows, position bias [rate, coff*hd]); the CSA indexer (wq_b
+// [q_lora, Hi*di], weights_proj [d, Hi], its own compressor at di); per sublayer hyper-connection
+// mixing [hc*d, (2+hc)*hc].
+LayerCost v4_layer(const model::ModelConfig& c, model::AttnKind kind, bool hash) {
+  const model::V4Config& v = c.v4;
+  const double d = (double)c.hidden_size, H = (double)c.num_attention_heads, hd = (double)v.head_dim;
+  const double ql = (double)c.q_lora_rank, hc = (double)v.hc_mult, g = (double)v.o_groups, ol = (double)v.o_lora_rank;
+  const double Hi = (double)v.index_n_heads, di = (double)v.index_head_dim, rope = (double)c.qk_rope_head_dim;
+  const bool csa = kind == model::AttnKind::CSA, compressed = kind != model::AttnKind::Sliding;
+  const int64_t ratio = csa ? v.csa_rate : compressed ? v.hca_rate : 0;
+  LayerCost L;
+  L.attn.kind = csa ? AttnKind::CSA : compressed ? AttnKind::HCA : AttnKind::SlidingWindow;
+  L.attn.heads = c.num_attention_heads;
+  L.attn.qk_dim = v.head_dim;
+  L.attn.v_dim = v.head_dim;  // K and V are the same shared head
+  L.attn.window = v.sliding_window;
+  L.attn.compress_ratio = ratio;
+  if (csa) {
+    L.attn.index_topk = v.index_topk;
+    L.attn.index_heads = v.index_n_heads;
+    L.attn.index_dim = v.index_head_dim;
+  }
+  L.moe = true;
+  L.hash_routed = hash;
+  L.kind = std::string(attn_kind_name(L.attn.kind)) + (hash ? "+moe(hash)" : "+moe");
+  L.input_elems = hc * d;
+
+  const double coff = csa ? 2 : 1;
+  double attn_mm = d * ql + ql * H * hd + d * hd + H * hd * ol + g * ol * d;
+  double attn_other = ql + hd + H + 2 * d;  // q norm, kv norm, sinks, two sublayer norms
+  if (compressed) {
+    attn_mm += 2 * d * coff * hd;
+    attn_other += ratio * coff * hd + hd;  // absolute position bias, compressed-entry norm
+  }
+  if (csa) {
+    attn_mm += ql * Hi * di + d * Hi + 2 * d * 2 * di;
+    attn_other += ratio * 2 * di + di;
+    L.fwd_only_matmul_params = ql * Hi * di + d * Hi + 2 * d * 2 * di;
+  }
+  const double hc_mm = 2 * (2 + hc) * hc * hc * d;  // mixing projection of both sublayers
+  attn_other += 2 * ((2 + hc) * hc + 3);
+  L.upproj_fwd = 2 * (ql * H * hd + (csa ? ql * Hi * di : 0));
+
+  const double I = (double)c.moe_intermediate_size, Is = (double)c.shared_intermediate();
+  const double E = (double)c.n_routed_experts, k = (double)c.num_experts_per_tok;
+  L.n_experts = c.n_routed_experts;
+  L.topk = c.num_experts_per_tok;
+  L.expert_params = E * 3 * d * I;
+  const double mlp_mm = 3 * d * Is + E * d;
+  L.dense_params = attn_mm + attn_other + hc_mm + mlp_mm;
+  L.active_matmul_params = attn_mm + hc_mm + mlp_mm + k * 3 * d * I;
+  L.gemm_fwd = 2 * (attn_mm + hc_mm + mlp_mm);
+  L.expert_fwd = 2 * k * 3 * d * I;
+
+  auto& S = L.saved;
+  const double mix = (2 + hc) * hc;
+  S.push_back({"hc.attn_in [hc*d]", hc * d, 2, false, false});
+  S.push_back({"hc.attn_mix [(2+hc)*hc] f32", mix, 4, false, false});
+  S.push_back({"attn.x_norm [d]", d, 2, true, true});
+  S.push_back({"attn.q_a [q_lora]", ql, 2, false, false});
+  S.push_back({"attn.q_a_norm [q_lora]", ql, 2, true, true});
+  S.push_back({"attn.q [H*hd]", H * hd, 2, false, true});
+  S.push_back({"attn.kv [hd]", hd, 2, false, false});
+  if (compressed) {
+    S.push_back({"cmp.kv_gate [2*coff*hd]", 2 * coff * hd, 2, false, true});
+    S.push_back({"cmp.entries [hd/ratio]", hd / ratio, 2, false, false});
+  }
+  if (csa) {
+    S.push_back({"idx.q [Hi*di]", Hi * di, 2, false, true});
+    S.push_back({"idx.kv_gate [4*di]", 4 * di, 2, false, true});
+    S.push_back({"idx.weights [Hi] f32", Hi, 4, false, false});
+    S.push_back({"idx.topk [index_topk] i32", (double)v.index_topk, 4, false, false});
+  }
+  S.push_back({"attn.out [H*hd]", H * hd, 2, true, false});
+  S.push_back({"attn.lse [H] f32", H, 4, false, false});
+  S.push_back({"attn.o_a [o_groups*o_lora]", g * ol, 2, true, false});
+  S.push_back({"hc.attn_out [d]", d, 2, false, false});
+  S.push_back({"hc.ffn_in [hc*d]", hc * d, 2, false, false});
+  S.push_back({"hc.ffn_mix [(2+hc)*hc] f32", mix, 4, false, false});
+  S.push_back({"ffn.x_norm [d]", d, 2, true, true});
+  S.push_back({"moe.router_scores [E] f32", E, 4, false, false});
+  S.push_back({"moe.dispatched [k*d]", k * d, 2, true, false, true});
+  S.push_back({"moe.gate_up [k*2I]", k * 2 * I, 2, true, false, true});
+  S.push_back({"moe.act [k*I]", k * I, 2, true, true, true});
+  S.push_back({"moe.expert_out [k*d]", k * d, 2, false, false, true});
+  if (Is > 0) {
+    S.push_back({"shared.gate_up [2Is]", 2 * Is, 2, true, false});
+    S.push_back({"shared.act [Is]", Is, 2, true, true});
+  }
+  S.push_back({"hc.ffn_out [d]", d, 2, false, false});
+
+  // Memory-bound forward traffic (bytes). Hyper-connections per sublayer: read the streams for
+  // the mixing projection and the pre-combine, write the sublayer input, read its output and the
+  // streams again, write the new streams; Sinkhorn iterations on the (hc x hc) matrix.
+  const double hc_bytes = 2 * (2 * (4 * hc * d + 2 * d) + 2 * 8 * hc * hc * (double)v.hc_sinkhorn_iters / 2);
+  const double norms = 2 * 4 * d + 4 * ql + 4 * H * hd + 4 * hd;
+  const double rope_b = 4 * H * rope + 4 * rope + 4 * H * rope;  // q, k, inverse RoPE on the output
+  const double cmp = compressed ? 4 * coff * hd + (csa ? 8 * di : 0) : 0;
+  const double swiglu = 6 * k * I + 6 * Is;
+  const double moe = 12 * E + 2 * (d + k * d) + swiglu + 2 * (k * d + d);
+  L.elem_bytes_fwd = hc_bytes + norms + rope_b + cmp + moe;
+  L.elem_sel_bytes_fwd = norms + swiglu + hc_bytes / 2;
+  return L;
+}
+
+ArchModel arch_from_v4(const model::ModelConfig& c, const std::string& name) {
+  const model::V4Config& v = c.v4;
+  ArchModel a;
+  a.name = name;
+  a.family = "deepseek_v4";
+  a.source = "model::ModelConfig (deepseek_v4)";
+  a.hidden = c.hidden_size;
+  a.vocab = c.vocab_size;
+  a.heads = c.num_attention_heads;
+  a.hc_mult = v.hc_mult;
+  a.n_experts = c.n_routed_experts;
+  a.topk = c.num_experts_per_tok;
+  TREX_CHECK((int64_t)v.attn.size() >= c.num_hidden_layers && (int64_t)v.hash.size() >= c.num_hidden_layers);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) a.layers.push_back(v4_layer(c, v.attn[l], v.hash[l] != 0));
+  const double d = (double)c.hidden_size, V = (double)c.vocab_size, hc = (double)v.hc_mult;
+  a.embed_params = V * d;
+  a.head_params = V * d;
+  a.tied_embeddings = c.tie_word_embeddings;
+  a.final_norm_params = d + hc * hc * d + hc + 1;  // final norm + hc_head (projection, base, scale)
+  a.final_mix_params = hc * hc * d;
+  // MTP modules (model::with_mtp): one more layer each (sliding window, top-k MoE), e_proj and
+  // h_proj [d, d] (h_proj applied to every stream), enorm, hnorm, norm, and its own hc_head.
+  a.mtp_modules = c.num_nextn_predict_layers;
+  if (a.mtp_modules > 0) {
+    const model::ModelConfig m = model::with_mtp(c, a.mtp_modules);
+    const int64_t l = c.num_hidden_layers;
+    a.mtp_block = v4_layer(m, m.v4.attn[l], m.v4.hash[l] != 0);
+  }
+  a.mtp_extra_params = 2 * d * d + 3 * d + hc * hc * d + hc + 1;
+  a.mtp_extra_matmul_params = (1 + hc) * d * d + hc * hc * d;
+  return a;
+}
+
 }  // namespace
 
 ArchModel arch_from_config(const model::ModelConfig& c, const std::string& name) {
+  if (c.is_v4()) return arch_from_v4(c, name);
   ArchModel a;
   a.name = name;
   a.family = "deepseek_v3";
@@ -183,6 +332,7 @@ ArchModel arch_from_config(const model::ModelConfig& c, const std::string& name)
   model::ModelConfig last = c;
   a.mtp_block = v3_layer(last, c.num_hidden_layers - 1);
   a.mtp_extra_params = 2 * d * d + 2 * d;
+  a.mtp_extra_matmul_params = 2 * d * d;
   return a;
 }
 
@@ -204,6 +354,53 @@ model::ModelConfig deepseek_v3_config() {
   return c;
 }
 
+// DeepSeek-V4 built-ins as Hugging Face deepseek_v4 config objects. Sources:
+//  - transformers src/transformers/models/deepseek_v4/configuration_deepseek_v4.py
+//    (DeepseekV4Config defaults = V4-Flash: hidden 4096, 43 layers, 64 heads, head_dim 512,
+//    q_lora 1024, o_groups 8, o_lora 1024, 256 experts top-6, moe_intermediate 2048, window 128,
+//    index 64 heads x 128 dim, top-512, hc_mult 4, 20 Sinkhorn iterations, 3 hash layers, 1 MTP).
+//  - hicann/cann-recipes-train (torchtitan-npu) DeepSeek-V4 model registry: the V4-Pro flavour
+//    (hidden 7168, 61 layers, 128 heads, q_lora 1536, o_groups 16, o_lora 1024, 384 experts
+//    top-6, moe_inter 3072, index_topk 1024) and the per-layer compress ratios of both models:
+//    Flash (0, 0, 4) + (128, 4) x 20, Pro (128,) + (128, 4) x 30.
+//  - DeepSeek's announced sizes: Flash 284B total / 13B active, Pro 1.6T / 49B (test_plan_validation
+//    checks the counts against them).
+namespace {
+
+json v4_flash_json() {
+  json ratios = json::array({0, 0, 4});
+  for (int i = 0; i < 20; ++i) ratios.push_back(128), ratios.push_back(4);
+  return {{"model_type", "deepseek_v4"}, {"vocab_size", 129280}, {"hidden_size", 4096}, {"num_hidden_layers", 43},
+          {"num_attention_heads", 64}, {"num_key_value_heads", 1}, {"head_dim", 512}, {"qk_rope_head_dim", 64},
+          {"q_lora_rank", 1024}, {"o_groups", 8}, {"o_lora_rank", 1024}, {"n_routed_experts", 256},
+          {"n_shared_experts", 1}, {"num_experts_per_tok", 6}, {"moe_intermediate_size", 2048},
+          {"num_hash_layers", 3}, {"sliding_window", 128}, {"compress_ratios", ratios}, {"index_n_heads", 64},
+          {"index_head_dim", 128}, {"index_topk", 512}, {"hc_mult", 4}, {"hc_sinkhorn_iters", 20},
+          {"num_nextn_predict_layers", 0}};  // 1 in the release: set after parsing (see below)
+}
+
+model::ModelConfig parse_v4_builtin(const json& j, const std::string& where) {
+  model::ModelConfig c = model::parse_config(j, where);
+  c.num_nextn_predict_layers = 1;  // set after parsing: the parser logs that MTP is not trained
+  return c;
+}
+
+}  // namespace
+
+model::ModelConfig deepseek_v4_flash_config() {
+  return parse_v4_builtin(v4_flash_json(), "deepseek-v4-flash (built-in)");
+}
+
+model::ModelConfig deepseek_v4_pro_config() {
+  json j = v4_flash_json();
+  json ratios = json::array({128});
+  for (int i = 0; i < 30; ++i) ratios.push_back(128), ratios.push_back(4);
+  j.update(json{{"hidden_size", 7168}, {"num_hidden_layers", 61}, {"num_attention_heads", 128}, {"q_lora_rank", 1536},
+                {"o_groups", 16}, {"n_routed_experts", 384}, {"moe_intermediate_size", 3072}, {"index_topk", 1024},
+                {"compress_ratios", ratios}});
+  return parse_v4_builtin(j, "deepseek-v4-pro (built-in)");
+}
+
 std::vector<std::string> builtin_model_names() { return {"deepseek-v3", "deepseek-v4-flash", "deepseek-v4-pro"}; }
 
 namespace {
@@ -220,8 +417,6 @@ json read_json_file(const std::string& path) {
 }
 
 ArchModel arch_from_json(const json& j, const std::string& where) {
-  if (j.is_object() && j.value("model_type", std::string()) == "deepseek_v4")
-    return arch_from_v4(v4_from_json(j, where));
   return arch_from_config(model::parse_config(j, where), where);
 }
 
@@ -229,8 +424,8 @@ ArchModel arch_from_json(const json& j, const std::string& where) {
 
 ArchModel resolve_model(const std::string& s) {
   if (s == "deepseek-v3") return arch_from_config(deepseek_v3_config(), s);
-  if (s == "deepseek-v4-flash") return arch_from_v4(v4_flash());
-  if (s == "deepseek-v4-pro") return arch_from_v4(v4_pro());
+  if (s == "deepseek-v4-flash") return arch_from_config(deepseek_v4_flash_config(), s);
+  if (s == "deepseek-v4-pro") return arch_from_config(deepseek_v4_pro_config(), s);
   namespace fs = std::filesystem;
   std::string names;
   for (auto& n : builtin_model_names()) names += (names.empty() ? "" : ", ") + n;

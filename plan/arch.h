@@ -1,8 +1,7 @@
 // The planner's view of a model architecture: per decoder layer, how many parameters it holds
 // (replicated, tensor-parallel or expert-parallel), how many FLOPs a token costs in it, which
 // tensors the backward pass needs saved, and how much memory-bound traffic it makes. Built from a
-// DeepSeek-V3-family model::ModelConfig (the same parser that builds the model) or from the
-// planner's own DeepSeek-V4 description (plan/v4_arch.h) until the V4 config parser lands.
+// model::ModelConfig (the same parser that builds the model): DeepSeek-V3 family or DeepSeek-V4.
 //
 // Conventions: every per-token figure is for one token of a training sequence, before any
 // parallel split; "fwd" FLOPs are forward only (training = fwd + 2 x fwd for the backward).
@@ -15,9 +14,9 @@
 namespace trex::plan {
 
 // Attention of a layer. MLA: DeepSeek-V3 multi-head latent attention over the causal context.
-// V4 layers (by compress ratio): SlidingWindow (0), CSA (compressed sparse, ratio 4, indexer
-// top-k), HCA (heavily compressed, ratio 128, dense over the compressed entries); every V4 layer
-// also attends its sliding window.
+// V4 layers (model::V4Config::attn): SlidingWindow, CSA (compressed sparse, compress rate 4,
+// indexer top-k), HCA (heavily compressed, rate 128, dense over the compressed entries); every V4
+// layer also attends its sliding window.
 enum class AttnKind { MLA, SlidingWindow, CSA, HCA };
 const char* attn_kind_name(AttnKind k);
 
@@ -35,8 +34,11 @@ struct AttnShape {
 double mean_attended_keys(const AttnShape& a, int64_t T);
 // Forward FLOPs per token of the attention core for sequences of T tokens, averaged over
 // positions: 2*H*(dqk + dv) per attended key, plus for CSA the indexer's 2*Hi*di per compressed
-// entry scored.
+// entry scored (indexer_fwd_flops).
 double attn_core_fwd_flops(const AttnShape& a, int64_t T);
+// The CSA indexer's part of attn_core_fwd_flops: 2*Hi*di per compressed entry formed so far
+// (0 for other kinds).
+double indexer_fwd_flops(const AttnShape& a, int64_t T);
 
 // A tensor the backward pass reads, saved per token during the forward.
 struct SavedTensor {
@@ -57,6 +59,7 @@ struct LayerCost {
   // routed experts of the layer (split by expert parallel).
   double dense_params = 0, expert_params = 0;
   double active_matmul_params = 0;  // matmul weights a token goes through (6x of these = FLOPs)
+  double fwd_only_matmul_params = 0;  // of those, run forward only (V4 indexer: its selection carries no gradient)
   // Forward FLOPs per token by efficiency class.
   double gemm_fwd = 0;      // dense matmuls (2 x dense matmul params a token uses)
   double expert_fwd = 0;    // routed-expert grouped GEMMs (2 x top-k x 3 x d x I)
@@ -80,21 +83,27 @@ struct ArchModel {
   int64_t n_experts = 0, topk = 0;
   std::vector<LayerCost> layers;
   LayerCost mtp_block;      // the decoder block of one MTP module (computed when mtp is on)
-  double mtp_extra_params = 0;  // MTP projection + norms per module (embedding and head are shared)
+  double mtp_extra_params = 0;  // per module: projections, norms (V4: + its hc_head); embedding and head are shared
+  double mtp_extra_matmul_params = 0;  // of which matmul weights a token goes through (V4: h_proj once per stream)
   int64_t mtp_modules = 0;  // modules in the checkpoint (num_nextn_predict_layers)
-  double embed_params = 0, head_params = 0, final_norm_params = 0;
+  double embed_params = 0, head_params = 0;
+  double final_norm_params = 0;  // held with the head: final norm (V4: + the hc_head stream collapse)
+  double final_mix_params = 0;   // of which matmul weights a token goes through (V4 hc_head projection)
   bool tied_embeddings = false;
 
   int64_t n_layers() const { return (int64_t)layers.size(); }
   double total_params() const;   // all trained parameters (MTP modules excluded)
   double active_params() const;  // matmul parameters a token goes through (LM head in, embedding out)
-  // Model FLOPs per trained token (the MFU numerator): 6 x active matmul params + 3 x the forward
-  // attention-core FLOPs for sequences of T tokens. MTP excluded (as in the published counts).
+  // Model FLOPs per trained token (the MFU numerator), as model::ModelConfig::train_flops_per_token
+  // counts them: 6 x active matmul params + 3 x the forward attention-core FLOPs for sequences of T
+  // tokens, the V4 indexer's scoring once (forward only: its selection carries no gradient). MTP
+  // excluded (as in the published counts).
   double model_flops_per_token(int64_t T) const;
   int64_t residual_width() const { return hidden * hc_mult; }  // what a pipeline stage sends
 };
 
-// DeepSeek-V3 family (deepseek_v3, kimi_k2 model types) from the parsed config.
+// From the parsed config: DeepSeek-V3 family (deepseek_v3, kimi_k2 model types) or DeepSeek-V4
+// (deepseek_v4; its MTP modules from num_nextn_predict_layers, as model::with_mtp builds them).
 ArchModel arch_from_config(const model::ModelConfig& c, const std::string& name);
 
 // Model name or path -> architecture. Names: deepseek-v3 (671B), deepseek-v4-flash,
@@ -103,5 +112,9 @@ ArchModel resolve_model(const std::string& name_or_path);
 std::vector<std::string> builtin_model_names();
 // The DeepSeek-V3 671B config.json values (huggingface.co/deepseek-ai/DeepSeek-V3).
 model::ModelConfig deepseek_v3_config();
+// DeepSeek-V4-Flash (284B / 13B active announced) and V4-Pro (1.6T / 49B): Hugging Face
+// deepseek_v4 config objects parsed by model::parse_config (sources in plan/arch.cpp).
+model::ModelConfig deepseek_v4_flash_config();
+model::ModelConfig deepseek_v4_pro_config();
 
 }  // namespace trex::plan

@@ -32,8 +32,6 @@ void add_notes(Plan& p, const ArchModel& a, const ClusterSpec& s) {
   using detail::cat;
   const Layout& l = p.layout;
   if (!s.note.empty()) p.notes.push_back(cat("cluster: ", s.note));
-  if (a.family == "deepseek_v4")
-    p.notes.push_back("model: DeepSeek-V4 described by the planner itself until the V4 config parser lands (issue 3)");
   if (l.tp > s.devices_per_node)
     p.notes.push_back(cat("tp (", l.tp, ") spans nodes (", s.devices_per_node, " devices per node): TP collectives "
                           "run at inter-node bandwidth"));

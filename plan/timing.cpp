@@ -154,11 +154,14 @@ RankTime chunk_time(const ArchModel& a, const ClusterSpec& s, const Layout& l, c
       t.memory += m;
       fwd_other += g + m;
     }
+    const double gm = tokens * 2 * a.final_mix_params / R.gemm;  // V4 hc_head stream collapse
+    t.gemm += gm;
+    fwd_other += gm;
     if (l.mtp)
       for (int64_t i = 0; i < a.mtp_modules; ++i) {
         layer(a.mtp_block);
         t.dense += a.mtp_extra_params;
-        const double g = tokens * 2 * 2 * d * d / R.gemm;
+        const double g = tokens * 2 * a.mtp_extra_matmul_params / R.gemm;
         t.gemm += g;
         fwd_other += g;
       }

@@ -12,7 +12,6 @@
 
 #include <cmath>
 #include "plan/planner.h"
-#include "plan/v4_arch.h"
 
 using namespace trex;
 using namespace trex::plan;
@@ -39,11 +38,17 @@ TEST(PlanValidation, ArchitectureCounts) {
   EXPECT_NEAR(v3.total_params() / 1e9, 671.0, 0.5);
   for (int64_t T : {1, 4096, 32768})
     EXPECT_NEAR(v3.model_flops_per_token(T) / c.train_flops_per_token(T), 1.0, 1e-12) << "T " << T;
-  // V4 (planner-side description until the V4 parser lands) against DeepSeek's announced sizes.
-  for (const V4Arch& v : {v4_flash(), v4_pro()}) {
-    ArchModel a = arch_from_v4(v);
-    EXPECT_LT(rel(a.total_params(), v.published_total), 0.03) << v.name << " total " << a.total_params();
-    EXPECT_LT(rel(a.active_params(), v.published_active), 0.03) << v.name << " active " << a.active_params();
+  // V4 built-ins (parsed by model::parse_config) against DeepSeek's announced sizes.
+  struct Published {
+    const char* name;
+    double total, active;
+    int64_t layers;
+  };
+  for (const Published& v :
+       {Published{"deepseek-v4-flash", 284e9, 13e9, 43}, Published{"deepseek-v4-pro", 1.6e12, 49e9, 61}}) {
+    ArchModel a = resolve_model(v.name);
+    EXPECT_LT(rel(a.total_params(), v.total), 0.03) << v.name << " total " << a.total_params();
+    EXPECT_LT(rel(a.active_params(), v.active), 0.03) << v.name << " active " << a.active_params();
     EXPECT_EQ(a.n_layers(), v.layers);
   }
 }
