@@ -101,7 +101,7 @@ void add_bench(CLI::App& app) {
       for (double t : times) sum += t;
       prof.print(stderr, (int)times.size(), sum / times.size());
     }
-    const double fpt = rc.model.train_flops_per_token(T);
+    const double fpt = m.cfg.train_flops_per_token(T);  // m.cfg: with the MTP blocks the run trains
     // MFU denominator: the fastest arithmetic the machine offers for this precision's GEMMs.
     // bf16 GEMMs may run on the fp32 FMA units (kernels/gemm.h) where vdpbf16ps is slower, so
     // the peak is max(fp32, bf16) for bf16 runs and the fp32 peak for fp32 runs.
@@ -123,7 +123,7 @@ void add_bench(CLI::App& app) {
         "\"mfu\": %.4f, \"mfu_vs_bf16_dot_peak\": %.4f, \"peak_rss_mb\": %.0f, \"last_loss\": %.4f, "
         "\"activation_mb\": %.0f}\n",
         o->config.c_str(), rc.train.precision == kern::Prec::BF16 ? "bf16" : "fp32", threads, (long long)B, (long long)T,
-        steps, med, med, mn, tps, fpt, (long long)rc.model.num_active_params(), peak, measured ? "true" : "false", mfu, bf16_dot > 0 ? fpt * tps / (bf16_dot * 1e9) : 0.0,
+        steps, med, med, mn, tps, fpt, (long long)m.cfg.num_active_params(), peak, measured ? "true" : "false", mfu, bf16_dot > 0 ? fpt * tps / (bf16_dot * 1e9) : 0.0,
         peak_rss_mb(), last_loss, m.peak_activation_bytes() / 1048576.0);
   });
 }

@@ -108,7 +108,7 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok) {
   for (const std::string& e : st.first_errors) log.message("  skipped: " + e);
 
   const double peak = kern::measure_peak(0.1).best_gflops();
-  const double fpt = rc.model.train_flops_per_token(rc.data.seq_len);
+  const double fpt = m.cfg.train_flops_per_token(rc.data.seq_len);  // with the MTP blocks it trains
   const int64_t nseq = seqs.size(), B = rc.train.batch_size;
   int64_t cached_epoch = -1;
   std::vector<int64_t> order;

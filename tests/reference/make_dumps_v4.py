@@ -7,30 +7,38 @@ fp32, eager attention, eager expert loop) and writes per case tests/reference/da
 {model/, batch.json, expected.safetensors, expected.json} in the format of the V3 cases
 (make_dumps.py), plus the CSA indexer selections. Every case is also checked against an
 independent float64 re-implementation of the V4 forward written from the README's semantics.
+transformers has no multi-token prediction (MTP); cases with num_nextn_predict_layers > 0 use
+MTPBlock below, a port of DeepSeek's reference inference/model.py MTPBlock onto HF's classes.
 
   .venv/bin/python tests/reference/make_dumps_v4.py                      # regenerate the V4 dumps
   .venv/bin/python tests/reference/make_dumps_v4.py --check --trex build/trex --random 5
+
+--check runs `trex grad [--mtp-loss-weight W]` and compares it with a float64 autograd run of the
+same weights (Float64Mode), random configs with 0-3 MTP blocks included.
 """
 import argparse
 import contextlib
+import copy
 import json
 import math
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
+from torch import nn
 from torch.overrides import TorchFunctionMode
 from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
 from transformers import logging as hf_logging
 from transformers.models.deepseek_v4 import modeling_deepseek_v4 as hf4
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import make_dumps as v3  # noqa: E402  (make_batch, Bf16Linear, run_trex, compare; its V3 patch is inert here)
+import make_dumps as v3  # noqa: E402  (make_batch, Bf16Linear, route_flips; its V3 patch is inert here)
 
 torch.set_num_threads(1)
 hf_logging.set_verbosity_error()
@@ -48,6 +56,7 @@ CSA, HCA, SWA = "compressed_sparse_attention", "heavily_compressed_attention", "
 # selections from step 1 on (v4_rates_default). With 1e-6 such elements move by ~1e-5 instead.
 # v4_rates_odd keeps V3's 1e-8: its selections survive the same perturbation for all 10 steps.
 TRAIN_DEFAULT = dict(v3.TRAIN_DEFAULT, bias_update_gamma=0.01, eps=1e-6)
+NOISE_FACTOR = 10.0  # --check: trex may be this many times further from float64 than torch fp32 is (min 1e-4)
 PERTURB = 1e-7       # robustness check: relative weight noise standing in for another fp32 engine
 
 # --------------------------------------------------------------------------------------------
@@ -82,6 +91,22 @@ CASES = {
                    rope_parameters=dict(rope_type="yarn", factor=3.0, original_max_position_embeddings=97,
                                         beta_fast=13, beta_slow=1)),
         train=dict(bias_update_gamma=0.007, eps=1e-8)),
+    "v4_mtp": dict(
+        # Two MTP blocks (mtp.0, mtp.1) trained with weight 0.3 on top of 3 main layers. Searched from
+        # seed 7001: the first seed is clean (10 steps, perturbation-robust), MTP routers included.
+        seed=7001, B=2, T=83, router_gain=4.0, max_candidates=600,
+        model=dict(vocab_size=97, hidden_size=38, num_hidden_layers=3, num_attention_heads=5,
+                   head_dim=18, partial_rotary_factor=0.35, q_lora_rank=19, o_groups=5, o_lora_rank=7,
+                   layer_types=[CSA, HCA, SWA], mlp_layer_types=["hash_moe", "moe", "moe"],
+                   compress_rates={CSA: 5, HCA: 13}, index_n_heads=11, index_head_dim=8, index_topk=3,
+                   sliding_window=9, hc_mult=3, hc_sinkhorn_iters=5, hc_eps=1e-3, rms_norm_eps=1e-5,
+                   n_routed_experts=6, num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=17,
+                   scoring_func="sqrtsoftplus", routed_scaling_factor=2.0, swiglu_limit=1.9,
+                   rope_theta=20000.0, compress_rope_theta=4000.0, max_position_embeddings=251,
+                   num_nextn_predict_layers=2,
+                   rope_parameters=dict(rope_type="yarn", factor=2.5, original_max_position_embeddings=83,
+                                        beta_fast=11, beta_slow=1)),
+        train=dict(bias_update_gamma=0.008, eps=1e-8, mtp_loss_weight=0.3)),
 }
 
 
@@ -101,8 +126,14 @@ def make_config(m):
 
 
 def moe_gates(model):
-    """[(name, router module, is_hash)] for every layer (all V4 layers are MoE)."""
-    return [(f"model.layers.{i}.mlp.gate", l.mlp.gate, l.mlp.is_hash) for i, l in enumerate(model.model.layers)]
+    """[(name, router module, is_hash)] for every layer (all V4 layers are MoE), MTP blocks last."""
+    return [(f"model.layers.{i}.mlp.gate", l.mlp.gate, l.mlp.is_hash) for i, l in enumerate(model.model.layers)] + \
+        [(f"mtp.{k}.mlp.gate", b.mlp.gate, b.mlp.is_hash) for k, b in enumerate(mtp_blocks(model))]
+
+
+def run_gates(model, w):
+    """moe_gates of a run: the MTP blocks' only with MTP loss (w > 0)."""
+    return [g for g in moe_gates(model) if w > 0 or not g[0].startswith("mtp.")]
 
 
 def indexers(model):
@@ -117,6 +148,7 @@ def init_model(cfg, seed, router_gain=2.0):
     bias-like parameter random, tid2eid random distinct experts per token."""
     torch.manual_seed(seed)
     model = DeepseekV4ForCausalLM(cfg).float()
+    attach_mtp(model)                    # after HF's init; mtp.* come last in named_parameters
     g = torch.Generator().manual_seed(seed)
     rn = lambda p: p.normal_(generator=g)
     with torch.no_grad():
@@ -146,6 +178,98 @@ def init_model(cfg, seed, router_gain=2.0):
             else:
                 rn(gate.e_score_correction_bias).mul_(0.05)
     return model
+
+
+# --------------------------------------------------------------------------------------------
+# MTP (multi-token prediction). transformers' DeepseekV4ForCausalLM has none: it drops mtp.* on
+# load (_keys_to_ignore_on_load_unexpected). Port of DeepSeek's reference inference/model.py
+# MTPBlock (a Block plus e_proj / h_proj / enorm / hnorm / norm and its own hc_head; embedding and
+# LM head shared) on top of HF's classes. Depth k = 1..D, X_0 = the main streams entering
+# model.model.hc_head, ids_k[t] = ids[t+k] (ids[t] past the row end):
+#   X_k = e_proj(enorm(embed[ids_k])) (broadcast over streams) + h_proj(hnorm(X_{k-1}))
+#   X_k = DeepseekV4DecoderLayer(X_k)       (layer_idx L+k-1: sliding_attention, top-k "moe")
+#   logits_k = lm_head(norm(hc_head(X_k))), target of t = labels[t+k+1] (-100 past the end)
+#   loss = CE + mtp_loss_weight * mean_k CE_k
+# The blocks live in model.mtp (a ModuleList), so their state_dict names are trex's checkpoint
+# names: "mtp.{k-1}." + the HF names of a decoder layer, e_proj.weight, ..., hc_head.hc_fn.
+# --------------------------------------------------------------------------------------------
+class MTPBlock(hf4.DeepseekV4DecoderLayer):
+    def __init__(self, config, layer_idx):
+        super().__init__(config, layer_idx)
+        d, eps = config.hidden_size, config.rms_norm_eps
+        self.e_proj = nn.Linear(d, d, bias=False)
+        self.h_proj = nn.Linear(d, d, bias=False)
+        self.enorm = hf4.DeepseekV4RMSNorm(d, eps=eps)
+        self.hnorm = hf4.DeepseekV4RMSNorm(d, eps=eps)
+        self.norm = hf4.DeepseekV4RMSNorm(d, eps=eps)
+        self.hc_head = hf4.DeepseekV4HyperHead(config)         # hc_fn [N, N d], hc_base [N], hc_scale [1]
+
+    def forward(self, x_prev, emb, lm_head, **layer_kwargs):
+        """x_prev: [B, T, N, d] streams of the level below; emb: [B, T, d] embedding of ids_k.
+        Returns (X_k [B, T, N, d], logits_k [B, T, V])."""
+        x = self.e_proj(self.enorm(emb)).unsqueeze(2) + self.h_proj(self.hnorm(x_prev))
+        x = hf4.DeepseekV4DecoderLayer.forward(self, x, **layer_kwargs)
+        return x, lm_head(self.norm(self.hc_head(x)))
+
+
+def attach_mtp(model):
+    """model.mtp = config.num_nextn_predict_layers MTPBlocks (none: no attribute). Each is built
+    with a copy of the config whose layer lists are extended to its index L+k-1."""
+    c = model.config
+    D, L = c.num_nextn_predict_layers, c.num_hidden_layers
+    if D == 0:
+        return
+    ext = copy.deepcopy(c)
+    ext.num_hidden_layers = L + D
+    ext.layer_types = list(c.layer_types) + [SWA] * D
+    ext.mlp_layer_types = list(c.mlp_layer_types) + ["moe"] * D
+    model.mtp = nn.ModuleList([MTPBlock(ext, L + k) for k in range(D)]).float()
+
+
+def mtp_blocks(model):
+    return list(model.mtp) if hasattr(model, "mtp") else []
+
+
+def mtp_shift(ids, labels, k):
+    """ids_k [B, T] (ids[t+k], ids[t] where t+k >= T) and targets_k [B, T] (labels[t+k+1], -100 past T)."""
+    T = ids.shape[1]
+    j = torch.arange(T) + k
+    ids_k = torch.where(j < T, ids[:, j.clamp(max=T - 1)], ids)
+    tg = torch.where(j + 1 < T, labels[:, (j + 1).clamp(max=T - 1)], torch.full_like(labels, -100))
+    return ids_k, tg
+
+
+def forward_all(model, batch, w):
+    """Main forward (HF) + the MTP depths when w > 0. Returns dict(loss, ce, mtp (mean over depths,
+    unweighted; None without MTP), mtp_losses [D], logits [B, T, V], mtp_logits [D x [B, T, V]])."""
+    ids, labels = batch["ids"], batch["labels"]
+    blocks = mtp_blocks(model) if w > 0 else []
+    assert w == 0 or blocks, "mtp_loss_weight > 0 needs num_nextn_predict_layers > 0"
+    cap, hooks = {}, []
+    if blocks:      # the main layers' kwargs (rope tables, positions, sliding mask, ids) and X_0
+        hooks.append(model.model.layers[0].register_forward_pre_hook(
+            lambda mod, a, kw: cap.__setitem__("kw", kw), with_kwargs=True))
+        hooks.append(model.model.hc_head.register_forward_pre_hook(lambda mod, a: cap.__setitem__("x", a[0])))
+    try:
+        out = model(input_ids=ids, labels=labels, use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    V = out.logits.shape[-1]
+    ce2 = F.cross_entropy(out.logits[:, :-1].reshape(-1, V).float(), labels[:, 1:].reshape(-1), ignore_index=-100)
+    assert torch.allclose(out.loss, ce2, rtol=1e-6, atol=0), (out.loss, ce2)
+    res = dict(ce=out.loss, logits=out.logits, mtp=None, mtp_losses=[], mtp_logits=[], loss=out.loss)
+    x = cap.get("x")
+    for k, blk in enumerate(blocks, 1):
+        ids_k, tg = mtp_shift(ids, labels, k)
+        assert bool((tg != -100).any()), "an MTP depth without a valid target"
+        x, lg = blk(x, model.model.embed_tokens(ids_k), model.lm_head, **cap["kw"])
+        res["mtp_losses"].append(F.cross_entropy(lg.reshape(-1, V).float(), tg.reshape(-1), ignore_index=-100))
+        res["mtp_logits"].append(lg)
+    if blocks:
+        res["mtp"] = torch.stack(res["mtp_losses"]).mean()
+        res["loss"] = out.loss + w * res["mtp"]
+    return res
 
 
 # --------------------------------------------------------------------------------------------
@@ -222,9 +346,10 @@ def grouped_linear_per_group(self, x):                    # x: [..., G, in_g] ->
 class Bf16LinearsV4(TorchFunctionMode):
     def __init__(self, model):
         super().__init__()
+        layers = list(model.model.layers) + mtp_blocks(model)
         self.fp32 = {id(g.weight) for _, g, _ in moe_gates(model)}
-        self.fp32 |= {id(l.attn_hc.fn) for l in model.model.layers} | {id(l.ffn_hc.fn) for l in model.model.layers}
-        self.fp32.add(id(model.model.hc_head.hc_fn))
+        self.fp32 |= {id(l.attn_hc.fn) for l in layers} | {id(l.ffn_hc.fn) for l in layers}
+        self.fp32 |= {id(model.model.hc_head.hc_fn)} | {id(b.hc_head.hc_fn) for b in mtp_blocks(model)}
         self.head = id(model.lm_head.weight)
         self.calls = {"bf16": 0, "fp32": 0}
 
@@ -313,9 +438,9 @@ def rope64(x, pos, table, sign=1.0):
     return torch.cat([x[..., :-r], rot], dim=-1)
 
 
-def independent_forward(model, ids):
-    """Returns logits [B, T, V] (float64), routes {gate: [B*T, K]}, index {indexer: [B*T, k]},
-    clamp fractions."""
+def independent_forward(model, ids, mtp_depth=0):
+    """Returns logits [B, T, V] (float64), MTP logits [mtp_depth x [B, T, V]], routes {gate: [B*T, K]},
+    index {indexer: [B*T, k]}, clamp fractions."""
     c = model.config
     P = {k: (v.detach().double() if v.is_floating_point() else v) for k, v in model.state_dict().items()}
     B, T = ids.shape
@@ -362,91 +487,109 @@ def independent_forward(model, ids):
         return rope64(e, torch.arange(n) * m, tabs["compress"])
 
     routes, index = {}, {}
+
+    def layer(hb, b, p, lt, mt):                                           # hb: [T, N, d] -> [T, N, d]
+        a = p + "self_attn."
+        tab = tabs["main" if lt == SWA else "compress"]
+        post, comb, x = hc_pre(hb, p + "attn_hc.")
+        x = rms(x, P[p + "input_layernorm.weight"])
+        qr = rms(x @ P[a + "q_a_proj.weight"].T, P[a + "q_a_norm.weight"])
+        q = rope64(rms((qr @ P[a + "q_b_proj.weight"].T).view(T, H, hd)), pos, tab)      # [T, H, hd]
+        kv = rope64(rms(x @ P[a + "kv_proj.weight"].T, P[a + "kv_norm.weight"]), pos, tab)  # [T, hd]
+        t_, s_ = pos.view(-1, 1), pos.view(1, -1)
+        allow = (s_ <= t_) & (s_ > t_ - c.sliding_window)                 # [T, T]
+        keys = kv
+        if lt != SWA:
+            m = c.compress_rates[lt]
+            ent = compress(x, a + "compressor.", hd, m, lt == CSA)         # [n, hd]
+            n = ent.shape[0]
+            vis = torch.arange(n).view(1, -1) < ((pos + 1) // m).view(-1, 1)   # [T, n]
+            if lt == CSA:
+                ip = a + "compressor.indexer."
+                ik = compress(x, ip, c.index_head_dim, m, True)             # [n, ihd]
+                iq = rope64((qr @ P[ip + "q_b_proj.weight"].T).view(T, -1, c.index_head_dim), pos, tabs["compress"])
+                w = (x @ P[ip + "scorer.weights_proj.weight"].T) * c.index_n_heads ** -0.5     # [T, IH]
+                sc = torch.relu(torch.einsum("thd,nd->thn", iq, ik)) * c.index_head_dim ** -0.5
+                sc = (sc * w.unsqueeze(-1)).sum(1)                          # [T, n]
+                sc = sc.masked_fill(~vis, -math.inf)
+                k = min(c.index_topk, n)
+                top = sc.topk(k, -1).indices
+                sel = torch.zeros(T, n, dtype=torch.bool).scatter_(1, top, True) & vis
+                srt = torch.where(sel, torch.arange(n).expand(T, n), torch.full((T, n), 1 << 30))
+                srt = srt.sort(-1)[0][:, :c.index_topk]
+                srt = torch.cat([srt, torch.full((T, max(0, c.index_topk - n)), 1 << 30)], 1)
+                index.setdefault(ip[:-1], []).append(torch.where(srt == 1 << 30, -1, srt))
+                vis = sel
+            keys = torch.cat([kv, ent], 0)
+            allow = torch.cat([allow, vis], 1)
+        lg = torch.einsum("thd,sd->hts", q, keys) * hd ** -0.5
+        lg = lg.masked_fill(~allow.unsqueeze(0), -math.inf)
+        sink = P[a + "sinks"].view(H, 1, 1).expand(H, T, 1)
+        pr = torch.softmax(torch.cat([lg, sink], -1), -1)[..., :-1]
+        o = rope64(torch.einsum("hts,sd->thd", pr, keys), pos, tab, sign=-1.0)       # inverse rope
+        G = c.o_groups
+        wa = P[a + "o_a_proj.weight"].view(G, c.o_lora_rank, -1)
+        o = torch.einsum("tgi,goi->tgo", o.reshape(T, G, -1), wa).reshape(T, -1) @ P[a + "o_b_proj.weight"].T
+        hb = post.unsqueeze(-1) * o.unsqueeze(1) + torch.einsum("tjn,tjd->tnd", comb, hb)
+        # MoE
+        post, comb, x = hc_pre(hb, p + "ffn_hc.")
+        x = rms(x, P[p + "post_attention_layernorm.weight"])
+        gp = p + "mlp.gate."
+        s = act(x @ P[gp + "weight"].T)                                     # [T, E]
+        if mt == "hash_moe":
+            idx = P[gp + "tid2eid"][ids[b]]
+        else:
+            idx = (s + P[gp + "e_score_correction_bias"]).topk(c.num_experts_per_tok, -1).indices
+        routes.setdefault(gp[:-1], []).append(idx.sort(-1)[0])
+        wt = s.gather(1, idx)
+        wt = wt / (wt.sum(-1, keepdim=True) + 1e-20) * c.routed_scaling_factor
+        F_ = c.moe_intermediate_size
+        y = swiglu(x, *(P[p + f"mlp.shared_experts.{n}_proj.weight"] for n in ("gate", "up", "down")), "shared")
+        for t in range(T):
+            for j in range(idx.shape[1]):
+                e = int(idx[t, j])
+                gu = P[p + "mlp.experts.gate_up_proj"][e]
+                down = P[p + "mlp.experts.down_proj"][e]
+                y[t] += wt[t, j] * swiglu(x[t:t + 1], gu[:F_], gu[F_:], down, "routed")[0]
+        hb = post.unsqueeze(-1) * y.unsqueeze(1) + torch.einsum("tjn,tjd->tnd", comb, hb)
+        return hb
+
+    def head(hb, hp, norm):                                                # HC head + final norm -> [T, d]
+        mix = rms(hb.reshape(T, -1)) @ P[hp + "hc_fn"].T
+        pre = torch.sigmoid(mix * P[hp + "hc_scale"] + P[hp + "hc_base"]) + hce
+        return rms((pre.unsqueeze(-1) * hb).sum(1), P[norm])
+
     h = P["model.embed_tokens.weight"][ids]                                # [B, T, d]
     hs = h.unsqueeze(2).expand(-1, -1, N, -1)
-    out_h = []
+    out_h, mtp_h = [], [[] for _ in range(mtp_depth)]
     for b in range(B):
         hb = hs[b]
         for i, lt in enumerate(c.layer_types):
-            p = f"model.layers.{i}."
-            a = p + "self_attn."
-            tab = tabs["main" if lt == SWA else "compress"]
-            post, comb, x = hc_pre(hb, p + "attn_hc.")
-            x = rms(x, P[p + "input_layernorm.weight"])
-            qr = rms(x @ P[a + "q_a_proj.weight"].T, P[a + "q_a_norm.weight"])
-            q = rope64(rms((qr @ P[a + "q_b_proj.weight"].T).view(T, H, hd)), pos, tab)      # [T, H, hd]
-            kv = rope64(rms(x @ P[a + "kv_proj.weight"].T, P[a + "kv_norm.weight"]), pos, tab)  # [T, hd]
-            t_, s_ = pos.view(-1, 1), pos.view(1, -1)
-            allow = (s_ <= t_) & (s_ > t_ - c.sliding_window)                 # [T, T]
-            keys = kv
-            if lt != SWA:
-                m = c.compress_rates[lt]
-                ent = compress(x, a + "compressor.", hd, m, lt == CSA)         # [n, hd]
-                n = ent.shape[0]
-                vis = torch.arange(n).view(1, -1) < ((pos + 1) // m).view(-1, 1)   # [T, n]
-                if lt == CSA:
-                    ip = a + "compressor.indexer."
-                    ik = compress(x, ip, c.index_head_dim, m, True)             # [n, ihd]
-                    iq = rope64((qr @ P[ip + "q_b_proj.weight"].T).view(T, -1, c.index_head_dim), pos, tabs["compress"])
-                    w = (x @ P[ip + "scorer.weights_proj.weight"].T) * c.index_n_heads ** -0.5     # [T, IH]
-                    sc = torch.relu(torch.einsum("thd,nd->thn", iq, ik)) * c.index_head_dim ** -0.5
-                    sc = (sc * w.unsqueeze(-1)).sum(1)                          # [T, n]
-                    sc = sc.masked_fill(~vis, -math.inf)
-                    k = min(c.index_topk, n)
-                    top = sc.topk(k, -1).indices
-                    sel = torch.zeros(T, n, dtype=torch.bool).scatter_(1, top, True) & vis
-                    srt = torch.where(sel, torch.arange(n).expand(T, n), torch.full((T, n), 1 << 30))
-                    srt = srt.sort(-1)[0][:, :c.index_topk]
-                    srt = torch.cat([srt, torch.full((T, max(0, c.index_topk - n)), 1 << 30)], 1)
-                    index.setdefault(ip[:-1], []).append(torch.where(srt == 1 << 30, -1, srt))
-                    vis = sel
-                keys = torch.cat([kv, ent], 0)
-                allow = torch.cat([allow, vis], 1)
-            lg = torch.einsum("thd,sd->hts", q, keys) * hd ** -0.5
-            lg = lg.masked_fill(~allow.unsqueeze(0), -math.inf)
-            sink = P[a + "sinks"].view(H, 1, 1).expand(H, T, 1)
-            pr = torch.softmax(torch.cat([lg, sink], -1), -1)[..., :-1]
-            o = rope64(torch.einsum("hts,sd->thd", pr, keys), pos, tab, sign=-1.0)       # inverse rope
-            G = c.o_groups
-            wa = P[a + "o_a_proj.weight"].view(G, c.o_lora_rank, -1)
-            o = torch.einsum("tgi,goi->tgo", o.reshape(T, G, -1), wa).reshape(T, -1) @ P[a + "o_b_proj.weight"].T
-            hb = post.unsqueeze(-1) * o.unsqueeze(1) + torch.einsum("tjn,tjd->tnd", comb, hb)
-            # MoE
-            post, comb, x = hc_pre(hb, p + "ffn_hc.")
-            x = rms(x, P[p + "post_attention_layernorm.weight"])
-            gp = p + "mlp.gate."
-            s = act(x @ P[gp + "weight"].T)                                     # [T, E]
-            if c.mlp_layer_types[i] == "hash_moe":
-                idx = P[gp + "tid2eid"][ids[b]]
-            else:
-                idx = (s + P[gp + "e_score_correction_bias"]).topk(c.num_experts_per_tok, -1).indices
-            routes.setdefault(gp[:-1], []).append(idx.sort(-1)[0])
-            wt = s.gather(1, idx)
-            wt = wt / (wt.sum(-1, keepdim=True) + 1e-20) * c.routed_scaling_factor
-            F_ = c.moe_intermediate_size
-            y = swiglu(x, *(P[p + f"mlp.shared_experts.{n}_proj.weight"] for n in ("gate", "up", "down")), "shared")
-            for t in range(T):
-                for j in range(idx.shape[1]):
-                    e = int(idx[t, j])
-                    gu = P[p + "mlp.experts.gate_up_proj"][e]
-                    down = P[p + "mlp.experts.down_proj"][e]
-                    y[t] += wt[t, j] * swiglu(x[t:t + 1], gu[:F_], gu[F_:], down, "routed")[0]
-            hb = post.unsqueeze(-1) * y.unsqueeze(1) + torch.einsum("tjn,tjd->tnd", comb, hb)
-        mix = rms(hb.reshape(T, -1)) @ P["model.hc_head.hc_fn"].T
-        pre = torch.sigmoid(mix * P["model.hc_head.hc_scale"] + P["model.hc_head.hc_base"]) + hce
-        out_h.append(rms((pre.unsqueeze(-1) * hb).sum(1), P["model.norm.weight"]))
+            hb = layer(hb, b, f"model.layers.{i}.", lt, c.mlp_layer_types[i])
+        out_h.append(head(hb, "model.hc_head.", "model.norm.weight"))
+        for k in range(1, mtp_depth + 1):                                   # MTP (README, "MTP reference")
+            p = f"mtp.{k - 1}."
+            idk = torch.where(pos + k < T, ids[b][(pos + k).clamp(max=T - 1)], ids[b])
+            e = rms(P["model.embed_tokens.weight"][idk], P[p + "enorm.weight"]) @ P[p + "e_proj.weight"].T
+            hb = e.unsqueeze(1) + rms(hb, P[p + "hnorm.weight"]) @ P[p + "h_proj.weight"].T
+            hb = layer(hb, b, p, SWA, "moe")
+            mtp_h[k - 1].append(head(hb, p + "hc_head.", p + "norm.weight"))
     logits = torch.stack(out_h) @ P["lm_head.weight"].T
+    mtp_logits = [torch.stack(m) @ P["lm_head.weight"].T for m in mtp_h]
     cat = lambda d: {k: torch.cat(v) for k, v in d.items()}
-    return logits, cat(routes), cat(index), {k: v[0] / v[1] for k, v in clamp_stats.items()}
+    return logits, mtp_logits, cat(routes), cat(index), {k: v[0] / v[1] for k, v in clamp_stats.items()}
 
 
-def check_independent(model, batch, rec):
-    """HF fp32 vs the float64 re-implementation: logits, router and indexer selections."""
+def check_independent(model, batch, rec, w):
+    """HF fp32 (+ MTPBlock) vs the float64 re-implementation: logits (main and every MTP depth),
+    router and indexer selections. Returns the worst relative logits error and clamp fractions."""
     with torch.no_grad():
-        hf_logits = model(input_ids=batch["ids"], use_cache=False).logits.double()
-        mine, routes, index, clamp = independent_forward(model, batch["ids"])
-    err = ((hf_logits - mine).norm() / mine.norm()).item()
+        res = forward_all(model, batch, w)
+        mine, mine_mtp, routes, index, clamp = independent_forward(model, batch["ids"], len(res["mtp_logits"]))
+    err = max(((a.double() - b).norm() / b.norm()).item()
+              for a, b in zip([res["logits"]] + res["mtp_logits"], [mine] + mine_mtp))
     assert err < 1e-5, f"independent forward differs from HF: rel {err:.2e}"
+    assert set(rec.gates) == set(routes), (set(rec.gates), set(routes))
     for name, r in rec.gates.items():
         assert torch.equal(r["idx"].sort(-1)[0], routes[name]), name
     for name, r in rec.index.items():
@@ -460,9 +603,15 @@ def check_independent(model, batch, rec):
 # --------------------------------------------------------------------------------------------
 def write_model(model, d):
     os.makedirs(d, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        model.save_pretrained(tmp)
-        cj = json.load(open(os.path.join(tmp, "config.json")))
+    mtp = model._modules.pop("mtp", None)          # save_pretrained only writes config.json here
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            model.save_pretrained(tmp)
+            cj = json.load(open(os.path.join(tmp, "config.json")))
+    finally:
+        if mtp is not None:
+            model.mtp = mtp
+    assert cj["num_nextn_predict_layers"] == len(mtp_blocks(model)), cj["num_nextn_predict_layers"]
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(cj, f, indent=2, sort_keys=True)
     sd = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
@@ -470,12 +619,19 @@ def write_model(model, d):
 
 
 def load_model(d):
-    return DeepseekV4ForCausalLM.from_pretrained(d, attn_implementation="eager",
-                                                 experts_implementation="eager", dtype=torch.float32)
+    """from_pretrained (which drops mtp.*), then the MTP blocks from the mtp.* tensors, if any."""
+    model = DeepseekV4ForCausalLM.from_pretrained(d, attn_implementation="eager",
+                                                  experts_implementation="eager", dtype=torch.float32)
+    sd = {k[len("mtp."):]: v for k, v in load_file(os.path.join(d, "model.safetensors")).items()
+          if k.startswith("mtp.")}
+    if sd:
+        attach_mtp(model)
+        model.mtp.load_state_dict(sd, strict=True)
+    return model
 
 
-def verify_checkpoint(model, d, batch):
-    """from_pretrained reload: same state_dict, same config, bit-identical logits and loss."""
+def verify_checkpoint(model, d, batch, w):
+    """Reload (load_model): same state_dict, same config, bit-identical logits and loss."""
     re = load_model(d)
     a_sd, b_sd = model.state_dict(), re.state_dict()
     assert set(a_sd) == set(b_sd), set(a_sd) ^ set(b_sd)
@@ -485,40 +641,42 @@ def verify_checkpoint(model, d, batch):
     assert re.config.layer_types == model.config.layer_types
     assert re.config.mlp_layer_types == model.config.mlp_layer_types
     with torch.no_grad():
-        a = model(input_ids=batch["ids"], labels=batch["labels"], use_cache=False)
-        b = re(input_ids=batch["ids"], labels=batch["labels"], use_cache=False)
-    assert torch.equal(a.logits, b.logits) and torch.equal(a.loss, b.loss), (a.loss, b.loss)
-    return b.loss.item()
+        a, b = forward_all(model, batch, w), forward_all(re, batch, w)
+    assert torch.equal(a["logits"], b["logits"]) and torch.equal(a["loss"], b["loss"]), (a["loss"], b["loss"])
+    assert all(torch.equal(x, y) for x, y in zip(a["mtp_logits"], b["mtp_logits"]))
+    return b["loss"].item()
 
 
 # --------------------------------------------------------------------------------------------
 # Loss, gradients, training.
 # --------------------------------------------------------------------------------------------
-def forward_loss(model, batch):
-    out = model(input_ids=batch["ids"], labels=batch["labels"], use_cache=False)
-    ce2 = F.cross_entropy(out.logits[:, :-1].reshape(-1, out.logits.shape[-1]).float(),
-                          batch["labels"][:, 1:].reshape(-1), ignore_index=-100)
-    assert torch.allclose(out.loss, ce2, rtol=1e-6, atol=0), (out.loss, ce2)
-    return out.loss, out.logits
+def trained_params(model, w):
+    """(name, parameter) of the run: without MTP loss (w = 0) the mtp.* blocks are not part of it."""
+    return [(n, p) for n, p in model.named_parameters() if w > 0 or not n.startswith("mtp.")]
 
 
-def reference_grads(model, batch):
+def reference_grads(model, batch, w):
+    """One forward + backward: (forward_all dict (detached), router / indexer snapshot, grads, no-grad names)."""
     model.train()
     model.zero_grad(set_to_none=True)
     rec = Recorder(model)
-    loss, logits = forward_loss(model, batch)
-    loss.backward()
+    res = forward_all(model, batch, w)
+    res["loss"].backward()
     snap = snapshot(rec)
     rec.remove()
-    grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
-             for n, p in model.named_parameters()}
-    no_grad = sorted(n for n, p in model.named_parameters() if p.grad is None)
-    return loss.detach(), logits.detach(), snap, grads, no_grad
+    params = trained_params(model, w)
+    grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone() for n, p in params}
+    no_grad = sorted(n for n, p in params if p.grad is None)
+    res = {k: ([x.detach() for x in v] if isinstance(v, list) else v if v is None else v.detach())
+           for k, v in res.items()}
+    return res, snap, grads, no_grad
 
 
 def train(model, batch, tr, prec="fp32"):
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    w = tr.get("mtp_loss_weight", 0.0)
+    params = [p for _, p in trained_params(model, w)]
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
     opt = torch.optim.AdamW([dict(params=decay, weight_decay=tr["weight_decay"]),
                              dict(params=no_decay, weight_decay=0.0)],
                             lr=tr["lr"], betas=(tr["beta1"], tr["beta2"]), eps=tr["eps"], foreach=False)
@@ -528,20 +686,22 @@ def train(model, batch, tr, prec="fp32"):
     for _ in range(tr["steps"]):
         opt.zero_grad(set_to_none=True)
         with ctx() as mode:
-            loss, _ = forward_loss(model, batch)
+            loss = forward_all(model, batch, w)["loss"]
         if isinstance(mode, Bf16LinearsV4):
-            assert mode.calls["fp32"] == 3 * len(model.model.layers) + 1 and mode.calls["bf16"] > 0, mode.calls
+            D = len(mtp_blocks(model)) if w > 0 else 0
+            assert mode.calls["fp32"] == 3 * (len(model.model.layers) + D) + 1 + D and mode.calls["bf16"] > 0, \
+                mode.calls
         snap = snapshot(rec)
         routes0 = routes0 or {n: r["idx"].clone() for n, r in snap["gates"].items()}
         sels.append([r["idx"].sort(-1)[0] for r in snap["gates"].values()] +
                     [r["topk"] for r in snap["index"].values()])
         loss.backward()
-        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), tr["clip_grad_norm"]).item())
+        norms.append(torch.nn.utils.clip_grad_norm_(params, tr["clip_grad_norm"]).item())
         losses.append(loss.item())
         opt.step()
         step_loads = {}
         step_margins.append([min([r["margin"] for r in snap[k].values()] + [math.inf]) for k in ("gates", "index")])
-        for name, gate, is_hash in moe_gates(model):
+        for name, gate, is_hash in run_gates(model, w):
             r = snap["gates"][name]
             load = torch.bincount(r["idx"].flatten(), minlength=gate.num_experts).float()
             step_loads[name] = [int(x) for x in load.tolist()]
@@ -552,7 +712,7 @@ def train(model, batch, tr, prec="fp32"):
         loads.append(step_loads)
     rec.remove()
     final_bias = {f"{n}.e_score_correction_bias": g.e_score_correction_bias.tolist()
-                  for n, g, is_hash in moe_gates(model) if not is_hash}
+                  for n, g, is_hash in run_gates(model, w) if not is_hash}
     clean = next((i for i, m in enumerate(step_margins) if min(m) < MARGIN_MIN), len(step_margins))
     return dict(losses=losses, grad_norms=norms, loads=loads, final_bias=final_bias, step_margins=step_margins,
                 router_margin=min(m[0] for m in step_margins), indexer_margin=min(m[1] for m in step_margins),
@@ -587,6 +747,7 @@ def build_case(spec, seed):
 def write_case(name, spec, out_root):
     t0 = time.time()
     tr = dict(TRAIN_DEFAULT, **spec.get("train", {}))
+    w = tr.get("mtp_loss_weight", 0.0)
     # Seed search: the first forward (loss, gradients, dumped selections) must have every router and
     # indexer margin >= MARGIN_MIN; among those seeds take the first whose 10 training steps all do
     # and whose selections survive PERTURB (or accept_steps of them), else (after max_candidates
@@ -595,7 +756,7 @@ def write_case(name, spec, out_root):
     for seed in range(spec["seed"], spec["seed"] + SEED_TRIES):
         model, batch = build_case(spec, seed)
         screened += 1
-        if first_forward_margins(model, batch) < spec.get("prescreen", PRESCREEN) * MARGIN_MIN:  # one forward
+        if first_forward_margins(model, batch, w) < spec.get("prescreen", PRESCREEN) * MARGIN_MIN:  # one forward
             continue
         candidates += 1
         trained = train(model, batch, tr)
@@ -616,10 +777,11 @@ def write_case(name, spec, out_root):
           f"clean steps, {trained['robust_steps']} perturbation-robust steps, step margins (router, indexer) "
           f"{[['%.1e' % x for x in m] for m in trained['step_margins']]}")
     model, batch = build_case(spec, seed)
-    loss, logits, snap, grads, no_grad = reference_grads(model, batch)
+    res, snap, grads, no_grad = reference_grads(model, batch, w)
+    loss, ce = res["loss"], res["ce"]
     assert loss.item() == trained["losses"][0], (loss.item(), trained["losses"][0])
     rec = Recorder(model)
-    ind_err, clamp = check_independent(model, batch, rec)
+    ind_err, clamp = check_independent(model, batch, rec, w)
     rec.remove()
     yard = {p: train(build_case(spec, seed)[0], batch, tr, p) for p in ("bf16_autocast", "bf16_weights")}
     flips = {p: {n: v3.route_flips(snap["gates"][n]["idx"], y["routes0"][n]) for n in snap["gates"]}
@@ -627,12 +789,18 @@ def write_case(name, spec, out_root):
     d = os.path.join(out_root, name)
     shutil.rmtree(d, ignore_errors=True)
     write_model(model, os.path.join(d, "model"))
-    reload_loss = verify_checkpoint(model, os.path.join(d, "model"), batch)
+    reload_loss = verify_checkpoint(model, os.path.join(d, "model"), batch, w)
     with open(os.path.join(d, "batch.json"), "w") as f:
         json.dump({"input_ids": batch["ids"].tolist(), "labels": batch["labels"].tolist()}, f)
     z = torch.zeros(1, dtype=torch.float64)
-    t = {"loss": loss.double().reshape(1), "ce_loss": loss.double().reshape(1), "aux_loss": z,
-         "logits": logits.float().contiguous()}
+    t = {"loss": loss.double().reshape(1), "ce_loss": ce.double().reshape(1), "aux_loss": z,
+         "logits": res["logits"].float().contiguous()}
+    mtp = {}
+    if res["mtp"] is not None:      # loss = ce_loss + mtp_loss_weight * mtp_loss (mean over depths)
+        t["mtp_loss"] = res["mtp"].double().reshape(1)
+        t["mtp_losses"] = torch.stack(res["mtp_losses"]).double()
+        t["mtp_logits"] = torch.stack(res["mtp_logits"]).float().contiguous()
+        mtp = {"mtp_loss": res["mtp"].item(), "mtp_losses": [x.item() for x in res["mtp_losses"]]}
     for rname, r in snap["gates"].items():
         t[f"route.{rname}.topk_indices"] = r["idx"].sort(dim=-1)[0].to(torch.int32).contiguous()
     for iname, r in snap["index"].items():
@@ -640,7 +808,7 @@ def write_case(name, spec, out_root):
     t.update({f"grad.{k}": v.float().contiguous() for k, v in grads.items()})
     save_file(t, os.path.join(d, "expected.safetensors"), metadata={"format": "pt"})
     c = model.config
-    exp = {"case": name, "seed": seed, "loss": loss.item(), "ce_loss": loss.item(), "aux_loss": 0.0,
+    exp = {"case": name, "seed": seed, "loss": loss.item(), "ce_loss": ce.item(), "aux_loss": 0.0, **mtp,
            "train": dict(tr, aux_loss_alpha=0.0), "losses": trained["losses"], "grad_norms": trained["grad_norms"],
            "final_bias": trained["final_bias"], "loads": trained["loads"],
            "routing_min_margin": trained["router_margin"], "margin_required": MARGIN_MIN,
@@ -671,7 +839,7 @@ def write_case(name, spec, out_root):
 
 
 # --------------------------------------------------------------------------------------------
-# --check: live reference vs `trex grad` (UNTESTED against trex: written before trex had V4).
+# --check: live reference vs `trex grad [--mtp-loss-weight W]`.
 # --------------------------------------------------------------------------------------------
 def random_spec(rng):
     ri = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=rng))
@@ -700,17 +868,102 @@ def random_spec(rng):
                  compress_rope_theta=rc([5000.0, 160000.0]), max_position_embeddings=4 * T,
                  rope_parameters=rc([dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=T,
                                           beta_fast=32, beta_slow=1), dict(rope_type="default")]))
-    return dict(seed=ri(1, 10 ** 6), B=ri(1, 3), T=T, model=model)
+    seed, B = ri(1, 10 ** 6), ri(1, 3)
+    # MTP: 0-3 blocks; with blocks mostly trained (W > 0), sometimes W = 0 (trex must skip the mtp.* tensors).
+    model["num_nextn_predict_layers"] = D = rc([0, 0, 1, 1, 2, 3])
+    return dict(seed=seed, B=B, T=T, model=model, train=dict(mtp_loss_weight=rc([0.3, 1.0, 0.05, 0.0]) if D else 0.0))
 
 
-def first_forward_margins(model, batch):
+def first_forward_margins(model, batch, w):
     rec = Recorder(model)
     with torch.no_grad():
-        model(input_ids=batch["ids"], use_cache=False)
+        forward_all(model, batch, w)
     snap = snapshot(rec)
     rec.remove()
     return min([r["margin"] for r in snap["gates"].values()] + [r["margin"] for r in snap["index"].values()] +
                [math.inf])
+
+
+def run_trex(trex, model_dir, batch_file, w, out):
+    """make_dumps.run_trex plus --mtp-loss-weight; returns (stdout JSON {loss, ce, mtp, ...}, gradients, error)."""
+    cmd = [trex, "grad", "--model", model_dir, "--batch", batch_file, "--precision", "fp32", "--out", out]
+    if w > 0:
+        cmd += ["--mtp-loss-weight", repr(w)]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, None, f"cannot run {' '.join(cmd)}: {e}"
+    if p.returncode != 0:
+        return None, None, f"exit {p.returncode}: {(p.stderr or p.stdout).strip()[-300:]}"
+    res = None
+    for line in p.stdout.splitlines():
+        try:
+            j = json.loads(line)
+            res = j if isinstance(j, dict) and "loss" in j else res
+        except ValueError:
+            pass
+    if res is None:
+        return None, None, "no JSON line with \"loss\" on stdout"
+    return res, load_file(out), None
+
+
+class Float64Mode(TorchFunctionMode):
+    """Keeps a model.double() run in float64: HF's V4 casts RMSNorms, hyper-connections, the HC head,
+    the compressor softmaxes and the CE logits to fp32 (.float(), .to(float32), dtype=float32)."""
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        f64 = isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float64 if args else False
+        if func is torch.Tensor.float and f64:
+            return args[0]
+        if func is torch.Tensor.to and f64:
+            args = tuple(torch.float64 if a is torch.float32 else a for a in args)
+        if kwargs.get("dtype") is torch.float32:
+            kwargs = dict(kwargs, dtype=torch.float64)
+        return func(*args, **kwargs)
+
+
+def load_model64(d):
+    """load_model in float64 for Float64Mode; the rope tables stay fp32 (HF and trex form the angle
+    fp32(pos) * fp32 inv_freq: part of the semantics), cos / sin are then cast to float64."""
+    model = load_model(d).double()
+    rot = model.model.rotary_emb
+    for name, buf in list(rot.named_buffers(recurse=False)):
+        if buf.dtype == torch.float64:
+            setattr(rot, name, buf.float())
+    return model
+
+
+def compare64(name, ref32, ref64, trex_loss, trex_grads, rows):
+    """trex vs a float64 autograd run of the same weights (the exact answer up to float64 noise).
+    Loss rel err <= 1e-5; gradient error ||t - r64|| / max(||r64||, 1e-4 ||all r64||) <= max(1e-4,
+    NOISE_FACTOR x the same error of PyTorch's own fp32 gradient): a few gradients are ill-conditioned
+    (e.g. hc_head with hc_mult = 1, where RMSNorm(pre h) makes them eps-sized; hc scales summing
+    cancelling terms) and fp32 autograd itself is off by up to ~3e-3 there."""
+    ok = True
+    g64, g32 = ref64["grads"], ref32["grads"]
+    total = math.sqrt(sum(float(g.norm()) ** 2 for g in g64.values()))
+    floor = 1e-4 * total
+    lerr = abs(trex_loss - ref64["loss"]) / abs(ref64["loss"])
+    ok &= lerr <= 1e-5
+    rows.append((name, "loss", f"{ref64['loss']:.7g}", f"{trex_loss:.7g}", lerr, 1e-5, lerr <= 1e-5))
+    for k in sorted(set(g64) | set(trex_grads)):
+        if k not in trex_grads or k not in g64:
+            rows.append((name, k, "-" if k not in g64 else "present", "missing" if k not in trex_grads else "extra",
+                         math.inf, 0.0, False))
+            ok = False
+            continue
+        r, t = g64[k], trex_grads[k].double()
+        if r.shape != t.shape:
+            rows.append((name, k, str(tuple(r.shape)), str(tuple(t.shape)), math.inf, 0.0, False))
+            ok = False
+            continue
+        den = max(r.norm().item(), floor, 1e-30)
+        err = (t - r).norm().item() / den
+        tol = max(1e-4, NOISE_FACTOR * (g32[k].double() - r).norm().item() / den)
+        good = err <= tol and bool(torch.isfinite(t).all())
+        ok &= good
+        rows.append((name, k, f"{r.norm().item():.4g}", f"{t.norm().item():.4g}", err, tol, good))
+    return ok
 
 
 def check(args):
@@ -718,16 +971,18 @@ def check(args):
     work = tempfile.mkdtemp(prefix="trex_check_v4_")
     for name in args.cases:
         d = os.path.join(DATA, name)
-        jobs.append((name, d, None, json.load(open(os.path.join(d, "expected.json")))))
+        exp = json.load(open(os.path.join(d, "expected.json")))
+        jobs.append((name, d, None, exp, exp["train"].get("mtp_loss_weight", 0.0)))
     rng = torch.Generator().manual_seed(args.seed)
     for i in range(args.random):
-        jobs.append((f"v4random{i}", None, random_spec(rng), None))
-    for name, d, spec, exp in jobs:
+        spec = random_spec(rng)
+        jobs.append((f"v4random{i}", None, spec, None, spec["train"]["mtp_loss_weight"]))
+    for name, d, spec, exp, w in jobs:
         if spec is not None:
             d = os.path.join(work, name)
             while True:                            # re-seed until no near-tie in router / indexer
                 model, batch = build_case(spec, spec["seed"])
-                if first_forward_margins(model, batch) >= 1e-5:
+                if first_forward_margins(model, batch, w) >= 1e-5:
                     break
                 spec["seed"] += 1
             write_model(model, os.path.join(d, "model"))
@@ -735,27 +990,47 @@ def check(args):
                 json.dump({"input_ids": batch["ids"].tolist(), "labels": batch["labels"].tolist()}, f)
             with open(os.path.join(d, "spec.json"), "w") as f:
                 json.dump(spec, f, indent=1)
-            verify_checkpoint(model, os.path.join(d, "model"), batch)
+            verify_checkpoint(model, os.path.join(d, "model"), batch, w)
         bj = json.load(open(os.path.join(d, "batch.json")))
         batch = dict(ids=torch.tensor(bj["input_ids"]), labels=torch.tensor(bj["labels"]))
         model = load_model(os.path.join(d, "model"))
-        loss, _, _, grads, _ = reference_grads(model, batch)
-        if exp is not None and abs(loss.item() - exp["loss"]) > 1e-5 * abs(exp["loss"]):
-            print(f"warning: {name}: live loss {loss.item()} != committed {exp['loss']}")
+        res, snap, grads, _ = reference_grads(model, batch, w)
+        loss = res["loss"].item()
+        model64 = load_model64(os.path.join(d, "model"))
+        with Float64Mode():
+            res64, snap64, grads64, _ = reference_grads(model64, batch, w)
+        for gname, r in snap64["gates"].items():      # a near-tie would make float64 route differently
+            assert torch.equal(r["idx"].sort(-1)[0], snap["gates"][gname]["idx"].sort(-1)[0]), (name, gname)
+        for iname, r in snap64["index"].items():
+            assert torch.equal(r["topk"], snap["index"][iname]["topk"]), (name, iname)
+        if exp is not None and abs(loss - exp["loss"]) > 1e-5 * abs(exp["loss"]):
+            print(f"warning: {name}: live loss {loss} != committed {exp['loss']}")
         out = os.path.join(work, name + ".grads.safetensors")
-        tl, tg, err = v3.run_trex(args.trex, os.path.join(d, "model"), os.path.join(d, "batch.json"), 0.0, out)
+        tj, tg, err = run_trex(args.trex, os.path.join(d, "model"), os.path.join(d, "batch.json"), w, out)
         if err is not None:
-            rows.append((name, "trex", "-", "-", math.inf, False))
+            rows.append((name, "trex", "-", "-", math.inf, 0.0, False))
             print(f"{name}: trex failed: {err}")
             failed.append(name)
             continue
-        if not v3.compare(name, loss.item(), grads, tl, tg, rows):
+        ok = compare64(name, dict(grads=grads), dict(loss=res64["loss"].item(), grads=grads64), float(tj["loss"]),
+                       tg, rows)
+        parts = [("ce", res64["ce"].item())] + ([("mtp", res64["mtp"].item())] if res64["mtp"] is not None else [])
+        for key, ref in parts:                     # the loss components trex prints
+            got = tj.get(key)
+            e = abs(got - ref) / max(abs(ref), 1e-30) if got is not None else math.inf
+            rows.append((name, key, f"{ref:.7g}", "missing" if got is None else f"{got:.7g}", e, 1e-5, e <= 1e-5))
+            ok &= e <= 1e-5
+        if not ok:
             failed.append(name)
+        print(f"{name}: D {len(mtp_blocks(model))} W {w} loss {loss:.7g} trex {float(tj['loss']):.7g}, "
+              f"{len(grads)} gradients, worst rel err "
+              f"{max(r[4] for r in rows if r[0] == name and r[1] not in ('loss', 'ce', 'mtp')):.2e}"
+              + ("" if ok else " FAIL"), flush=True)
     w = max([len(r[1]) for r in rows] + [10])
-    print(f"{'case':<20} {'tensor':<{w}} {'ref':>12} {'trex':>12} {'rel err':>10}  ok")
-    for c_, k, a, b, e, good in rows:
-        if args.verbose or not good or k in ("loss", "trex"):
-            print(f"{c_:<20} {k:<{w}} {a:>12} {b:>12} {e:>10.2e}  {'ok' if good else 'FAIL'}")
+    print(f"{'case':<20} {'tensor':<{w}} {'ref (f64)':>12} {'trex':>12} {'rel err':>10} {'tol':>9}  ok")
+    for c_, k, a, b, e, tol, good in rows:
+        if args.verbose or not good or k in ("loss", "ce", "mtp", "trex") or tol > 1e-4:
+            print(f"{c_:<20} {k:<{w}} {a:>12} {b:>12} {e:>10.2e} {tol:>9.1e}  {'ok' if good else 'FAIL'}")
     print(f"{len(jobs) - len(failed)}/{len(jobs)} cases passed" + (f"; failed: {failed}" if failed else ""))
     if failed:
         print(f"(inputs kept in {work})")
