@@ -34,12 +34,16 @@ void list_builtins() {
               plan::default_calibration_path().c_str());
 }
 
-// A trex TOML run config's [train] seq_len and batch_size become the default seq and mbs.
+// A trex TOML run config's [data] seq_len (where run configs keep it; [train] seq_len also read)
+// and [train] batch_size become the default seq and mbs.
 plan::Layout base_layout(const std::string& model) {
   plan::Layout l;
   namespace fs = std::filesystem;
   if (fs::path(model).extension() == ".toml" && fs::is_regular_file(model)) {
     nlohmann::json t = io::load_toml_as_json(model);
+    if (t.contains("data") && t["data"].is_object() && t["data"].contains("seq_len") &&
+        t["data"]["seq_len"].is_number_integer())
+      l.seq = t["data"]["seq_len"].get<int64_t>();
     if (t.contains("train") && t["train"].is_object()) {
       const nlohmann::json& tr = t["train"];
       if (tr.contains("seq_len") && tr["seq_len"].is_number_integer()) l.seq = tr["seq_len"].get<int64_t>();
