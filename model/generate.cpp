@@ -16,13 +16,12 @@ namespace trex::model {
 
 Decoder::Decoder(Model& m, int64_t max_len) : m_(m), max_len_(max_len) {
   TREX_USER_CHECK(max_len > 0, "use a positive length", "generation length ", max_len, " must be > 0");
-  TREX_USER_CHECK(!m.cfg.is_v4(), "generate with a DeepSeek-V3-family model", "generation with a KV cache is not "
-                  "implemented for DeepSeek-V4 yet (training, trex grad and evaluation losses are)");
   const ModelConfig& c = m.cfg;
+  logits_.resize(c.vocab_size);
+  if (c.is_v4()) return;  // no KV cache yet: feed() recomputes the whole row (Model::v4_last_logits)
   const int64_t H = c.num_attention_heads;
   K_.assign(c.num_hidden_layers, std::vector<float>(max_len * H * c.qk_head_dim()));
   V_.assign(c.num_hidden_layers, std::vector<float>(max_len * H * c.v_head_dim));
-  logits_.resize(c.vocab_size);
 }
 
 const std::vector<float>& Decoder::feed(const int32_t* ids, int64_t n) {
@@ -31,6 +30,13 @@ const std::vector<float>& Decoder::feed(const int32_t* ids, int64_t n) {
   TREX_CHECK(n > 0, "feed needs at least one token");
   TREX_USER_CHECK(len_ + n <= max_len_, "raise the generation length limit", "prompt + generation of ", len_ + n,
                   " tokens exceeds the decoder's ", max_len_);
+  if (c.is_v4()) {
+    ids_.resize(len_);
+    ids_.insert(ids_.end(), ids, ids + n);
+    m_.v4_last_logits(ids_.data(), len_ + n, logits_.data());
+    len_ += n;
+    return logits_;
+  }
   for (int64_t i = 0; i < n; ++i)
     TREX_USER_CHECK(ids[i] >= 0 && ids[i] < c.vocab_size, "token ids must be in [0, vocab_size)", "token id ", ids[i],
                     " is outside the vocabulary (", c.vocab_size, ")");

@@ -86,6 +86,9 @@ class Model {
  public:
   // Random init (HF rules) of the MTP blocks only: for checkpoints without MTP weights.
   void init_mtp_random(uint64_t seed);
+  // DeepSeek-V4: forward of one row ids [T] (no cache: everything recomputed) -> logits [vocab]
+  // of its last token. Generation uses it until V4 has a KV cache (the compressors' state).
+  void v4_last_logits(const int32_t* ids, int64_t T, float* logits);
  private:
   std::vector<float> cos_, sin_;
   std::vector<float> v4_cos_[2], v4_sin_[2];  // V4: [0] main, [1] compress

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/rng.h"
+#include "kernels/gemm.h"
 #include "kernels/hyper_conn.h"
 #include "kernels/lm_head_ce.h"
 #include "kernels/rmsnorm.h"
@@ -427,6 +428,53 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward) {
   for (int64_t l = Lm - 1; l >= 0; --l) layer_backward(e, l, sv[l], dX, w);
   embed_backward(G + layout.embed, b.input_ids, dX, N, d, n);
   return out;
+}
+
+void Model::v4_last_logits(const int32_t* ids, int64_t T, float* logits) {
+  TREX_CHECK(cfg.is_v4() && T > 0, "v4_last_logits: a DeepSeek-V4 model and T > 0");
+  const ModelConfig& c = cfg;
+  const V4Config& v = c.v4;
+  const int64_t d = c.hidden_size, n = v.hc_mult, K = c.num_experts_per_tok, V = c.vocab_size;
+  for (int64_t i = 0; i < T; ++i)
+    TREX_USER_CHECK(ids[i] >= 0 && ids[i] < V, "token ids must be in [0, vocab_size)", "token id ", ids[i],
+                    " is outside the vocabulary (", V, ")");
+  acts.reset();
+  StackArena& A = acts;
+  v4_tables(T);
+  const Batch b{1, T, ids, nullptr, nullptr, nullptr};
+  Env e{c, layout, b, Ctx{prec, &acts, prof}, P(), nullptr, Pb(), buffers.data(), v4_cos_, v4_sin_, &load_,
+        kern::HcShape{T, (int)n, d, (int)v.hc_sinkhorn_iters, (float)v.hc_eps, (float)c.rms_norm_eps},
+        opt.aux_loss_alpha, 0.f, std::vector<int32_t*>(layout.layers.size(), nullptr)};
+  float* X = A.alloc<float>(T * n * d);
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t k = 0; k < n; ++k) std::memcpy(X + (i * n + k) * d, P() + layout.embed + (int64_t)ids[i] * d, d * 4);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (layout.v4[l].tid2eid < 0) continue;
+    e.hash_idx[l] = A.alloc<int32_t>(T * K);
+    const float* tab = buffers.data() + layout.v4[l].tid2eid;
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t k = 0; k < K; ++k) e.hash_idx[l][i * K + k] = (int32_t)tab[(int64_t)ids[i] * K + k];
+  }
+  std::vector<V4LayerSaved> sv(c.num_hidden_layers);
+  double aux = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) X = layer_forward(e, l, X, sv[l], &aux);
+  // Head on the last token only: hc_head collapse, final norm, LM head (bf16 inputs in bf16 mode,
+  // as the training loss computes it).
+  const kern::HcShape h1{1, (int)n, d, (int)v.hc_sinkhorn_iters, (float)v.hc_eps, (float)c.rms_norm_eps};
+  float* y = A.alloc<float>(d);
+  float* mix = A.alloc<float>(n);
+  float rstd = 0;
+  kern::hc_head_fwd(h1, X + (T - 1) * n * d, P() + layout.hc_head_fn, P() + layout.hc_head_base,
+                    P() + layout.hc_head_scale, y, mix, &rstd);
+  float* hf = A.alloc<float>(d);
+  kern::rmsnorm_fwd(y, 1, d, P() + layout.final_norm, (float)c.rms_norm_eps, hf, nullptr);
+  if (prec == kern::Prec::BF16) {
+    bf16* hb = A.alloc<bf16>(d);
+    to_bf16(hf, hb, d);
+    kern::gemm_bf16(false, true, 1, V, d, 1.f, hb, d, Pb() + layout.head, d, 0.f, logits, V);
+  } else {
+    kern::gemm_f32(false, true, 1, V, d, 1.f, hf, d, P() + layout.head, d, 0.f, logits, V);
+  }
 }
 
 void Model::init_mtp_random(uint64_t seed) {

@@ -13,6 +13,7 @@
 #include "io/quant.h"
 #include "io/safetensors.h"
 #include "model/checkpoint.h"
+#include "model/generate.h"
 #include "model/model.h"
 #include "tests/unit/test_util.h"
 
@@ -325,6 +326,47 @@ TEST(V4Model, OriginalLayoutRoundTripAndQuantizedTwin) {
   EXPECT_EQ(lq, lt);
   EXPECT_NE(lq, loss0);  // quantization really changed the weights
   std::printf("[v4 quant] loss f32 %.6f, quantized %.6f, twin %.6f\n", loss0, lq, lt);
+}
+
+}  // namespace
+
+namespace {
+
+// The generation path (Decoder -> Model::v4_last_logits) against the training forward: the CE of
+// the last position computed from the decoder's logits equals the loss of a batch whose only
+// target is that position; and generate() runs greedy decoding on a V4 model.
+TEST(V4Model, DecoderLogitsMatchTrainingForward) {
+  init_threads();
+  model::ModelConfig cfg = cfg_of(base());
+  for (kern::Prec prec : {kern::Prec::F32, kern::Prec::BF16}) {
+    model::Model m(cfg, prec);
+    m.init_random(8);
+    perturb_vectors(m, 6);
+    Data data = make_data(1, 26, cfg.vocab_size, 13);
+    model::Decoder dec(m, 40);
+    dec.feed(data.ids.data(), 20);                              // a prompt chunk
+    const std::vector<float>& lg = dec.feed(data.ids.data() + 20, 6);  // then more tokens
+    ASSERT_EQ(dec.len(), 26);
+    const int32_t y = 5;
+    double mx = -1e30, se = 0;
+    for (float v : lg) mx = std::max(mx, (double)v);
+    for (float v : lg) se += std::exp((double)v - mx);
+    const double ce = mx + std::log(se) - lg[y];
+    std::vector<int32_t> tg(26, -100);
+    tg[25] = y;
+    model::Batch b{1, 26, data.ids.data(), tg.data(), nullptr, nullptr};
+    const double loss = m.forward(b).loss;
+    EXPECT_NEAR(ce, loss, 2e-5 * std::abs(loss)) << (prec == kern::Prec::BF16 ? "bf16" : "f32");
+  }
+  model::Model m(cfg, kern::Prec::F32);
+  m.init_random(9);
+  model::Decoder dec(m, 30);
+  model::SampleParams sp;
+  sp.max_tokens = 7;
+  std::vector<int32_t> prompt = {3, 14, 15, 9, 2};
+  auto r = model::generate(dec, prompt, sp, [](const std::vector<int32_t>& t) { return std::string(t.size(), 'x'); }, {});
+  EXPECT_EQ(r.tokens.size(), 7u);
+  EXPECT_EQ(r.finish, "length");
 }
 
 }  // namespace
