@@ -1,6 +1,7 @@
 #include "train/loop.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include "core/log.h"
@@ -112,6 +113,10 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok) {
   const int64_t nseq = seqs.size(), B = rc.train.batch_size;
   int64_t cached_epoch = -1;
   std::vector<int64_t> order;
+  // Debug hook (tests of the NaN guard): TREX_INJECT_NAN_STEP=k puts a NaN into step k's gradients.
+  const char* inj = std::getenv("TREX_INJECT_NAN_STEP");
+  const int64_t inject_nan_step = inj ? std::atoll(inj) : 0;
+  int64_t bad_in_a_row = 0;
   for (int64_t step = state.step; step < rc.train.steps; ++step) {
     std::vector<BatchBuffer> bufs;
     std::vector<model::Batch> micro;
@@ -126,7 +131,21 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok) {
     }
     for (auto& b : bufs) micro.push_back(b.batch(B, rc.data.seq_len));
     const double lr = rc.optim.schedule.at(step);
-    StepStats s = trainer_step(m, opt, micro, (float)lr, rc.train.bias_update_gamma);
+    const bool inject = inject_nan_step > 0 && step + 1 == inject_nan_step;
+    StepStats s = trainer_step(m, opt, micro, (float)lr, rc.train.bias_update_gamma, nullptr, inject);
+    if (s.skipped) {
+      ++res.skipped_steps;
+      ++bad_in_a_row;
+      TREX_LOG_WARN("step ", step + 1, ": loss ", s.loss, ", gradient norm ", s.grad_norm,
+                    " is not finite; step skipped (weights unchanged), ", bad_in_a_row, " in a row");
+      TREX_USER_CHECK(bad_in_a_row < rc.train.max_skipped_steps,
+                      "lower the learning rate or check the data; the last checkpoint in the run directory holds the "
+                      "last good weights (--resume auto)",
+                      "stopping: ", bad_in_a_row, " steps in a row had a NaN / Inf loss or gradient (train.max_skipped_steps = ",
+                      rc.train.max_skipped_steps, ")");
+    } else {
+      bad_in_a_row = 0;
+    }
     state.step = step + 1;
     StepMetrics mt;
     mt.step = state.step;

@@ -19,6 +19,7 @@ struct TokenizerFns {
 
 struct TrainResult {
   int64_t steps = 0;
+  int64_t skipped_steps = 0;  // steps with a NaN / Inf loss or gradient (no update made)
   double first_loss = 0, last_loss = 0, last_eval_loss = -1;
   std::string last_checkpoint;
   DataStats data;

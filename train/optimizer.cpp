@@ -20,6 +20,7 @@ double grad_norm(const model::Model& m) {
 
 double AdamW::step(model::Model& m, float lr) {
   const double norm = grad_norm(m);
+  if (!std::isfinite(norm)) return norm;
   float scale = 1.f;
   if (cfg.clip_grad_norm > 0) {
     double coef = cfg.clip_grad_norm / (norm + 1e-6);

@@ -16,6 +16,8 @@ class AdamW {
  public:
   AdamW(const model::Model& m, AdamWConfig cfg);
   // Clips, updates the f32 master weights and the bf16 shadow; returns the pre-clip grad norm.
+  // A non-finite norm (NaN / Inf in any gradient) changes nothing: no update, no moment update,
+  // the step counter stays (the caller counts it as a skipped step).
   double step(model::Model& m, float lr);
   int64_t steps() const { return t_; }
   void set_steps(int64_t t) { t_ = t; }  // when resuming from a checkpoint

@@ -126,6 +126,7 @@ RunConfig parse_run_config(json j, const std::string& where, const std::vector<s
        }},
       {"aux_loss_alpha", [&](const json& v, const std::string& k) { r.train.aux_loss_alpha = c.f64(v, k, 0, 10); }},
       {"mtp_loss_weight", [&](const json& v, const std::string& k) { r.train.mtp_loss_weight = c.f64(v, k, 0, 10); }},
+      {"max_skipped_steps", [&](const json& v, const std::string& k) { r.train.max_skipped_steps = c.i64(v, k, 1); }},
   };
   S["optim"].keys = {
       {"lr", [&](const json& v, const std::string& k) { r.optim.schedule.lr = c.f64(v, k, 0, 10); }},

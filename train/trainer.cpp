@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <algorithm>
+#include <cmath>
 #include "core/timer.h"
 
 namespace trex::train {
@@ -25,7 +26,7 @@ void update_router_bias(model::Model& m, float gamma) {
 }
 
 StepStats trainer_step(model::Model& m, AdamW& opt, const std::vector<model::Batch>& micro, float lr, float gamma,
-                       Profiler* prof) {
+                       Profiler* prof, bool inject_nan) {
   const double t0 = now_ms();
   StepStats st;
   std::vector<int64_t> valid(micro.size(), 0);
@@ -57,9 +58,19 @@ StepStats trainer_step(model::Model& m, AdamW& opt, const std::vector<model::Bat
     st.n_valid += nv;
   }
   st.loss = st.ce + st.aux + m.opt.mtp_loss_weight * st.mtp;
-  {
+  if (inject_nan && m.layout.total > 0) m.G()[m.layout.entries.front().offset] = std::nanf("");
+  if (!std::isfinite(st.loss)) {  // no update (AdamW::step also refuses a non-finite norm)
+    st.grad_norm = grad_norm(m);
+    st.skipped = true;
+  } else {
     ProfScope ps(prof, "step.optimizer");
     st.grad_norm = opt.step(m, lr);
+    st.skipped = !std::isfinite(st.grad_norm);
+  }
+  if (st.skipped) {
+    m.reset_load();
+    st.ms = now_ms() - t0;
+    return st;
   }
   for (int64_t l = 0; l < (int64_t)m.layout.layers.size(); ++l) {
     if (!m.cfg.is_moe_layer(l)) continue;

@@ -10,6 +10,7 @@ namespace trex::train {
 
 struct StepStats {
   double loss = 0, ce = 0, aux = 0, mtp = 0, grad_norm = 0, ms = 0;  // mtp: V4 MTP CE (loss adds weight x mtp)
+  bool skipped = false;  // the loss or the gradient norm was NaN / Inf: no update was made
   int64_t tokens = 0, n_valid = 0;
   std::vector<double> load_max_over_mean;  // per MoE layer: busiest expert's load / mean load
 };
@@ -20,8 +21,10 @@ struct StepStats {
 void update_router_bias(model::Model& m, float gamma);
 
 // One optimizer step over `micro` (each micro-batch's gradient weighted by its share of valid
-// targets, so the result equals one big batch's mean loss).
+// targets, so the result equals one big batch's mean loss). A step whose loss or gradient norm is
+// not finite is skipped: weights, AdamW moments and router biases stay as they were
+// (StepStats::skipped). inject_nan (a debug / test hook) puts a NaN into the gradients first.
 StepStats trainer_step(model::Model& m, AdamW& opt, const std::vector<model::Batch>& micro, float lr, float gamma,
-                       Profiler* prof = nullptr);
+                       Profiler* prof = nullptr, bool inject_nan = false);
 
 }  // namespace trex::train
