@@ -76,6 +76,39 @@ io::QuantConfig quant_config_of(const std::string& dir) {
   return qc;
 }
 
+TensorList::TensorList(DType d) : dtype(d) {
+  TREX_USER_CHECK(dtype == DType::F32 || dtype == DType::BF16, "use F32 or BF16", "checkpoint dtype ",
+                  dtype_name(dtype), " is not supported for saving");
+}
+
+void TensorList::add(const std::string& name, const Shape& s, const float* src) {
+  if (dtype == DType::F32) {
+    ts.push_back({name, DType::F32, s, src});
+    return;
+  }
+  std::vector<bf16>& v = conv.emplace_back(s.numel());
+  for (int64_t i = 0; i < s.numel(); ++i) v[i] = f32_to_bf16(src[i]);
+  ts.push_back({name, DType::BF16, s, v.data()});
+}
+
+void TensorList::add_buffer(const std::string& name, const BufferEntry& b, const float* buffers) {
+  if (b.cols > 0) {  // integer id table, as HF stores it (int64)
+    std::vector<int64_t>& v = ids.emplace_back(buffers + b.offset, buffers + b.offset + b.size);
+    ts.push_back({name, DType::I64, Shape{b.size / b.cols, b.cols}, v.data()});
+  } else {  // router biases stay f32, as in DeepSeek's releases
+    ts.push_back({name, DType::F32, Shape{b.size}, buffers + b.offset});
+  }
+}
+
+void write_config(const std::string& dir, const std::string& text) {
+  const std::string cfg = dir + "/config.json";
+  std::ofstream f(cfg + ".tmp");
+  f << text << "\n";
+  f.close();
+  TREX_USER_CHECK(f.good(), "check free space and permissions", cfg, ": write failed");
+  fs::rename(cfg + ".tmp", cfg);
+}
+
 }  // namespace detail
 
 using namespace detail;
@@ -182,39 +215,12 @@ std::string config_to_json(const ModelConfig& c) {
 }
 
 void save_hf_checkpoint(const Model& m, const std::string& dir, DType dtype, uint64_t max_shard_bytes) {
-  TREX_USER_CHECK(dtype == DType::F32 || dtype == DType::BF16, "use F32 or BF16", "checkpoint dtype ",
-                  dtype_name(dtype), " is not supported for saving");
+  TensorList tl(dtype);
   fs::create_directories(dir);
-  std::vector<io::TensorToWrite> ts;
-  std::vector<std::vector<bf16>> conv;
-  conv.reserve(m.layout.entries.size());
-  for (const ParamEntry& e : m.layout.entries) {
-    const float* src = m.P() + e.offset;
-    if (dtype == DType::BF16) {
-      conv.emplace_back(e.shape.numel());
-      for (int64_t i = 0; i < e.shape.numel(); ++i) conv.back()[i] = f32_to_bf16(src[i]);
-      ts.push_back({e.name, DType::BF16, e.shape, conv.back().data()});
-    } else {
-      ts.push_back({e.name, DType::F32, e.shape, src});
-    }
-  }
-  std::vector<std::vector<int64_t>> ids;
-  ids.reserve(m.layout.buffers.size());
-  for (const BufferEntry& b : m.layout.buffers) {
-    if (b.cols > 0) {  // integer id table, as HF stores it (int64)
-      ids.emplace_back(m.buffers.begin() + b.offset, m.buffers.begin() + b.offset + b.size);
-      ts.push_back({b.name, DType::I64, Shape{b.size / b.cols, b.cols}, ids.back().data()});
-    } else {
-      ts.push_back({b.name, DType::F32, Shape{b.size}, m.buffers.data() + b.offset});
-    }
-  }
-  io::write_safetensors_dir(dir, ts, max_shard_bytes);
-  const std::string cfg = dir + "/config.json";
-  std::ofstream f(cfg + ".tmp");
-  f << config_to_json(m.cfg) << "\n";
-  f.close();
-  TREX_USER_CHECK(f.good(), "check free space and permissions", cfg, ": write failed");
-  fs::rename(cfg + ".tmp", cfg);
+  for (const ParamEntry& e : m.layout.entries) tl.add(e.name, e.shape, m.P() + e.offset);
+  for (const BufferEntry& b : m.layout.buffers) tl.add_buffer(b.name, b, m.buffers.data());
+  io::write_safetensors_dir(dir, tl.ts, max_shard_bytes);
+  write_config(dir, config_to_json(m.cfg));
 }
 
 void save_gradients(const Model& m, const std::string& path) {

@@ -4,6 +4,7 @@
 // FP8 checkpoints (DeepSeek-V3/R1 e4m3 + 128x128 scale_inv blocks, per config.json's
 // quantization_config) are dequantized on load (io/quant.h).
 #pragma once
+#include <deque>
 #include <string>
 #include "io/quant.h"
 #include "io/safetensors.h"
@@ -17,6 +18,21 @@ void read_tensor(const io::SafetensorsDir& ck, const io::QuantizedTensorReader& 
 void read_id_table(const io::SafetensorsDir& ck, const BufferEntry& b, int64_t n_experts, float* dst);
 io::QuantConfig quant_config_of(const std::string& dir);  // config.json's quantization_config
 bool has_mtp_tensors(const io::SafetensorsDir& ck);       // any "mtp.*" tensor
+
+// The tensors of a checkpoint being written, in dtype F32 or BF16 (the bf16 copies and integer
+// id tables they point to live here until written).
+struct TensorList {
+  explicit TensorList(DType dtype);  // UserError unless F32 or BF16
+  void add(const std::string& name, const Shape& s, const float* src);
+  // A buffer: router bias (f32) or id table (cols > 0, written as I64 [size / cols, cols]).
+  void add_buffer(const std::string& name, const BufferEntry& b, const float* buffers);
+  DType dtype;
+  std::vector<io::TensorToWrite> ts;
+  std::deque<std::vector<bf16>> conv;
+  std::deque<std::vector<int64_t>> ids;
+};
+// Writes dir/config.json atomically (tmp file + rename).
+void write_config(const std::string& dir, const std::string& text);
 }  // namespace detail
 
 // Reads weights (and router biases) from a checkpoint directory into the model.

@@ -181,28 +181,15 @@ void load_v4_original(Model& m, const std::string& dir) {
 }
 
 void save_v4_original(const Model& m, const std::string& dir, DType dtype, bool quantize, uint64_t max_shard_bytes) {
-  TREX_USER_CHECK(dtype == DType::F32 || dtype == DType::BF16, "use F32 or BF16", "checkpoint dtype ",
-                  dtype_name(dtype), " is not supported for saving");
-  namespace fs = std::filesystem;
-  fs::create_directories(dir);
+  detail::TensorList tl(dtype);
+  std::filesystem::create_directories(dir);
   const int64_t E = m.cfg.n_routed_experts, F = m.cfg.moe_intermediate_size, d = m.cfg.hidden_size;
   TREX_USER_CHECK(!quantize || (d % 2 == 0 && F % 2 == 0), "quantize a model with even hidden_size and "
                   "moe_intermediate_size, or convert without --quantize", "FP4 experts pack two values per byte (rows "
                   "of hidden_size and moe_intermediate_size values); ", d % 2 ? "hidden_size " : "moe_intermediate_size ",
                   d % 2 ? d : F, " is odd");
-  std::vector<io::TensorToWrite> ts;
-  std::vector<std::vector<bf16>> conv;
   std::vector<io::QuantizedTensor> qts;
-  conv.reserve(m.layout.entries.size() + 3 * E * m.cfg.num_hidden_layers);
-  auto plain = [&](const std::string& name, const Shape& s, const float* src) {
-    if (dtype == DType::BF16) {
-      conv.emplace_back(s.numel());
-      for (int64_t i = 0; i < s.numel(); ++i) conv.back()[i] = f32_to_bf16(src[i]);
-      ts.push_back({name, DType::BF16, s, conv.back().data()});
-    } else {
-      ts.push_back({name, DType::F32, s, src});
-    }
-  };
+  auto plain = [&](const std::string& name, const Shape& s, const float* src) { tl.add(name, s, src); };
   auto quant = [&](const std::string& name, const Shape& s, const float* src, io::QuantScheme sc) {
     for (io::QuantizedTensor& t : io::quantize_weight(name, src, s, sc)) qts.push_back(std::move(t));
   };
@@ -232,31 +219,16 @@ void save_v4_original(const Model& m, const std::string& dir, DType dtype, bool 
       quantize && fp8(on) ? quant(on, e.shape, src, io::QuantScheme::Fp8V4) : plain(on, e.shape, src);
     }
   }
-  std::vector<std::vector<int64_t>> ids;
-  ids.reserve(m.layout.buffers.size());
-  for (const BufferEntry& b : m.layout.buffers) {
-    const std::string on = v4_original_name(b.name);
-    if (b.cols > 0) {
-      ids.emplace_back(m.buffers.begin() + b.offset, m.buffers.begin() + b.offset + b.size);
-      ts.push_back({on, DType::I64, Shape{b.size / b.cols, b.cols}, ids.back().data()});
-    } else {
-      ts.push_back({on, DType::F32, Shape{b.size}, m.buffers.data() + b.offset});
-    }
-  }
-  for (const io::QuantizedTensor& t : qts) ts.push_back(t.to_write());
-  io::write_safetensors_dir(dir, ts, max_shard_bytes);
+  for (const BufferEntry& b : m.layout.buffers) tl.add_buffer(v4_original_name(b.name), b, m.buffers.data());
+  for (const io::QuantizedTensor& t : qts) tl.ts.push_back(t.to_write());
+  io::write_safetensors_dir(dir, tl.ts, max_shard_bytes);
   nlohmann::ordered_json j = nlohmann::ordered_json::parse(config_to_json_v4(m.cfg));
   if (quantize) {
     j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {128, 128}},
                                 {"scale_fmt", "ue8m0"}};
     j["expert_dtype"] = "fp4";
   }
-  const std::string cfg = dir + "/config.json";
-  std::ofstream f(cfg + ".tmp");
-  f << j.dump(2) << "\n";
-  f.close();
-  TREX_USER_CHECK(f.good(), "check free space and permissions", cfg, ": write failed");
-  fs::rename(cfg + ".tmp", cfg);
+  detail::write_config(dir, j.dump(2));
 }
 
 std::string config_to_json_v4(const ModelConfig& c) {

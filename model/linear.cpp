@@ -10,6 +10,13 @@ void to_bf16(const float* x, bf16* y, int64_t n) {
   });
 }
 
+const void* gemm_input(const Ctx& c, const float* x, int64_t n) {
+  if (c.prec == kern::Prec::F32) return x;
+  bf16* b = c.ws->alloc<bf16>(n);
+  to_bf16(x, b, n);
+  return b;
+}
+
 void linear_fwd(const Ctx& c, const float* x, int64_t N, int64_t in, W w, int64_t out, float* y, float beta) {
   if (N == 0) return;
   if (c.prec == kern::Prec::F32 || !w.b) {

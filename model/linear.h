@@ -32,4 +32,7 @@ void linear_bwd(const Ctx&, const float* dy, const float* x, int64_t N, int64_t 
 // Converts n floats to bf16 (round to nearest even), threaded.
 void to_bf16(const float* x, bf16* y, int64_t n);
 
+// A GEMM operand of n floats: x itself (F32), or a bf16 copy from c.ws (BF16 mode).
+const void* gemm_input(const Ctx& c, const float* x, int64_t n);
+
 }  // namespace trex::model

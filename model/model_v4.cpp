@@ -57,6 +57,18 @@ struct V4LayerSaved {
   MoeSaved moe;
 };
 
+// HF _init_weights for one V4 tensor: matrices normal(0, std); RMSNorm weights and HC scales 1;
+// sinks, position biases and HC bases 0.
+void hf_init(const ParamEntry& en, float* w, Rng& rng, double std) {
+  auto ends = [&](const char* suf) {
+    const size_t k = strlen(suf);
+    return en.name.size() >= k && en.name.compare(en.name.size() - k, k, suf) == 0;
+  };
+  const bool zero = ends("sinks") || ends("position_bias") || ends("hc.base") || ends("hc_base");
+  for (int64_t i = 0; i < en.shape.numel(); ++i)
+    w[i] = zero ? 0.f : en.shape.ndim >= 2 ? (float)(rng.normal() * std) : 1.f;
+}
+
 HcSaved hc_alloc(StackArena& A, int64_t N, int64_t n, int64_t d) {
   HcSaved h;
   h.y = A.alloc<float>(N * d);
@@ -86,20 +98,7 @@ void Model::init_random_v4(uint64_t seed) {
   // position biases and HC bases 0, HC scales 1. tid2eid (HF: zeros, "real values come from the
   // checkpoint") gets K distinct random experts per token so a fresh model routes sensibly.
   Rng rng(seed);
-  float* p = P();
-  for (const ParamEntry& e : layout.entries) {
-    float* w = p + e.offset;
-    const int64_t n = e.shape.numel();
-    const std::string& s = e.name;
-    auto ends = [&](const char* suf) { return s.size() >= strlen(suf) && s.compare(s.size() - strlen(suf), strlen(suf), suf) == 0; };
-    float fill = 1.f;
-    if (ends("sinks") || ends("position_bias") || ends("hc.base") || ends("hc_base")) fill = 0.f;
-    if (e.shape.ndim >= 2 && !ends("position_bias")) {
-      for (int64_t i = 0; i < n; ++i) w[i] = (float)(rng.normal() * cfg.initializer_range);
-    } else {
-      for (int64_t i = 0; i < n; ++i) w[i] = fill;
-    }
-  }
+  for (const ParamEntry& e : layout.entries) hf_init(e, P() + e.offset, rng, cfg.initializer_range);
   std::fill(buffers.begin(), buffers.end(), 0.f);
   const int64_t E = cfg.n_routed_experts, K = cfg.num_experts_per_tok;
   for (const V4LayerParams& q : layout.v4) {
@@ -192,6 +191,28 @@ float* layer_forward(Env& e, int64_t l, float* X, V4LayerSaved& s, double* aux) 
   return out;
 }
 
+// The embedding rows of ids [N] copied into every stream: -> X [N, n, d] (arena).
+float* embed_streams(StackArena& A, const float* E, const int32_t* ids, int64_t N, int64_t n, int64_t d) {
+  float* X = A.alloc<float>(N * n * d);
+  parallel_for(N, 64, [&](int64_t s, int64_t t) {
+    for (int64_t i = s; i < t; ++i)
+      for (int64_t k = 0; k < n; ++k) std::memcpy(X + (i * n + k) * d, E + (int64_t)ids[i] * d, d * 4);
+  });
+  return X;
+}
+
+// Hash routing: the experts of each token of the main layers (MTP blocks route by top-k).
+void hash_routes(Env& e, const ParamLayout& L, const float* buffers, const int32_t* ids) {
+  const int64_t N = e.N(), K = e.c.num_experts_per_tok;
+  for (int64_t l = 0; l < e.c.num_hidden_layers; ++l) {
+    if (L.v4[l].tid2eid < 0) continue;
+    e.hash_idx[l] = e.ctx.ws->alloc<int32_t>(N * K);
+    const float* tab = buffers + L.v4[l].tid2eid;
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t k = 0; k < K; ++k) e.hash_idx[l][i * K + k] = (int32_t)tab[(int64_t)ids[i] * K + k];
+  }
+}
+
 // Scratch of the backward pass, shared by all layers.
 struct BwdScratch {
   float *dX2, *df, *dpost, *dcomb, *dnorm, *dy, *hc_work;
@@ -227,7 +248,7 @@ void layer_backward(Env& e, int64_t l, V4LayerSaved& s, float* dX, const BwdScra
 struct Head {
   int64_t fn, base, scale, norm;  // parameter offsets
   const float* X = nullptr;       // [N, n, d]
-  float *yh, *mix, *rstdh, *rstdf, *dhf;
+  float *yh = nullptr, *mix = nullptr, *rstdh = nullptr, *rstdf = nullptr, *dhf = nullptr;
 };
 
 double head_forward(Env& e, Head& h, const int32_t* targets, float ce_scale, kern::Prec prec) {
@@ -305,7 +326,7 @@ struct MtpSaved {
 LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward) {
   const ModelConfig& c = cfg;
   const V4Config& v = c.v4;
-  const int64_t B = b.B, T = b.T, N = B * T, d = c.hidden_size, n = v.hc_mult, K = c.num_experts_per_tok;
+  const int64_t B = b.B, T = b.T, N = B * T, d = c.hidden_size, n = v.hc_mult;
   const int64_t Lm = c.num_hidden_layers, D = v.mtp_layers;
   acts.reset();
   StackArena& A = acts;
@@ -316,20 +337,8 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward) {
   const float* P = e.P;
   float* G = e.G;
 
-  // Embedding into every stream.
-  float* X = A.alloc<float>(N * n * d);
-  parallel_for(N, 64, [&](int64_t s, int64_t t) {
-    for (int64_t i = s; i < t; ++i)
-      for (int64_t k = 0; k < n; ++k) std::memcpy(X + (i * n + k) * d, P + layout.embed + (int64_t)b.input_ids[i] * d, d * 4);
-  });
-  // Hash routing: the experts of each token (main layers only; MTP blocks route by top-k).
-  for (int64_t l = 0; l < Lm; ++l) {
-    if (layout.v4[l].tid2eid < 0) continue;
-    e.hash_idx[l] = A.alloc<int32_t>(N * K);
-    const float* tab = buffers.data() + layout.v4[l].tid2eid;
-    for (int64_t i = 0; i < N; ++i)
-      for (int64_t k = 0; k < K; ++k) e.hash_idx[l][i * K + k] = (int32_t)tab[(int64_t)b.input_ids[i] * K + k];
-  }
+  float* X = embed_streams(A, P + layout.embed, b.input_ids, N, n, d);
+  hash_routes(e, layout, buffers.data(), b.input_ids);
 
   LossParts out;
   int64_t n_valid = 0;
@@ -434,7 +443,7 @@ void Model::v4_last_logits(const int32_t* ids, int64_t T, float* logits) {
   TREX_CHECK(cfg.is_v4() && T > 0, "v4_last_logits: a DeepSeek-V4 model and T > 0");
   const ModelConfig& c = cfg;
   const V4Config& v = c.v4;
-  const int64_t d = c.hidden_size, n = v.hc_mult, K = c.num_experts_per_tok, V = c.vocab_size;
+  const int64_t d = c.hidden_size, n = v.hc_mult, V = c.vocab_size;
   for (int64_t i = 0; i < T; ++i)
     TREX_USER_CHECK(ids[i] >= 0 && ids[i] < V, "token ids must be in [0, vocab_size)", "token id ", ids[i],
                     " is outside the vocabulary (", V, ")");
@@ -445,16 +454,8 @@ void Model::v4_last_logits(const int32_t* ids, int64_t T, float* logits) {
   Env e{c, layout, b, Ctx{prec, &acts, prof}, P(), nullptr, Pb(), buffers.data(), v4_cos_, v4_sin_, &load_,
         kern::HcShape{T, (int)n, d, (int)v.hc_sinkhorn_iters, (float)v.hc_eps, (float)c.rms_norm_eps},
         opt.aux_loss_alpha, 0.f, std::vector<int32_t*>(layout.layers.size(), nullptr)};
-  float* X = A.alloc<float>(T * n * d);
-  for (int64_t i = 0; i < T; ++i)
-    for (int64_t k = 0; k < n; ++k) std::memcpy(X + (i * n + k) * d, P() + layout.embed + (int64_t)ids[i] * d, d * 4);
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    if (layout.v4[l].tid2eid < 0) continue;
-    e.hash_idx[l] = A.alloc<int32_t>(T * K);
-    const float* tab = buffers.data() + layout.v4[l].tid2eid;
-    for (int64_t i = 0; i < T; ++i)
-      for (int64_t k = 0; k < K; ++k) e.hash_idx[l][i * K + k] = (int32_t)tab[(int64_t)ids[i] * K + k];
-  }
+  float* X = embed_streams(A, P() + layout.embed, ids, T, n, d);
+  hash_routes(e, layout, buffers.data(), ids);
   std::vector<V4LayerSaved> sv(c.num_hidden_layers);
   double aux = 0;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) X = layer_forward(e, l, X, sv[l], &aux);
@@ -478,16 +479,10 @@ void Model::v4_last_logits(const int32_t* ids, int64_t T, float* logits) {
 }
 
 void Model::init_mtp_random(uint64_t seed) {
-  // HF-style init (as init_random_v4) of the mtp.* tensors only.
+  // HF-style init (hf_init) of the mtp.* tensors only.
   Rng rng(seed);
-  for (const ParamEntry& en : layout.entries) {
-    if (en.name.rfind("mtp.", 0) != 0) continue;
-    float* w = P() + en.offset;
-    const bool zero = en.name.find("sinks") != std::string::npos || en.name.find("position_bias") != std::string::npos ||
-                      en.name.find("hc.base") != std::string::npos || en.name.find("hc_base") != std::string::npos;
-    for (int64_t i = 0; i < en.shape.numel(); ++i)
-      w[i] = zero ? 0.f : en.shape.ndim >= 2 ? (float)(rng.normal() * cfg.initializer_range) : 1.f;
-  }
+  for (const ParamEntry& en : layout.entries)
+    if (en.name.rfind("mtp.", 0) == 0) hf_init(en, P() + en.offset, rng, cfg.initializer_range);
   for (const BufferEntry& bf : layout.buffers)
     if (bf.name.rfind("mtp.", 0) == 0) std::fill(buffers.begin() + bf.offset, buffers.begin() + bf.offset + bf.size, 0.f);
   refresh_bf16();

@@ -59,14 +59,6 @@ void expert_gemm_dw(const Ctx& c, const Dispatch& D, int64_t E, const void* dY, 
   });
 }
 
-// f32 rows, or a bf16 copy of them in bf16 mode (from the scratch arena).
-const void* gemm_input(const Ctx& c, const float* x, int64_t n) {
-  if (c.prec == kern::Prec::F32) return x;
-  bf16* b = c.ws->alloc<bf16>(n);
-  to_bf16(x, b, n);
-  return b;
-}
-
 }  // namespace
 
 double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, MoeSaved& s, int64_t* load) {

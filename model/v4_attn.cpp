@@ -36,17 +36,10 @@ struct Grouped {
   int64_t N, G, Dg, olr;
 };
 
-const void* rows_for_gemm(const Ctx& c, const float* x, int64_t n) {
-  if (c.prec == kern::Prec::F32) return x;
-  bf16* b = c.ws->alloc<bf16>(n);
-  to_bf16(x, b, n);
-  return b;
-}
-
 void grouped_fwd(const Ctx& c, const Grouped& g, const float* X, W w, float* Y) {
   auto mk = c.ws->mark();
   const bool bf = c.prec == kern::Prec::BF16 && w.b;
-  const void* x = bf ? rows_for_gemm(c, X, g.N * g.G * g.Dg) : (const void*)X;
+  const void* x = bf ? gemm_input(c, X, g.N * g.G * g.Dg) : (const void*)X;
   const size_t es = bf ? 2 : 4;
   const char* wb = bf ? (const char*)w.b : (const char*)w.f;
   std::vector<kern::GemmGroup> gg;
@@ -63,7 +56,7 @@ void grouped_bwd(const Ctx& c, const Grouped& g, const float* X, W w, const floa
   const bool bf = c.prec == kern::Prec::BF16 && w.b;
   const kern::Prec pr = bf ? kern::Prec::BF16 : kern::Prec::F32;
   const size_t es = bf ? 2 : 4;
-  const void* dy = bf ? rows_for_gemm(c, dY, g.N * g.G * g.olr) : (const void*)dY;
+  const void* dy = bf ? gemm_input(c, dY, g.N * g.G * g.olr) : (const void*)dY;
   const char* wb = bf ? (const char*)w.b : (const char*)w.f;
   std::vector<kern::GemmGroup> gg;
   for (int64_t k = 0; k < g.G; ++k)
@@ -71,7 +64,7 @@ void grouped_bwd(const Ctx& c, const Grouped& g, const float* X, W w, const floa
                   g.G * g.olr, g.Dg, g.G * g.Dg});
   kern::grouped_gemm(pr, false, false, 1.f, 0.f, gg.data(), (int)gg.size());
   if (dW) {
-    const void* x = bf ? rows_for_gemm(c, X, g.N * g.G * g.Dg) : (const void*)X;
+    const void* x = bf ? gemm_input(c, X, g.N * g.G * g.Dg) : (const void*)X;
     gg.clear();
     for (int64_t k = 0; k < g.G; ++k)
       gg.push_back({(const char*)dy + k * g.olr * es, (const char*)x + k * g.Dg * es, dW + k * g.olr * g.Dg, g.olr,
