@@ -1,11 +1,27 @@
 // trex train --config FILE [--set section.key=value ...] [--resume auto|none|DIR]
 // CPT or SFT by data.mode; see train/loop.h. The step is train/trainer.cpp: trainer_step().
+// Data parallel: mpirun -np N trex train --config FILE [--set parallel.dp=N] (every rank runs this
+// command; MPI is initialized when a launcher started the process; docs/PARALLEL.md).
 #include <cstdio>
+#include <cstdlib>
+#include <memory>
 #include "cli/commands.h"
 #include "cli/tokenizer_fns.h"
+#include "parallel/comm_mpi.h"
 #include "train/loop.h"
 
 namespace trex::cli {
+
+namespace {
+
+// True when mpirun / srun (OpenMPI, PMIx, PMI) started this process.
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
+    if (const char* e = std::getenv(v); e && *e) return true;
+  return false;
+}
+
+}  // namespace
 
 void add_train(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "continued pretraining or SFT from a TOML run config");
@@ -14,7 +30,8 @@ void add_train(CLI::App& app) {
     std::vector<std::string> sets;
   };
   auto o = std::make_shared<Opts>();
-  cmd->add_option("--config", o->config, "TOML run config ([model] [data] [train] [optim] [checkpoint] [log])")
+  cmd->add_option("--config", o->config,
+                  "TOML run config ([model] [data] [train] [optim] [parallel] [checkpoint] [log])")
       ->required();
   cmd->add_option("--set", o->sets, "override: section.key=value (repeatable)");
   cmd->add_option("--resume", o->resume, "auto | none | checkpoint directory (overrides checkpoint.resume)");
@@ -27,10 +44,36 @@ void add_train(CLI::App& app) {
     io::Tokenizer tok = io::Tokenizer::load(rc.data.tokenizer);
     TREX_USER_CHECK(tok.vocab_size() <= rc.model.vocab_size, "use the model's own tokenizer", rc.data.tokenizer,
                     ": tokenizer has ", tok.vocab_size(), " ids but the model's vocab_size is ", rc.model.vocab_size);
-    train::TrainResult r = train::run_training(rc, tokenizer_fns(tok, rc.data.eos_token, rc.data.tokenizer));
-    std::printf("{\"steps\": %lld, \"first_loss\": %.6f, \"last_loss\": %.6f, \"last_eval_loss\": %.6f, "
-                "\"checkpoint\": \"%s\"}\n",
-                (long long)r.steps, r.first_loss, r.last_loss, r.last_eval_loss, r.last_checkpoint.c_str());
+    // MPI when a launcher started us (declared before the communicator: destroyed after it).
+    std::unique_ptr<parallel::MpiContext> mpi;
+    std::unique_ptr<parallel::Communicator> world;
+    if (launched_by_mpi()) {
+      mpi = std::make_unique<parallel::MpiContext>(nullptr, nullptr, parallel::ThreadLevel::Serialized);
+      world = mpi->world();
+    }
+    const int rank = world ? world->rank() : 0;
+    // Layout errors: raised by every rank alike, before any collective (a normal exit).
+    train::resolve_parallel(rc, world ? world->size() : 1);
+    train::TrainResult r;
+    try {
+      r = train::run_training(rc, tokenizer_fns(tok, rc.data.eos_token, rc.data.tokenizer), world.get());
+    } catch (const std::exception& e) {
+      // Under MPI a rank that fails alone would leave the others waiting in a collective: report
+      // and end the whole job.
+      if (world && world->size() > 1) {
+        const auto* ue = dynamic_cast<const UserError*>(&e);
+        std::fprintf(stderr, "error on rank %d of %d: %s%s%s\n", rank, world->size(), e.what(),
+                     ue ? "\nhint: " : "", ue ? ue->hint.c_str() : "");
+        std::fflush(stderr);
+        parallel::MpiContext::abort(ue ? 2 : 3);
+      }
+      throw;
+    }
+    if (rank == 0)
+      std::printf("{\"steps\": %lld, \"first_loss\": %.6f, \"last_loss\": %.6f, \"last_eval_loss\": %.6f, "
+                  "\"checkpoint\": \"%s\", \"dp\": %d, \"step_ms\": %.3f, \"comm_ms\": %.3f}\n",
+                  (long long)r.steps, r.first_loss, r.last_loss, r.last_eval_loss, r.last_checkpoint.c_str(), r.dp,
+                  r.steps ? r.step_ms / r.steps : 0.0, r.steps ? r.comm_ms / r.steps : 0.0);
   });
 }
 

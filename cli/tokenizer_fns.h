@@ -1,6 +1,7 @@
 // The bridge from io::Tokenizer to the data code: encode without template tokens, the
 // end-of-document id (data.eos_token or the first of the usual names the tokenizer knows).
 #pragma once
+#include <filesystem>
 #include <string>
 #include "core/error.h"
 #include "io/tokenizer.h"
@@ -42,6 +43,7 @@ inline train::TokenizerFns tokenizer_fns(const io::Tokenizer& tok, const std::st
   f.encode = [&tok](std::string_view s) { return tok.encode(s, false); };
   f.eos_id = find_eos(tok, eos, where);
   f.pad_id = f.eos_id;
+  f.file = std::filesystem::is_directory(where) ? where + "/tokenizer.json" : where;
   return f;
 }
 

@@ -222,6 +222,7 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward) {
   // Backward.
   float* dx = acts.alloc<float>(N * d);
   kern::rmsnorm_bwd(dhf, x, N, d, P + layout.final_norm, rstdf, dx, G + layout.final_norm);
+  if (grad_ready) grad_ready(kGradGroupHead);
   float* tmp = acts.alloc<float>(N * d);
   float* tmp2 = acts.alloc<float>(N * d);
   for (int64_t l = cfg.num_hidden_layers - 1; l >= 0; --l) {
@@ -247,6 +248,7 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward) {
     }
     kern::rmsnorm_bwd(tmp, s.h_in, N, d, P + lp.in_norm, s.rstd1, tmp2, G + lp.in_norm);
     for (int64_t i = 0; i < N * d; ++i) dx[i] += tmp2[i];
+    if (grad_ready) grad_ready(l);
   }
   // Embedding: columns split across threads so every row update is race-free and ordered.
   float* dE = G + layout.embed;
@@ -257,6 +259,7 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward) {
       for (int64_t j = c0; j < c1; ++j) row[j] += g[j];
     }
   });
+  if (grad_ready) grad_ready(kGradGroupEmbed);
   return out;
 }
 

@@ -4,6 +4,7 @@
 // cross-entropy). Gradients accumulate over calls until zero_grads().
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 #include "core/arena.h"
 #include "core/stack_arena.h"
@@ -70,6 +71,14 @@ class Model {
   std::vector<float> buffers;     // [layout.buffers_total] router biases
   StackArena acts;                // activations and scratch, reset every step
   Profiler* prof = nullptr;       // optional: timing of named regions (owned by the caller)
+  // Optional hook for data parallelism (train/dist.cpp starts the gradient reduction early; the
+  // model knows nothing of communication). When set, forward_backward calls grad_ready(g) as soon
+  // as the gradients of parameter group g are final for this call: g = l after decoder layer l's
+  // backward (DeepSeek-V4: MTP block k, its extras included, is l = num_hidden_layers + k),
+  // kGradGroupHead after the final norm and the LM head (V4: and hc_head), kGradGroupEmbed last
+  // (the embedding; also the LM head when tied). Called on the calling thread, between kernels.
+  std::function<void(int64_t)> grad_ready;
+  static constexpr int64_t kGradGroupHead = -1, kGradGroupEmbed = -2;
 
   float* P() const { return reinterpret_cast<float*>(params.base()); }
   float* G() const { return reinterpret_cast<float*>(grads.base()); }

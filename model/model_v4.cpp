@@ -431,11 +431,17 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward) {
     const float* Xp = k ? ms[k - 1].head.X : X;
     kern::rmsnorm_bwd(dhn, Xp, N * n, d, P + t.hnorm, m.h_rstd, dprev, G + t.hnorm);
     A.release(mk);
+    if (grad_ready) grad_ready(Lm + k);
   }
   head_backward(e, hm, dX);
+  if (grad_ready) grad_ready(kGradGroupHead);
   if (dprev) for (int64_t i = 0; i < N * n * d; ++i) dX[i] += dprev[i];
-  for (int64_t l = Lm - 1; l >= 0; --l) layer_backward(e, l, sv[l], dX, w);
+  for (int64_t l = Lm - 1; l >= 0; --l) {
+    layer_backward(e, l, sv[l], dX, w);
+    if (grad_ready) grad_ready(l);
+  }
   embed_backward(G + layout.embed, b.input_ids, dX, N, d, n);
+  if (grad_ready) grad_ready(kGradGroupEmbed);
   return out;
 }
 

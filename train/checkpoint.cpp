@@ -44,6 +44,12 @@ std::string step_name(int64_t step) {
 
 std::string save_checkpoint(const std::string& run_dir, const model::Model& m, const AdamW& opt,
                             const TrainState& st, int keep) {
+  TREX_CHECK(opt.owns_all(), "save_checkpoint: the optimizer holds a shard; gather the moments first (train/dist.h)");
+  return save_checkpoint(run_dir, m, opt.M1(), opt.M2(), opt.steps(), st, keep);
+}
+
+std::string save_checkpoint(const std::string& run_dir, const model::Model& m, const float* M1, const float* M2,
+                            int64_t optimizer_step, const TrainState& st, int keep) {
   const fs::path root = fs::path(run_dir) / "checkpoints";
   fs::create_directories(root);
   const fs::path final_dir = root / step_name(st.step);
@@ -53,15 +59,13 @@ std::string save_checkpoint(const std::string& run_dir, const model::Model& m, c
 
   model::save_hf_checkpoint(m, tmp.string(), DType::F32);
   std::vector<io::TensorToWrite> ts;
-  const float* M1 = reinterpret_cast<const float*>(opt.m1.base());
-  const float* M2 = reinterpret_cast<const float*>(opt.m2.base());
   for (const model::ParamEntry& e : m.layout.entries) {
     ts.push_back({"exp_avg." + e.name, DType::F32, e.shape, M1 + e.offset});
     ts.push_back({"exp_avg_sq." + e.name, DType::F32, e.shape, M2 + e.offset});
   }
   io::write_safetensors((tmp / "optimizer.safetensors").string(), ts);
   nlohmann::json js = {{"step", st.step},
-                       {"optimizer_step", opt.steps()},
+                       {"optimizer_step", optimizer_step},
                        {"data_position", st.data_position},
                        {"rng_state", std::to_string(st.rng_state)},
                        {"extra", st.extra}};
@@ -109,11 +113,27 @@ TrainState load_checkpoint(const std::string& dir, model::Model& m, AdamW& opt) 
                   ": checkpoint model does not match the configured model");
   model::load_hf_weights(m, dir);
   io::SafetensorsFile f = io::SafetensorsFile::open(dir + "/optimizer.safetensors");
-  float* M1 = reinterpret_cast<float*>(opt.m1.base());
-  float* M2 = reinterpret_cast<float*>(opt.m2.base());
-  for (const model::ParamEntry& e : m.layout.entries) {
-    f.read_f32("exp_avg." + e.name, M1 + e.offset, e.shape.numel());
-    f.read_f32("exp_avg_sq." + e.name, M2 + e.offset, e.shape.numel());
+  // The optimizer's pieces of each parameter (all of it on one rank; a ZeRO-1 shard's parts).
+  std::vector<std::vector<const AdamWPiece*>> of_entry(m.layout.entries.size());
+  for (const AdamWPiece& p : opt.pieces()) of_entry[p.entry].push_back(&p);
+  std::vector<float> tmp;
+  for (size_t i = 0; i < m.layout.entries.size(); ++i) {
+    const model::ParamEntry& e = m.layout.entries[i];
+    const int64_t n = e.shape.numel();
+    for (int k = 0; k < 2; ++k) {
+      const std::string name = (k ? "exp_avg_sq." : "exp_avg.") + e.name;
+      float* M = k ? opt.M2() : opt.M1();
+      const auto& ps = of_entry[i];
+      if (ps.empty()) continue;
+      if (ps.size() == 1 && ps[0]->off == e.offset && ps[0]->n == n) {
+        f.read_f32(name, M + ps[0]->state, n);
+        continue;
+      }
+      tmp.resize(n);
+      f.read_f32(name, tmp.data(), n);
+      for (const AdamWPiece* p : ps)
+        std::copy(tmp.begin() + (p->off - e.offset), tmp.begin() + (p->off - e.offset + p->n), M + p->state);
+    }
   }
   nlohmann::json js;
   try {

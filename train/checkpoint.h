@@ -24,11 +24,18 @@ struct TrainState {
 };
 
 // Writes a checkpoint for state.step; returns its directory. Removes checkpoints beyond `keep`.
+// opt must own the whole slab (one rank; data parallel: train/dist.h gathers the shards first).
 std::string save_checkpoint(const std::string& run_dir, const model::Model& m, const AdamW& opt,
                             const TrainState& state, int keep = 3);
+// The same with the moments given as whole-slab arrays m1, m2 [layout.total] indexed like the
+// slab, and the optimizer's step count.
+std::string save_checkpoint(const std::string& run_dir, const model::Model& m, const float* m1, const float* m2,
+                            int64_t optimizer_step, const TrainState& state, int keep = 3);
 // The newest complete checkpoint directory under run_dir, if any.
 std::optional<std::string> latest_checkpoint(const std::string& run_dir);
-// Loads weights, router biases, optimizer moments and state; the model config must match.
+// Loads weights, router biases, optimizer moments and state; the model config must match. A
+// sharded (ZeRO-1) opt keeps the moments of the ranges it owns: checkpoints do not depend on the
+// layout of the run that wrote them.
 TrainState load_checkpoint(const std::string& dir, model::Model& m, AdamW& opt);
 
 }  // namespace trex::train

@@ -213,6 +213,14 @@ std::vector<Sample> read_sft_file(const std::string& path, const ChatTemplate& t
 
 std::vector<PackedSeq> pack(const std::vector<Sample>& docs, int64_t seq_len, OverflowPolicy policy, bool split_long,
                             int32_t pad_id, DataStats& st) {
+  std::vector<DocSpan> spans;
+  spans.reserve(docs.size());
+  for (const Sample& d : docs) spans.push_back({d.ids.data(), d.loss.data(), (int64_t)d.ids.size()});
+  return pack(spans, seq_len, policy, split_long, pad_id, st);
+}
+
+std::vector<PackedSeq> pack(const std::vector<DocSpan>& docs, int64_t seq_len, OverflowPolicy policy, bool split_long,
+                            int32_t pad_id, DataStats& st) {
   TREX_USER_CHECK(seq_len >= 2, "set seq_len >= 2", "seq_len ", seq_len, " is too short");
   std::vector<PackedSeq> out;
   PackedSeq cur;
@@ -239,13 +247,13 @@ std::vector<PackedSeq> pack(const std::vector<Sample>& docs, int64_t seq_len, Ov
     }
     ++seg;
   };
-  for (const Sample& d : docs) {
-    const int64_t n = d.ids.size();
+  for (const DocSpan& d : docs) {
+    const int64_t n = d.n;
     if (n == 0) continue;
     if (n <= seq_len) {
-      place(d.ids.data(), d.loss.data(), n);
+      place(d.ids, d.loss, n);
     } else if (split_long) {
-      for (int64_t o = 0; o < n; o += seq_len) place(d.ids.data() + o, d.loss.data() + o, std::min(seq_len, n - o));
+      for (int64_t o = 0; o < n; o += seq_len) place(d.ids + o, d.loss + o, std::min(seq_len, n - o));
     } else if (policy == OverflowPolicy::Truncate) {
       bool any = false;  // a truncation that cuts off every target leaves nothing to learn
       for (int64_t i = 1; i < seq_len; ++i) any |= d.loss[i] != 0;
@@ -254,7 +262,7 @@ std::vector<PackedSeq> pack(const std::vector<Sample>& docs, int64_t seq_len, Ov
         continue;
       }
       ++st.truncated;
-      place(d.ids.data(), d.loss.data(), seq_len);
+      place(d.ids, d.loss, seq_len);
     } else {
       ++st.dropped_too_long;
     }

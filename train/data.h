@@ -21,6 +21,13 @@ struct Sample {
   std::vector<uint8_t> loss;  // loss[i] = 1: ids[i] is a target (predicted from ids[..i-1])
 };
 
+// A view of one document (its ids and loss flags), e.g. inside a mapped token cache.
+struct DocSpan {
+  const int32_t* ids = nullptr;
+  const uint8_t* loss = nullptr;
+  int64_t n = 0;
+};
+
 // Counters of what the loaders did with their input (reported, never silent).
 struct DataStats {
   int64_t lines = 0, samples = 0, skipped_malformed = 0, skipped_no_target = 0, truncated = 0,
@@ -83,6 +90,8 @@ enum class OverflowPolicy { Truncate, Drop };
 // sequence if it fits, else starts the next). Documents longer than seq_len are truncated or
 // dropped (counted; a truncation that would keep no target drops the document). CPT documents
 // (split_long = true) are instead cut into seq_len pieces.
+std::vector<PackedSeq> pack(const std::vector<DocSpan>& docs, int64_t seq_len, OverflowPolicy policy, bool split_long,
+                            int32_t pad_id, DataStats& stats);
 std::vector<PackedSeq> pack(const std::vector<Sample>& docs, int64_t seq_len, OverflowPolicy policy, bool split_long,
                             int32_t pad_id, DataStats& stats);
 

@@ -9,7 +9,9 @@
 #include "kernels/peak.h"
 #include "model/checkpoint.h"
 #include "train/checkpoint.h"
+#include "train/dist.h"
 #include "train/metrics.h"
+#include "train/token_cache.h"
 #include "train/trainer.h"
 
 namespace trex::train {
@@ -18,76 +20,114 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::vector<Sample> read_all(const RunConfig& rc, const std::vector<std::string>& files, const TokenizerFns& tok,
-                             DataStats& st) {
-  std::vector<Sample> docs;
-  const ChatTemplate tmpl = ChatTemplate::by_name(rc.data.chat_template);
-  for (const std::string& f : files) {
-    std::vector<Sample> d = rc.data.mode == "sft"
-                                ? read_sft_file(f, tmpl, tok.encode, rc.data.train_on_prompt, st)
-                                : read_cpt_file(f, tok.encode, tok.eos_id, st);
-    for (auto& s : d) docs.push_back(std::move(s));
-  }
-  return docs;
+// Where the token cache lives: data.cache_dir, "auto" = $TREX_CACHE_DIR, $XDG_CACHE_HOME/trex or
+// ~/.cache/trex (then /tokens), "none" = no cache.
+std::string resolve_cache_dir(const std::string& c) {
+  if (c == "none") return "";
+  if (c != "auto") return c;
+  if (const char* e = std::getenv("TREX_CACHE_DIR"); e && *e) return std::string(e) + "/tokens";
+  if (const char* e = std::getenv("XDG_CACHE_HOME"); e && *e) return std::string(e) + "/trex/tokens";
+  if (const char* e = std::getenv("HOME"); e && *e) return std::string(e) + "/.cache/trex/tokens";
+  return "";
 }
 
-// Mean loss over up to n batches of the eval split (no gradients).
-double eval_loss(model::Model& m, const std::vector<PackedSeq>& seqs, int64_t batch, int64_t n) {
+// Mean loss over up to n batches of the eval split (no gradients). Data parallel: the batches are
+// global (dp x batch rows, as a one-process run with batch_size dp x batch sees them); rank r
+// evaluates its `batch` rows of each, and the sums are reduced.
+double eval_loss(model::Model& m, const std::vector<PackedSeq>& seqs, int64_t batch, int64_t n, DataParallel* dp) {
   double sum = 0;
   int64_t valid = 0;
-  for (int64_t b = 0; b < n && b * batch < (int64_t)seqs.size(); ++b) {
+  const int64_t R = dp ? dp->size() : 1, r = dp ? dp->rank() : 0, gbatch = R * batch;
+  for (int64_t b = 0; b < n && b * gbatch < (int64_t)seqs.size(); ++b) {
     std::vector<int64_t> which;
-    for (int64_t i = b * batch; i < std::min<int64_t>((b + 1) * batch, seqs.size()); ++i) which.push_back(i);
+    const int64_t lo = b * gbatch + r * batch;
+    const int64_t hi = std::min<int64_t>({lo + batch, (b + 1) * gbatch, (int64_t)seqs.size()});
+    for (int64_t i = lo; i < hi; ++i) which.push_back(i);
+    if (which.empty()) continue;
     BatchBuffer bb = make_batch(seqs, which);
     model::LossParts lp = m.forward(bb.batch(which.size(), seqs[0].ids.size()));
     sum += lp.ce * lp.n_valid;
     valid += lp.n_valid;
+  }
+  if (dp) {
+    double v[2] = {sum, (double)valid};
+    dp->sum(v, 2);
+    sum = v[0], valid = (int64_t)v[1];
   }
   return valid ? sum / valid : 0.0;
 }
 
 }  // namespace
 
-TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok) {
+TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel::Communicator* world) {
   TrainResult res;
+  // Parallel layout: data parallel over the ranks of `world` (parallel.dp = 0: all of them).
+  const parallel::ParallelDims dims = resolve_parallel(rc, world ? world->size() : 1);
+  const int dp_size = dims.dp, rank = world ? world->rank() : 0;
+  const bool root = rank == 0;
+  res.dp = dp_size;
   const int threads = init_threads((int)rc.train.threads);
   const std::string run_dir = rc.checkpoint.dir;
-  fs::create_directories(run_dir);  // refuse an unwritable run directory before any work
-  {
-    std::ofstream probe(run_dir + "/.write_test");
-    TREX_USER_CHECK(probe.good(), "set checkpoint.dir to a writable directory", run_dir, ": not writable");
+  if (root) {
+    fs::create_directories(run_dir);  // refuse an unwritable run directory before any work
+    {
+      std::ofstream probe(run_dir + "/.write_test");
+      TREX_USER_CHECK(probe.good(), "set checkpoint.dir to a writable directory", run_dir, ": not writable");
+    }
+    fs::remove(run_dir + "/.write_test");
   }
-  fs::remove(run_dir + "/.write_test");
+  // Rank 0 reads (and caches) the data first; the others then read the token cache.
+  if (world && !root) world->barrier();
 
   // Data.
   TREX_USER_CHECK(!rc.data.train.empty(), "set data.train to one or more files", "[data] train is empty");
   DataStats& st = res.data;
-  std::vector<Sample> train_docs = read_all(rc, rc.data.train, tok, st), eval_docs;
+  DocsSpec spec;
+  spec.mode = rc.data.mode;
+  spec.chat = ChatTemplate::by_name(rc.data.chat_template);
+  spec.train_on_prompt = rc.data.train_on_prompt;
+  spec.eos_id = tok.eos_id;
+  spec.encode = tok.encode;
+  spec.tokenizer_file = tok.file;
+  const std::string cache_dir = resolve_cache_dir(rc.data.cache_dir);
+  bool hit = false;
+  TokenDocs train_store = load_docs(rc.data.train, spec, cache_dir, st, &hit), eval_store;
+  std::vector<DocSpan> train_docs = train_store.spans(), eval_docs;
   if (!rc.data.eval.empty()) {
     DataStats est;
-    eval_docs = read_all(rc, rc.data.eval, tok, est);
+    eval_store = load_docs(rc.data.eval, spec, cache_dir, est);
+    eval_docs = eval_store.spans();
   } else if (rc.data.eval_fraction > 0 && train_docs.size() > 1) {
     std::vector<int64_t> order = epoch_order(train_docs.size(), rc.train.seed, -1);
     int64_t n_eval = std::max<int64_t>(1, (int64_t)(rc.data.eval_fraction * train_docs.size()));
     std::vector<char> is_eval(train_docs.size(), 0);
     for (int64_t i = 0; i < n_eval; ++i) is_eval[order[i]] = 1;
-    std::vector<Sample> keep;
-    for (size_t i = 0; i < train_docs.size(); ++i)
-      (is_eval[i] ? eval_docs : keep).push_back(std::move(train_docs[i]));
+    std::vector<DocSpan> keep;
+    for (size_t i = 0; i < train_docs.size(); ++i) (is_eval[i] ? eval_docs : keep).push_back(train_docs[i]);
     train_docs.swap(keep);
   }
+  res.data_from_cache = hit;
   const bool cpt = rc.data.mode == "cpt";
   std::vector<PackedSeq> seqs = pack(train_docs, rc.data.seq_len, rc.data.overflow, cpt, tok.pad_id, st);
   DataStats est;
   std::vector<PackedSeq> eval_seqs = pack(eval_docs, rc.data.seq_len, rc.data.overflow, cpt, tok.pad_id, est);
+  if (world && root) world->barrier();
   TREX_USER_CHECK(!seqs.empty(), "give more data or a shorter seq_len", "no training sequences after packing");
 
   // Model, optimizer, resume.
   model::Model m(rc.model, rc.train.precision, {rc.train.aux_loss_alpha, rc.train.mtp_loss_weight});
   if (!rc.model_path.empty()) model::load_hf_weights(m, rc.model_path);
   else m.init_random(rc.train.seed);
-  AdamW opt(m, {(float)rc.optim.schedule.lr, rc.optim.beta1, rc.optim.beta2, rc.optim.eps, rc.optim.weight_decay,
-                rc.optim.clip_grad_norm});
+  const AdamWConfig ocfg{(float)rc.optim.schedule.lr, rc.optim.beta1, rc.optim.beta2, rc.optim.eps,
+                         rc.optim.weight_decay, rc.optim.clip_grad_norm};
+  // One rank: AdamW over the whole slab. Data parallel: the ZeRO-1 shard inside DataParallel
+  // (which also makes the replicas equal).
+  std::unique_ptr<AdamW> opt1;
+  std::unique_ptr<DataParallel> dp;
+  if (dp_size > 1)
+    dp = std::make_unique<DataParallel>(*world, m, ocfg, DpOptions{rc.parallel.bucket_size, rc.parallel.overlap});
+  else
+    opt1 = std::make_unique<AdamW>(m, ocfg);
   TrainState state;
   std::string resume_dir;
   if (rc.checkpoint.resume == "auto") {
@@ -95,20 +135,30 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok) {
   } else if (rc.checkpoint.resume != "none") {
     resume_dir = rc.checkpoint.resume;
   }
-  if (!resume_dir.empty()) state = load_checkpoint(resume_dir, m, opt);
+  if (!resume_dir.empty()) state = dp ? load_checkpoint(resume_dir, *dp) : load_checkpoint(resume_dir, m, *opt1);
 
-  MetricsLog log(run_dir, rc.log.progress, rc.log.every, !resume_dir.empty());
-  {
+  // Rank 0 alone writes metrics.jsonl, the resolved config and the live view.
+  std::unique_ptr<MetricsLog> log_owner;
+  if (root) {
+    log_owner = std::make_unique<MetricsLog>(run_dir, rc.log.progress, rc.log.every, !resume_dir.empty());
     std::ofstream(run_dir + "/config.resolved.json") << rc.raw.dump(2) << "\n";
   }
-  log.message(detail::cat("trex train: ", rc.data.mode, ", ", train_docs.size(), " documents -> ", seqs.size(),
+  auto message = [&](const std::string& msg) {
+    if (log_owner) log_owner->message(msg);
+  };
+  const std::string dp_note = dp ? detail::cat(" per rank, data parallel dp=", dp_size, " (ZeRO-1, ",
+                                               dp->buckets().num_buckets(), " buckets",
+                                               rc.parallel.overlap ? ", overlapped" : "", ")")
+                                 : "";
+  message(detail::cat("trex train: ", rc.data.mode, ", ", train_docs.size(), " documents -> ", seqs.size(),
                           " sequences of ", rc.data.seq_len, " (", st.skipped_malformed, " malformed, ",
                           st.skipped_no_target, " without targets, ", st.truncated, " truncated, ", st.dropped_too_long,
-                          " dropped), eval ", eval_seqs.size(), " sequences; ", m.cfg.num_params(), " params, ",
-                          threads, " threads", resume_dir.empty() ? "" : ", resumed from " + resume_dir));
-  for (const std::string& e : st.first_errors) log.message("  skipped: " + e);
+                          " dropped), eval ", eval_seqs.size(), " sequences",
+                          cache_dir.empty() || tok.file.empty() ? "" : (hit ? " (tokens from the cache)" : " (tokens cached)"), "; ", m.cfg.num_params(), " params, ",
+                          threads, " threads", dp_note, resume_dir.empty() ? "" : ", resumed from " + resume_dir));
+  for (const std::string& e : st.first_errors) message("  skipped: " + e);
 
-  const double peak = kern::measure_peak(0.1).best_gflops();
+  const double peak = kern::measure_peak(0.1).best_gflops() * dp_size;  // every rank's (assumed equal)
   const double fpt = m.cfg.train_flops_per_token(rc.data.seq_len);  // with the MTP blocks it trains
   const int64_t nseq = seqs.size(), B = rc.train.batch_size;
   int64_t cached_epoch = -1;
@@ -120,24 +170,32 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok) {
   for (int64_t step = state.step; step < rc.train.steps; ++step) {
     std::vector<BatchBuffer> bufs;
     std::vector<model::Batch> micro;
+    // The global batch is dp x grad_accum x B sequences at data positions [data_position, + that):
+    // rank r's micro-batch a takes B of them (train/dist.h: dp_data_position); data_position is global.
     for (int64_t a = 0; a < rc.train.grad_accum; ++a) {
       std::vector<int64_t> which;
-      for (int64_t i = 0; i < B; ++i, ++state.data_position) {
-        const int64_t epoch = state.data_position / nseq;
+      for (int64_t i = 0; i < B; ++i) {
+        const int64_t p = dp_data_position(state.data_position, a, rank, dp_size, B, i);
+        const int64_t epoch = p / nseq;
         if (epoch != cached_epoch) order = epoch_order(nseq, rc.train.seed, epoch), cached_epoch = epoch;
-        which.push_back(order[state.data_position % nseq]);
+        which.push_back(order[p % nseq]);
       }
       bufs.push_back(make_batch(seqs, which));
     }
+    state.data_position += rc.train.grad_accum * dp_size * B;
     for (auto& b : bufs) micro.push_back(b.batch(B, rc.data.seq_len));
     const double lr = rc.optim.schedule.at(step);
     const bool inject = inject_nan_step > 0 && step + 1 == inject_nan_step;
-    StepStats s = trainer_step(m, opt, micro, (float)lr, rc.train.bias_update_gamma, nullptr, inject);
+    StepStats s = dp ? trainer_step(*dp, micro, (float)lr, rc.train.bias_update_gamma, nullptr, inject)
+                     : trainer_step(m, *opt1, micro, (float)lr, rc.train.bias_update_gamma, nullptr, inject);
+    res.step_ms += s.ms;
+    res.comm_ms += s.comm_ms;
     if (s.skipped) {
       ++res.skipped_steps;
       ++bad_in_a_row;
-      TREX_LOG_WARN("step ", step + 1, ": loss ", s.loss, ", gradient norm ", s.grad_norm,
-                    " is not finite; step skipped (weights unchanged), ", bad_in_a_row, " in a row");
+      if (root)
+        TREX_LOG_WARN("step ", step + 1, ": loss ", s.loss, ", gradient norm ", s.grad_norm,
+                      " is not finite; step skipped (weights unchanged), ", bad_in_a_row, " in a row");
       TREX_USER_CHECK(bad_in_a_row < rc.train.max_skipped_steps,
                       "lower the learning rate or check the data; the last checkpoint in the run directory holds the "
                       "last good weights (--resume auto)",
@@ -157,16 +215,21 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok) {
     mt.load_max_over_mean = s.load_max_over_mean;
     if (rc.train.eval_every > 0 && !eval_seqs.empty() &&
         (state.step % rc.train.eval_every == 0 || state.step == rc.train.steps)) {
-      mt.eval_loss = eval_loss(m, eval_seqs, B, rc.train.eval_batches);
+      mt.eval_loss = eval_loss(m, eval_seqs, B, rc.train.eval_batches, dp.get());
       res.last_eval_loss = mt.eval_loss;
     }
-    log.step(mt);
+    if (log_owner) log_owner->step(mt);
     if (res.steps == 0) res.first_loss = s.loss;
     res.last_loss = s.loss;
     ++res.steps;
     if ((rc.checkpoint.every > 0 && state.step % rc.checkpoint.every == 0) || state.step == rc.train.steps)
-      res.last_checkpoint = save_checkpoint(run_dir, m, opt, state, (int)rc.checkpoint.keep);
+      res.last_checkpoint = dp ? save_checkpoint(run_dir, *dp, state, (int)rc.checkpoint.keep)
+                               : save_checkpoint(run_dir, m, *opt1, state, (int)rc.checkpoint.keep);
   }
+  if (dp && res.steps > 0)
+    message(detail::cat("data parallel: ", res.steps, " steps, mean step ", res.step_ms / res.steps,
+                        " ms, exposed communication ", res.comm_ms / res.steps, " ms per step (rank 0, ",
+                        res.step_ms > 0 ? 100 * res.comm_ms / res.step_ms : 0.0, "%)"));
   return res;
 }
 

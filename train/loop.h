@@ -9,12 +9,17 @@
 #include "train/data.h"
 #include "train/run_config.h"
 
+namespace trex::parallel {
+class Communicator;
+}
+
 namespace trex::train {
 
 struct TokenizerFns {
   EncodeFn encode;
   int32_t eos_id = 0;
   int32_t pad_id = 0;
+  std::string file;  // the tokenizer.json the ids come from (its bytes key the token cache)
 };
 
 struct TrainResult {
@@ -22,9 +27,14 @@ struct TrainResult {
   int64_t skipped_steps = 0;  // steps with a NaN / Inf loss or gradient (no update made)
   double first_loss = 0, last_loss = 0, last_eval_loss = -1;
   std::string last_checkpoint;
+  bool data_from_cache = false;  // the training documents came from the token cache
   DataStats data;
+  int dp = 1;                     // data-parallel size of the run
+  double step_ms = 0, comm_ms = 0;  // summed over steps (this rank): step time, exposed communication
 };
 
-TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok);
+// world: the MPI ranks of a data-parallel run (every rank calls run_training; rank 0 logs and
+// writes checkpoints), or nullptr for one process. See train/dist.h.
+TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel::Communicator* world = nullptr);
 
 }  // namespace trex::train

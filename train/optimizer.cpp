@@ -1,13 +1,45 @@
 #include "train/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include "kernels/adamw.h"
 
 namespace trex::train {
 
 AdamW::AdamW(const model::Model& m, AdamWConfig c) : cfg(c) {
-  m1.reserve("adam_m", m.layout.total * sizeof(float));
-  m2.reserve("adam_v", m.layout.total * sizeof(float));
+  const SlabRange all{0, m.layout.total};
+  init(m, std::span<const SlabRange>(&all, 1));
+  owns_all_ = true;
+}
+
+AdamW::AdamW(const model::Model& m, AdamWConfig c, std::span<const SlabRange> owned) : cfg(c) { init(m, owned); }
+
+void AdamW::init(const model::Model& m, std::span<const SlabRange> owned) {
+  owned_.assign(owned.begin(), owned.end());
+  // Entries sorted by offset (they are disjoint; sub-views of one slab are listed separately).
+  std::vector<int> order(m.layout.entries.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = (int)i;
+  std::sort(order.begin(), order.end(),
+            [&](int a, int b) { return m.layout.entries[a].offset < m.layout.entries[b].offset; });
+  int64_t state = 0;
+  for (const SlabRange& r : owned_) {
+    TREX_CHECK(r.begin >= 0 && r.end >= r.begin, "AdamW: bad owned range [", r.begin, ", ", r.end, ")");
+    // First entry ending after r.begin.
+    auto it = std::partition_point(order.begin(), order.end(), [&](int i) {
+      const model::ParamEntry& e = m.layout.entries[i];
+      return e.offset + e.shape.numel() <= r.begin;
+    });
+    for (; it != order.end(); ++it) {
+      const model::ParamEntry& e = m.layout.entries[*it];
+      if (e.offset >= r.end) break;
+      const int64_t lo = std::max<int64_t>(r.begin, e.offset), hi = std::min<int64_t>(r.end, e.offset + e.shape.numel());
+      if (lo < hi) pieces_.push_back({lo, hi - lo, state + (lo - r.begin), *it, e.decay, e.frozen});
+    }
+    state += r.size();
+  }
+  state_elems_ = state;
+  m1.reserve("adam_m", (size_t)state * sizeof(float));
+  m2.reserve("adam_v", (size_t)state * sizeof(float));
   m1.zero();
   m2.zero();
 }
@@ -19,24 +51,29 @@ double grad_norm(const model::Model& m) {
 }
 
 double AdamW::step(model::Model& m, float lr) {
+  TREX_CHECK(owns_all_, "AdamW::step on a sharded optimizer: use apply() with the global gradient norm");
   const double norm = grad_norm(m);
-  if (!std::isfinite(norm)) return norm;
+  apply(m, lr, norm);
+  return norm;
+}
+
+bool AdamW::apply(model::Model& m, float lr, double norm) {
+  if (!std::isfinite(norm)) return false;
   float scale = 1.f;
   if (cfg.clip_grad_norm > 0) {
     double coef = cfg.clip_grad_norm / (norm + 1e-6);
     if (coef < 1.0) scale = (float)coef;
   }
   ++t_;
-  float* M = reinterpret_cast<float*>(m1.base());
-  float* Vv = reinterpret_cast<float*>(m2.base());
+  float* M = M1();
+  float* Vv = M2();
   bf16* Pb = m.params_bf16.empty() ? nullptr : m.params_bf16.data();
-  for (const model::ParamEntry& e : m.layout.entries) {
+  for (const AdamWPiece& e : pieces_) {
     if (e.frozen) continue;
     kern::AdamWParams p{lr, cfg.beta1, cfg.beta2, cfg.eps, e.decay ? cfg.weight_decay : 0.f, t_, scale};
-    kern::adamw_step(p, m.P() + e.offset, m.G() + e.offset, M + e.offset, Vv + e.offset, e.shape.numel(),
-                     Pb ? Pb + e.offset : nullptr);
+    kern::adamw_step(p, m.P() + e.off, m.G() + e.off, M + e.state, Vv + e.state, e.n, Pb ? Pb + e.off : nullptr);
   }
-  return norm;
+  return true;
 }
 
 }  // namespace trex::train

@@ -2,6 +2,7 @@
 
 #include <functional>
 #include <map>
+#include <tuple>
 #include "core/error.h"
 #include "io/toml_json.h"
 
@@ -109,6 +110,7 @@ RunConfig parse_run_config(json j, const std::string& where, const std::vector<s
        }},
       {"tokenizer", [&](const json& v, const std::string& k) { r.data.tokenizer = c.str(v, k); }},
       {"eos_token", [&](const json& v, const std::string& k) { r.data.eos_token = c.str(v, k); }},
+      {"cache_dir", [&](const json& v, const std::string& k) { r.data.cache_dir = c.str(v, k); }},
   };
   S["train"].keys = {
       {"batch_size", [&](const json& v, const std::string& k) { r.train.batch_size = c.i64(v, k, 1); }},
@@ -145,10 +147,12 @@ RunConfig parse_run_config(json j, const std::string& where, const std::vector<s
       {"clip_grad_norm", [&](const json& v, const std::string& k) { r.optim.clip_grad_norm = (float)c.f64(v, k, 0); }},
   };
   S["parallel"].keys = {
-      {"dp", [&](const json& v, const std::string& k) { r.parallel.dp = c.i64(v, k, 1); }},
+      {"dp", [&](const json& v, const std::string& k) { r.parallel.dp = c.i64(v, k, 0); }},
       {"tp", [&](const json& v, const std::string& k) { r.parallel.tp = c.i64(v, k, 1); }},
       {"pp", [&](const json& v, const std::string& k) { r.parallel.pp = c.i64(v, k, 1); }},
       {"ep", [&](const json& v, const std::string& k) { r.parallel.ep = c.i64(v, k, 1); }},
+      {"bucket_size", [&](const json& v, const std::string& k) { r.parallel.bucket_size = c.i64(v, k, 0); }},
+      {"overlap", [&](const json& v, const std::string& k) { r.parallel.overlap = c.boolean(v, k); }},
   };
   S["checkpoint"].keys = {
       {"dir", [&](const json& v, const std::string& k) { r.checkpoint.dir = c.str(v, k); }},
@@ -190,11 +194,24 @@ RunConfig parse_run_config(json j, const std::string& where, const std::vector<s
     r.model = model::parse_config(mj, where + " [model]");
   }
   r.optim.schedule.total_steps = r.train.steps;
-  const ParallelConfig& p = r.parallel;
-  TREX_USER_CHECK(p.dp == 1 && p.tp == 1 && p.pp == 1 && p.ep == 1,
-                  "run on one rank for now (dp = tp = pp = ep = 1); the parallel layer is issue 5", where,
-                  ": [parallel] dp=", p.dp, " tp=", p.tp, " pp=", p.pp, " ep=", p.ep, " is not supported by this build");
+  // Only data parallelism is implemented; the world size is checked at launch (train/loop.cpp).
+  for (auto [key, val, what] : {std::tuple{"tp", r.parallel.tp, "tensor"}, std::tuple{"pp", r.parallel.pp, "pipeline"},
+                                std::tuple{"ep", r.parallel.ep, "expert"}})
+    TREX_USER_CHECK(val == 1,
+                    "data parallelism works: launch with mpirun -np N and set parallel.dp = N (or leave it 0 = the "
+                    "number of ranks); set parallel." + std::string(key) + " = 1",
+                    where, ": parallel.", key, "=", val, ": ", what, " parallelism is not implemented yet");
   return r;
+}
+
+parallel::ParallelDims resolve_parallel(const RunConfig& rc, int world_size) {
+  parallel::ParallelDims d;
+  d.dp = rc.parallel.dp > 0 ? (int)rc.parallel.dp : world_size;
+  d.tp = (int)rc.parallel.tp, d.pp = (int)rc.parallel.pp, d.ep = (int)rc.parallel.ep;
+  TREX_USER_CHECK(world_size > 1 || d.dp == 1, "launch with mpirun -np " + std::to_string(d.dp) + " trex train ...",
+                  "parallel.dp = ", d.dp, " needs ", d.dp, " MPI ranks but trex train runs as one process");
+  d.validate(world_size, rc.model);
+  return d;
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {

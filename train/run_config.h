@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include "kernels/gemm.h"
 #include "model/config.h"
+#include "parallel/dims.h"
 #include "train/data.h"
 #include "train/schedule.h"
 
@@ -24,6 +25,9 @@ struct DataConfig {
   OverflowPolicy overflow = OverflowPolicy::Truncate;
   std::string tokenizer;  // tokenizer.json (default: <model.path>/tokenizer.json)
   std::string eos_token;  // end-of-document token (default: the tokenizer's usual one)
+  // Pre-tokenized, memory-mapped documents (train/token_cache.h): a directory, "auto"
+  // ($TREX_CACHE_DIR/tokens, else $XDG_CACHE_HOME/trex/tokens, else ~/.cache/trex/tokens) or "none".
+  std::string cache_dir = "auto";
 };
 
 struct TrainConfig {
@@ -41,8 +45,13 @@ struct OptimConfig {
   float weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, clip_grad_norm = 1.0f;
 };
 
+// Data parallel over MPI ranks (mpirun -np N trex train ...; docs/PARALLEL.md). tp, pp, ep > 1
+// are refused (not implemented yet).
 struct ParallelConfig {
-  int64_t dp = 1, tp = 1, pp = 1, ep = 1;
+  int64_t dp = 0;  // data-parallel size; 0 = auto: the number of ranks the run was launched with
+  int64_t tp = 1, pp = 1, ep = 1;
+  int64_t bucket_size = 4 << 20;  // slab elements per gradient bucket (0: one bucket)
+  bool overlap = true;            // reduce-scatter each bucket as soon as the backward completes it
 };
 
 struct CheckpointConfig {
@@ -68,6 +77,10 @@ struct RunConfig {
   LogConfig log;
   nlohmann::json raw;  // the merged config as read (saved next to checkpoints)
 };
+
+// The parallel layout of a run launched on world_size ranks (parallel.dp = 0: world_size),
+// validated against the world size and the model (parallel/dims.h): throws trex::UserError.
+parallel::ParallelDims resolve_parallel(const RunConfig& rc, int world_size);
 
 // overrides: "section.key=value" (value parsed as JSON when it parses, else taken as a string).
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});

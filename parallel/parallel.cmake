@@ -1,0 +1,59 @@
+# --- parallel/ (issue 5): MPI communicators, grad-sync buckets, NCCL backend with TREX_CUDA ------
+# Included at the end of CMakeLists.txt (after the trex, trex_tests and trex_ops blocks) by
+# include(parallel/parallel.cmake). It adds parallel/*.cpp to the trex library, links
+# MPI, builds trex_mpi_tests and registers it with CTest on 2 and 3 ranks. Checked with CMake 3.25
+# + Ninja in a scratch project (TREX_CUDA OFF and ON) that defines trex / trex_tests like the main
+# file.
+
+find_package(MPI REQUIRED COMPONENTS CXX)
+option(TREX_CUDA "Build the CUDA backend: the NCCL communicator (parallel/comm_nccl.cu)" OFF)
+
+# Library sources: every parallel/*.cpp (MPI only; no CUDA).
+file(GLOB TREX_PARALLEL_SRC CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/parallel/*.cpp)
+target_sources(trex PRIVATE ${TREX_PARALLEL_SRC})
+target_link_libraries(trex PUBLIC MPI::MPI_CXX)
+# C API only: the deprecated MPI C++ bindings are not used (and warn under -Wextra).
+target_compile_definitions(trex PUBLIC OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1)
+
+if(TREX_CUDA)
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    set(CMAKE_CUDA_ARCHITECTURES 80 90)  # A100, H100 / H200
+  endif()
+  enable_language(CUDA)
+  find_package(CUDAToolkit REQUIRED)
+  # CXX_STANDARD 20 + REQUIRED makes CMake ask for the CUDA20 dialect, whose nvcc flag CMake < 3.26
+  # does not know (error "requires the language dialect CUDA20"): tell it.
+  if(NOT DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+  endif()
+  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/include /usr/include)
+  find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/lib /usr/lib/x86_64-linux-gnu)
+  if(NOT NCCL_INCLUDE_DIR OR NOT NCCL_LIBRARY)
+    message(FATAL_ERROR "TREX_CUDA=ON needs NCCL (nccl.h and libnccl); set NCCL_INCLUDE_DIR / NCCL_LIBRARY")
+  endif()
+  add_library(trex_nccl OBJECT ${CMAKE_CURRENT_SOURCE_DIR}/parallel/comm_nccl.cu)
+  # The directory-wide add_compile_options (-Wall ..., sanitizers) are host-compiler flags that
+  # nvcc does not take directly: replace them on this target with their -Xcompiler form.
+  set_property(TARGET trex_nccl PROPERTY COMPILE_OPTIONS "-Xcompiler=-Wall,-Wextra,-Wno-unused-parameter")
+  set_property(TARGET trex_nccl PROPERTY CUDA_STANDARD 20)
+  target_include_directories(trex_nccl PRIVATE ${CMAKE_CURRENT_SOURCE_DIR} ${NCCL_INCLUDE_DIR})
+  target_compile_definitions(trex_nccl PRIVATE TREX_WITH_NCCL=1)
+  target_sources(trex PRIVATE $<TARGET_OBJECTS:trex_nccl>)
+  target_compile_definitions(trex PUBLIC TREX_WITH_NCCL=1)
+  target_include_directories(trex PUBLIC ${NCCL_INCLUDE_DIR} ${CUDAToolkit_INCLUDE_DIRS})
+  target_link_libraries(trex PUBLIC CUDA::cudart ${NCCL_LIBRARY})
+endif()
+
+# MPI tests: one binary, every test collective; run under mpirun on 2 and 3 ranks (3: odd dp).
+file(GLOB TREX_MPI_TEST_SRC CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/tests/mpi/*.cpp)
+add_executable(trex_mpi_tests ${TREX_MPI_TEST_SRC})
+target_link_libraries(trex_mpi_tests PRIVATE trex GTest::gtest)
+foreach(np 2 3)
+  add_test(NAME mpi_np${np}
+           COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --allow-run-as-root --oversubscribe
+                   ${MPIEXEC_PREFLAGS} $<TARGET_FILE:trex_mpi_tests> ${MPIEXEC_POSTFLAGS})
+  # A rank that fails an assertion before a collective can leave the others waiting: the timeout
+  # turns that into a failure instead of a hang.
+  set_tests_properties(mpi_np${np} PROPERTIES TIMEOUT 300 PROCESSORS ${np})
+endforeach()

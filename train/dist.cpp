@@ -1,0 +1,247 @@
+// Data-parallel state: buckets over the model slab, the grad_ready hook, ZeRO-1 AdamW, checkpoint
+// gathering. See dist.h.
+#include "train/dist.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include "core/error.h"
+#include "kernels/adamw.h"
+#include "model/linear.h"
+
+namespace trex::train {
+
+namespace {
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// Parameter group of a tensor (model.grad_ready numbering, shifted so it indexes a vector):
+// decoder layer l -> l (V4 MTP block k -> num_hidden_layers + k), head -> L, embedding -> L + 1,
+// where L = layout.layers.size().
+int64_t group_of(const model::Model& m, const std::string& name) {
+  const int64_t L = (int64_t)m.layout.layers.size();
+  auto number_after = [&](const char* prefix) -> int64_t {
+    const size_t k = std::strlen(prefix);
+    if (name.compare(0, k, prefix) != 0) return -1;
+    size_t i = k;
+    int64_t v = 0;
+    while (i < name.size() && name[i] >= '0' && name[i] <= '9') v = v * 10 + (name[i++] - '0');
+    return i > k && i < name.size() && name[i] == '.' ? v : -1;
+  };
+  if (int64_t l = number_after("model.layers."); l >= 0) return l;
+  if (int64_t k = number_after("mtp."); k >= 0) return m.cfg.num_hidden_layers + k;
+  if (name.rfind("model.embed_tokens.", 0) == 0) return L + 1;
+  return L;  // final norm, LM head, V4 hc_head
+}
+
+// Replaces an arena by a zero-padded copy of at least `bytes`.
+void grow_arena(Arena& a, const char* name, size_t bytes) {
+  if (a.capacity() >= bytes) return;
+  Arena b(name, bytes);
+  b.zero();
+  if (a.capacity()) std::memcpy(b.base(), a.base(), a.capacity());
+  a = std::move(b);
+}
+
+}  // namespace
+
+DataParallel::DataParallel(parallel::Communicator& dp_comm, model::Model& m, AdamWConfig ocfg, DpOptions o)
+    : comm_(dp_comm), m_(m), o_(o) {
+  const int dp = comm_.size();
+  const int64_t total = m.layout.total, q = 16 * (int64_t)dp;
+  TREX_CHECK(total > 0, "DataParallel: the model has no parameters");
+  padded_ = (total + q - 1) / q * q;
+  grow_arena(m.params, "params", (size_t)padded_ * sizeof(float));
+  grow_arena(m.grads, "grads", (size_t)padded_ * sizeof(float));
+
+  // Buckets: consecutive slab ranges of bs elements (the last one ends at padded_).
+  const int64_t bs = o_.bucket_elems > 0 ? (o_.bucket_elems + q - 1) / q * q : padded_;
+  const int64_t nb = std::max<int64_t>(1, (total + bs - 1) / bs);
+  std::vector<size_t> sizes;
+  for (int64_t b = 0; b < nb; ++b) sizes.push_back((size_t)((b + 1 == nb ? padded_ : (b + 1) * bs) - b * bs));
+  layout_ = parallel::BucketLayout::build(sizes, (size_t)bs, dp, 16);
+  TREX_CHECK(layout_.num_buckets() == nb && (int64_t)layout_.total == padded_, "DataParallel: bucket layout mismatch");
+  for (int b = 0; b < nb; ++b)
+    TREX_CHECK((int64_t)layout_.buckets[b].begin == b * bs && layout_.buckets[b].used == layout_.buckets[b].size,
+               "DataParallel: bucket ", b, " is not a padding-free slab range");
+  sync_ = std::make_unique<parallel::GradSync>(comm_, layout_, m.G(), m.P());
+
+  // This rank's shard of every bucket -> the sharded AdamW.
+  std::vector<SlabRange> owned;
+  for (int b = 0; b < nb; ++b) {
+    const parallel::FlatRange r = layout_.shard(b, comm_.rank());
+    owned.push_back({(int64_t)r.begin, (int64_t)r.end});
+  }
+  opt_ = std::make_unique<AdamW>(m, ocfg, owned);
+
+  // Parameter groups -> buckets they touch.
+  const int64_t ng = (int64_t)m.layout.layers.size() + 2;
+  group_buckets_.assign(ng, {});
+  for (const model::ParamEntry& e : m.layout.entries) {
+    const int64_t g = group_of(m, e.name);
+    TREX_CHECK(g >= 0 && g < ng, "DataParallel: no parameter group for ", e.name);
+    if (e.shape.numel() == 0) continue;
+    for (int64_t b = e.offset / bs; b <= std::min(nb - 1, (e.offset + e.shape.numel() - 1) / bs); ++b)
+      group_buckets_[g].push_back((int)b);
+  }
+  bucket_groups_.assign(nb, 0);
+  for (auto& v : group_buckets_) {
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+    for (int b : v) ++bucket_groups_[b];
+  }
+  left_.assign(nb, 0);
+  fired_.assign(ng, 0);
+  broadcast_replicas();
+}
+
+DataParallel::~DataParallel() { m_.grad_ready = nullptr; }
+
+void DataParallel::broadcast_replicas() {
+  comm_.broadcast(m_.P(), (size_t)padded_, 0);
+  if (!m_.buffers.empty()) comm_.broadcast(m_.buffers.data(), m_.buffers.size(), 0);
+  m_.refresh_bf16();
+}
+
+void DataParallel::begin_step() { sync_->zero_grads(); }
+
+void DataParallel::arm() {
+  left_ = bucket_groups_;
+  std::fill(fired_.begin(), fired_.end(), 0);
+  started_in_bwd_ = 0;
+  if (!o_.overlap) return;
+  for (int b = 0; b < layout_.num_buckets(); ++b)
+    if (left_[b] == 0) {  // no parameters in it (gaps, padding): ready now
+      sync_->mark_ready(b);
+      ++started_in_bwd_;
+    }
+  m_.grad_ready = [this](int64_t g) { on_group(g); };
+}
+
+void DataParallel::on_group(int64_t g) {
+  const int64_t L = (int64_t)m_.layout.layers.size();
+  const int64_t i = g == model::Model::kGradGroupHead ? L : g == model::Model::kGradGroupEmbed ? L + 1 : g;
+  TREX_CHECK(i >= 0 && i < (int64_t)fired_.size() && !fired_[i], "DataParallel: parameter group ", g,
+             " reported twice or unknown");
+  fired_[i] = 1;
+  for (int b : group_buckets_[i])
+    if (--left_[b] == 0) {
+      sync_->mark_ready(b);
+      ++started_in_bwd_;
+    }
+}
+
+void DataParallel::disarm() {
+  m_.grad_ready = nullptr;
+  // Buckets the hook did not complete (overlap off, or a model without the hook): all now, in
+  // order (the same order on every rank).
+  for (int b = 0; b < layout_.num_buckets(); ++b)
+    if (!o_.overlap || left_[b] > 0) {
+      left_[b] = 0;
+      sync_->mark_ready(b);
+    }
+}
+
+double DataParallel::finish_grads(bool inject_nan) {
+  sync_->finish_grad_sync();
+  if (inject_nan && rank() == 0) sync_->grad_shard(0)[0] = std::nanf("");
+  double ss = 0;
+  for (int b = 0; b < layout_.num_buckets(); ++b) {
+    std::span<float> g = sync_->grad_shard(b);
+    ss += kern::sum_squares(g.data(), (int64_t)g.size());
+  }
+  sum(&ss, 1);
+  return std::sqrt(ss);
+}
+
+void DataParallel::gather_params() {
+  sync_->start_param_all_gather();
+  const int64_t total = m_.layout.total;
+  for (int b = layout_.num_buckets() - 1; b >= 0; --b) {  // the order they were started in
+    sync_->wait_param_bucket(b);
+    if (m_.params_bf16.empty()) continue;
+    const int64_t lo = (int64_t)layout_.buckets[b].begin, hi = std::min<int64_t>(lo + layout_.buckets[b].size, total);
+    if (lo < hi) model::to_bf16(m_.P() + lo, m_.params_bf16.data() + lo, hi - lo);
+  }
+}
+
+void DataParallel::sum(int64_t* v, size_t n) {
+  const double t0 = now_s();
+  comm_.all_reduce(v, n);
+  wait_s_ += now_s() - t0;
+}
+
+void DataParallel::sum(double* v, size_t n) {
+  const double t0 = now_s();
+  comm_.all_reduce(v, n);
+  wait_s_ += now_s() - t0;
+}
+
+std::vector<std::vector<int64_t>> DataParallel::sum_loads(const std::vector<std::vector<int64_t>>& load) {
+  std::vector<int64_t> flat;
+  for (const auto& v : load) flat.insert(flat.end(), v.begin(), v.end());
+  if (!flat.empty()) sum(flat.data(), flat.size());
+  std::vector<std::vector<int64_t>> out(load.size());
+  size_t k = 0;
+  for (size_t l = 0; l < load.size(); ++l) {
+    out[l].assign(flat.begin() + k, flat.begin() + k + load[l].size());
+    k += load[l].size();
+  }
+  return out;
+}
+
+double DataParallel::exposed_wait_s() const { return wait_s_ + sync_->exposed_wait_seconds(); }
+
+void DataParallel::gather_moments(std::vector<float>& m1, std::vector<float>& m2) {
+  const int64_t S = opt_->state_elems();  // the same on every rank (equal shards)
+  const int tag = 7301;
+  if (rank() != 0) {
+    comm_.send(opt_->M1(), (size_t)S, DType::F32, 0, tag);
+    comm_.send(opt_->M2(), (size_t)S, DType::F32, 0, tag);
+    m1.clear();
+    m2.clear();
+    return;
+  }
+  m1.assign((size_t)padded_, 0.f);
+  m2.assign((size_t)padded_, 0.f);
+  std::vector<float> r1((size_t)S), r2((size_t)S);
+  for (int r = 0; r < size(); ++r) {
+    const float *s1 = opt_->M1(), *s2 = opt_->M2();
+    if (r != 0) {
+      comm_.recv(r1.data(), (size_t)S, DType::F32, r, tag);
+      comm_.recv(r2.data(), (size_t)S, DType::F32, r, tag);
+      s1 = r1.data(), s2 = r2.data();
+    }
+    int64_t state = 0;
+    for (int b = 0; b < layout_.num_buckets(); ++b) {
+      const parallel::FlatRange fr = layout_.shard(b, r);
+      std::copy(s1 + state, s1 + state + fr.size(), m1.begin() + fr.begin);
+      std::copy(s2 + state, s2 + state + fr.size(), m2.begin() + fr.begin);
+      state += (int64_t)fr.size();
+    }
+  }
+}
+
+std::string save_checkpoint(const std::string& run_dir, DataParallel& dp, const TrainState& state, int keep) {
+  std::vector<float> m1, m2;
+  dp.gather_moments(m1, m2);
+  std::string dir;
+  if (dp.rank() == 0) dir = save_checkpoint(run_dir, dp.model(), m1.data(), m2.data(), dp.opt().steps(), state, keep);
+  dp.comm().barrier();  // the checkpoint is complete before any rank goes on (or resumes from it)
+  if (dp.rank() != 0) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "step-%08lld", (long long)state.step);
+    dir = (std::filesystem::path(run_dir) / "checkpoints" / buf).string();
+  }
+  return dir;
+}
+
+TrainState load_checkpoint(const std::string& dir, DataParallel& dp) {
+  TrainState st = load_checkpoint(dir, dp.model(), dp.opt());
+  dp.broadcast_replicas();
+  return st;
+}
+
+}  // namespace trex::train

@@ -1,0 +1,119 @@
+// Data-parallel training state of one rank: gradient buckets over the model's own parameter /
+// gradient slabs (zero copy), the ZeRO-1 sharded AdamW, and the collectives of one step. The
+// step itself is train/trainer.cpp: trainer_step(DataParallel&, ...).
+//
+// Layout. The model's f32 slabs (model.params, model.grads, layout.total elements in forward
+// order) are padded with zeros to a multiple of 16 * dp elements and cut into buckets of
+// bucket_elems (rounded up to a multiple of 16 * dp) consecutive slab elements; every bucket is a
+// multiple of 16 * dp, so parallel::BucketLayout adds no padding inside the slab and bucket b's
+// flat range IS the slab range [b * size, ...): the reduce-scatter and the all-gather run in place
+// on the model's slabs. A bucket may cut a tensor in two; a bucket is ready when every parameter
+// group (a decoder layer, the head, the embedding: model.grad_ready) touching it has its final
+// gradient. Rank r owns shard r of every bucket (16-element, 64-byte aligned); its AdamW moments
+// cover those shards only (about 1/dp of the full moments), with weight decay / frozen per
+// element taken from the parameter each element belongs to.
+//
+// One step (all ranks, same order):
+//   begin_step()                       grads = 0
+//   micro-batches 1 .. n-1             backward accumulates locally, no communication
+//   arm(); last backward; disarm()     the model's grad_ready hook marks buckets ready as layers
+//                                      finish: each bucket's reduce-scatter starts during the
+//                                      backward (overlap); disarm() marks what is left
+//   finish_grads()                     waits; shard = sum over ranks of the weighted gradients;
+//                                      returns the global gradient norm (all-reduced)
+//   opt().apply(); gather_params()     update the shard, all-gather the parameters, refresh bf16
+// Gradients are SUMMED over ranks: trainer_step weights each micro-batch by its share of the
+// GLOBAL target count times dp (GradSync averages, i.e. divides by dp).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+#include "parallel/buckets.h"
+#include "parallel/comm.h"
+#include "parallel/grad_sync.h"
+#include "train/checkpoint.h"
+#include "train/optimizer.h"
+
+namespace trex::train {
+
+struct DpOptions {
+  int64_t bucket_elems = 4 << 20;  // slab elements per gradient bucket (rounded up to 16 * dp); 0 = one bucket
+  bool overlap = true;             // start reduce-scatters from the backward (else after it)
+};
+
+class DataParallel {
+ public:
+  // Collective over dp_comm. Pads m's parameter and gradient slabs, builds the buckets, creates
+  // the sharded AdamW and makes the replicas equal (broadcast of rank 0's weights and buffers).
+  DataParallel(parallel::Communicator& dp_comm, model::Model& m, AdamWConfig ocfg, DpOptions o = {});
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  parallel::Communicator& comm() const { return comm_; }
+  int rank() const { return comm_.rank(); }
+  int size() const { return comm_.size(); }
+  model::Model& model() const { return m_; }
+  AdamW& opt() { return *opt_; }
+  const AdamW& opt() const { return *opt_; }
+  const parallel::BucketLayout& buckets() const { return layout_; }
+  int64_t padded_elems() const { return padded_; }
+  const DpOptions& options() const { return o_; }
+
+  // --- the step (trainer_step) ---
+  void begin_step();
+  void arm();     // before the last micro-batch's forward_backward: installs model.grad_ready
+  void disarm();  // after it: removes the hook, marks the buckets it did not mark
+  // Waits for the gradient reduce-scatter; returns the global L2 norm of the gradient.
+  // inject_nan (test hook): rank 0 puts a NaN into its shard first.
+  double finish_grads(bool inject_nan = false);
+  void gather_params();  // all-gather of the updated shards, then the bf16 shadow
+  // In place: sums over ranks (blocking; counted as exposed communication).
+  void sum(int64_t* v, size_t n);
+  void sum(double* v, size_t n);
+  std::vector<std::vector<int64_t>> sum_loads(const std::vector<std::vector<int64_t>>& load);
+  // rank 0's weights and buffers to every rank (after init or a checkpoint load).
+  void broadcast_replicas();
+
+  // Seconds this rank spent blocked in communication since construction (GradSync waits and the
+  // small blocking all-reduces of the step).
+  double exposed_wait_s() const;
+  // Buckets whose reduce-scatter was started before the last backward returned (by the hook).
+  int buckets_started_in_backward() const { return started_in_bwd_; }
+
+  // AdamW moments of the whole slab ([layout.total] each, indexed like the slab) on rank 0;
+  // empty vectors on the other ranks. Collective.
+  void gather_moments(std::vector<float>& m1, std::vector<float>& m2);
+
+ private:
+  void on_group(int64_t g);
+  parallel::Communicator& comm_;
+  model::Model& m_;
+  DpOptions o_;
+  int64_t padded_ = 0;
+  parallel::BucketLayout layout_;
+  std::unique_ptr<parallel::GradSync> sync_;
+  std::unique_ptr<AdamW> opt_;
+  std::vector<std::vector<int>> group_buckets_;  // [groups] buckets touched by each parameter group
+  std::vector<int> bucket_groups_;               // [buckets] groups touching each bucket
+  std::vector<int> left_;                        // [buckets] groups still to finish this step
+  std::vector<char> fired_;                      // [groups]
+  int started_in_bwd_ = 0;
+  double wait_s_ = 0;                            // blocking all-reduces
+};
+
+// Collective: rank 0 writes the checkpoint a single-rank run would write (moments gathered from
+// the shards); every rank returns its directory.
+std::string save_checkpoint(const std::string& run_dir, DataParallel& dp, const TrainState& state, int keep = 3);
+// Every rank loads the full checkpoint and keeps its shard of the moments (load_checkpoint on the
+// sharded AdamW), then the replicas are made equal.
+TrainState load_checkpoint(const std::string& dir, DataParallel& dp);
+
+// Which global batch positions rank r reads: micro-batch a of a step takes global positions
+// step_begin + a * dp * B + r * B + [0, B), so the union over ranks of micro-batch a is micro-batch
+// a of a single-rank run with batch_size dp * B (same sequences, same step).
+inline int64_t dp_data_position(int64_t step_begin, int64_t a, int r, int dp, int64_t B, int64_t i) {
+  return step_begin + (a * dp + r) * B + i;
+}
+
+}  // namespace trex::train
