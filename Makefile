@@ -2,7 +2,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps build test demo bench clean pyref
+.PHONY: all deps build test demo bench clean pyref fuzz test-sanitize
 
 all: build
 
@@ -24,6 +24,16 @@ demo: build
 bench: build
 	$(BUILD)/trex bench peak
 	$(BUILD)/trex bench step --config configs/bench-v3.toml --steps 6
+
+# libFuzzer targets of fuzz/ (clang, ASan + UBSan), FUZZ_SECONDS each (RELIABILITY.md).
+FUZZ_SECONDS ?= 60
+fuzz:
+	@bash scripts/deps.sh fuzz
+	bash scripts/fuzz.sh $(FUZZ_SECONDS)
+
+# Unit tests built with ASan + UBSan in build-asan/ (RELIABILITY.md).
+test-sanitize: deps
+	bash scripts/test_sanitize.sh
 
 # Python reference environment (torch + transformers) for regenerating parity dumps.
 pyref:

@@ -78,7 +78,7 @@ void add_generate(CLI::App& app) {
       nlohmann::json j;
       try {
         j = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::parse_error&) {
+      } catch (const nlohmann::json::exception&) {
         TREX_USER_FAIL("each line must be a JSON object", o->input, ":", ln, ": not valid JSON");
       }
       std::string p = j.contains("prompt") && j["prompt"].is_string()       ? j["prompt"].get<std::string>()

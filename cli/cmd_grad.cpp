@@ -62,7 +62,7 @@ void add_grad(CLI::App& app) {
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(f);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {
       TREX_USER_FAIL("the batch file must be JSON", o->batch, ": ", e.what());
     }
     int64_t B, T, B2, T2;

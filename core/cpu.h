@@ -73,6 +73,17 @@ inline Isa cpu_isa() {
   return isa;
 }
 
+// TREX_ISA=ref: every kernel, GEMM included, runs its scalar reference. Without that, GEMM goes
+// to oneDNN even on a CPU without AVX-512 (oneDNN picks AVX2 / SSE itself); only trex's own
+// AVX-512 kernels fall back to the reference there.
+inline bool isa_ref_forced() {
+  static const bool forced = [] {
+    const char* e = std::getenv("TREX_ISA");
+    return e && !std::strcmp(e, "ref");
+  }();
+  return forced;
+}
+
 inline const char* isa_name(Isa i) {
   switch (i) {
     case Isa::Ref: return "ref";

@@ -50,7 +50,9 @@ struct StrictSax {
   using string_t = json::string_t;
   const std::string& where;
   const char* hint;
+  const char* top_key;  // what a top-level key is ("tensor name", "key"), for messages
   std::vector<std::unordered_set<std::string>> keys;  // one set per open object
+  std::vector<std::string> last;                      // the latest key of each open object
   int depth = 0;
 
   void enter() {
@@ -67,14 +69,20 @@ struct StrictSax {
   bool start_object(std::size_t) {
     enter();
     keys.emplace_back();
+    last.emplace_back();
     return true;
   }
   bool key(string_t& k) {
-    TREX_USER_CHECK(keys.back().insert(k).second, hint, where, ": duplicate JSON key '", k, "'");
+    if (!keys.back().insert(k).second) {
+      if (keys.size() == 1) TREX_USER_FAIL(hint, where, ": duplicate ", top_key, " '", k, "'");
+      TREX_USER_FAIL(hint, where, ": duplicate JSON key '", k, "' in '", last[keys.size() - 2], "'");
+    }
+    last.back() = k;
     return true;
   }
   bool end_object() {
     keys.pop_back();
+    last.pop_back();
     --depth;
     return true;
   }
@@ -87,18 +95,20 @@ struct StrictSax {
     return true;
   }
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& ex) {
-    TREX_USER_FAIL(hint, where, ": header is not valid JSON (", ex.what(), ")");
+    TREX_USER_FAIL(hint, where, ": not valid JSON (", ex.what(), ")");
   }
 };
 
 // Parses JSON from [b, e) strictly (see StrictSax). `where` prefixes every message.
-json parse_strict(const char* b, const char* e, const std::string& where, const char* hint) {
-  StrictSax sax{where, hint, {}, 0};
+// top_key: what a top-level key is, for the duplicate-key message.
+json parse_strict(const char* b, const char* e, const std::string& where, const char* hint,
+                  const char* top_key) {
+  StrictSax sax{where, hint, top_key, {}, {}, 0};
   json::sax_parse(b, e, &sax);
   try {
     return json::parse(b, e);
   } catch (const json::exception& ex) {  // unreachable after a clean SAX pass
-    TREX_USER_FAIL(hint, where, ": header is not valid JSON (", ex.what(), ")");
+    TREX_USER_FAIL(hint, where, ": not valid JSON (", ex.what(), ")");
   }
 }
 
@@ -248,12 +258,14 @@ SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
     release();
     path_ = std::move(o.path_);
     map_ = o.map_;
+    own_ = std::move(o.own_);  // moving a vector keeps its buffer, so map_ stays valid
     size_ = o.size_;
     data_start_ = o.data_start_;
     tensors_ = std::move(o.tensors_);
     index_ = std::move(o.index_);
     metadata_ = std::move(o.metadata_);
     o.map_ = nullptr;
+    o.own_.clear();
     o.size_ = 0;
   }
   return *this;
@@ -262,8 +274,10 @@ SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
 SafetensorsFile::~SafetensorsFile() { release(); }
 
 void SafetensorsFile::release() {
-  if (map_) ::munmap(const_cast<uint8_t*>(map_), size_);
+  if (map_ && own_.empty()) ::munmap(const_cast<uint8_t*>(map_), size_);
   map_ = nullptr;
+  own_.clear();
+  own_.shrink_to_fit();
   size_ = 0;
 }
 
@@ -296,6 +310,19 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   return f;
 }
 
+SafetensorsFile SafetensorsFile::from_bytes(const void* bytes, size_t size, const std::string& name) {
+  SafetensorsFile f;
+  f.path_ = name;
+  TREX_USER_CHECK(size >= 8, kCorrupt, "safetensors file '", name, "' is ", size,
+                  " bytes, shorter than the 8-byte header length");
+  const uint8_t* b = static_cast<const uint8_t*>(bytes);
+  f.own_.assign(b, b + size);
+  f.map_ = f.own_.data();
+  f.size_ = size;
+  f.parse_header();
+  return f;
+}
+
 void SafetensorsFile::parse_header() {
   const std::string where = "safetensors file '" + path_ + "'";
   uint64_t n;
@@ -309,7 +336,7 @@ void SafetensorsFile::parse_header() {
   data_start_ = 8 + n;
   const uint64_t data_size = size_ - data_start_;
   const char* hb = reinterpret_cast<const char*>(map_ + 8);
-  json j = parse_strict(hb, hb + n, where, kCorrupt);
+  json j = parse_strict(hb, hb + n, where, kCorrupt, "tensor name");
   TREX_USER_CHECK(j.is_object(), kCorrupt, where, ": header is not a JSON object");
 
   tensors_.reserve(j.size());
@@ -397,11 +424,11 @@ void SafetensorsFile::parse_header() {
   uint64_t expect = 0;
   for (size_t i = 0; i < tensors_.size(); ++i) {
     const TensorInfo& t = tensors_[i];
-    TREX_USER_CHECK(t.offset >= expect, kCorrupt, where, ": tensor '", t.name, "' [", t.offset,
-                    ", ", t.offset + t.nbytes, ") overlaps tensor '", tensors_[i - 1].name,
-                    "' ending at ", expect);
+    TREX_USER_CHECK(t.offset >= expect, kCorrupt, where, ": tensor '", t.name,
+                    "': data_offsets [", t.offset, ", ", t.offset + t.nbytes,
+                    ") overlaps tensor '", tensors_[i - 1].name, "' ending at ", expect);
     TREX_USER_CHECK(t.offset == expect, kCorrupt, where, ": tensor '", t.name,
-                    "' starts at ", t.offset, " leaving a ", t.offset - expect,
+                    "': data_offsets start at ", t.offset, " leaving a ", t.offset - expect,
                     "-byte hole after offset ", expect, " (data must be contiguous)");
     expect = t.offset + t.nbytes;
   }
@@ -502,7 +529,7 @@ SafetensorsDir SafetensorsDir::open(const std::string& dir) {
     TREX_USER_CHECK(in && in.read(text.data(), static_cast<std::streamsize>(isize)),
                     "check permissions", where, ": cannot read");
   }
-  json j = parse_strict(text.data(), text.data() + text.size(), where, kIndexHint);
+  json j = parse_strict(text.data(), text.data() + text.size(), where, kIndexHint, "key");
   TREX_USER_CHECK(j.is_object(), kIndexHint, where, ": not a JSON object");
   auto wm = j.find("weight_map");
   TREX_USER_CHECK(wm != j.end() && wm->is_object(), kIndexHint, where,

@@ -42,11 +42,16 @@ float f16_to_f32(uint16_t h);
 // Parses a safetensors dtype tag ("F32", "BF16", "F8_E4M3", ...); false if unknown.
 bool parse_dtype(const std::string& s, DType* out);
 
-// One .safetensors file, memory-mapped read-only for its lifetime. Move-only.
+// One .safetensors file, memory-mapped read-only for its lifetime (or an in-memory copy, see
+// from_bytes). Move-only.
 class SafetensorsFile {
  public:
   // Maps and validates the file; throws UserError naming the file (and tensor) on any problem.
   static SafetensorsFile open(const std::string& path);
+  // Validates an in-memory file image with exactly the checks of open() and keeps a copy of
+  // it (heap, `size` bytes, so a sanitizer sees any read past the end); `name` stands for the
+  // path in messages and path(). For tests and fuzzing (fuzz/fuzz_safetensors.cpp).
+  static SafetensorsFile from_bytes(const void* bytes, size_t size, const std::string& name);
 
   SafetensorsFile(SafetensorsFile&& o) noexcept;
   SafetensorsFile& operator=(SafetensorsFile&& o) noexcept;
@@ -74,7 +79,8 @@ class SafetensorsFile {
   void release();
 
   std::string path_;
-  const uint8_t* map_ = nullptr;
+  const uint8_t* map_ = nullptr;  // the mapping, or own_.data() for from_bytes
+  std::vector<uint8_t> own_;      // non-empty only for from_bytes (then nothing is mapped)
   uint64_t size_ = 0;
   uint64_t data_start_ = 0;
   std::vector<TensorInfo> tensors_;

@@ -54,15 +54,41 @@ void check_decoder(const json& j, const std::string& where) {
                   "' is not supported; trex supports the ByteLevel decoder only");
 }
 
-int32_t id_of(const json& j, const std::string& where, const std::string& path) {
-  TREX_USER_CHECK(j.is_number_integer() && j.get<int64_t>() >= 0 && j.get<int64_t>() < (1ll << 31), kHint, where,
+// id_limit: see tok::token_id_limit.
+int32_t id_of(const json& j, const std::string& where, const std::string& path, int32_t id_limit) {
+  TREX_USER_CHECK(j.is_number_integer() && j.get<int64_t>() >= 0, kHint, where,
                   ": field ", path, " must be a non-negative integer id, got ", j.dump());
+  TREX_USER_CHECK(j.get<int64_t>() < id_limit, kHint, where, ": field ", path, ": id ", j.get<int64_t>(),
+                  " is out of range (ids of this file must be below ", id_limit,
+                  ": trex sizes its id tables by the largest id)");
   return (int32_t)j.get<int64_t>();
 }
 
+// Deepest nesting of [ and { outside strings; a linear scan run before parsing, so that the
+// recursive readers below (Sequence of Sequences...) and JSON dumps in messages stay shallow.
+int json_depth(std::string_view s) {
+  int d = 0, deepest = 0;
+  bool in_str = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_str) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_str = false;
+    } else if (c == '"') {
+      in_str = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++d);
+    } else if (c == ']' || c == '}') {
+      --d;
+    }
+  }
+  return deepest;
+}
+constexpr int kMaxJsonDepth = 64;  // a tokenizer.json nests about 5 deep
+
 // One post_processor: ids it puts before and after a single sequence.
 void parse_post(const json& j, const std::string& where, const std::string& path, std::vector<int32_t>& pre,
-                std::vector<int32_t>& post) {
+                std::vector<int32_t>& post, int32_t id_limit) {
   if (j.is_null()) return;
   TREX_USER_CHECK(j.is_object() && j.contains("type") && j["type"].is_string(), kHint, where, ": field ", path,
                   " must be null or an object with a \"type\"");
@@ -74,7 +100,7 @@ void parse_post(const json& j, const std::string& where, const std::string& path
     for (size_t k = 0; k < it->size(); ++k) {
       // Each processor wraps the output of the previous ones.
       std::vector<int32_t> p2, s2;
-      parse_post((*it)[k], where, path + ".processors[" + std::to_string(k) + "]", p2, s2);
+      parse_post((*it)[k], where, path + ".processors[" + std::to_string(k) + "]", p2, s2, id_limit);
       pre.insert(pre.begin(), p2.begin(), p2.end());
       post.insert(post.end(), s2.begin(), s2.end());
     }
@@ -85,7 +111,7 @@ void parse_post(const json& j, const std::string& where, const std::string& path
       auto it = j.find(k);
       TREX_USER_CHECK(it != j.end() && it->is_array() && it->size() == 2, kHint, where, ": field ", path, ".", k,
                       " must be [token, id]");
-      (std::string(k) == "cls" ? pre : post).push_back(id_of((*it)[1], where, path + "." + k + "[1]"));
+      (std::string(k) == "cls" ? pre : post).push_back(id_of((*it)[1], where, path + "." + k + "[1]", id_limit));
     }
     return;
   }
@@ -116,7 +142,7 @@ void parse_post(const json& j, const std::string& where, const std::string& path
                     where, ": field ", path, ".special_tokens[\"", name, "\"] is missing or has no ids");
     auto& dst = seen_a ? post : pre;
     for (size_t q = 0; q < (*sp)["ids"].size(); ++q)
-      dst.push_back(id_of((*sp)["ids"][q], where, path + ".special_tokens[\"" + name + "\"].ids"));
+      dst.push_back(id_of((*sp)["ids"][q], where, path + ".special_tokens[\"" + name + "\"].ids", id_limit));
   }
   TREX_USER_CHECK(seen_a, kHint, where, ": field ", path, ".single has no {\"Sequence\": {\"id\": \"A\"}}");
 }
@@ -162,10 +188,13 @@ Tokenizer Tokenizer::load(const std::string& path) {
 }
 
 Tokenizer Tokenizer::from_json_string(const std::string& text, const std::string& where) {
+  TREX_USER_CHECK(json_depth(text) <= kMaxJsonDepth, "the file is not a tokenizer.json; re-save it with tokenizers' "
+                  "Tokenizer.save()", where, ": JSON nested deeper than ", kMaxJsonDepth, " levels");
+  const int32_t id_limit = tok::token_id_limit(text.size());
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 1e999
     TREX_USER_FAIL("the file is not valid JSON; re-save it with tokenizers' Tokenizer.save()", where,
                    ": not valid JSON: ", e.what());
   }
@@ -181,8 +210,8 @@ Tokenizer Tokenizer::from_json_string(const std::string& text, const std::string
   check_normalizer(j.value("normalizer", json()), where, "normalizer");
   im.pre = tok::PreTokenizer::from_json(j.value("pre_tokenizer", json()), where);
   check_decoder(j.value("decoder", json()), where);
-  im.model = tok::BpeModel::from_json(j["model"], where);
-  parse_post(j.value("post_processor", json()), where, "post_processor", im.prefix, im.suffix);
+  im.model = tok::BpeModel::from_json(j["model"], where, id_limit);
+  parse_post(j.value("post_processor", json()), where, "post_processor", im.prefix, im.suffix, id_limit);
 
   // Added tokens, with ids assigned as tokenizers' AddedVocabulary::add_tokens does.
   const json at = j.value("added_tokens", json::array());
@@ -202,7 +231,7 @@ Tokenizer Tokenizer::from_json_string(const std::string& text, const std::string
     a.lstrip = tok::json_get::boolean(t, "lstrip", false, where, path);
     a.rstrip = tok::json_get::boolean(t, "rstrip", false, where, path);
     a.normalized = tok::json_get::boolean(t, "normalized", !a.special, where, path);
-    int32_t file_id = t.contains("id") ? id_of(t["id"], where, path + ".id") : -1;
+    int32_t file_id = t.contains("id") ? id_of(t["id"], where, path + ".id", id_limit) : -1;
     if (a.special) special_set.insert(a.content);
     if (a.content.empty() || im.added_ids.count(a.content)) continue;  // ignored, as tokenizers does
     int32_t mid = im.model.token_to_id(a.content);

@@ -66,7 +66,7 @@ BpeModel::~BpeModel() = default;
 BpeModel::BpeModel(BpeModel&&) noexcept = default;
 BpeModel& BpeModel::operator=(BpeModel&&) noexcept = default;
 
-BpeModel BpeModel::from_json(const nlohmann::json& j, const std::string& where) {
+BpeModel BpeModel::from_json(const nlohmann::json& j, const std::string& where, int32_t id_limit) {
   BpeModel m;
   m.where_ = where;
   TREX_USER_CHECK(j.is_object(), kHint, where, ": field model must be an object");
@@ -107,9 +107,12 @@ BpeModel BpeModel::from_json(const nlohmann::json& j, const std::string& where) 
   m.vocab_.reserve(vit->size());
   int32_t max_id = -1;
   for (auto it = vit->begin(); it != vit->end(); ++it) {
-    TREX_USER_CHECK(it->is_number_integer() && it->get<int64_t>() >= 0 && it->get<int64_t>() < (1ll << 31), kHint,
+    TREX_USER_CHECK(it->is_number_integer() && it->get<int64_t>() >= 0, kHint,
                     where, ": field model.vocab[\"", it.key(), "\"] must be a non-negative integer id, got ",
                     it->dump());
+    TREX_USER_CHECK(it->get<int64_t>() < id_limit, kHint, where, ": field model.vocab[\"", it.key(), "\"]: id ",
+                    it->get<int64_t>(), " is out of range (ids of this file must be below ", id_limit,
+                    ": trex sizes its id tables by the largest id)");
     int32_t id = (int32_t)it->get<int64_t>();
     m.vocab_.emplace(it.key(), id);
     max_id = std::max(max_id, id);

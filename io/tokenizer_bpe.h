@@ -4,6 +4,7 @@
 // the algorithm of tokenizers' Word::merge_all, so results are identical even for vocabularies
 // with several merges producing the same string. A sharded, bounded word cache sits in front.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -15,6 +16,15 @@
 #include "io/tokenizer_text.h"
 
 namespace trex::io::tok {
+
+// Largest token id + 1 accepted from a tokenizer.json of `json_bytes` bytes. Id tables are
+// sized by the largest id, so an id is bounded by the file that states it: a file can densely
+// describe fewer tokens than it has bytes. The floor of 2^20 leaves room for sparse ids in small
+// files; the cap keeps ids assigned after the largest one (added tokens) inside int32.
+inline int32_t token_id_limit(size_t json_bytes) {
+  const size_t lim = std::max<size_t>(json_bytes, size_t{1} << 20);
+  return static_cast<int32_t>(std::min<size_t>(lim, size_t{1} << 30));
+}
 
 // Per-thread scratch for BpeModel::encode_word.
 struct BpeScratch {
@@ -68,7 +78,8 @@ class BpeModel {
 
   // j: the "model" value of tokenizer.json; `where` names the file. Throws UserError naming the
   // field for anything unsupported or inconsistent (merge tokens missing from the vocab, ...).
-  static BpeModel from_json(const nlohmann::json& j, const std::string& where);
+  // Ids must be below id_limit (see token_id_limit): tables are sized by the largest id.
+  static BpeModel from_json(const nlohmann::json& j, const std::string& where, int32_t id_limit);
 
   int32_t token_to_id(std::string_view token) const;  // -1 if absent
   const std::string* id_to_token(int32_t id) const;   // nullptr if absent

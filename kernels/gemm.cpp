@@ -163,7 +163,7 @@ void gemm_any(const char* fn, Prec pa, Prec pb, bool ta, bool tb, int64_t M, int
   check_args(fn, ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
   if (M == 0 || N == 0) return;
   if (K == 0) return scale_c(M, N, beta, C, ldc);
-  if (cpu_isa() == Isa::Ref) {
+  if (isa_ref_forced()) {
     if (pa == Prec::F32 && pb == Prec::F32) return gemm_ref<float, float>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     if (pa == Prec::F32) return gemm_ref<float, bf16>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     if (pb == Prec::F32) return gemm_ref<bf16, float>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);

@@ -14,7 +14,8 @@
 // and multiplied by the same sgemm. Measured on the 2-core Emerald Rapids VM (1 core): fp32
 // FMA peak 174 GFLOP/s, vdpbf16ps peak 87 GFLOP/s (half!), sgemm 145-165, oneDNN's bf16
 // matmul (bf16 emulated: CPUID hides AVX512-BF16) 31, widen + sgemm 135-158. So no
-// vdpbf16ps kernel can beat widening here. TREX_ISA=ref selects the scalar reference instead.
+// vdpbf16ps kernel can beat widening here. TREX_ISA=ref selects the scalar reference instead;
+// a CPU without AVX-512 still uses oneDNN (its AVX2 code) and widens bf16 with scalar code.
 // Results are deterministic for a fixed thread count.
 #pragma once
 #include <cstdint>

@@ -146,7 +146,7 @@ ModelConfig load_config_json(const std::string& path) {
   json j;
   try {
     j = json::parse(f);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     TREX_USER_FAIL("the file must be valid JSON", path, ": not valid JSON: ", e.what());
   }
   return parse_config(j, path);

@@ -75,7 +75,7 @@ void parse_layer_types(const json& j, const std::string& where, ModelConfig& c) 
                     ": mlp_layer_types must be a list of num_hidden_layers (", L, ") strings");
     for (int64_t l = 0; l < L; ++l) {
       TREX_USER_CHECK(mt[l].is_string() && (mt[l] == "hash_moe" || mt[l] == "moe"), "allowed: hash_moe, moe", where,
-                      ": mlp_layer_types[", l, "] = ", mt[l].dump(), " is not a DeepSeek-V4 MLP type");
+                      ": mlp_layer_types[", l, "] = ", cfgread::shown(mt[l]), " is not a DeepSeek-V4 MLP type");
       v.hash[l] = mt[l] == "hash_moe";
     }
   } else {

@@ -142,6 +142,7 @@ class Parser {
   size_t p_ = 0;
   LpModel m_;
   std::unordered_set<std::string> row_names_;
+  const Token* inf_const_ = nullptr;  // first infinite constant term of the last expression
 
   const Token& cur() const { return t_[p_]; }
   const Token& at(size_t k) const { return t_[std::min(k, t_.size() - 1)]; }
@@ -189,6 +190,7 @@ class Parser {
   // Returns whether any variable term was read.
   bool expression(std::map<int, double>& coefs, std::vector<int>& order, double& constant) {
     bool any_var = false, first = true;
+    inf_const_ = nullptr;
     for (;;) {
       if (section_at(p_) != Sec::None) break;
       double sign = 1;
@@ -215,7 +217,10 @@ class Parser {
         } else if (star) {
           fail("expected a variable after '*', got '" + cur().text + "'", cur());
         } else {
-          constant += sign * v;
+          // Infinite constants are clamped to +-kLpInf (so no inf - inf = NaN) and remembered:
+          // only a range's leading constant may be infinite (see no_inf_const).
+          if (lp_is_inf(v) && !inf_const_) inf_const_ = &tk;
+          constant += sign * clamp_inf(v);
         }
       } else if (tk.kind == Tk::Name && !is_label(p_)) {
         add(coefs, order, tk, sign);
@@ -253,6 +258,7 @@ class Parser {
     std::vector<int> order;
     double c = 0;
     expression(coefs, order, c);
+    no_inf_const();
     m_.obj = terms_of(coefs, order);
     m_.obj_const = c;
     Sec s = section_at(p_);
@@ -262,6 +268,16 @@ class Parser {
       fail("expected '+' or '-' between objective terms, got '" + cur().text + "'", cur());
     }
     return s;
+  }
+
+  // A value moved across a comparison: anything of infinite magnitude becomes exactly +-kLpInf.
+  static double clamp_inf(double v) { return lp_is_inf(v) ? (v < 0 ? -kLpInf : kLpInf) : v; }
+  // After an expression with variables (or the objective): an infinite constant term there
+  // would make the row inf - inf or an infinite lower bound, which CLP asserts on.
+  void no_inf_const() {
+    if (inf_const_)
+      fail("infinite constant '" + inf_const_->text +
+           "' in an expression (infinity belongs in bounds and right-hand sides)", *inf_const_);
   }
 
   // Signed constant (number or +-inf) at the cursor.
@@ -309,6 +325,7 @@ class Parser {
       double c1 = 0;
       const Token& lhs_tok = cur();
       bool vars1 = expression(coefs, order, c1);
+      if (vars1) no_inf_const();
       if (cur().kind != Tk::Sense) {
         if (order.empty() && c1 == 0) fail("expected a constraint, got '" + cur().text + "'", cur());
         fail("expected a comparison (<=, >=, =) in constraint '" + name + "', got '" + cur().text + "'", cur());
@@ -321,7 +338,7 @@ class Parser {
         double rhs;
         const Token& rtok = cur();
         if (!constant(rhs)) fail("expected a constant right-hand side in constraint '" + name + "', got '" + rtok.text + "'", rtok);
-        rhs -= c1;
+        rhs = clamp_inf(rhs - c1);
         row.sense = s1.sense < 0 ? RowSense::LE : s1.sense > 0 ? RowSense::GE : RowSense::EQ;
         row.rhs = rhs;
         after_rhs(at(p_ - 1));
@@ -331,14 +348,15 @@ class Parser {
         double c2 = 0;
         const Token& mid = cur();
         if (!expression(coefs, order, c2)) fail("constraint '" + name + "' has no variables", mid);
+        no_inf_const();
         if (cur().kind == Tk::Sense) {
           const Token& s2 = cur();
           ++p_;
           double hi;
           if (!constant(hi)) fail("expected a constant bound in range constraint '" + name + "'", cur());
           if (s1.sense == 0 || s2.sense != s1.sense) fail("a range constraint needs two '<=' or two '>='", s2);
-          double lo = c1 - c2;
-          hi -= c2;
+          double lo = clamp_inf(c1 - c2);
+          hi = clamp_inf(hi - c2);
           if (s1.sense > 0) std::swap(lo, hi);
           row.sense = RowSense::Range;
           row.range_lo = lo;
@@ -347,7 +365,7 @@ class Parser {
         } else {
           // c1 (sense) expr  ==  expr (reversed sense) c1
           row.sense = s1.sense < 0 ? RowSense::GE : s1.sense > 0 ? RowSense::LE : RowSense::EQ;
-          row.rhs = c1 - c2;
+          row.rhs = clamp_inf(c1 - c2);
           const Token& nx = cur();
           if (nx.kind != Tk::End && section_at(p_) == Sec::None && !is_label(p_) && nx.line == at(p_ - 1).line)
             fail("unexpected '" + nx.text + "' in constraint '" + name + "'", nx);

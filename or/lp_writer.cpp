@@ -1,4 +1,5 @@
 #include "or/lp_writer.h"
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -64,6 +65,17 @@ std::string lp_name(const std::string& s) {
   std::string r;
   for (char c : s) r += name_char(c) ? c : '_';
   if (r.empty() || std::isdigit((unsigned char)r[0]) || r[0] == '.') r = "x" + r;
+  // A name equal to a keyword of the format would be read back as that keyword when it starts a
+  // line ("bin <= 1" in Bounds opens a Binary section) or as a number ("x + inf"): suffix it.
+  static const char* const kKeywords[] = {
+      "max", "maximize", "maximise", "maximum", "min", "minimize", "minimise", "minimum", "st", "s.t.",
+      "st.", "s.t", "subject", "such", "bound", "bounds", "gen", "general", "generals", "int", "integer",
+      "integers", "bin", "binary", "binaries", "end", "sos", "sos1", "sos2", "semi", "semis", "free",
+      "inf", "infinity"};
+  std::string low;
+  for (char c : r) low += (char)std::tolower((unsigned char)c);
+  for (const char* k : kKeywords)
+    if (low == k) return r + "_";
   return r;
 }
 

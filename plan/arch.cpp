@@ -411,7 +411,7 @@ json read_json_file(const std::string& path) {
                   path, ": cannot open model config");
   try {
     return json::parse(f);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     TREX_USER_FAIL("the file must be valid JSON", path, ": not valid JSON: ", e.what());
   }
 }

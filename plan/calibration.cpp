@@ -126,7 +126,7 @@ Calibration load_calibration(const std::string& path) {
   json j;
   try {
     j = json::parse(f);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     TREX_USER_FAIL("rewrite the calibration with `trex bench`", path, ": not valid JSON: ", e.what());
   }
   return parse_calibration(j, path);

@@ -40,23 +40,10 @@ std::string step_name(int64_t step) {
   return buf;
 }
 
-}  // namespace
-
-std::string save_checkpoint(const std::string& run_dir, const model::Model& m, const AdamW& opt,
-                            const TrainState& st, int keep) {
-  TREX_CHECK(opt.owns_all(), "save_checkpoint: the optimizer holds a shard; gather the moments first (train/dist.h)");
-  return save_checkpoint(run_dir, m, opt.M1(), opt.M2(), opt.steps(), st, keep);
-}
-
-std::string save_checkpoint(const std::string& run_dir, const model::Model& m, const float* M1, const float* M2,
-                            int64_t optimizer_step, const TrainState& st, int keep) {
-  const fs::path root = fs::path(run_dir) / "checkpoints";
-  fs::create_directories(root);
-  const fs::path final_dir = root / step_name(st.step);
-  const fs::path tmp = root / (".tmp-" + step_name(st.step) + "-" + std::to_string(::getpid()));
-  fs::remove_all(tmp);
+// The files of one checkpoint into `tmp` (created here), each fsynced, and tmp itself.
+void write_checkpoint_files(const fs::path& tmp, const model::Model& m, const float* M1, const float* M2,
+                            int64_t optimizer_step, const TrainState& st) {
   fs::create_directories(tmp);
-
   model::save_hf_checkpoint(m, tmp.string(), DType::F32);
   std::vector<io::TensorToWrite> ts;
   for (const model::ParamEntry& e : m.layout.entries) {
@@ -72,10 +59,54 @@ std::string save_checkpoint(const std::string& run_dir, const model::Model& m, c
   write_text(tmp / "trainer_state.json", js.dump(2) + "\n");
   for (const auto& f : fs::directory_iterator(tmp)) fsync_path(f.path());
   fsync_path(tmp);
+}
 
-  if (fs::exists(final_dir)) fs::remove_all(final_dir);  // re-saving the same step replaces it
+}  // namespace
+
+std::string save_checkpoint(const std::string& run_dir, const model::Model& m, const AdamW& opt,
+                            const TrainState& st, int keep) {
+  TREX_CHECK(opt.owns_all(), "save_checkpoint: the optimizer holds a shard; gather the moments first (train/dist.h)");
+  return save_checkpoint(run_dir, m, opt.M1(), opt.M2(), opt.steps(), st, keep);
+}
+
+std::string save_checkpoint(const std::string& run_dir, const model::Model& m, const float* M1, const float* M2,
+                            int64_t optimizer_step, const TrainState& st, int keep) {
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  TREX_USER_CHECK(!ec, "check permissions of checkpoint.dir", root.string(), ": cannot create: ", ec.message());
+  const fs::path final_dir = root / step_name(st.step);
+  const fs::path tmp = root / (".tmp-" + step_name(st.step) + "-" + std::to_string(::getpid()));
+  fs::remove_all(tmp);
+  const std::optional<std::string> previous = latest_checkpoint(run_dir);
+  const std::string kept = previous ? "; the previous checkpoint " + *previous + " is intact (--resume auto loads it)"
+                                    : "; no earlier checkpoint exists";
+  // Free space first: the files are about 12 bytes per parameter (f32 weights and two moments).
+  const double need = 12.0 * (double)m.layout.total + (64 << 10);
+  const fs::space_info sp = fs::space(root, ec);
+  TREX_USER_CHECK(ec || (double)sp.available >= need,
+                  "free space on that disk, lower checkpoint.keep, or set checkpoint.dir to a larger disk",
+                  "checkpoint of step ", st.step, " needs about ", need / (1 << 20), " MiB but ", root.string(), " has ",
+                  (double)sp.available / (1 << 20), " MiB free", kept);
+  try {
+    write_checkpoint_files(tmp, m, M1, M2, optimizer_step, st);
+  } catch (const UserError& e) {
+    fs::remove_all(tmp, ec);  // no half-written checkpoint left to fill the disk
+    TREX_USER_FAIL("free space on that disk or fix its permissions, then rerun with --resume auto",
+                   "checkpoint of step ", st.step, " was not written: ", e.what(), kept);
+  } catch (const fs::filesystem_error& e) {
+    fs::remove_all(tmp, ec);
+    TREX_USER_FAIL("free space on that disk or fix its permissions, then rerun with --resume auto",
+                   "checkpoint of step ", st.step, " was not written: ", e.what(), kept);
+  }
+
+  // Re-saving the same step: the old directory is moved aside before the new one takes its name
+  // and removed after, so a crash in between leaves one of them in place.
+  const fs::path old = root / (".old-" + step_name(st.step) + "-" + std::to_string(::getpid()));
+  if (fs::exists(final_dir)) fs::rename(final_dir, old);
   fs::rename(tmp, final_dir);
   fsync_path(root);
+  fs::remove_all(old, ec);
 
   // Retention: keep the newest `keep` complete checkpoints; clear stale temporaries.
   std::vector<std::pair<int64_t, fs::path>> all;
@@ -83,12 +114,13 @@ std::string save_checkpoint(const std::string& run_dir, const model::Model& m, c
     const std::string n = e.path().filename().string();
     std::smatch mt;
     if (std::regex_match(n, mt, kName)) all.push_back({std::stoll(mt[1]), e.path()});
-    else if (n.rfind(".tmp-", 0) == 0 && e.path() != tmp) fs::remove_all(e.path());
+    else if ((n.rfind(".tmp-", 0) == 0 || n.rfind(".old-", 0) == 0) && e.path() != tmp) fs::remove_all(e.path());
   }
   std::sort(all.begin(), all.end());
   for (size_t i = 0; keep > 0 && i + keep < all.size(); ++i) fs::remove_all(all[i].second);
   return final_dir.string();
 }
+
 
 std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
   const fs::path root = fs::path(run_dir) / "checkpoints";

@@ -29,7 +29,7 @@ bool parse_sft_line(std::string_view line, const std::string& where, std::vector
   json j;
   try {
     j = json::parse(line);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     st.error(where + ": not valid JSON (" + std::string(e.what()).substr(0, 120) + ")");
     return false;
   }
@@ -158,7 +158,7 @@ std::vector<Sample> read_cpt_file(const std::string& path, const EncodeFn& encod
       json j;
       try {
         j = json::parse(line);
-      } catch (const json::parse_error&) {
+      } catch (const json::exception&) {
         st.error(path + ":" + std::to_string(ln) + ": not valid JSON");
         continue;
       }

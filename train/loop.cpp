@@ -10,7 +10,9 @@
 #include "model/checkpoint.h"
 #include "train/checkpoint.h"
 #include "train/dist.h"
+#include "train/loss_spikes.h"
 #include "train/metrics.h"
+#include "train/preflight.h"
 #include "train/token_cache.h"
 #include "train/trainer.h"
 
@@ -68,14 +70,10 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   res.dp = dp_size;
   const int threads = init_threads((int)rc.train.threads);
   const std::string run_dir = rc.checkpoint.dir;
-  if (root) {
-    fs::create_directories(run_dir);  // refuse an unwritable run directory before any work
-    {
-      std::ofstream probe(run_dir + "/.write_test");
-      TREX_USER_CHECK(probe.good(), "set checkpoint.dir to a writable directory", run_dir, ": not writable");
-    }
-    fs::remove(run_dir + "/.write_test");
-  }
+  // Start-up checks, before any data is read or memory allocated: the run directory takes a
+  // write, and the run's memory estimate fits this machine (train/preflight.h).
+  if (root) check_run_dir_writable(run_dir);
+  res.memory_estimate = check_memory(rc, dp_size).total();
   // Rank 0 reads (and caches) the data first; the others then read the token cache.
   if (world && !root) world->barrier();
 
@@ -136,6 +134,10 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
     resume_dir = rc.checkpoint.resume;
   }
   if (!resume_dir.empty()) state = dp ? load_checkpoint(resume_dir, *dp) : load_checkpoint(resume_dir, m, *opt1);
+  // Loss spikes against a running window; the window travels in checkpoints so that a resumed
+  // run flags the same steps.
+  SpikeDetector spikes(rc.log.spike_window, rc.log.spike_z);
+  if (state.extra.is_object() && state.extra.contains("loss_window")) spikes.restore(state.extra["loss_window"]);
 
   // Rank 0 alone writes metrics.jsonl, the resolved config and the live view.
   std::unique_ptr<MetricsLog> log_owner;
@@ -213,6 +215,17 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
     mt.tokens_per_s = s.tokens / (s.ms / 1000.0);
     mt.mfu = fpt * mt.tokens_per_s / (peak * 1e9);
     mt.load_max_over_mean = s.load_max_over_mean;
+    mt.skipped = s.skipped;
+    if (!s.skipped) {
+      const SpikeVerdict sv = spikes.observe(s.loss);
+      mt.spike = sv.spike, mt.loss_z = sv.z;
+      if (sv.spike) {
+        ++res.loss_spikes;
+        if (root)
+          TREX_LOG_WARN("step ", state.step, ": loss spike: ", s.loss, " against a mean of ", sv.mean, " over the last ",
+                        spikes.size() - 1, " steps (", sv.z, " standard deviations)");
+      }
+    }
     if (rc.train.eval_every > 0 && !eval_seqs.empty() &&
         (state.step % rc.train.eval_every == 0 || state.step == rc.train.steps)) {
       mt.eval_loss = eval_loss(m, eval_seqs, B, rc.train.eval_batches, dp.get());
@@ -222,10 +235,17 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
     if (res.steps == 0) res.first_loss = s.loss;
     res.last_loss = s.loss;
     ++res.steps;
-    if ((rc.checkpoint.every > 0 && state.step % rc.checkpoint.every == 0) || state.step == rc.train.steps)
+    if ((rc.checkpoint.every > 0 && state.step % rc.checkpoint.every == 0) || state.step == rc.train.steps) {
+      if (!state.extra.is_object()) state.extra = nlohmann::json::object();
+      state.extra["loss_window"] = spikes.state();
       res.last_checkpoint = dp ? save_checkpoint(run_dir, *dp, state, (int)rc.checkpoint.keep)
                                : save_checkpoint(run_dir, m, *opt1, state, (int)rc.checkpoint.keep);
+    }
   }
+  res.peak_rss = peak_rss_bytes();
+  message(detail::cat("memory: estimated ", res.memory_estimate / (1 << 20), " MiB per rank, peak resident ",
+                      res.peak_rss / (1 << 20), " MiB", res.loss_spikes ? detail::cat("; ", res.loss_spikes, " loss spike(s)") : "",
+                      res.skipped_steps ? detail::cat("; ", res.skipped_steps, " skipped step(s)") : ""));
   if (dp && res.steps > 0)
     message(detail::cat("data parallel: ", res.steps, " steps, mean step ", res.step_ms / res.steps,
                         " ms, exposed communication ", res.comm_ms / res.steps, " ms per step (rank 0, ",

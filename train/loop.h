@@ -31,6 +31,9 @@ struct TrainResult {
   DataStats data;
   int dp = 1;                     // data-parallel size of the run
   double step_ms = 0, comm_ms = 0;  // summed over steps (this rank): step time, exposed communication
+  int64_t loss_spikes = 0;          // steps flagged by the loss-spike window (train/loss_spikes.h)
+  double memory_estimate = 0;       // bytes per rank, train/preflight.h
+  double peak_rss = 0;              // bytes, this process at the end of the run
 };
 
 // world: the MPI ranks of a data-parallel run (every rank calls run_training; rank 0 logs and

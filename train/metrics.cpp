@@ -33,6 +33,11 @@ void MetricsLog::step(const StepMetrics& m) {
                       {"step_ms", m.ms},      {"tokens", m.tokens},   {"tokens_per_s", m.tokens_per_s},
                       {"mfu", m.mfu},         {"expert_load_max_over_mean", m.load_max_over_mean}};
   if (m.eval_loss >= 0) j["eval_loss"] = m.eval_loss;
+  if (m.skipped) j["skipped"] = true;
+  if (m.spike) {
+    j["spike"] = true;
+    j["loss_z"] = std::min(m.loss_z, 1e9);  // a window of equal losses gives z = inf
+  }
   std::fprintf(f_, "%s\n", j.dump().c_str());
   std::fflush(f_);
   if (first_step_ < 0) first_step_ = m.step - 1, t0_ms_ = now_ms() - m.ms;

@@ -1,5 +1,6 @@
 // Run metrics: one JSON object per step in RUN_DIR/metrics.jsonl (loss, lr, grad norm,
-// tokens/s, MFU, expert load balance per MoE layer, eval loss when measured), and a live view on
+// tokens/s, MFU, expert load balance per MoE layer, eval loss when measured, "skipped" and
+// "spike" flags when set), and a live view on
 // stderr: a progress bar with ETA on a terminal, plain lines otherwise.
 #pragma once
 #include <cstdint>
@@ -15,6 +16,9 @@ struct StepMetrics {
   double loss = 0, ce = 0, aux = 0, lr = 0, grad_norm = 0, ms = 0, tokens_per_s = 0, mfu = 0;
   std::vector<double> load_max_over_mean;  // per MoE layer
   double eval_loss = -1;                   // < 0: not measured this step
+  bool skipped = false;                    // NaN / Inf loss or gradient: no update made
+  bool spike = false;                      // loss spike against the running window (train/loss_spikes.h)
+  double loss_z = 0;                       // with spike: (loss - window mean) / window std
 };
 
 class MetricsLog {

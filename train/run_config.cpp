@@ -77,7 +77,7 @@ void apply_override(json& j, const std::string& ov) {
   json v;
   try {
     v = json::parse(val);
-  } catch (const json::parse_error&) {
+  } catch (const json::exception&) {
     v = val;  // bare words are strings
   }
   j[sec][key] = v;
@@ -129,6 +129,7 @@ RunConfig parse_run_config(json j, const std::string& where, const std::vector<s
       {"aux_loss_alpha", [&](const json& v, const std::string& k) { r.train.aux_loss_alpha = c.f64(v, k, 0, 10); }},
       {"mtp_loss_weight", [&](const json& v, const std::string& k) { r.train.mtp_loss_weight = c.f64(v, k, 0, 10); }},
       {"max_skipped_steps", [&](const json& v, const std::string& k) { r.train.max_skipped_steps = c.i64(v, k, 1); }},
+      {"memory_check", [&](const json& v, const std::string& k) { r.train.memory_check = c.boolean(v, k); }},
   };
   S["optim"].keys = {
       {"lr", [&](const json& v, const std::string& k) { r.optim.schedule.lr = c.f64(v, k, 0, 10); }},
@@ -163,6 +164,8 @@ RunConfig parse_run_config(json j, const std::string& where, const std::vector<s
   S["log"].keys = {
       {"every", [&](const json& v, const std::string& k) { r.log.every = c.i64(v, k, 1); }},
       {"progress", [&](const json& v, const std::string& k) { r.log.progress = c.str(v, k, {"auto", "bar", "lines"}); }},
+      {"spike_window", [&](const json& v, const std::string& k) { r.log.spike_window = c.i64(v, k, 2); }},
+      {"spike_z", [&](const json& v, const std::string& k) { r.log.spike_z = c.f64(v, k, 0, 1000); }},
   };
 
   for (auto& [sec, body] : j.items()) {

@@ -38,6 +38,7 @@ struct TrainConfig {
   double aux_loss_alpha = 0.0;
   double mtp_loss_weight = 0.0;  // DeepSeek-V4: > 0 trains the config's MTP blocks (loss += weight x MTP CE)
   int64_t max_skipped_steps = 3;  // stop after this many steps in a row with a NaN / Inf loss or gradient
+  bool memory_check = true;       // refuse a run whose memory estimate exceeds the machine (train/preflight.h)
 };
 
 struct OptimConfig {
@@ -64,6 +65,8 @@ struct CheckpointConfig {
 struct LogConfig {
   int64_t every = 1;
   std::string progress = "auto";  // auto | bar | lines
+  int64_t spike_window = 100;     // losses in the loss-spike window (train/loss_spikes.h)
+  double spike_z = 4.0;           // a loss above window mean + spike_z x std is a spike; 0 = off
 };
 
 struct RunConfig {

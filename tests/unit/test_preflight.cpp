@@ -1,0 +1,87 @@
+// Start-up checks (train/preflight.h): a run that cannot fit in memory or write its checkpoints
+// is refused before any data is read or any weight allocated.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include "core/error.h"
+#include "train/loop.h"
+#include "train/preflight.h"
+#include "train/run_config.h"
+#include "tests/unit/test_util.h"
+
+using namespace trex;
+using json = nlohmann::json;
+
+namespace {
+
+// DeepSeek-V3's published shape (671B parameters): far beyond any machine these tests run on.
+json v3_671b() {
+  return {{"model_type", "deepseek_v3"}, {"vocab_size", 129280}, {"hidden_size", 7168},
+          {"num_hidden_layers", 61}, {"first_k_dense_replace", 3}, {"intermediate_size", 18432},
+          {"moe_intermediate_size", 2048}, {"n_routed_experts", 256}, {"n_shared_experts", 1},
+          {"num_experts_per_tok", 8}, {"n_group", 8}, {"topk_group", 4}, {"num_attention_heads", 128},
+          {"q_lora_rank", 1536}, {"kv_lora_rank", 512}, {"qk_nope_head_dim", 128},
+          {"qk_rope_head_dim", 64}, {"v_head_dim", 128}};
+}
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return std::string(e.what()) + " | hint: " + e.hint;
+  }
+  ADD_FAILURE() << "no UserError";
+  return "";
+}
+
+}  // namespace
+
+TEST(Preflight, EstimateParts) {
+  json j = {{"model", v3_671b()}, {"data", {{"seq_len", 4096}}}, {"train", {{"batch_size", 1}}}};
+  train::RunConfig rc = train::parse_run_config(j, "run.toml");
+  const double P = (double)rc.model.num_params();
+  train::MemoryEstimate e1 = train::estimate_train_memory(rc, 1), e8 = train::estimate_train_memory(rc, 8);
+  EXPECT_DOUBLE_EQ(e1.weights, 6 * P);  // f32 master + bf16 shadow
+  EXPECT_DOUBLE_EQ(e1.grads, 4 * P);
+  EXPECT_DOUBLE_EQ(e1.optimizer, 8 * P);
+  EXPECT_DOUBLE_EQ(e8.optimizer, P);     // ZeRO-1 over 8 ranks
+  EXPECT_GT(e1.activations, 4.0 * 4096 * 129280);  // at least the logits chunk
+  rc.data.seq_len = 8192;
+  EXPECT_NEAR(train::estimate_train_memory(rc, 1).activations, 2 * e1.activations, 1e-6 * e1.activations);
+  rc.train.precision = kern::Prec::F32;
+  EXPECT_DOUBLE_EQ(train::estimate_train_memory(rc, 1).weights, 4 * P);
+  EXPECT_GT(train::machine_memory_bytes(), 0);
+}
+
+TEST(Preflight, TooLargeForThisMachineIsRefusedBeforeAnyWork) {
+  test::TmpDir dir("trex_preflight");
+  json j = {{"model", v3_671b()},
+            {"data", {{"train", {(dir.path / "missing.jsonl").string()}}, {"seq_len", 4096}}},
+            {"checkpoint", {{"dir", (dir.path / "run").string()}}}};
+  train::RunConfig rc = train::parse_run_config(j, "big.toml");
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string m = message_of([&] { train::run_training(rc, train::TokenizerFns{}); });
+  // Refused on the estimate: the missing data file is never opened, no weight is allocated.
+  EXPECT_NE(m.find("the run needs about"), std::string::npos) << m;
+  EXPECT_NE(m.find("but this machine has"), std::string::npos) << m;
+  EXPECT_NE(m.find("train.batch_size"), std::string::npos) << m;
+  EXPECT_EQ(m.find("missing.jsonl"), std::string::npos) << m;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  // memory_check = false lets it through to the next problem (the data file).
+  rc.train.memory_check = false;
+  const std::string m2 = message_of([&] { train::run_training(rc, train::TokenizerFns{}); });
+  EXPECT_NE(m2.find("missing.jsonl"), std::string::npos) << m2;
+}
+
+TEST(Preflight, UnwritableRunDirectoryIsRefused) {
+  test::TmpDir dir("trex_preflight");
+  const std::string file = (dir.path / "a_file").string();
+  std::ofstream(file) << "x";
+  const std::string m = message_of([&] { train::check_run_dir_writable(file + "/run"); });
+  EXPECT_NE(m.find("checkpoint.dir '" + file + "/run'"), std::string::npos) << m;
+  EXPECT_NE(m.find("cannot create"), std::string::npos) << m;
+  EXPECT_NO_THROW(train::check_run_dir_writable((dir.path / "ok" / "deeper").string()));
+}

@@ -1,0 +1,115 @@
+#include "train/preflight.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include "core/error.h"
+#include "plan/arch.h"
+
+namespace trex::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+double gib(double b) { return b / (1024.0 * 1024 * 1024); }
+
+std::string gib_str(double b) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.2f GiB", gib(b));
+  return s;
+}
+
+// A number from the first line of a file, or -1.
+double read_number(const char* path) {
+  std::ifstream f(path);
+  std::string s;
+  if (!(f >> s) || s == "max") return -1;
+  try {
+    return std::stod(s);
+  } catch (...) {
+    return -1;
+  }
+}
+
+}  // namespace
+
+MemoryEstimate estimate_train_memory(const RunConfig& rc, int dp) {
+  const model::ModelConfig& c = rc.model;
+  const double P = (double)c.num_params();
+  MemoryEstimate e;
+  e.weights = 4 * P + (rc.train.precision == kern::Prec::BF16 ? 2 * P : 0);
+  e.grads = 4 * P;
+  e.optimizer = 8 * P / std::max(dp, 1);
+  const plan::ArchModel a = plan::arch_from_config(c, "run");
+  double per_token = 0;
+  for (const plan::LayerCost& l : a.layers)
+    for (const plan::SavedTensor& t : l.saved) per_token += t.elems * (t.routed ? (double)l.topk : 1.0);
+  if (c.is_v4() && c.v4.mtp_layers > 0 && rc.train.mtp_loss_weight > 0)
+    for (const plan::SavedTensor& t : a.mtp_block.saved) per_token += c.v4.mtp_layers * t.elems;
+  const double T = (double)rc.train.batch_size * (double)rc.data.seq_len;
+  e.activations = 4 * T * (per_token + (double)c.vocab_size);
+  return e;
+}
+
+double machine_memory_bytes() {
+  double total = 0;
+  {
+    std::ifstream f("/proc/meminfo");
+    std::string key;
+    double kb;
+    std::string unit;
+    while (f >> key >> kb >> unit)
+      if (key == "MemTotal:") {
+        total = kb * 1024;
+        break;
+      }
+  }
+  if (total <= 0) total = (double)::sysconf(_SC_PHYS_PAGES) * (double)::sysconf(_SC_PAGESIZE);
+  for (const char* p : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    const double lim = read_number(p);
+    if (lim > 0 && lim < total) total = lim;
+  }
+  return std::max(total, 0.0);
+}
+
+double peak_rss_bytes() {
+  struct rusage u {};
+  ::getrusage(RUSAGE_SELF, &u);
+  return (double)u.ru_maxrss * 1024.0;  // Linux: kilobytes
+}
+
+MemoryEstimate check_memory(const RunConfig& rc, int dp) {
+  const MemoryEstimate e = estimate_train_memory(rc, dp);
+  const double have = machine_memory_bytes();
+  if (!rc.train.memory_check || have <= 0) return e;
+  TREX_USER_CHECK(e.total() <= have,
+                  "lower train.batch_size or data.seq_len, use a smaller model, add data-parallel ranks (the "
+                  "optimizer state is sharded), or set train.memory_check = false to try anyway",
+                  "the run needs about ", gib_str(e.total()), " per rank (weights ", gib_str(e.weights), ", gradients ",
+                  gib_str(e.grads), ", optimizer ", gib_str(e.optimizer), ", activations ", gib_str(e.activations),
+                  " for ", rc.train.batch_size, " x ", rc.data.seq_len, " tokens) but this machine has ",
+                  gib_str(have));
+  return e;
+}
+
+void check_run_dir_writable(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  TREX_USER_CHECK(!ec, "set checkpoint.dir to a directory this user may create and write", "checkpoint.dir '", dir,
+                  "': cannot create: ", ec.message());
+  const std::string probe = dir + "/.write_test";
+  {
+    std::ofstream f(probe);
+    f << "trex\n";
+    f.close();
+    TREX_USER_CHECK(f.good(), "set checkpoint.dir to a writable directory", "checkpoint.dir '", dir,
+                    "': not writable");
+  }
+  fs::remove(probe, ec);
+}
+
+}  // namespace trex::train

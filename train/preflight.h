@@ -1,0 +1,45 @@
+// Start-up checks of a training run (issue 9): what would fail an hour in is refused before the
+// first step, with the field to change.
+//   - memory: an estimate of what this rank holds (below) against the machine's memory (the
+//     smaller of MemTotal and the cgroup limit); over it, the run is refused; train.memory_check
+//     = false skips the check.
+//   - run directory: created and probed with a write (checkpoint.dir).
+// Data files are read before the model is built (train/loop.cpp), so an unreadable one already
+// fails before any allocation.
+//
+// Memory estimate per rank (bytes; P parameters, dp data-parallel ranks, T tokens per micro-batch):
+//   weights     4 P (f32 master) + 2 P in bf16 mode (the shadow the matmuls read)
+//   grads       4 P (f32)
+//   optimizer   8 P / dp (AdamW moments, ZeRO-1 shard)
+//   activations 4 T x sum over layers of the planner's saved elements per token (plan/arch.h,
+//               stored in f32 here) + 4 T x vocab (one chunk of logits, an upper bound)
+// It is checked against measured peak RSS in RELIABILITY.md.
+#pragma once
+#include <cstdint>
+#include <string>
+#include "train/run_config.h"
+
+namespace trex::train {
+
+struct MemoryEstimate {
+  double weights = 0, grads = 0, optimizer = 0, activations = 0;
+  double total() const { return weights + grads + optimizer + activations; }
+};
+
+MemoryEstimate estimate_train_memory(const RunConfig& rc, int dp);
+
+// Physical memory available to this process: min(MemTotal, cgroup v2 memory.max / v1
+// memory.limit_in_bytes); 0 if unknown.
+double machine_memory_bytes();
+
+// Peak resident set of this process so far (getrusage), bytes.
+double peak_rss_bytes();
+
+// Refuses (UserError) a run whose estimate exceeds machine_memory_bytes(), naming the parts and
+// what to change. Returns the estimate.
+MemoryEstimate check_memory(const RunConfig& rc, int dp);
+
+// Creates `dir` and writes a probe file into it; UserError naming checkpoint.dir otherwise.
+void check_run_dir_writable(const std::string& dir);
+
+}  // namespace trex::train
