@@ -1,7 +1,6 @@
 // trex bench peak: measured fp32 FMA and bf16 dot-product peak of this machine (all threads).
 // trex bench step --config FILE [--steps N]: trains N steps of the config's model (random init,
 // random tokens, routing as the model chooses) and prints one JSON line.
-#include <sys/resource.h>
 #include <algorithm>
 #include <cstdio>
 #include "cli/commands.h"
@@ -12,17 +11,14 @@
 #include "model/checkpoint.h"
 #include "plan/measure.h"
 #include "train/run_config.h"
+#include "train/preflight.h"
 #include "train/trainer.h"
 
 namespace trex::cli {
 
 namespace {
 
-double peak_rss_mb() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_maxrss / 1024.0;
-}
+double peak_rss_mb() { return train::peak_rss_bytes() / 1048576.0; }
 
 }  // namespace
 
@@ -115,16 +111,18 @@ void add_bench(CLI::App& app) {
       measured = true;
     }
     const double tps = N / (med / 1000.0);
+    const train::MemoryEstimate est = train::estimate_train_memory(rc, 1);  // the start-up check's figure
     const double mfu = fpt * tps / (peak * 1e9);
     std::printf(
         "{\"impl\": \"trex\", \"config\": \"%s\", \"precision\": \"%s\", \"threads\": %d, \"batch\": %lld, \"seq\": %lld, "
         "\"steps\": %d, \"step_ms\": %.1f, \"step_ms_median\": %.1f, \"step_ms_min\": %.1f, \"tokens_per_s\": %.1f, "
         "\"model_flops_per_token\": %.4g, \"active_params\": %lld, \"peak_gflops\": %.1f, \"peak_measured\": %s, "
         "\"mfu\": %.4f, \"mfu_vs_bf16_dot_peak\": %.4f, \"peak_rss_mb\": %.0f, \"last_loss\": %.4f, "
-        "\"activation_mb\": %.0f}\n",
+        "\"activation_mb\": %.0f, \"memory_estimate_mb\": %.0f, \"activation_estimate_mb\": %.0f}\n",
         o->config.c_str(), rc.train.precision == kern::Prec::BF16 ? "bf16" : "fp32", threads, (long long)B, (long long)T,
         steps, med, med, mn, tps, fpt, (long long)m.cfg.num_active_params(), peak, measured ? "true" : "false", mfu, bf16_dot > 0 ? fpt * tps / (bf16_dot * 1e9) : 0.0,
-        peak_rss_mb(), last_loss, m.peak_activation_bytes() / 1048576.0);
+        peak_rss_mb(), last_loss, m.peak_activation_bytes() / 1048576.0, est.total() / 1048576.0,
+        est.activations / 1048576.0);
   });
 }
 

@@ -3,7 +3,8 @@
 // the FMA latency on two ports). FLOPs count 2 per multiply-add: an fp32 zmm FMA is 32 FLOPs,
 // a vdpbf16ps zmm is 64 FLOPs (32 bf16 products summed pairwise into 16 f32 lanes).
 // Without AVX512-BF16 bf16_gflops = fp32_gflops and bf16_native = false. Without AVX-512 the
-// fp32 figure comes from a baseline SSE mul+add loop.
+// fp32 figure comes from an AVX2 FMA loop (the units oneDNN's sgemm uses there), or from a
+// baseline SSE mul+add loop on CPUs without AVX2 / FMA or under TREX_ISA=ref.
 // MFU note: on CPUs where vdpbf16ps runs at half the fp32 FMA rate (e.g. the Emerald Rapids
 // VMs this was written on: ~86 vs ~176 GFLOP/s per core) bf16 GEMMs run on the fp32 units
 // (kernels/gemm.h widens bf16), so the honest denominator is best_gflops().

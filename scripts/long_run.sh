@@ -9,7 +9,14 @@ cd "$(dirname "$0")/.."
 BUILD=${1:-build}
 shift || true
 mkdir -p runs/reliability-v4-data
-cat README.md docs/*.md > runs/reliability-v4-data/prose.txt
+# One document per paragraph of the repository's prose (README, docs/), as CPT JSONL.
+python3 - README.md docs/*.md > runs/reliability-v4-data/prose.jsonl <<'PY'
+import json, sys
+for path in sys.argv[1:]:
+    for para in open(path, encoding="utf-8").read().split("\n\n"):
+        if len(para.strip()) > 40:
+            print(json.dumps({"text": para.strip()}))
+PY
 rm -rf runs/reliability-v4
 start=$(date +%s)
 "$BUILD/trex" train --config configs/reliability-v4.toml "$@" 2>&1 | tee runs/reliability-v4.log
