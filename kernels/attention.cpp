@@ -1,9 +1,11 @@
-// Dispatch of causal attention to the AVX-512 kernel or the scalar reference (see attention.h).
+// Dispatch of causal attention (see attention.h): the AVX-512 kernel, else the GEMM-based one
+// (oneDNN, any x86-64), else (TREX_ISA=ref) the scalar reference.
 #include "kernels/attention.h"
 
 #include "core/cpu.h"
 #include "core/error.h"
 #include "kernels/cpu/attention_avx512.h"
+#include "kernels/cpu/attention_blas.h"
 #include "kernels/ref/attention.h"
 
 namespace trex::kern {
@@ -20,6 +22,8 @@ void attention_fwd(const AttnShape& sh, const float* q, const float* k, const fl
   check_shape(sh);
   if (cpu_isa() >= Isa::Avx512)
     cpu::attention_fwd_avx512(sh, q, k, v, o, lse, seg);
+  else if (!isa_ref_forced())
+    cpu::attention_fwd_blas(sh, q, k, v, o, lse, seg);
   else
     ref::attention_fwd<float>(sh, q, k, v, o, lse, seg);
 }
@@ -30,6 +34,8 @@ void attention_bwd(const AttnShape& sh, const float* q, const float* k, const fl
   check_shape(sh);
   if (cpu_isa() >= Isa::Avx512)
     cpu::attention_bwd_avx512(sh, q, k, v, o, lse, dO, dq, dk, dv, seg);
+  else if (!isa_ref_forced())
+    cpu::attention_bwd_blas(sh, q, k, v, o, lse, dO, dq, dk, dv, seg);
   else
     ref::attention_bwd<float>(sh, q, k, v, o, lse, dO, dq, dk, dv, seg);
 }

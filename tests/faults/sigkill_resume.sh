@@ -16,7 +16,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/trex_sigkill.XXXXXX")
 cd "$WORK"
 RANDOM=$SEED
-STEPS=64
+STEPS=120
 
 # Data: the repository's prose, as plain text (CPT). Tokenizer: a committed 3,000-id BPE.
 cat "$ROOT/README.md" "$ROOT"/docs/*.md > data.txt
@@ -77,9 +77,9 @@ for line in open(sys.argv[1]):
     d[j["step"]] = repr(j["loss"])
 for s in sorted(d): print(s, d[s])' "$1"; }
 
-# The killed runs. Each kill picks a target step a few steps past the newest checkpoint (or 0:
-# kill during start-up), waits until the run has logged it, then waits a random part of a few
-# step times and kills, so kills land in data loading, forward / backward, the optimizer and
+# The killed runs. Each kill picks a target step past the newest checkpoint, spreading the steps
+# left over the kills left (0 steps past: kill during start-up), waits until the run has logged
+# it, then waits a random part of two step times and kills, so kills land in data loading, forward / backward, the optimizer and
 # checkpoint writes (the metrics line of a step is written just before its checkpoint). The first
 # start has no checkpoint; --resume auto then continues from the newest one.
 step_ms=$(python3 -c '
@@ -92,8 +92,9 @@ sleep_ms() { sleep "$(printf '%d.%03d' $(($1 / 1000)) $(($1 % 1000)))"; }
 kills=0 cut_writes=0 in_startup=0
 while ((kills < KILLS)); do
   done_steps=$(newest_step); done_steps=${done_steps:-0}
-  target=$((done_steps + RANDOM % 5))
-  ((target >= STEPS)) && target=$((STEPS - 1))
+  per=$(( (STEPS - done_steps) / (KILLS - kills + 1) )); ((per < 1)) && per=1
+  target=$((done_steps + RANDOM % (2 * per)))
+  ((target > STEPS - 3)) && target=$((STEPS - 3))
   "$TREX" train --config run.toml --set checkpoint.dir=\"killed\" --resume auto >> killed.log 2>&1 &
   pid=$!
   where="during start-up"
@@ -105,7 +106,7 @@ while ((kills < KILLS)); do
       [ -n "$s" ] && ((s >= target)) && break
       sleep 0.005
     done
-    sleep_ms $((RANDOM % (3 * step_ms + 1)))
+    sleep_ms $((RANDOM % (2 * step_ms + 1)))
     where="after step $(logged_step)"
   fi
   if kill -9 "$pid" 2>/dev/null; then

@@ -1,5 +1,6 @@
 // Op cases for causal flash attention (kernels/attention.h):
-//   test: dispatched fwd (o, lse) and bwd (dq, dk, dv) against the reference in double, over odd
+//   test: dispatched fwd (o, lse) and bwd (dq, dk, dv), and the GEMM-based kernel called directly
+//         ("attn[blas]", kernels/cpu/attention_blas.h), against the reference in double, over odd
 //         and round shapes, Dqk != Dv, document ids (2-3 documents per row) and sliding windows;
 //   grad: reference backward in double against finite differences of the reference forward;
 //   perf: GFLOP/s of fwd and bwd at B=1, T=2048, H=16, Dqk=192, Dv=128 (causal flop count).
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/cpu/attention_blas.h"
 #include "kernels/ref/attention.h"
 #include "tests/ops/harness.h"
 
@@ -22,6 +24,25 @@ struct Cfg {
   int B, T, H, Dqk, Dv, window;
   bool seg;
 };
+
+// The implementation under test: the dispatched one (AVX-512, or GEMM-based without AVX-512), or
+// the GEMM-based one called directly (so it is tested on every machine).
+struct Impl {
+  const char* tag;
+  void (*fwd)(const AttnShape&, const float*, const float*, const float*, float*, float*, const int32_t*);
+  void (*bwd)(const AttnShape&, const float*, const float*, const float*, const float*, const float*,
+              const float*, float*, float*, float*, const int32_t*);
+};
+void dispatched_fwd(const AttnShape& sh, const float* q, const float* k, const float* v, float* o, float* lse,
+                    const int32_t* seg) {
+  trex::kern::attention_fwd(sh, q, k, v, o, lse, seg);
+}
+void dispatched_bwd(const AttnShape& sh, const float* q, const float* k, const float* v, const float* o,
+                    const float* lse, const float* dO, float* dq, float* dk, float* dv, const int32_t* seg) {
+  trex::kern::attention_bwd(sh, q, k, v, o, lse, dO, dq, dk, dv, seg);
+}
+const Impl kImpls[] = {{"attn", dispatched_fwd, dispatched_bwd},
+                       {"attn[blas]", trex::kern::cpu::attention_fwd_blas, trex::kern::cpu::attention_bwd_blas}};
 
 std::string cfg_name(const char* op, const Cfg& c) {
   char buf[160];
@@ -67,7 +88,7 @@ bool check(const std::string& name, const char* what, const float* got,
                 guard_ok ? "NaN/Inf mismatch" : "guard overwritten");
 }
 
-bool run_test(const Cfg& c) {
+bool run_test(const Impl& im, const Cfg& c) {
   const AttnShape sh = shape_of(c);
   const size_t nq = size_t(c.B) * c.T * c.H * c.Dqk, nv = size_t(c.B) * c.T * c.H * c.Dv,
                nl = size_t(c.B) * c.H * c.T;
@@ -79,9 +100,8 @@ bool run_test(const Cfg& c) {
   const int32_t* sp = c.seg ? seg.data() : nullptr;
 
   Guarded<float> o(nv), lse(nl), dq(nq, 7.0f), dk(nq, 7.0f), dv(nv, 7.0f);
-  trex::kern::attention_fwd(sh, q.data(), k.data(), v.data(), o.data(), lse.data(), sp);
-  trex::kern::attention_bwd(sh, q.data(), k.data(), v.data(), o.data(), lse.data(), dO.data(),
-                            dq.data(), dk.data(), dv.data(), sp);
+  im.fwd(sh, q.data(), k.data(), v.data(), o.data(), lse.data(), sp);
+  im.bwd(sh, q.data(), k.data(), v.data(), o.data(), lse.data(), dO.data(), dq.data(), dk.data(), dv.data(), sp);
 
   auto qd = to_double(q.data(), nq), kd = to_double(k.data(), nq), vd = to_double(v.data(), nv),
        dOd = to_double(dO.data(), nv);
@@ -91,7 +111,8 @@ bool run_test(const Cfg& c) {
   trex::kern::ref::attention_bwd<double>(sh, qd.data(), kd.data(), vd.data(), od.data(),
                                          lsed.data(), dOd.data(), dqd.data(), dkd.data(),
                                          dvd.data(), sp);
-  const std::string nf = cfg_name("attn_fwd", c), nb = cfg_name("attn_bwd", c);
+  const std::string nf = cfg_name((std::string(im.tag) + "_fwd").c_str(), c),
+                    nb = cfg_name((std::string(im.tag) + "_bwd").c_str(), c);
   bool ok = true;
   ok &= check(nf, "o", o.data(), od, o.guard_ok(), 1e-10);
   ok &= check(nf, "lse", lse.data(), lsed, lse.guard_ok(), 1e-12);
@@ -130,7 +151,7 @@ bool run_grad(const Cfg& c) {
   return ok;
 }
 
-void run_perf(const Cfg& c) {
+void run_perf(const Impl& im, const Cfg& c) {
   const AttnShape sh = shape_of(c);
   const size_t nq = size_t(c.B) * c.T * c.H * c.Dqk, nv = size_t(c.B) * c.T * c.H * c.Dv,
                nl = size_t(c.B) * c.H * c.T;
@@ -145,18 +166,14 @@ void run_perf(const Cfg& c) {
   for (int t = 0; t < c.T; ++t) pairs += c.window > 0 ? std::min(t + 1, c.window) : t + 1;
   const double ffwd = 2.0 * (c.Dqk + c.Dv) * pairs * c.H * c.B, fbwd = 2.5 * ffwd;
   double tf = time_ms(
-      [&] {
-        trex::kern::attention_fwd(sh, q.data(), k.data(), v.data(), o.data(), lse.data(), sp);
-      },
-      3);
+      [&] { im.fwd(sh, q.data(), k.data(), v.data(), o.data(), lse.data(), sp); }, 3);
   double tb = time_ms(
       [&] {
-        trex::kern::attention_bwd(sh, q.data(), k.data(), v.data(), o.data(), lse.data(), dO.data(),
-                                  dq.data(), dk.data(), dv.data(), sp);
+        im.bwd(sh, q.data(), k.data(), v.data(), o.data(), lse.data(), dO.data(), dq.data(), dk.data(), dv.data(), sp);
       },
       3);
   std::printf("perf %-48s fwd %8.2f ms %7.1f GFLOP/s   bwd %8.2f ms %7.1f GFLOP/s\n",
-              cfg_name("attn", c).c_str(), tf, ffwd / tf * 1e-6, tb, fbwd / tb * 1e-6);
+              cfg_name(im.tag, c).c_str(), tf, ffwd / tf * 1e-6, tb, fbwd / tb * 1e-6);
 }
 
 }  // namespace
@@ -169,8 +186,9 @@ TREX_OP_CASES(attention_cases) {
       {2, 300, 1, 40, 24, 70, true},    {1, 1000, 2, 48, 32, 0, true},
       {1, 257, 3, 192, 128, 0, false},  {2, 64, 2, 16, 16, 3, false},
   };
-  for (const Cfg& c : tests)
-    cases.push_back({cfg_name("attn", c), [c] { return run_test(c); }, nullptr, nullptr});
+  for (const Impl& im : kImpls)
+    for (const Cfg& c : tests)
+      cases.push_back({cfg_name(im.tag, c), [&im, c] { return run_test(im, c); }, nullptr, nullptr});
   const Cfg grads[] = {
       {2, 7, 2, 5, 3, 0, false},
       {2, 9, 1, 4, 6, 0, true},
@@ -180,6 +198,7 @@ TREX_OP_CASES(attention_cases) {
   for (const Cfg& c : grads)
     cases.push_back({cfg_name("attn", c), nullptr, [c] { return run_grad(c); }, nullptr});
   const Cfg perfs[] = {{1, 2048, 16, 192, 128, 0, false}};
-  for (const Cfg& c : perfs)
-    cases.push_back({cfg_name("attn", c), nullptr, nullptr, [c] { run_perf(c); }});
+  for (const Impl& im : kImpls)
+    for (const Cfg& c : perfs)
+      cases.push_back({cfg_name(im.tag, c), nullptr, nullptr, [&im, c] { run_perf(im, c); }});
 }
