@@ -57,3 +57,10 @@ foreach(np 2 3)
   # turns that into a failure instead of a hang.
   set_tests_properties(mpi_np${np} PROPERTIES TIMEOUT 300 PROCESSORS ${np})
 endforeach()
+
+# A rank killed in a data-parallel `trex train`: the whole job must end within 60 s, the launcher
+# naming the dead rank (tests/faults/rank_death.sh).
+add_test(NAME faults_rank_death
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/faults/rank_death.sh $<TARGET_FILE:trex_cli>
+                 ${MPIEXEC_EXECUTABLE})
+set_tests_properties(faults_rank_death PROPERTIES TIMEOUT 180 PROCESSORS 2)

@@ -216,6 +216,7 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
     mt.mfu = fpt * mt.tokens_per_s / (peak * 1e9);
     mt.load_max_over_mean = s.load_max_over_mean;
     mt.skipped = s.skipped;
+    if (dp) mt.comm_ms = s.comm_ms;
     if (!s.skipped) {
       const SpikeVerdict sv = spikes.observe(s.loss);
       mt.spike = sv.spike, mt.loss_z = sv.z;

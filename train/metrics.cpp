@@ -34,6 +34,7 @@ void MetricsLog::step(const StepMetrics& m) {
                       {"mfu", m.mfu},         {"expert_load_max_over_mean", m.load_max_over_mean}};
   if (m.eval_loss >= 0) j["eval_loss"] = m.eval_loss;
   if (m.skipped) j["skipped"] = true;
+  if (m.comm_ms >= 0) j["comm_ms"] = m.comm_ms;
   if (m.spike) {
     j["spike"] = true;
     j["loss_z"] = std::min(m.loss_z, 1e9);  // a window of equal losses gives z = inf

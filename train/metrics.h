@@ -19,6 +19,7 @@ struct StepMetrics {
   bool skipped = false;                    // NaN / Inf loss or gradient: no update made
   bool spike = false;                      // loss spike against the running window (train/loss_spikes.h)
   double loss_z = 0;                       // with spike: (loss - window mean) / window std
+  double comm_ms = -1;                     // data parallel: exposed communication of rank 0 (< 0: one rank)
 };
 
 class MetricsLog {

@@ -522,6 +522,12 @@ TEST(DpTrain, RunLoopMatchesOneProcessAndResumesAcrossLayouts) {
   if (w.rank() == 0) {
     const auto one = metrics((root / "one").string());
     ASSERT_EQ(one.size(), 6u);
+    for (const json& j : one) EXPECT_FALSE(j.contains("comm_ms")) << "one rank: no communication to report";
+    for (const json& j : metrics((root / "dp").string())) {  // exposed communication per step
+      ASSERT_TRUE(j.contains("comm_ms"));
+      EXPECT_GE(j["comm_ms"].get<double>(), 0.0);
+      EXPECT_LE(j["comm_ms"].get<double>(), j["step_ms"].get<double>());
+    }
     for (const char* d : {"dp", "dp_then_1", "1_then_dp"}) {
       const auto m = metrics((root / d).string());
       ASSERT_EQ(m.size(), 6u) << d << ": metrics.jsonl must be written once, by rank 0";
