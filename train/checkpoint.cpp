@@ -121,7 +121,6 @@ std::string save_checkpoint(const std::string& run_dir, const model::Model& m, c
   return final_dir.string();
 }
 
-
 std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
   const fs::path root = fs::path(run_dir) / "checkpoints";
   if (!fs::exists(root)) return std::nullopt;
