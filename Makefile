@@ -20,6 +20,7 @@ test: build
 
 demo: build
 	$(BUILD)/trex demo
+	bash recipes/or/run.sh --small --trex $(BUILD)/trex
 
 bench: build
 	$(BUILD)/trex bench peak

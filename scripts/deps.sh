@@ -4,7 +4,8 @@ set -euo pipefail
 # scripts/deps.sh fuzz: also clang (libFuzzer) for make fuzz.
 PKGS="build-essential cmake ninja-build libdnnl-dev nlohmann-json3-dev libcli11-dev libgtest-dev
       libopenmpi-dev openmpi-bin libtomlplusplus-dev
-      coinor-libcbc-dev coinor-libclp-dev coinor-libcoinutils-dev libpcre2-dev zlib1g-dev pkg-config gnuplot-nox python3"
+      coinor-libcbc-dev coinor-libclp-dev coinor-libcoinutils-dev libpcre2-dev zlib1g-dev pkg-config gnuplot-nox python3
+      fortunes"
 [ "${1:-}" = fuzz ] && PKGS="$PKGS clang"
 missing=""
 for p in $PKGS; do

@@ -213,13 +213,13 @@ TEST(SafetensorsUntrusted, FromBytesMatchesOpenOnGoodFiles) {
       EXPECT_EQ(x.dtype, y.dtype);
       EXPECT_EQ(x.offset, y.offset);
       ASSERT_EQ(x.nbytes, y.nbytes);
-      EXPECT_EQ(std::memcmp(a.data(x), c.data(y), x.nbytes), 0) << x.name;
+      if (x.nbytes > 0) EXPECT_EQ(std::memcmp(a.data(x), c.data(y), x.nbytes), 0) << x.name;
       if (x.dtype == DType::F32 || x.dtype == DType::BF16 || x.dtype == DType::F16 || x.dtype == DType::F64) {
         const int64_t n = x.shape.numel();
         std::vector<float> va(n), vc(n);
         a.read_f32(x.name, va.data(), n);
         c.read_f32(y.name, vc.data(), n);
-        EXPECT_EQ(std::memcmp(va.data(), vc.data(), n * sizeof(float)), 0) << x.name;
+        if (n > 0) EXPECT_EQ(std::memcmp(va.data(), vc.data(), n * sizeof(float)), 0) << x.name;  // empty: no data pointer
       }
     }
   }
