@@ -10,7 +10,6 @@
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <filesystem>
-#include <functional>
 #include <nlohmann/json.hpp>
 #include "core/error.h"
 #include "core/parallel.h"
@@ -45,15 +44,6 @@ struct Trainee {
   }
 };
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return std::string(e.what()) + " | hint: " + e.hint;
-  }
-  ADD_FAILURE() << "no UserError";
-  return "";
-}
 
 uint64_t dir_bytes(const fs::path& p) {
   uint64_t n = 0;
@@ -98,7 +88,8 @@ TEST(CheckpointDiskFull, WriteFailureMidFileKeepsThePreviousCheckpoint) {
   lim.rlim_cur = 4096;
   auto prev = ::signal(SIGXFSZ, SIG_IGN);  // EFBIG instead of the signal
   ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &lim), 0);
-  const std::string m = message_of([&] { train::save_checkpoint(run, r.m, r.opt, {2, 2, 0, {}}, 3); });
+  const std::string m =
+      test::user_error([&] { train::save_checkpoint(run, r.m, r.opt, {2, 2, 0, {}}, 3); }, /*with_hint=*/true);
   ::setrlimit(RLIMIT_FSIZE, &old);
   ::signal(SIGXFSZ, prev);
 
@@ -136,7 +127,8 @@ TEST(CheckpointDiskFull, TooLittleSpaceIsRefusedBeforeWriting) {
   train::save_checkpoint(run, r.m, r.opt, {1, 1, 0, {}}, 3);
   std::vector<float> w1(r.m.P(), r.m.P() + r.m.layout.total);
   r.step();
-  const std::string m = message_of([&] { train::save_checkpoint(run, r.m, r.opt, {2, 2, 0, {}}, 3); });
+  const std::string m =
+      test::user_error([&] { train::save_checkpoint(run, r.m, r.opt, {2, 2, 0, {}}, 3); }, /*with_hint=*/true);
   EXPECT_NE(m.find("checkpoint of step 2 needs about"), std::string::npos) << m;
   EXPECT_NE(m.find("MiB free"), std::string::npos) << m;
   EXPECT_NE(m.find("step-00000001 is intact"), std::string::npos) << m;

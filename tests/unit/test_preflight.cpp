@@ -4,7 +4,6 @@
 
 #include <chrono>
 #include <fstream>
-#include <functional>
 #include <nlohmann/json.hpp>
 #include "core/error.h"
 #include "train/loop.h"
@@ -27,15 +26,6 @@ json v3_671b() {
           {"qk_rope_head_dim", 64}, {"v_head_dim", 128}};
 }
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return std::string(e.what()) + " | hint: " + e.hint;
-  }
-  ADD_FAILURE() << "no UserError";
-  return "";
-}
 
 }  // namespace
 
@@ -63,7 +53,8 @@ TEST(Preflight, TooLargeForThisMachineIsRefusedBeforeAnyWork) {
             {"checkpoint", {{"dir", (dir.path / "run").string()}}}};
   train::RunConfig rc = train::parse_run_config(j, "big.toml");
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string m = message_of([&] { train::run_training(rc, train::TokenizerFns{}); });
+  const std::string m =
+      test::user_error([&] { train::run_training(rc, train::TokenizerFns{}); }, /*with_hint=*/true);
   // Refused on the estimate: the missing data file is never opened, no weight is allocated.
   EXPECT_NE(m.find("the run needs about"), std::string::npos) << m;
   EXPECT_NE(m.find("but this machine has"), std::string::npos) << m;
@@ -72,7 +63,8 @@ TEST(Preflight, TooLargeForThisMachineIsRefusedBeforeAnyWork) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
   // memory_check = false lets it through to the next problem (the data file).
   rc.train.memory_check = false;
-  const std::string m2 = message_of([&] { train::run_training(rc, train::TokenizerFns{}); });
+  const std::string m2 =
+      test::user_error([&] { train::run_training(rc, train::TokenizerFns{}); }, /*with_hint=*/true);
   EXPECT_NE(m2.find("missing.jsonl"), std::string::npos) << m2;
 }
 
@@ -80,7 +72,8 @@ TEST(Preflight, UnwritableRunDirectoryIsRefused) {
   test::TmpDir dir("trex_preflight");
   const std::string file = (dir.path / "a_file").string();
   std::ofstream(file) << "x";
-  const std::string m = message_of([&] { train::check_run_dir_writable(file + "/run"); });
+  const std::string m =
+      test::user_error([&] { train::check_run_dir_writable(file + "/run"); }, /*with_hint=*/true);
   EXPECT_NE(m.find("checkpoint.dir '" + file + "/run'"), std::string::npos) << m;
   EXPECT_NE(m.find("cannot create"), std::string::npos) << m;
   EXPECT_NO_THROW(train::check_run_dir_writable((dir.path / "ok" / "deeper").string()));

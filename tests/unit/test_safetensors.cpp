@@ -57,19 +57,7 @@ std::string lower(std::string_view s) {
 }
 
 // Runs f, returns the UserError message; records a failure for no / another exception.
-template <class F>
-std::string user_error(F&& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected trex::UserError, got: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected trex::UserError, nothing thrown";
-  return "";
-}
+using test::user_error;
 
 // A file from a raw header (padded with spaces to 8) and `data` zero bytes.
 std::string st_bytes(std::string header, size_t data = 0) {

@@ -32,19 +32,13 @@ void write_file(const std::string& p, const std::string& b) {
   std::ofstream(p, std::ios::binary).write(b.data(), static_cast<std::streamsize>(b.size()));
 }
 
+// test::user_error, and every rejection must carry a hint; returns the message alone.
 template <class F>
 std::string user_error(F&& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    EXPECT_FALSE(e.hint.empty()) << e.what();
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected trex::UserError, got: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected trex::UserError, nothing thrown";
-  return "";
+  const std::string m = test::user_error(f, /*with_hint=*/true);
+  const size_t h = m.find(" | hint: ");
+  EXPECT_TRUE(h != std::string::npos && h + 9 < m.size()) << "no hint: " << m;
+  return m.substr(0, h);
 }
 
 // Opens `bytes` both ways and expects a UserError naming the file and containing every needle.

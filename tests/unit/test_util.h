@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <string>
 
+#include "core/error.h"
+
 namespace trex::test {
 
 // tests/data/<sub>, found next to this header or under the working directory; `probe` is a file
@@ -41,5 +43,21 @@ struct TmpDir {
   std::string file(const std::string& name) const { return (path / name).string(); }
   std::string str() const { return path.string(); }
 };
+
+// Runs f, which must throw trex::UserError, and returns its message (with_hint: then " | hint: "
+// and its hint). Another exception, or none, is a test failure and returns "".
+template <class F>
+std::string user_error(F&& f, bool with_hint = false) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return with_hint ? std::string(e.what()) + " | hint: " + e.hint : std::string(e.what());
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected trex::UserError, got: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "expected trex::UserError, nothing thrown";
+  return "";
+}
 
 }  // namespace trex::test
