@@ -1,5 +1,7 @@
-// CPU feature detection for runtime kernel selection. TREX_ISA=ref|avx512|avx512bf16 caps the
-// level (for testing the fallbacks); by default the best the CPU supports is used.
+// CPU feature detection for runtime kernel selection. TREX_ISA=ref|avx2|avx512|avx512bf16 caps
+// the level (for testing the fallbacks); by default the best the CPU supports is used. Avx2 means
+// AVX2 + FMA + F16C without AVX-512: the kernels that have an AVX2 version (kernels/cpu/*_avx2.cpp)
+// use it, the others run their scalar reference there.
 // avx512bf16: some hypervisors hide the CPUID bit although the instruction executes; when the
 // bit is absent trex runs one vdpbf16ps under a SIGILL guard and checks its result.
 #pragma once
@@ -11,7 +13,7 @@
 
 namespace trex {
 
-enum class Isa { Ref = 0, Avx512 = 1, Avx512Bf16 = 2 };
+enum class Isa { Ref = 0, Avx2 = 1, Avx512 = 2, Avx512Bf16 = 3 };
 
 
 namespace detail_cpu {
@@ -55,6 +57,8 @@ inline bool cpu_has_bf16_dot() {
 inline Isa detect_isa() {
   __builtin_cpu_init();
   Isa best = Isa::Ref;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    best = Isa::Avx2;
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
     best = Isa::Avx512;
@@ -62,6 +66,7 @@ inline Isa detect_isa() {
   if (const char* e = std::getenv("TREX_ISA")) {
     Isa cap = Isa::Avx512Bf16;
     if (!std::strcmp(e, "ref")) cap = Isa::Ref;
+    else if (!std::strcmp(e, "avx2")) cap = Isa::Avx2;
     else if (!std::strcmp(e, "avx512")) cap = Isa::Avx512;
     if (static_cast<int>(cap) < static_cast<int>(best)) best = cap;
   }
@@ -87,6 +92,7 @@ inline bool isa_ref_forced() {
 inline const char* isa_name(Isa i) {
   switch (i) {
     case Isa::Ref: return "ref";
+    case Isa::Avx2: return "avx2";
     case Isa::Avx512: return "avx512";
     case Isa::Avx512Bf16: return "avx512bf16";
   }

@@ -1,7 +1,12 @@
-// AdamW and sum-of-squares dispatch: AVX-512 kernels when the CPU has them, else the reference.
+// AdamW and sum-of-squares dispatch: AVX-512 kernels when the CPU has them, else the reference
+// (threaded over fixed ranges).
 #include "kernels/adamw.h"
+
+#include <algorithm>
+#include <vector>
 #include "core/cpu.h"
 #include "core/error.h"
+#include "core/parallel.h"
 #include "kernels/cpu/adamw_avx512.h"
 #include "kernels/ref/adamw.h"
 
@@ -17,7 +22,11 @@ void adamw_step(const AdamWParams& hp, float* p, const float* g, float* m, float
   if (n == 0) return;
   TREX_CHECK(p && g && m && v, "adamw_step: null pointer");
   if (cpu_isa() >= Isa::Avx512) return cpu::adamw_step_avx512(hp, p, g, m, v, n, p_bf16);
-  ref::adamw_step<float>(hp, p, g, m, v, n, p_bf16);
+  // Without AVX-512: the reference, threaded over fixed element ranges (the update is
+  // elementwise, so the result is the reference's, bit for bit, at any thread count).
+  parallel_for(n, 1 << 15, [&](int64_t b, int64_t e) {
+    ref::adamw_step<float>(hp, p + b, g + b, m + b, v + b, e - b, p_bf16 ? p_bf16 + b : nullptr);
+  });
 }
 
 double sum_squares(const float* x, int64_t n) {
@@ -25,7 +34,17 @@ double sum_squares(const float* x, int64_t n) {
   if (n == 0) return 0.0;
   TREX_CHECK(x, "sum_squares: null pointer");
   if (cpu_isa() >= Isa::Avx512) return cpu::sum_squares_avx512(x, n);
-  return ref::sum_squares<float>(x, n);
+  // Without AVX-512: fixed blocks summed in double by the reference, then added in block order
+  // (deterministic, independent of the thread count).
+  constexpr int64_t kBlock = 1 << 16;
+  const int64_t nb = (n + kBlock - 1) / kBlock;
+  std::vector<double> part(nb);
+  parallel_for(nb, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) part[b] = ref::sum_squares<float>(x + b * kBlock, std::min(kBlock, n - b * kBlock));
+  });
+  double ss = 0;
+  for (double v : part) ss += v;
+  return ss;
 }
 
 }  // namespace trex::kern

@@ -11,7 +11,8 @@
 // weights_proj(h) * nh^-0.5, softmax_scale = dI^-0.5.
 // The fast path computes scores only for the valid entries of queries that have more valid
 // entries than min(topk, nw) (the others select all their valid entries) unless scores_out is
-// given. Dispatches to the AVX-512 kernel (kernels/cpu/indexer_avx512.cpp) or the reference.
+// given. Dispatches to the AVX-512 kernel (kernels/cpu/indexer_avx512.cpp), the AVX2 kernel
+// (kernels/cpu/indexer_avx2.cpp, CPUs without AVX-512) or the reference.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -1,10 +1,13 @@
-// Dispatch of sparse shared-KV sink attention to the AVX-512 kernel or the scalar reference
-// (see sparse_attn.h). Checks the shape and the key lists (O(N + off[N]), cheap next to the
-// O(off[N] H D) work) before either runs.
+// Dispatch of sparse shared-KV sink attention to the AVX-512 kernel, the AVX2 kernel or the
+// scalar reference (see sparse_attn.h). Checks the shape and the key lists (O(N + off[N]), cheap
+// next to the O(off[N] H D) work) before any runs.
 #include "kernels/sparse_attn.h"
+
+#include <algorithm>
 
 #include "core/cpu.h"
 #include "core/error.h"
+#include "kernels/cpu/sparse_attn_avx2.h"
 #include "kernels/cpu/sparse_attn_avx512.h"
 #include "kernels/ref/sparse_attn.h"
 
@@ -29,6 +32,8 @@ void sparse_attn_fwd(const SparseAttnShape& sh, const float* q, const float* kv,
   check_args(sh, M, off, idx);
   if (cpu_isa() >= Isa::Avx512)
     cpu::sparse_attn_fwd_avx512(sh, q, kv, M, off, idx, sink, o, lse);
+  else if (cpu_isa() == Isa::Avx2)
+    cpu::sparse_attn_fwd_avx2(sh, q, kv, M, off, idx, sink, o, lse);
   else
     ref::sparse_attn_fwd<float>(sh, q, kv, M, off, idx, sink, o, lse);
 }
@@ -40,18 +45,25 @@ void sparse_attn_bwd(const SparseAttnShape& sh, const float* q, const float* kv,
   check_args(sh, M, off, idx);
   TREX_CHECK((sink == nullptr) == (dsink == nullptr),
              "sparse_attn_bwd: dsink must be given exactly when sink is");
-  if (cpu_isa() >= Isa::Avx512) {
+  if (cpu_isa() >= Isa::Avx2)
     TREX_CHECK(workspace || sparse_attn_bwd_workspace_floats(sh, M) == 0,
                "sparse_attn_bwd: workspace is null");
+  if (cpu_isa() >= Isa::Avx512) {
     cpu::sparse_attn_bwd_avx512(sh, q, kv, M, off, idx, sink, o, lse, dO, dq, dkv, dsink,
                                 workspace);
+  } else if (cpu_isa() == Isa::Avx2) {
+    cpu::sparse_attn_bwd_avx2(sh, q, kv, M, off, idx, sink, o, lse, dO, dq, dkv, dsink,
+                              workspace);
   } else {
     ref::sparse_attn_bwd<float>(sh, q, kv, M, off, idx, sink, o, lse, dO, dq, dkv, dsink);
   }
 }
 
+// The larger of the two kernels' needs (the AVX2 one is never more: the same chunks, round8(H)
+// partial dsinks instead of round16(H)), so a size computed on one machine fits either kernel.
 size_t sparse_attn_bwd_workspace_floats(const SparseAttnShape& sh, int64_t M) {
-  return cpu::sparse_attn_bwd_workspace_floats_avx512(sh, M);
+  return std::max(cpu::sparse_attn_bwd_workspace_floats_avx512(sh, M),
+                  cpu::sparse_attn_bwd_workspace_floats_avx2(sh, M));
 }
 
 }  // namespace trex::kern

@@ -1,6 +1,7 @@
 // Sparse shared-KV multi-query attention with a per-head attention sink: the attention core of
 // DeepSeek-V4 (reference: eager_attention_forward in transformers' modeling_deepseek_v4.py),
-// forward and backward. Dispatches to the AVX-512 kernel or the scalar reference.
+// forward and backward. Dispatches to the AVX-512 kernel, the AVX2 kernel (CPUs without AVX-512) or
+// the scalar reference.
 //
 // All H query heads share ONE set of key rows, and the key and the value are the same row (K = V
 // = kv). Query i attends an explicit list of kv rows idx[off[i] .. off[i+1]) built by the caller

@@ -107,6 +107,7 @@ void indexer_select(const Ctx& c, const V4AttnIn& in, const float* x, const floa
   for (int64_t i = 0; i < N * nI; ++i) wts[i] *= ws;
   kern::IndexerShape sh{B, T, nw, (int)nI, (int)dI, m, (int)v.index_topk, (float)std::pow((double)dI, -0.5)};
   float* work = A.alloc<float>(std::max<size_t>(kern::indexer_workspace_floats(sh), 1));
+  ProfScope ps(c.prof, "fwd.attn.indexer_topk");
   kern::indexer_topk(sh, iq, ik, wts, tpos, cnt, sel, nullptr, work);
   A.release(mk);
 }
@@ -165,6 +166,7 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
     s.cpool = A.alloc<float>(std::max<int64_t>(B * nw, 1) * hd);
     s.c_rstd = A.alloc<float>(std::max<int64_t>(B * nw, 1));
     if (nw > 0) {
+      ProfScope ps(c.prof, "fwd.attn.compress_pool");
       kern::compress_pool_fwd(B, T, m, hd, cc, s.ckv, s.cgate, in.P + p.c_pb, s.cpool);
       float* C = s.KV + N * hd;
       kern::rmsnorm_fwd(s.cpool, B * nw, hd, in.P + p.c_norm, eps, C, s.c_rstd);
@@ -215,7 +217,10 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   s.O = A.alloc<float>(N * H * hd);
   s.lse = A.alloc<float>(N * H);
   kern::SparseAttnShape sh{N, (int)H, (int)hd, (float)std::pow((double)hd, -0.5)};
-  kern::sparse_attn_fwd(sh, s.Q, s.KV, s.M, s.off, s.idx, in.P + p.sinks, s.O, s.lse);
+  {
+    ProfScope ps(c.prof, "fwd.attn.core");
+    kern::sparse_attn_fwd(sh, s.Q, s.KV, s.M, s.off, s.idx, in.P + p.sinks, s.O, s.lse);
+  }
   s.Or = A.alloc<float>(N * H * hd);
   std::memcpy(s.Or, s.O, N * H * hd * sizeof(float));
   rope_heads(s.Or, N, (int)H, hd, rd, tpos, in.cos, in.sin, true);
@@ -253,6 +258,7 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
   {
     auto mw = A.mark();
     float* work = A.alloc<float>(std::max<size_t>(kern::sparse_attn_bwd_workspace_floats(sh, s.M), 1));
+    ProfScope ps(c.prof, "bwd.attn.core");
     kern::sparse_attn_bwd(sh, s.Q, s.KV, s.M, s.off, s.idx, in.P + p.sinks, s.O, s.lse, dO, dQ, dKV,
                           gr(in, p.sinks), work);
     A.release(mw);
@@ -279,6 +285,7 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
     {
       auto mw = A.mark();
       float* work = A.alloc<float>(std::max<size_t>(kern::compress_pool_bwd_workspace_floats(B, T, m, hd, cc), 1));
+      ProfScope ps(c.prof, "bwd.attn.compress_pool");
       kern::compress_pool_bwd(B, T, m, hd, cc, s.ckv, s.cgate, in.P + p.c_pb, dpool, dckv, dcg, dpb, work);
       A.release(mw);
     }

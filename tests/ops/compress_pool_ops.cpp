@@ -5,22 +5,29 @@
 //           independent of the thread count, and both against numbers from the real HF modules;
 //     grad: reference backward in double against finite differences of the reference forward;
 //     perf: GB/s of fwd and bwd at the HCA, CSA and indexer-compressor shapes of DeepSeek-V4.
-//   indexer (kernels/indexer.h):
-//     test: dispatched scores against the reference, the selection against the exact top-k of
-//           the reference scores (up to float rounding at the boundary), with and without
+//   indexer (kernels/indexer.h), dispatched and the AVX2 kernel called directly ("indexer[avx2]",
+//   kernels/cpu/indexer_avx2.h; skipped on a CPU without AVX2 + FMA):
+//     test: scores against the reference, the selection against the exact top-k of the
+//           reference scores (up to float rounding at the boundary), with and without
 //           scores_out (the fast path skips scoring when it can: same selection required);
+//           with duplicated keys (ties), a NaN key and a NaN query the selection must equal the
+//           reference's exactly (lower index first, NaN above every number); outputs bitwise
+//           equal with 1 thread and all threads;
 //     perf: GFLOP/s of the scoring actually done (valid entries of queries with more than topk
-//           valid entries) and, side by side, kern::gemm_f32 on the same dense product.
+//           valid entries) and, side by side, kern::gemm_f32 on the same dense product; also at
+//           the bench-v4 shape (B=1, T=2048, nh=16, dI=64, m=4, topk=128).
 #include <omp.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "core/parallel.h"
 #include "kernels/compress_pool.h"
+#include "kernels/cpu/indexer_avx2.h"
 #include "kernels/gemm.h"
 #include "kernels/indexer.h"
 #include "kernels/ref/compress_pool.h"
@@ -306,25 +313,57 @@ struct IdxCfg {
   PosKind pk;
 };
 
-std::string idx_name(const IdxCfg& c) {
+// The implementation under test: the dispatched one, or the AVX2 kernel called directly.
+using IdxFn = void (*)(const kern::IndexerShape&, const float*, const float*, const float*, const int32_t*,
+                       int32_t*, int32_t*, float*, float*);
+struct IdxImpl {
+  const char* tag;
+  IdxFn fn;
+  bool (*usable)();
+};
+bool idx_always() { return true; }
+bool idx_has_avx2_fma() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+const IdxImpl kIdxImpls[] = {{"indexer", kern::indexer_topk, idx_always},
+                             {"indexer[avx2]", kern::cpu::indexer_topk_avx2, idx_has_avx2_fma}};
+
+std::string idx_name(const IdxImpl& im, const IdxCfg& c, const char* extra = "") {
   const char* pk = c.pk == PosKind::Causal ? "pos=t" : c.pk == PosKind::Packed ? "packed" : "offset";
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "indexer B=%ld T=%ld nh=%d dI=%d m=%ld topk=%d %s", (long)c.B, (long)c.T, c.nh,
-                c.dI, (long)c.m, c.topk, pk);
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "%s B=%ld T=%ld nh=%d dI=%d m=%ld topk=%d %s%s", im.tag, (long)c.B, (long)c.T,
+                c.nh, c.dI, (long)c.m, c.topk, pk, extra);
   return buf;
+}
+
+bool idx_skipped(const IdxImpl& im, const std::string& name) {
+  if (im.usable()) return false;
+  std::printf("skip %-48s (CPU lacks AVX2 + FMA)\n", name.c_str());
+  return true;
 }
 
 struct IdxData {
   kern::IndexerShape sh;
   std::vector<float> q, k, w;
   std::vector<int32_t> pos;
-  IdxData(const IdxCfg& c, uint64_t seed) {
+  // ties: every key row s of a batch row equals row s % 5 (5 distinct scores per query, many
+  // exact ties), key row 3 has a NaN (its score is NaN for every query) and one query's q is NaN.
+  IdxData(const IdxCfg& c, uint64_t seed, bool ties = false) {
     sh = {c.B, c.T, c.T / c.m, c.nh, c.dI, c.m, c.topk, 1.f / std::sqrt(static_cast<float>(c.dI))};
     Rng r(seed);
     q.resize(c.B * c.T * c.nh * c.dI), k.resize(c.B * sh.nw * c.dI), w.resize(c.B * c.T * c.nh);
     fill_normal(q.data(), q.size(), r);
     fill_normal(k.data(), k.size(), r);
     fill_normal(w.data(), w.size(), r, 1.0 / std::sqrt(c.nh));
+    if (ties) {
+      for (int64_t b = 0; b < c.B; ++b)
+        for (int64_t s = 5; s < sh.nw; ++s)
+          std::copy_n(k.data() + (b * sh.nw + s % 5) * c.dI, c.dI, k.data() + (b * sh.nw + s) * c.dI);
+      for (int64_t b = 0; b < c.B; ++b)
+        if (sh.nw > 3) k[(b * sh.nw + 3) * c.dI + c.dI / 2] = std::numeric_limits<float>::quiet_NaN();
+      q[(c.B * c.T - 1) * c.nh * c.dI] = std::numeric_limits<float>::quiet_NaN();
+    }
     pos.resize(c.B * c.T);
     for (int64_t b = 0; b < c.B; ++b) {
       const int64_t cut = 1 + static_cast<int64_t>(r.next_u64() % (c.T - 1));
@@ -339,26 +378,26 @@ struct IdxData {
   }
 };
 
-bool idx_test(const IdxCfg& c) {
-  const std::string name = idx_name(c);
-  IdxData d(c, 500 + c.T + c.nh * 7 + c.dI);
+bool idx_test(const IdxImpl& im, const IdxCfg& c, bool ties) {
+  const std::string name = idx_name(im, c, ties ? " ties/nan" : "");
+  if (idx_skipped(im, name)) return true;
+  IdxData d(c, 500 + c.T + c.nh * 7 + c.dI, ties);
   const auto& sh = d.sh;
   const size_t nq = c.B * c.T, ns = nq * sh.nw;
-  Guarded<float> sc(ns);
+  Guarded<float> sc(ns), ws(kern::indexer_workspace_floats(sh));
   Guarded<int32_t> cnt(nq), sel(nq * c.topk), cnt2(nq), sel2(nq * c.topk);
-  std::vector<float> sc_r(ns), ws(kern::indexer_workspace_floats(sh));
+  std::vector<float> sc_r(ns);
   std::vector<int32_t> cnt_r(nq), sel_r(nq * c.topk);
-  kern::indexer_topk(sh, d.q.data(), d.k.data(), d.w.data(), d.pos.data(), cnt.data(), sel.data(), sc.data(),
-                     ws.data());
-  kern::indexer_topk(sh, d.q.data(), d.k.data(), d.w.data(), d.pos.data(), cnt2.data(), sel2.data(), nullptr,
-                     ws.data());
+  im.fn(sh, d.q.data(), d.k.data(), d.w.data(), d.pos.data(), cnt.data(), sel.data(), sc.data(), ws.data());
+  im.fn(sh, d.q.data(), d.k.data(), d.w.data(), d.pos.data(), cnt2.data(), sel2.data(), nullptr, ws.data());
   kern::ref::indexer_topk<float>(sh, d.q.data(), d.k.data(), d.w.data(), d.pos.data(), cnt_r.data(), sel_r.data(),
                                  sc_r.data());
   bool mism;
   const double e = nmse(sc.data(), sc_r.data(), ns, &mism);
-  bool ok = report(name, "scores", e, 1e-11, !mism && sc.guard_ok(), "-inf/guard");
+  bool ok = report(name, "scores", e, 1e-11, !mism && sc.guard_ok() && ws.guard_ok(), "nan/-inf/guard");
   // Selection: same count; indices ascending and valid; a top-k of the reference scores up to
   // float rounding (min selected >= max unselected - tol); identical with and without scores_out.
+  // With ties the scores are 5 well separated values and NaN: the selection must be exact.
   size_t bad = 0, same = 0;
   for (size_t i = 0; i < nq; ++i) {
     const int32_t* s = sel.data() + i * c.topk;
@@ -379,8 +418,9 @@ bool idx_test(const IdxCfg& c) {
       amax = std::max(amax, std::fabs(r[j]));
       if (!in[j]) hi = std::max(hi, r[j]);
     }
-    qok &= lo >= hi - 1e-5f * std::max(amax, 1e-3f);
-    same += std::equal(s, s + c.topk, sel_r.data() + i * c.topk);
+    const bool eq = std::equal(s, s + c.topk, sel_r.data() + i * c.topk);
+    qok &= ties ? eq : lo >= hi - 1e-5f * std::max(amax, 1e-3f);
+    same += eq;
     bad += !qok;
   }
   size_t diff2 = 0;
@@ -394,7 +434,35 @@ bool idx_test(const IdxCfg& c) {
   return ok;
 }
 
-void idx_perf(const IdxCfg& c) {
+// cnt, sel and scores_out bitwise equal with 1 thread and with all threads.
+bool idx_determinism(const IdxImpl& im, const IdxCfg& c) {
+  const std::string name = idx_name(im, c, " determinism");
+  if (idx_skipped(im, name)) return true;
+  IdxData d(c, 31);
+  const auto& sh = d.sh;
+  const size_t nq = c.B * c.T;
+  std::vector<float> ws(kern::indexer_workspace_floats(sh));
+  auto run = [&](std::vector<int32_t>& out, std::vector<float>& sc) {
+    std::vector<int32_t> cnt(nq), sel(nq * c.topk);
+    sc.assign(nq * sh.nw, 0.f);
+    im.fn(sh, d.q.data(), d.k.data(), d.w.data(), d.pos.data(), cnt.data(), sel.data(), sc.data(), ws.data());
+    out = cnt;
+    out.insert(out.end(), sel.begin(), sel.end());
+  };
+  std::vector<int32_t> a, b;
+  std::vector<float> sa, sb;
+  const int nt = num_threads();
+  omp_set_num_threads(1);
+  run(a, sa);
+  omp_set_num_threads(nt);
+  run(b, sb);
+  size_t bad = a != b;
+  for (size_t i = 0; i < sa.size(); ++i) bad += std::memcmp(&sa[i], &sb[i], sizeof(float)) != 0;
+  return report(name, "bitwise", static_cast<double>(bad), 0);
+}
+
+void idx_perf(const IdxImpl& im, const IdxCfg& c) {
+  if (idx_skipped(im, idx_name(im, c))) return;
   IdxData d(c, 7);
   const auto& sh = d.sh;
   const size_t nq = c.B * c.T;
@@ -407,8 +475,7 @@ void idx_perf(const IdxCfg& c) {
   }
   const double t = time_ms(
       [&] {
-        kern::indexer_topk(sh, d.q.data(), d.k.data(), d.w.data(), d.pos.data(), cnt.data(), sel.data(), nullptr,
-                           ws.data());
+        im.fn(sh, d.q.data(), d.k.data(), d.w.data(), d.pos.data(), cnt.data(), sel.data(), nullptr, ws.data());
       },
       3);
   // Side by side: the dense [T*nh, dI] x [dI, nw] product of one batch row with sgemm (oneDNN),
@@ -425,8 +492,8 @@ void idx_perf(const IdxCfg& c) {
       },
       3);
   const double dense = 2.0 * c.B * c.T * c.nh * c.dI * sh.nw;
-  std::printf("perf %-48s %.2f ms  %.1f GFLOP/s (%.2f GFLOP needed)   sgemm dense %.2f ms %.1f GFLOP/s\n",
-              idx_name(c).c_str(), t, flops / t * 1e-6, flops * 1e-9, tg, dense / tg * 1e-6);
+  std::printf("perf %-56s %.2f ms  %.1f GFLOP/s (%.2f GFLOP needed)   sgemm dense %.2f ms %.1f GFLOP/s\n",
+              idx_name(im, c).c_str(), t, flops / t * 1e-6, flops * 1e-9, tg, dense / tg * 1e-6);
 }
 
 }  // namespace
@@ -467,8 +534,20 @@ TREX_OP_CASES(compress_pool_cases) {
       {1, 520, 17, 70, 5, 31, PosKind::Offset},    {2, 64, 8, 64, 4, 0, PosKind::Causal},
       {1, 3, 4, 8, 4, 2, PosKind::Causal},
   };
-  for (const IdxCfg& c : itests) cases.push_back({idx_name(c), [c] { return idx_test(c); }, nullptr, nullptr});
-  const IdxCfg iperfs[] = {{1, 8192, 64, 128, 4, 512, PosKind::Causal}, {4, 2048, 8, 64, 4, 64, PosKind::Causal},
+  const IdxCfg iperfs[] = {{1, 2048, 16, 64, 4, 128, PosKind::Causal},  // bench-v4 CSA indexer
+                           {1, 8192, 64, 128, 4, 512, PosKind::Causal},
+                           {4, 2048, 8, 64, 4, 64, PosKind::Causal},
                            {2, 4096, 32, 128, 4, 256, PosKind::Packed}};
-  for (const IdxCfg& c : iperfs) cases.push_back({idx_name(c), nullptr, nullptr, [c] { idx_perf(c); }});
+  const IdxCfg iticd[] = {{2, 400, 7, 20, 2, 13, PosKind::Causal}, {1, 130, 16, 64, 1, 40, PosKind::Offset}};
+  const IdxCfg idet = {2, 700, 11, 40, 3, 50, PosKind::Packed};
+  for (const IdxImpl& im : kIdxImpls) {
+    for (const IdxCfg& c : itests)
+      cases.push_back({idx_name(im, c), [&im, c] { return idx_test(im, c, false); }, nullptr, nullptr});
+    for (const IdxCfg& c : iticd)
+      cases.push_back({idx_name(im, c, " ties/nan"), [&im, c] { return idx_test(im, c, true); }, nullptr, nullptr});
+    cases.push_back({idx_name(im, idet, " determinism"), [&im, idet] { return idx_determinism(im, idet); }, nullptr,
+                     nullptr});
+    for (const IdxCfg& c : iperfs)
+      cases.push_back({idx_name(im, c), nullptr, nullptr, [&im, c] { idx_perf(im, c); }});
+  }
 }

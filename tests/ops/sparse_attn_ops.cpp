@@ -1,12 +1,16 @@
 // Op cases for sparse shared-KV sink attention (kernels/sparse_attn.h):
-//   test: dispatched fwd (o, lse) and bwd (dq, dkv +=, dsink +=) against the reference in double,
+//   test: dispatched fwd (o, lse) and bwd (dq, dkv +=, dsink +=), and the AVX2 kernel called
+//         directly ("sattn[avx2]", kernels/cpu/sparse_attn_avx2.h; skipped on a CPU without
+//         AVX2 + FMA, so it also runs on AVX-512 machines), against the reference in double,
 //         over odd and round H (1..64, padded head lanes) and D (16..512), lists of a sliding
 //         window plus random earlier / compressed rows in random order (lengths 0..~300, several
 //         key blocks), queries without keys, with and without a sink, one and many backward
 //         chunks; plus bitwise equality of all outputs between 1 thread and all threads;
 //   grad: reference backward in double against finite differences of the reference forward
 //         (dq, dkv, dsink of sum(o * R));
-//   perf: GFLOP/s of fwd (4 N H D n_avg) and bwd (8 N H D n_avg), also with very sharp scores.
+//   perf: GFLOP/s of fwd (4 N H D n_avg) and bwd (8 N H D n_avg), also with very sharp scores,
+//         dispatched and AVX2, at the bench-v4 shape (N = 2048, H = 16, D = 128, window 128 +
+//         128 compressed rows per query) among others.
 #include <omp.h>
 
 #include <algorithm>
@@ -17,6 +21,7 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "kernels/cpu/sparse_attn_avx2.h"
 #include "kernels/ref/sparse_attn.h"
 #include "kernels/sparse_attn.h"
 #include "tests/ops/harness.h"
@@ -26,6 +31,36 @@ namespace {
 using trex::Rng;
 using trex::kern::SparseAttnShape;
 using namespace trex::ops;
+
+// The implementation under test: the dispatched one, or the AVX2 kernel called directly (on any
+// CPU with AVX2 + FMA; its workspace size is its own, checked with guard values).
+struct Impl {
+  const char* tag;
+  void (*fwd)(const SparseAttnShape&, const float*, const float*, int64_t, const int64_t*,
+              const int32_t*, const float*, float*, float*);
+  void (*bwd)(const SparseAttnShape&, const float*, const float*, int64_t, const int64_t*,
+              const int32_t*, const float*, const float*, const float*, const float*, float*,
+              float*, float*, float*);
+  size_t (*ws)(const SparseAttnShape&, int64_t);
+  bool (*usable)();
+};
+bool always() { return true; }
+bool has_avx2_fma() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+const Impl kImpls[] = {
+    {"sattn", trex::kern::sparse_attn_fwd, trex::kern::sparse_attn_bwd,
+     trex::kern::sparse_attn_bwd_workspace_floats, always},
+    {"sattn[avx2]", trex::kern::cpu::sparse_attn_fwd_avx2, trex::kern::cpu::sparse_attn_bwd_avx2,
+     trex::kern::cpu::sparse_attn_bwd_workspace_floats_avx2, has_avx2_fma},
+};
+// A case of an implementation the CPU cannot run passes with a note.
+bool skipped(const Impl& im, const std::string& name) {
+  if (im.usable()) return false;
+  std::printf("skip %-48s (CPU lacks AVX2 + FMA)\n", name.c_str());
+  return true;
+}
 
 struct Cfg {
   int64_t N;
@@ -109,7 +144,10 @@ Inputs make_inputs(const Cfg& c, Rng& r) {
   return in;
 }
 
-bool run_test(const Cfg& c) {
+bool run_test(const Impl& im, const Cfg& c) {
+  const std::string nf = cfg_name((im.tag + std::string("_fwd")).c_str(), c),
+                    nb = cfg_name((im.tag + std::string("_bwd")).c_str(), c);
+  if (skipped(im, nf)) return true;
   const SparseAttnShape sh = shape_of(c);
   const int64_t M = rows_of(c);
   const size_t nq = size_t(c.N) * c.H * c.D, nkv = size_t(M) * c.D, nl = size_t(c.N) * c.H;
@@ -125,12 +163,10 @@ bool run_test(const Cfg& c) {
   Guarded<float> o(nq), lse(nl), dq(nq, 7.0f), dkv(nkv), dsink(c.H);
   std::copy(in.dkv0.begin(), in.dkv0.end(), dkv.data());
   std::copy(in.dsink0.begin(), in.dsink0.end(), dsink.data());
-  std::vector<float> ws(trex::kern::sparse_attn_bwd_workspace_floats(sh, M), 3.0f);
-  trex::kern::sparse_attn_fwd(sh, in.q.data(), in.kv.data(), M, L.off.data(), L.idx.data(), sk,
-                              o.data(), lse.data());
-  trex::kern::sparse_attn_bwd(sh, in.q.data(), in.kv.data(), M, L.off.data(), L.idx.data(), sk,
-                              o.data(), lse.data(), in.dO.data(), dq.data(), dkv.data(),
-                              c.sink ? dsink.data() : nullptr, ws.data());
+  Guarded<float> ws(im.ws(sh, M), 3.0f);
+  im.fwd(sh, in.q.data(), in.kv.data(), M, L.off.data(), L.idx.data(), sk, o.data(), lse.data());
+  im.bwd(sh, in.q.data(), in.kv.data(), M, L.off.data(), L.idx.data(), sk, o.data(), lse.data(),
+         in.dO.data(), dq.data(), dkv.data(), c.sink ? dsink.data() : nullptr, ws.data());
 
   auto qd = to_double(in.q.data(), nq), kvd = to_double(in.kv.data(), nkv),
        sd = to_double(in.sink.data(), c.H), dOd = to_double(in.dO.data(), nq);
@@ -142,7 +178,6 @@ bool run_test(const Cfg& c) {
   trex::kern::ref::sparse_attn_bwd<double>(sh, qd.data(), kvd.data(), M, L.off.data(), L.idx.data(),
                                            skd, od.data(), lsed.data(), dOd.data(), dqd.data(),
                                            dkvd.data(), c.sink ? dsd.data() : nullptr);
-  const std::string nf = cfg_name("sattn_fwd", c), nb = cfg_name("sattn_bwd", c);
   // fp32 scores of size ~sharp carry absolute errors ~sharp * 1e-7 into exp(): the gradients'
   // NMSE grows like sharp^2 (the float reference itself is at 2e-10 for sharp = 40).
   const double cond = std::max(1.0, double(c.sharp) * c.sharp / 16);
@@ -151,26 +186,27 @@ bool run_test(const Cfg& c) {
   ok &= check(nf, "lse", lse.data(), lsed, lse.guard_ok(), 1e-12 * cond);
   ok &= check(nb, "dq", dq.data(), dqd, dq.guard_ok(), 1e-10 * cond);
   ok &= check(nb, "dkv", dkv.data(), dkvd, dkv.guard_ok(), 1e-10 * cond);
-  ok &= check(nb, "dsink", dsink.data(), dsd, dsink.guard_ok(), 1e-10 * cond);
+  ok &= check(nb, "dsink", dsink.data(), dsd, dsink.guard_ok() && ws.guard_ok(), 1e-10 * cond);
   return ok;
 }
 
 // All outputs with 1 thread and with all threads must agree bit for bit.
-bool run_determinism(const Cfg& c) {
+bool run_determinism(const Impl& im, const Cfg& c) {
+  const std::string name = cfg_name((im.tag + std::string("_determinism")).c_str(), c);
+  if (skipped(im, name)) return true;
   const SparseAttnShape sh = shape_of(c);
   const int64_t M = rows_of(c);
   const size_t nq = size_t(c.N) * c.H * c.D, nl = size_t(c.N) * c.H;
   Rng r(77);
   const Lists L = make_lists(c, r);
   const Inputs in = make_inputs(c, r);
-  std::vector<float> ws(trex::kern::sparse_attn_bwd_workspace_floats(sh, M));
+  std::vector<float> ws(im.ws(sh, M));
   auto run = [&](std::vector<float>& out) {
     std::vector<float> o(nq), lse(nl), dq(nq), dkv = in.dkv0, dsink = in.dsink0;
-    trex::kern::sparse_attn_fwd(sh, in.q.data(), in.kv.data(), M, L.off.data(), L.idx.data(),
-                                in.sink.data(), o.data(), lse.data());
-    trex::kern::sparse_attn_bwd(sh, in.q.data(), in.kv.data(), M, L.off.data(), L.idx.data(),
-                                in.sink.data(), o.data(), lse.data(), in.dO.data(), dq.data(),
-                                dkv.data(), dsink.data(), ws.data());
+    im.fwd(sh, in.q.data(), in.kv.data(), M, L.off.data(), L.idx.data(), in.sink.data(), o.data(),
+           lse.data());
+    im.bwd(sh, in.q.data(), in.kv.data(), M, L.off.data(), L.idx.data(), in.sink.data(), o.data(),
+           lse.data(), in.dO.data(), dq.data(), dkv.data(), dsink.data(), ws.data());
     out.clear();
     for (auto* v : {&o, &lse, &dq, &dkv, &dsink}) out.insert(out.end(), v->begin(), v->end());
   };
@@ -184,8 +220,7 @@ bool run_determinism(const Cfg& c) {
   for (size_t i = 0; i < a.size(); ++i) diff += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
   char what[64];
   std::snprintf(what, sizeof what, "1 vs %d threads: %zu differing floats", nt, diff);
-  return report(cfg_name("sattn_determinism", c), "bits", static_cast<double>(diff), 0.0, true,
-                what);
+  return report(name, "bits", static_cast<double>(diff), 0.0, true, what);
 }
 
 // f(q, kv, sink) = sum(o * R) in double; its gradient is the reference backward with dO = R.
@@ -219,7 +254,8 @@ bool run_grad(const Cfg& c) {
   return ok;
 }
 
-void run_perf(const Cfg& c) {
+void run_perf(const Impl& im, const Cfg& c) {
+  if (skipped(im, cfg_name(im.tag, c))) return;
   const SparseAttnShape sh = shape_of(c);
   const int64_t M = rows_of(c);
   Rng r(5);
@@ -227,25 +263,25 @@ void run_perf(const Cfg& c) {
   const Inputs in = make_inputs(c, r);
   const size_t nq = size_t(c.N) * c.H * c.D, nl = size_t(c.N) * c.H;
   std::vector<float> o(nq), lse(nl), dq(nq), dkv = in.dkv0, dsink = in.dsink0;
-  std::vector<float> ws(trex::kern::sparse_attn_bwd_workspace_floats(sh, M));
+  std::vector<float> ws(im.ws(sh, M));
   const float* sk = c.sink ? in.sink.data() : nullptr;
   const double pairs = static_cast<double>(L.off.back());
   const double ffwd = 4.0 * pairs * c.H * c.D, fbwd = 2.0 * ffwd;
   double tf = time_ms(
       [&] {
-        trex::kern::sparse_attn_fwd(sh, in.q.data(), in.kv.data(), M, L.off.data(), L.idx.data(),
-                                    sk, o.data(), lse.data());
+        im.fwd(sh, in.q.data(), in.kv.data(), M, L.off.data(), L.idx.data(), sk, o.data(),
+               lse.data());
       },
       3);
   double tb = time_ms(
       [&] {
-        trex::kern::sparse_attn_bwd(sh, in.q.data(), in.kv.data(), M, L.off.data(), L.idx.data(),
-                                    sk, o.data(), lse.data(), in.dO.data(), dq.data(), dkv.data(),
-                                    c.sink ? dsink.data() : nullptr, ws.data());
+        im.bwd(sh, in.q.data(), in.kv.data(), M, L.off.data(), L.idx.data(), sk, o.data(),
+               lse.data(), in.dO.data(), dq.data(), dkv.data(), c.sink ? dsink.data() : nullptr,
+               ws.data());
       },
       3);
   std::printf("perf %-56s n_avg=%.1f fwd %8.2f ms %7.1f GFLOP/s   bwd %8.2f ms %7.1f GFLOP/s\n",
-              cfg_name("sattn", c).c_str(), pairs / c.N, tf, ffwd / tf * 1e-6, tb,
+              cfg_name(im.tag, c).c_str(), pairs / c.N, tf, ffwd / tf * 1e-6, tb,
               fbwd / tb * 1e-6);
 }
 
@@ -262,11 +298,14 @@ TREX_OP_CASES(sparse_attn_cases) {
       {140, 72, 8, 20, 9, 0, true, 1.f},     {133, 33, 200, 40, 20, 17, true, 2.f},
       {60, 5, 40, 9, 5, 0, true, 1.f, true}, {300, 16, 64, 100, 40, 0, true, 40.f},
   };
-  for (const Cfg& c : tests)
-    cases.push_back({cfg_name("sattn", c), [c] { return run_test(c); }, nullptr, nullptr});
   const Cfg det = {700, 16, 64, 100, 50, 9, true, 1.f};
-  cases.push_back(
-      {cfg_name("sattn_det", det), [det] { return run_determinism(det); }, nullptr, nullptr});
+  for (const Impl& im : kImpls) {
+    for (const Cfg& c : tests)
+      cases.push_back(
+          {cfg_name(im.tag, c), [&im, c] { return run_test(im, c); }, nullptr, nullptr});
+    cases.push_back({cfg_name((im.tag + std::string("_det")).c_str(), det),
+                     [&im, det] { return run_determinism(im, det); }, nullptr, nullptr});
+  }
   const Cfg grads[] = {
       {5, 2, 3, 2, 1, 0, true, 1.f},
       {6, 3, 4, 3, 2, 4, false, 1.f},
@@ -275,10 +314,12 @@ TREX_OP_CASES(sparse_attn_cases) {
   for (const Cfg& c : grads)
     cases.push_back({cfg_name("sattn", c), nullptr, [c] { return run_grad(c); }, nullptr});
   const Cfg perfs[] = {
+      {2048, 16, 128, 128, 128, 0, true, 1.f},  // bench-v4 CSA layer: window 128 + 128 compressed
       {2048, 16, 128, 128, 64, 0, true, 1.f},
       {1024, 64, 512, 128, 128, 0, true, 1.f},
       {2048, 16, 128, 128, 64, 0, true, 40.f},  // score spread ~1000: tiny (denormal) probabilities
   };
-  for (const Cfg& c : perfs)
-    cases.push_back({cfg_name("sattn", c), nullptr, nullptr, [c] { run_perf(c); }});
+  for (const Impl& im : kImpls)
+    for (const Cfg& c : perfs)
+      cases.push_back({cfg_name(im.tag, c), nullptr, nullptr, [&im, c] { run_perf(im, c); }});
 }
