@@ -1,15 +1,27 @@
 // trex bench peak: measured fp32 FMA and bf16 dot-product peak of this machine (all threads).
+// trex bench calibrate: the planner's calibration file for `--cluster cpu-this`; under
+// `mpirun -np R` every rank measures at once and rank 0 adds the MPI link figures.
 // trex bench step --config FILE [--steps N]: trains N steps of the config's model (random init,
-// random tokens, routing as the model chooses) and prints one JSON line.
+// random tokens, routing as the model chooses) and prints one JSON line, with the planner's
+// prediction of the same run when a calibration exists. Under `mpirun -np R` the ranks train data
+// parallel (ZeRO-1, train/dist.h), each on batch_size sequences of its own.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <memory>
 #include "cli/commands.h"
 #include "core/cpu.h"
 #include "core/parallel.h"
 #include "core/rng.h"
+#include "core/timer.h"
+#include "core/trace.h"
 #include "kernels/peak.h"
 #include "model/checkpoint.h"
+#include "parallel/comm_mpi.h"
+#include "plan/calibration.h"
 #include "plan/measure.h"
+#include "plan/planner.h"
+#include "train/dist.h"
 #include "train/run_config.h"
 #include "train/preflight.h"
 #include "train/trainer.h"
@@ -19,6 +31,99 @@ namespace trex::cli {
 namespace {
 
 double peak_rss_mb() { return train::peak_rss_bytes() / 1048576.0; }
+
+// MPI when a launcher started this process (the context outlives the communicator).
+struct MaybeMpi {
+  std::unique_ptr<parallel::MpiContext> ctx;
+  std::unique_ptr<parallel::Communicator> world;
+  MaybeMpi() {
+    if (!parallel::MpiContext::launched()) return;
+    ctx = std::make_unique<parallel::MpiContext>(nullptr, nullptr, parallel::ThreadLevel::Serialized);
+    world = ctx->world();
+  }
+  ~MaybeMpi() { world.reset(); }
+  int rank() const { return world ? world->rank() : 0; }
+  int size() const { return world ? world->size() : 1; }
+  double sum(double v) const { return reduce(v, parallel::ReduceOp::Sum); }
+  double max(double v) const { return reduce(v, parallel::ReduceOp::Max); }
+  double reduce(double v, parallel::ReduceOp op) const {
+    if (world && world->size() > 1) world->iall_reduce(&v, &v, 1, DType::F64, op).wait();
+    return v;
+  }
+};
+
+// Seconds of the best of `reps` runs of fn (after one warm-up run); every rank runs it together.
+template <class F>
+double best_s(parallel::Communicator& w, int reps, F&& fn) {
+  fn();
+  double best = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    w.barrier();
+    auto t0 = std::chrono::steady_clock::now();
+    fn();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+// The MPI link between the ranks of this node, in the planner's ring model (plan/timing.h):
+// latency from an 8-byte all-reduce (2 hops), bandwidth from a 64 MB f32 reduce-scatter
+// (the collective of the data-parallel gradient buckets): t = (R-1)/R bytes / bw + (R-1) lat.
+void measure_link(parallel::Communicator& w, plan::Calibration& c) {
+  const double R = (double)w.size();
+  double one = 1;
+  const double t_small = best_s(w, 200, [&] { w.iall_reduce(&one, &one, 1, DType::F64, parallel::ReduceOp::Max).wait(); });
+  const double lat = t_small / (2 * (R - 1));
+  const size_t count = (size_t)(16 << 20) / w.size();  // elements each rank keeps
+  std::vector<float> buf(count * w.size(), 1.f);
+  const double t_big = best_s(w, 5, [&] {
+    w.ireduce_scatter(buf.data(), buf.data() + w.rank() * count, count, DType::F32, parallel::ReduceOp::Sum).wait();
+  });
+  const double bytes = 4.0 * count * w.size();
+  c.intra_node_latency_us = lat * 1e6;
+  c.intra_node_gbs = (R - 1) / R * bytes / std::max(t_big - (R - 1) * lat, 1e-9) / 1e9;
+  c.efficiency["net_intra"] = 1.0;  // the bandwidth above is what the collective achieves
+}
+
+// The planner's view of `bench step`'s run: dp = ranks (ZeRO-1), batch_size sequences of seq_len
+// per rank, MTP as the run trains it, on cpu-this with one device per rank.
+struct Prediction {
+  bool ok = false;
+  double step_s = 0, memory_bytes = 0;
+  std::string note;
+};
+Prediction predict(const train::RunConfig& rc, int ranks, const std::string& calibration) {
+  Prediction p;
+  if (rc.train.precision != kern::Prec::BF16) {
+    p.note = "the planner models bf16 runs only";
+    return p;
+  }
+  plan::Calibration cal = plan::find_calibration(calibration);
+  if (!cal.measured) {
+    p.note = "no calibration file: run `trex bench calibrate` (under mpirun -np R for R ranks)";
+    return p;
+  }
+  if (cal.ranks_per_node != ranks)
+    p.note = "calibration measured with " + std::to_string(cal.ranks_per_node) + " rank(s) per node, this run has " +
+             std::to_string(ranks) + ": run `mpirun -np " + std::to_string(ranks) + " trex bench calibrate`";
+  cal.ranks_per_node = ranks;
+  const plan::ClusterSpec s = plan::cpu_spec_from_calibration(cal);
+  const plan::ArchModel a = plan::arch_from_config(rc.model, "run");
+  plan::Layout l;
+  l.dp = ranks;
+  l.mbs = rc.train.batch_size;
+  l.gbs = rc.train.batch_size * ranks;
+  l.seq = rc.data.seq_len;
+  l.zero = 1;
+  l.overlap_dp = rc.parallel.overlap;
+  l.overlap_param_gather = false;  // train/dist.h waits for the all-gather after the update
+  l.mtp = rc.model.is_v4() && rc.model.num_nextn_predict_layers > 0 && rc.train.mtp_loss_weight > 0;
+  const plan::Plan pl = plan::evaluate(a, s, ranks, l);
+  p.ok = true;
+  p.step_s = pl.time.step;
+  p.memory_bytes = pl.memory.peak().total();
+  return p;
+}
 
 }  // namespace
 
@@ -39,13 +144,33 @@ void add_bench(CLI::App& app) {
   });
 
   auto* cal = bench->add_subcommand("calibrate", "measure this machine for the planner (trex plan --cluster cpu-this)");
-  auto copts = std::make_shared<std::pair<std::string, int>>("", 0);
-  cal->add_option("--out", copts->first, "calibration JSON (default: $TREX_CALIBRATION or ~/.cache/trex/calibration.json)");
-  cal->add_option("--threads", copts->second, "threads");
+  struct CalOpts {
+    std::string out;
+    int threads = 0;
+    double seconds = 1.5;
+  };
+  auto copts = std::make_shared<CalOpts>();
+  cal->add_option("--out", copts->out, "calibration JSON (default: $TREX_CALIBRATION or ~/.cache/trex/calibration.json)");
+  cal->add_option("--threads", copts->threads, "threads");
+  cal->add_option("--seconds", copts->seconds, "time per measured op (the median of its runs is kept; default 1.5)");
   cal->callback([copts] {
-    init_threads(copts->second);
-    plan::Calibration c = plan::measure_calibration(0.5);
-    const std::string path = copts->first.empty() ? plan::default_calibration_path() : copts->first;
+    MaybeMpi mpi;
+    init_threads(copts->threads);
+    if (mpi.world) mpi.world->barrier();
+    plan::Calibration c = plan::measure_calibration(copts->seconds);  // every rank at once, as in a run
+    if (mpi.size() > 1) {
+      // The machine is the sum of its ranks (peaks, bandwidth); efficiencies are their mean.
+      const double R = mpi.size();
+      c.bf16_gflops = mpi.sum(c.bf16_gflops);
+      c.fp32_gflops = mpi.sum(c.fp32_gflops);
+      c.mem_bw_gbs = mpi.sum(c.mem_bw_gbs);
+      for (auto& [k, v] : c.efficiency) v = mpi.sum(v) / R;
+      measure_link(*mpi.world, c);
+      c.ranks_per_node = parallel::MpiContext::local_size(mpi.size());
+      c.machine += ", " + std::to_string(mpi.size()) + " MPI ranks";
+    }
+    if (mpi.rank() != 0) return;
+    const std::string path = copts->out.empty() ? plan::default_calibration_path() : copts->out;
     plan::save_calibration(c, path);
     std::printf("%s\n", plan::calibration_to_json(c).dump().c_str());
     std::fprintf(stderr, "[bench calibrate] wrote %s\n", path.c_str());
@@ -53,7 +178,7 @@ void add_bench(CLI::App& app) {
 
   auto* step = bench->add_subcommand("step", "train N steps of a config's model and report speed and MFU");
   struct Opts {
-    std::string config;
+    std::string config, calibration, trace;
     int steps = 0, warmup = 1;
     double peak_gflops = 0;
     bool profile = false;
@@ -62,9 +187,15 @@ void add_bench(CLI::App& app) {
   step->add_option("--config", o->config, "trex TOML run config ([model] + [train])")->required();
   step->add_option("--steps", o->steps, "measured steps (default train.steps)");
   step->add_option("--warmup", o->warmup, "steps run before measuring (default 1)");
-  step->add_option("--peak-gflops", o->peak_gflops, "peak to compute MFU against (default: measured now)");
-  step->add_flag("--profile", o->profile, "print time per region of the step (stderr)");
+  step->add_option("--peak-gflops", o->peak_gflops, "peak of the whole machine to compute MFU against (default: measured now)");
+  step->add_option("--calibration", o->calibration, "calibration for the planner's prediction (default: "
+                                                    "$TREX_CALIBRATION or ~/.cache/trex/calibration.json)");
+  step->add_flag("--profile", o->profile, "print time per region of the step (stderr; rank 0)");
+  step->add_option("--trace", o->trace, "write a Chrome trace (Perfetto) of the measured steps: compute and "
+                                        "communication tracks per rank");
   step->callback([o] {
+    MaybeMpi mpi;
+    const int R = mpi.size(), rank = mpi.rank();
     train::RunConfig rc = train::load_run_config(o->config);
     int threads = init_threads((int)rc.train.threads);
     const int steps = o->steps > 0 ? o->steps : (int)rc.train.steps;
@@ -72,27 +203,46 @@ void add_bench(CLI::App& app) {
     if (!rc.model_path.empty()) model::load_hf_weights(m, rc.model_path);
     else m.init_random(rc.train.seed);
     const float lr = (float)rc.optim.schedule.lr;
-    train::AdamW opt(m, {lr, rc.optim.beta1, rc.optim.beta2, rc.optim.eps, rc.optim.weight_decay, rc.optim.clip_grad_norm});
+    const train::AdamWConfig ocfg{lr, rc.optim.beta1, rc.optim.beta2, rc.optim.eps, rc.optim.weight_decay,
+                                  rc.optim.clip_grad_norm};
+    std::unique_ptr<train::AdamW> opt;
+    std::unique_ptr<train::DataParallel> dp;
+    if (R > 1) dp = std::make_unique<train::DataParallel>(*mpi.world, m, ocfg, train::DpOptions{rc.parallel.bucket_size, rc.parallel.overlap});
+    else opt = std::make_unique<train::AdamW>(m, ocfg);
     Profiler prof;
+    TraceLog tlog;
+    const bool tracing = !o->trace.empty();
     const int64_t B = rc.train.batch_size, T = rc.data.seq_len, N = B * T;
     std::vector<int32_t> ids(N), labels(N);
-    Rng rng(rc.train.seed + 1);
-    std::vector<double> times;
+    Rng rng(rc.train.seed + 1 + 7919 * (uint64_t)rank);  // each rank its own tokens
+    std::vector<double> times, comm;
     double last_loss = 0;
     for (int s = 0; s < o->warmup + steps; ++s) {
-      if (o->profile && s == o->warmup) m.prof = &prof;
+      if (s == o->warmup && ((o->profile && rank == 0) || tracing)) m.prof = &prof;
+      if (s == o->warmup && tracing) {
+        prof.trace = &tlog;
+        if (dp) dp->set_trace(&tlog);
+      }
       for (auto& v : labels) v = (int32_t)(rng.next_u64() % rc.model.vocab_size);
       ids = labels;
       std::vector<int32_t> targets = model::shift_labels(labels, B, T);
       model::Batch b{B, T, ids.data(), targets.data(), nullptr, nullptr};
-      train::StepStats st = train::trainer_step(m, opt, {b}, lr, rc.train.bias_update_gamma, m.prof);
+      const double t0 = now_ms();
+      train::StepStats st = dp ? train::trainer_step(*dp, {b}, lr, rc.train.bias_update_gamma, m.prof)
+                               : train::trainer_step(m, *opt, {b}, lr, rc.train.bias_update_gamma, m.prof);
       last_loss = st.loss;
-      if (s >= o->warmup) times.push_back(st.ms);
-      std::fprintf(stderr, "[bench step] step %d loss %.4f %.1f ms\n", s, st.loss, st.ms);
+      if (prof.trace) prof.trace->add("step " + std::to_string(s - o->warmup), TraceTrack::Compute, t0, now_ms());
+      const double ms = mpi.max(st.ms);  // the step ends when the slowest rank's does
+      if (s >= o->warmup) {
+        times.push_back(ms);
+        comm.push_back(st.comm_ms);
+      }
+      if (rank == 0) std::fprintf(stderr, "[bench step] step %d loss %.4f %.1f ms\n", s, st.loss, ms);
     }
     std::sort(times.begin(), times.end());
-    const double med = times[times.size() / 2], mn = times.front();
-    if (o->profile) {
+    std::sort(comm.begin(), comm.end());
+    const double med = times[times.size() / 2], mn = times.front(), comm_med = mpi.max(comm[comm.size() / 2]);
+    if (o->profile && rank == 0) {
       double sum = 0;
       for (double t : times) sum += t;
       prof.print(stderr, (int)times.size(), sum / times.size());
@@ -100,29 +250,55 @@ void add_bench(CLI::App& app) {
     const double fpt = m.cfg.train_flops_per_token(T);  // m.cfg: with the MTP blocks the run trains
     // MFU denominator: the fastest arithmetic the machine offers for this precision's GEMMs.
     // bf16 GEMMs may run on the fp32 FMA units (kernels/gemm.h) where vdpbf16ps is slower, so
-    // the peak is max(fp32, bf16) for bf16 runs and the fp32 peak for fp32 runs.
+    // the peak is max(fp32, bf16) for bf16 runs and the fp32 peak for fp32 runs. Under MPI every
+    // rank measures its share at once and the machine's peak is their sum.
     double peak = o->peak_gflops;
     bool measured = false;
     double bf16_dot = 0;
     if (peak <= 0) {
+      if (mpi.world) mpi.world->barrier();
       kern::Peak p = kern::measure_peak(0.3);
-      peak = rc.train.precision == kern::Prec::BF16 ? p.best_gflops() : p.fp32_gflops;
-      bf16_dot = p.bf16_gflops;
+      peak = mpi.sum(rc.train.precision == kern::Prec::BF16 ? p.best_gflops() : p.fp32_gflops);
+      bf16_dot = mpi.sum(p.bf16_gflops);
       measured = true;
     }
-    const double tps = N / (med / 1000.0);
-    const train::MemoryEstimate est = train::estimate_train_memory(rc, 1);  // the start-up check's figure
+    const double tps = R * N / (med / 1000.0);
+    const train::MemoryEstimate est = train::estimate_train_memory(rc, R);  // the start-up check's figure
+    const double rss = mpi.max(peak_rss_mb()), act = mpi.max(m.peak_activation_bytes() / 1048576.0);
     const double mfu = fpt * tps / (peak * 1e9);
+    const Prediction pr = predict(rc, R, o->calibration);
+    if (tracing) {  // every rank writes its part, rank 0 joins them
+      write_trace_part(tlog, rank, o->trace + ".rank" + std::to_string(rank) + ".part");
+      if (mpi.world) mpi.world->barrier();
+      if (rank == 0) {
+        std::vector<std::string> parts;
+        for (int r = 0; r < R; ++r) parts.push_back(o->trace + ".rank" + std::to_string(r) + ".part");
+        const size_t n = merge_trace_parts(parts, o->trace);
+        for (const std::string& p : parts) std::remove(p.c_str());
+        std::fprintf(stderr, "[bench step] trace: %s (%zu events, %d rank(s))\n", o->trace.c_str(), n, R);
+      }
+    }
+    if (rank != 0) return;
+    if (!pr.note.empty()) std::fprintf(stderr, "[bench step] planner: %s\n", pr.note.c_str());
+    auto num_or_null = [](bool ok, double v) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%.1f", v);
+      return ok ? std::string(b) : std::string("null");
+    };
     std::printf(
-        "{\"impl\": \"trex\", \"config\": \"%s\", \"precision\": \"%s\", \"threads\": %d, \"batch\": %lld, \"seq\": %lld, "
-        "\"steps\": %d, \"step_ms\": %.1f, \"step_ms_median\": %.1f, \"step_ms_min\": %.1f, \"tokens_per_s\": %.1f, "
+        "{\"impl\": \"trex\", \"config\": \"%s\", \"precision\": \"%s\", \"ranks\": %d, \"threads\": %d, "
+        "\"batch\": %lld, \"seq\": %lld, "
+        "\"steps\": %d, \"step_ms\": %.1f, \"step_ms_median\": %.1f, \"step_ms_min\": %.1f, \"comm_ms\": %.1f, "
+        "\"tokens_per_s\": %.1f, "
         "\"model_flops_per_token\": %.4g, \"active_params\": %lld, \"peak_gflops\": %.1f, \"peak_measured\": %s, "
         "\"mfu\": %.4f, \"mfu_vs_bf16_dot_peak\": %.4f, \"peak_rss_mb\": %.0f, \"last_loss\": %.4f, "
-        "\"activation_mb\": %.0f, \"memory_estimate_mb\": %.0f, \"activation_estimate_mb\": %.0f}\n",
-        o->config.c_str(), rc.train.precision == kern::Prec::BF16 ? "bf16" : "fp32", threads, (long long)B, (long long)T,
-        steps, med, med, mn, tps, fpt, (long long)m.cfg.num_active_params(), peak, measured ? "true" : "false", mfu, bf16_dot > 0 ? fpt * tps / (bf16_dot * 1e9) : 0.0,
-        peak_rss_mb(), last_loss, m.peak_activation_bytes() / 1048576.0, est.total() / 1048576.0,
-        est.activations / 1048576.0);
+        "\"activation_mb\": %.0f, \"memory_estimate_mb\": %.0f, \"activation_estimate_mb\": %.0f, "
+        "\"plan_step_ms\": %s, \"plan_memory_mb\": %s}\n",
+        o->config.c_str(), rc.train.precision == kern::Prec::BF16 ? "bf16" : "fp32", R, threads, (long long)B,
+        (long long)T, steps, med, med, mn, comm_med, tps, fpt, (long long)m.cfg.num_active_params(), peak,
+        measured ? "true" : "false", mfu, bf16_dot > 0 ? fpt * tps / (bf16_dot * 1e9) : 0.0, rss, last_loss, act,
+        est.total() / 1048576.0, est.activations / 1048576.0, num_or_null(pr.ok, pr.step_s * 1000).c_str(),
+        num_or_null(pr.ok, pr.memory_bytes / 1048576.0).c_str());
   });
 }
 

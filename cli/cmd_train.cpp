@@ -12,17 +12,6 @@
 
 namespace trex::cli {
 
-namespace {
-
-// True when mpirun / srun (OpenMPI, PMIx, PMI) started this process.
-bool launched_by_mpi() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
-    if (const char* e = std::getenv(v); e && *e) return true;
-  return false;
-}
-
-}  // namespace
-
 void add_train(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "continued pretraining or SFT from a TOML run config");
   struct Opts {
@@ -47,7 +36,7 @@ void add_train(CLI::App& app) {
     // MPI when a launcher started us (declared before the communicator: destroyed after it).
     std::unique_ptr<parallel::MpiContext> mpi;
     std::unique_ptr<parallel::Communicator> world;
-    if (launched_by_mpi()) {
+    if (parallel::MpiContext::launched()) {
       mpi = std::make_unique<parallel::MpiContext>(nullptr, nullptr, parallel::ThreadLevel::Serialized);
       world = mpi->world();
     }

@@ -188,6 +188,21 @@ void MpiContext::abort(int code) {
   std::abort();
 }
 
+bool MpiContext::launched() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
+    if (const char* e = std::getenv(v); e && *e) return true;
+  return false;
+}
+
+int MpiContext::local_size(int fallback) {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"})
+    if (const char* e = std::getenv(v); e && *e) {
+      const int n = std::atoi(e);
+      if (n > 0) return n;
+    }
+  return fallback;
+}
+
 // --- MpiComm -----------------------------------------------------------------------------------
 
 MpiComm::MpiComm(MPI_Comm comm, size_t max_chunk)

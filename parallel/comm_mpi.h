@@ -45,6 +45,11 @@ class MpiContext {
   std::unique_ptr<Communicator> world(size_t max_chunk = INT_MAX) const;
   // Ends every process of the job (MPI_Abort on MPI_COMM_WORLD).
   [[noreturn]] static void abort(int code);
+  // True when mpirun / srun (OpenMPI, PMIx, PMI) started this process (checked before MPI_Init).
+  static bool launched();
+  // Ranks of this job on this node (OMPI_COMM_WORLD_LOCAL_SIZE, else SLURM_NTASKS_PER_NODE,
+  // else `fallback`).
+  static int local_size(int fallback);
 
  private:
   bool owns_ = false;

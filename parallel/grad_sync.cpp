@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/timer.h"
 
 namespace trex::parallel {
 
@@ -30,6 +31,8 @@ GradSync::GradSync(Communicator& dp_comm, const BucketLayout& layout, float* gra
   rs_started_.assign(nb, 0);
   rs_.resize(nb);
   ag_.resize(nb);
+  rs_t0_.assign(nb, 0);
+  ag_t0_.assign(nb, 0);
   zero_padding(L_, grads_);
   zero_padding(L_, params_);
 }
@@ -45,6 +48,7 @@ void GradSync::mark_ready(int param) {
   const Bucket& B = L_.buckets[b];
   if (++ready_count_[b] == B.num_params) {
     const size_t S = B.size / L_.dp;
+    rs_t0_[b] = now_ms();
     rs_[b] = comm_.ireduce_scatter(grads_ + B.begin, grads_ + B.begin + rank_ * S, S, DType::F32, ReduceOp::Sum);
     rs_started_[b] = 1;
   }
@@ -53,10 +57,27 @@ void GradSync::mark_ready(int param) {
 
 int GradSync::progress() {
   int pending = 0;
-  for (auto* hs : {&rs_, &ag_})
-    for (Handle& h : *hs)
-      if (h.pending() && !h.test()) ++pending;
+  for (int b = 0; b < L_.num_buckets(); ++b) {
+    if (rs_[b].pending()) {
+      if (rs_[b].test()) trace_done("reduce-scatter", b, rs_t0_[b]);
+      else ++pending;
+    }
+    if (ag_[b].pending()) {
+      if (ag_[b].test()) trace_done("all-gather", b, ag_t0_[b]);
+      else ++pending;
+    }
+  }
   return pending;
+}
+
+void GradSync::trace_done(const char* what, int b, double t0) {
+  if (trace_) trace_->add(std::string(what) + " bucket " + std::to_string(b), TraceTrack::Comm, t0, now_ms());
+}
+
+void GradSync::wait_traced(Handle& h, const char* what, int b, double t0) {
+  if (!h.pending()) return;
+  h.wait();
+  trace_done(what, b, t0);
 }
 
 int GradSync::buckets_started() const {
@@ -73,9 +94,10 @@ void GradSync::finish_grad_sync() {
       TREX_CHECK(marked_[p], "GradSync::finish_grad_sync: bucket ", b, " is incomplete: param ", p,
                  " was never marked ready this step");
   }
-  const double t0 = now_s();
-  for (Handle& h : rs_) h.wait();
+  const double t0 = now_s(), w0 = now_ms();
+  for (int b = 0; b < L_.num_buckets(); ++b) wait_traced(rs_[b], "reduce-scatter", b, rs_t0_[b]);
   wait_s_ += now_s() - t0;
+  if (trace_) trace_->add("wait: gradient reduce-scatter", TraceTrack::Compute, w0, now_ms());
   const float inv = 1.0f / static_cast<float>(L_.dp);
   for (int b = 0; b < L_.num_buckets(); ++b)
     for (float& g : grad_shard(b)) g *= inv;
@@ -115,21 +137,24 @@ void GradSync::start_param_all_gather() {
     TREX_CHECK(!ag_[b].pending(), "GradSync: parameter all-gather of bucket ", b, " started twice");
     const Bucket& B = L_.buckets[b];
     const size_t S = B.size / L_.dp;
+    ag_t0_[b] = now_ms();
     ag_[b] = comm_.iall_gather(params_ + B.begin + rank_ * S, params_ + B.begin, S, DType::F32);
   }
 }
 
 void GradSync::wait_param_bucket(int bucket) {
   TREX_CHECK(bucket >= 0 && bucket < L_.num_buckets(), "bucket ", bucket, " outside [0, ", L_.num_buckets(), ")");
-  const double t0 = now_s();
-  ag_[bucket].wait();
+  const double t0 = now_s(), w0 = now_ms();
+  wait_traced(ag_[bucket], "all-gather", bucket, ag_t0_[bucket]);
   wait_s_ += now_s() - t0;
+  if (trace_) trace_->add("wait: parameter all-gather", TraceTrack::Compute, w0, now_ms());
 }
 
 void GradSync::wait_param_all_gather() {
-  const double t0 = now_s();
-  for (int b = L_.num_buckets() - 1; b >= 0; --b) ag_[b].wait();
+  const double t0 = now_s(), w0 = now_ms();
+  for (int b = L_.num_buckets() - 1; b >= 0; --b) wait_traced(ag_[b], "all-gather", b, ag_t0_[b]);
   wait_s_ += now_s() - t0;
+  if (trace_) trace_->add("wait: parameter all-gather", TraceTrack::Compute, w0, now_ms());
 }
 
 void GradSync::zero_grads() {

@@ -24,6 +24,7 @@
 #include <span>
 #include <vector>
 
+#include "core/trace.h"
 #include "parallel/buckets.h"
 #include "parallel/comm.h"
 
@@ -71,6 +72,10 @@ class GradSync {
   // communication), accumulated since construction.
   double exposed_wait_seconds() const { return wait_s_; }
 
+  // Optional timeline (core/trace.h; null = off): every bucket's reduce-scatter and all-gather
+  // from launch until seen complete on the Comm track, the waits on the Compute track.
+  void set_trace(TraceLog* t) { trace_ = t; }
+
   const BucketLayout& layout() const { return L_; }
 
  private:
@@ -84,7 +89,12 @@ class GradSync {
   std::vector<char> rs_started_;  // [buckets]
   std::vector<Handle> rs_;        // [buckets] reduce-scatter in flight
   std::vector<Handle> ag_;        // [buckets] all-gather in flight
+  std::vector<double> rs_t0_, ag_t0_;  // [buckets] launch times (now_ms), for the trace
   double wait_s_ = 0;
+  TraceLog* trace_ = nullptr;
+  // Waits for h (if pending) and traces it as `what` of bucket b launched at t0.
+  void wait_traced(Handle& h, const char* what, int b, double t0);
+  void trace_done(const char* what, int b, double t0);
 };
 
 }  // namespace trex::parallel

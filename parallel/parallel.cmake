@@ -64,3 +64,10 @@ add_test(NAME faults_rank_death
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/faults/rank_death.sh $<TARGET_FILE:trex_cli>
                  ${MPIEXEC_EXECUTABLE})
 set_tests_properties(faults_rank_death PROPERTIES TIMEOUT 180 PROCESSORS 2)
+
+# `trex bench calibrate` / `bench step` on 1 and 2 ranks: data-parallel step, exposed
+# communication, the planner's prediction and the Chrome trace (tests/cli/bench_step_mpi.sh).
+add_test(NAME bench_step_mpi
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/cli/bench_step_mpi.sh $<TARGET_FILE:trex_cli>
+                 ${MPIEXEC_EXECUTABLE})
+set_tests_properties(bench_step_mpi PROPERTIES TIMEOUT 300 PROCESSORS 2)

@@ -12,9 +12,9 @@ using nlohmann::json;
 
 namespace {
 
-const char* kEffKeys[] = {"gemm",      "gemm_fp8",  "grouped_gemm", "grouped_gemm_fp8", "attention",
-                          "memory",    "net_intra", "net_inter",    "overlap",          "comm_compute_share",
-                          "goodput"};
+const char* kEffKeys[] = {"gemm",      "gemm_fp8",  "grouped_gemm", "grouped_gemm_fp8",   "attention",
+                          "sparse_attention", "indexer", "head", "optimizer", "memory", "net_intra", "net_inter",
+                          "overlap",   "comm_compute_share", "goodput"};
 
 double* eff_field(Efficiency& e, const std::string& k) {
   if (k == "gemm") return &e.gemm;
@@ -22,6 +22,10 @@ double* eff_field(Efficiency& e, const std::string& k) {
   if (k == "grouped_gemm") return &e.grouped_gemm;
   if (k == "grouped_gemm_fp8") return &e.grouped_gemm_fp8;
   if (k == "attention") return &e.attention;
+  if (k == "sparse_attention") return &e.sparse_attention;
+  if (k == "indexer") return &e.indexer;
+  if (k == "optimizer") return &e.optimizer;
+  if (k == "head") return &e.head;
   if (k == "memory") return &e.memory;
   if (k == "net_intra") return &e.net_intra;
   if (k == "net_inter") return &e.net_inter;
@@ -96,7 +100,7 @@ Calibration parse_calibration(const json& j, const std::string& where) {
     for (auto& [k, v] : j["efficiency"].items()) {
       Efficiency probe;
       TREX_USER_CHECK(eff_field(probe, k), "efficiency keys: gemm, gemm_fp8, grouped_gemm, grouped_gemm_fp8, "
-                      "attention, memory, net_intra, net_inter, overlap, comm_compute_share, goodput",
+                      "attention, sparse_attention, indexer, head, optimizer, memory, net_intra, net_inter, overlap, comm_compute_share, goodput",
                       where, ": unknown efficiency key '", k, "'");
       double x = num(j["efficiency"], k.c_str(), 0, "efficiency.");
       TREX_USER_CHECK(x <= 1.0, hint, where, ": efficiency.", k, " is a fraction (<= 1), got ", x);
@@ -181,6 +185,8 @@ ClusterSpec cpu_spec_from_calibration(const Calibration& c) {
   s.mem_bytes = c.mem_gb * 1e9 / r;
   s.mem_bw = c.mem_bw_gbs * 1e9 / r;
   s.reserved_bytes = 0;
+  s.activation_bytes = 4;  // trex's CPU engine saves its activations in f32
+  s.replicated_f32_master = true;  // and keeps the f32 master on every data-parallel rank
   s.devices_per_node = c.ranks_per_node;
   s.intra_bw = c.intra_node_gbs * 1e9;
   s.intra_lat = c.intra_node_latency_us * 1e-6;

@@ -29,6 +29,9 @@ struct Layout {
   Schedule schedule = Schedule::OneF1B;
   Precision precision = Precision::BF16;  // fp8: fp8 GEMMs, GEMM inputs cached in fp8 (DeepSeek-V3)
   bool overlap_ep = true, overlap_tp = false, overlap_dp = true, overlap_pp = false;
+  // With overlap_dp: the updated parameters' all-gather runs behind the next forward (Megatron-
+  // Core); false: the step waits for it (trex's data parallel today, train/dist.h).
+  bool overlap_param_gather = true;
   bool mtp = false;          // train the checkpoint's MTP modules too
   int grad_bytes = 4;        // main gradients (f32) that the optimizer reads and DP reduces
   int moment_bytes = 4;      // AdamW moments (f32; DeepSeek-V3 used bf16)

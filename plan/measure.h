@@ -8,6 +8,6 @@
 namespace trex::plan {
 
 // seconds: rough time budget per measurement.
-Calibration measure_calibration(double seconds = 0.5);
+Calibration measure_calibration(double seconds = 1.5);
 
 }  // namespace trex::plan

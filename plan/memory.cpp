@@ -6,12 +6,12 @@
 
 namespace trex::plan {
 
-double saved_bytes_per_token(const LayerCost& l, Recompute r, bool fp8, double expert_load) {
-  if (r == Recompute::Full) return 2.0 * l.input_elems;
+double saved_bytes_per_token(const LayerCost& l, Recompute r, bool fp8, double expert_load, double elem_bytes) {
+  if (r == Recompute::Full) return (elem_bytes > 0 ? elem_bytes : 2.0) * l.input_elems;
   double b = 0;
   for (const SavedTensor& t : l.saved) {
     if (r == Recompute::Selective && t.selective) continue;
-    const double per = (fp8 && t.fp8_ok) ? 1.0 + 4.0 / 128 : (double)t.bytes;
+    const double per = (fp8 && t.fp8_ok) ? 1.0 + 4.0 / 128 : elem_bytes > 0 ? elem_bytes : (double)t.bytes;
     b += t.elems * per * (t.routed ? expert_load : 1.0);
   }
   return b;
@@ -26,17 +26,18 @@ struct ChunkContent {
   bool moe = false;
 };
 
-ChunkContent chunk_content(const ArchModel& a, const Layout& l, const Chunk& c) {
+ChunkContent chunk_content(const ArchModel& a, const ClusterSpec& s, const Layout& l, const Chunk& c) {
   ChunkContent r;
+  const double eb = s.activation_bytes;
   const bool fp8 = l.precision == Precision::FP8;
   const double tokens = (double)l.mbs * l.seq / l.tp;
   auto add_layer = [&](const LayerCost& L) {
     r.dense += L.dense_params;
     r.experts += L.expert_params;
     r.moe = r.moe || L.moe;
-    r.act_mb += tokens * saved_bytes_per_token(L, l.recompute, fp8, l.expert_load);
+    r.act_mb += tokens * saved_bytes_per_token(L, l.recompute, fp8, l.expert_load, eb);
     if (l.recompute == Recompute::Full)
-      r.work = std::max(r.work, tokens * saved_bytes_per_token(L, Recompute::None, fp8, l.expert_load));
+      r.work = std::max(r.work, tokens * saved_bytes_per_token(L, Recompute::None, fp8, l.expert_load, eb));
   };
   for (int64_t i = 0; i < c.n_layers; ++i) add_layer(a.layers[c.first_layer + i]);
   if (c.embed) r.dense += a.embed_params;
@@ -62,11 +63,14 @@ MemoryReport plan_memory(const ArchModel& a, const ClusterSpec& s, const Layout&
   rep.usable = s.usable_bytes();
   const std::vector<Chunk> chunks = pipeline_chunks(a, s, l);
   std::vector<ChunkContent> content;
-  for (const Chunk& c : chunks) content.push_back(chunk_content(a, l, c));
+  for (const Chunk& c : chunks) content.push_back(chunk_content(a, s, l, c));
   const int64_t m = l.micro_batches();
   const double dp = (double)l.dp, edp = (double)l.edp();
-  const int pb = 2;                                   // bf16 weights
-  const double ob = 4.0 + 2.0 * l.moment_bytes;       // f32 master + two moments
+  // bf16 weights, and f32 master + two moments; or (trex's CPU engine) the f32 master held
+  // with the bf16 weights, only the moments in the optimizer state.
+  const double f32m = s.replicated_f32_master ? 4.0 : 0.0;
+  const double pb = 2 + f32m;
+  const double ob = 4.0 - f32m + 2.0 * l.moment_bytes;
 
   for (int64_t r = 0; r < l.pp; ++r) {
     RankMemory rm;
@@ -108,7 +112,7 @@ MemoryReport plan_memory(const ArchModel& a, const ClusterSpec& s, const Layout&
           const LayerCost& L = a.layers[chunks[ci].first_layer + i];
           mx = std::max(mx, L.dense_params / l.tp + L.expert_params / (double)(l.ep * l.etp));
         }
-      rm.buffers += 2.0 * pb * mx;
+      rm.buffers += 2.0 * 2 * mx;
     }
     rep.ranks.push_back(rm);
   }
@@ -122,9 +126,10 @@ MemoryReport plan_memory(const ArchModel& a, const ClusterSpec& s, const Layout&
       break;
     }
   const bool fp8 = l.precision == Precision::FP8;
-  rep.act_per_token_layer[0] = saved_bytes_per_token(*ref, Recompute::None, fp8, l.expert_load);
-  rep.act_per_token_layer[1] = saved_bytes_per_token(*ref, Recompute::Selective, fp8, l.expert_load);
-  rep.act_per_token_layer[2] = saved_bytes_per_token(*ref, Recompute::Full, fp8, l.expert_load);
+  const double eb = s.activation_bytes;
+  rep.act_per_token_layer[0] = saved_bytes_per_token(*ref, Recompute::None, fp8, l.expert_load, eb);
+  rep.act_per_token_layer[1] = saved_bytes_per_token(*ref, Recompute::Selective, fp8, l.expert_load, eb);
+  rep.act_per_token_layer[2] = saved_bytes_per_token(*ref, Recompute::Full, fp8, l.expert_load, eb);
   return rep;
 }
 

@@ -21,7 +21,10 @@ namespace trex::plan {
 
 // Saved bytes per token of one layer (before the tp split) under a recompute mode; fp8 caches
 // GEMM/SwiGLU inputs in 1 byte + a 4-byte scale per 128 elements.
-double saved_bytes_per_token(const LayerCost& l, Recompute r, bool fp8, double expert_load = 1.0);
+// elem_bytes > 0: every saved element takes that many bytes instead of its bf16-run size
+// (ClusterSpec::activation_bytes: trex's CPU engine keeps activations in f32).
+double saved_bytes_per_token(const LayerCost& l, Recompute r, bool fp8, double expert_load = 1.0,
+                             double elem_bytes = 0);
 
 struct RankMemory {
   int64_t rank = 0;           // pipeline rank

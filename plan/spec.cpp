@@ -103,8 +103,8 @@ ClusterSpec parse_spec_toml(const std::string& text, const std::string& where) {
   s.pue = cost.num("pue", 1.0, false, 1.0);
 
   Section e{root["efficiency"].as_table(), where, "efficiency"};
-  e.only({"gemm", "gemm_fp8", "grouped_gemm", "grouped_gemm_fp8", "attention", "memory", "net_intra", "net_inter",
-          "overlap", "comm_compute_share", "goodput"});
+  e.only({"gemm", "gemm_fp8", "grouped_gemm", "grouped_gemm_fp8", "attention", "sparse_attention", "indexer",
+          "head", "optimizer", "memory", "net_intra", "net_inter", "overlap", "comm_compute_share", "goodput"});
   Efficiency& f = s.eff;
   auto frac = [&](const char* k, double def, double min = 1e-3) {
     double v = e.num(k, def, false, min);
@@ -116,6 +116,10 @@ ClusterSpec parse_spec_toml(const std::string& text, const std::string& where) {
   f.grouped_gemm = frac("grouped_gemm", f.grouped_gemm);
   f.grouped_gemm_fp8 = frac("grouped_gemm_fp8", f.grouped_gemm_fp8);
   f.attention = frac("attention", f.attention);
+  f.sparse_attention = frac("sparse_attention", f.sparse_attention, 0);
+  f.indexer = frac("indexer", f.indexer, 0);
+  f.optimizer = frac("optimizer", f.optimizer, 0);
+  f.head = frac("head", f.head, 0);
   f.memory = frac("memory", f.memory);
   f.net_intra = frac("net_intra", f.net_intra);
   f.net_inter = frac("net_inter", f.net_inter);

@@ -19,6 +19,19 @@ struct Efficiency {
   double grouped_gemm = 0.6;      // routed-expert grouped GEMM (bf16), of peak_bf16
   double grouped_gemm_fp8 = 0.5;  // routed-expert grouped GEMM (fp8), of peak_fp8
   double attention = 0.5;         // attention core (flash-style QK^T/PV), of peak_bf16
+  // DeepSeek-V4 attention core over gathered key lists (sliding window + compressed entries) and
+  // the CSA indexer's scoring, of peak_bf16; 0 = the `attention` value (specs without them).
+  double sparse_attention = 0;
+  double indexer = 0;
+  // The LM head with its cross-entropy, forward + backward as one fused op (logit traffic
+  // included), rated in 6 x tokens x vocab x hidden, of peak_bf16; 0 = the `gemm` rate plus the
+  // logits' traffic at the `memory` rate (an unfused head).
+  double head = 0;
+  // The optimizer step (gradient norm + AdamW + bf16 copy), of memory bandwidth; 0 = `memory`.
+  double optimizer = 0;
+  double optimizer_or_memory() const { return optimizer > 0 ? optimizer : memory; }
+  double sparse_attention_or_dense() const { return sparse_attention > 0 ? sparse_attention : attention; }
+  double indexer_or_dense() const { return indexer > 0 ? indexer : attention; }
   double memory = 0.7;            // memory-bound ops, of memory bandwidth
   double net_intra = 0.8;         // collectives inside a node, of intra-node bandwidth
   double net_inter = 0.8;         // collectives across nodes, of inter-node bandwidth
@@ -33,7 +46,14 @@ struct ClusterSpec {
   // Device.
   double peak_bf16 = 0, peak_fp8 = 0;  // FLOP/s, dense; peak_fp8 = 0: no fp8 matmul
   double mem_bytes = 0, mem_bw = 0;    // bytes, bytes/s
-  double reserved_bytes = 0;           // runtime, allocator and framework reserve
+  double reserved_bytes = 0;
+  // Bytes per saved activation element: 0 = as a bf16 GPU run stores each tensor (SavedTensor::
+  // bytes); 4 for cpu-this, where trex's CPU engine keeps every saved activation in f32.
+  double activation_bytes = 0;
+  // true for cpu-this: trex's CPU engine keeps the f32 master weights on every data-parallel rank
+  // (ZeRO-1 shards the AdamW moments only, and the all-gather after the update moves f32); false:
+  // the master is sharded with the moments and bf16 parameters are gathered (Megatron-Core).
+  bool replicated_f32_master = false;           // runtime, allocator and framework reserve
   // Network: per device, one direction.
   int64_t devices_per_node = 1;        // devices in one scale-up (fast) domain
   double intra_bw = 0, intra_lat = 0;  // bytes/s, s

@@ -65,6 +65,7 @@ namespace {
 
 struct RankTime {
   double fwd = 0, bwd = 0, rec = 0, weight_grad = 0;
+  double fwd_only = 0;  // forward work without a backward (the V4 CSA indexer: its selection has no gradient)
   double gemm = 0, experts = 0, attention = 0, memory = 0;  // forward, by class
   double tp = 0, ep = 0, pp = 0;
   double ep_inter = 0, ep_intra = 0;
@@ -73,6 +74,8 @@ struct RankTime {
 
 struct Rates {
   double gemm, experts, attention, memory;
+  double sparse_attention, indexer;  // V4 attention core over key lists; CSA indexer scoring
+  double optimizer;                  // bytes/s of the optimizer step
   double head;  // the LM head GEMM stays bf16 under the fp8 recipe (DeepSeek-V3 sec. 3.3.1)
 };
 
@@ -90,7 +93,11 @@ void layer_fwd(const LayerCost& L, const Rates& R, double tokens, double expert_
                RankTime& t, double& fwd) {
   const double g = tokens * L.gemm_fwd / R.gemm;
   const double e = tokens * expert_load * L.expert_fwd / R.experts;
-  const double at = tokens * attn_core_fwd_flops(L.attn, seq) / R.attention;
+  const double idx = indexer_fwd_flops(L.attn, seq);
+  const double core = tokens * (attn_core_fwd_flops(L.attn, seq) - idx) /
+                      (L.attn.kind == AttnKind::MLA ? R.attention : R.sparse_attention);
+  const double at = core + tokens * idx / R.indexer;
+  t.fwd_only += tokens * idx / R.indexer + tokens * 2 * L.fwd_only_matmul_params / R.gemm;
   const double m = tokens * (L.elem_bytes_fwd + (fp8 ? fp8_quant_bytes(L, expert_load) : 0)) / R.memory;
   t.gemm += g;
   t.experts += e;
@@ -105,8 +112,13 @@ Rates make_rates(const ClusterSpec& s, const Layout& l) {
                   " has no fp8 matmul (peak_fp8 = 0); precision=fp8 cannot run there");
   const Efficiency& e = s.eff;
   return {fp8 ? s.peak_fp8 * e.gemm_fp8 : s.peak_bf16 * e.gemm,
-          fp8 ? s.peak_fp8 * e.grouped_gemm_fp8 : s.peak_bf16 * e.grouped_gemm, s.peak_bf16 * e.attention,
-          s.mem_bw * e.memory, s.peak_bf16 * e.gemm};
+          fp8 ? s.peak_fp8 * e.grouped_gemm_fp8 : s.peak_bf16 * e.grouped_gemm,
+          s.peak_bf16 * e.attention,
+          s.mem_bw * e.memory,
+          s.peak_bf16 * e.sparse_attention_or_dense(),
+          s.peak_bf16 * e.indexer_or_dense(),
+          s.mem_bw * e.optimizer_or_memory(),
+          s.peak_bf16 * e.gemm};
 }
 
 RankTime chunk_time(const ArchModel& a, const ClusterSpec& s, const Layout& l, const Chunk& c, const Rates& R) {
@@ -149,7 +161,10 @@ RankTime chunk_time(const ArchModel& a, const ClusterSpec& s, const Layout& l, c
     t.dense += a.final_norm_params + ((a.tied_embeddings && c.embed) ? 0 : a.head_params);
     const int64_t heads = 1 + (l.mtp ? a.mtp_modules : 0);
     for (int64_t h = 0; h < heads; ++h) {
-      const double g = tokens * 2 * V * d / R.head, m = tokens * 12 * V / R.memory;
+      // A calibrated fused head (Efficiency::head) includes its logit traffic.
+      const bool fused = s.eff.head > 0;
+      const double g = tokens * 2 * V * d / (fused ? s.peak_bf16 * s.eff.head : R.head);
+      const double m = fused ? 0.0 : tokens * 12 * V / R.memory;
       t.gemm += g;
       t.memory += m;
       fwd_other += g + m;
@@ -167,8 +182,8 @@ RankTime chunk_time(const ArchModel& a, const ClusterSpec& s, const Layout& l, c
       }
   }
   t.fwd = fwd_layers + fwd_other;
-  t.bwd = 2 * t.fwd;
-  t.weight_grad = t.fwd;  // the weight-gradient half of the backward GEMMs
+  t.bwd = 2 * (t.fwd - t.fwd_only);
+  t.weight_grad = t.fwd - t.fwd_only;  // the weight-gradient half of the backward GEMMs
   if (l.pp > 1) {
     const double bytes = tokens * (double)a.residual_width() * 2.0;
     t.pp = 2 * (bytes / pp.bw + pp.lat);  // activation forward, its gradient backward
@@ -283,17 +298,19 @@ StepTime plan_time(const ArchModel& a, const ClusterSpec& s, const Layout& l) {
     if (l.zero == 0) grads = ring_all_reduce(dpg, l.grad_bytes * dense_max) + ring_all_reduce(edpg, l.grad_bytes * exp_max);
     else {
       grads = ring_reduce_scatter(dpg, l.grad_bytes * dense_max) + ring_reduce_scatter(edpg, l.grad_bytes * exp_max);
-      params = ring_reduce_scatter(dpg, 2.0 * dense_max) + ring_reduce_scatter(edpg, 2.0 * exp_max);
+      const double pbytes = s.replicated_f32_master ? 4.0 : 2.0;  // what the all-gather moves
+      params = ring_reduce_scatter(dpg, pbytes * dense_max) + ring_reduce_scatter(edpg, pbytes * exp_max);
     }
     st.dp_comm = grads + params;
-    st.dp_exposed = l.overlap_dp ? std::max(0.0, grads - e.overlap * st.bwd) + std::max(0.0, params - e.overlap * st.fwd)
+    st.dp_exposed = l.overlap_dp ? std::max(0.0, grads - e.overlap * st.bwd) +
+                                       (l.overlap_param_gather ? std::max(0.0, params - e.overlap * st.fwd) : params)
                                  : grads + params;
   } else {
     st.dp_comm = m * st.comm_dp_mb;
   }
   // AdamW over the local shard: read grad, master, 2 moments; write master, 2 moments, bf16 param.
   const double local = l.zero >= 1 ? dense_max / l.dp + exp_max / l.edp() : dense_max + exp_max;
-  st.optimizer = local * (l.grad_bytes + 4 + 2 * l.moment_bytes + 4 + 2 * l.moment_bytes + 2) / R.memory;
+  st.optimizer = local * (l.grad_bytes + 4 + 2 * l.moment_bytes + 4 + 2 * l.moment_bytes + 2) / R.optimizer;
   st.exposed_comm += st.dp_exposed;
   st.step = m * st.t_mb + st.bubble + st.dp_exposed + st.optimizer;
   st.tokens_per_step = (double)l.tokens_per_step();

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include "core/error.h"
+#include "core/timer.h"
 #include "kernels/adamw.h"
 #include "model/linear.h"
 
@@ -167,16 +168,29 @@ void DataParallel::gather_params() {
   }
 }
 
+void DataParallel::traced_wait(double t0_s, double t0_ms) {
+  wait_s_ += now_s() - t0_s;
+  if (!trace_) return;
+  const double t1 = now_ms();
+  trace_->add("all-reduce", TraceTrack::Comm, t0_ms, t1);
+  trace_->add("wait: all-reduce", TraceTrack::Compute, t0_ms, t1);
+}
+
+void DataParallel::set_trace(TraceLog* t) {
+  trace_ = t;
+  sync_->set_trace(t);
+}
+
 void DataParallel::sum(int64_t* v, size_t n) {
-  const double t0 = now_s();
+  const double t0 = now_s(), t0m = now_ms();
   comm_.all_reduce(v, n);
-  wait_s_ += now_s() - t0;
+  traced_wait(t0, t0m);
 }
 
 void DataParallel::sum(double* v, size_t n) {
-  const double t0 = now_s();
+  const double t0 = now_s(), t0m = now_ms();
   comm_.all_reduce(v, n);
-  wait_s_ += now_s() - t0;
+  traced_wait(t0, t0m);
 }
 
 std::vector<std::vector<int64_t>> DataParallel::sum_loads(const std::vector<std::vector<int64_t>>& load) {

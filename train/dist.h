@@ -78,6 +78,9 @@ class DataParallel {
   // Seconds this rank spent blocked in communication since construction (GradSync waits and the
   // small blocking all-reduces of the step).
   double exposed_wait_s() const;
+  // Optional timeline (core/trace.h; null = off): the gradient and parameter collectives and the
+  // step's small all-reduces on the Comm track, the waits for them on the Compute track.
+  void set_trace(TraceLog* t);
   // Buckets whose reduce-scatter was started before the last backward returned (by the hook).
   int buckets_started_in_backward() const { return started_in_bwd_; }
 
@@ -93,6 +96,8 @@ class DataParallel {
   int64_t padded_ = 0;
   parallel::BucketLayout layout_;
   std::unique_ptr<parallel::GradSync> sync_;
+  TraceLog* trace_ = nullptr;
+  void traced_wait(double t0_s, double t0_ms);  // accounts a blocking all-reduce that began at t0
   std::unique_ptr<AdamW> opt_;
   std::vector<std::vector<int>> group_buckets_;  // [groups] buckets touched by each parameter group
   std::vector<int> bucket_groups_;               // [buckets] groups touching each bucket

@@ -8,6 +8,8 @@
 #include <fstream>
 #include "core/error.h"
 #include "plan/arch.h"
+#include "plan/calibration.h"
+#include "plan/memory.h"
 
 namespace trex::train {
 
@@ -38,20 +40,25 @@ double read_number(const char* path) {
 }  // namespace
 
 MemoryEstimate estimate_train_memory(const RunConfig& rc, int dp) {
+  // The model as the run builds it: with its MTP blocks when they are trained (model/model.cpp).
+  const bool mtp = rc.model.is_v4() && rc.model.num_nextn_predict_layers > 0 && rc.train.mtp_loss_weight > 0;
   const model::ModelConfig& c = rc.model;
-  const double P = (double)c.num_params();
+  const double P = (double)model::with_mtp(c, mtp ? c.num_nextn_predict_layers : 0).num_params();
   MemoryEstimate e;
   e.weights = 4 * P + (rc.train.precision == kern::Prec::BF16 ? 2 * P : 0);
   e.grads = 4 * P;
   e.optimizer = 8 * P / std::max(dp, 1);
+  // Activations: the planner's model of this rank's saved tensors and logits (plan/memory.h) on
+  // cpu-this, where every saved activation is f32 as trex's CPU engine keeps it.
   const plan::ArchModel a = plan::arch_from_config(c, "run");
-  double per_token = 0;
-  for (const plan::LayerCost& l : a.layers)
-    for (const plan::SavedTensor& t : l.saved) per_token += t.elems * (t.routed ? (double)l.topk : 1.0);
-  if (c.is_v4() && c.v4.mtp_layers > 0 && rc.train.mtp_loss_weight > 0)
-    for (const plan::SavedTensor& t : a.mtp_block.saved) per_token += c.v4.mtp_layers * t.elems;
-  const double T = (double)rc.train.batch_size * (double)rc.data.seq_len;
-  e.activations = 4 * T * (per_token + (double)c.vocab_size);
+  const plan::ClusterSpec s = plan::cpu_spec_from_calibration(plan::default_calibration());
+  plan::Layout l;
+  l.dp = std::max(dp, 1);
+  l.mbs = rc.train.batch_size;
+  l.gbs = rc.train.batch_size * l.dp;
+  l.seq = rc.data.seq_len;
+  l.mtp = mtp;
+  e.activations = plan::plan_memory(a, s, l).peak().activations;
   return e;
 }
 
