@@ -49,25 +49,23 @@ def main():
         s, d = e["ts"], e["dur"]
         if s + d < t0 or s > t1 or e["name"].startswith("step "):
             continue
-        if e["tid"] == 0 and e["name"].count(".") > 1 and not e["name"].startswith("step."):
-            continue  # nested region (fwd.moe.experts): its parent is drawn
-        if e["tid"] == 0 and e["name"].count(".") == 1 and e["name"].split(".")[1] in ("experts", "route", "attn_core"):
-            continue
+        if e["tid"] == 0 and (e["name"].count(".") > 1 or e["name"] == "step.forward_backward"):
+            continue  # nested regions (fwd.moe.experts) and the parent of fwd.* / bwd.* are not drawn
         y = ranks.index(e["pid"]) * 2 + e["tid"]
         h = 0.34 if e["name"].startswith("wait") else 0.4
         x0, x1 = (max(s, t0) - t0) / 1e6, (min(s + d, t1) - t0) / 1e6
         objs.append(f"set object rect from {x0:.6f},{y - h:.2f} to {max(x1, x0 + 1e-4):.6f},{y + h:.2f} "
                     f"fc rgb '{color(e['name'])}' fs solid 0.9 noborder")
     ytics = ", ".join(f"'{l}' {y}" for l, y in rows)
-    keys = "".join(f"set label '{k}' at screen {0.08 + 0.11 * i:.2f},0.04 tc rgb '{c}'\n"
+    keys = "".join(f"set label '{k}' at screen {0.08 + 0.11 * i:.2f},0.04 tc rgb '{c}' noenhanced\n"
                    for i, (k, c) in enumerate(COLORS.items()))
     script = f"""set terminal pngcairo size 1600,{160 + 70 * len(rows)} font ',10'
 set output '{a.out}'
-set title "{a.title or a.trace}"
+set title \"{a.title or a.trace}\" noenhanced
 set xlabel 'seconds from the start of step {a.from_step}'
 set xrange [0:{(t1 - t0) / 1e6:.6f}]
 set yrange [-0.7:{len(rows) - 0.3}]
-set ytics ({ytics})
+set ytics ({ytics}) noenhanced
 set bmargin 5
 set grid xtics
 {keys}{chr(10).join(objs)}
