@@ -187,6 +187,7 @@ ClusterSpec cpu_spec_from_calibration(const Calibration& c) {
   s.reserved_bytes = 0;
   s.activation_bytes = 4;  // trex's CPU engine saves its activations in f32
   s.replicated_f32_master = true;  // and keeps the f32 master on every data-parallel rank
+  s.dp_reduce_temp = 1;            // OpenMPI's in-flight non-blocking reduce-scatter temporaries
   s.devices_per_node = c.ranks_per_node;
   s.intra_bw = c.intra_node_gbs * 1e9;
   s.intra_lat = c.intra_node_latency_us * 1e-6;

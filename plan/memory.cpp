@@ -105,6 +105,9 @@ MemoryReport plan_memory(const ArchModel& a, const ClusterSpec& s, const Layout&
     if (moe && l.ep > 1)  // all-to-all send + receive buffers of one layer
       rm.buffers += 2.0 * tokens * a.topk * a.hidden * 2.0 * l.expert_load;
     if (l.tp > 1) rm.buffers += tokens * l.tp * a.hidden * 2.0;  // sequence-parallel all-gather
+    if (s.dp_reduce_temp > 0)  // the library's copies of the in-flight gradient buckets
+      rm.buffers += s.dp_reduce_temp * l.grad_bytes *
+                    ((dp - 1) / dp * dense_dev + (edp - 1) / edp * exp_dev);
     if (l.zero >= 3) {  // gathered parameters of the layer in use and the next one
       double mx = 0;
       for (int64_t ci : own)

@@ -53,7 +53,12 @@ struct ClusterSpec {
   // true for cpu-this: trex's CPU engine keeps the f32 master weights on every data-parallel rank
   // (ZeRO-1 shards the AdamW moments only, and the all-gather after the update moves f32); false:
   // the master is sharded with the moments and bf16 parameters are gathered (Megatron-Core).
-  bool replicated_f32_master = false;           // runtime, allocator and framework reserve
+  bool replicated_f32_master = false;
+  // Share of the data-parallel gradient that the communication library copies while the bucket
+  // reduce-scatters are in flight, per (dp-1)/dp of it: 1 for cpu-this (OpenMPI's non-blocking
+  // in-place reduce-scatter works on a temporary, and trex keeps every bucket in flight until the
+  // end of the backward; measured in docs/PLAN.md), 0 for NCCL-style in-place rings.
+  double dp_reduce_temp = 0;           // runtime, allocator and framework reserve
   // Network: per device, one direction.
   int64_t devices_per_node = 1;        // devices in one scale-up (fast) domain
   double intra_bw = 0, intra_lat = 0;  // bytes/s, s

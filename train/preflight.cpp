@@ -58,7 +58,9 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int dp) {
   l.gbs = rc.train.batch_size * l.dp;
   l.seq = rc.data.seq_len;
   l.mtp = mtp;
-  e.activations = plan::plan_memory(a, s, l).peak().activations;
+  const plan::MemoryReport r = plan::plan_memory(a, s, l);
+  e.activations = r.peak().activations;
+  e.buffers = r.peak().buffers;
   return e;
 }
 
@@ -98,6 +100,7 @@ MemoryEstimate check_memory(const RunConfig& rc, int dp) {
                   "optimizer state is sharded), or set train.memory_check = false to try anyway",
                   "the run needs about ", gib_str(e.total()), " per rank (weights ", gib_str(e.weights), ", gradients ",
                   gib_str(e.grads), ", optimizer ", gib_str(e.optimizer), ", activations ", gib_str(e.activations),
+                  e.buffers > 0 ? ", communication buffers " + gib_str(e.buffers) : std::string(),
                   " for ", rc.train.batch_size, " x ", rc.data.seq_len, " tokens) but this machine has ",
                   gib_str(have));
   return e;

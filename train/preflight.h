@@ -23,7 +23,8 @@ namespace trex::train {
 
 struct MemoryEstimate {
   double weights = 0, grads = 0, optimizer = 0, activations = 0;
-  double total() const { return weights + grads + optimizer + activations; }
+  double buffers = 0;  // data parallel: the MPI library's copies of the in-flight gradient buckets
+  double total() const { return weights + grads + optimizer + activations + buffers; }
 };
 
 MemoryEstimate estimate_train_memory(const RunConfig& rc, int dp);

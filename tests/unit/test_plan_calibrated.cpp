@@ -142,6 +142,10 @@ TEST(PlanCalibrated, CpuThisKeepsTheF32MasterOnEveryRank) {
   EXPECT_NEAR(t.params, 6 * P, 1e-9 * P);     // f32 master + bf16 copy, replicated
   EXPECT_NEAR(t.grads, 4 * P, 1e-9 * P);
   EXPECT_NEAR(t.optimizer, 8 * P / 2, 1e-9 * P);  // ZeRO-1: the two moments sharded
+  // OpenMPI's temporaries of the in-flight reduce-scatters: (dp-1)/dp of the f32 gradient.
+  EXPECT_NEAR(t.buffers, 4 * P / 2, 1e-9 * P);
+  Layout one = one_device(64);
+  EXPECT_DOUBLE_EQ(plan_memory(a, s, one).peak().buffers, 0);
   s.replicated_f32_master = false;  // Megatron-Core's distributed optimizer: master sharded too
   const MemoryReport rm = plan_memory(a, s, l);
   const RankMemory& m = rm.peak();
