@@ -15,7 +15,7 @@ namespace trex::cli {
 void add_train(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "continued pretraining or SFT from a TOML run config");
   struct Opts {
-    std::string config, resume;
+    std::string config, resume, trace;
     std::vector<std::string> sets;
   };
   auto o = std::make_shared<Opts>();
@@ -24,9 +24,12 @@ void add_train(CLI::App& app) {
       ->required();
   cmd->add_option("--set", o->sets, "override: section.key=value (repeatable)");
   cmd->add_option("--resume", o->resume, "auto | none | checkpoint directory (overrides checkpoint.resume)");
+  cmd->add_option("--trace", o->trace, "Chrome trace (Perfetto) of the first log.trace_steps steps: compute and "
+                                      "communication tracks per rank (overrides log.trace)");
   cmd->callback([o] {
     std::vector<std::string> sets = o->sets;
     if (!o->resume.empty()) sets.push_back("checkpoint.resume=" + o->resume);
+    if (!o->trace.empty()) sets.push_back("log.trace=" + o->trace);
     train::RunConfig rc = train::load_run_config(o->config, sets);
     TREX_USER_CHECK(!rc.data.tokenizer.empty(), "set data.tokenizer (or model.path with a tokenizer.json)",
                     o->config, ": no tokenizer given");

@@ -1,10 +1,13 @@
 #include "train/loop.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include "core/log.h"
+#include "core/timer.h"
+#include "core/trace.h"
 #include "core/parallel.h"
 #include "kernels/peak.h"
 #include "model/checkpoint.h"
@@ -169,6 +172,9 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   const char* inj = std::getenv("TREX_INJECT_NAN_STEP");
   const int64_t inject_nan_step = inj ? std::atoll(inj) : 0;
   int64_t bad_in_a_row = 0;
+  Profiler prof;
+  TraceLog tlog;
+  const int64_t first_step = state.step;
   for (int64_t step = state.step; step < rc.train.steps; ++step) {
     std::vector<BatchBuffer> bufs;
     std::vector<model::Batch> micro;
@@ -188,8 +194,19 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
     for (auto& b : bufs) micro.push_back(b.batch(B, rc.data.seq_len));
     const double lr = rc.optim.schedule.at(step);
     const bool inject = inject_nan_step > 0 && step + 1 == inject_nan_step;
-    StepStats s = dp ? trainer_step(*dp, micro, (float)lr, rc.train.bias_update_gamma, nullptr, inject)
-                     : trainer_step(m, *opt1, micro, (float)lr, rc.train.bias_update_gamma, nullptr, inject);
+    const bool tracing = !rc.log.trace.empty() && step - first_step < rc.log.trace_steps;
+    if (tracing && !m.prof) {  // log.trace: profiler regions and collectives on a timeline
+      prof.trace = &tlog;
+      m.prof = &prof;
+      if (dp) dp->set_trace(&tlog);
+    } else if (!tracing && m.prof == &prof) {
+      m.prof = nullptr;
+      if (dp) dp->set_trace(nullptr);
+    }
+    const double t_step = now_ms();
+    StepStats s = dp ? trainer_step(*dp, micro, (float)lr, rc.train.bias_update_gamma, m.prof, inject)
+                     : trainer_step(m, *opt1, micro, (float)lr, rc.train.bias_update_gamma, m.prof, inject);
+    if (tracing) tlog.add("step " + std::to_string(step + 1), TraceTrack::Compute, t_step, now_ms());
     res.step_ms += s.ms;
     res.comm_ms += s.comm_ms;
     if (s.skipped) {
@@ -247,6 +264,20 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   message(detail::cat("memory: estimated ", res.memory_estimate / (1 << 20), " MiB per rank, peak resident ",
                       res.peak_rss / (1 << 20), " MiB", res.loss_spikes ? detail::cat("; ", res.loss_spikes, " loss spike(s)") : "",
                       res.skipped_steps ? detail::cat("; ", res.skipped_steps, " skipped step(s)") : ""));
+  m.prof = nullptr;
+  if (dp) dp->set_trace(nullptr);
+  if (!rc.log.trace.empty()) {  // every rank writes its part, rank 0 joins them
+    const std::string part = rc.log.trace + ".rank" + std::to_string(rank) + ".part";
+    write_trace_part(tlog, rank, part);
+    if (world) world->barrier();
+    if (root) {
+      std::vector<std::string> parts;
+      for (int r = 0; r < dp_size; ++r) parts.push_back(rc.log.trace + ".rank" + std::to_string(r) + ".part");
+      const size_t n = merge_trace_parts(parts, rc.log.trace);
+      for (const std::string& p : parts) std::remove(p.c_str());
+      message(detail::cat("trace: ", rc.log.trace, " (", n, " events, ", dp_size, " rank(s))"));
+    }
+  }
   if (dp && res.steps > 0)
     message(detail::cat("data parallel: ", res.steps, " steps, mean step ", res.step_ms / res.steps,
                         " ms, exposed communication ", res.comm_ms / res.steps, " ms per step (rank 0, ",

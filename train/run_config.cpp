@@ -166,6 +166,8 @@ RunConfig parse_run_config(json j, const std::string& where, const std::vector<s
       {"progress", [&](const json& v, const std::string& k) { r.log.progress = c.str(v, k, {"auto", "bar", "lines"}); }},
       {"spike_window", [&](const json& v, const std::string& k) { r.log.spike_window = c.i64(v, k, 2); }},
       {"spike_z", [&](const json& v, const std::string& k) { r.log.spike_z = c.f64(v, k, 0, 1000); }},
+      {"trace", [&](const json& v, const std::string& k) { r.log.trace = c.str(v, k); }},
+      {"trace_steps", [&](const json& v, const std::string& k) { r.log.trace_steps = c.i64(v, k, 1); }},
   };
 
   for (auto& [sec, body] : j.items()) {

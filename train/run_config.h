@@ -67,6 +67,8 @@ struct LogConfig {
   std::string progress = "auto";  // auto | bar | lines
   int64_t spike_window = 100;     // losses in the loss-spike window (train/loss_spikes.h)
   double spike_z = 4.0;           // a loss above window mean + spike_z x std is a spike; 0 = off
+  std::string trace;              // Chrome trace (core/trace.h) of the first trace_steps steps; "" = off
+  int64_t trace_steps = 5;
 };
 
 struct RunConfig {

@@ -505,8 +505,10 @@ TEST(DpTrain, RunLoopMatchesOneProcessAndResumesAcrossLayouts) {
   auto cfg = [&](const std::string& d, int64_t b, int64_t steps, std::vector<std::string> ov = {}) {
     return parse_run_config(loop_config((root / d).string(), data, b, steps), "run.toml", ov);
   };
-  // dp run, and the reference (rank 0 alone, one process, dp x B rows).
-  TrainResult rd = run_training(cfg("dp", B, 6), bytes_tok(), &w);
+  // dp run (its first 2 steps traced: log.trace must not change a number), and the reference
+  // (rank 0 alone, one process, dp x B rows).
+  const std::string trace = (root / "trace.json").string();
+  TrainResult rd = run_training(cfg("dp", B, 6, {"log.trace=" + trace, "log.trace_steps=2"}), bytes_tok(), &w);
   EXPECT_EQ(rd.dp, dp);
   EXPECT_EQ(rd.steps, 6);
   // dp stopped at 3, resumed by one process; one process stopped at 3, resumed under dp.
@@ -539,6 +541,17 @@ TEST(DpTrain, RunLoopMatchesOneProcessAndResumesAcrossLayouts) {
         }
       }
     }
+    // The trace: every rank's steps 1-2 (not 3), its profiler regions and its bucket collectives.
+    const json t = json::parse(std::ifstream(trace));
+    for (int64_t r = 0; r < dp; ++r) {
+      std::set<std::string> names;
+      for (const json& e : t["traceEvents"])
+        if (e["ph"] == "X" && e["pid"] == r) names.insert(e["name"].get<std::string>());
+      EXPECT_TRUE(names.count("step 1") && names.count("step 2") && !names.count("step 3")) << "rank " << r;
+      EXPECT_TRUE(names.count("step.forward_backward")) << "rank " << r;
+      EXPECT_TRUE(names.count("reduce-scatter bucket 0") && names.count("all-gather bucket 0")) << "rank " << r;
+    }
+    EXPECT_FALSE(fs::exists(trace + ".rank0.part")) << "parts are joined and removed";
     // The data position saved is the global one.
     json st = json::parse(std::ifstream((root / "dp" / "checkpoints" / "step-00000006" / "trainer_state.json").string()));
     EXPECT_EQ(st["data_position"].get<int64_t>(), 6 * 2 * dp * B);
