@@ -40,6 +40,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "kernels/cpu/kernel_scratch.h"
 
 namespace trex::kern::cpu {
 namespace {
@@ -389,37 +390,6 @@ inline float dot(const float* a, const float* b, int D) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
-// Flush-to-zero and denormals-are-zero while a work item runs (restored after): a sharp softmax
-// makes denormal products, each a possible microcode assist; they change results by < 1e-38.
-struct FlushDenormals {
-  unsigned old = _mm_getcsr();
-  FlushDenormals() { _mm_setcsr(old | 0x8040); }  // FTZ (bit 15) | DAZ (bit 6)
-  ~FlushDenormals() { _mm_setcsr(old); }
-  FlushDenormals(const FlushDenormals&) = delete;
-  FlushDenormals& operator=(const FlushDenormals&) = delete;
-};
-
-// Per-thread scratch that grows to the largest request and is reused (O((kKB + D) H) floats).
-struct Scratch {
-  float* p = nullptr;
-  size_t cap = 0;
-  ~Scratch() { std::free(p); }
-  float* get(size_t n) {
-    if (n > cap) {
-      std::free(p);
-      const size_t bytes = (n * sizeof(float) + 63) & ~size_t{63};
-      p = static_cast<float*>(std::aligned_alloc(64, bytes));
-      TREX_CHECK(p, "sparse_attn_avx2: cannot allocate ", bytes, " bytes of scratch");
-      cap = n;
-    }
-    return p;
-  }
-};
-float* thread_scratch(size_t n) {
-  static thread_local Scratch s;
-  return s.get(n);
 }
 
 // ---- one query ----------------------------------------------------------------------------------

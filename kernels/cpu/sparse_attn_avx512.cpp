@@ -44,6 +44,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "kernels/cpu/kernel_scratch.h"
 
 namespace trex::kern::cpu {
 namespace {
@@ -400,39 +401,6 @@ inline float dot(const float* a, const float* b, int D) {
     acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + d), _mm512_maskz_loadu_ps(m, b + d), acc);
   }
   return _mm512_reduce_add_ps(acc);
-}
-
-// Flush-to-zero and denormals-are-zero while a work item runs (restored after): a sharp softmax
-// makes tiny probabilities whose products are denormal, and each one costs a microcode assist of
-// ~100 cycles (measured: 80x slower at a score spread of a few hundred). Values below 2^-126
-// change the results by less than 1e-38.
-struct FlushDenormals {
-  unsigned old = _mm_getcsr();
-  FlushDenormals() { _mm_setcsr(old | 0x8040); }  // FTZ (bit 15) | DAZ (bit 6)
-  ~FlushDenormals() { _mm_setcsr(old); }
-  FlushDenormals(const FlushDenormals&) = delete;
-  FlushDenormals& operator=(const FlushDenormals&) = delete;
-};
-
-// Per-thread scratch that grows to the largest request and is reused (O((kKB + D) H) floats).
-struct Scratch {
-  float* p = nullptr;
-  size_t cap = 0;
-  ~Scratch() { std::free(p); }
-  float* get(size_t n) {
-    if (n > cap) {
-      std::free(p);
-      const size_t bytes = (n * sizeof(float) + 63) & ~size_t{63};
-      p = static_cast<float*>(std::aligned_alloc(64, bytes));
-      TREX_CHECK(p, "sparse_attn: cannot allocate ", bytes, " bytes of scratch");
-      cap = n;
-    }
-    return p;
-  }
-};
-float* thread_scratch(size_t n) {
-  static thread_local Scratch s;
-  return s.get(n);
 }
 
 // ---- one query ----------------------------------------------------------------------------------

@@ -1,0 +1,37 @@
+#include "kernels/cpu/kernel_scratch.h"
+
+#include <immintrin.h>
+#include <cstdlib>
+#include "core/error.h"
+
+namespace trex::kern::cpu {
+
+namespace {
+
+struct Scratch {
+  float* p = nullptr;
+  size_t cap = 0;
+  ~Scratch() { std::free(p); }
+  float* get(size_t n) {
+    if (n > cap) {
+      std::free(p);
+      const size_t bytes = (n * sizeof(float) + 63) & ~size_t{63};
+      p = static_cast<float*>(std::aligned_alloc(64, bytes));
+      TREX_CHECK(p, "sparse_attn: cannot allocate ", bytes, " bytes of scratch");
+      cap = n;
+    }
+    return p;
+  }
+};
+
+}  // namespace
+
+float* thread_scratch(size_t n) {
+  static thread_local Scratch s;
+  return s.get(n);
+}
+
+FlushDenormals::FlushDenormals() : old_(_mm_getcsr()) { _mm_setcsr(old_ | 0x8040); }  // FTZ (bit 15) | DAZ (bit 6)
+FlushDenormals::~FlushDenormals() { _mm_setcsr(old_); }
+
+}  // namespace trex::kern::cpu
