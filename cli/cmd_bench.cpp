@@ -120,6 +120,8 @@ Prediction predict(const train::RunConfig& rc, int ranks, const std::string& cal
   l.mtp = rc.model.is_v4() && rc.model.num_nextn_predict_layers > 0 && rc.train.mtp_loss_weight > 0;
   const plan::Plan pl = plan::evaluate(a, s, ranks, l);
   p.ok = true;
+  if (rc.parallel.ep > 1)  // the planner's ep shards the expert weights; trex's keeps them all (model/model.h)
+    p.note += std::string(p.note.empty() ? "" : "; ") + "prediction for the data-parallel layout (ep = 1)";
   p.step_s = pl.time.step;
   p.memory_bytes = pl.memory.peak().total();
   return p;
@@ -179,12 +181,14 @@ void add_bench(CLI::App& app) {
   auto* step = bench->add_subcommand("step", "train N steps of a config's model and report speed and MFU");
   struct Opts {
     std::string config, calibration, trace;
+    std::vector<std::string> sets;
     int steps = 0, warmup = 1;
     double peak_gflops = 0;
     bool profile = false;
   };
   auto o = std::make_shared<Opts>();
   step->add_option("--config", o->config, "trex TOML run config ([model] + [train])")->required();
+  step->add_option("--set", o->sets, "override a config value, KEY=VALUE (repeatable), e.g. parallel.ep=2");
   step->add_option("--steps", o->steps, "measured steps (default train.steps)");
   step->add_option("--warmup", o->warmup, "steps run before measuring (default 1)");
   step->add_option("--peak-gflops", o->peak_gflops, "peak of the whole machine to compute MFU against (default: measured now)");
@@ -196,7 +200,8 @@ void add_bench(CLI::App& app) {
   step->callback([o] {
     MaybeMpi mpi;
     const int R = mpi.size(), rank = mpi.rank();
-    train::RunConfig rc = train::load_run_config(o->config);
+    train::RunConfig rc = train::load_run_config(o->config, o->sets);
+    const parallel::ParallelDims dims = train::resolve_parallel(rc, R);  // dp = the ranks; ep as set
     int threads = init_threads((int)rc.train.threads);
     const int steps = o->steps > 0 ? o->steps : (int)rc.train.steps;
     model::Model m(rc.model, rc.train.precision, {rc.train.aux_loss_alpha, rc.train.mtp_loss_weight});
@@ -207,6 +212,11 @@ void add_bench(CLI::App& app) {
                                   rc.optim.clip_grad_norm};
     std::unique_ptr<train::AdamW> opt;
     std::unique_ptr<train::DataParallel> dp;
+    parallel::ProcessGroups groups;
+    if (dims.ep > 1) {
+      groups = parallel::make_process_groups(*mpi.world, dims);
+      m.set_expert_parallel(groups.ep.get());
+    }
     if (R > 1) dp = std::make_unique<train::DataParallel>(*mpi.world, m, ocfg, train::DpOptions{rc.parallel.bucket_size, rc.parallel.overlap});
     else opt = std::make_unique<train::AdamW>(m, ocfg);
     Profiler prof;
@@ -286,7 +296,7 @@ void add_bench(CLI::App& app) {
       return ok ? std::string(b) : std::string("null");
     };
     std::printf(
-        "{\"impl\": \"trex\", \"config\": \"%s\", \"precision\": \"%s\", \"ranks\": %d, \"threads\": %d, "
+        "{\"impl\": \"trex\", \"config\": \"%s\", \"precision\": \"%s\", \"ranks\": %d, \"ep\": %d, \"threads\": %d, "
         "\"batch\": %lld, \"seq\": %lld, "
         "\"steps\": %d, \"step_ms\": %.1f, \"step_ms_median\": %.1f, \"step_ms_min\": %.1f, \"comm_ms\": %.1f, "
         "\"tokens_per_s\": %.1f, "
@@ -294,7 +304,7 @@ void add_bench(CLI::App& app) {
         "\"mfu\": %.4f, \"mfu_vs_bf16_dot_peak\": %.4f, \"peak_rss_mb\": %.0f, \"last_loss\": %.4f, "
         "\"activation_mb\": %.0f, \"memory_estimate_mb\": %.0f, \"activation_estimate_mb\": %.0f, "
         "\"plan_step_ms\": %s, \"plan_memory_mb\": %s}\n",
-        o->config.c_str(), rc.train.precision == kern::Prec::BF16 ? "bf16" : "fp32", R, threads, (long long)B,
+        o->config.c_str(), rc.train.precision == kern::Prec::BF16 ? "bf16" : "fp32", R, dims.ep, threads, (long long)B,
         (long long)T, steps, med, med, mn, comm_med, tps, fpt, (long long)m.cfg.num_active_params(), peak,
         measured ? "true" : "false", mfu, bf16_dot > 0 ? fpt * tps / (bf16_dot * 1e9) : 0.0, rss, last_loss, act,
         est.total() / 1048576.0, est.activations / 1048576.0, num_or_null(pr.ok, pr.step_s * 1000).c_str(),

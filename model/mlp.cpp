@@ -14,9 +14,13 @@ MlpW mlp_weights(const float* P, const bf16* Pb, float* G, int64_t gu_off, int64
 }
 
 void mlp_forward(const Ctx& c, const MlpW& w, const float* x, int64_t N, float* y, float beta, MlpSaved& s) {
-  s.x = x;
   s.gu = c.ws->alloc<float>(N * 2 * w.F);
   s.h = c.ws->alloc<float>(N * w.F);
+  mlp_forward_saved(c, w, x, N, y, beta, s);
+}
+
+void mlp_forward_saved(const Ctx& c, const MlpW& w, const float* x, int64_t N, float* y, float beta, MlpSaved& s) {
+  s.x = x;
   linear_fwd(c, x, N, w.d, w.gu, 2 * w.F, s.gu);
   kern::swiglu_fwd(s.gu, N, w.F, w.limit, s.h);
   linear_fwd(c, s.h, N, w.F, w.down, w.d, y, beta);

@@ -24,8 +24,11 @@ struct MlpW {
 // its bf16 shadow Pb (or null) and the gradient slab G (or null when no backward follows).
 MlpW mlp_weights(const float* P, const bf16* Pb, float* G, int64_t gu_off, int64_t down_off, int64_t d, int64_t F);
 
-// x: [N, d] -> y: [N, d] (y = beta*y + mlp(x))
+// x: [N, d] -> y: [N, d] (y = beta*y + mlp(x)); s.gu, s.h come from the arena.
 void mlp_forward(const Ctx&, const MlpW&, const float* x, int64_t N, float* y, float beta, MlpSaved& s);
+// The same into s.gu [N, 2F] and s.h [N, F] allocated by the caller (who may have scratch of its
+// own above them in the arena).
+void mlp_forward_saved(const Ctx&, const MlpW&, const float* x, int64_t N, float* y, float beta, MlpSaved& s);
 // dy: [N, d] -> dx: [N, d] (overwrite, or += when dx_accum)
 void mlp_backward(const Ctx&, const MlpW&, const MlpSaved& s, int64_t N, const float* dy, float* dx, bool dx_accum);
 

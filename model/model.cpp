@@ -9,6 +9,7 @@
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "model/linear.h"
+#include "parallel/comm.h"
 
 namespace trex::model {
 
@@ -76,6 +77,17 @@ Model::Model(const ModelConfig& c, kern::Prec p, TrainOptions o)
 }
 
 void Model::zero_grads() { grads.zero(); }
+
+void Model::set_expert_parallel(parallel::Communicator* ep_comm) {
+  ep_ = {};
+  if (!ep_comm || ep_comm->size() == 1) return;
+  const int64_t E = cfg.n_routed_experts, P = ep_comm->size();
+  TREX_USER_CHECK(E > 0 && E % P == 0, "set parallel.ep to a divisor of n_routed_experts, or 1",
+                  "parallel.ep = ", P, " does not divide n_routed_experts = ", E);
+  ep_.comm = ep_comm;
+  ep_.count = E / P;
+  ep_.first = ep_comm->rank() * ep_.count;
+}
 
 void Model::refresh_bf16() {
   if (!params_bf16.empty()) to_bf16(P(), params_bf16.data(), layout.total);
@@ -177,6 +189,7 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward) {
     float* h_out = acts.alloc<float>(N * d);
     if (cfg.is_moe_layer(l)) {
       MoeIn mi{&cfg, &lp, P, Pb, G, buffers.data() + lp.bias, B, T, opt.aux_loss_alpha, grad_scale};
+      if (ep_.on()) mi.ep = &ep_;
       ProfScope ps(prof, "fwd.moe");
       out.aux += moe_forward(c, mi, s.n2, h_out, s.moe, load_[l].data());
     } else {
@@ -231,6 +244,7 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward) {
     // h_out = h_mid + ffn(norm2(h_mid))
     if (cfg.is_moe_layer(l)) {
       MoeIn mi{&cfg, &lp, P, Pb, G, buffers.data() + lp.bias, B, T, opt.aux_loss_alpha, grad_scale};
+      if (ep_.on()) mi.ep = &ep_;
       ProfScope ps(prof, "bwd.moe");
       moe_backward(c, mi, s.moe, dx, tmp);
     } else {

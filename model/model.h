@@ -79,6 +79,12 @@ class Model {
   // (the embedding; also the LM head when tied). Called on the calling thread, between kernels.
   std::function<void(int64_t)> grad_ready;
   static constexpr int64_t kGradGroupHead = -1, kGradGroupEmbed = -2;
+  // Expert parallel (model/moe.h): this rank computes routed experts [first, first + E / ep) for
+  // the tokens of every rank of ep_comm; forward and forward_backward become collectives over it
+  // (every rank calls them in the same order). The slabs still hold every expert; gradients of
+  // the other ranks' experts stay 0 here (the data-parallel reduction sums them in). null: off.
+  void set_expert_parallel(parallel::Communicator* ep_comm);
+  const ExpertParallel& expert_parallel() const { return ep_; }
 
   float* P() const { return reinterpret_cast<float*>(params.base()); }
   float* G() const { return reinterpret_cast<float*>(grads.base()); }
@@ -103,6 +109,7 @@ class Model {
   std::vector<float> v4_cos_[2], v4_sin_[2];  // V4: [0] main, [1] compress
   RopeTable rope_;
   std::vector<std::vector<int64_t>> load_;
+  ExpertParallel ep_;
 };
 
 }  // namespace trex::model

@@ -135,6 +135,7 @@ struct Env {
   double aux_alpha;
   float grad_scale;
   std::vector<int32_t*> hash_idx;  // per layer [N, K] or null
+  const ExpertParallel* ep = nullptr;  // expert parallel (training runs only)
   int64_t N() const { return b.B * b.T; }
 };
 
@@ -150,6 +151,7 @@ MoeIn moe_in(const Env& e, int64_t l) {
            e.grad_scale};
   mi.hash_idx = e.hash_idx[l];
   mi.swiglu_limit = (float)e.c.v4.swiglu_limit;
+  mi.ep = e.ep;
   return mi;
 }
 
@@ -334,6 +336,7 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward) {
   Env e{c, layout, b, Ctx{prec, &acts, prof}, P(), backward ? G() : nullptr, Pb(), buffers.data(), v4_cos_, v4_sin_,
         &load_, kern::HcShape{N, (int)n, d, (int)v.hc_sinkhorn_iters, (float)v.hc_eps, (float)c.rms_norm_eps},
         opt.aux_loss_alpha, grad_scale, std::vector<int32_t*>(layout.layers.size(), nullptr)};
+  if (ep_.on()) e.ep = &ep_;
   const float* P = e.P;
   float* G = e.G;
 

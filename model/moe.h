@@ -3,6 +3,14 @@
 // sum back to token order), plus the shared experts on every token. Dispatch and combine are
 // each other's adjoint and share one handle (the routing map and the row permutation).
 // Dropless: every (token, slot) pair is computed. Parameter gradients accumulate.
+//
+// Expert parallel (MoeIn::ep set): the routed experts are split over the ranks of the ep group
+// in equal contiguous ranges; each rank routes its own tokens, the per-expert row counts are
+// exchanged first, then the sorted rows travel to the rank holding their expert over
+// all-to-all-v (dispatch), the local experts run on the rows of every rank, and the outputs come
+// back the same way (combine). The shared experts run while the dispatch is in flight. Backward
+// is the adjoint: the output gradients go out along the dispatch route and the input gradients
+// come back along the combine route. Gradients land only in the local experts' slab ranges.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -12,7 +20,29 @@
 #include "model/params.h"
 #include "model/router.h"
 
+namespace trex::parallel {
+class Communicator;
+}
+
 namespace trex::model {
+
+// The expert-parallel group of this rank (model/moe_ep.cpp). comm == null: every expert here.
+struct ExpertParallel {
+  parallel::Communicator* comm = nullptr;  // ep group, size ep
+  int64_t first = 0, count = 0;            // routed experts computed here: [first, first + count)
+  mutable double wait_ms = 0;              // time blocked in the count exchange, dispatch and combine
+  bool on() const { return comm != nullptr; }
+};
+
+// What one MoE layer's dispatch over the ep group did (rows are (token, slot) pairs).
+struct EpRoute {
+  std::vector<size_t> send_rows, send_off;  // [ep] rows to / first sorted row for each rank
+  std::vector<size_t> recv_rows, recv_off;  // [ep] rows from / first received row of each rank
+  std::vector<int64_t> offsets;             // [count + 1] local order: rows of each local expert
+  int32_t* perm = nullptr;                  // [Rl] local row -> received row
+  int64_t Rl = 0;                           // rows computed here
+  float* xl = nullptr;                      // [Rl, d] received inputs in local order (dW of gate|up)
+};
 
 // The dispatch handle: rows sorted by expert.
 struct Dispatch {
@@ -25,10 +55,11 @@ struct MoeSaved {
   const float* x = nullptr;  // [N, d]
   RouterOut route;
   Dispatch disp;
-  float* gu = nullptr;  // [N*K, 2F] sorted rows
-  float* h = nullptr;   // [N*K, F]
-  float* y = nullptr;   // [N*K, d] expert outputs before weighting
+  float* gu = nullptr;  // [N*K, 2F] sorted rows (expert parallel: [Rl, 2F] local rows)
+  float* h = nullptr;   // [N*K, F]             (expert parallel: [Rl, F])
+  float* y = nullptr;   // [N*K, d] expert outputs before weighting, sorted rows
   MlpSaved shared;
+  EpRoute ep;           // expert parallel only
 };
 
 struct MoeIn {
@@ -43,6 +74,7 @@ struct MoeIn {
   float aux_grad_scale = 1.f;
   const int32_t* hash_idx = nullptr;  // [N, K] fixed experts (DeepSeek-V4 hash layers) or null
   float swiglu_limit = 0.f;           // clamp of routed and shared experts (V4), 0 = none
+  const ExpertParallel* ep = nullptr;  // expert parallel (collective: every rank of the group calls)
 };
 
 // x: [N, d] -> out: [N, d]; returns the aux loss (0 when off); adds expert loads into `load` [E].

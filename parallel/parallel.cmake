@@ -58,6 +58,12 @@ foreach(np 2 3)
   set_tests_properties(mpi_np${np} PROPERTIES TIMEOUT 300 PROCESSORS ${np})
 endforeach()
 
+# Expert parallel with an expert-data-parallel group of 2 (dp 4, ep 2): the EP tests on 4 ranks.
+add_test(NAME mpi_ep_np4
+         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 --allow-run-as-root --oversubscribe
+                 ${MPIEXEC_PREFLAGS} $<TARGET_FILE:trex_mpi_tests> --gtest_filter=EpTrain.* ${MPIEXEC_POSTFLAGS})
+set_tests_properties(mpi_ep_np4 PROPERTIES TIMEOUT 300 PROCESSORS 2)
+
 # A rank killed in a data-parallel `trex train`: the whole job must end within 60 s, the launcher
 # naming the dead rank (tests/faults/rank_death.sh).
 add_test(NAME faults_rank_death

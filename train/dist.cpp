@@ -206,7 +206,9 @@ std::vector<std::vector<int64_t>> DataParallel::sum_loads(const std::vector<std:
   return out;
 }
 
-double DataParallel::exposed_wait_s() const { return wait_s_ + sync_->exposed_wait_seconds(); }
+double DataParallel::exposed_wait_s() const {
+  return wait_s_ + sync_->exposed_wait_seconds() + m_.expert_parallel().wait_ms / 1e3;
+}
 
 void DataParallel::gather_moments(std::vector<float>& m1, std::vector<float>& m2) {
   const int64_t S = opt_->state_elems();  // the same on every rank (equal shards)

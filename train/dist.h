@@ -75,8 +75,8 @@ class DataParallel {
   // rank 0's weights and buffers to every rank (after init or a checkpoint load).
   void broadcast_replicas();
 
-  // Seconds this rank spent blocked in communication since construction (GradSync waits and the
-  // small blocking all-reduces of the step).
+  // Seconds this rank spent blocked in communication since construction (GradSync waits, the
+  // small blocking all-reduces of the step and, expert parallel, the MoE layers' all-to-alls).
   double exposed_wait_s() const;
   // Optional timeline (core/trace.h; null = off): the gradient and parameter collectives and the
   // step's small all-reduces on the Comm track, the waits for them on the Compute track.

@@ -48,9 +48,14 @@ double eval_loss(model::Model& m, const std::vector<PackedSeq>& seqs, int64_t ba
     const int64_t lo = b * gbatch + r * batch;
     const int64_t hi = std::min<int64_t>({lo + batch, (b + 1) * gbatch, (int64_t)seqs.size()});
     for (int64_t i = lo; i < hi; ++i) which.push_back(i);
-    if (which.empty()) continue;
+    // Expert parallel: the forward is a collective over the ep group, so a rank without rows in
+    // the last (partial) global batch still runs one, on a row it does not count.
+    const bool count = !which.empty();
+    if (!count && !m.expert_parallel().on()) continue;
+    if (!count) which.push_back(b * gbatch);
     BatchBuffer bb = make_batch(seqs, which);
     model::LossParts lp = m.forward(bb.batch(which.size(), seqs[0].ids.size()));
+    if (!count) continue;
     sum += lp.ce * lp.n_valid;
     valid += lp.n_valid;
   }
@@ -125,6 +130,12 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   // (which also makes the replicas equal).
   std::unique_ptr<AdamW> opt1;
   std::unique_ptr<DataParallel> dp;
+  // Expert parallel: the ep group's communicator (tp = pp = 1, so the dp group is the world).
+  parallel::ProcessGroups groups;
+  if (dims.ep > 1) {
+    groups = parallel::make_process_groups(*world, dims);
+    m.set_expert_parallel(groups.ep.get());
+  }
   if (dp_size > 1)
     dp = std::make_unique<DataParallel>(*world, m, ocfg, DpOptions{rc.parallel.bucket_size, rc.parallel.overlap});
   else
@@ -151,7 +162,8 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   auto message = [&](const std::string& msg) {
     if (log_owner) log_owner->message(msg);
   };
-  const std::string dp_note = dp ? detail::cat(" per rank, data parallel dp=", dp_size, " (ZeRO-1, ",
+  const std::string dp_note = dp ? detail::cat(" per rank, data parallel dp=", dp_size,
+                                               dims.ep > 1 ? detail::cat(" expert parallel ep=", dims.ep) : "", " (ZeRO-1, ",
                                                dp->buckets().num_buckets(), " buckets",
                                                rc.parallel.overlap ? ", overlapped" : "", ")")
                                  : "";

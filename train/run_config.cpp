@@ -199,12 +199,12 @@ RunConfig parse_run_config(json j, const std::string& where, const std::vector<s
     r.model = model::parse_config(mj, where + " [model]");
   }
   r.optim.schedule.total_steps = r.train.steps;
-  // Only data parallelism is implemented; the world size is checked at launch (train/loop.cpp).
-  for (auto [key, val, what] : {std::tuple{"tp", r.parallel.tp, "tensor"}, std::tuple{"pp", r.parallel.pp, "pipeline"},
-                                std::tuple{"ep", r.parallel.ep, "expert"}})
+  // Data and expert parallelism are implemented; the world size is checked at launch (train/loop.cpp).
+  for (auto [key, val, what] : {std::tuple{"tp", r.parallel.tp, "tensor"}, std::tuple{"pp", r.parallel.pp, "pipeline"}})
     TREX_USER_CHECK(val == 1,
-                    "data parallelism works: launch with mpirun -np N and set parallel.dp = N (or leave it 0 = the "
-                    "number of ranks); set parallel." + std::string(key) + " = 1",
+                    "data and expert parallelism work: launch with mpirun -np N, set parallel.dp = N (or leave it 0 = "
+                    "the number of ranks) and optionally parallel.ep (a divisor of dp); set parallel." +
+                        std::string(key) + " = 1",
                     where, ": parallel.", key, "=", val, ": ", what, " parallelism is not implemented yet");
   return r;
 }

@@ -46,8 +46,9 @@ struct OptimConfig {
   float weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, clip_grad_norm = 1.0f;
 };
 
-// Data parallel over MPI ranks (mpirun -np N trex train ...; docs/PARALLEL.md). tp, pp, ep > 1
-// are refused (not implemented yet).
+// Data and expert parallel over MPI ranks (mpirun -np N trex train ...; docs/PARALLEL.md): ep
+// divides dp, the routed experts are split over ep ranks. tp, pp > 1 are refused (not
+// implemented yet).
 struct ParallelConfig {
   int64_t dp = 0;  // data-parallel size; 0 = auto: the number of ranks the run was launched with
   int64_t tp = 1, pp = 1, ep = 1;

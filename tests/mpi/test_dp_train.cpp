@@ -26,219 +26,13 @@
 #include "train/dist.h"
 #include "train/loop.h"
 #include "train/trainer.h"
-
-namespace trex::parallel {
-Communicator& test_world();
-}  // namespace trex::parallel
+#include "tests/mpi/train_parity.h"
 
 using namespace trex;
 using namespace trex::train;
 using nlohmann::json;
 namespace fs = std::filesystem;
-
-namespace {
-
-json tiny_v3() {  // odd sizes: hidden 40, 3 heads, 5 experts top-2, a dense first layer
-  return {{"model_type", "deepseek_v3"}, {"vocab_size", 67}, {"hidden_size", 40}, {"num_hidden_layers", 3},
-          {"num_attention_heads", 3}, {"q_lora_rank", 13}, {"kv_lora_rank", 11}, {"qk_nope_head_dim", 6},
-          {"qk_rope_head_dim", 4}, {"v_head_dim", 7}, {"intermediate_size", 50}, {"moe_intermediate_size", 9},
-          {"n_routed_experts", 5}, {"n_shared_experts", 1}, {"num_experts_per_tok", 2}, {"first_k_dense_replace", 1},
-          {"topk_method", "noaux_tc"}, {"scoring_func", "sigmoid"}, {"norm_topk_prob", true},
-          {"routed_scaling_factor", 2.5}, {"initializer_range", 0.1}, {"max_position_embeddings", 64}};
-}
-
-json tiny_v4() {  // as tests/unit/test_v4_model.cpp, with one MTP block
-  return {{"model_type", "deepseek_v4"}, {"vocab_size", 61}, {"hidden_size", 22}, {"num_hidden_layers", 3},
-          {"num_attention_heads", 3}, {"head_dim", 10}, {"partial_rotary_factor", 0.4}, {"q_lora_rank", 9},
-          {"o_groups", 3}, {"o_lora_rank", 5}, {"moe_intermediate_size", 7}, {"n_routed_experts", 5},
-          {"num_experts_per_tok", 2}, {"n_shared_experts", 1}, {"sliding_window", 5},
-          {"compress_rates", {{"compressed_sparse_attention", 3}, {"heavily_compressed_attention", 7}}},
-          {"layer_types", {"compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"}},
-          {"mlp_layer_types", {"hash_moe", "moe", "moe"}}, {"index_n_heads", 5}, {"index_head_dim", 6},
-          {"index_topk", 2}, {"hc_mult", 3}, {"hc_sinkhorn_iters", 5}, {"swiglu_limit", 0.9},
-          {"compress_rope_theta", 5000.0}, {"initializer_range", 0.3}, {"num_nextn_predict_layers", 1},
-          {"rope_parameters", {{"rope_type", "yarn"}, {"factor", 3.0}, {"original_max_position_embeddings", 8}}},
-          {"max_position_embeddings", 64}};
-}
-
-// The global batches of K steps: micro-batch (step s, accumulation a, rank r) holds B rows of T
-// tokens; a different share of -100 targets per rank so the ranks' target counts differ.
-struct Global {
-  int64_t K, ga, dp, B, T;
-  std::vector<std::vector<int32_t>> ids, tg;  // [(s * ga + a) * dp + r]
-  model::Batch batch(int64_t s, int64_t a, int64_t r) const {
-    const size_t i = (size_t)((s * ga + a) * dp + r);
-    return {B, T, ids[i].data(), tg[i].data(), nullptr, nullptr};
-  }
-};
-
-Global make_global(int64_t K, int64_t ga, int64_t dp, int64_t B, int64_t T, int64_t V, uint64_t seed) {
-  Global g{K, ga, dp, B, T, {}, {}};
-  Rng r(seed);
-  for (int64_t i = 0; i < K * ga * dp; ++i) {
-    std::vector<int32_t> ids(B * T), tg(B * T);
-    for (auto& x : ids) x = (int32_t)(r.next_u64() % V);
-    for (int64_t j = 0; j < B * T; ++j) tg[j] = (j % (3 + i % 4) == 1) ? -100 : (int32_t)(r.next_u64() % V);
-    g.ids.push_back(std::move(ids));
-    g.tg.push_back(std::move(tg));
-  }
-  return g;
-}
-
-struct Trace {
-  std::vector<double> loss, ce, aux, mtp, norm;
-  std::vector<std::vector<double>> load;
-  std::vector<char> skipped;
-  void add(const StepStats& s) {
-    loss.push_back(s.loss), ce.push_back(s.ce), aux.push_back(s.aux), mtp.push_back(s.mtp);
-    norm.push_back(s.grad_norm), load.push_back(s.load_max_over_mean), skipped.push_back(s.skipped);
-  }
-};
-
-struct Case {
-  json model;
-  double aux = 0, mtp = 0;
-  float lr = 3e-3f, gamma = 0.01f;
-  AdamWConfig ocfg{3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
-  model::ModelConfig cfg() const { return model::parse_config(model, "tiny"); }
-  std::unique_ptr<model::Model> make(uint64_t seed) const {
-    auto m = std::make_unique<model::Model>(cfg(), kern::Prec::F32, model::TrainOptions{aux, mtp});
-    m->init_random(seed);
-    // Off the symmetric init (V4's HC bases 0, scales 1): there some gradients are exactly 0 in
-    // exact arithmetic and pure rounding noise in f32, which AdamW turns into noise-sized steps.
-    Rng r(seed + 1000);
-    for (const model::ParamEntry& e : m->layout.entries)
-      if (e.shape.ndim == 1 || e.name.find("position_bias") != std::string::npos)
-        for (int64_t i = 0; i < e.shape.numel(); ++i) m->P()[e.offset + i] += (float)(0.3 * r.normal());
-    m->refresh_bf16();
-    return m;
-  }
-};
-
-// The reference: one process, every rank's micro-batches of a step in one trainer_step.
-Trace run_single(model::Model& m, AdamW& opt, const Case& su, const Global& g, int64_t s0, int64_t s1,
-                 int64_t nan_step = -1) {
-  Trace t;
-  for (int64_t s = s0; s < s1; ++s) {
-    std::vector<model::Batch> micro;
-    for (int64_t a = 0; a < g.ga; ++a)
-      for (int64_t r = 0; r < g.dp; ++r) micro.push_back(g.batch(s, a, r));
-    t.add(trainer_step(m, opt, micro, su.lr, su.gamma, nullptr, s == nan_step));
-  }
-  return t;
-}
-
-Trace run_dp(DataParallel& dp, const Case& su, const Global& g, int64_t s0, int64_t s1, int64_t nan_step = -1) {
-  Trace t;
-  for (int64_t s = s0; s < s1; ++s) {
-    std::vector<model::Batch> micro;
-    for (int64_t a = 0; a < g.ga; ++a) micro.push_back(g.batch(s, a, dp.rank()));
-    t.add(trainer_step(dp, micro, su.lr, su.gamma, nullptr, s == nan_step));
-  }
-  return t;
-}
-
-double rel(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-12); }
-
-// DeepSeek-V4's first layer sees hc_mult identical copies of the embedding, so its attn_hc
-// mixing is not identifiable (a doubly stochastic comb maps equal streams to themselves): parts of
-// its gradient are 0 in exact arithmetic and rounding noise in f32, which AdamW's per-element
-// normalization turns into lr-sized steps of random sign. Any change of summation order (thread
-// count, micro-batch split, ranks) moves these tensors by ~1e-4 relative in 2 steps (measured: the
-// same from a 1e-7 perturbation of a one-process run) while every other tensor agrees to ~1e-7;
-// they are checked through the losses (which depend on them) instead.
-bool degenerate(const model::Model& m, const std::string& name) {
-  return m.cfg.is_v4() && name.rfind("model.layers.0.attn_hc.", 0) == 0;
-}
-
-// Parameter differences per tensor (tensors that degenerate() names are skipped): the largest
-// ||a - b|| / ||b|| (L2 over the tensor) and the largest max|a - b| / max|b|.
-struct ParamDiff {
-  double l2 = 0, max = 0;
-  std::string l2_at, max_at;
-};
-ParamDiff param_diff(const model::Model& a, const model::Model& b) {
-  ParamDiff r;
-  for (const model::ParamEntry& e : b.layout.entries) {
-    if (degenerate(b, e.name)) continue;
-    double mx = 0, d = 0, dd = 0, nn = 0;
-    for (int64_t i = 0; i < e.shape.numel(); ++i) {
-      const double x = a.P()[e.offset + i], y = b.P()[e.offset + i];
-      mx = std::max(mx, std::fabs(y)), d = std::max(d, std::fabs(x - y));
-      dd += (x - y) * (x - y), nn += y * y;
-    }
-    const double l2 = std::sqrt(dd / std::max(nn, 1e-30)), m = d / std::max(mx, 1e-6);
-    if (l2 > r.l2) r.l2 = l2, r.l2_at = e.name;
-    if (m > r.max) r.max = m, r.max_at = e.name;
-  }
-  return r;
-}
-
-// Parameters equal to ~1e-5: L2 per tensor within 1e-5, no element off by more than 1e-4 of its
-// tensor's largest value (AdamW normalizes each element: one whose gradient is small next to its
-// tensor's carries more of the summation-order noise).
-void expect_params_equal(const model::Model& a, const model::Model& b, const char* what = "") {
-  const ParamDiff d = param_diff(a, b);
-  EXPECT_LT(d.l2, 1e-5) << what << d.l2_at;
-  EXPECT_LT(d.max, 1e-4) << what << d.max_at;
-}
-
-void expect_traces_equal(const Trace& dp, const Trace& ref, double tol) {
-  ASSERT_EQ(dp.loss.size(), ref.loss.size());
-  for (size_t s = 0; s < ref.loss.size(); ++s) {
-    EXPECT_LT(rel(dp.loss[s], ref.loss[s]), tol) << "step " << s << ": " << dp.loss[s] << " vs " << ref.loss[s];
-    EXPECT_LT(rel(dp.ce[s], ref.ce[s]), tol) << "step " << s;
-    EXPECT_LT(std::fabs(dp.aux[s] - ref.aux[s]), tol * std::max(1e-3, std::fabs(ref.aux[s]))) << "step " << s;
-    EXPECT_LT(std::fabs(dp.mtp[s] - ref.mtp[s]), tol * std::max(1e-3, std::fabs(ref.mtp[s]))) << "step " << s;
-    EXPECT_LT(rel(dp.norm[s], ref.norm[s]), tol) << "step " << s << ": " << dp.norm[s] << " vs " << ref.norm[s];
-    EXPECT_EQ(dp.skipped[s], ref.skipped[s]) << "step " << s;
-    EXPECT_EQ(dp.load[s], ref.load[s]) << "step " << s;
-  }
-}
-
-// K steps data parallel vs one process on the same global batches.
-void parity(const Case& su, DpOptions o, int64_t K, int64_t ga, int64_t B, int64_t T) {
-  init_threads(1);
-  parallel::Communicator& w = parallel::test_world();
-  const model::ModelConfig cfg = su.cfg();
-  const Global g = make_global(K, ga, w.size(), B, T, cfg.vocab_size, 11);
-  auto refp = su.make(5);
-  model::Model& ref = *refp;
-  AdamW ropt(ref, su.ocfg);
-  const Trace tr = run_single(ref, ropt, su, g, 0, K);
-
-  // Ranks other than 0 start from other weights: DataParallel makes the replicas equal.
-  auto mp = su.make(w.rank() == 0 ? 5 : 99);
-  model::Model& m = *mp;
-  DataParallel dp(w, m, su.ocfg, o);
-  const Trace td = run_dp(dp, su, g, 0, K);
-  expect_traces_equal(td, tr, 1e-5);
-  expect_params_equal(m, ref);
-  EXPECT_EQ(m.buffers, ref.buffers);  // router biases: the same +-gamma updates
-  // The final weights compute the same loss on a batch neither run trained on.
-  const Global fresh = make_global(1, 1, 1, 2, T, cfg.vocab_size, 999);
-  const double lm = m.forward(fresh.batch(0, 0, 0)).loss, lr_ = ref.forward(fresh.batch(0, 0, 0)).loss;
-  EXPECT_LT(rel(lm, lr_), 1e-5) << lm << " vs " << lr_;
-  // The update really happened and every rank holds the same parameters.
-  double moved = 0;
-  auto init = su.make(5);
-  for (int64_t i = 0; i < m.layout.total; ++i) moved = std::max(moved, (double)std::fabs(m.P()[i] - init->P()[i]));
-  EXPECT_GT(moved, 1e-3);
-  std::vector<float> p0(m.P(), m.P() + m.layout.total);
-  w.broadcast(p0.data(), p0.size(), 0);
-  EXPECT_EQ(0, std::memcmp(p0.data(), m.P(), p0.size() * sizeof(float))) << "replicas differ";
-  // Overlap: every bucket's reduce-scatter was started from inside the backward.
-  if (o.overlap) EXPECT_EQ(dp.buckets_started_in_backward(), dp.buckets().num_buckets());
-  else EXPECT_EQ(dp.buckets_started_in_backward(), 0);
-  const ParamDiff d = param_diff(m, ref);
-  if (w.rank() == 0)
-    std::printf("[dp parity] dp=%d %s: %d buckets, %lld steps, loss %.6f -> %.6f, params: worst L2 %.2e (%s), "
-                "worst element %.2e (%s)\n",
-                w.size(), cfg.model_type.c_str(), dp.buckets().num_buckets(), (long long)K, tr.loss.front(),
-                tr.loss.back(), d.l2, d.l2_at.c_str(), d.max, d.max_at.c_str());
-}
-
-}  // namespace
+using namespace trex::testing;
 
 TEST(DpTrain, V3MatchesSingleRankWithOverlappedBuckets) {
   Case su{tiny_v3(), 0.01, 0};
@@ -441,10 +235,12 @@ TEST(DpTrain, ImpossibleLayoutsAreUserErrors) {
   EXPECT_NE(wrong.find("parallel.dp = 1 * 1 * " + std::to_string(w.size() + 1)), std::string::npos) << wrong;
   EXPECT_NE(wrong.find("but the run has " + n + " ranks"), std::string::npos) << wrong;
   EXPECT_NE(wrong.find("mpirun -np"), std::string::npos) << wrong;
-  const std::string ep = msg({"parallel.ep=2"}, w.size());
-  EXPECT_NE(ep.find("parallel.ep=2"), std::string::npos) << ep;
-  EXPECT_NE(ep.find("not implemented yet"), std::string::npos) << ep;
-  EXPECT_NE(ep.find("parallel.dp"), std::string::npos) << ep;  // says what works
+  // Expert parallel: ep must divide dp and the model's 5 experts.
+  const std::string ep = msg({"parallel.ep=" + std::to_string(w.size() + 1)}, w.size());
+  EXPECT_NE(ep.find("does not divide parallel.dp = " + n), std::string::npos) << ep;
+  const std::string ep2 = msg({"parallel.dp=4", "parallel.ep=2"}, 4);
+  EXPECT_NE(ep2.find("parallel.ep = 2 does not divide model n_routed_experts = 5"), std::string::npos) << ep2;
+  EXPECT_EQ(msg({"parallel.dp=5", "parallel.ep=5"}, 5), "");
   EXPECT_NE(msg({"parallel.tp=2"}, w.size()).find("tensor parallelism is not implemented yet"), std::string::npos);
   EXPECT_NE(msg({"parallel.pp=3"}, w.size()).find("parallel.pp=3"), std::string::npos);
   EXPECT_NE(msg({"parallel.dp=2"}, 1).find("needs 2 MPI ranks"), std::string::npos);
