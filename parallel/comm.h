@@ -13,6 +13,7 @@
 //  - Errors throw trex::Error with file:line and the backend's message.
 #pragma once
 #include <cstddef>
+#include <cstdlib>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -180,6 +181,10 @@ class Communicator {
   void send(const void* buf, size_t count, DType t, int dst, int tag) { isend(buf, count, t, dst, tag).wait(); }
   void recv(void* buf, size_t count, DType t, int src, int tag) { irecv(buf, count, t, src, tag).wait(); }
   virtual void barrier() = 0;
+  // Ends the whole parallel job, every rank (a rank that cannot go on while the others would
+  // wait for it forever: train/loop.cpp's watchdog). MPI: MPI_Abort; the default std::abort.
+  // May be called from any thread.
+  [[noreturn]] virtual void abort_job(int code) { std::abort(); }
 
   // --- typed helpers (T: float, double, bf16, int32_t, int64_t, uint8_t) ----------------------
   template <class T>

@@ -223,6 +223,11 @@ MpiComm::~MpiComm() {
 
 void MpiComm::barrier() { TREX_CHECK_MPI(MPI_Barrier(comm_)); }
 
+void MpiComm::abort_job(int code) {
+  MPI_Abort(comm_, code);  // OpenMPI ends every process of the job
+  std::abort();
+}
+
 std::unique_ptr<Communicator> MpiComm::split(int color, int key) {
   MPI_Comm nc = MPI_COMM_NULL;
   TREX_CHECK_MPI(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &nc));

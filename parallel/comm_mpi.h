@@ -73,6 +73,7 @@ class MpiComm final : public Communicator {
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
   void barrier() override;
+  [[noreturn]] void abort_job(int code) override;
   std::unique_ptr<Communicator> split(int color, int key) override;
   MPI_Comm native() const { return comm_; }
   size_t max_chunk() const { return max_chunk_; }

@@ -70,6 +70,11 @@ add_test(NAME faults_rank_death
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/faults/rank_death.sh $<TARGET_FILE:trex_cli>
                  ${MPIEXEC_EXECUTABLE})
 set_tests_properties(faults_rank_death PROPERTIES TIMEOUT 180 PROCESSORS 2)
+# A rank that hangs (SIGSTOP): the watchdog of the rank waiting for it ends the job (rank_hang.sh).
+add_test(NAME faults_rank_hang
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/faults/rank_hang.sh $<TARGET_FILE:trex_cli>
+                 ${MPIEXEC_EXECUTABLE})
+set_tests_properties(faults_rank_hang PROPERTIES TIMEOUT 180 PROCESSORS 2)
 
 # `trex bench calibrate` / `bench step` on 1 and 2 ranks: data-parallel step, exposed
 # communication, the planner's prediction and the Chrome trace (tests/cli/bench_step_mpi.sh).

@@ -1,6 +1,7 @@
 #include "train/loop.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -8,6 +9,7 @@
 #include "core/log.h"
 #include "core/timer.h"
 #include "core/trace.h"
+#include "core/watchdog.h"
 #include "core/parallel.h"
 #include "kernels/peak.h"
 #include "model/checkpoint.h"
@@ -187,6 +189,20 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   Profiler prof;
   TraceLog tlog;
   const int64_t first_step = state.step;
+  // A stuck or stopped rank would leave the others waiting in a collective forever: with more
+  // than one rank, no finished step (with its eval and checkpoint) for parallel.watchdog_s
+  // seconds ends the job, every rank, with this message from each rank that is still running.
+  std::atomic<int64_t> done_step{state.step};
+  auto dog = std::make_unique<Watchdog>(world && world->size() > 1 ? rc.parallel.watchdog_s : 0, [&, rank](double idle) {
+    std::fprintf(stderr,
+                 "[trex] error: rank %d: no training step finished in %.0f s (parallel.watchdog_s = %g; last "
+                 "finished: step %lld). This rank or another one is stuck: a stopped or hung process, a lost node, a "
+                 "deadlock. Ending the job instead of waiting forever; if steps really take this long, raise "
+                 "parallel.watchdog_s (0 = off).\n",
+                 rank, idle, rc.parallel.watchdog_s, (long long)done_step.load());
+    std::fflush(stderr);
+    world->abort_job(3);
+  });
   for (int64_t step = state.step; step < rc.train.steps; ++step) {
     std::vector<BatchBuffer> bufs;
     std::vector<model::Batch> micro;
@@ -262,6 +278,8 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
       res.last_eval_loss = mt.eval_loss;
     }
     if (log_owner) log_owner->step(mt);
+    done_step.store(state.step);
+    dog->beat();
     if (res.steps == 0) res.first_loss = s.loss;
     res.last_loss = s.loss;
     ++res.steps;
@@ -270,8 +288,10 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
       state.extra["loss_window"] = spikes.state();
       res.last_checkpoint = dp ? save_checkpoint(run_dir, *dp, state, (int)rc.checkpoint.keep)
                                : save_checkpoint(run_dir, m, *opt1, state, (int)rc.checkpoint.keep);
+      dog->beat();
     }
   }
+  dog.reset();  // the loop is over: what follows is bounded (trace parts, messages)
   res.peak_rss = peak_rss_bytes();
   message(detail::cat("memory: estimated ", res.memory_estimate / (1 << 20), " MiB per rank, peak resident ",
                       res.peak_rss / (1 << 20), " MiB", res.loss_spikes ? detail::cat("; ", res.loss_spikes, " loss spike(s)") : "",

@@ -154,6 +154,7 @@ RunConfig parse_run_config(json j, const std::string& where, const std::vector<s
       {"ep", [&](const json& v, const std::string& k) { r.parallel.ep = c.i64(v, k, 1); }},
       {"bucket_size", [&](const json& v, const std::string& k) { r.parallel.bucket_size = c.i64(v, k, 0); }},
       {"overlap", [&](const json& v, const std::string& k) { r.parallel.overlap = c.boolean(v, k); }},
+      {"watchdog_s", [&](const json& v, const std::string& k) { r.parallel.watchdog_s = c.f64(v, k, 0); }},
   };
   S["checkpoint"].keys = {
       {"dir", [&](const json& v, const std::string& k) { r.checkpoint.dir = c.str(v, k); }},

@@ -54,6 +54,9 @@ struct ParallelConfig {
   int64_t tp = 1, pp = 1, ep = 1;
   int64_t bucket_size = 4 << 20;  // slab elements per gradient bucket (0: one bucket)
   bool overlap = true;            // reduce-scatter each bucket as soon as the backward completes it
+  // More than one rank: no finished training step for this many seconds ends the whole job with
+  // an error (a stuck or stopped rank would leave the others waiting in a collective). 0 = off.
+  double watchdog_s = 600;
 };
 
 struct CheckpointConfig {
