@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include "cli/bench_kernels.h"
 #include "cli/commands.h"
 #include "core/cpu.h"
 #include "core/parallel.h"
@@ -132,6 +133,7 @@ Prediction predict(const train::RunConfig& rc, int ranks, const std::string& cal
 void add_bench(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "measure the machine and the engine");
   bench->require_subcommand(1);
+  add_bench_kernels(*bench);
 
   auto* peak = bench->add_subcommand("peak", "fp32 FMA and bf16 dot-product peak, all threads");
   auto pthreads = std::make_shared<int>(0);

@@ -21,11 +21,16 @@ namespace trex::plan {
 
 namespace {
 
-// Median time (ms) of fn over at least 5 runs filling about `seconds`: a step's ops run at their
-// typical speed, and on a shared machine the best run is an outlier (the median is what the
-// planner's step-time prediction needs; the peak alone is a best-of, kernels/peak.h).
-template <class F>
-double median_ms(F&& fn, double seconds) {
+std::vector<bf16> random_bf16(size_t n, uint64_t seed) {
+  Rng r(seed);
+  std::vector<bf16> v(n);
+  for (auto& x : v) x = f32_to_bf16((float)r.normal());
+  return v;
+}
+
+}  // namespace
+
+double median_ms(const std::function<void()>& fn, double seconds) {
   fn();  // warm-up (JIT, first touch)
   std::vector<double> t;
   double spent = 0;
@@ -39,14 +44,16 @@ double median_ms(F&& fn, double seconds) {
   return t[t.size() / 2];
 }
 
-std::vector<bf16> random_bf16(size_t n, uint64_t seed) {
-  Rng r(seed);
-  std::vector<bf16> v(n);
-  for (auto& x : v) x = f32_to_bf16((float)r.normal());
-  return v;
+double triad_gbs(double seconds) {
+  const int64_t n = int64_t{32} << 20;  // 3 x 128 MB
+  std::vector<float> a(n, 1.f), b(n, 2.f), d(n, 0.f);
+  const double ms = median_ms([&] {
+    parallel_for(n, 1 << 16, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) d[i] = a[i] + 0.5f * b[i];
+    });
+  }, seconds);
+  return 3.0 * n * 4 / (ms / 1000) / 1e9;
 }
-
-}  // namespace
 
 Calibration measure_calibration(double seconds) {
   Calibration c = default_calibration();
@@ -69,17 +76,10 @@ Calibration measure_calibration(double seconds) {
 
   // Memory bandwidth: a threaded triad over arrays far larger than the caches.
   {
-    const int64_t n = int64_t{32} << 20;  // 3 x 128 MB
-    std::vector<float> a(n, 1.f), b(n, 2.f), d(n, 0.f);
-    double ms = median_ms([&] {
-      parallel_for(n, 1 << 16, [&](int64_t s, int64_t e) {
-        for (int64_t i = s; i < e; ++i) d[i] = a[i] + 0.5f * b[i];
-      });
-    }, seconds);
-    c.mem_bw_gbs = 3.0 * n * 4 / (ms / 1000) / 1e9;
+    c.mem_bw_gbs = triad_gbs(seconds);
     // A memory-bound model op (RMSNorm forward: read x, write y) against that bandwidth.
     const int64_t N = 16384, dd = 1024;
-    std::vector<float> w(dd, 1.f), rs(N);
+    std::vector<float> a(N * dd, 1.f), d(N * dd), w(dd, 1.f), rs(N);
     double ms2 = median_ms([&] { kern::rmsnorm_fwd(a.data(), N, dd, w.data(), 1e-6f, d.data(), rs.data()); }, seconds);
     c.efficiency["memory"] = std::min(1.0, 2.0 * N * dd * 4 / (ms2 / 1000) / 1e9 / c.mem_bw_gbs);
   }
