@@ -1,5 +1,5 @@
 // RMSNorm as Hugging Face DeepseekV3RMSNorm in fp32: y = w * (x * rsqrt(mean(x^2) + eps)),
-// forward and backward. Dispatches to the AVX-512 kernel or the scalar reference.
+// forward and backward. Dispatches to the AVX-512 kernel, the AVX2 kernel or the scalar reference.
 // Gradients: the parameter gradient dw ACCUMULATES (+=); the activation gradient dx OVERWRITES.
 // dw is deterministic: rows are cut into chunks that depend only on N (never on the thread
 // count), each chunk's partial sum is kept apart and the partials are added in chunk order.

@@ -1,5 +1,5 @@
 // RoPE tables (transformers' _compute_default_rope_parameters / _compute_yarn_parameters and
-// DeepseekV3RotaryEmbedding, in double) and the rotation dispatch (AVX-512 or reference).
+// DeepseekV3RotaryEmbedding, in double) and the rotation dispatch (AVX-512, AVX2 or reference).
 #include "kernels/rope.h"
 #include <algorithm>
 #include <cmath>
@@ -7,6 +7,7 @@
 #include "core/cpu.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "kernels/cpu/rope_avx2.h"
 #include "kernels/cpu/rope_avx512.h"
 #include "kernels/ref/rope.h"
 
@@ -105,6 +106,8 @@ void rope_apply(float* x, int64_t N, int H, int64_t stride_tok, int64_t stride_h
   for (int64_t n = 0; n < N; ++n) TREX_CHECK(pos[n] >= 0, "rope_apply: negative position ", pos[n], " at ", n);
   if (cpu_isa() >= Isa::Avx512)
     return cpu::rope_apply_avx512(x, N, H, stride_tok, stride_head, D, pos, cos, sin, layout, inverse);
+  if (cpu_isa() == Isa::Avx2)
+    return cpu::rope_apply_avx2(x, N, H, stride_tok, stride_head, D, pos, cos, sin, layout, inverse);
   ref::rope_apply<float>(x, N, H, stride_tok, stride_head, D, pos, cos, sin, layout, inverse);
 }
 

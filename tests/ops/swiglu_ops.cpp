@@ -1,8 +1,16 @@
 // Op cases for SwiGLU (with and without the clamp): fast vs reference incl. odd widths, clamped
-// values, NaN/Inf inputs; gradients in double against finite differences; bandwidth.
+// values, NaN/Inf inputs and values at the ends of exp's range; the dispatched kernel and the
+// AVX2 kernel called directly ("swiglu[avx2]", kernels/cpu/swiglu_avx2.h; skipped on a CPU
+// without AVX2 + FMA, so it also runs on AVX-512 machines); outputs bitwise the same for 1 and 2
+// threads; gradients in double against finite differences; bandwidth (dispatched and AVX2, at
+// the bench-v3 shapes among others).
+#include <omp.h>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
+#include "core/parallel.h"
+#include "kernels/cpu/swiglu_avx2.h"
 #include "kernels/ref/swiglu.h"
 #include "kernels/swiglu.h"
 #include "tests/ops/harness.h"
@@ -11,9 +19,32 @@ namespace {
 using namespace trex;
 using namespace trex::ops;
 
-bool swiglu_test(int64_t N, int64_t F, float limit, bool specials) {
-  std::string name = "swiglu N=" + std::to_string(N) + " F=" + std::to_string(F) +
+// The implementation under test: the dispatched one, or the AVX2 kernel called directly.
+struct SwiImpl {
+  const char* tag;
+  void (*fwd)(const float*, int64_t, int64_t, float, float*);
+  void (*bwd)(const float*, const float*, int64_t, int64_t, float, float*);
+  bool (*usable)();
+};
+bool swi_always() { return true; }
+bool swi_has_avx2_fma() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+const SwiImpl kSwiImpls[] = {{"swiglu", kern::swiglu_fwd, kern::swiglu_bwd, swi_always},
+                             {"swiglu[avx2]", kern::cpu::swiglu_fwd_avx2, kern::cpu::swiglu_bwd_avx2,
+                              swi_has_avx2_fma}};
+// A case of an implementation the CPU cannot run passes with a note.
+bool swi_skipped(const SwiImpl& im, const std::string& name) {
+  if (im.usable()) return false;
+  std::printf("skip %-48s (CPU lacks AVX2 + FMA)\n", name.c_str());
+  return true;
+}
+
+bool swiglu_test(const SwiImpl& im, int64_t N, int64_t F, float limit, bool specials) {
+  std::string name = std::string(im.tag) + " N=" + std::to_string(N) + " F=" + std::to_string(F) +
                      " limit=" + std::to_string(limit).substr(0, 4) + (specials ? " nan/inf" : "");
+  if (swi_skipped(im, name)) return true;
   Rng r(31 + N * 5 + F);
   const size_t n2 = static_cast<size_t>(N * 2 * F), n1 = static_cast<size_t>(N * F);
   // Scale so that about a third of the values fall outside [-limit, limit] when clamping.
@@ -27,13 +58,14 @@ bool swiglu_test(int64_t N, int64_t F, float limit, bool specials) {
   }
   if (specials) {
     const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-    const float sv[] = {nan, inf, -inf, 200.0f, -200.0f, 89.0f, -89.0f, 0.0f};
-    for (size_t i = 0; i < n2; i += 7) gu[i] = sv[(i / 7) % 8];
+    // +-88.5, -88.9: exp(-g) near the top of the float range (finite: sigmoid is denormal, not 0).
+    const float sv[] = {nan, inf, -inf, 200.0f, -200.0f, 89.0f, -89.0f, 0.0f, -88.5f, 88.5f, -88.9f, -103.0f};
+    for (size_t i = 0; i < n2; i += 7) gu[i] = sv[(i / 7) % 12];
   }
   Guarded<float> h(n1), dgu(n2);
   std::vector<float> h_ref(n1), dgu_ref(n2);
-  kern::swiglu_fwd(gu.data(), N, F, limit, h.data());
-  kern::swiglu_bwd(dh.data(), gu.data(), N, F, limit, dgu.data());
+  im.fwd(gu.data(), N, F, limit, h.data());
+  im.bwd(dh.data(), gu.data(), N, F, limit, dgu.data());
   kern::ref::swiglu_fwd<float>(gu.data(), N, F, limit, h_ref.data());
   kern::ref::swiglu_bwd<float>(dh.data(), gu.data(), N, F, limit, dgu_ref.data());
   bool m1, m2;  // (nmse is evaluated first: argument order is unspecified)
@@ -69,33 +101,67 @@ bool swiglu_grad(int64_t N, int64_t F, double limit) {
   return ok;
 }
 
-void swiglu_perf(int64_t N, int64_t F, float limit) {
+// h and dgu must be bitwise the same for 1 and 2 threads (rows split differently).
+bool swiglu_threads(const SwiImpl& im, int64_t N, int64_t F, float limit) {
+  std::string name = std::string(im.tag) + " threads 1/2 N=" + std::to_string(N) + " F=" + std::to_string(F);
+  if (swi_skipped(im, name)) return true;
+  Rng r(55 + F);
+  const size_t n2 = static_cast<size_t>(N * 2 * F), n1 = static_cast<size_t>(N * F);
+  std::vector<float> gu(n2), dh(n1), h1(n1), h2(n1), dgu1(n2), dgu2(n2);
+  fill_normal(gu.data(), n2, r, 4.0);
+  fill_normal(dh.data(), n1, r);
+  const int nt = num_threads();
+  omp_set_num_threads(1);
+  im.fwd(gu.data(), N, F, limit, h1.data());
+  im.bwd(dh.data(), gu.data(), N, F, limit, dgu1.data());
+  omp_set_num_threads(2);
+  im.fwd(gu.data(), N, F, limit, h2.data());
+  im.bwd(dh.data(), gu.data(), N, F, limit, dgu2.data());
+  omp_set_num_threads(nt);
+  size_t bad = 0;
+  for (size_t i = 0; i < n1; ++i) bad += std::memcmp(&h1[i], &h2[i], 4) != 0;
+  for (size_t i = 0; i < n2; ++i) bad += std::memcmp(&dgu1[i], &dgu2[i], 4) != 0;
+  return report(name, "bitwise", static_cast<double>(bad), 0);
+}
+
+void swiglu_perf(const SwiImpl& im, int64_t N, int64_t F, float limit) {
+  if (swi_skipped(im, std::string(im.tag) + " perf")) return;
   const size_t n2 = static_cast<size_t>(N * 2 * F), n1 = static_cast<size_t>(N * F);
   Rng r(1);
   std::vector<float> gu(n2), dh(n1), h(n1), dgu(n2);
   fill_normal(gu.data(), n2, r, 3.0);
   fill_normal(dh.data(), n1, r);
-  double tf = time_ms([&] { kern::swiglu_fwd(gu.data(), N, F, limit, h.data()); });
-  double tb = time_ms([&] { kern::swiglu_bwd(dh.data(), gu.data(), N, F, limit, dgu.data()); });
-  std::printf("perf swiglu N=%ld F=%ld limit=%g  fwd %.3f ms %.1f GB/s   bwd %.3f ms %.1f GB/s\n", (long)N, (long)F,
+  double tf = time_ms([&] { im.fwd(gu.data(), N, F, limit, h.data()); });
+  double tb = time_ms([&] { im.bwd(dh.data(), gu.data(), N, F, limit, dgu.data()); });
+  std::printf("perf %s N=%ld F=%ld limit=%g  fwd %.3f ms %.1f GB/s   bwd %.3f ms %.1f GB/s\n", im.tag, (long)N, (long)F,
               limit, tf, 12.0 * n1 / tf * 1e-6, tb, 20.0 * n1 / tb * 1e-6);
 }
 
 }  // namespace
 
 TREX_OP_CASES(swiglu_cases) {
-  const int64_t shapes[][2] = {{1, 37}, {3, 16}, {7, 1000}, {64, 2048}, {5, 1}, {33, 129}};
-  for (auto& s : shapes)
-    for (float limit : {0.0f, 7.0f}) {
-      int64_t N = s[0], F = s[1];
-      cases.push_back({"swiglu", [=] { return swiglu_test(N, F, limit, false); }, nullptr, nullptr});
+  const int64_t shapes[][2] = {{1, 37}, {3, 16}, {7, 1000}, {64, 2048}, {5, 1}, {33, 129}, {37, 7}};
+  for (const SwiImpl& im : kSwiImpls) {
+    for (auto& s : shapes)
+      for (float limit : {0.0f, 7.0f}) {
+        int64_t N = s[0], F = s[1];
+        cases.push_back({im.tag, [=, &im] { return swiglu_test(im, N, F, limit, false); }, nullptr, nullptr});
+      }
+    for (float limit : {0.0f, 10.0f}) {
+      cases.push_back({im.tag, [=, &im] { return swiglu_test(im, 9, 100, limit, true); }, nullptr, nullptr});
+      cases.push_back({im.tag, [=, &im] { return swiglu_test(im, 37, 129, limit, true); }, nullptr, nullptr});
+      cases.push_back({im.tag, [=, &im] { return swiglu_threads(im, 301, 129, limit); }, nullptr, nullptr});
     }
-  for (float limit : {0.0f, 10.0f})
-    cases.push_back({"swiglu", [=] { return swiglu_test(9, 100, limit, true); }, nullptr, nullptr});
+  }
   for (double limit : {0.0, 1.5}) {
     cases.push_back({"swiglu", nullptr, [=] { return swiglu_grad(3, 17, limit); }, nullptr});
     cases.push_back({"swiglu", nullptr, [=] { return swiglu_grad(1, 40, limit); }, nullptr});
   }
-  cases.push_back({"swiglu", nullptr, nullptr, [] { swiglu_perf(2048, 2048, 0.0f); }});
-  cases.push_back({"swiglu", nullptr, nullptr, [] { swiglu_perf(2048, 2048, 10.0f); }});
+  for (const SwiImpl& im : kSwiImpls) {
+    cases.push_back({im.tag, nullptr, nullptr, [&im] { swiglu_perf(im, 2048, 2048, 0.0f); }});
+    cases.push_back({im.tag, nullptr, nullptr, [&im] { swiglu_perf(im, 2048, 2048, 10.0f); }});
+    // bench-v3: routed experts (8192 rows x moe_intermediate 512) and the dense MLP (2048 x 2816).
+    cases.push_back({im.tag, nullptr, nullptr, [&im] { swiglu_perf(im, 8192, 512, 0.0f); }});
+    cases.push_back({im.tag, nullptr, nullptr, [&im] { swiglu_perf(im, 2048, 2816, 0.0f); }});
+  }
 }
