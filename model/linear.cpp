@@ -17,38 +17,55 @@ const void* gemm_input(const Ctx& c, const float* x, int64_t n) {
   return b;
 }
 
-void linear_fwd(const Ctx& c, const float* x, int64_t N, int64_t in, W w, int64_t out, float* y, float beta) {
+namespace {
+
+// n rows of `cols` floats at row stride ld -> a packed bf16 copy [n, cols] from c.ws.
+bf16* bf16_rows(const Ctx& c, const float* x, int64_t n, int64_t cols, int64_t ld) {
+  bf16* b = c.ws->alloc<bf16>(n * cols);
+  if (ld == cols) {
+    to_bf16(x, b, n * cols);
+    return b;
+  }
+  parallel_for(n, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t j = 0; j < cols; ++j) b[r * cols + j] = f32_to_bf16(x[r * ld + j]);
+  });
+  return b;
+}
+
+}  // namespace
+
+void linear_fwd(const Ctx& c, const float* x, int64_t N, int64_t in, W w, int64_t out, float* y, float beta,
+                int64_t ldy) {
   if (N == 0) return;
+  const int64_t ldw = w.ld ? w.ld : in, ly = ldy ? ldy : out;
   if (c.prec == kern::Prec::F32 || !w.b) {
-    kern::gemm_f32(false, true, N, out, in, 1.f, x, in, w.f, in, beta, y, out);
+    kern::gemm_f32(false, true, N, out, in, 1.f, x, in, w.f, ldw, beta, y, ly);
     return;
   }
   auto m = c.ws->mark();
   bf16* xb = c.ws->alloc<bf16>(N * in);
   to_bf16(x, xb, N * in);
-  kern::gemm_bf16(false, true, N, out, in, 1.f, xb, in, w.b, in, beta, y, out);
+  kern::gemm_bf16(false, true, N, out, in, 1.f, xb, in, w.b, ldw, beta, y, ly);
   c.ws->release(m);
 }
 
 void linear_bwd(const Ctx& c, const float* dy, const float* x, int64_t N, int64_t in, W w, int64_t out, float* dx,
-                bool dx_accum, float* dW) {
-  if (N == 0) {
-    if (dx && !dx_accum) return;
-    return;
-  }
+                bool dx_accum, float* dW, int64_t ldy) {
+  if (N == 0) return;
+  const int64_t ldw = w.ld ? w.ld : in, ly = ldy ? ldy : out;
   if (c.prec == kern::Prec::F32 || !w.b) {
-    if (dx) kern::gemm_f32(false, false, N, in, out, 1.f, dy, out, w.f, in, dx_accum ? 1.f : 0.f, dx, in);
-    if (dW) kern::gemm_f32(true, false, out, in, N, 1.f, dy, out, x, in, 1.f, dW, in);
+    if (dx) kern::gemm_f32(false, false, N, in, out, 1.f, dy, ly, w.f, ldw, dx_accum ? 1.f : 0.f, dx, in);
+    if (dW) kern::gemm_f32(true, false, out, in, N, 1.f, dy, ly, x, in, 1.f, dW, ldw);
     return;
   }
   auto m = c.ws->mark();
-  bf16* dyb = c.ws->alloc<bf16>(N * out);
-  to_bf16(dy, dyb, N * out);
-  if (dx) kern::gemm_bf16(false, false, N, in, out, 1.f, dyb, out, w.b, in, dx_accum ? 1.f : 0.f, dx, in);
+  bf16* dyb = bf16_rows(c, dy, N, out, ly);
+  if (dx) kern::gemm_bf16(false, false, N, in, out, 1.f, dyb, out, w.b, ldw, dx_accum ? 1.f : 0.f, dx, in);
   if (dW) {
     bf16* xb = c.ws->alloc<bf16>(N * in);
     to_bf16(x, xb, N * in);
-    kern::gemm_bf16(true, false, out, in, N, 1.f, dyb, out, xb, in, 1.f, dW, in);
+    kern::gemm_bf16(true, false, out, in, N, 1.f, dyb, out, xb, in, 1.f, dW, ldw);
   }
   c.ws->release(m);
 }

@@ -17,17 +17,30 @@ struct Ctx {
   Profiler* prof = nullptr;  // optional timing of named regions
 };
 
-// Weight pointers of one matrix: f32 master and (in bf16 mode) its bf16 shadow.
+// Weight pointers of one matrix: f32 master and (in bf16 mode) its bf16 shadow. ld is the row
+// stride of the weight (and of its gradient) in elements, 0 = `in`: a column slice of a wider
+// matrix (a row-parallel linear under tensor parallelism) is a pointer to its first column with
+// ld = the full width.
 struct W {
   const float* f = nullptr;
   const bf16* b = nullptr;
+  int64_t ld = 0;
 };
 
-// x: [N, in]  W: [out, in]  ->  y: [N, out]  (y = beta*y + x @ W^T)
-void linear_fwd(const Ctx&, const float* x, int64_t N, int64_t in, W w, int64_t out, float* y, float beta = 0.f);
-// dy: [N, out]  x: [N, in]  ->  dx: [N, in] (= or += dy @ W; skipped if null), dW: [out, in] += dy^T @ x
+// Tensor-parallel slice of a layer: this rank computes part `rank` of `size` equal parts (heads,
+// output groups or MLP columns). size 1 = the whole layer.
+struct TpSlice {
+  int64_t rank = 0, size = 1;
+  bool on() const { return size > 1; }
+};
+
+// x: [N, in]  W: [out, in]  ->  y: [N, out] with row stride ldy (0 = out)  (y = beta*y + x @ W^T)
+void linear_fwd(const Ctx&, const float* x, int64_t N, int64_t in, W w, int64_t out, float* y, float beta = 0.f,
+                int64_t ldy = 0);
+// dy: [N, out] (row stride ldy, 0 = out)  x: [N, in]  ->  dx: [N, in] (= or += dy @ W; skipped if
+// null), dW: [out, in] (row stride w.ld) += dy^T @ x (skipped if null)
 void linear_bwd(const Ctx&, const float* dy, const float* x, int64_t N, int64_t in, W w, int64_t out, float* dx,
-                bool dx_accum, float* dW);
+                bool dx_accum, float* dW, int64_t ldy = 0);
 
 // Converts n floats to bf16 (round to nearest even), threaded.
 void to_bf16(const float* x, bf16* y, int64_t n);

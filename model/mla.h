@@ -33,6 +33,12 @@ struct AttnIn {
   const int32_t* pos;  // [N] positions
   const int32_t* seg;  // [B, T] document ids, or null
   int64_t B, T;
+  // Tensor parallel: this rank computes heads [rank * H / size, (rank + 1) * H / size) only (q_b /
+  // q_proj and kv_b rows, o_proj columns). forward's `out` and backward's `dx` are then this
+  // rank's partial sums (summed over the tp ranks they equal the whole layer's); the gradients of
+  // the sliced weights touch only this rank's slice, those of q_a, kv_a and the latent norms are
+  // partial sums too. The saved Q, K, V, O hold the local heads only.
+  TpSlice tp{};
 };
 
 // Activations saved by forward for backward (allocated from the activation arena).

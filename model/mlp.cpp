@@ -1,8 +1,15 @@
 #include "model/mlp.h"
 
+#include "core/error.h"
 #include "kernels/swiglu.h"
 
 namespace trex::model {
+
+namespace {
+
+W up_rows(W gu, int64_t off) { return {gu.f + off, gu.b ? gu.b + off : nullptr, gu.ld}; }
+
+}  // namespace
 
 MlpW mlp_weights(const float* P, const bf16* Pb, float* G, int64_t gu_off, int64_t down_off, int64_t d, int64_t F) {
   return {{P + gu_off, Pb ? Pb + gu_off : nullptr},
@@ -13,6 +20,17 @@ MlpW mlp_weights(const float* P, const bf16* Pb, float* G, int64_t gu_off, int64
           F};
 }
 
+MlpW mlp_weights_tp(const float* P, const bf16* Pb, float* G, int64_t gu_off, int64_t down_off, int64_t d, int64_t F,
+                    TpSlice tp) {
+  if (!tp.on()) return mlp_weights(P, Pb, G, gu_off, down_off, d, F);
+  TREX_CHECK(F % tp.size == 0, "MLP width ", F, " is not a multiple of the tensor-parallel size ", tp.size);
+  const int64_t Fl = F / tp.size, f0 = tp.rank * Fl;
+  MlpW w = mlp_weights(P, Pb, G, gu_off + f0 * d, down_off + f0, d, Fl);
+  w.up_off = F * d;  // up rows start F rows after the gate rows of the whole matrix
+  w.down.ld = F;     // columns [f0, f0 + Fl) of down [d, F]
+  return w;
+}
+
 void mlp_forward(const Ctx& c, const MlpW& w, const float* x, int64_t N, float* y, float beta, MlpSaved& s) {
   s.gu = c.ws->alloc<float>(N * 2 * w.F);
   s.h = c.ws->alloc<float>(N * w.F);
@@ -21,7 +39,12 @@ void mlp_forward(const Ctx& c, const MlpW& w, const float* x, int64_t N, float* 
 
 void mlp_forward_saved(const Ctx& c, const MlpW& w, const float* x, int64_t N, float* y, float beta, MlpSaved& s) {
   s.x = x;
-  linear_fwd(c, x, N, w.d, w.gu, 2 * w.F, s.gu);
+  if (!w.up_off || w.up_off == w.F * w.d) {
+    linear_fwd(c, x, N, w.d, w.gu, 2 * w.F, s.gu);
+  } else {  // gate and up rows apart (tensor-parallel slice): two GEMMs into the halves of gu
+    linear_fwd(c, x, N, w.d, w.gu, w.F, s.gu, 0.f, 2 * w.F);
+    linear_fwd(c, x, N, w.d, up_rows(w.gu, w.up_off), w.F, s.gu + w.F, 0.f, 2 * w.F);
+  }
   kern::swiglu_fwd(s.gu, N, w.F, w.limit, s.h);
   linear_fwd(c, s.h, N, w.F, w.down, w.d, y, beta);
 }
@@ -33,7 +56,13 @@ void mlp_backward(const Ctx& c, const MlpW& w, const MlpSaved& s, int64_t N, con
   linear_bwd(c, dy, s.h, N, w.F, w.down, w.d, dh, false, w.ddown);
   float* dgu = c.ws->alloc<float>(N * 2 * w.F);
   kern::swiglu_bwd(dh, s.gu, N, w.F, w.limit, dgu);
-  linear_bwd(c, dgu, s.x, N, w.d, w.gu, 2 * w.F, dx, dx_accum, w.dgu);
+  if (!w.up_off || w.up_off == w.F * w.d) {
+    linear_bwd(c, dgu, s.x, N, w.d, w.gu, 2 * w.F, dx, dx_accum, w.dgu);
+  } else {
+    linear_bwd(c, dgu, s.x, N, w.d, w.gu, w.F, dx, dx_accum, w.dgu, 2 * w.F);
+    linear_bwd(c, dgu + w.F, s.x, N, w.d, up_rows(w.gu, w.up_off), w.F, dx, true, w.dgu ? w.dgu + w.up_off : nullptr,
+               2 * w.F);
+  }
   c.ws->release(m);
 }
 

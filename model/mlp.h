@@ -18,11 +18,19 @@ struct MlpW {
   float *dgu, *ddown;  // gradient slots
   int64_t d, F;
   float limit = 0.f;   // SwiGLU clamp (DeepSeek-V4 swiglu_limit); 0 = none
+  // Elements from the first gate row to the first up row of gu (0 = F * d: gate and up stacked,
+  // one GEMM). A tensor-parallel slice has its gate and up rows apart (F_full * d): two GEMMs.
+  int64_t up_off = 0;
 };
 
 // The weights at slab offsets gu_off ([2F, d]) and down_off ([d, F]) of the parameter slab P,
 // its bf16 shadow Pb (or null) and the gradient slab G (or null when no backward follows).
 MlpW mlp_weights(const float* P, const bf16* Pb, float* G, int64_t gu_off, int64_t down_off, int64_t d, int64_t F);
+// Tensor parallel: columns [rank * F / size, (rank + 1) * F / size) of the gate and up rows and of
+// down's input (F % size == 0). mlp_forward's y and mlp_backward's dx are then this rank's partial
+// sums; the gradients touch this rank's slice only.
+MlpW mlp_weights_tp(const float* P, const bf16* Pb, float* G, int64_t gu_off, int64_t down_off, int64_t d, int64_t F,
+                    TpSlice tp);
 
 // x: [N, d] -> y: [N, d] (y = beta*y + mlp(x)); s.gu, s.h come from the arena.
 void mlp_forward(const Ctx&, const MlpW&, const float* x, int64_t N, float* y, float beta, MlpSaved& s);

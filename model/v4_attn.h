@@ -34,6 +34,12 @@ struct V4AttnIn {
   const float *ccos, *csin;  // compress table [T, rd/2] (compressed entries, indexer)
   const int32_t* seg;  // [B, T] document ids or null
   int64_t B, T;
+  // Tensor parallel: this rank computes heads [rank * H / size, (rank + 1) * H / size) and output
+  // groups [rank * G / size, ...) (q_b rows, sinks, o_a rows, o_b columns); H and o_groups must be
+  // multiples of size. The single KV head, the compressor and the indexer run in full on every
+  // rank. `out` and `dx` are this rank's partial sums; the gradients of the unsliced weights
+  // inside the block (q_a, q_a_norm, kv, kv_norm, the compressor) are partial sums too.
+  TpSlice tp{};
 };
 
 struct V4AttnSaved {
