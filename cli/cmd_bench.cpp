@@ -203,7 +203,7 @@ void add_bench(CLI::App& app) {
     MaybeMpi mpi;
     const int R = mpi.size(), rank = mpi.rank();
     train::RunConfig rc = train::load_run_config(o->config, o->sets);
-    const parallel::ParallelDims dims = train::resolve_parallel(rc, R);  // dp = the ranks; ep as set
+    const parallel::ParallelDims dims = train::resolve_parallel(rc, R);  // dp = the ranks / tp; ep, tp as set
     int threads = init_threads((int)rc.train.threads);
     const int steps = o->steps > 0 ? o->steps : (int)rc.train.steps;
     model::Model m(rc.model, rc.train.precision, {rc.train.aux_loss_alpha, rc.train.mtp_loss_weight});
@@ -213,20 +213,19 @@ void add_bench(CLI::App& app) {
     const train::AdamWConfig ocfg{lr, rc.optim.beta1, rc.optim.beta2, rc.optim.eps, rc.optim.weight_decay,
                                   rc.optim.clip_grad_norm};
     std::unique_ptr<train::AdamW> opt;
-    std::unique_ptr<train::DataParallel> dp;
-    parallel::ProcessGroups groups;
-    if (dims.ep > 1) {
-      groups = parallel::make_process_groups(*mpi.world, dims);
-      m.set_expert_parallel(groups.ep.get());
-    }
-    if (R > 1) dp = std::make_unique<train::DataParallel>(*mpi.world, m, ocfg, train::DpOptions{rc.parallel.bucket_size, rc.parallel.overlap});
-    else opt = std::make_unique<train::AdamW>(m, ocfg);
+    train::ParallelRun par;
+    if (R > 1)
+      par = train::make_parallel_run(*mpi.world, dims, m, ocfg,
+                                     train::DpOptions{rc.parallel.bucket_size, rc.parallel.overlap});
+    std::unique_ptr<train::DataParallel>& dp = par.dp;
+    if (!dp) opt = std::make_unique<train::AdamW>(m, ocfg);
     Profiler prof;
     TraceLog tlog;
     const bool tracing = !o->trace.empty();
     const int64_t B = rc.train.batch_size, T = rc.data.seq_len, N = B * T;
     std::vector<int32_t> ids(N), labels(N);
-    Rng rng(rc.train.seed + 1 + 7919 * (uint64_t)rank);  // each rank its own tokens
+    // Each data rank its own tokens (the tp ranks of one data rank share them).
+    Rng rng(rc.train.seed + 1 + 7919 * (uint64_t)dims.coord(rank).dp);
     std::vector<double> times, comm;
     double last_loss = 0;
     for (int s = 0; s < o->warmup + steps; ++s) {
@@ -274,7 +273,7 @@ void add_bench(CLI::App& app) {
       bf16_dot = mpi.sum(p.bf16_gflops);
       measured = true;
     }
-    const double tps = R * N / (med / 1000.0);
+    const double tps = dims.dp * N / (med / 1000.0);  // tp ranks share their data rank's tokens
     const train::MemoryEstimate est = train::estimate_train_memory(rc, R);  // the start-up check's figure
     const double rss = mpi.max(peak_rss_mb()), act = mpi.max(m.peak_activation_bytes() / 1048576.0);
     const double mfu = fpt * tps / (peak * 1e9);
@@ -298,7 +297,7 @@ void add_bench(CLI::App& app) {
       return ok ? std::string(b) : std::string("null");
     };
     std::printf(
-        "{\"impl\": \"trex\", \"config\": \"%s\", \"precision\": \"%s\", \"ranks\": %d, \"ep\": %d, \"threads\": %d, "
+        "{\"impl\": \"trex\", \"config\": \"%s\", \"precision\": \"%s\", \"ranks\": %d, \"ep\": %d, \"tp\": %d, \"threads\": %d, "
         "\"batch\": %lld, \"seq\": %lld, "
         "\"steps\": %d, \"step_ms\": %.1f, \"step_ms_median\": %.1f, \"step_ms_min\": %.1f, \"comm_ms\": %.1f, "
         "\"tokens_per_s\": %.1f, "
@@ -306,7 +305,7 @@ void add_bench(CLI::App& app) {
         "\"mfu\": %.4f, \"mfu_vs_bf16_dot_peak\": %.4f, \"peak_rss_mb\": %.0f, \"last_loss\": %.4f, "
         "\"activation_mb\": %.0f, \"memory_estimate_mb\": %.0f, \"activation_estimate_mb\": %.0f, "
         "\"plan_step_ms\": %s, \"plan_memory_mb\": %s}\n",
-        o->config.c_str(), rc.train.precision == kern::Prec::BF16 ? "bf16" : "fp32", R, dims.ep, threads, (long long)B,
+        o->config.c_str(), rc.train.precision == kern::Prec::BF16 ? "bf16" : "fp32", R, dims.ep, dims.tp, threads, (long long)B,
         (long long)T, steps, med, med, mn, comm_med, tps, fpt, (long long)m.cfg.num_active_params(), peak,
         measured ? "true" : "false", mfu, bf16_dot > 0 ? fpt * tps / (bf16_dot * 1e9) : 0.0, rss, last_loss, act,
         est.total() / 1048576.0, est.activations / 1048576.0, num_or_null(pr.ok, pr.step_s * 1000).c_str(),

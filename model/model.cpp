@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/rng.h"
+#include "core/timer.h"
 #include "kernels/lm_head_ce.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -87,6 +88,37 @@ void Model::set_expert_parallel(parallel::Communicator* ep_comm) {
   ep_.comm = ep_comm;
   ep_.count = E / P;
   ep_.first = ep_comm->rank() * ep_.count;
+}
+
+bool tp_partial_grad(const std::string& name) {
+  if (name.find(".self_attn.") != std::string::npos) return true;
+  for (const char* k : {".mlp.gate_proj.", ".mlp.up_proj.", ".mlp.down_proj."})  // dense MLP (not experts)
+    if (name.find(k) != std::string::npos) return true;
+  return false;
+}
+
+void Model::set_tensor_parallel(parallel::Communicator* tp_comm) {
+  tp_ = {};
+  if (!tp_comm || tp_comm->size() == 1) return;
+  const int64_t S = tp_comm->size();
+  auto need = [&](int64_t v, const char* field) {
+    TREX_USER_CHECK(v % S == 0, std::string("choose parallel.tp among the divisors of ") + field,
+                    "parallel.tp = ", S, " does not divide model ", field, " = ", v);
+  };
+  need(cfg.num_attention_heads, "num_attention_heads");
+  if (cfg.is_v4()) need(cfg.v4.o_groups, "o_groups");
+  bool dense = false;  // V3 dense MLP layers split their columns
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) dense |= !cfg.is_v4() && !cfg.is_moe_layer(l);
+  if (dense) need(cfg.intermediate_size, "intermediate_size");
+  tp_.comm = tp_comm;
+  tp_.slice = {tp_comm->rank(), S};
+}
+
+void Model::tp_sum(float* x, int64_t n) const {
+  if (!tp_.on()) return;
+  const double t0 = now_ms();
+  tp_.comm->all_reduce(x, (size_t)n);
+  tp_.wait_ms += now_ms() - t0;
 }
 
 void Model::refresh_bf16() {
@@ -176,11 +208,12 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward) {
     s.n1 = acts.alloc<float>(N * d);
     s.rstd1 = acts.alloc<float>(N);
     kern::rmsnorm_fwd(x, N, d, P + lp.in_norm, eps, s.n1, s.rstd1);
-    AttnIn ai{&cfg, &lp, P, Pb, G, &rope_, pos, b.seg, B, T};
+    AttnIn ai{&cfg, &lp, P, Pb, G, &rope_, pos, b.seg, B, T, tp_.slice};
     s.h_mid = acts.alloc<float>(N * d);
     {
       ProfScope ps(prof, "fwd.mla");
       mla_forward(c, ai, s.n1, s.h_mid, s.att);
+      tp_sum(s.h_mid, N * d);  // row-parallel o_proj: sum of the heads' parts
     }
     for (int64_t i = 0; i < N * d; ++i) s.h_mid[i] += x[i];
     s.n2 = acts.alloc<float>(N * d);
@@ -193,9 +226,10 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward) {
       ProfScope ps(prof, "fwd.moe");
       out.aux += moe_forward(c, mi, s.n2, h_out, s.moe, load_[l].data());
     } else {
-      MlpW w = mlp_weights(P, Pb, G, lp.mlp_gu, lp.mlp_down, d, cfg.intermediate_size);
+      MlpW w = mlp_weights_tp(P, Pb, G, lp.mlp_gu, lp.mlp_down, d, cfg.intermediate_size, tp_.slice);
       ProfScope ps(prof, "fwd.mlp");
       mlp_forward(c, w, s.n2, N, h_out, 0.f, s.mlp);
+      tp_sum(h_out, N * d);
     }
     for (int64_t i = 0; i < N * d; ++i) h_out[i] += s.h_mid[i];
     x = h_out;
@@ -248,17 +282,19 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward) {
       ProfScope ps(prof, "bwd.moe");
       moe_backward(c, mi, s.moe, dx, tmp);
     } else {
-      MlpW w = mlp_weights(P, Pb, G, lp.mlp_gu, lp.mlp_down, d, cfg.intermediate_size);
+      MlpW w = mlp_weights_tp(P, Pb, G, lp.mlp_gu, lp.mlp_down, d, cfg.intermediate_size, tp_.slice);
       ProfScope ps(prof, "bwd.mlp");
       mlp_backward(c, w, s.mlp, N, dx, tmp, false);
+      tp_sum(tmp, N * d);  // the column-parallel input's gradient: sum of the parts
     }
     kern::rmsnorm_bwd(tmp, s.h_mid, N, d, P + lp.post_norm, s.rstd2, tmp2, G + lp.post_norm);
     for (int64_t i = 0; i < N * d; ++i) dx[i] += tmp2[i];
     // h_mid = h_in + mla(norm1(h_in))
-    AttnIn ai{&cfg, &lp, P, Pb, G, &rope_, pos, b.seg, B, T};
+    AttnIn ai{&cfg, &lp, P, Pb, G, &rope_, pos, b.seg, B, T, tp_.slice};
     {
       ProfScope ps(prof, "bwd.mla");
       mla_backward(c, ai, s.att, dx, tmp);
+      tp_sum(tmp, N * d);
     }
     kern::rmsnorm_bwd(tmp, s.h_in, N, d, P + lp.in_norm, s.rstd1, tmp2, G + lp.in_norm);
     for (int64_t i = 0; i < N * d; ++i) dx[i] += tmp2[i];

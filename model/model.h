@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 #include "core/arena.h"
 #include "core/stack_arena.h"
@@ -36,6 +37,24 @@ struct LossParts {
   double mtp = 0;   // DeepSeek-V4 MTP: mean over depths of each depth's mean CE (0 when off)
   int64_t n_valid = 0;
 };
+
+// Tensor parallel (Megatron-style column / row parallel pairs) on one rank of a tp group: the
+// attention heads (and the dense MLPs' columns) are split over the tp ranks; every other part of
+// the layer (norms, hyper-connections, router, experts, embedding, head) runs in full on every tp
+// rank on the same tokens. The slabs still hold every tensor. After each split block an
+// all-reduce over the tp group sums the partial outputs (forward) and the partial input
+// gradients (backward), so the activations stay the same on every tp rank.
+struct TensorParallel {
+  parallel::Communicator* comm = nullptr;  // tp group
+  TpSlice slice;                           // this rank's part
+  mutable double wait_ms = 0;              // time blocked in the tp all-reduces
+  bool on() const { return comm != nullptr; }
+};
+
+// Under tensor parallelism, true for the tensors whose gradient each tp rank holds a partial sum
+// of (the attention blocks, the dense MLPs: the sum over the tp group is the gradient); false for
+// the tensors whose full gradient every tp rank computes (count them once).
+bool tp_partial_grad(const std::string& name);
 
 struct TrainOptions {
   double aux_loss_alpha = 0;   // sequence-wise aux loss coefficient
@@ -85,6 +104,15 @@ class Model {
   // the other ranks' experts stay 0 here (the data-parallel reduction sums them in). null: off.
   void set_expert_parallel(parallel::Communicator* ep_comm);
   const ExpertParallel& expert_parallel() const { return ep_; }
+  // Tensor parallel over tp_comm (see TensorParallel): forward and forward_backward become
+  // collectives over it; every tp rank must see the same batches. Gradients of the split tensors
+  // touch this rank's slice only, and those of tp_partial_grad tensors are partial: the
+  // data-parallel reduction over dp x tp ranks (train/dist.h, DpOptions::tp) completes them.
+  // null: off.
+  void set_tensor_parallel(parallel::Communicator* tp_comm);
+  const TensorParallel& tensor_parallel() const { return tp_; }
+  // In place sum over the tp group of [n] floats (a no-op without tensor parallelism).
+  void tp_sum(float* x, int64_t n) const;
 
   float* P() const { return reinterpret_cast<float*>(params.base()); }
   float* G() const { return reinterpret_cast<float*>(grads.base()); }
@@ -110,6 +138,7 @@ class Model {
   RopeTable rope_;
   std::vector<std::vector<int64_t>> load_;
   ExpertParallel ep_;
+  TensorParallel tp_;
 };
 
 }  // namespace trex::model

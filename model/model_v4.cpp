@@ -136,13 +136,15 @@ struct Env {
   float grad_scale;
   std::vector<int32_t*> hash_idx;  // per layer [N, K] or null
   const ExpertParallel* ep = nullptr;  // expert parallel (training runs only)
+  const Model* model = nullptr;        // tensor parallel: the slice and Model::tp_sum
   int64_t N() const { return b.B * b.T; }
 };
 
 V4AttnIn attn_in(const Env& e, int64_t l) {
   const bool main = e.c.v4.attn[l] == AttnKind::Sliding;
   return V4AttnIn{&e.c, &e.L.v4[l], l, e.P, e.Pb, e.G, e.cos[main ? 0 : 1].data(), e.sin[main ? 0 : 1].data(),
-                  e.cos[1].data(), e.sin[1].data(), e.b.seg, e.b.B, e.b.T};
+                  e.cos[1].data(), e.sin[1].data(), e.b.seg, e.b.B, e.b.T,
+                  e.model ? e.model->tensor_parallel().slice : TpSlice{}};
 }
 
 MoeIn moe_in(const Env& e, int64_t l) {
@@ -174,6 +176,7 @@ float* layer_forward(Env& e, int64_t l, float* X, V4LayerSaved& s, double* aux) 
   {
     ProfScope ps(e.ctx.prof, "fwd.attn");
     v4_attn_forward(e.ctx, attn_in(e, l), s.n1, s.a, s.att);
+    if (e.model) e.model->tp_sum(s.a, N * d);  // row-parallel o_b: sum of the heads' parts
   }
   s.X_mid = A.alloc<float>(N * n * d);
   kern::hc_post_fwd(e.hs, X, s.a, s.ha.post, s.ha.comb, s.X_mid);
@@ -239,6 +242,7 @@ void layer_backward(Env& e, int64_t l, V4LayerSaved& s, float* dX, const BwdScra
   {
     ProfScope ps(e.ctx.prof, "bwd.attn");
     v4_attn_backward(e.ctx, attn_in(e, l), s.att, w.df, w.dnorm);
+    if (e.model) e.model->tp_sum(w.dnorm, N * d);
   }
   kern::rmsnorm_bwd(w.dnorm, s.ha.y, N, d, P + lp.in_norm, s.rstd1, w.dy, G + lp.in_norm);
   kern::hc_pre_bwd(e.hs, s.X_in, P + q.attn_hc_fn, P + q.attn_hc_base, P + q.attn_hc_scale, s.ha.mix, s.ha.rstd, w.dy,
@@ -337,6 +341,7 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward) {
         &load_, kern::HcShape{N, (int)n, d, (int)v.hc_sinkhorn_iters, (float)v.hc_eps, (float)c.rms_norm_eps},
         opt.aux_loss_alpha, grad_scale, std::vector<int32_t*>(layout.layers.size(), nullptr)};
   if (ep_.on()) e.ep = &ep_;
+  e.model = this;
   const float* P = e.P;
   float* G = e.G;
 

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <vector>
+#include "core/error.h"
 #include "core/parallel.h"
 #include "kernels/compress_pool.h"
 #include "kernels/gemm.h"
@@ -15,8 +16,23 @@ namespace trex::model {
 
 namespace {
 
-W wt(const V4AttnIn& in, int64_t off) { return {in.P + off, in.Pb ? in.Pb + off : nullptr}; }
+W wt(const V4AttnIn& in, int64_t off, int64_t ld = 0) { return {in.P + off, in.Pb ? in.Pb + off : nullptr, ld}; }
 float* gr(const V4AttnIn& in, int64_t off) { return in.G ? in.G + off : nullptr; }
+
+// This rank's slice under tensor parallelism: heads [h0, h0 + Hl) and output groups [g0, g0 + Gl)
+// (everything when tp is off). The groups of o_a read H hd / G inputs each, so the local groups
+// read exactly the local heads.
+struct Slice {
+  int64_t h0, Hl, g0, Gl;
+};
+
+Slice local_slice(const V4AttnIn& in) {
+  const int64_t H = in.cfg->num_attention_heads, G = in.cfg->v4.o_groups, S = in.tp.size;
+  TREX_CHECK(S >= 1 && in.tp.rank >= 0 && in.tp.rank < S, "bad tensor-parallel slice ", in.tp.rank, " of ", S);
+  TREX_CHECK(H % S == 0, "attention heads ", H, " are not a multiple of the tensor-parallel size ", S);
+  TREX_CHECK(G % S == 0, "o_groups ", G, " is not a multiple of the tensor-parallel size ", S);
+  return {in.tp.rank * (H / S), H / S, in.tp.rank * (G / S), G / S};
+}
 
 // RoPE on the last rd dims of each of H heads of hd: x [N, H, hd].
 void rope_heads(float* x, int64_t N, int H, int64_t hd, int64_t rd, const int32_t* pos, const float* cos,
@@ -119,7 +135,10 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   const V4Config& v = cf.v4;
   const V4LayerParams& p = *in.p;
   const AttnKind kind = v.attn[in.layer];
-  const int64_t B = in.B, T = in.T, N = B * T, d = cf.hidden_size, H = cf.num_attention_heads, hd = v.head_dim;
+  const Slice sl = local_slice(in);
+  // H, G: this rank's heads and output groups; Hf, Gf: the whole layer's.
+  const int64_t Hf = cf.num_attention_heads, Gf = v.o_groups, H = sl.Hl, G = sl.Gl;
+  const int64_t B = in.B, T = in.T, N = B * T, d = cf.hidden_size, hd = v.head_dim;
   const int64_t qr = cf.q_lora_rank, rd = cf.qk_rope_head_dim, m = v.rate(in.layer), W = v.sliding_window;
   const float eps = (float)cf.rms_norm_eps;
   StackArena& A = *c.ws;
@@ -137,7 +156,7 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   s.qb = A.alloc<float>(N * H * hd);
   s.q_rstd = A.alloc<float>(N * H);
   s.Q = A.alloc<float>(N * H * hd);
-  linear_fwd(c, s.qres, N, qr, wt(in, p.q_b), H * hd, s.qb);
+  linear_fwd(c, s.qres, N, qr, wt(in, p.q_b + sl.h0 * hd * qr), H * hd, s.qb);
   {
     auto mk = A.mark();
     kern::rmsnorm_fwd(s.qb, N * H, hd, ones(A, hd), eps, s.Q, s.q_rstd);
@@ -219,15 +238,18 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   kern::SparseAttnShape sh{N, (int)H, (int)hd, (float)std::pow((double)hd, -0.5)};
   {
     ProfScope ps(c.prof, "fwd.attn.core");
-    kern::sparse_attn_fwd(sh, s.Q, s.KV, s.M, s.off, s.idx, in.P + p.sinks, s.O, s.lse);
+    kern::sparse_attn_fwd(sh, s.Q, s.KV, s.M, s.off, s.idx, in.P + p.sinks + sl.h0, s.O, s.lse);
   }
   s.Or = A.alloc<float>(N * H * hd);
   std::memcpy(s.Or, s.O, N * H * hd * sizeof(float));
   rope_heads(s.Or, N, (int)H, hd, rd, tpos, in.cos, in.sin, true);
-  const Grouped g{N, v.o_groups, H * hd / v.o_groups, v.o_lora_rank};
-  s.Y = A.alloc<float>(N * v.o_groups * v.o_lora_rank);
-  grouped_fwd(c, g, s.Or, wt(in, p.o_a), s.Y);
-  linear_fwd(c, s.Y, N, v.o_groups * v.o_lora_rank, wt(in, p.o_b), d, out);
+  // o_a [Gf olr, Hf hd / Gf] group-major: rows of the local groups; o_b [d, Gf olr]: their columns
+  // (row-parallel, out is a partial sum).
+  const int64_t olr = v.o_lora_rank, Dg = Hf * hd / Gf;
+  const Grouped g{N, G, Dg, olr};
+  s.Y = A.alloc<float>(N * G * olr);
+  grouped_fwd(c, g, s.Or, wt(in, p.o_a + sl.g0 * olr * Dg), s.Y);
+  linear_fwd(c, s.Y, N, G * olr, wt(in, p.o_b + sl.g0 * olr, Gf * olr), d, out);
 }
 
 void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, const float* dout, float* dx) {
@@ -235,7 +257,9 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
   const V4Config& v = cf.v4;
   const V4LayerParams& p = *in.p;
   const AttnKind kind = v.attn[in.layer];
-  const int64_t B = in.B, T = in.T, N = B * T, d = cf.hidden_size, H = cf.num_attention_heads, hd = v.head_dim;
+  const Slice sl = local_slice(in);
+  const int64_t Hf = cf.num_attention_heads, Gf = v.o_groups, H = sl.Hl, G = sl.Gl;  // as in forward
+  const int64_t B = in.B, T = in.T, N = B * T, d = cf.hidden_size, hd = v.head_dim;
   const int64_t qr = cf.q_lora_rank, rd = cf.qk_rope_head_dim, m = v.rate(in.layer), nw = s.nw;
   StackArena& A = *c.ws;
   auto mk = A.mark();
@@ -243,12 +267,13 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
   for (int64_t i = 0; i < N; ++i) tpos[i] = (int32_t)(i % T);
 
   // Output projections.
-  const int64_t GO = v.o_groups * v.o_lora_rank;
+  const int64_t olr = v.o_lora_rank, Dg = Hf * hd / Gf, GO = G * olr;
+  const int64_t ob = p.o_b + sl.g0 * olr, oa = p.o_a + sl.g0 * olr * Dg;  // local columns / rows
   float* dY = A.alloc<float>(N * GO);
-  linear_bwd(c, dout, s.Y, N, GO, wt(in, p.o_b), d, dY, false, gr(in, p.o_b));
+  linear_bwd(c, dout, s.Y, N, GO, wt(in, ob, Gf * olr), d, dY, false, gr(in, ob));
   float* dO = A.alloc<float>(N * H * hd);
-  const Grouped g{N, v.o_groups, H * hd / v.o_groups, v.o_lora_rank};
-  grouped_bwd(c, g, s.Or, wt(in, p.o_a), dY, dO, gr(in, p.o_a));
+  const Grouped g{N, G, Dg, olr};
+  grouped_bwd(c, g, s.Or, wt(in, oa), dY, dO, gr(in, oa));
   rope_heads(dO, N, (int)H, hd, rd, tpos, in.cos, in.sin, false);  // adjoint of the inverse rotation
 
   // Attention.
@@ -259,8 +284,8 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
     auto mw = A.mark();
     float* work = A.alloc<float>(std::max<size_t>(kern::sparse_attn_bwd_workspace_floats(sh, s.M), 1));
     ProfScope ps(c.prof, "bwd.attn.core");
-    kern::sparse_attn_bwd(sh, s.Q, s.KV, s.M, s.off, s.idx, in.P + p.sinks, s.O, s.lse, dO, dQ, dKV,
-                          gr(in, p.sinks), work);
+    kern::sparse_attn_bwd(sh, s.Q, s.KV, s.M, s.off, s.idx, in.P + p.sinks + sl.h0, s.O, s.lse, dO, dQ, dKV,
+                          gr(in, p.sinks + sl.h0), work);
     A.release(mw);
   }
 
@@ -303,7 +328,8 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
     A.release(mw);
   }
   float* dqres = A.alloc<float>(N * qr);
-  linear_bwd(c, dqb, s.qres, N, qr, wt(in, p.q_b), H * hd, dqres, false, gr(in, p.q_b));
+  const int64_t qb = p.q_b + sl.h0 * hd * qr;  // q_b rows of the local heads
+  linear_bwd(c, dqb, s.qres, N, qr, wt(in, qb), H * hd, dqres, false, gr(in, qb));
   float* dqa = A.alloc<float>(N * qr);
   kern::rmsnorm_bwd(dqres, s.qa, N, qr, in.P + p.q_a_norm, s.qa_rstd, dqa, gr(in, p.q_a_norm));
   linear_bwd(c, dqa, s.x, N, d, wt(in, p.q_a), qr, dx, true, gr(in, p.q_a));

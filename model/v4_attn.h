@@ -38,7 +38,9 @@ struct V4AttnIn {
   // groups [rank * G / size, ...) (q_b rows, sinks, o_a rows, o_b columns); H and o_groups must be
   // multiples of size. The single KV head, the compressor and the indexer run in full on every
   // rank. `out` and `dx` are this rank's partial sums; the gradients of the unsliced weights
-  // inside the block (q_a, q_a_norm, kv, kv_norm, the compressor) are partial sums too.
+  // inside the block (q_a, q_a_norm, kv, kv_norm, the compressor) are partial sums too. The saved
+  // per-head buffers (qb, q_rstd, Q, O, lse, Or) then hold the local H / size heads, and Y the
+  // local G / size groups: [N, (G / size) olr].
   TpSlice tp{};
 };
 

@@ -40,6 +40,11 @@ void ParallelDims::validate(int world_size, const model::ModelConfig& cfg) const
       cfg.num_attention_heads % tp == 0,
       "tensor parallelism splits whole attention heads: choose parallel.tp among the divisors of the head count",
       "parallel.tp = ", tp, " does not divide model num_attention_heads = ", cfg.num_attention_heads);
+  if (cfg.is_v4())
+    TREX_USER_CHECK(cfg.v4.o_groups % tp == 0,
+                    "DeepSeek-V4 splits whole output groups over tp ranks: choose parallel.tp among the divisors of "
+                    "o_groups",
+                    "parallel.tp = ", tp, " does not divide model o_groups = ", cfg.v4.o_groups);
   const bool has_dense = cfg.n_routed_experts == 0 || cfg.first_k_dense_replace > 0;
   if (has_dense && cfg.intermediate_size > 0)
     TREX_USER_CHECK(cfg.intermediate_size % tp == 0,

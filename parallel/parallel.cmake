@@ -64,6 +64,12 @@ add_test(NAME mpi_ep_np4
                  ${MPIEXEC_PREFLAGS} $<TARGET_FILE:trex_mpi_tests> --gtest_filter=EpTrain.* ${MPIEXEC_POSTFLAGS})
 set_tests_properties(mpi_ep_np4 PROPERTIES TIMEOUT 300 PROCESSORS 2)
 
+# Tensor parallel with data parallel (dp 2 x tp 2), and with expert parallel inside dp.
+add_test(NAME mpi_tp_np4
+         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 --allow-run-as-root --oversubscribe
+                 ${MPIEXEC_PREFLAGS} $<TARGET_FILE:trex_mpi_tests> --gtest_filter=TpTrain.* ${MPIEXEC_POSTFLAGS})
+set_tests_properties(mpi_tp_np4 PROPERTIES TIMEOUT 300 PROCESSORS 2)
+
 # A rank killed in a data-parallel `trex train`: the whole job must end within 60 s, the launcher
 # naming the dead rank (tests/faults/rank_death.sh).
 add_test(NAME faults_rank_death

@@ -51,6 +51,9 @@ void grow_arena(Arena& a, const char* name, size_t bytes) {
 DataParallel::DataParallel(parallel::Communicator& dp_comm, model::Model& m, AdamWConfig ocfg, DpOptions o)
     : comm_(dp_comm), m_(m), o_(o) {
   const int dp = comm_.size();
+  TREX_CHECK(o_.tp >= 1 && dp % o_.tp == 0, "DataParallel: ", dp, " ranks are not a multiple of tp = ", o_.tp);
+  TREX_CHECK(o_.tp == 1 || m.tensor_parallel().on(), "DataParallel: tp = ", o_.tp,
+             " but tensor parallelism is not set on the model");
   const int64_t total = m.layout.total, q = 16 * (int64_t)dp;
   TREX_CHECK(total > 0, "DataParallel: the model has no parameters");
   padded_ = (total + q - 1) / q * q;
@@ -95,6 +98,11 @@ DataParallel::DataParallel(parallel::Communicator& dp_comm, model::Model& m, Ada
   }
   left_.assign(nb, 0);
   fired_.assign(ng, 0);
+  tp_copies_.assign(ng, {});
+  if (tp_rank() != 0)
+    for (const model::ParamEntry& e : m.layout.entries)
+      if (!model::tp_partial_grad(e.name) && e.shape.numel() > 0)
+        tp_copies_[group_of(m, e.name)].push_back({e.offset, e.shape.numel()});
   broadcast_replicas();
 }
 
@@ -127,6 +135,7 @@ void DataParallel::on_group(int64_t g) {
   TREX_CHECK(i >= 0 && i < (int64_t)fired_.size() && !fired_[i], "DataParallel: parameter group ", g,
              " reported twice or unknown");
   fired_[i] = 1;
+  drop_tp_copies(i);
   for (int b : group_buckets_[i])
     if (--left_[b] == 0) {
       sync_->mark_ready(b);
@@ -134,8 +143,16 @@ void DataParallel::on_group(int64_t g) {
     }
 }
 
+void DataParallel::drop_tp_copies(int64_t i) {
+  // Every tp rank computed these gradients in full: the reduction over dp x tp ranks counts tp
+  // rank 0's.
+  for (auto [off, n] : tp_copies_[i]) std::memset(m_.G() + off, 0, (size_t)n * sizeof(float));
+}
+
 void DataParallel::disarm() {
   m_.grad_ready = nullptr;
+  for (size_t i = 0; i < fired_.size(); ++i)
+    if (!fired_[i]) drop_tp_copies((int64_t)i);
   // Buckets the hook did not complete (overlap off, or a model without the hook): all now, in
   // order (the same order on every rank).
   for (int b = 0; b < layout_.num_buckets(); ++b)
@@ -153,7 +170,10 @@ double DataParallel::finish_grads(bool inject_nan) {
     std::span<float> g = sync_->grad_shard(b);
     ss += kern::sum_squares(g.data(), (int64_t)g.size());
   }
-  sum(&ss, 1);
+  // Over every rank, tp ranks included: each holds its own shards.
+  const double t0 = now_s(), t0m = now_ms();
+  comm_.all_reduce(&ss, 1);
+  traced_wait(t0, t0m);
   return std::sqrt(ss);
 }
 
@@ -182,12 +202,14 @@ void DataParallel::set_trace(TraceLog* t) {
 }
 
 void DataParallel::sum(int64_t* v, size_t n) {
+  if (tp_rank() != 0) std::fill(v, v + n, 0);
   const double t0 = now_s(), t0m = now_ms();
   comm_.all_reduce(v, n);
   traced_wait(t0, t0m);
 }
 
 void DataParallel::sum(double* v, size_t n) {
+  if (tp_rank() != 0) std::fill(v, v + n, 0.0);
   const double t0 = now_s(), t0m = now_ms();
   comm_.all_reduce(v, n);
   traced_wait(t0, t0m);
@@ -207,7 +229,7 @@ std::vector<std::vector<int64_t>> DataParallel::sum_loads(const std::vector<std:
 }
 
 double DataParallel::exposed_wait_s() const {
-  return wait_s_ + sync_->exposed_wait_seconds() + m_.expert_parallel().wait_ms / 1e3;
+  return wait_s_ + sync_->exposed_wait_seconds() + (m_.expert_parallel().wait_ms + m_.tensor_parallel().wait_ms) / 1e3;
 }
 
 void DataParallel::gather_moments(std::vector<float>& m1, std::vector<float>& m2) {
@@ -238,6 +260,21 @@ void DataParallel::gather_moments(std::vector<float>& m1, std::vector<float>& m2
       state += (int64_t)fr.size();
     }
   }
+}
+
+ParallelRun make_parallel_run(parallel::Communicator& world, const parallel::ParallelDims& dims, model::Model& m,
+                              AdamWConfig ocfg, DpOptions o) {
+  TREX_CHECK(world.size() == dims.world() && dims.pp == 1, "make_parallel_run: ", dims.str(), " on ", world.size(),
+             " ranks (pipeline parallelism is not implemented)");
+  ParallelRun r;
+  if (world.size() == 1) return r;
+  r.groups = parallel::make_process_groups(world, dims);
+  if (dims.ep > 1) m.set_expert_parallel(r.groups.ep.get());
+  if (dims.tp > 1) m.set_tensor_parallel(r.groups.tp.get());
+  o.tp = dims.tp;
+  // pp = 1: the dp x tp ranks are the whole world (rank = tp_rank + tp * dp_rank).
+  r.dp = std::make_unique<DataParallel>(world, m, ocfg, o);
+  return r;
 }
 
 std::string save_checkpoint(const std::string& run_dir, DataParallel& dp, const TrainState& state, int keep) {

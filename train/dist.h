@@ -30,6 +30,7 @@
 #include <vector>
 #include "parallel/buckets.h"
 #include "parallel/comm.h"
+#include "parallel/dims.h"
 #include "parallel/grad_sync.h"
 #include "train/checkpoint.h"
 #include "train/optimizer.h"
@@ -39,6 +40,12 @@ namespace trex::train {
 struct DpOptions {
   int64_t bucket_elems = 4 << 20;  // slab elements per gradient bucket (rounded up to 16 * dp); 0 = one bucket
   bool overlap = true;             // start reduce-scatters from the backward (else after it)
+  // Tensor parallel: the communicator holds dp x tp ranks, comm rank = tp_rank + tp * data_rank
+  // (parallel/dims.h order), and the tp ranks of one data rank see the same batches. Gradients of
+  // model::tp_partial_grad tensors are partial on each tp rank (their sum is the gradient); the
+  // other tensors' gradients are whole on every tp rank and count once (tp rank 0's), as do the
+  // loss, token and expert-load sums.
+  int tp = 1;
 };
 
 class DataParallel {
@@ -53,6 +60,11 @@ class DataParallel {
   parallel::Communicator& comm() const { return comm_; }
   int rank() const { return comm_.rank(); }
   int size() const { return comm_.size(); }
+  // The data-parallel coordinates (which batches this rank reads): without tensor parallelism
+  // rank() and size().
+  int data_rank() const { return comm_.rank() / o_.tp; }
+  int data_size() const { return comm_.size() / o_.tp; }
+  int tp_rank() const { return comm_.rank() % o_.tp; }
   model::Model& model() const { return m_; }
   AdamW& opt() { return *opt_; }
   const AdamW& opt() const { return *opt_; }
@@ -68,7 +80,8 @@ class DataParallel {
   // inject_nan (test hook): rank 0 puts a NaN into its shard first.
   double finish_grads(bool inject_nan = false);
   void gather_params();  // all-gather of the updated shards, then the bf16 shadow
-  // In place: sums over ranks (blocking; counted as exposed communication).
+  // In place: sums over ranks (blocking; counted as exposed communication). Tensor parallel: over
+  // the data ranks (tp rank 0 of each contributes; the others' values are ignored).
   void sum(int64_t* v, size_t n);
   void sum(double* v, size_t n);
   std::vector<std::vector<int64_t>> sum_loads(const std::vector<std::vector<int64_t>>& load);
@@ -90,6 +103,7 @@ class DataParallel {
 
  private:
   void on_group(int64_t g);
+  void drop_tp_copies(int64_t i);  // tensor parallel, tp rank > 0: zero group i's whole-gradient tensors
   parallel::Communicator& comm_;
   model::Model& m_;
   DpOptions o_;
@@ -103,9 +117,20 @@ class DataParallel {
   std::vector<int> bucket_groups_;               // [buckets] groups touching each bucket
   std::vector<int> left_;                        // [buckets] groups still to finish this step
   std::vector<char> fired_;                      // [groups]
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> tp_copies_;  // [groups] (offset, size) to zero
   int started_in_bwd_ = 0;
   double wait_s_ = 0;                            // blocking all-reduces
 };
+
+// The parallel state of one rank of a run laid out by dims (world.size() == dims.world(), pp = 1):
+// the process groups, expert and tensor parallelism set on m, and the DataParallel over the
+// dp x tp ranks (null when that is one rank: the caller runs the one-rank AdamW). Collective.
+struct ParallelRun {
+  parallel::ProcessGroups groups;
+  std::unique_ptr<DataParallel> dp;
+};
+ParallelRun make_parallel_run(parallel::Communicator& world, const parallel::ParallelDims& dims, model::Model& m,
+                              AdamWConfig ocfg, DpOptions o = {});
 
 // Collective: rank 0 writes the checkpoint a single-rank run would write (moments gathered from
 // the shards); every rank returns its directory.

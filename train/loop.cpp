@@ -44,7 +44,7 @@ std::string resolve_cache_dir(const std::string& c) {
 double eval_loss(model::Model& m, const std::vector<PackedSeq>& seqs, int64_t batch, int64_t n, DataParallel* dp) {
   double sum = 0;
   int64_t valid = 0;
-  const int64_t R = dp ? dp->size() : 1, r = dp ? dp->rank() : 0, gbatch = R * batch;
+  const int64_t R = dp ? dp->data_size() : 1, r = dp ? dp->data_rank() : 0, gbatch = R * batch;
   for (int64_t b = 0; b < n && b * gbatch < (int64_t)seqs.size(); ++b) {
     std::vector<int64_t> which;
     const int64_t lo = b * gbatch + r * batch;
@@ -75,7 +75,7 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   TrainResult res;
   // Parallel layout: data parallel over the ranks of `world` (parallel.dp = 0: all of them).
   const parallel::ParallelDims dims = resolve_parallel(rc, world ? world->size() : 1);
-  const int dp_size = dims.dp, rank = world ? world->rank() : 0;
+  const int dp_size = dims.dp, rank = world ? world->rank() : 0, data_rank = dims.coord(rank).dp;
   const bool root = rank == 0;
   res.dp = dp_size;
   const int threads = init_threads((int)rc.train.threads);
@@ -131,16 +131,12 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   // One rank: AdamW over the whole slab. Data parallel: the ZeRO-1 shard inside DataParallel
   // (which also makes the replicas equal).
   std::unique_ptr<AdamW> opt1;
-  std::unique_ptr<DataParallel> dp;
-  // Expert parallel: the ep group's communicator (tp = pp = 1, so the dp group is the world).
-  parallel::ProcessGroups groups;
-  if (dims.ep > 1) {
-    groups = parallel::make_process_groups(*world, dims);
-    m.set_expert_parallel(groups.ep.get());
-  }
-  if (dp_size > 1)
-    dp = std::make_unique<DataParallel>(*world, m, ocfg, DpOptions{rc.parallel.bucket_size, rc.parallel.overlap});
-  else
+  // Expert / tensor parallel: the groups, set on the model; DataParallel over the dp x tp ranks.
+  ParallelRun par;
+  if (world && world->size() > 1)
+    par = make_parallel_run(*world, dims, m, ocfg, DpOptions{rc.parallel.bucket_size, rc.parallel.overlap});
+  std::unique_ptr<DataParallel>& dp = par.dp;
+  if (!dp)
     opt1 = std::make_unique<AdamW>(m, ocfg);
   TrainState state;
   std::string resume_dir;
@@ -165,7 +161,8 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
     if (log_owner) log_owner->message(msg);
   };
   const std::string dp_note = dp ? detail::cat(" per rank, data parallel dp=", dp_size,
-                                               dims.ep > 1 ? detail::cat(" expert parallel ep=", dims.ep) : "", " (ZeRO-1, ",
+                                               dims.ep > 1 ? detail::cat(" expert parallel ep=", dims.ep) : "",
+                                               dims.tp > 1 ? detail::cat(" tensor parallel tp=", dims.tp) : "", " (ZeRO-1, ",
                                                dp->buckets().num_buckets(), " buckets",
                                                rc.parallel.overlap ? ", overlapped" : "", ")")
                                  : "";
@@ -177,7 +174,7 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
                           threads, " threads", dp_note, resume_dir.empty() ? "" : ", resumed from " + resume_dir));
   for (const std::string& e : st.first_errors) message("  skipped: " + e);
 
-  const double peak = kern::measure_peak(0.1).best_gflops() * dp_size;  // every rank's (assumed equal)
+  const double peak = kern::measure_peak(0.1).best_gflops() * dims.world();  // every rank's (assumed equal)
   const double fpt = m.cfg.train_flops_per_token(rc.data.seq_len);  // with the MTP blocks it trains
   const int64_t nseq = seqs.size(), B = rc.train.batch_size;
   int64_t cached_epoch = -1;
@@ -211,7 +208,7 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
     for (int64_t a = 0; a < rc.train.grad_accum; ++a) {
       std::vector<int64_t> which;
       for (int64_t i = 0; i < B; ++i) {
-        const int64_t p = dp_data_position(state.data_position, a, rank, dp_size, B, i);
+        const int64_t p = dp_data_position(state.data_position, a, data_rank, dp_size, B, i);
         const int64_t epoch = p / nseq;
         if (epoch != cached_epoch) order = epoch_order(nseq, rc.train.seed, epoch), cached_epoch = epoch;
         which.push_back(order[p % nseq]);
@@ -304,10 +301,10 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
     if (world) world->barrier();
     if (root) {
       std::vector<std::string> parts;
-      for (int r = 0; r < dp_size; ++r) parts.push_back(rc.log.trace + ".rank" + std::to_string(r) + ".part");
+      for (int r = 0; r < dims.world(); ++r) parts.push_back(rc.log.trace + ".rank" + std::to_string(r) + ".part");
       const size_t n = merge_trace_parts(parts, rc.log.trace);
       for (const std::string& p : parts) std::remove(p.c_str());
-      message(detail::cat("trace: ", rc.log.trace, " (", n, " events, ", dp_size, " rank(s))"));
+      message(detail::cat("trace: ", rc.log.trace, " (", n, " events, ", dims.world(), " rank(s))"));
     }
   }
   if (dp && res.steps > 0)

@@ -1,5 +1,6 @@
 #include "train/run_config.h"
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <tuple>
@@ -200,22 +201,23 @@ RunConfig parse_run_config(json j, const std::string& where, const std::vector<s
     r.model = model::parse_config(mj, where + " [model]");
   }
   r.optim.schedule.total_steps = r.train.steps;
-  // Data and expert parallelism are implemented; the world size is checked at launch (train/loop.cpp).
-  for (auto [key, val, what] : {std::tuple{"tp", r.parallel.tp, "tensor"}, std::tuple{"pp", r.parallel.pp, "pipeline"}})
-    TREX_USER_CHECK(val == 1,
-                    "data and expert parallelism work: launch with mpirun -np N, set parallel.dp = N (or leave it 0 = "
-                    "the number of ranks) and optionally parallel.ep (a divisor of dp); set parallel." +
-                        std::string(key) + " = 1",
-                    where, ": parallel.", key, "=", val, ": ", what, " parallelism is not implemented yet");
+  // Data, expert and tensor parallelism are implemented; the world size is checked at launch
+  // (train/loop.cpp).
+  TREX_USER_CHECK(r.parallel.pp == 1,
+                  "data, tensor and expert parallelism work: launch with mpirun -np N, with N = parallel.dp x "
+                  "parallel.tp (parallel.dp = 0 takes N / tp), optionally parallel.ep (a divisor of dp); set "
+                  "parallel.pp = 1",
+                  where, ": parallel.pp=", r.parallel.pp, ": pipeline parallelism is not implemented yet");
   return r;
 }
 
 parallel::ParallelDims resolve_parallel(const RunConfig& rc, int world_size) {
   parallel::ParallelDims d;
-  d.dp = rc.parallel.dp > 0 ? (int)rc.parallel.dp : world_size;
   d.tp = (int)rc.parallel.tp, d.pp = (int)rc.parallel.pp, d.ep = (int)rc.parallel.ep;
-  TREX_USER_CHECK(world_size > 1 || d.dp == 1, "launch with mpirun -np " + std::to_string(d.dp) + " trex train ...",
-                  "parallel.dp = ", d.dp, " needs ", d.dp, " MPI ranks but trex train runs as one process");
+  d.dp = rc.parallel.dp > 0 ? (int)rc.parallel.dp : std::max(1, world_size / std::max(1, d.tp * d.pp));
+  TREX_USER_CHECK(world_size > 1 || d.world() == 1,
+                  "launch with mpirun -np " + std::to_string(d.world()) + " trex train ...", "parallel.dp x tp x pp = ",
+                  d.world(), " needs ", d.world(), " MPI ranks but trex train runs as one process");
   d.validate(world_size, rc.model);
   return d;
 }

@@ -46,11 +46,11 @@ struct OptimConfig {
   float weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, clip_grad_norm = 1.0f;
 };
 
-// Data and expert parallel over MPI ranks (mpirun -np N trex train ...; docs/PARALLEL.md): ep
-// divides dp, the routed experts are split over ep ranks. tp, pp > 1 are refused (not
-// implemented yet).
+// Data, tensor and expert parallel over MPI ranks (mpirun -np N trex train ...; docs/PARALLEL.md):
+// N = dp x tp; tp splits the attention heads and dense MLPs; ep divides dp, the routed experts
+// are split over ep ranks. pp > 1 is refused (not implemented yet).
 struct ParallelConfig {
-  int64_t dp = 0;  // data-parallel size; 0 = auto: the number of ranks the run was launched with
+  int64_t dp = 0;  // data-parallel size; 0 = auto: the number of ranks / (tp x pp)
   int64_t tp = 1, pp = 1, ep = 1;
   int64_t bucket_size = 4 << 20;  // slab elements per gradient bucket (0: one bucket)
   bool overlap = true;            // reduce-scatter each bucket as soon as the backward completes it
@@ -87,7 +87,7 @@ struct RunConfig {
   nlohmann::json raw;  // the merged config as read (saved next to checkpoints)
 };
 
-// The parallel layout of a run launched on world_size ranks (parallel.dp = 0: world_size),
+// The parallel layout of a run launched on world_size ranks (parallel.dp = 0: world_size / tp),
 // validated against the world size and the model (parallel/dims.h): throws trex::UserError.
 parallel::ParallelDims resolve_parallel(const RunConfig& rc, int world_size);
 

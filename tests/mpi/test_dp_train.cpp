@@ -241,44 +241,18 @@ TEST(DpTrain, ImpossibleLayoutsAreUserErrors) {
   const std::string ep2 = msg({"parallel.dp=4", "parallel.ep=2"}, 4);
   EXPECT_NE(ep2.find("parallel.ep = 2 does not divide model n_routed_experts = 5"), std::string::npos) << ep2;
   EXPECT_EQ(msg({"parallel.dp=5", "parallel.ep=5"}, 5), "");
-  EXPECT_NE(msg({"parallel.tp=2"}, w.size()).find("tensor parallelism is not implemented yet"), std::string::npos);
+  // Tensor parallel splits whole heads and the dense MLP's columns (tiny V3: 3 heads, width 50).
+  EXPECT_NE(msg({"parallel.tp=2"}, 2).find("does not divide model num_attention_heads = 3"), std::string::npos);
+  EXPECT_NE(msg({"parallel.tp=3"}, 3).find("does not divide model intermediate_size = 50"), std::string::npos);
+  EXPECT_NE(msg({"parallel.tp=2"}, 3).find("parallel.tp * parallel.pp * parallel.dp = 2 * 1 * 1 = 2"),
+            std::string::npos);
+  EXPECT_NE(msg({"parallel.tp=3"}, 2).find("tp * pp * dp"), std::string::npos);
   EXPECT_NE(msg({"parallel.pp=3"}, w.size()).find("parallel.pp=3"), std::string::npos);
   EXPECT_NE(msg({"parallel.dp=2"}, 1).find("needs 2 MPI ranks"), std::string::npos);
 }
 
 // ---- the run loop end to end ----------------------------------------------------------------
 
-namespace {
-
-std::vector<int32_t> byte_encode(std::string_view s) {
-  std::vector<int32_t> out;
-  for (unsigned char c : s) out.push_back(c);
-  return out;
-}
-TokenizerFns bytes_tok() { return {byte_encode, 256, 257, ""}; }
-
-json loop_config(const std::string& dir, const std::string& data, int64_t B, int64_t steps) {
-  json m = tiny_v3();
-  m["vocab_size"] = 260;
-  return {{"model", m},
-          {"data", {{"mode", "cpt"}, {"train", {data}}, {"seq_len", 24}, {"eval_fraction", 0.2}, {"cache_dir", "none"}}},
-          {"train", {{"batch_size", B}, {"grad_accum", 2}, {"steps", steps}, {"precision", "fp32"}, {"threads", 1},
-                     {"eval_every", 3}, {"eval_batches", 3}}},
-          {"optim", {{"lr", 3e-3}, {"warmup_steps", 2}, {"schedule", "cosine"}, {"decay_fraction", 0.5}}},
-          {"parallel", {{"bucket_size", 3000}}},
-          {"checkpoint", {{"dir", dir}, {"every", 3}, {"keep", 3}}},
-          {"log", {{"progress", "lines"}}}};
-}
-
-std::vector<json> metrics(const std::string& dir) {
-  std::vector<json> out;
-  std::ifstream f(dir + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line)) out.push_back(json::parse(line));
-  return out;
-}
-
-}  // namespace
 
 // run_training under dp (B rows per rank) equals one process with dp x B rows; a run stopped at
 // step 3 resumes in the other layout (dp -> 1 process, 1 process -> dp) with the same losses.

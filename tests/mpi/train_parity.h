@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -17,6 +18,7 @@
 #include "parallel/comm.h"
 #include "parallel/dims.h"
 #include "train/dist.h"
+#include "train/loop.h"
 #include "train/trainer.h"
 
 namespace trex::parallel {
@@ -122,7 +124,7 @@ inline Trace run_dp(DataParallel& dp, const Case& su, const Global& g, int64_t s
   Trace t;
   for (int64_t s = s0; s < s1; ++s) {
     std::vector<model::Batch> micro;
-    for (int64_t a = 0; a < g.ga; ++a) micro.push_back(g.batch(s, a, dp.rank()));
+    for (int64_t a = 0; a < g.ga; ++a) micro.push_back(g.batch(s, a, dp.data_rank()));
     t.add(trainer_step(dp, micro, su.lr, su.gamma, nullptr, s == nan_step));
   }
   return t;
@@ -188,11 +190,13 @@ inline void expect_traces_equal(const Trace& dp, const Trace& ref, double tol) {
 
 // K steps data parallel vs one process on the same global batches.
 // ep > 1: expert parallel inside the dp group (ep divides the world size and the model's experts).
-inline void parity(const Case& su, DpOptions o, int64_t K, int64_t ga, int64_t B, int64_t T, int ep = 1) {
+// tp > 1: tensor parallel, dp = world size / tp (tp divides the heads and the dense MLP width).
+inline void parity(const Case& su, DpOptions o, int64_t K, int64_t ga, int64_t B, int64_t T, int ep = 1, int tp = 1) {
   init_threads(1);
   parallel::Communicator& w = parallel::test_world();
   const model::ModelConfig cfg = su.cfg();
-  const Global g = make_global(K, ga, w.size(), B, T, cfg.vocab_size, 11);
+  const int ndata = w.size() / tp;
+  const Global g = make_global(K, ga, ndata, B, T, cfg.vocab_size, 11);
   auto refp = su.make(5);
   model::Model& ref = *refp;
   AdamW ropt(ref, su.ocfg);
@@ -202,14 +206,10 @@ inline void parity(const Case& su, DpOptions o, int64_t K, int64_t ga, int64_t B
   auto mp = su.make(w.rank() == 0 ? 5 : 99);
   model::Model& m = *mp;
   parallel::ParallelDims dims;
-  dims.dp = w.size(), dims.ep = ep;
+  dims.dp = ndata, dims.ep = ep, dims.tp = tp;
   dims.validate(w.size(), cfg);
-  parallel::ProcessGroups groups;
-  if (ep > 1) {
-    groups = parallel::make_process_groups(w, dims);
-    m.set_expert_parallel(groups.ep.get());
-  }
-  DataParallel dp(w, m, su.ocfg, o);
+  ParallelRun par = make_parallel_run(w, dims, m, su.ocfg, o);
+  DataParallel& dp = *par.dp;
   const Trace td = run_dp(dp, su, g, 0, K);
   expect_traces_equal(td, tr, 1e-5);
   expect_params_equal(m, ref);
@@ -231,10 +231,40 @@ inline void parity(const Case& su, DpOptions o, int64_t K, int64_t ga, int64_t B
   else EXPECT_EQ(dp.buckets_started_in_backward(), 0);
   const ParamDiff d = param_diff(m, ref);
   if (w.rank() == 0)
-    std::printf("[dp parity] dp=%d ep=%d %s: %d buckets, %lld steps, loss %.6f -> %.6f, params: worst L2 %.2e (%s), "
+    std::printf("[dp parity] dp=%d tp=%d ep=%d %s: %d buckets, %lld steps, loss %.6f -> %.6f, params: worst L2 %.2e (%s), "
                 "worst element %.2e (%s)\n",
-                w.size(), ep, cfg.model_type.c_str(), dp.buckets().num_buckets(), (long long)K, tr.loss.front(),
+                ndata, tp, ep, cfg.model_type.c_str(), dp.buckets().num_buckets(), (long long)K, tr.loss.front(),
                 tr.loss.back(), d.l2, d.l2_at.c_str(), d.max, d.max_at.c_str());
+}
+
+// ---- the run loop (run_training) ----------------------------------------------------------------
+
+inline std::vector<int32_t> byte_encode(std::string_view s) {
+  std::vector<int32_t> out;
+  for (unsigned char c : s) out.push_back(c);
+  return out;
+}
+inline TokenizerFns bytes_tok() { return {byte_encode, 256, 257, ""}; }
+
+inline json loop_config(const std::string& dir, const std::string& data, int64_t B, int64_t steps,
+                        json m = tiny_v3()) {
+  m["vocab_size"] = 260;
+  return {{"model", m},
+          {"data", {{"mode", "cpt"}, {"train", {data}}, {"seq_len", 24}, {"eval_fraction", 0.2}, {"cache_dir", "none"}}},
+          {"train", {{"batch_size", B}, {"grad_accum", 2}, {"steps", steps}, {"precision", "fp32"}, {"threads", 1},
+                     {"eval_every", 3}, {"eval_batches", 3}}},
+          {"optim", {{"lr", 3e-3}, {"warmup_steps", 2}, {"schedule", "cosine"}, {"decay_fraction", 0.5}}},
+          {"parallel", {{"bucket_size", 3000}}},
+          {"checkpoint", {{"dir", dir}, {"every", 3}, {"keep", 3}}},
+          {"log", {{"progress", "lines"}}}};
+}
+
+inline std::vector<json> metrics(const std::string& dir) {
+  std::vector<json> out;
+  std::ifstream f(dir + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(f, line)) out.push_back(json::parse(line));
+  return out;
 }
 
 }  // namespace trex::testing

@@ -161,6 +161,9 @@ TEST(ParallelDims, ValidLayoutsPass) {
   v4.num_attention_heads = 64;
   EXPECT_EQ(validate_msg(dims(1, 8, 1, 1), 8, v4), "");
   EXPECT_MSG(dims(1, 3, 1, 1), 3, v4, "parallel.tp = 3 does not divide model num_attention_heads = 64");
+  v4.v4.o_groups = 12;  // V4 splits whole output groups too
+  EXPECT_MSG(dims(1, 8, 1, 1), 8, v4, "parallel.tp = 8 does not divide model o_groups = 12");
+  EXPECT_EQ(validate_msg(dims(1, 4, 1, 1), 4, v4), "");
 }
 
 TEST(ParallelDims, WorldSizeMismatch) {

@@ -1,0 +1,220 @@
+// Tensor-parallel training (model/model.h TensorParallel, train/dist.h DpOptions::tp), fp32,
+// against one process computing every data rank's batches: tp = 2 on 2 ranks, tp = 3 on 3 ranks,
+// dp 2 x tp 2 on 4 ranks (CTest mpi_tp_np4). Tiny DeepSeek-V3 (6 heads, a dense first layer, MoE
+// layers with an aux loss) and DeepSeek-V4 (6 heads in 6 output groups, hash routing, CSA / HCA /
+// sliding layers, an MTP block) over K AdamW steps; the gradients of one backward directly; the
+// run loop end to end, with a checkpoint written under tp resumed by one process.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "train/loop.h"
+#include "tests/mpi/train_parity.h"
+
+using namespace trex;
+using namespace trex::train;
+using namespace trex::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+// tp for a world of 2, 3 or 4 ranks: the whole world, except 4 = dp 2 x tp 2.
+int tp_for(int world) { return world == 4 ? 2 : world; }
+
+json tp_v3() {  // 6 heads, dense width 54: split by 2 and by 3
+  json m = tiny_v3();
+  m["num_attention_heads"] = 6;
+  m["intermediate_size"] = 54;
+  return m;
+}
+
+json tp_v4() {  // 6 heads in 6 output groups
+  json m = tiny_v4();
+  m["num_attention_heads"] = 6;
+  m["o_groups"] = 6;
+  return m;
+}
+
+// AdamW with eps 1e-6: its first step is lr x g / (|g| + eps), so with eps 1e-8 an element whose
+// gradient is rounding noise (measured on 4 ranks: 4e-9 against a tensor maximum of 8e-3) moves
+// by up to lr in either run, one element of a 780-element tensor then differs by 1.6e-5 (L2). The
+// tp sums add the heads' parts in another order than one process does; eps 1e-6 keeps such
+// elements still in both runs, so the comparison measures the parallel layer, not AdamW's
+// amplification of the last bit.
+Case tp_case(json model, double aux, double mtp) {
+  Case su{std::move(model), aux, mtp};
+  su.ocfg.eps = 1e-6f;
+  return su;
+}
+
+}  // namespace
+
+TEST(TpTrain, V3MatchesSingleRank) {
+  const int n = parallel::test_world().size();
+  Case su = tp_case(tp_v3(), 0.01, 0);
+  parity(su, DpOptions{997, true}, 4, 2, 2, 11, 1, tp_for(n));
+}
+
+// Ten AdamW steps (the bar: losses within 1e-4 after 10 steps; checked at 1e-5).
+TEST(TpTrain, V3TenStepsNoOverlap) {
+  const int n = parallel::test_world().size();
+  Case su = tp_case(tp_v3(), 0.0, 0);
+  parity(su, DpOptions{0, false}, 10, 1, 2, 9, 1, tp_for(n));
+}
+
+TEST(TpTrain, V4MatchesSingleRankWithMtp) {
+  const int n = parallel::test_world().size();
+  Case su = tp_case(tp_v4(), 0.0, 0.3);
+  parity(su, DpOptions{1500, true}, 3, 2, 1, 13, 1, tp_for(n));
+}
+
+// Expert parallel inside the dp group and tensor parallel together (4 ranks: dp 2 x tp 2, ep 2).
+TEST(TpTrain, V3WithExpertParallel) {
+  const int n = parallel::test_world().size();
+  if (n != 4) GTEST_SKIP() << "dp 2 x tp 2 with ep 2 needs 4 ranks";
+  json m = tp_v3();
+  m["n_routed_experts"] = 6;
+  Case su = tp_case(m, 0.01, 0);
+  parity(su, DpOptions{997, true}, 3, 2, 2, 11, 2, 2);
+}
+
+// One forward_backward on the same batch on every tp rank: the loss equals the single model's;
+// summed over the tp ranks, each tp_partial_grad tensor's gradient equals the single model's;
+// every other tensor's gradient equals it on every rank; the sliced tensors (q_b, kv_b, o_proj,
+// the dense MLP; V4 q_b, o_a, o_b, sinks) have nothing outside this rank's rows or columns.
+TEST(TpTrain, GradientsSumToTheSingleRank) {
+  init_threads(1);
+  parallel::Communicator& w = parallel::test_world();
+  const int tp = tp_for(w.size());
+  for (const json& mj : {tp_v3(), tp_v4()}) {
+    Case su{mj, 0.01, mj["model_type"] == "deepseek_v4" ? 0.3 : 0.0};
+    const model::ModelConfig cfg = su.cfg();
+    const Global g = make_global(1, 1, 1, 2, 13, cfg.vocab_size, 23);
+    auto ref = su.make(3);
+    const double ref_loss = ref->forward_backward(g.batch(0, 0, 0)).loss;
+
+    auto m = su.make(3);
+    parallel::ParallelDims dims;
+    dims.dp = w.size() / tp, dims.tp = tp;
+    parallel::ProcessGroups groups = parallel::make_process_groups(w, dims);
+    m->set_tensor_parallel(groups.tp.get());
+    ASSERT_TRUE(m->tensor_parallel().on());
+    const double loss = m->forward_backward(g.batch(0, 0, 0)).loss;
+    EXPECT_LT(rel(loss, ref_loss), 1e-6) << cfg.model_type;
+    EXPECT_GT(m->tensor_parallel().wait_ms, 0.0);
+
+    std::vector<float> sum(m->G(), m->G() + m->layout.total);
+    groups.tp->all_reduce(sum.data(), sum.size());
+    const int64_t r = m->tensor_parallel().slice.rank;
+    // 1e-5 relative per tensor, with a floor at 1e-6 of the whole gradient's norm: a tensor whose
+    // gradient nearly cancels (V4's hc_head scale: 2e-3 of the total) keeps the rounding of its
+    // terms, and the tp sum adds its parts in another order.
+    double total = 0;
+    for (int64_t i = 0; i < ref->layout.total; ++i) total += (double)ref->G()[i] * ref->G()[i];
+    const double floor = 1e-6 * std::sqrt(total);
+    int partial = 0;
+    for (const model::ParamEntry& e : m->layout.entries) {
+      const bool part = model::tp_partial_grad(e.name);
+      partial += part;
+      const float* got = part ? sum.data() + e.offset : m->G() + e.offset;
+      const float* want = ref->G() + e.offset;
+      double dd = 0, nn = 0;
+      for (int64_t i = 0; i < e.shape.numel(); ++i) dd += (got[i] - want[i]) * (got[i] - want[i]), nn += want[i] * want[i];
+      EXPECT_LE(std::sqrt(dd), 1e-5 * std::sqrt(nn) + floor) << cfg.model_type << " " << e.name;
+    }
+    EXPECT_GT(partial, 4);
+    // Rows / columns of this rank's slice of a [rows, cols] tensor cut into tp row blocks (by_rows)
+    // or column blocks; the gradient must be 0 elsewhere.
+    auto only_own = [&](const char* name, bool by_rows, int64_t parts) {
+      const model::ParamEntry* e = m->layout.find(name);
+      ASSERT_NE(e, nullptr) << name;
+      const int64_t rows = e->shape.ndim == 1 ? e->shape.numel() : e->shape.d[0];
+      const int64_t cols = e->shape.numel() / rows;
+      const int64_t n = by_rows ? rows : cols, blk = n / parts;
+      int64_t outside = 0, inside = 0;
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) {
+          const int64_t k = by_rows ? i : j;
+          const bool own = k / blk / (parts / tp) == r;
+          const float v = m->G()[e->offset + i * cols + j];
+          (own ? inside : outside) += v != 0.f;
+        }
+      EXPECT_EQ(outside, 0) << name;
+      EXPECT_GT(inside, 0) << name;
+    };
+    if (cfg.is_v4()) {
+      const int64_t H = cfg.num_attention_heads, G = cfg.v4.o_groups;
+      only_own("model.layers.1.self_attn.q_b_proj.weight", true, H);
+      only_own("model.layers.1.self_attn.sinks", true, H);
+      only_own("model.layers.1.self_attn.o_a_proj.weight", true, G);
+      only_own("model.layers.1.self_attn.o_b_proj.weight", false, G);
+    } else {
+      const int64_t H = cfg.num_attention_heads;
+      only_own("model.layers.1.self_attn.q_b_proj.weight", true, H);
+      only_own("model.layers.1.self_attn.kv_b_proj.weight", true, H);
+      only_own("model.layers.1.self_attn.o_proj.weight", false, H);
+      only_own("model.layers.0.mlp.down_proj.weight", false, tp);
+      only_own("model.layers.0.mlp.gate_proj.weight", true, tp);
+    }
+  }
+}
+
+// run_training under tp (dp = world / tp, B rows per data rank) equals one process with dp x B
+// rows, eval included; its checkpoint at step 3 resumes in one process with the same losses.
+TEST(TpTrain, RunLoopMatchesOneProcessAndResumesInOne) {
+  parallel::Communicator& w = parallel::test_world();
+  const int tp = tp_for(w.size()), dp = w.size() / tp;
+  int64_t tag = (int64_t)::getpid();
+  w.broadcast(&tag, 1, 0);
+  const fs::path root = fs::temp_directory_path() / ("trex_tp_loop_" + std::to_string(tag));
+  const std::string data = (root / "corpus.jsonl").string();
+  if (w.rank() == 0) {
+    fs::create_directories(root);
+    std::ofstream f(data);
+    for (int i = 0; i < 53; ++i)
+      f << json{{"text", "lot " + std::to_string(i) + " ships " + std::to_string(13 * i + 2) + " pallets " +
+                             std::string(i % 6, 'z') + " by rail"}}.dump()
+        << "\n";
+  }
+  w.barrier();
+  auto cfg = [&](const std::string& d, int64_t b, int64_t steps, std::vector<std::string> ov = {}) {
+    return parse_run_config(loop_config((root / d).string(), data, b, steps, tp_v3()), "run.toml", ov);
+  };
+  const std::string t = "parallel.tp=" + std::to_string(tp);
+  TrainResult rt = run_training(cfg("tp", 1, 6, {t}), bytes_tok(), &w);
+  EXPECT_EQ(rt.dp, dp);
+  EXPECT_EQ(rt.steps, 6);
+  if (w.rank() == 0) {
+    run_training(cfg("one", dp, 6), bytes_tok());
+    // Resume the tp run's step-3 checkpoint in one process.
+    fs::create_directories(root / "tp_then_1" / "checkpoints");
+    fs::copy(root / "tp" / "checkpoints" / "step-00000003", root / "tp_then_1" / "checkpoints" / "step-00000003",
+             fs::copy_options::recursive);
+    run_training(cfg("tp_then_1", dp, 6, {"checkpoint.resume=auto"}), bytes_tok());
+    const auto one = metrics((root / "one").string()), a = metrics((root / "tp").string());
+    ASSERT_EQ(one.size(), 6u);
+    ASSERT_EQ(a.size(), 6u) << "metrics.jsonl is written once, by rank 0";
+    int evals = 0;
+    for (size_t s = 0; s < 6; ++s) {
+      EXPECT_LT(rel(a[s]["loss"].get<double>(), one[s]["loss"].get<double>()), 1e-5) << "step " << s + 1;
+      EXPECT_EQ(a[s]["tokens"].get<int64_t>(), one[s]["tokens"].get<int64_t>()) << "tokens are not counted per tp rank";
+      if (one[s].contains("eval_loss")) {
+        ++evals;
+        EXPECT_LT(rel(a[s]["eval_loss"].get<double>(), one[s]["eval_loss"].get<double>()), 1e-5) << "step " << s + 1;
+      }
+    }
+    EXPECT_EQ(evals, 2);
+    const auto b = metrics((root / "tp_then_1").string());
+    ASSERT_EQ(b.size(), 3u) << "steps 4-6 after the resume";
+    for (size_t s = 3; s < 6; ++s) {
+      const json& j = b[s - 3];
+      EXPECT_EQ(j["step"].get<int64_t>(), (int64_t)s + 1);
+      EXPECT_LT(rel(j["loss"].get<double>(), one[s]["loss"].get<double>()), 1e-5) << "resumed step " << s + 1;
+    }
+    fs::remove_all(root);
+  }
+  w.barrier();
+}
