@@ -9,6 +9,12 @@
 
 namespace trex::model {
 
+// Activation recompute of a training step (TrainOptions::recompute, [train] recompute): None keeps
+// every layer's activations from the forward to the backward; Full keeps only each decoder
+// layer's input and replays the layer's forward just before its backward (the gradients are
+// bitwise the same; the step runs the layers' forward twice).
+enum class Recompute { None, Full };
+
 enum class ScoringFunc { Sigmoid, Softmax, SqrtSoftplus };
 enum class TopkMethod { NoauxTc, Greedy, GroupLimitedGreedy };
 

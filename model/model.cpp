@@ -201,9 +201,10 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward) {
   for (int64_t i = 0; i < N; ++i) n_valid += b.targets[i] != -100;
   out.n_valid = n_valid;
 
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+  // Decoder layer l: x [N, d] -> returns h_out [N, d] (arena), its activations in s. count: add
+  // the aux loss and the expert loads (not when the backward replays the layer).
+  auto layer_forward = [&](int64_t l, float* x, LayerSaved& s, bool count) -> float* {
     const LayerParams& lp = layout.layers[l];
-    LayerSaved& s = sv[l];
     s.h_in = x;
     s.n1 = acts.alloc<float>(N * d);
     s.rstd1 = acts.alloc<float>(N);
@@ -224,7 +225,8 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward) {
       MoeIn mi{&cfg, &lp, P, Pb, G, buffers.data() + lp.bias, B, T, opt.aux_loss_alpha, grad_scale};
       if (ep_.on()) mi.ep = &ep_;
       ProfScope ps(prof, "fwd.moe");
-      out.aux += moe_forward(c, mi, s.n2, h_out, s.moe, load_[l].data());
+      const double aux = moe_forward(c, mi, s.n2, h_out, s.moe, count ? load_[l].data() : nullptr);
+      if (count) out.aux += aux;
     } else {
       MlpW w = mlp_weights_tp(P, Pb, G, lp.mlp_gu, lp.mlp_down, d, cfg.intermediate_size, tp_.slice);
       ProfScope ps(prof, "fwd.mlp");
@@ -232,7 +234,21 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward) {
       tp_sum(h_out, N * d);
     }
     for (int64_t i = 0; i < N * d; ++i) h_out[i] += s.h_mid[i];
-    x = h_out;
+    return h_out;
+  };
+  // Full recompute: a layer keeps only its input; its activations are dropped after the forward
+  // and rebuilt by replaying it just before its backward.
+  const bool replay = opt.recompute == Recompute::Full;
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    if (!replay) {
+      x = layer_forward(l, x, sv[l], true);
+      continue;
+    }
+    float* kept = acts.alloc<float>(N * d);
+    const auto mk = acts.mark();
+    std::memcpy(kept, layer_forward(l, x, sv[l], true), N * d * sizeof(float));
+    acts.release(mk);
+    x = kept;
   }
 
   // Final norm + LM head fused with cross-entropy.
@@ -275,6 +291,11 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward) {
   for (int64_t l = cfg.num_hidden_layers - 1; l >= 0; --l) {
     const LayerParams& lp = layout.layers[l];
     LayerSaved& s = sv[l];
+    const auto mk = acts.mark();
+    if (replay) {
+      ProfScope ps(prof, "bwd.recompute");
+      layer_forward(l, s.h_in, s, false);
+    }
     // h_out = h_mid + ffn(norm2(h_mid))
     if (cfg.is_moe_layer(l)) {
       MoeIn mi{&cfg, &lp, P, Pb, G, buffers.data() + lp.bias, B, T, opt.aux_loss_alpha, grad_scale};
@@ -298,6 +319,7 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward) {
     }
     kern::rmsnorm_bwd(tmp, s.h_in, N, d, P + lp.in_norm, s.rstd1, tmp2, G + lp.in_norm);
     for (int64_t i = 0; i < N * d; ++i) dx[i] += tmp2[i];
+    acts.release(mk);
     if (grad_ready) grad_ready(l);
   }
   // Embedding: columns split across threads so every row update is race-free and ordered.

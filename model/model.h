@@ -59,6 +59,7 @@ bool tp_partial_grad(const std::string& name);
 struct TrainOptions {
   double aux_loss_alpha = 0;   // sequence-wise aux loss coefficient
   double mtp_loss_weight = 0;  // > 0: train the config's MTP blocks (V4), loss += weight * mtp
+  Recompute recompute = Recompute::None;
 };
 
 class Model {

@@ -157,7 +157,8 @@ MoeIn moe_in(const Env& e, int64_t l) {
   return mi;
 }
 
-// One decoder layer: X [N, n, d] -> returns the output streams (arena). Adds the aux loss.
+// One decoder layer: X [N, n, d] -> returns the output streams (arena). Adds the aux loss and
+// counts the expert loads; aux null: neither (the backward replaying the layer, full recompute).
 float* layer_forward(Env& e, int64_t l, float* X, V4LayerSaved& s, double* aux) {
   StackArena& A = *e.ctx.ws;
   const int64_t N = e.N(), n = e.c.v4.hc_mult, d = e.c.hidden_size;
@@ -189,7 +190,8 @@ float* layer_forward(Env& e, int64_t l, float* X, V4LayerSaved& s, double* aux) 
   s.f = A.alloc<float>(N * d);
   {
     ProfScope ps(e.ctx.prof, "fwd.moe");
-    *aux += moe_forward(e.ctx, moe_in(e, l), s.n2, s.f, s.moe, (*e.load)[l].data());
+    const double a = moe_forward(e.ctx, moe_in(e, l), s.n2, s.f, s.moe, aux ? (*e.load)[l].data() : nullptr);
+    if (aux) *aux += a;
   }
   float* out = A.alloc<float>(N * n * d);
   kern::hc_post_fwd(e.hs, s.X_mid, s.f, s.hf.post, s.hf.comb, out);
@@ -353,8 +355,28 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward) {
   for (int64_t i = 0; i < N; ++i) n_valid += b.targets[i] != -100;
   out.n_valid = n_valid;
 
+  // Full recompute: a layer keeps only its input streams; its activations are dropped after the
+  // forward and rebuilt by replaying it just before its backward.
+  const bool replay = opt.recompute == Recompute::Full;
+  auto forward_kept = [&](int64_t l, float* Xin, V4LayerSaved& s) -> float* {
+    if (!replay) return layer_forward(e, l, Xin, s, &out.aux);
+    float* kept = A.alloc<float>(N * n * d);
+    const auto mk = A.mark();
+    std::memcpy(kept, layer_forward(e, l, Xin, s, &out.aux), N * n * d * sizeof(float));
+    A.release(mk);
+    return kept;
+  };
+  auto backward_replayed = [&](int64_t l, V4LayerSaved& s, float* dX, const BwdScratch& w) {
+    const auto mk = A.mark();
+    if (replay) {
+      ProfScope ps(prof, "bwd.recompute");
+      layer_forward(e, l, s.X_in, s, nullptr);
+    }
+    layer_backward(e, l, s, dX, w);
+    A.release(mk);
+  };
   std::vector<V4LayerSaved> sv(Lm);
-  for (int64_t l = 0; l < Lm; ++l) X = layer_forward(e, l, X, sv[l], &out.aux);
+  for (int64_t l = 0; l < Lm; ++l) X = forward_kept(l, X, sv[l]);
   Head hm{layout.hc_head_fn, layout.hc_head_base, layout.hc_head_scale, layout.final_norm, X};
   const double ce_sum = head_forward(e, hm, b.targets, n_valid ? grad_scale / (float)n_valid : 0.f, prec);
   out.ce = n_valid ? ce_sum / (double)n_valid : 0.0;
@@ -395,7 +417,7 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward) {
         for (int64_t r = 0; r < n; ++r)
           for (int64_t j = 0; j < d; ++j) m.X[(i * n + r) * d + j] += m.ep[i * d + j];
     });
-    float* Xk = layer_forward(e, l, m.X, m.layer, &out.aux);
+    float* Xk = forward_kept(l, m.X, m.layer);
     m.head = Head{t.hc_fn, t.hc_base, t.hc_scale, t.norm, Xk};
     const float sc = m.n_valid ? grad_scale * w_mtp / (float)D / (float)m.n_valid : 0.f;
     const double s = head_forward(e, m.head, m.tg, sc, prec);
@@ -421,7 +443,7 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward) {
     MtpSaved& m = ms[k];
     head_backward(e, m.head, dX);
     if (dprev) for (int64_t i = 0; i < N * n * d; ++i) dX[i] += dprev[i];  // from depth k+1
-    layer_backward(e, Lm + k, m.layer, dX, w);
+    backward_replayed(Lm + k, m.layer, dX, w);
     // X = h_proj(hn) + e_proj(en) broadcast over streams
     auto mk = A.mark();
     float* dhn = A.alloc<float>(N * n * d);
@@ -445,7 +467,7 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward) {
   if (grad_ready) grad_ready(kGradGroupHead);
   if (dprev) for (int64_t i = 0; i < N * n * d; ++i) dX[i] += dprev[i];
   for (int64_t l = Lm - 1; l >= 0; --l) {
-    layer_backward(e, l, sv[l], dX, w);
+    backward_replayed(l, sv[l], dX, w);
     if (grad_ready) grad_ready(l);
   }
   embed_backward(G + layout.embed, b.input_ids, dX, N, d, n);

@@ -123,7 +123,7 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   TREX_USER_CHECK(!seqs.empty(), "give more data or a shorter seq_len", "no training sequences after packing");
 
   // Model, optimizer, resume.
-  model::Model m(rc.model, rc.train.precision, {rc.train.aux_loss_alpha, rc.train.mtp_loss_weight});
+  model::Model m(rc.model, rc.train.precision, {rc.train.aux_loss_alpha, rc.train.mtp_loss_weight, rc.train.recompute});
   if (!rc.model_path.empty()) model::load_hf_weights(m, rc.model_path);
   else m.init_random(rc.train.seed);
   const AdamWConfig ocfg{(float)rc.optim.schedule.lr, rc.optim.beta1, rc.optim.beta2, rc.optim.eps,

@@ -58,6 +58,7 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int dp) {
   l.gbs = rc.train.batch_size * l.dp;
   l.seq = rc.data.seq_len;
   l.mtp = mtp;
+  l.recompute = rc.train.recompute == model::Recompute::Full ? plan::Recompute::Full : plan::Recompute::None;
   const plan::MemoryReport r = plan::plan_memory(a, s, l);
   e.activations = r.peak().activations;
   e.buffers = r.peak().buffers;

@@ -128,6 +128,9 @@ RunConfig parse_run_config(json j, const std::string& where, const std::vector<s
          r.train.bias_update_gamma = (float)c.f64(v, k, 0, 1);
        }},
       {"aux_loss_alpha", [&](const json& v, const std::string& k) { r.train.aux_loss_alpha = c.f64(v, k, 0, 10); }},
+      {"recompute", [&](const json& v, const std::string& k) {
+         r.train.recompute = c.str(v, k, {"none", "full"}) == "full" ? model::Recompute::Full : model::Recompute::None;
+       }},
       {"mtp_loss_weight", [&](const json& v, const std::string& k) { r.train.mtp_loss_weight = c.f64(v, k, 0, 10); }},
       {"max_skipped_steps", [&](const json& v, const std::string& k) { r.train.max_skipped_steps = c.i64(v, k, 1); }},
       {"memory_check", [&](const json& v, const std::string& k) { r.train.memory_check = c.boolean(v, k); }},

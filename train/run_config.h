@@ -37,6 +37,7 @@ struct TrainConfig {
   float bias_update_gamma = 0.001f;
   double aux_loss_alpha = 0.0;
   double mtp_loss_weight = 0.0;  // DeepSeek-V4: > 0 trains the config's MTP blocks (loss += weight x MTP CE)
+  model::Recompute recompute = model::Recompute::None;  // "none" | "full" (model/config.h)
   int64_t max_skipped_steps = 3;  // stop after this many steps in a row with a NaN / Inf loss or gradient
   bool memory_check = true;       // refuse a run whose memory estimate exceeds the machine (train/preflight.h)
 };

@@ -65,9 +65,11 @@ TEST(TpTrain, V3TenStepsNoOverlap) {
   parity(su, DpOptions{0, false}, 10, 1, 2, 9, 1, tp_for(n));
 }
 
+// With full activation recompute: the replayed forwards repeat the tp all-reduces.
 TEST(TpTrain, V4MatchesSingleRankWithMtp) {
   const int n = parallel::test_world().size();
   Case su = tp_case(tp_v4(), 0.0, 0.3);
+  su.recompute = model::Recompute::Full;
   parity(su, DpOptions{1500, true}, 3, 2, 1, 13, 1, tp_for(n));
 }
 
