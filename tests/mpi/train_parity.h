@@ -20,6 +20,7 @@
 #include "train/dist.h"
 #include "train/loop.h"
 #include "train/trainer.h"
+#include "tests/tiny_configs.h"
 
 namespace trex::parallel {
 Communicator& test_world();
@@ -29,29 +30,6 @@ namespace trex::testing {
 
 using nlohmann::json;
 using namespace trex::train;
-
-inline json tiny_v3() {  // odd sizes: hidden 40, 3 heads, 5 experts top-2, a dense first layer
-  return {{"model_type", "deepseek_v3"}, {"vocab_size", 67}, {"hidden_size", 40}, {"num_hidden_layers", 3},
-          {"num_attention_heads", 3}, {"q_lora_rank", 13}, {"kv_lora_rank", 11}, {"qk_nope_head_dim", 6},
-          {"qk_rope_head_dim", 4}, {"v_head_dim", 7}, {"intermediate_size", 50}, {"moe_intermediate_size", 9},
-          {"n_routed_experts", 5}, {"n_shared_experts", 1}, {"num_experts_per_tok", 2}, {"first_k_dense_replace", 1},
-          {"topk_method", "noaux_tc"}, {"scoring_func", "sigmoid"}, {"norm_topk_prob", true},
-          {"routed_scaling_factor", 2.5}, {"initializer_range", 0.1}, {"max_position_embeddings", 64}};
-}
-
-inline json tiny_v4() {  // as tests/unit/test_v4_model.cpp, with one MTP block
-  return {{"model_type", "deepseek_v4"}, {"vocab_size", 61}, {"hidden_size", 22}, {"num_hidden_layers", 3},
-          {"num_attention_heads", 3}, {"head_dim", 10}, {"partial_rotary_factor", 0.4}, {"q_lora_rank", 9},
-          {"o_groups", 3}, {"o_lora_rank", 5}, {"moe_intermediate_size", 7}, {"n_routed_experts", 5},
-          {"num_experts_per_tok", 2}, {"n_shared_experts", 1}, {"sliding_window", 5},
-          {"compress_rates", {{"compressed_sparse_attention", 3}, {"heavily_compressed_attention", 7}}},
-          {"layer_types", {"compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"}},
-          {"mlp_layer_types", {"hash_moe", "moe", "moe"}}, {"index_n_heads", 5}, {"index_head_dim", 6},
-          {"index_topk", 2}, {"hc_mult", 3}, {"hc_sinkhorn_iters", 5}, {"swiglu_limit", 0.9},
-          {"compress_rope_theta", 5000.0}, {"initializer_range", 0.3}, {"num_nextn_predict_layers", 1},
-          {"rope_parameters", {{"rope_type", "yarn"}, {"factor", 3.0}, {"original_max_position_embeddings", 8}}},
-          {"max_position_embeddings", 64}};
-}
 
 // The global batches of K steps: micro-batch (step s, accumulation a, rank r) holds B rows of T
 // tokens; a different share of -100 targets per rank so the ranks' target counts differ.
@@ -92,9 +70,10 @@ struct Case {
   double aux = 0, mtp = 0;
   float lr = 3e-3f, gamma = 0.01f;
   AdamWConfig ocfg{3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
+  model::Recompute recompute = model::Recompute::None;
   model::ModelConfig cfg() const { return model::parse_config(model, "tiny"); }
   std::unique_ptr<model::Model> make(uint64_t seed) const {
-    auto m = std::make_unique<model::Model>(cfg(), kern::Prec::F32, model::TrainOptions{aux, mtp});
+    auto m = std::make_unique<model::Model>(cfg(), kern::Prec::F32, model::TrainOptions{aux, mtp, recompute});
     m->init_random(seed);
     // Off the symmetric init (V4's HC bases 0, scales 1): there some gradients are exactly 0 in
     // exact arithmetic and pure rounding noise in f32, which AdamW turns into noise-sized steps.

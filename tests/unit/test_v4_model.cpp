@@ -15,6 +15,7 @@
 #include "model/checkpoint.h"
 #include "model/generate.h"
 #include "model/model.h"
+#include "tests/tiny_configs.h"
 #include "tests/unit/test_util.h"
 
 using namespace trex;
@@ -22,19 +23,7 @@ using nlohmann::json;
 
 namespace {
 
-json base() {
-  return {{"model_type", "deepseek_v4"}, {"vocab_size", 61}, {"hidden_size", 22}, {"num_hidden_layers", 3},
-          {"num_attention_heads", 3}, {"head_dim", 10}, {"partial_rotary_factor", 0.4}, {"q_lora_rank", 9},
-          {"o_groups", 3}, {"o_lora_rank", 5}, {"moe_intermediate_size", 7}, {"n_routed_experts", 5},
-          {"num_experts_per_tok", 2}, {"n_shared_experts", 1}, {"sliding_window", 5},
-          {"compress_rates", {{"compressed_sparse_attention", 3}, {"heavily_compressed_attention", 7}}},
-          {"layer_types", {"compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"}},
-          {"mlp_layer_types", {"hash_moe", "moe", "moe"}}, {"index_n_heads", 5}, {"index_head_dim", 6},
-          {"index_topk", 2}, {"hc_mult", 3}, {"hc_sinkhorn_iters", 5}, {"swiglu_limit", 0.9},
-          {"compress_rope_theta", 5000.0}, {"initializer_range", 0.3},
-          {"rope_parameters", {{"rope_type", "yarn"}, {"factor", 3.0}, {"original_max_position_embeddings", 8}}},
-          {"max_position_embeddings", 64}};
-}
+json base() { return trex::testing::tiny_v4(); }
 
 model::ModelConfig cfg_of(const json& j) { return model::parse_config(j, "test config"); }
 

@@ -1,0 +1,34 @@
+// Tiny DeepSeek-V3 / V4 model configs with odd sizes, shared by the unit and the MPI tests
+// (Hugging Face config.json fields as JSON; model::parse_config reads them).
+#pragma once
+#include <nlohmann/json.hpp>
+
+namespace trex::testing {
+
+// hidden 40, 3 heads, 5 experts top-2, a dense first layer.
+inline nlohmann::json tiny_v3() {
+  return {{"model_type", "deepseek_v3"}, {"vocab_size", 67}, {"hidden_size", 40}, {"num_hidden_layers", 3},
+          {"num_attention_heads", 3}, {"q_lora_rank", 13}, {"kv_lora_rank", 11}, {"qk_nope_head_dim", 6},
+          {"qk_rope_head_dim", 4}, {"v_head_dim", 7}, {"intermediate_size", 50}, {"moe_intermediate_size", 9},
+          {"n_routed_experts", 5}, {"n_shared_experts", 1}, {"num_experts_per_tok", 2}, {"first_k_dense_replace", 1},
+          {"topk_method", "noaux_tc"}, {"scoring_func", "sigmoid"}, {"norm_topk_prob", true},
+          {"routed_scaling_factor", 2.5}, {"initializer_range", 0.1}, {"max_position_embeddings", 64}};
+}
+
+// hidden 22, 3 heads of 10 in 3 output groups, CSA (rate 3) / HCA (rate 7) / sliding (window 5)
+// layers, hash routing in the first, hc_mult 3, one MTP block.
+inline nlohmann::json tiny_v4() {
+  return {{"model_type", "deepseek_v4"}, {"vocab_size", 61}, {"hidden_size", 22}, {"num_hidden_layers", 3},
+          {"num_attention_heads", 3}, {"head_dim", 10}, {"partial_rotary_factor", 0.4}, {"q_lora_rank", 9},
+          {"o_groups", 3}, {"o_lora_rank", 5}, {"moe_intermediate_size", 7}, {"n_routed_experts", 5},
+          {"num_experts_per_tok", 2}, {"n_shared_experts", 1}, {"sliding_window", 5},
+          {"compress_rates", {{"compressed_sparse_attention", 3}, {"heavily_compressed_attention", 7}}},
+          {"layer_types", {"compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"}},
+          {"mlp_layer_types", {"hash_moe", "moe", "moe"}}, {"index_n_heads", 5}, {"index_head_dim", 6},
+          {"index_topk", 2}, {"hc_mult", 3}, {"hc_sinkhorn_iters", 5}, {"swiglu_limit", 0.9},
+          {"compress_rope_theta", 5000.0}, {"initializer_range", 0.3}, {"num_nextn_predict_layers", 1},
+          {"rope_parameters", {{"rope_type", "yarn"}, {"factor", 3.0}, {"original_max_position_embeddings", 8}}},
+          {"max_position_embeddings", 64}};
+}
+
+}  // namespace trex::testing
