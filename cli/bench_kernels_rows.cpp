@@ -572,8 +572,9 @@ void moe_glue(Plan& p, const Run& r, const std::string& w) {
   }
 }
 
-// kern::lm_head_ce with gradients: FLOPs 8 N V d (the logits are formed twice); bytes es (N d +
-// 2 V d) + 4 N d + 8 V d: W read in both passes, dh written, dW accumulated.
+// kern::lm_head_ce with gradients: FLOPs kern::lm_head_ce_flops (6 N V d when one chunk covers the
+// vocabulary, else 8: the logits formed twice); bytes es (N d + 2 V d) + 4 N d + 8 V d: W read in
+// both passes, dh written, dW accumulated.
 void lm_head_ce(Plan& p, const Run& r, const std::string& w) {
   const int64_t N = r.N, d = r.c.hidden_size, V = r.c.vocab_size;
   const bool bf = r.bf;
@@ -581,7 +582,9 @@ void lm_head_ce(Plan& p, const Run& r, const std::string& w) {
   o.kernel = "lm_head_ce";
   o.shape = fmt("N=%lld d=%lld V=%lld", (ll)N, (ll)d, (ll)V);
   o.gemm_bf16 = bf;
-  o.flops = 8.0 * N * V * d;
+  kern::CeArgs shape;
+  shape.N = N, shape.d = d, shape.V = V;
+  o.flops = kern::lm_head_ce_flops(shape, true);
   o.bytes = (bf ? 2.0 : 4.0) * (N * d + 2 * V * d) + 4.0 * N * d + 8.0 * V * d;
   o.make = [=](Bufs& b) -> Runner {
     auto a = std::make_shared<kern::CeArgs>();

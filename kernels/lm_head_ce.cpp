@@ -16,9 +16,14 @@ namespace {
 
 constexpr int64_t kDefaultChunk = 4096;
 constexpr int64_t kMaxBlockFloats = int64_t{1} << 23;  // logits block: at most 32 MiB
+constexpr int64_t kMinRowsWholeVocab = 256;            // rows per block when one chunk is the vocabulary
 constexpr int64_t kIgnore = -100;
 
-int64_t chunk_of(const CeArgs& a) { return std::max<int64_t>(1, std::min(a.V, a.chunk > 0 ? a.chunk : kDefaultChunk)); }
+int64_t chunk_of(const CeArgs& a) {
+  if (a.chunk > 0) return std::max<int64_t>(1, std::min(a.V, a.chunk));
+  if (a.V * kMinRowsWholeVocab <= kMaxBlockFloats) return a.V;  // pass 2 reuses the logits
+  return std::min(a.V, kDefaultChunk);
+}
 int64_t row_block_of(const CeArgs& a, int64_t vc) {
   return std::max<int64_t>(1, std::min(a.N, std::max<int64_t>(1, kMaxBlockFloats / vc)));
 }
@@ -55,6 +60,12 @@ void mm(Prec pa, Prec pb, bool ta, bool tb, int64_t M, int64_t N, int64_t K, con
 }
 
 }  // namespace
+
+double lm_head_ce_flops(const CeArgs& a, bool grads) {
+  const double nvd = (double)a.N * (double)a.V * (double)a.d;
+  if (!grads) return 2 * nvd;
+  return (chunk_of(a) >= a.V ? 6 : 8) * nvd;
+}
 
 size_t lm_head_ce_workspace_floats(const CeArgs& a) {
   if (a.N <= 0 || a.V <= 0) return 0;
@@ -129,10 +140,11 @@ double lm_head_ce(const CeArgs& a, int64_t* n_valid) {
     }
     if (!grads) continue;
     // Pass 2: p = g * (softmax - onehot); dh_blk = sum_c p_c @ W_c; dW_c += p_c^T @ h_blk.
+    // One chunk: L still holds its logits from pass 1.
     float* dh = a.dh + r0 * d;
     for (int64_t v0 = 0; v0 < V; v0 += vc) {
       const int64_t vb = std::min(vc, V - v0);
-      logits(v0, vb);
+      if (vc < V) logits(v0, vb);
       parallel_for(nb, row_grain, [&](int64_t i0, int64_t i1) {
         if (avx) cpu::ce_chunk_softmax_avx512(L + i0 * vc, vc, i1 - i0, vb, m + i0, s + i0);
         else softmax_scalar(L + i0 * vc, vc, i1 - i0, vb, m + i0, s + i0);

@@ -1,10 +1,13 @@
 // LM head fused with cross-entropy: loss = sum over valid rows n of
 //   lse_n - logit[n, labels[n]],   logit = h @ W^T,   lse_n = log sum_v exp(logit[n, v])
 // without ever forming the [N, V] logits: the vocabulary is processed in chunks with an online
-// log-sum-exp (pass 1); with gradients, pass 2 recomputes each chunk's logits and forms
-// p = grad_scale * (softmax - onehot), then dh += p @ W_c and dW_c += p^T @ h (GEMMs). Rows are
-// processed in blocks so the workspace is [row_block, chunk] floats.
-// FLOPs: 2*N*V*d for the loss alone, 8*N*V*d with gradients (the logits are computed twice).
+// log-sum-exp (pass 1); with gradients, pass 2 forms p = grad_scale * (softmax - onehot) chunk by
+// chunk, then dh += p @ W_c and dW_c += p^T @ h (GEMMs). Rows are processed in blocks so the
+// workspace is [row_block, chunk] floats (at most 32 MiB). By default one chunk covers the whole
+// vocabulary when a block of 256 rows fits (V <= 32768): pass 2 then reuses pass 1's logits.
+// With more than one chunk pass 2 recomputes each chunk's logits.
+// FLOPs: 2*N*V*d for the loss alone; with gradients 6*N*V*d (one chunk) or 8*N*V*d (logits
+// formed twice): lm_head_ce_flops.
 // Rows with label -100 are ignored (no loss, zero gradient); any other label outside [0, V) is
 // an error. NaN/Inf in a valid row's logits make the loss NaN.
 // Gradients: dh (activation) is OVERWRITTEN; dW (parameter) ACCUMULATES (+=).
@@ -29,7 +32,7 @@ struct CeArgs {
   float grad_scale = 1.f;         // gradients are of grad_scale * (sum of losses)
   float* dh = nullptr;            // [N, d]  overwritten; null: no gradients (then dW unused)
   float* dW = nullptr;            // [V, d]  accumulated (+=); required when dh is set
-  int64_t chunk = 0;              // vocabulary columns per chunk; 0: default (4096)
+  int64_t chunk = 0;              // vocabulary columns per chunk; 0: default (V if V <= 32768, else 4096)
   float* workspace = nullptr;     // lm_head_ce_workspace_floats(args) floats; null: allocated inside
 };
 
@@ -39,5 +42,8 @@ double lm_head_ce(const CeArgs& args, int64_t* n_valid);
 
 // Floats the caller must provide in args.workspace (depends on N, V and chunk only).
 size_t lm_head_ce_workspace_floats(const CeArgs& args);
+
+// FLOPs one call with these N, d, V, chunk executes without / with gradients (2, 6 or 8 x N V d).
+double lm_head_ce_flops(const CeArgs& args, bool grads);
 
 }  // namespace trex::kern

@@ -152,10 +152,11 @@ void ce_perf(Prec prec, int64_t N, int64_t d, int64_t V, bool grads) {
     kern::lm_head_ce(a, nullptr);
     best = std::min(best, now_ms() - t0);
   }
-  const double flops = (grads ? 8.0 : 2.0) * N * V * d;  // executed (the logits twice with grads)
-  std::printf("perf lm_head_ce %-4s %s N=%ld d=%ld V=%ld chunk=4096  %8.1f ms  %6.1f GFLOP/s executed"
+  const double flops = kern::lm_head_ce_flops(a, grads);  // executed (6 or 8 N V d with grads)
+  std::printf("perf lm_head_ce %-4s %s N=%ld d=%ld V=%ld chunk=%ld  %8.1f ms  %6.1f GFLOP/s executed"
               "  (%.1f useful: %s)\n",
-              prec == Prec::BF16 ? "bf16" : "f32", grads ? "fwd+bwd" : "fwd    ", (long)N, (long)d, (long)V, best,
+              prec == Prec::BF16 ? "bf16" : "f32", grads ? "fwd+bwd" : "fwd    ", (long)N, (long)d, (long)V,
+              (long)(a.chunk ? a.chunk : 0), best,
               flops / best * 1e-6, (grads ? 6.0 : 2.0) * N * V * d / best * 1e-6, grads ? "6NVd" : "2NVd");
 }
 
