@@ -19,6 +19,7 @@
 #include "kernels/sparse_attn.h"
 #include "kernels/swiglu.h"
 #include "model/linear.h"
+#include "model/moe.h"
 #include "model/router.h"
 
 namespace trex::cli::kbench {
@@ -474,9 +475,9 @@ void router(Plan& p, const Run& r, const std::string& w) {
   }
 }
 
-// model/moe.cpp's own loops (not public functions; mirrored here, keep in step):
-//   dispatch: counting sort of the R = N K (token, slot) pairs by expert, then the gather of x rows
-//     into sorted order (run again in backward for dW of gate|up): bytes 8 R d + 12 R
+// model/moe.h's row operations (the same functions moe_forward / moe_backward call):
+//   dispatch: moe_sort (counting sort of the R = N K (token, slot) pairs by expert), then
+//     moe_gather of x rows into sorted order (run again in backward for dW of gate|up): bytes 8 R d + 12 R
 //   combine: out[n] += sum_k p[n,k] y[row(n,k)]: bytes 4 (R d + 2 N d), FLOPs 2 R d
 //   combine bwd: dy[row] = p dout[n], dprobs = dout[n] . y[row]: bytes 4 (N d + 2 R d), FLOPs 4 R d
 //   dispatch bwd: dx[n] += dxs[row(n,k)]: bytes 4 (R d + 2 N d), FLOPs R d
@@ -493,79 +494,23 @@ void moe_glue(Plan& p, const Run& r, const std::string& w) {
     o.bytes = v == 0 ? 8.0 * R * d + 12.0 * R : v == 2 ? 4.0 * (N * d + 2 * R * d) : 4.0 * (R * d + 2 * N * d);
     o.make = [=](Bufs& b) -> Runner {
       int32_t *row_token = b.i32(R), *slot_row = b.i32(R);
-      auto offsets = std::make_shared<std::vector<int64_t>>(E + 1, 0);
-      auto sort = [=] {  // moe_forward's counting sort, stable in token order
-        std::vector<int64_t>& off = *offsets;
-        std::fill(off.begin(), off.end(), 0);
-        for (int64_t i = 0; i < R; ++i) off[idx[i] + 1]++;
-        for (int64_t e = 0; e < E; ++e) off[e + 1] += off[e];
-        std::vector<int64_t> fill(off.begin(), off.end() - 1);
-        for (int64_t i = 0; i < R; ++i) {
-          const int64_t row = fill[idx[i]]++;
-          row_token[row] = (int32_t)(i / K);
-          slot_row[i] = (int32_t)row;
-        }
-      };
+      auto offsets = std::make_shared<std::vector<int64_t>>();
+      auto sort = [=] { model::moe_sort(idx.data(), N, K, E, *offsets, row_token, slot_row, nullptr); };
       sort();
       const float* x = b.f(N * d, 1);
       float* xs = b.f(R * d, 2);
       if (v == 0)
         return [=] {
           sort();
-          parallel_for(R, 256, [&](int64_t s, int64_t e) {
-            for (int64_t q = s; q < e; ++q) std::memcpy(xs + q * d, x + (int64_t)row_token[q] * d, d * sizeof(float));
-          });
+          model::moe_gather(x, row_token, R, d, xs);
         };
       float* out = b.f(N * d, 3);
       float* dp = b.f(R);
       auto pv = std::make_shared<std::vector<float>>(probs);
-      if (v == 1)
-        return [=] {
-          const float* P = pv->data();
-          parallel_for(N, 16, [&](int64_t s, int64_t e) {
-            for (int64_t n = s; n < e; ++n) {
-              float* o = out + n * d;
-              for (int64_t k = 0; k < K; ++k) {
-                const float wk = P[n * K + k];
-                const float* y = xs + (int64_t)slot_row[n * K + k] * d;
-                for (int64_t j = 0; j < d; ++j) o[j] += wk * y[j];
-              }
-            }
-          });
-        };
+      if (v == 1) return [=] { model::moe_combine(xs, pv->data(), slot_row, N, K, d, out); };
       float* dy = b.f(R * d);
-      if (v == 2)
-        return [=] {
-          const float* P = pv->data();
-          parallel_for(N, 16, [&](int64_t s, int64_t e) {
-            for (int64_t n = s; n < e; ++n) {
-              const float* g = x + n * d;
-              for (int64_t k = 0; k < K; ++k) {
-                const int64_t row = slot_row[n * K + k];
-                const float wk = P[n * K + k];
-                const float* y = xs + row * d;
-                float* dyr = dy + row * d;
-                double dot = 0;
-                for (int64_t j = 0; j < d; ++j) {
-                  dyr[j] = wk * g[j];
-                  dot += (double)g[j] * y[j];
-                }
-                dp[n * K + k] = (float)dot;
-              }
-            }
-          });
-        };
-      return [=] {
-        parallel_for(N, 16, [&](int64_t s, int64_t e) {
-          for (int64_t n = s; n < e; ++n) {
-            float* o = out + n * d;
-            for (int64_t k = 0; k < K; ++k) {
-              const float* g = xs + (int64_t)slot_row[n * K + k] * d;
-              for (int64_t j = 0; j < d; ++j) o[j] += g[j];
-            }
-          }
-        });
-      };
+      if (v == 2) return [=] { model::moe_combine_bwd(x, xs, pv->data(), slot_row, N, K, d, dy, dp); };
+      return [=] { model::moe_dispatch_bwd(xs, slot_row, N, K, d, out); };
     };
     if (v == 0) p.add(o, w);  // dispatch's gather runs again in backward (without the sort)
     p.add(std::move(o), w);

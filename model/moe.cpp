@@ -113,6 +113,76 @@ void experts_bwd(const Ctx& c, const MoeIn& in, const std::vector<int64_t>& off,
 
 }  // namespace
 
+void moe_sort(const int32_t* idx, int64_t N, int64_t K, int64_t E, std::vector<int64_t>& offsets,
+              int32_t* row_token, int32_t* slot_row, int64_t* load) {
+  const int64_t R = N * K;
+  offsets.assign(E + 1, 0);
+  for (int64_t i = 0; i < R; ++i) offsets[idx[i] + 1]++;
+  for (int64_t e = 0; e < E; ++e) {
+    if (load) load[e] += offsets[e + 1];
+    offsets[e + 1] += offsets[e];
+  }
+  std::vector<int64_t> fill(offsets.begin(), offsets.end() - 1);
+  for (int64_t i = 0; i < R; ++i) {
+    const int64_t row = fill[idx[i]]++;
+    row_token[row] = (int32_t)(i / K);
+    slot_row[i] = (int32_t)row;
+  }
+}
+
+void moe_gather(const float* x, const int32_t* row_token, int64_t R, int64_t d, float* xs) {
+  parallel_for(R, 256, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) std::memcpy(xs + r * d, x + (int64_t)row_token[r] * d, d * sizeof(float));
+  });
+}
+
+void moe_combine(const float* y, const float* probs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d,
+                 float* out) {
+  parallel_for(N, 16, [&](int64_t b, int64_t e) {
+    for (int64_t n = b; n < e; ++n) {
+      float* o = out + n * d;
+      for (int64_t k = 0; k < K; ++k) {
+        const float w = probs[n * K + k];
+        const float* yr = y + (int64_t)slot_row[n * K + k] * d;
+        for (int64_t j = 0; j < d; ++j) o[j] += w * yr[j];
+      }
+    }
+  });
+}
+
+void moe_combine_bwd(const float* dout, const float* y, const float* probs, const int32_t* slot_row, int64_t N,
+                     int64_t K, int64_t d, float* dy, float* dprobs) {
+  parallel_for(N, 16, [&](int64_t b, int64_t e) {
+    for (int64_t n = b; n < e; ++n) {
+      const float* g = dout + n * d;
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t row = slot_row[n * K + k];
+        const float w = probs[n * K + k];
+        const float* yr = y + row * d;
+        float* dyr = dy + row * d;
+        double dot = 0;
+        for (int64_t j = 0; j < d; ++j) {
+          dyr[j] = w * g[j];
+          dot += (double)g[j] * yr[j];
+        }
+        dprobs[n * K + k] = (float)dot;
+      }
+    }
+  });
+}
+
+void moe_dispatch_bwd(const float* dxs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d, float* dx) {
+  parallel_for(N, 16, [&](int64_t b, int64_t e) {
+    for (int64_t n = b; n < e; ++n) {
+      float* o = dx + n * d;
+      for (int64_t k = 0; k < K; ++k) {
+        const float* g = dxs + (int64_t)slot_row[n * K + k] * d;
+        for (int64_t j = 0; j < d; ++j) o[j] += g[j];
+      }
+    }
+  });
+}
+
 double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, MoeSaved& s, int64_t* load) {
   const ModelConfig& m = *in.cfg;
   const LayerParams& p = *in.p;
@@ -134,32 +204,14 @@ double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, Mo
 
   // Dispatch: counting sort of (token, slot) pairs by expert, stable in token order.
   Dispatch& D = s.disp;
-  D.offsets.assign(E + 1, 0);
-  for (int64_t i = 0; i < R; ++i) D.offsets[s.route.idx[i] + 1]++;
-  for (int64_t e = 0; e < E; ++e) {
-    if (load) load[e] += D.offsets[e + 1];
-    D.offsets[e + 1] += D.offsets[e];
-  }
   D.row_token = A.alloc<int32_t>(R);
   D.slot_row = A.alloc<int32_t>(R);
-  {
-    std::vector<int64_t> fill(D.offsets.begin(), D.offsets.end() - 1);
-    for (int64_t i = 0; i < R; ++i) {
-      int64_t row = fill[s.route.idx[i]]++;
-      D.row_token[row] = (int32_t)(i / K);
-      D.slot_row[i] = (int32_t)row;
-    }
-  }
+  moe_sort(s.route.idx, N, K, E, D.offsets, D.row_token, D.slot_row, load);
 
   // Expert compute on sorted rows; the shared experts write `out`.
   auto shared_fwd = [&] {
     if (m.n_shared_experts > 0) mlp_forward(c, shared_w(in), x, N, out, 0.f, s.shared);
     else std::memset(out, 0, N * d * sizeof(float));
-  };
-  auto gather_rows = [&](float* xs) {  // xs [R, d]: the token of every sorted row
-    parallel_for(R, 256, [&](int64_t b, int64_t e) {
-      for (int64_t r = b; r < e; ++r) std::memcpy(xs + r * d, x + (int64_t)D.row_token[r] * d, d * sizeof(float));
-    });
   };
   s.y = A.alloc<float>(R * d);
   if (!in.ep) {
@@ -168,7 +220,7 @@ double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, Mo
     ProfScope ps(c.prof, "fwd.moe.experts");
     auto mk = A.mark();
     float* xs = A.alloc<float>(R * d);
-    gather_rows(xs);
+    moe_gather(x, D.row_token, R, d, xs);
     experts_fwd(c, in, D.offsets, 0, xs, s.gu, s.h, s.y);
     A.release(mk);
     shared_fwd();
@@ -191,7 +243,7 @@ double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, Mo
     float* xs = A.alloc<float>(R * d);
     float* xr = A.alloc<float>(Rl * d);  // received order (in and out)
     float* yl = A.alloc<float>(Rl * d);
-    gather_rows(xs);
+    moe_gather(x, D.row_token, R, d, xs);
     parallel::Handle h = ep_dispatch_rows(*in.ep, r, xs, xr, d);
     if (m.n_shared_experts > 0) mlp_forward_saved(c, shared_w(in), x, N, out, 0.f, s.shared);
     else std::memset(out, 0, N * d * sizeof(float));
@@ -217,16 +269,7 @@ double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, Mo
   }
 
   // Combine: add the routed outputs in slot order per token.
-  parallel_for(N, 16, [&](int64_t b, int64_t e) {
-    for (int64_t n = b; n < e; ++n) {
-      float* o = out + n * d;
-      for (int64_t k = 0; k < K; ++k) {
-        const float w = s.route.probs[n * K + k];
-        const float* y = s.y + (int64_t)D.slot_row[n * K + k] * d;
-        for (int64_t j = 0; j < d; ++j) o[j] += w * y[j];
-      }
-    }
-  });
+  moe_combine(s.y, s.route.probs, D.slot_row, N, K, d, out);
   return aux;
 }
 
@@ -242,23 +285,7 @@ void moe_backward(const Ctx& c, const MoeIn& in, const MoeSaved& s, const float*
   // Combine adjoint: dy[row] = p * dout[token]; dprobs = dout[token] . y[row].
   float* dy = A.alloc<float>(R * d);
   float* dprobs = A.alloc<float>(R);
-  parallel_for(N, 16, [&](int64_t b, int64_t e) {
-    for (int64_t n = b; n < e; ++n) {
-      const float* g = dout + n * d;
-      for (int64_t k = 0; k < K; ++k) {
-        const int64_t row = D.slot_row[n * K + k];
-        const float w = s.route.probs[n * K + k];
-        const float* y = s.y + row * d;
-        float* dyr = dy + row * d;
-        double dot = 0;
-        for (int64_t j = 0; j < d; ++j) {
-          dyr[j] = w * g[j];
-          dot += (double)g[j] * y[j];
-        }
-        dprobs[n * K + k] = (float)dot;
-      }
-    }
-  });
+  moe_combine_bwd(dout, s.y, s.route.probs, D.slot_row, N, K, d, dy, dprobs);
 
   // Experts: down, SwiGLU, gate|up -> dxs [R, d] in sorted order. The shared experts write dx.
   auto shared_bwd = [&] {
@@ -270,9 +297,7 @@ void moe_backward(const Ctx& c, const MoeIn& in, const MoeSaved& s, const float*
     auto t_exp = now_ms();
     auto mk2 = A.mark();
     float* xs = A.alloc<float>(R * d);
-    parallel_for(R, 256, [&](int64_t b, int64_t e) {
-      for (int64_t r = b; r < e; ++r) std::memcpy(xs + r * d, s.x + (int64_t)D.row_token[r] * d, d * sizeof(float));
-    });
+    moe_gather(s.x, D.row_token, R, d, xs);
     experts_bwd(c, in, D.offsets, 0, xs, s.gu, s.h, dy, dxs);
     A.release(mk2);
     if (c.prof) c.prof->add("bwd.moe.experts", now_ms() - t_exp);
@@ -309,15 +334,7 @@ void moe_backward(const Ctx& c, const MoeIn& in, const MoeSaved& s, const float*
     A.release(mk2);
   }
   // Dispatch adjoint: gather back to tokens, fixed slot order.
-  parallel_for(N, 16, [&](int64_t b, int64_t e) {
-    for (int64_t n = b; n < e; ++n) {
-      float* o = dx + n * d;
-      for (int64_t k = 0; k < K; ++k) {
-        const float* g = dxs + (int64_t)D.slot_row[n * K + k] * d;
-        for (int64_t j = 0; j < d; ++j) o[j] += g[j];
-      }
-    }
-  });
+  moe_dispatch_bwd(dxs, D.slot_row, N, K, d, dx);
 
   // Router: probs (and the aux loss) -> scores -> logits -> x and the gate weight (f32).
   float* dsc = A.alloc_zero<float>(N * E);

@@ -77,6 +77,24 @@ struct MoeIn {
   const ExpertParallel* ep = nullptr;  // expert parallel (collective: every rank of the group calls)
 };
 
+// The row operations of a layer around its experts (R = N K rows; also timed alone by
+// trex bench kernels, cli/bench_kernels_rows.cpp).
+// Counting sort of the (token, slot) pairs by expert idx [R], stable in token order: offsets
+// [E + 1], row_token [R], slot_row [R] (Dispatch); load [E] (if set) += the rows of each expert.
+void moe_sort(const int32_t* idx, int64_t N, int64_t K, int64_t E, std::vector<int64_t>& offsets,
+              int32_t* row_token, int32_t* slot_row, int64_t* load);
+// xs [R, d] = x [row_token[r]] (the token of every sorted row).
+void moe_gather(const float* x, const int32_t* row_token, int64_t R, int64_t d, float* xs);
+// out [N, d] += sum_k probs[n K + k] y[slot_row[n K + k]] (slot order per token).
+void moe_combine(const float* y, const float* probs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d,
+                 float* out);
+// The combine's adjoint: dy[slot_row[n K + k]] = probs[n K + k] dout[n] and
+// dprobs[n K + k] = dout[n] . y[slot_row[n K + k]].
+void moe_combine_bwd(const float* dout, const float* y, const float* probs, const int32_t* slot_row, int64_t N,
+                     int64_t K, int64_t d, float* dy, float* dprobs);
+// The dispatch's adjoint: dx [N, d] += sum_k dxs[slot_row[n K + k]] (fixed slot order).
+void moe_dispatch_bwd(const float* dxs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d, float* dx);
+
 // x: [N, d] -> out: [N, d]; returns the aux loss (0 when off); adds expert loads into `load` [E].
 double moe_forward(const Ctx&, const MoeIn&, const float* x, float* out, MoeSaved& s, int64_t* load);
 // dout: [N, d] -> dx: [N, d] (overwrite)
