@@ -1,7 +1,11 @@
 // Tiny DeepSeek-V3 / V4 model configs with odd sizes, shared by the unit and the MPI tests
-// (Hugging Face config.json fields as JSON; model::parse_config reads them).
+// (Hugging Face config.json fields as JSON; model::parse_config reads them), and the
+// perturbation that moves a model off its constant-initialized tensors.
 #pragma once
 #include <nlohmann/json.hpp>
+
+#include "core/rng.h"
+#include "model/model.h"
 
 namespace trex::testing {
 
@@ -29,6 +33,17 @@ inline nlohmann::json tiny_v4() {
           {"compress_rope_theta", 5000.0}, {"initializer_range", 0.3}, {"num_nextn_predict_layers", 1},
           {"rope_parameters", {{"rope_type", "yarn"}, {"factor", 3.0}, {"original_max_position_embeddings", 8}}},
           {"max_position_embeddings", 64}};
+}
+
+// Non-constant values for the tensors Hugging Face initializes to constants (the 1-d tensors:
+// norm weights, sinks, hyper-connection bases and scales) and the compressors' position biases,
+// so that their gradients are exercised: each element += 0.3 x normal. Refreshes the bf16 shadow.
+inline void perturb_vectors(model::Model& m, uint64_t seed) {
+  Rng r(seed);
+  for (const model::ParamEntry& e : m.layout.entries)
+    if (e.shape.ndim == 1 || e.name.find("position_bias") != std::string::npos)
+      for (int64_t i = 0; i < e.shape.numel(); ++i) m.P()[e.offset + i] += (float)(0.3 * r.normal());
+  m.refresh_bf16();
 }
 
 }  // namespace trex::testing

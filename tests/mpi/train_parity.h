@@ -77,11 +77,7 @@ struct Case {
     m->init_random(seed);
     // Off the symmetric init (V4's HC bases 0, scales 1): there some gradients are exactly 0 in
     // exact arithmetic and pure rounding noise in f32, which AdamW turns into noise-sized steps.
-    Rng r(seed + 1000);
-    for (const model::ParamEntry& e : m->layout.entries)
-      if (e.shape.ndim == 1 || e.name.find("position_bias") != std::string::npos)
-        for (int64_t i = 0; i < e.shape.numel(); ++i) m->P()[e.offset + i] += (float)(0.3 * r.normal());
-    m->refresh_bf16();
+    perturb_vectors(*m, seed + 1000);
     return m;
   }
 };

@@ -21,6 +21,7 @@
 #include "model/mlp.h"
 #include "model/model.h"
 #include "model/v4_attn.h"
+#include "tests/tiny_configs.h"
 
 using namespace trex;
 using nlohmann::json;
@@ -118,15 +119,7 @@ std::vector<float> randn(int64_t n, uint64_t seed, double scale = 1.0) {
   return v;
 }
 
-// Non-constant values for the 1-d tensors HF initializes to constants (norm weights, sinks) and
-// the position biases, so that their gradients and the per-head sinks are exercised.
-void perturb_vectors(model::Model& m, uint64_t seed) {
-  Rng r(seed);
-  for (const model::ParamEntry& e : m.layout.entries)
-    if (e.shape.ndim == 1 || e.name.find("position_bias") != std::string::npos)
-      for (int64_t i = 0; i < e.shape.numel(); ++i) m.P()[e.offset + i] += (float)(0.3 * r.normal());
-  m.refresh_bf16();
-}
+using trex::testing::perturb_vectors;
 
 std::vector<int32_t> two_docs(int64_t B, int64_t T) {
   std::vector<int32_t> seg(B * T);

@@ -34,14 +34,7 @@ double loss_at(model::Model& m, const model::Batch& b, const std::vector<float>&
   return m.forward(b).loss;
 }
 
-// Non-constant values for the tensors HF initializes to constants (sinks, biases, scales).
-void perturb_vectors(model::Model& m, uint64_t seed) {
-  Rng r(seed);
-  for (const model::ParamEntry& e : m.layout.entries)
-    if (e.shape.ndim == 1 || e.name.find("position_bias") != std::string::npos)
-      for (int64_t i = 0; i < e.shape.numel(); ++i) m.P()[e.offset + i] += (float)(0.3 * r.normal());
-  m.refresh_bf16();
-}
+using trex::testing::perturb_vectors;
 
 struct Data {
   int64_t B, T;
