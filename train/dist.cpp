@@ -162,6 +162,13 @@ void DataParallel::disarm() {
     }
 }
 
+template <class T>
+void DataParallel::all_reduce_timed(T* v, size_t n) {
+  const double t0 = now_s(), t0m = now_ms();
+  comm_.all_reduce(v, n);
+  traced_wait(t0, t0m);
+}
+
 double DataParallel::finish_grads(bool inject_nan) {
   sync_->finish_grad_sync();
   if (inject_nan && rank() == 0) sync_->grad_shard(0)[0] = std::nanf("");
@@ -170,10 +177,7 @@ double DataParallel::finish_grads(bool inject_nan) {
     std::span<float> g = sync_->grad_shard(b);
     ss += kern::sum_squares(g.data(), (int64_t)g.size());
   }
-  // Over every rank, tp ranks included: each holds its own shards.
-  const double t0 = now_s(), t0m = now_ms();
-  comm_.all_reduce(&ss, 1);
-  traced_wait(t0, t0m);
+  all_reduce_timed(&ss, 1);  // over every rank, tp ranks included: each holds its own shards
   return std::sqrt(ss);
 }
 
@@ -203,16 +207,12 @@ void DataParallel::set_trace(TraceLog* t) {
 
 void DataParallel::sum(int64_t* v, size_t n) {
   if (tp_rank() != 0) std::fill(v, v + n, 0);
-  const double t0 = now_s(), t0m = now_ms();
-  comm_.all_reduce(v, n);
-  traced_wait(t0, t0m);
+  all_reduce_timed(v, n);
 }
 
 void DataParallel::sum(double* v, size_t n) {
   if (tp_rank() != 0) std::fill(v, v + n, 0.0);
-  const double t0 = now_s(), t0m = now_ms();
-  comm_.all_reduce(v, n);
-  traced_wait(t0, t0m);
+  all_reduce_timed(v, n);
 }
 
 std::vector<std::vector<int64_t>> DataParallel::sum_loads(const std::vector<std::vector<int64_t>>& load) {

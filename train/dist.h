@@ -112,6 +112,8 @@ class DataParallel {
   std::unique_ptr<parallel::GradSync> sync_;
   TraceLog* trace_ = nullptr;
   void traced_wait(double t0_s, double t0_ms);  // accounts a blocking all-reduce that began at t0
+  template <class T>
+  void all_reduce_timed(T* v, size_t n);  // blocking sum over every rank of comm_, counted as exposed
   std::unique_ptr<AdamW> opt_;
   std::vector<std::vector<int>> group_buckets_;  // [groups] buckets touched by each parameter group
   std::vector<int> bucket_groups_;               // [buckets] groups touching each bucket
