@@ -11,6 +11,7 @@
 #include "kernels/rope.h"
 #include "model/linear.h"
 #include "parallel/comm.h"
+#include "parallel/dims.h"
 
 namespace trex::model {
 
@@ -100,18 +101,11 @@ bool tp_partial_grad(const std::string& name) {
 void Model::set_tensor_parallel(parallel::Communicator* tp_comm) {
   tp_ = {};
   if (!tp_comm || tp_comm->size() == 1) return;
-  const int64_t S = tp_comm->size();
-  auto need = [&](int64_t v, const char* field) {
-    TREX_USER_CHECK(v % S == 0, std::string("choose parallel.tp among the divisors of ") + field,
-                    "parallel.tp = ", S, " does not divide model ", field, " = ", v);
-  };
-  need(cfg.num_attention_heads, "num_attention_heads");
-  if (cfg.is_v4()) need(cfg.v4.o_groups, "o_groups");
-  bool dense = false;  // V3 dense MLP layers split their columns
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) dense |= !cfg.is_v4() && !cfg.is_moe_layer(l);
-  if (dense) need(cfg.intermediate_size, "intermediate_size");
+  parallel::ParallelDims dims;  // heads, V4 output groups and the dense width must split evenly
+  dims.tp = tp_comm->size();
+  dims.validate_model(cfg);
   tp_.comm = tp_comm;
-  tp_.slice = {tp_comm->rank(), S};
+  tp_.slice = {tp_comm->rank(), dims.tp};
 }
 
 void Model::tp_sum(float* x, int64_t n) const {

@@ -36,6 +36,10 @@ void ParallelDims::validate_world(int world_size) const {
 
 void ParallelDims::validate(int world_size, const model::ModelConfig& cfg) const {
   validate_world(world_size);
+  validate_model(cfg);
+}
+
+void ParallelDims::validate_model(const model::ModelConfig& cfg) const {
   TREX_USER_CHECK(
       cfg.num_attention_heads % tp == 0,
       "tensor parallelism splits whole attention heads: choose parallel.tp among the divisors of the head count",

@@ -51,6 +51,9 @@ struct ParallelDims {
   void validate(int world_size, const model::ModelConfig& cfg) const;
   // The same checks without a model (world size and the sizes only).
   void validate_world(int world_size) const;
+  // The checks against the model only (validate = validate_world + validate_model); also what
+  // Model::set_tensor_parallel checks for its tp size.
+  void validate_model(const model::ModelConfig& cfg) const;
 
   // Layers per pp stage for a model of num_layers layers: pp_layers if given, else an even split
   // whose remainder goes to stages 1 .. pp-2 first, then stage 0, then stage pp-1. Result: [pp].
