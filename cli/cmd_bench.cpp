@@ -222,7 +222,8 @@ void add_bench(CLI::App& app) {
     Profiler prof;
     TraceLog tlog;
     const bool tracing = !o->trace.empty();
-    const int64_t B = rc.train.batch_size, T = rc.data.seq_len, N = B * T;
+    // train.grad_accum micro-batches of B rows a step (the pipeline's 1F1B needs several).
+    const int64_t B = rc.train.batch_size, T = rc.data.seq_len, GA = rc.train.grad_accum, N = GA * B * T;
     std::vector<int32_t> ids(N), labels(N);
     // Each data rank its own tokens (the tp ranks of one data rank share them).
     Rng rng(rc.train.seed + 1 + 7919 * (uint64_t)dims.coord(rank).dp);
@@ -236,11 +237,13 @@ void add_bench(CLI::App& app) {
       }
       for (auto& v : labels) v = (int32_t)(rng.next_u64() % rc.model.vocab_size);
       ids = labels;
-      std::vector<int32_t> targets = model::shift_labels(labels, B, T);
-      model::Batch b{B, T, ids.data(), targets.data(), nullptr, nullptr};
+      std::vector<int32_t> targets = model::shift_labels(labels, GA * B, T);
+      std::vector<model::Batch> micro;
+      for (int64_t a = 0; a < GA; ++a)
+        micro.push_back({B, T, ids.data() + a * B * T, targets.data() + a * B * T, nullptr, nullptr});
       const double t0 = now_ms();
-      train::StepStats st = dp ? train::trainer_step(*dp, {b}, lr, rc.train.bias_update_gamma, m.prof)
-                               : train::trainer_step(m, *opt, {b}, lr, rc.train.bias_update_gamma, m.prof);
+      train::StepStats st = dp ? train::trainer_step(*dp, micro, lr, rc.train.bias_update_gamma, m.prof)
+                               : train::trainer_step(m, *opt, micro, lr, rc.train.bias_update_gamma, m.prof);
       last_loss = st.loss;
       if (prof.trace) prof.trace->add("step " + std::to_string(s - o->warmup), TraceTrack::Compute, t0, now_ms());
       const double ms = mpi.max(st.ms);  // the step ends when the slowest rank's does
@@ -273,7 +276,7 @@ void add_bench(CLI::App& app) {
       bf16_dot = mpi.sum(p.bf16_gflops);
       measured = true;
     }
-    const double tps = dims.dp * N / (med / 1000.0);  // tp ranks share their data rank's tokens
+    const double tps = dims.dp * N / (med / 1000.0);  // tp ranks and pp stages share their data rank's tokens
     const train::MemoryEstimate est = train::estimate_train_memory(rc, R);  // the start-up check's figure
     const double rss = mpi.max(peak_rss_mb()), act = mpi.max(m.peak_activation_bytes() / 1048576.0);
     const double mfu = fpt * tps / (peak * 1e9);
@@ -297,16 +300,16 @@ void add_bench(CLI::App& app) {
       return ok ? std::string(b) : std::string("null");
     };
     std::printf(
-        "{\"impl\": \"trex\", \"config\": \"%s\", \"precision\": \"%s\", \"ranks\": %d, \"ep\": %d, \"tp\": %d, \"threads\": %d, "
-        "\"batch\": %lld, \"seq\": %lld, "
+        "{\"impl\": \"trex\", \"config\": \"%s\", \"precision\": \"%s\", \"ranks\": %d, \"ep\": %d, \"tp\": %d, \"pp\": %d, \"threads\": %d, "
+        "\"batch\": %lld, \"grad_accum\": %lld, \"seq\": %lld, "
         "\"steps\": %d, \"step_ms\": %.1f, \"step_ms_median\": %.1f, \"step_ms_min\": %.1f, \"comm_ms\": %.1f, "
         "\"tokens_per_s\": %.1f, "
         "\"model_flops_per_token\": %.4g, \"active_params\": %lld, \"peak_gflops\": %.1f, \"peak_measured\": %s, "
         "\"mfu\": %.4f, \"mfu_vs_bf16_dot_peak\": %.4f, \"peak_rss_mb\": %.0f, \"last_loss\": %.4f, "
         "\"activation_mb\": %.0f, \"memory_estimate_mb\": %.0f, \"activation_estimate_mb\": %.0f, "
         "\"plan_step_ms\": %s, \"plan_memory_mb\": %s}\n",
-        o->config.c_str(), rc.train.precision == kern::Prec::BF16 ? "bf16" : "fp32", R, dims.ep, dims.tp, threads, (long long)B,
-        (long long)T, steps, med, med, mn, comm_med, tps, fpt, (long long)m.cfg.num_active_params(), peak,
+        o->config.c_str(), rc.train.precision == kern::Prec::BF16 ? "bf16" : "fp32", R, dims.ep, dims.tp, dims.pp, threads,
+        (long long)B, (long long)GA, (long long)T, steps, med, med, mn, comm_med, tps, fpt, (long long)m.cfg.num_active_params(), peak,
         measured ? "true" : "false", mfu, bf16_dot > 0 ? fpt * tps / (bf16_dot * 1e9) : 0.0, rss, last_loss, act,
         est.total() / 1048576.0, est.activations / 1048576.0, num_or_null(pr.ok, pr.step_s * 1000).c_str(),
         num_or_null(pr.ok, pr.memory_bytes / 1048576.0).c_str());

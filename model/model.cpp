@@ -151,10 +151,43 @@ const RopeTable& Model::rope_table(int64_t maxpos) {
   return rope_;
 }
 
-LossParts Model::forward_backward(const Batch& b, float grad_scale) { return run(b, grad_scale, true); }
-LossParts Model::forward(const Batch& b) { return run(b, 0.f, false); }
+LossParts Model::forward_backward(const Batch& b, float grad_scale) {
+  TREX_CHECK(!stage_.on(), "Model::forward_backward on a pipeline stage: use stage_forward_backward");
+  return run(b, grad_scale, true, nullptr);
+}
+LossParts Model::forward(const Batch& b) {
+  TREX_CHECK(!stage_.on(), "Model::forward on a pipeline stage: use stage_forward");
+  return run(b, 0.f, false, nullptr);
+}
 
-LossParts Model::run(const Batch& b, float grad_scale, bool backward) {
+void Model::set_pipeline_stage(PipelineStage s) {
+  const int64_t L = cfg.num_hidden_layers;
+  if (s.l1 < 0) s.l1 = L;
+  TREX_CHECK(0 <= s.l0 && s.l0 <= s.l1 && s.l1 <= L, "set_pipeline_stage: layers [", s.l0, ", ", s.l1,
+             ") outside the model's ", L);
+  TREX_CHECK(!s.first || s.l0 == 0, "set_pipeline_stage: the first stage starts at layer 0, not ", s.l0);
+  TREX_CHECK(!s.last || s.l1 == L, "set_pipeline_stage: the last stage ends at layer ", L, ", not ", s.l1);
+  stage_ = s;
+}
+
+int64_t Model::stage_io_floats(int64_t N) const { return N * cfg.hidden_size * (cfg.is_v4() ? cfg.v4.hc_mult : 1); }
+
+bool Model::owns_grad_group(int64_t g) const {
+  const int64_t L = cfg.num_hidden_layers;
+  if (g == kGradGroupHead) return stage_.last;
+  if (g == kGradGroupEmbed)  // the last stage also reads the embedding when the head is tied or for V4 MTP
+    return stage_.first || (stage_.last && (layout.head == layout.embed || (cfg.is_v4() && cfg.v4.mtp_layers > 0)));
+  if (g >= L) return stage_.last;  // V4 MTP block g - L
+  return g >= stage_.l0 && g < stage_end();
+}
+
+LossParts Model::stage_forward(const Batch& b, const StageIO& io) { return run(b, 0.f, false, &io); }
+
+LossParts Model::stage_forward_backward(const Batch& b, const StageIO& io, float grad_scale) {
+  return run(b, grad_scale, true, &io);
+}
+
+LossParts Model::run(const Batch& b, float grad_scale, bool backward, const StageIO* io) {
   const int64_t B = b.B, T = b.T, N = B * T, d = cfg.hidden_size, V = cfg.vocab_size;
   TREX_CHECK(B > 0 && T > 0, "empty batch");
   for (int64_t i = 0; i < N; ++i) {
@@ -165,7 +198,13 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward) {
                     "labels must be -100 or in [0, vocab_size)", "label for position [", i / T, "][", i % T,
                     "] = ", b.targets[i], " is outside the vocabulary (", V, ")");
   }
-  if (cfg.is_v4()) return run_v4(b, grad_scale, backward);
+  const PipelineStage& st = stage_;
+  TREX_CHECK(!st.on() || (io && (st.first || io->x_in) && (st.last || backward || io->x_out) &&
+                          (st.last || !backward || io->dy) && (st.first || !backward || io->dx_in)),
+             "Model: pipeline stage without its inputs / outputs");
+  if (cfg.is_v4()) return run_v4(b, grad_scale, backward, io);
+  const bool count_stats = !io || io->count;
+  const int64_t l0 = st.l0, l1 = stage_end();
   acts.reset();
   Ctx c{prec, &acts, prof};
   float* P = this->P();
@@ -183,17 +222,21 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward) {
   }
   rope_table(maxpos);
 
-  // Embedding.
+  // Embedding (pipeline stages after the first: the previous stage's output).
   float* x = acts.alloc<float>(N * d);
-  parallel_for(N, 64, [&](int64_t s, int64_t e) {
-    for (int64_t n = s; n < e; ++n) std::memcpy(x + n * d, P + layout.embed + (int64_t)b.input_ids[n] * d, d * 4);
-  });
+  if (st.first) {
+    parallel_for(N, 64, [&](int64_t s, int64_t e) {
+      for (int64_t n = s; n < e; ++n) std::memcpy(x + n * d, P + layout.embed + (int64_t)b.input_ids[n] * d, d * 4);
+    });
+  } else {
+    std::memcpy(x, io->x_in, N * d * sizeof(float));
+  }
 
   std::vector<LayerSaved> sv(cfg.num_hidden_layers);
   LossParts out;
   int64_t n_valid = 0;
   for (int64_t i = 0; i < N; ++i) n_valid += b.targets[i] != -100;
-  out.n_valid = n_valid;
+  out.n_valid = st.last ? n_valid : 0;
 
   // Decoder layer l: x [N, d] -> returns h_out [N, d] (arena), its activations in s. count: add
   // the aux loss and the expert loads (not when the backward replays the layer).
@@ -233,56 +276,66 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward) {
   // Full recompute: a layer keeps only its input; its activations are dropped after the forward
   // and rebuilt by replaying it just before its backward.
   const bool replay = opt.recompute == Recompute::Full;
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+  for (int64_t l = l0; l < l1; ++l) {
     if (!replay) {
-      x = layer_forward(l, x, sv[l], true);
+      x = layer_forward(l, x, sv[l], count_stats);
       continue;
     }
     float* kept = acts.alloc<float>(N * d);
     const auto mk = acts.mark();
-    std::memcpy(kept, layer_forward(l, x, sv[l], true), N * d * sizeof(float));
+    std::memcpy(kept, layer_forward(l, x, sv[l], count_stats), N * d * sizeof(float));
     acts.release(mk);
     x = kept;
   }
+  out.loss = out.aux;
+  float* dx = nullptr;  // [N, d] gradient of the last layer's output
+  if (!st.last) {       // a pipeline stage before the last: x goes to the next stage, dy comes back
+    if (!backward) {
+      std::memcpy(io->x_out, x, N * d * sizeof(float));
+      return out;
+    }
+    dx = acts.alloc<float>(N * d);
+    std::memcpy(dx, io->dy, N * d * sizeof(float));
+  } else {
+    // Final norm + LM head fused with cross-entropy.
+    float* hf = acts.alloc<float>(N * d);
+    float* rstdf = acts.alloc<float>(N);
+    kern::rmsnorm_fwd(x, N, d, P + layout.final_norm, eps, hf, rstdf);
+    float* dhf = backward ? acts.alloc<float>(N * d) : nullptr;
+    kern::CeArgs ce{};
+    ce.prec = prec;
+    ce.N = N, ce.d = d, ce.V = V;
+    ce.h = hf;
+    ce.W = P + layout.head;
+    if (prec == kern::Prec::BF16) {
+      bf16* hb = acts.alloc<bf16>(N * d);
+      to_bf16(hf, hb, N * d);
+      ce.h_b = hb;
+      ce.W_b = Pb + layout.head;
+    }
+    ce.labels = b.targets;
+    ce.grad_scale = n_valid ? grad_scale / (float)n_valid : 0.f;
+    ce.dh = dhf;
+    ce.dW = backward ? G + layout.head : nullptr;
+    ce.workspace = acts.alloc<float>(kern::lm_head_ce_workspace_floats(ce));
+    int64_t nv = 0;
+    double ce_sum;
+    {
+      ProfScope ps(prof, backward ? "head_ce.fwd+bwd" : "head_ce.fwd");
+      ce_sum = kern::lm_head_ce(ce, &nv);
+    }
+    out.ce = n_valid ? ce_sum / (double)n_valid : 0.0;
+    out.loss = out.ce + out.aux;
+    if (!backward) return out;
 
-  // Final norm + LM head fused with cross-entropy.
-  float* hf = acts.alloc<float>(N * d);
-  float* rstdf = acts.alloc<float>(N);
-  kern::rmsnorm_fwd(x, N, d, P + layout.final_norm, eps, hf, rstdf);
-  float* dhf = backward ? acts.alloc<float>(N * d) : nullptr;
-  kern::CeArgs ce{};
-  ce.prec = prec;
-  ce.N = N, ce.d = d, ce.V = V;
-  ce.h = hf;
-  ce.W = P + layout.head;
-  if (prec == kern::Prec::BF16) {
-    bf16* hb = acts.alloc<bf16>(N * d);
-    to_bf16(hf, hb, N * d);
-    ce.h_b = hb;
-    ce.W_b = Pb + layout.head;
+    // Backward.
+    dx = acts.alloc<float>(N * d);
+    kern::rmsnorm_bwd(dhf, x, N, d, P + layout.final_norm, rstdf, dx, G + layout.final_norm);
+    if (grad_ready) grad_ready(kGradGroupHead);
   }
-  ce.labels = b.targets;
-  ce.grad_scale = n_valid ? grad_scale / (float)n_valid : 0.f;
-  ce.dh = dhf;
-  ce.dW = backward ? G + layout.head : nullptr;
-  ce.workspace = acts.alloc<float>(kern::lm_head_ce_workspace_floats(ce));
-  int64_t nv = 0;
-  double ce_sum;
-  {
-    ProfScope ps(prof, backward ? "head_ce.fwd+bwd" : "head_ce.fwd");
-    ce_sum = kern::lm_head_ce(ce, &nv);
-  }
-  out.ce = n_valid ? ce_sum / (double)n_valid : 0.0;
-  out.loss = out.ce + out.aux;
-  if (!backward) return out;
-
-  // Backward.
-  float* dx = acts.alloc<float>(N * d);
-  kern::rmsnorm_bwd(dhf, x, N, d, P + layout.final_norm, rstdf, dx, G + layout.final_norm);
-  if (grad_ready) grad_ready(kGradGroupHead);
   float* tmp = acts.alloc<float>(N * d);
   float* tmp2 = acts.alloc<float>(N * d);
-  for (int64_t l = cfg.num_hidden_layers - 1; l >= 0; --l) {
+  for (int64_t l = l1 - 1; l >= l0; --l) {
     const LayerParams& lp = layout.layers[l];
     LayerSaved& s = sv[l];
     const auto mk = acts.mark();
@@ -315,6 +368,11 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward) {
     for (int64_t i = 0; i < N * d; ++i) dx[i] += tmp2[i];
     acts.release(mk);
     if (grad_ready) grad_ready(l);
+  }
+  if (!st.first) {  // the gradient of the previous stage's output
+    std::memcpy(io->dx_in, dx, N * d * sizeof(float));
+    if (grad_ready && owns_grad_group(kGradGroupEmbed)) grad_ready(kGradGroupEmbed);  // tied head
+    return out;
   }
   // Embedding: columns split across threads so every row update is race-free and ordered.
   float* dE = G + layout.embed;

@@ -56,6 +56,25 @@ struct TensorParallel {
 // the tensors whose full gradient every tp rank computes (count them once).
 bool tp_partial_grad(const std::string& name);
 
+// Pipeline parallel: the part of the model one pp stage runs. Decoder layers [l0, l1); the first
+// stage also the embedding, the last also the final norm, the LM head with the loss and (V4) the
+// MTP blocks. The slabs still hold every tensor; the gradients of the other stages' tensors stay
+// 0 here (the data-parallel reduction over every rank sums them in).
+struct PipelineStage {
+  int64_t l0 = 0, l1 = -1;  // l1 = -1: every layer (no pipeline)
+  bool first = true, last = true;
+  bool on() const { return !(first && last); }
+};
+
+// The activations a pipeline stage exchanges (V3: [N, d]; V4: the streams [N, hc_mult, d]).
+struct StageIO {
+  const float* x_in = nullptr;  // not the first stage: the previous stage's output
+  float* x_out = nullptr;       // not the last stage, forward: this stage's output
+  const float* dy = nullptr;    // not the last stage, backward: the gradient of x_out
+  float* dx_in = nullptr;       // not the first stage, backward: the gradient of x_in (overwritten)
+  bool count = true;            // add the aux loss and the expert loads of this call
+};
+
 struct TrainOptions {
   double aux_loss_alpha = 0;   // sequence-wise aux loss coefficient
   double mtp_loss_weight = 0;  // > 0: train the config's MTP blocks (V4), loss += weight * mtp
@@ -114,6 +133,22 @@ class Model {
   const TensorParallel& tensor_parallel() const { return tp_; }
   // In place sum over the tp group of [n] floats (a no-op without tensor parallelism).
   void tp_sum(float* x, int64_t n) const;
+  // Pipeline parallel: this model runs only `stage` (see PipelineStage); forward and
+  // forward_backward are then refused, use stage_forward / stage_forward_backward. Checks
+  // 0 <= l0 <= l1 <= num_hidden_layers.
+  void set_pipeline_stage(PipelineStage stage);
+  const PipelineStage& pipeline_stage() const { return stage_; }
+  // Floats of StageIO::x_in / x_out / dy / dx_in for a batch of N = B * T tokens.
+  int64_t stage_io_floats(int64_t N) const;
+  // True when this stage computes gradients of parameter group g (grad_ready numbering); the
+  // stage calls grad_ready for exactly these groups.
+  bool owns_grad_group(int64_t g) const;
+  // One stage's forward: reads io.x_in (not first), writes io.x_out (not last). The loss parts
+  // are this stage's: ce / mtp / n_valid on the last stage only, aux of its layers (io.count).
+  LossParts stage_forward(const Batch& b, const StageIO& io);
+  // One stage's forward and backward (the forward is recomputed from io.x_in): reads io.dy (not
+  // last), writes io.dx_in (not first), adds the gradients of this stage's tensors.
+  LossParts stage_forward_backward(const Batch& b, const StageIO& io, float grad_scale);
 
   float* P() const { return reinterpret_cast<float*>(params.base()); }
   float* G() const { return reinterpret_cast<float*>(grads.base()); }
@@ -123,8 +158,10 @@ class Model {
   const RopeTable& rope_table(int64_t max_pos);
 
  private:
-  LossParts run(const Batch& b, float grad_scale, bool backward);
-  LossParts run_v4(const Batch& b, float grad_scale, bool backward);  // model/model_v4.cpp
+  // io: the pipeline stage's inputs and outputs (null without pipeline parallelism).
+  LossParts run(const Batch& b, float grad_scale, bool backward, const StageIO* io);
+  LossParts run_v4(const Batch& b, float grad_scale, bool backward, const StageIO* io);  // model/model_v4.cpp
+  int64_t stage_end() const { return stage_.l1 < 0 ? cfg.num_hidden_layers : stage_.l1; }
   void v4_tables(int64_t T);            // main / compress RoPE tables for positions [0, T)
   void init_random_v4(uint64_t seed);
  public:
@@ -140,6 +177,7 @@ class Model {
   std::vector<std::vector<int64_t>> load_;
   ExpertParallel ep_;
   TensorParallel tp_;
+  PipelineStage stage_;
 };
 
 }  // namespace trex::model

@@ -331,11 +331,14 @@ struct MtpSaved {
 
 }  // namespace
 
-LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward) {
+LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const StageIO* io) {
   const ModelConfig& c = cfg;
   const V4Config& v = c.v4;
   const int64_t B = b.B, T = b.T, N = B * T, d = c.hidden_size, n = v.hc_mult;
   const int64_t Lm = c.num_hidden_layers, D = v.mtp_layers;
+  const PipelineStage& st = stage_;
+  const int64_t l0 = st.l0, l1 = stage_end();
+  const bool count_stats = !io || io->count;
   acts.reset();
   StackArena& A = acts;
   v4_tables(T);
@@ -347,22 +350,29 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward) {
   const float* P = e.P;
   float* G = e.G;
 
-  float* X = embed_streams(A, P + layout.embed, b.input_ids, N, n, d);
+  float* X;  // [N, n, d] (pipeline stages after the first: the previous stage's output)
+  if (st.first) {
+    X = embed_streams(A, P + layout.embed, b.input_ids, N, n, d);
+  } else {
+    X = A.alloc<float>(N * n * d);
+    std::memcpy(X, io->x_in, N * n * d * sizeof(float));
+  }
   hash_routes(e, layout, buffers.data(), b.input_ids);
 
   LossParts out;
   int64_t n_valid = 0;
   for (int64_t i = 0; i < N; ++i) n_valid += b.targets[i] != -100;
-  out.n_valid = n_valid;
+  out.n_valid = st.last ? n_valid : 0;
+  double* aux = count_stats ? &out.aux : nullptr;
 
   // Full recompute: a layer keeps only its input streams; its activations are dropped after the
   // forward and rebuilt by replaying it just before its backward.
   const bool replay = opt.recompute == Recompute::Full;
   auto forward_kept = [&](int64_t l, float* Xin, V4LayerSaved& s) -> float* {
-    if (!replay) return layer_forward(e, l, Xin, s, &out.aux);
+    if (!replay) return layer_forward(e, l, Xin, s, aux);
     float* kept = A.alloc<float>(N * n * d);
     const auto mk = A.mark();
-    std::memcpy(kept, layer_forward(e, l, Xin, s, &out.aux), N * n * d * sizeof(float));
+    std::memcpy(kept, layer_forward(e, l, Xin, s, aux), N * n * d * sizeof(float));
     A.release(mk);
     return kept;
   };
@@ -376,7 +386,44 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward) {
     A.release(mk);
   };
   std::vector<V4LayerSaved> sv(Lm);
-  for (int64_t l = 0; l < Lm; ++l) X = forward_kept(l, X, sv[l]);
+  for (int64_t l = l0; l < l1; ++l) X = forward_kept(l, X, sv[l]);
+  BwdScratch w;
+  auto alloc_scratch = [&] {
+    w.dX2 = A.alloc<float>(N * n * d);
+    w.df = A.alloc<float>(N * d);
+    w.dpost = A.alloc<float>(N * n);
+    w.dcomb = A.alloc<float>(N * n * n);
+    w.dnorm = A.alloc<float>(N * d);
+    w.dy = A.alloc<float>(N * d);
+    w.hc_work = A.alloc<float>(std::max<size_t>(kern::hc_pre_bwd_workspace_floats(e.hs), 1));
+  };
+  // The stage's layers backward from dX (the gradient of their output streams), then the
+  // embedding (first stage) or the gradient of the previous stage's output.
+  auto layers_backward = [&](float* dX) {
+    for (int64_t l = l1 - 1; l >= l0; --l) {
+      backward_replayed(l, sv[l], dX, w);
+      if (grad_ready) grad_ready(l);
+    }
+    if (!st.first) {
+      std::memcpy(io->dx_in, dX, N * n * d * sizeof(float));
+      if (grad_ready && owns_grad_group(kGradGroupEmbed)) grad_ready(kGradGroupEmbed);  // MTP / tied head
+      return;
+    }
+    embed_backward(G + layout.embed, b.input_ids, dX, N, d, n);
+    if (grad_ready) grad_ready(kGradGroupEmbed);
+  };
+  out.loss = out.aux;
+  if (!st.last) {  // a pipeline stage before the last: X goes to the next stage, dX comes back
+    if (!backward) {
+      std::memcpy(io->x_out, X, N * n * d * sizeof(float));
+      return out;
+    }
+    alloc_scratch();
+    float* dX = A.alloc<float>(N * n * d);
+    std::memcpy(dX, io->dy, N * n * d * sizeof(float));
+    layers_backward(dX);
+    return out;
+  }
   Head hm{layout.hc_head_fn, layout.hc_head_base, layout.hc_head_scale, layout.final_norm, X};
   const double ce_sum = head_forward(e, hm, b.targets, n_valid ? grad_scale / (float)n_valid : 0.f, prec);
   out.ce = n_valid ? ce_sum / (double)n_valid : 0.0;
@@ -428,14 +475,7 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward) {
   if (!backward) return out;
 
   // Backward.
-  BwdScratch w;
-  w.dX2 = A.alloc<float>(N * n * d);
-  w.df = A.alloc<float>(N * d);
-  w.dpost = A.alloc<float>(N * n);
-  w.dcomb = A.alloc<float>(N * n * n);
-  w.dnorm = A.alloc<float>(N * d);
-  w.dy = A.alloc<float>(N * d);
-  w.hc_work = A.alloc<float>(std::max<size_t>(kern::hc_pre_bwd_workspace_floats(e.hs), 1));
+  alloc_scratch();
   float* dX = A.alloc<float>(N * n * d);
   float* dprev = D ? A.alloc_zero<float>(N * n * d) : nullptr;  // MTP's gradient into the streams below it
   for (int64_t k = D - 1; k >= 0; --k) {
@@ -466,12 +506,7 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward) {
   head_backward(e, hm, dX);
   if (grad_ready) grad_ready(kGradGroupHead);
   if (dprev) for (int64_t i = 0; i < N * n * d; ++i) dX[i] += dprev[i];
-  for (int64_t l = Lm - 1; l >= 0; --l) {
-    backward_replayed(l, sv[l], dX, w);
-    if (grad_ready) grad_ready(l);
-  }
-  embed_backward(G + layout.embed, b.input_ids, dX, N, d, n);
-  if (grad_ready) grad_ready(kGradGroupEmbed);
+  layers_backward(dX);
   return out;
 }
 

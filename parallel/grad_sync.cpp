@@ -20,8 +20,8 @@ void zero_padding(const BucketLayout& L, float* buf) {
 
 }  // namespace
 
-GradSync::GradSync(Communicator& dp_comm, const BucketLayout& layout, float* grads, float* params)
-    : comm_(dp_comm), L_(layout), grads_(grads), params_(params), rank_(dp_comm.rank()) {
+GradSync::GradSync(Communicator& dp_comm, const BucketLayout& layout, float* grads, float* params, bool average)
+    : comm_(dp_comm), L_(layout), grads_(grads), params_(params), rank_(dp_comm.rank()), average_(average) {
   TREX_CHECK(dp_comm.size() == layout.dp, "GradSync: the dp communicator has ", dp_comm.size(),
              " ranks but the bucket layout was built for dp = ", layout.dp);
   TREX_CHECK(grads && params, "GradSync: null grads or params buffer");
@@ -98,9 +98,11 @@ void GradSync::finish_grad_sync() {
   for (int b = 0; b < L_.num_buckets(); ++b) wait_traced(rs_[b], "reduce-scatter", b, rs_t0_[b]);
   wait_s_ += now_s() - t0;
   if (trace_) trace_->add("wait: gradient reduce-scatter", TraceTrack::Compute, w0, now_ms());
-  const float inv = 1.0f / static_cast<float>(L_.dp);
-  for (int b = 0; b < L_.num_buckets(); ++b)
-    for (float& g : grad_shard(b)) g *= inv;
+  if (average_) {
+    const float inv = 1.0f / static_cast<float>(L_.dp);
+    for (int b = 0; b < L_.num_buckets(); ++b)
+      for (float& g : grad_shard(b)) g *= inv;
+  }
   std::fill(ready_count_.begin(), ready_count_.end(), 0);
   std::fill(marked_.begin(), marked_.end(), 0);
   std::fill(rs_started_.begin(), rs_started_.end(), 0);

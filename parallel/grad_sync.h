@@ -8,7 +8,7 @@
 //                                        bucket's reduce-scatter starts as soon as its last
 //                                        parameter is marked (in place, async)
 //   finish_grad_sync()                   waits for every bucket; rank r's shard of `grads` then
-//                                        holds the dp average (sum x 1/dp); the rest of `grads`
+//                                        holds the dp average (sum x 1/dp; the sum with average = false); the rest of `grads`
 //                                        is undefined
 //   global_grad_norm(), scale_grad_shards(c)   clipping over the whole model
 //   optimizer on grad_shard(b) / param_shard(b) for every bucket (state: layout.shard_elems())
@@ -34,7 +34,8 @@ class GradSync {
  public:
   // grads, params: [layout.total] flat f32 buffers in the layout's order, owned by the caller and
   // alive as long as this object. dp_comm.size() must equal layout.dp. Zeroes the padding of both.
-  GradSync(Communicator& dp_comm, const BucketLayout& layout, float* grads, float* params);
+  // average = false: finish_grad_sync leaves the sum over ranks (no 1/dp).
+  GradSync(Communicator& dp_comm, const BucketLayout& layout, float* grads, float* params, bool average = true);
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
   ~GradSync();  // waits for anything in flight
@@ -45,7 +46,8 @@ class GradSync {
   void mark_ready(int param);
   // Tests the handles in flight (drives MPI progress); returns the number still pending.
   int progress();
-  // Waits for every bucket's reduce-scatter and averages this rank's shards. Every parameter must
+  // Waits for every bucket's reduce-scatter and averages this rank's shards (unless the object
+  // sums: average = false). Every parameter must
   // have been marked. Resets the ready counters for the next step.
   void finish_grad_sync();
   bool bucket_started(int bucket) const { return rs_started_[bucket] != 0; }
@@ -84,6 +86,7 @@ class GradSync {
   float* grads_;
   float* params_;
   int rank_;
+  bool average_;
   std::vector<int> ready_count_;  // [buckets] params marked this step
   std::vector<char> marked_;      // [params]
   std::vector<char> rs_started_;  // [buckets]

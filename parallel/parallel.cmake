@@ -70,6 +70,12 @@ add_test(NAME mpi_tp_np4
                  ${MPIEXEC_PREFLAGS} $<TARGET_FILE:trex_mpi_tests> --gtest_filter=TpTrain.* ${MPIEXEC_POSTFLAGS})
 set_tests_properties(mpi_tp_np4 PROPERTIES TIMEOUT 300 PROCESSORS 2)
 
+# Pipeline parallel on 4 ranks: dp 2 x pp 2 (with ep 2) and tp 2 x pp 2.
+add_test(NAME mpi_pp_np4
+         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 --allow-run-as-root --oversubscribe
+                 ${MPIEXEC_PREFLAGS} $<TARGET_FILE:trex_mpi_tests> --gtest_filter=PpTrain.* ${MPIEXEC_POSTFLAGS})
+set_tests_properties(mpi_pp_np4 PROPERTIES TIMEOUT 300 PROCESSORS 2)
+
 # A rank killed in a data-parallel `trex train`: the whole job must end within 60 s, the launcher
 # naming the dead rank (tests/faults/rank_death.sh).
 add_test(NAME faults_rank_death

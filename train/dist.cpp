@@ -51,9 +51,12 @@ void grow_arena(Arena& a, const char* name, size_t bytes) {
 DataParallel::DataParallel(parallel::Communicator& dp_comm, model::Model& m, AdamWConfig ocfg, DpOptions o)
     : comm_(dp_comm), m_(m), o_(o) {
   const int dp = comm_.size();
-  TREX_CHECK(o_.tp >= 1 && dp % o_.tp == 0, "DataParallel: ", dp, " ranks are not a multiple of tp = ", o_.tp);
+  TREX_CHECK(o_.tp >= 1 && o_.pp >= 1 && dp % (o_.tp * o_.pp) == 0, "DataParallel: ", dp,
+             " ranks are not a multiple of tp x pp = ", o_.tp, " x ", o_.pp);
   TREX_CHECK(o_.tp == 1 || m.tensor_parallel().on(), "DataParallel: tp = ", o_.tp,
              " but tensor parallelism is not set on the model");
+  TREX_CHECK((o_.pp == 1) == !m.pipeline_stage().on() && (o_.pp == 1 || (o_.pp_comm && o_.pp_comm->size() == o_.pp)),
+             "DataParallel: pp = ", o_.pp, " needs a pipeline stage on the model and a pp group of that size");
   const int64_t total = m.layout.total, q = 16 * (int64_t)dp;
   TREX_CHECK(total > 0, "DataParallel: the model has no parameters");
   padded_ = (total + q - 1) / q * q;
@@ -70,7 +73,8 @@ DataParallel::DataParallel(parallel::Communicator& dp_comm, model::Model& m, Ada
   for (int b = 0; b < nb; ++b)
     TREX_CHECK((int64_t)layout_.buckets[b].begin == b * bs && layout_.buckets[b].used == layout_.buckets[b].size,
                "DataParallel: bucket ", b, " is not a padding-free slab range");
-  sync_ = std::make_unique<parallel::GradSync>(comm_, layout_, m.G(), m.P());
+  // The sum over ranks (no 1/dp: the trainer weights the micro-batches by the global target count).
+  sync_ = std::make_unique<parallel::GradSync>(comm_, layout_, m.G(), m.P(), /*average=*/false);
 
   // This rank's shard of every bucket -> the sharded AdamW.
   std::vector<SlabRange> owned;
@@ -120,13 +124,24 @@ void DataParallel::arm() {
   left_ = bucket_groups_;
   std::fill(fired_.begin(), fired_.end(), 0);
   started_in_bwd_ = 0;
+  next_bucket_ = layout_.num_buckets() - 1;
   if (!o_.overlap) return;
-  for (int b = 0; b < layout_.num_buckets(); ++b)
-    if (left_[b] == 0) {  // no parameters in it (gaps, padding): ready now
-      sync_->mark_ready(b);
-      ++started_in_bwd_;
-    }
+  // Pipeline parallel: the other stages' parameter groups have their final gradient (0) now.
+  const int64_t L = (int64_t)m_.layout.layers.size();
+  for (int64_t g = -2; g < L; ++g)
+    if (!m_.owns_grad_group(g)) on_group(g);
+  start_ready_buckets();  // and the buckets without parameters (gaps, padding)
   m_.grad_ready = [this](int64_t g) { on_group(g); };
+}
+
+void DataParallel::start_ready_buckets() {
+  // Highest index first, whatever order the groups finish in: the reduce-scatters are collectives
+  // and must start in the same order on every rank (pipeline stages finish theirs at different
+  // times). Backward runs from the head to the embedding, i.e. from high slab offsets to low.
+  while (next_bucket_ >= 0 && left_[next_bucket_] == 0) {
+    sync_->mark_ready(next_bucket_--);
+    ++started_in_bwd_;
+  }
 }
 
 void DataParallel::on_group(int64_t g) {
@@ -136,11 +151,8 @@ void DataParallel::on_group(int64_t g) {
              " reported twice or unknown");
   fired_[i] = 1;
   drop_tp_copies(i);
-  for (int b : group_buckets_[i])
-    if (--left_[b] == 0) {
-      sync_->mark_ready(b);
-      ++started_in_bwd_;
-    }
+  for (int b : group_buckets_[i]) --left_[b];
+  start_ready_buckets();
 }
 
 void DataParallel::drop_tp_copies(int64_t i) {
@@ -154,12 +166,11 @@ void DataParallel::disarm() {
   for (size_t i = 0; i < fired_.size(); ++i)
     if (!fired_[i]) drop_tp_copies((int64_t)i);
   // Buckets the hook did not complete (overlap off, or a model without the hook): all now, in
-  // order (the same order on every rank).
-  for (int b = 0; b < layout_.num_buckets(); ++b)
-    if (!o_.overlap || left_[b] > 0) {
-      left_[b] = 0;
-      sync_->mark_ready(b);
-    }
+  // the same order as the hook's (the same order on every rank).
+  const int started = started_in_bwd_;
+  std::fill(left_.begin(), left_.end(), 0);
+  start_ready_buckets();
+  started_in_bwd_ = started;
 }
 
 template <class T>
@@ -205,20 +216,20 @@ void DataParallel::set_trace(TraceLog* t) {
   sync_->set_trace(t);
 }
 
-void DataParallel::sum(int64_t* v, size_t n) {
-  if (tp_rank() != 0) std::fill(v, v + n, 0);
+void DataParallel::sum(int64_t* v, size_t n, Count c) {
+  if (!counts(c)) std::fill(v, v + n, 0);
   all_reduce_timed(v, n);
 }
 
-void DataParallel::sum(double* v, size_t n) {
-  if (tp_rank() != 0) std::fill(v, v + n, 0.0);
+void DataParallel::sum(double* v, size_t n, Count c) {
+  if (!counts(c)) std::fill(v, v + n, 0.0);
   all_reduce_timed(v, n);
 }
 
 std::vector<std::vector<int64_t>> DataParallel::sum_loads(const std::vector<std::vector<int64_t>>& load) {
   std::vector<int64_t> flat;
   for (const auto& v : load) flat.insert(flat.end(), v.begin(), v.end());
-  if (!flat.empty()) sum(flat.data(), flat.size());
+  if (!flat.empty()) sum(flat.data(), flat.size(), Count::PerStage);
   std::vector<std::vector<int64_t>> out(load.size());
   size_t k = 0;
   for (size_t l = 0; l < load.size(); ++l) {
@@ -229,7 +240,8 @@ std::vector<std::vector<int64_t>> DataParallel::sum_loads(const std::vector<std:
 }
 
 double DataParallel::exposed_wait_s() const {
-  return wait_s_ + sync_->exposed_wait_seconds() + (m_.expert_parallel().wait_ms + m_.tensor_parallel().wait_ms) / 1e3;
+  return wait_s_ + sync_->exposed_wait_seconds() +
+         (m_.expert_parallel().wait_ms + m_.tensor_parallel().wait_ms + pp_wait_ms_) / 1e3;
 }
 
 void DataParallel::gather_moments(std::vector<float>& m1, std::vector<float>& m2) {
@@ -264,15 +276,21 @@ void DataParallel::gather_moments(std::vector<float>& m1, std::vector<float>& m2
 
 ParallelRun make_parallel_run(parallel::Communicator& world, const parallel::ParallelDims& dims, model::Model& m,
                               AdamWConfig ocfg, DpOptions o) {
-  TREX_CHECK(world.size() == dims.world() && dims.pp == 1, "make_parallel_run: ", dims.str(), " on ", world.size(),
-             " ranks (pipeline parallelism is not implemented)");
+  TREX_CHECK(world.size() == dims.world(), "make_parallel_run: ", dims.str(), " on ", world.size(), " ranks");
   ParallelRun r;
   if (world.size() == 1) return r;
   r.groups = parallel::make_process_groups(world, dims);
   if (dims.ep > 1) m.set_expert_parallel(r.groups.ep.get());
   if (dims.tp > 1) m.set_tensor_parallel(r.groups.tp.get());
+  if (dims.pp > 1) {
+    const int s = dims.coord(world.rank()).pp;
+    const int64_t L = m.cfg.num_hidden_layers, l0 = dims.stage_first_layer(L, s);
+    m.set_pipeline_stage({l0, l0 + dims.stage_layers(L)[s], s == 0, s == dims.pp - 1});
+  }
   o.tp = dims.tp;
-  // pp = 1: the dp x tp ranks are the whole world (rank = tp_rank + tp * dp_rank).
+  o.pp = dims.pp;
+  o.pp_comm = dims.pp > 1 ? r.groups.pp.get() : nullptr;
+  // The DataParallel runs over the whole world (rank = tp_rank + tp * (dp_rank + dp * pp_rank)).
   r.dp = std::make_unique<DataParallel>(world, m, ocfg, o);
   return r;
 }

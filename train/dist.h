@@ -22,8 +22,9 @@
 //   finish_grads()                     waits; shard = sum over ranks of the weighted gradients;
 //                                      returns the global gradient norm (all-reduced)
 //   opt().apply(); gather_params()     update the shard, all-gather the parameters, refresh bf16
-// Gradients are SUMMED over ranks: trainer_step weights each micro-batch by its share of the
-// GLOBAL target count times dp (GradSync averages, i.e. divides by dp).
+// Gradients are SUMMED over ranks (GradSync with average = false): trainer_step weights each
+// micro-batch by its share of the GLOBAL target count. (Scaling by dp and averaging would round
+// twice when dp is not a power of two; with pipeline stages every tensor's sum is then exact.)
 #pragma once
 #include <memory>
 #include <string>
@@ -46,6 +47,19 @@ struct DpOptions {
   // other tensors' gradients are whole on every tp rank and count once (tp rank 0's), as do the
   // loss, token and expert-load sums.
   int tp = 1;
+  // Pipeline parallel: the communicator holds dp x tp x pp ranks (comm rank = tp_rank + tp *
+  // (data_rank + dp * pp_rank)) and the model runs one stage (Model::set_pipeline_stage). Each
+  // stage computes the gradients of its own tensors only; the others stay 0 there, so the sum over
+  // every rank completes every tensor. pp_comm: the pp group of this rank (train/pipeline.h).
+  int pp = 1;
+  parallel::Communicator* pp_comm = nullptr;
+};
+
+// What a sum over ranks counts (DataParallel::sum).
+enum class Count {
+  PerDataRank,  // values every rank of a data rank knows (token and target counts): counted once
+  PerStage,     // values each pipeline stage computes for its own part (loss parts, expert loads):
+                // counted once per stage of each data rank (tp rank 0's)
 };
 
 class DataParallel {
@@ -62,9 +76,14 @@ class DataParallel {
   int size() const { return comm_.size(); }
   // The data-parallel coordinates (which batches this rank reads): without tensor parallelism
   // rank() and size().
-  int data_rank() const { return comm_.rank() / o_.tp; }
-  int data_size() const { return comm_.size() / o_.tp; }
+  int data_rank() const { return comm_.rank() / o_.tp % data_size(); }
+  int data_size() const { return comm_.size() / (o_.tp * o_.pp); }
   int tp_rank() const { return comm_.rank() % o_.tp; }
+  int pp_rank() const { return comm_.rank() / (o_.tp * data_size()); }
+  // The pp group (null without pipeline parallelism) and the time this rank was blocked in its
+  // receives (pipeline_step / pipeline_forward add to it; part of exposed_wait_s).
+  parallel::Communicator* pipeline() const { return o_.pp_comm; }
+  double& pipeline_wait_ms() { return pp_wait_ms_; }
   model::Model& model() const { return m_; }
   AdamW& opt() { return *opt_; }
   const AdamW& opt() const { return *opt_; }
@@ -80,10 +99,11 @@ class DataParallel {
   // inject_nan (test hook): rank 0 puts a NaN into its shard first.
   double finish_grads(bool inject_nan = false);
   void gather_params();  // all-gather of the updated shards, then the bf16 shadow
-  // In place: sums over ranks (blocking; counted as exposed communication). Tensor parallel: over
-  // the data ranks (tp rank 0 of each contributes; the others' values are ignored).
-  void sum(int64_t* v, size_t n);
-  void sum(double* v, size_t n);
+  // In place: sums over ranks (blocking; counted as exposed communication). Only the ranks that
+  // count (see Count) contribute; the others' values are ignored.
+  void sum(int64_t* v, size_t n, Count c = Count::PerDataRank);
+  void sum(double* v, size_t n, Count c = Count::PerDataRank);
+  // Per layer and expert, summed over the data ranks and the stages (each stage counts its layers).
   std::vector<std::vector<int64_t>> sum_loads(const std::vector<std::vector<int64_t>>& load);
   // rank 0's weights and buffers to every rank (after init or a checkpoint load).
   void broadcast_replicas();
@@ -103,6 +123,8 @@ class DataParallel {
 
  private:
   void on_group(int64_t g);
+  void start_ready_buckets();  // reduce-scatters of the ready buckets, highest index first
+  bool counts(Count c) const { return tp_rank() == 0 && (c == Count::PerStage || pp_rank() == 0); }
   void drop_tp_copies(int64_t i);  // tensor parallel, tp rank > 0: zero group i's whole-gradient tensors
   parallel::Communicator& comm_;
   model::Model& m_;
@@ -120,13 +142,16 @@ class DataParallel {
   std::vector<int> left_;                        // [buckets] groups still to finish this step
   std::vector<char> fired_;                      // [groups]
   std::vector<std::vector<std::pair<int64_t, int64_t>>> tp_copies_;  // [groups] (offset, size) to zero
+  int next_bucket_ = -1;                         // highest bucket whose reduce-scatter is not started
   int started_in_bwd_ = 0;
+  double pp_wait_ms_ = 0;
   double wait_s_ = 0;                            // blocking all-reduces
 };
 
-// The parallel state of one rank of a run laid out by dims (world.size() == dims.world(), pp = 1):
-// the process groups, expert and tensor parallelism set on m, and the DataParallel over the
-// dp x tp ranks (null when that is one rank: the caller runs the one-rank AdamW). Collective.
+// The parallel state of one rank of a run laid out by dims (world.size() == dims.world()): the
+// process groups, expert and tensor parallelism and the pipeline stage set on m, and the
+// DataParallel over every rank (null when the world is one rank: the caller runs the one-rank
+// AdamW). Collective.
 struct ParallelRun {
   parallel::ProcessGroups groups;
   std::unique_ptr<DataParallel> dp;

@@ -17,6 +17,7 @@
 #include "train/dist.h"
 #include "train/loss_spikes.h"
 #include "train/metrics.h"
+#include "train/pipeline.h"
 #include "train/preflight.h"
 #include "train/token_cache.h"
 #include "train/trainer.h"
@@ -52,18 +53,21 @@ double eval_loss(model::Model& m, const std::vector<PackedSeq>& seqs, int64_t ba
     for (int64_t i = lo; i < hi; ++i) which.push_back(i);
     // Expert parallel: the forward is a collective over the ep group, so a rank without rows in
     // the last (partial) global batch still runs one, on a row it does not count.
+    // Pipeline parallel too: the stages' forward is a chain of sends and receives.
     const bool count = !which.empty();
-    if (!count && !m.expert_parallel().on()) continue;
+    if (!count && !m.expert_parallel().on() && !m.pipeline_stage().on()) continue;
     if (!count) which.push_back(b * gbatch);
     BatchBuffer bb = make_batch(seqs, which);
-    model::LossParts lp = m.forward(bb.batch(which.size(), seqs[0].ids.size()));
+    const model::Batch batch = bb.batch(which.size(), seqs[0].ids.size());
+    model::LossParts lp = dp && dp->pipeline() ? pipeline_forward(m, *dp->pipeline(), batch, &dp->pipeline_wait_ms())
+                                               : m.forward(batch);
     if (!count) continue;
     sum += lp.ce * lp.n_valid;
     valid += lp.n_valid;
   }
   if (dp) {
     double v[2] = {sum, (double)valid};
-    dp->sum(v, 2);
+    dp->sum(v, 2, Count::PerStage);  // pipeline parallel: the last stage's (the others have 0)
     sum = v[0], valid = (int64_t)v[1];
   }
   return valid ? sum / valid : 0.0;
@@ -162,7 +166,9 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   };
   const std::string dp_note = dp ? detail::cat(" per rank, data parallel dp=", dp_size,
                                                dims.ep > 1 ? detail::cat(" expert parallel ep=", dims.ep) : "",
-                                               dims.tp > 1 ? detail::cat(" tensor parallel tp=", dims.tp) : "", " (ZeRO-1, ",
+                                               dims.tp > 1 ? detail::cat(" tensor parallel tp=", dims.tp) : "",
+                                               dims.pp > 1 ? detail::cat(" pipeline parallel pp=", dims.pp, " (1F1B)") : "",
+                                               " (ZeRO-1, ",
                                                dp->buckets().num_buckets(), " buckets",
                                                rc.parallel.overlap ? ", overlapped" : "", ")")
                                  : "";

@@ -156,6 +156,13 @@ RunConfig parse_run_config(json j, const std::string& where, const std::vector<s
       {"tp", [&](const json& v, const std::string& k) { r.parallel.tp = c.i64(v, k, 1); }},
       {"pp", [&](const json& v, const std::string& k) { r.parallel.pp = c.i64(v, k, 1); }},
       {"ep", [&](const json& v, const std::string& k) { r.parallel.ep = c.i64(v, k, 1); }},
+      {"pp_layers",
+       [&](const json& v, const std::string& k) {
+         TREX_USER_CHECK(v.is_array(), "use a list of layer counts, one per pipeline stage, e.g. [3, 4, 3]", c.where,
+                         ": ", k, " must be a list of integers");
+         r.parallel.pp_layers.clear();
+         for (const json& e : v) r.parallel.pp_layers.push_back(c.i64(e, k, 0));
+       }},
       {"bucket_size", [&](const json& v, const std::string& k) { r.parallel.bucket_size = c.i64(v, k, 0); }},
       {"overlap", [&](const json& v, const std::string& k) { r.parallel.overlap = c.boolean(v, k); }},
       {"watchdog_s", [&](const json& v, const std::string& k) { r.parallel.watchdog_s = c.f64(v, k, 0); }},
@@ -204,19 +211,13 @@ RunConfig parse_run_config(json j, const std::string& where, const std::vector<s
     r.model = model::parse_config(mj, where + " [model]");
   }
   r.optim.schedule.total_steps = r.train.steps;
-  // Data, expert and tensor parallelism are implemented; the world size is checked at launch
-  // (train/loop.cpp).
-  TREX_USER_CHECK(r.parallel.pp == 1,
-                  "data, tensor and expert parallelism work: launch with mpirun -np N, with N = parallel.dp x "
-                  "parallel.tp (parallel.dp = 0 takes N / tp), optionally parallel.ep (a divisor of dp); set "
-                  "parallel.pp = 1",
-                  where, ": parallel.pp=", r.parallel.pp, ": pipeline parallelism is not implemented yet");
   return r;
 }
 
 parallel::ParallelDims resolve_parallel(const RunConfig& rc, int world_size) {
   parallel::ParallelDims d;
   d.tp = (int)rc.parallel.tp, d.pp = (int)rc.parallel.pp, d.ep = (int)rc.parallel.ep;
+  for (int64_t n : rc.parallel.pp_layers) d.pp_layers.push_back((int)n);
   d.dp = rc.parallel.dp > 0 ? (int)rc.parallel.dp : std::max(1, world_size / std::max(1, d.tp * d.pp));
   TREX_USER_CHECK(world_size > 1 || d.world() == 1,
                   "launch with mpirun -np " + std::to_string(d.world()) + " trex train ...", "parallel.dp x tp x pp = ",

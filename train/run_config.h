@@ -47,12 +47,14 @@ struct OptimConfig {
   float weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, clip_grad_norm = 1.0f;
 };
 
-// Data, tensor and expert parallel over MPI ranks (mpirun -np N trex train ...; docs/PARALLEL.md):
-// N = dp x tp; tp splits the attention heads and dense MLPs; ep divides dp, the routed experts
-// are split over ep ranks. pp > 1 is refused (not implemented yet).
+// Data, tensor, pipeline and expert parallel over MPI ranks (mpirun -np N trex train ...;
+// docs/PARALLEL.md): N = dp x tp x pp; tp splits the attention heads and dense MLPs; pp splits
+// the layers into stages run by a 1F1B schedule; ep divides dp, the routed experts are split over
+// ep ranks.
 struct ParallelConfig {
   int64_t dp = 0;  // data-parallel size; 0 = auto: the number of ranks / (tp x pp)
   int64_t tp = 1, pp = 1, ep = 1;
+  std::vector<int64_t> pp_layers;  // optional: decoder layers per stage (size pp; even split if empty)
   int64_t bucket_size = 4 << 20;  // slab elements per gradient bucket (0: one bucket)
   bool overlap = true;            // reduce-scatter each bucket as soon as the backward completes it
   // More than one rank: no finished training step for this many seconds ends the whole job with

@@ -4,6 +4,7 @@
 #include <cmath>
 #include "core/timer.h"
 #include "train/dist.h"
+#include "train/pipeline.h"
 
 namespace trex::train {
 
@@ -46,38 +47,45 @@ StepStats step(model::Model& m, AdamW& opt, DataParallel* dp, const std::vector<
   }
   if (dp) dp->sum(count, 2);
   const int64_t total_valid = count[0], n_micro = count[1];
-  // GradSync averages over ranks; the global gradient is the sum: weight gradients by dp.
-  const float rank_mult = dp ? (float)dp->size() : 1.f;
   {
     ProfScope ps(prof, "step.zero_grads");
     if (dp) dp->begin_step();
     else m.zero_grads();
   }
   m.reset_load();
+  // The model scales its CE gradient by 1/nv; weight each micro-batch by nv/total_valid.
+  // The aux loss is averaged over micro-batches.
+  std::vector<float> w(micro.size());
+  for (size_t k = 0; k < micro.size(); ++k)
+    w[k] = total_valid ? (float)valid[k] / (float)total_valid : 1.f / (float)n_micro;
+  std::vector<model::LossParts> lps;
+  if (dp && dp->pipeline()) {  // pipeline parallel: the 1F1B schedule over the stages
+    ProfScope ps(prof, "step.forward_backward");
+    lps = pipeline_step(m, *dp->pipeline(), micro, w, [&] { dp->arm(); }, [&] { dp->disarm(); },
+                          &dp->pipeline_wait_ms());
+  } else {
+    for (size_t k = 0; k < micro.size(); ++k) {
+      const bool last = k + 1 == micro.size();
+      ProfScope ps(prof, "step.forward_backward");
+      if (dp && last) dp->arm();  // the last backward starts the bucket reduce-scatters
+      lps.push_back(m.forward_backward(micro[k], w[k]));
+      if (dp && last) dp->disarm();
+    }
+  }
   for (size_t k = 0; k < micro.size(); ++k) {
     const model::Batch& b = micro[k];
     const int64_t nv = valid[k];
-    // The model scales its CE gradient by 1/nv; weight each micro-batch by nv/total_valid.
-    // The aux loss is averaged over micro-batches.
-    float w = total_valid ? (float)nv / (float)total_valid : 1.f / (float)n_micro;
-    const bool last = k + 1 == micro.size();
-    model::LossParts lp;
-    {
-      ProfScope ps(prof, "step.forward_backward");
-      if (dp && last) dp->arm();  // the last backward starts the bucket reduce-scatters
-      lp = m.forward_backward(b, w * rank_mult);
-      if (dp && last) dp->disarm();
-    }
-    st.ce += lp.ce * w;
+    const model::LossParts& lp = lps[k];
+    st.ce += lp.ce * w[k];
     st.aux += lp.aux / (double)n_micro;
-    st.mtp += lp.mtp * w;
+    st.mtp += lp.mtp * w[k];
     st.tokens += b.B * b.T;
     st.n_valid += nv;
   }
   if (dp) {  // loss parts and token counts of the global batch
     double parts[3] = {st.ce, st.aux, st.mtp};
     int64_t toks[2] = {st.tokens, st.n_valid};
-    dp->sum(parts, 3);
+    dp->sum(parts, 3, Count::PerStage);  // ce and mtp from the last stage, aux from every stage
     dp->sum(toks, 2);
     st.ce = parts[0], st.aux = parts[1], st.mtp = parts[2], st.tokens = toks[0], st.n_valid = toks[1];
   }

@@ -247,7 +247,11 @@ TEST(DpTrain, ImpossibleLayoutsAreUserErrors) {
   EXPECT_NE(msg({"parallel.tp=2"}, 3).find("parallel.tp * parallel.pp * parallel.dp = 2 * 1 * 1 = 2"),
             std::string::npos);
   EXPECT_NE(msg({"parallel.tp=3"}, 2).find("tp * pp * dp"), std::string::npos);
-  EXPECT_NE(msg({"parallel.pp=3"}, w.size()).find("parallel.pp=3"), std::string::npos);
+  // Pipeline parallel: every stage needs a layer (tiny V3: 3), and one count per stage.
+  EXPECT_NE(msg({"parallel.pp=4"}, 4).find("parallel.pp = 4 exceeds model num_hidden_layers = 3"), std::string::npos);
+  EXPECT_EQ(msg({"parallel.pp=3"}, 3), "");
+  EXPECT_NE(msg({"parallel.pp=2", "parallel.pp_layers=[1, 1, 1]"}, 2).find("parallel.pp_layers has 3 entries"),
+            std::string::npos);
   EXPECT_NE(msg({"parallel.dp=2"}, 1).find("needs 2 MPI ranks"), std::string::npos);
 }
 

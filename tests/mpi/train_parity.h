@@ -165,12 +165,15 @@ inline void expect_traces_equal(const Trace& dp, const Trace& ref, double tol) {
 
 // K steps data parallel vs one process on the same global batches.
 // ep > 1: expert parallel inside the dp group (ep divides the world size and the model's experts).
-// tp > 1: tensor parallel, dp = world size / tp (tp divides the heads and the dense MLP width).
-inline void parity(const Case& su, DpOptions o, int64_t K, int64_t ga, int64_t B, int64_t T, int ep = 1, int tp = 1) {
+// tp > 1: tensor parallel (tp divides the heads and the dense MLP width).
+// pp > 1: pipeline parallel (1F1B over ga micro-batches), layers per stage pp_layers or even.
+// dp = world size / (tp x pp).
+inline void parity(const Case& su, DpOptions o, int64_t K, int64_t ga, int64_t B, int64_t T, int ep = 1, int tp = 1,
+                   int pp = 1, std::vector<int> pp_layers = {}) {
   init_threads(1);
   parallel::Communicator& w = parallel::test_world();
   const model::ModelConfig cfg = su.cfg();
-  const int ndata = w.size() / tp;
+  const int ndata = w.size() / (tp * pp);
   const Global g = make_global(K, ga, ndata, B, T, cfg.vocab_size, 11);
   auto refp = su.make(5);
   model::Model& ref = *refp;
@@ -181,7 +184,7 @@ inline void parity(const Case& su, DpOptions o, int64_t K, int64_t ga, int64_t B
   auto mp = su.make(w.rank() == 0 ? 5 : 99);
   model::Model& m = *mp;
   parallel::ParallelDims dims;
-  dims.dp = ndata, dims.ep = ep, dims.tp = tp;
+  dims.dp = ndata, dims.ep = ep, dims.tp = tp, dims.pp = pp, dims.pp_layers = pp_layers;
   dims.validate(w.size(), cfg);
   ParallelRun par = make_parallel_run(w, dims, m, su.ocfg, o);
   DataParallel& dp = *par.dp;
@@ -189,9 +192,14 @@ inline void parity(const Case& su, DpOptions o, int64_t K, int64_t ga, int64_t B
   expect_traces_equal(td, tr, 1e-5);
   expect_params_equal(m, ref);
   EXPECT_EQ(m.buffers, ref.buffers);  // router biases: the same +-gamma updates
-  // The final weights compute the same loss on a batch neither run trained on.
+  // The final weights compute the same loss on a batch neither run trained on (in a one-rank
+  // model: m may be a pipeline stage).
   const Global fresh = make_global(1, 1, 1, 2, T, cfg.vocab_size, 999);
-  const double lm = m.forward(fresh.batch(0, 0, 0)).loss, lr_ = ref.forward(fresh.batch(0, 0, 0)).loss;
+  auto whole = su.make(5);
+  std::memcpy(whole->P(), m.P(), m.layout.total * sizeof(float));
+  whole->buffers = m.buffers;
+  whole->refresh_bf16();
+  const double lm = whole->forward(fresh.batch(0, 0, 0)).loss, lr_ = ref.forward(fresh.batch(0, 0, 0)).loss;
   EXPECT_LT(rel(lm, lr_), 1e-5) << lm << " vs " << lr_;
   // The update really happened and every rank holds the same parameters.
   double moved = 0;
@@ -206,9 +214,9 @@ inline void parity(const Case& su, DpOptions o, int64_t K, int64_t ga, int64_t B
   else EXPECT_EQ(dp.buckets_started_in_backward(), 0);
   const ParamDiff d = param_diff(m, ref);
   if (w.rank() == 0)
-    std::printf("[dp parity] dp=%d tp=%d ep=%d %s: %d buckets, %lld steps, loss %.6f -> %.6f, params: worst L2 %.2e (%s), "
-                "worst element %.2e (%s)\n",
-                ndata, tp, ep, cfg.model_type.c_str(), dp.buckets().num_buckets(), (long long)K, tr.loss.front(),
+    std::printf("[dp parity] dp=%d tp=%d pp=%d ep=%d %s: %d buckets, %lld steps, loss %.6f -> %.6f, params: worst L2 "
+                "%.2e (%s), worst element %.2e (%s)\n",
+                ndata, tp, pp, ep, cfg.model_type.c_str(), dp.buckets().num_buckets(), (long long)K, tr.loss.front(),
                 tr.loss.back(), d.l2, d.l2_at.c_str(), d.max, d.max_at.c_str());
 }
 

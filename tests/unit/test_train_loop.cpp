@@ -80,8 +80,9 @@ TEST(TrainLoop, ConfigOverridesAndErrors) {
   EXPECT_NE(msg({"optim.schedule=exp"}).find("wsd"), std::string::npos);
   EXPECT_NE(msg({"train.batch_size=0"}).find("train.batch_size"), std::string::npos);
   EXPECT_EQ(msg({"parallel.tp=2"}), "");  // tensor parallel: checked against the world at launch
-  EXPECT_NE(msg({"parallel.pp=2"}).find("pp=2"), std::string::npos);
-  EXPECT_NE(msg({"parallel.pp=2"}).find("pipeline parallelism is not implemented"), std::string::npos);
+  EXPECT_EQ(msg({"parallel.pp=2"}), "");  // pipeline parallel: checked against the world at launch
+  EXPECT_NE(msg({"parallel.pp_layers=3"}).find("parallel.pp_layers must be a list"), std::string::npos);
+  EXPECT_NE(msg({"parallel.pp_layers=[1, -1]"}).find("pp_layers"), std::string::npos);
   EXPECT_NE(msg({"train.recompute=selective"}).find("none, full"), std::string::npos);
   EXPECT_NE(msg({"extra.key=1"}).find("[extra]"), std::string::npos);
   EXPECT_NE(msg({"nodot"}).find("section.key=value"), std::string::npos);

@@ -1,0 +1,225 @@
+// Pipeline-parallel training (train/pipeline.h, model::PipelineStage), fp32, against one process
+// computing every data rank's batches: pp = 2 on 2 ranks, pp = 3 on 3 ranks (one layer a stage),
+// and on 4 ranks (CTest mpi_pp_np4) dp 2 x pp 2 (with ep 2 inside dp) and tp 2 x pp 2. Tiny
+// DeepSeek-V3 (a dense first layer, MoE layers with an aux loss) and DeepSeek-V4 (hash routing,
+// CSA / HCA / sliding layers, an MTP block on the last stage) over K AdamW steps with more
+// micro-batches than stages (the 1F1B steady state); the gradients of one step directly; uneven
+// stages (a first or last stage without layers); the run loop end to end with eval, and its
+// checkpoint resumed by one process.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "train/loop.h"
+#include "train/pipeline.h"
+#include "tests/mpi/train_parity.h"
+
+using namespace trex;
+using namespace trex::train;
+using namespace trex::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+// pp for a world of 2, 3 or 4 ranks: the whole world, except 4 = 2 stages of 2 ranks.
+int pp_for(int world) { return world == 4 ? 2 : world; }
+
+}  // namespace
+
+TEST(PpTrain, V3MatchesSingleRank) {
+  const int n = parallel::test_world().size();
+  Case su{tiny_v3(), 0.01, 0};
+  parity(su, DpOptions{997, true}, 4, 5, 2, 11, 1, 1, pp_for(n));
+}
+
+// Ten AdamW steps, the reductions after the backward (no overlap), 2 micro-batches a step.
+TEST(PpTrain, V3TenStepsNoOverlap) {
+  const int n = parallel::test_world().size();
+  Case su{tiny_v3(), 0.0, 0};
+  parity(su, DpOptions{0, false}, 10, 2, 2, 9, 1, 1, pp_for(n));
+}
+
+// The MTP block, the hc_head and the embedding it reads live on the last stage; with full
+// activation recompute inside the stages' replayed forwards.
+TEST(PpTrain, V4MatchesSingleRankWithMtp) {
+  const int n = parallel::test_world().size();
+  Case su{tiny_v4(), 0.0, 0.3};
+  su.recompute = model::Recompute::Full;
+  parity(su, DpOptions{1500, true}, 3, 4, 1, 13, 1, 1, pp_for(n));
+}
+
+// Stages of other sizes: the first stage with the embedding only (2 ranks), or the last with the
+// head and MTP only (3 ranks), as parallel.pp_layers allows.
+TEST(PpTrain, UnevenStages) {
+  const int n = parallel::test_world().size();
+  if (n == 4) GTEST_SKIP() << "2 and 3 ranks";
+  const std::vector<int> layers = n == 2 ? std::vector<int>{0, 3} : std::vector<int>{1, 2, 0};
+  for (const json& mj : {tiny_v3(), tiny_v4()}) {
+    const bool v4 = mj["model_type"] == "deepseek_v4";
+    Case su{mj, v4 ? 0.0 : 0.01, v4 ? 0.3 : 0.0};
+    parity(su, DpOptions{2000, true}, 2, 3, 2, 7, 1, 1, n, layers);
+  }
+}
+
+// 4 ranks: dp 2 x pp 2 with expert parallel 2 inside dp (the (1,1,2,2) in this engine's
+// convention, where ep divides dp), and tp 2 x pp 2.
+TEST(PpTrain, WithDataExpertAndTensorParallel) {
+  const int n = parallel::test_world().size();
+  if (n != 4) GTEST_SKIP() << "4 ranks";
+  json m = tiny_v3();
+  m["n_routed_experts"] = 6;
+  parity(Case{m, 0.01, 0}, DpOptions{997, true}, 3, 3, 2, 11, 2, 1, 2);
+  json t = tiny_v3();
+  t["num_attention_heads"] = 6;
+  t["intermediate_size"] = 54;
+  Case su{t, 0.01, 0};
+  su.ocfg.eps = 1e-6f;  // as in test_tp_train.cpp: the tp sums reorder rounding noise
+  parity(su, DpOptions{997, true}, 3, 3, 2, 11, 1, 2, 2);
+}
+
+// One step's forward and backward over the stages (pipeline_step, no data parallel): each
+// stage's gradients are exactly 0 outside its own tensors, and their sum over the stages equals
+// the single model's gradient of the same micro-batches (1e-5 of each tensor's norm, with a
+// floor of 1e-6 of the whole gradient's); the loss parts add up to the single model's.
+TEST(PpTrain, GradientsSumToTheSingleRank) {
+  init_threads(1);
+  parallel::Communicator& w = parallel::test_world();
+  if (w.size() == 4) GTEST_SKIP() << "pp = world size: 2 and 3 ranks";
+  const int P = w.size();
+  for (const json& mj : {tiny_v3(), tiny_v4()}) {
+    const bool v4 = mj["model_type"] == "deepseek_v4";
+    Case su{mj, 0.01, v4 ? 0.3 : 0.0};
+    const model::ModelConfig cfg = su.cfg();
+    const Global g = make_global(1, 4, 1, 2, 11, cfg.vocab_size, 31);
+    std::vector<model::Batch> micro;
+    std::vector<float> scale;
+    for (int a = 0; a < 4; ++a) micro.push_back(g.batch(0, a, 0)), scale.push_back(0.25f + 0.1f * a);
+    auto ref = su.make(3);
+    double ref_ce = 0, ref_aux = 0, ref_mtp = 0;
+    for (size_t k = 0; k < micro.size(); ++k) {
+      const model::LossParts lp = ref->forward_backward(micro[k], scale[k]);
+      ref_ce += lp.ce, ref_aux += lp.aux, ref_mtp += lp.mtp;
+    }
+
+    auto m = su.make(3);
+    parallel::ParallelDims dims;
+    dims.pp = P;
+    const int64_t L = cfg.num_hidden_layers, l0 = dims.stage_first_layer(L, w.rank());
+    m->set_pipeline_stage({l0, l0 + dims.stage_layers(L)[w.rank()], w.rank() == 0, w.rank() == P - 1});
+    EXPECT_THROW(m->forward(micro[0]), Error);  // a stage runs only through the stage calls
+    double wait = 0;
+    int before = 0, after = 0;
+    const auto parts = pipeline_step(*m, w, micro, scale, [&] { ++before; }, [&] { ++after; }, &wait);
+    EXPECT_EQ(before, 1);
+    EXPECT_EQ(after, 1);
+    double lp[3] = {0, 0, 0};
+    for (const auto& p : parts) lp[0] += p.ce, lp[1] += p.aux, lp[2] += p.mtp;
+    w.all_reduce(lp, 3);
+    EXPECT_LT(rel(lp[0], ref_ce), 1e-6) << cfg.model_type;
+    EXPECT_LT(std::fabs(lp[1] - ref_aux), 1e-6 * std::max(1.0, ref_aux)) << cfg.model_type;
+    EXPECT_LT(std::fabs(lp[2] - ref_mtp), 1e-6 * std::max(1.0, ref_mtp)) << cfg.model_type;
+
+    std::vector<float> sum(m->G(), m->G() + m->layout.total);
+    w.all_reduce(sum.data(), sum.size());
+    double total = 0;
+    for (int64_t i = 0; i < ref->layout.total; ++i) total += (double)ref->G()[i] * ref->G()[i];
+    const double floor = 1e-6 * std::sqrt(total);
+    int own = 0;
+    for (const model::ParamEntry& e : m->layout.entries) {
+      const float* got = sum.data() + e.offset;
+      const float* want = ref->G() + e.offset;
+      double dd = 0, nn = 0, mine = 0;
+      for (int64_t i = 0; i < e.shape.numel(); ++i) {
+        dd += (got[i] - want[i]) * (got[i] - want[i]), nn += want[i] * want[i];
+        mine += std::fabs(m->G()[e.offset + i]);
+      }
+      EXPECT_LE(std::sqrt(dd), 1e-5 * std::sqrt(nn) + floor) << cfg.model_type << " " << e.name;
+      // Which stage computes this tensor's gradient: its layer's, the embedding on the first
+      // (and, for V4's MTP, the last), the rest of the head and the MTP block on the last.
+      const bool layer = e.name.rfind("model.layers.", 0) == 0;
+      const int64_t li = layer ? std::stoll(e.name.substr(13)) : -1;
+      const bool embed = e.name.rfind("model.embed_tokens.", 0) == 0;
+      const bool owned = layer ? (li >= m->pipeline_stage().l0 && li < m->pipeline_stage().l1)
+                               : embed ? (w.rank() == 0 || (v4 && w.rank() == P - 1)) : w.rank() == P - 1;
+      if (!owned) EXPECT_EQ(mine, 0.0) << "rank " << w.rank() << " touched " << e.name;
+      own += owned && mine > 0;
+    }
+    EXPECT_GT(own, 0);
+    EXPECT_GT(wait, 0.0);
+  }
+}
+
+// run_training under pp (dp = world / pp, B rows per data rank) equals one process with dp x B
+// rows, eval included; its checkpoint at step 3 resumes in one process with the same losses.
+TEST(PpTrain, RunLoopMatchesOneProcessAndResumesInOne) {
+  parallel::Communicator& w = parallel::test_world();
+  const int pp = pp_for(w.size()), dp = w.size() / pp;
+  int64_t tag = (int64_t)::getpid();
+  w.broadcast(&tag, 1, 0);
+  const fs::path root = fs::temp_directory_path() / ("trex_pp_loop_" + std::to_string(tag));
+  const std::string data = (root / "corpus.jsonl").string();
+  if (w.rank() == 0) {
+    fs::create_directories(root);
+    std::ofstream f(data);
+    for (int i = 0; i < 47; ++i)
+      f << json{{"text", "crate " + std::to_string(i) + " holds " + std::to_string(7 * i + 5) + " parts " +
+                             std::string(i % 5, 'q') + " for the depot"}}.dump()
+        << "\n";
+  }
+  w.barrier();
+  auto cfg = [&](const std::string& d, int64_t b, int64_t steps, std::vector<std::string> ov = {}) {
+    return parse_run_config(loop_config((root / d).string(), data, b, steps, tiny_v4()), "run.toml", ov);
+  };
+  TrainResult rt = run_training(cfg("pp", 1, 6, {"parallel.pp=" + std::to_string(pp)}), bytes_tok(), &w);
+  EXPECT_EQ(rt.dp, dp);
+  EXPECT_EQ(rt.steps, 6);
+  if (w.rank() == 0) {
+    run_training(cfg("one", dp, 6), bytes_tok());
+    fs::create_directories(root / "pp_then_1" / "checkpoints");
+    fs::copy(root / "pp" / "checkpoints" / "step-00000003", root / "pp_then_1" / "checkpoints" / "step-00000003",
+             fs::copy_options::recursive);
+    run_training(cfg("pp_then_1", dp, 6, {"checkpoint.resume=auto"}), bytes_tok());
+    const auto one = metrics((root / "one").string()), a = metrics((root / "pp").string());
+    ASSERT_EQ(one.size(), 6u);
+    ASSERT_EQ(a.size(), 6u) << "metrics.jsonl is written once, by rank 0";
+    int evals = 0;
+    for (size_t s = 0; s < 6; ++s) {
+      EXPECT_LT(rel(a[s]["loss"].get<double>(), one[s]["loss"].get<double>()), 1e-5) << "step " << s + 1;
+      EXPECT_EQ(a[s]["tokens"].get<int64_t>(), one[s]["tokens"].get<int64_t>()) << "tokens are not counted per stage";
+      if (one[s].contains("eval_loss")) {
+        ++evals;
+        EXPECT_LT(rel(a[s]["eval_loss"].get<double>(), one[s]["eval_loss"].get<double>()), 1e-5) << "step " << s + 1;
+      }
+    }
+    EXPECT_EQ(evals, 2);
+    const auto b = metrics((root / "pp_then_1").string());
+    ASSERT_EQ(b.size(), 3u) << "steps 4-6 after the resume";
+    for (size_t s = 3; s < 6; ++s) {
+      EXPECT_EQ(b[s - 3]["step"].get<int64_t>(), (int64_t)s + 1);
+      EXPECT_LT(rel(b[s - 3]["loss"].get<double>(), one[s]["loss"].get<double>()), 1e-5) << "resumed step " << s + 1;
+    }
+    fs::remove_all(root);
+  }
+  w.barrier();
+}
+
+// A layout the model cannot take is refused before anything runs, naming the field.
+TEST(PpTrain, ImpossibleLayoutsAreRefused) {
+  const model::ModelConfig cfg = model::parse_config(tiny_v3(), "tiny");
+  parallel::ParallelDims d;
+  d.pp = 4;  // 3 layers
+  try {
+    d.validate(4, cfg);
+    ADD_FAILURE() << "pp = 4 over 3 layers was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.pp"), std::string::npos) << e.what();
+  }
+  d.pp = 2;
+  d.pp_layers = {1, 1};  // sums to 2, not 3
+  EXPECT_THROW(d.validate(2, cfg), UserError);
+  model::Model m(cfg, kern::Prec::F32);
+  EXPECT_THROW(m.set_pipeline_stage({1, 3, true, true}), Error);  // the first stage starts at layer 0
+}
