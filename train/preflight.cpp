@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 #include "core/error.h"
 #include "plan/arch.h"
 #include "plan/calibration.h"
@@ -43,13 +44,16 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int dp) {
   // The model as the run builds it: with its MTP blocks when they are trained (model/model.cpp).
   const bool mtp = rc.model.is_v4() && rc.model.num_nextn_predict_layers > 0 && rc.train.mtp_loss_weight > 0;
   const model::ModelConfig& c = rc.model;
-  const double P = (double)model::with_mtp(c, mtp ? c.num_nextn_predict_layers : 0).num_params();
+  const model::ModelConfig run_cfg = model::with_mtp(c, mtp ? c.num_nextn_predict_layers : 0);
+  const double P = (double)run_cfg.num_params();
   MemoryEstimate e;
   e.weights = 4 * P + (rc.train.precision == kern::Prec::BF16 ? 2 * P : 0);
   e.grads = 4 * P;
   e.optimizer = 8 * P / std::max(dp, 1);
-  // Activations: the planner's model of this rank's saved tensors and logits (plan/memory.h) on
-  // cpu-this, where every saved activation is f32 as trex's CPU engine keeps it.
+  // Activations: the peak of the activation arena as the engine allocates it (above). The
+  // planner (plan/memory.h) models a bf16 GPU run; here it gives the communication buffers only.
+  e.activations = activation_peak_bytes(run_cfg, rc.train.batch_size, rc.data.seq_len, rc.train.precision,
+                                        rc.train.recompute, rc.parallel.tp, rc.parallel.ep);
   const plan::ArchModel a = plan::arch_from_config(c, "run");
   const plan::ClusterSpec s = plan::cpu_spec_from_calibration(plan::default_calibration());
   plan::Layout l;
@@ -60,7 +64,6 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int dp) {
   l.mtp = mtp;
   l.recompute = rc.train.recompute == model::Recompute::Full ? plan::Recompute::Full : plan::Recompute::None;
   const plan::MemoryReport r = plan::plan_memory(a, s, l);
-  e.activations = r.peak().activations;
   e.buffers = r.peak().buffers;
   return e;
 }

@@ -11,12 +11,14 @@
 //   weights     4 P (f32 master) + 2 P in bf16 mode (the shadow the matmuls read)
 //   grads       4 P (f32)
 //   optimizer   8 P / dp (AdamW moments, ZeRO-1 shard)
-//   activations 4 T x sum over layers of the planner's saved elements per token (plan/arch.h,
-//               stored in f32 here) + 4 T x vocab (one chunk of logits, an upper bound)
+//   activations the peak of the activation arena (Model::peak_activation_bytes) for one micro-batch
+//               of batch_size x seq_len tokens: activation_peak_bytes (train/activation_estimate.h)
+//   buffers     data parallel: the planner's (plan/memory.h) copies of the in-flight buckets
 // It is checked against measured peak RSS in RELIABILITY.md.
 #pragma once
 #include <cstdint>
 #include <string>
+#include "train/activation_estimate.h"
 #include "train/run_config.h"
 
 namespace trex::train {

@@ -1,0 +1,208 @@
+// The activation-memory estimate (train::activation_peak_bytes, the figure `trex train` checks
+// at start-up and `trex bench step` prints) against the activation arena's measured peak
+// (Model::peak_activation_bytes) after one forward_backward: tiny DeepSeek-V3 (a dense first
+// layer, MLA with and without q_lora, MoE) and DeepSeek-V4 (hash / top-k MoE, CSA / HCA /
+// sliding attention, hyper-connection streams, an MTP block) models with odd sizes, in fp32 and
+// bf16, without and with full recompute. The estimate replays the engine's allocations on sizes
+// alone, so on one rank it agrees to the byte; the check allows the 10% that issue 8 asks for
+// and needs no floor in bytes (no fixed overhead is left out), and 1% on shapes that fill more
+// than one 64 MiB arena block (PastOneArenaBlock). Bench-sized shapes are checked with
+// `trex bench step` (BENCHMARKS.md).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "model/model.h"
+#include "tests/tiny_configs.h"
+#include "train/preflight.h"
+#include "train/run_config.h"
+
+using namespace trex;
+using nlohmann::json;
+
+namespace {
+
+struct Shape {
+  int64_t B, T;
+  double mtp;  // mtp_loss_weight (V4)
+};
+
+// One forward_backward; returns the measured arena peak. seg: two documents a row.
+size_t measured_peak(const model::ModelConfig& cfg, kern::Prec prec, model::Recompute rc, const Shape& s, bool seg) {
+  model::Model m(cfg, prec, {0.01, s.mtp, rc});
+  m.init_random(11);
+  const int64_t N = s.B * s.T;
+  std::vector<int32_t> ids(N), tg(N), sg(N);
+  Rng r(5);
+  for (int64_t i = 0; i < N; ++i) {
+    ids[i] = (int32_t)(r.next_u64() % cfg.vocab_size);
+    tg[i] = i % 7 == 3 ? -100 : (int32_t)(r.next_u64() % cfg.vocab_size);
+    sg[i] = (int32_t)((i % s.T) < s.T / 2 ? 0 : 1);
+  }
+  m.forward_backward({s.B, s.T, ids.data(), tg.data(), nullptr, seg ? sg.data() : nullptr});
+  return m.peak_activation_bytes();
+}
+
+// The estimate as the start-up check computes it, from a run config.
+double preflight_estimate(const json& mj, kern::Prec prec, model::Recompute rc, const Shape& s) {
+  json j = {{"model", mj},
+            {"data", {{"seq_len", s.T}}},
+            {"train",
+             {{"batch_size", s.B},
+              {"precision", prec == kern::Prec::BF16 ? "bf16" : "fp32"},
+              {"recompute", rc == model::Recompute::Full ? "full" : "none"},
+              {"mtp_loss_weight", s.mtp}}}};
+  return train::estimate_train_memory(train::parse_run_config(j, "run.toml"), 1).activations;
+}
+
+struct Mode {
+  kern::Prec prec;
+  model::Recompute rc;
+};
+const std::vector<Mode> kAllModes = {{kern::Prec::F32, model::Recompute::None},
+                                     {kern::Prec::F32, model::Recompute::Full},
+                                     {kern::Prec::BF16, model::Recompute::None},
+                                     {kern::Prec::BF16, model::Recompute::Full}};
+
+// packed: also a run with two documents a row (V4).
+// tol: allowed relative error (issue 8: 10%).
+void expect_estimate_matches(const json& mj, const Shape& s, const std::vector<Mode>& modes = kAllModes,
+                             bool packed = true, double tol = 0.10) {
+  const model::ModelConfig base = model::parse_config(mj, "tiny");
+  const model::ModelConfig cfg = model::with_mtp(base, s.mtp > 0 ? base.num_nextn_predict_layers : 0);
+  for (const Mode& mode : modes) {
+    const kern::Prec prec = mode.prec;
+    const model::Recompute rc = mode.rc;
+    const std::string what = mj["model_type"].get<std::string>() + (prec == kern::Prec::BF16 ? " bf16" : " fp32") +
+                             (rc == model::Recompute::Full ? " recompute=full" : " recompute=none") + " B=" +
+                             std::to_string(s.B) + " T=" + std::to_string(s.T);
+    const double est = train::activation_peak_bytes(cfg, s.B, s.T, prec, rc);
+    const size_t peak = measured_peak(cfg, prec, rc, s, false);
+    std::printf("[memory estimate] %s: estimate %.0f measured %zu bytes (%+.2f%%)\n", what.c_str(), est, peak,
+                100.0 * (est - (double)peak) / (double)peak);
+    EXPECT_NEAR(est, (double)peak, tol * (double)peak) << what;
+    EXPECT_EQ(preflight_estimate(mj, prec, rc, s), est) << what << ": the start-up check must use this estimate";
+    if (cfg.is_v4() && packed) {  // packed rows attend fewer keys: the estimate stays an upper bound, still within 10%
+      const size_t pk = measured_peak(cfg, prec, rc, s, true);
+      EXPECT_LE((double)pk, est) << what << " (packed rows)";
+      EXPECT_NEAR(est, (double)pk, tol * (double)pk) << what << " (packed rows)";
+    }
+  }
+}
+
+// hidden 36, 3 heads, vocab 97, 5 experts top-2, a dense first layer, q_lora.
+json v3_a() {
+  json m = trex::testing::tiny_v3();
+  m["hidden_size"] = 36;
+  m["vocab_size"] = 97;
+  m["num_hidden_layers"] = 3;
+  return m;
+}
+
+// hidden 44, 5 heads, vocab 211, 7 experts top-3 (groups off), plain q_proj, 2 shared experts.
+json v3_b() {
+  json m = trex::testing::tiny_v3();
+  m["hidden_size"] = 44;
+  m["num_attention_heads"] = 5;
+  m["vocab_size"] = 211;
+  m["num_hidden_layers"] = 4;
+  m.erase("q_lora_rank");
+  m["n_routed_experts"] = 7;
+  m["num_experts_per_tok"] = 3;
+  m["n_shared_experts"] = 2;
+  m["intermediate_size"] = 61;
+  m["moe_intermediate_size"] = 11;
+  return m;
+}
+
+// hidden 36, 3 heads, vocab 97, 5 experts top-2; CSA / HCA / sliding, hash routing first, MTP.
+json v4_a() {
+  json m = trex::testing::tiny_v4();
+  m["hidden_size"] = 36;
+  m["vocab_size"] = 97;
+  return m;
+}
+
+// hidden 44, 5 heads in 5 output groups, vocab 211, 7 experts top-3, 4 layers, 4 streams.
+json v4_b() {
+  json m = trex::testing::tiny_v4();
+  m["hidden_size"] = 44;
+  m["num_attention_heads"] = 5;
+  m["o_groups"] = 5;
+  m["vocab_size"] = 211;
+  m["n_routed_experts"] = 7;
+  m["num_experts_per_tok"] = 3;
+  m["num_hidden_layers"] = 4;
+  m["hc_mult"] = 4;
+  m["index_topk"] = 4;
+  m["layer_types"] = {"compressed_sparse_attention", "sliding_attention", "heavily_compressed_attention",
+                      "compressed_sparse_attention"};
+  m["mlp_layer_types"] = {"hash_moe", "moe", "moe", "hash_moe"};
+  return m;
+}
+
+// Shapes past the arena's 64 MiB block (the tiny ones fit in one): a block's tail that the next
+// allocation skips counts as used, and the LM head workspace is near its 32 MiB cap.
+json v3_blocks() {
+  json m = v3_b();
+  m["hidden_size"] = 260;
+  m["vocab_size"] = 4099;
+  m["num_hidden_layers"] = 3;
+  m["q_lora_rank"] = 67;
+  m["kv_lora_rank"] = 61;
+  m["qk_nope_head_dim"] = 24;
+  m["qk_rope_head_dim"] = 8;
+  m["v_head_dim"] = 20;
+  m["intermediate_size"] = 517;
+  m["moe_intermediate_size"] = 131;
+  m["n_shared_experts"] = 1;
+  return m;
+}
+
+json v4_blocks() {
+  json m = v4_b();
+  m["hidden_size"] = 132;
+  m["vocab_size"] = 2003;
+  m["head_dim"] = 30;  // 12 rotated dims
+  m["index_head_dim"] = 16;
+  m["index_topk"] = 9;
+  m["sliding_window"] = 33;
+  m["moe_intermediate_size"] = 67;
+  return m;
+}
+
+}  // namespace
+
+TEST(MemoryEstimate, TinyV3) {
+  expect_estimate_matches(v3_a(), {2, 13, 0});
+  expect_estimate_matches(v3_b(), {3, 37, 0});
+}
+
+TEST(MemoryEstimate, TinyV4WithMtp) {
+  expect_estimate_matches(v4_a(), {2, 13, 0.3});
+  expect_estimate_matches(v4_b(), {3, 37, 0.3});
+}
+
+TEST(MemoryEstimate, TinyV4WithoutMtp) { expect_estimate_matches(v4_b(), {2, 37, 0}); }
+
+TEST(MemoryEstimate, PastOneArenaBlock) {
+  // Two modes each to keep the test short; the tiny cases cover all four. The skipped block tails
+  // are 0.6-4.5% of these peaks (an estimate without them passes 10%), so 1% here: at bench
+  // shapes they reach 15% (BENCHMARKS.md).
+  const std::vector<Mode> modes = {{kern::Prec::BF16, model::Recompute::None}, {kern::Prec::F32, model::Recompute::Full}};
+  expect_estimate_matches(v3_blocks(), {3, 509, 0}, modes, false, 0.01);
+  expect_estimate_matches(v4_blocks(), {2, 509, 0.3}, modes, false, 0.01);
+}
+
+// Recompute keeps one layer's working set instead of all of them: the estimate falls with it,
+// and grows with the tokens of a micro-batch.
+TEST(MemoryEstimate, Monotone) {
+  const model::ModelConfig c = model::parse_config(v3_b(), "tiny");
+  const double none = train::activation_peak_bytes(c, 3, 37, kern::Prec::BF16, model::Recompute::None);
+  const double full = train::activation_peak_bytes(c, 3, 37, kern::Prec::BF16, model::Recompute::Full);
+  EXPECT_LT(full, none);
+  EXPECT_GT(train::activation_peak_bytes(c, 3, 74, kern::Prec::BF16, model::Recompute::None), none);
+}

@@ -1,0 +1,459 @@
+// The activation arena's peak for one training step, from the config alone. See
+// activation_estimate.h.
+#include "train/activation_estimate.h"
+
+#include <algorithm>
+#include <vector>
+#include "core/error.h"
+#include "kernels/compress_pool.h"
+#include "kernels/hyper_conn.h"
+#include "kernels/indexer.h"
+#include "kernels/lm_head_ce.h"
+#include "kernels/sparse_attn.h"
+
+namespace trex::train {
+
+namespace {
+
+// ---- Activation arena peak (activation_peak_bytes) ------------------------------------------
+// StackArena (core/stack_arena.h) replayed on sizes alone: each allocation rounded up to 64
+// bytes (0 -> 64) and placed in the current block if it fits, else in the next block (the
+// skipped tail stays counted: used() counts every block before the current one whole); a new
+// block is max(bytes, 64 MiB), the default block of Model::acts. mark / release as the arena's.
+class ArenaReplay {
+ public:
+  struct Mark {
+    size_t block, offset;
+  };
+  void bytes(size_t n) {
+    size_t b = (n + kAlign - 1) / kAlign * kAlign;
+    if (b == 0) b = kAlign;
+    while (cur_ < blocks_.size() && off_ + b > blocks_[cur_]) ++cur_, off_ = 0;
+    if (cur_ == blocks_.size()) {
+      blocks_.push_back(std::max(b, kBlock));
+      off_ = 0;
+    }
+    off_ += b;
+    size_t used = off_;
+    for (size_t i = 0; i < cur_; ++i) used += blocks_[i];
+    peak_ = std::max(peak_, used);
+  }
+  Mark mark() const { return {cur_, off_}; }
+  void release(Mark m) { cur_ = m.block, off_ = m.offset; }
+  size_t peak() const { return peak_; }
+
+ private:
+  static constexpr size_t kAlign = 64, kBlock = size_t(64) << 20;
+  std::vector<size_t> blocks_;
+  size_t cur_ = 0, off_ = 0, peak_ = 0;
+};
+
+// One training step's arena allocations in the engine's order: model/model.cpp run() (V3) and
+// model/model_v4.cpp run_v4() with the modules they call. Each function below mirrors the
+// engine function of the same name, allocation by allocation; keep them in step.
+struct StepWalk {
+  const model::ModelConfig& c;
+  const int64_t B, T, N, d;
+  const bool bf;                 // bf16 GEMM inputs (transient bf16 copies of activations)
+  const bool replay;             // full recompute
+  const int64_t tp, ep;          // tensor / expert parallel sizes
+  ArenaReplay A;
+
+  StepWalk(const model::ModelConfig& cfg, int64_t b, int64_t t, kern::Prec p, model::Recompute r, int64_t tp_,
+           int64_t ep_)
+      : c(cfg), B(b), T(t), N(b * t), d(cfg.hidden_size), bf(p == kern::Prec::BF16), replay(r == model::Recompute::Full),
+        tp(std::max<int64_t>(tp_, 1)), ep(std::max<int64_t>(ep_, 1)) {}
+
+  void f32(int64_t n) { A.bytes((size_t)n * 4); }
+  void i32(int64_t n) { A.bytes((size_t)n * 4); }
+  void i64(int64_t n) { A.bytes((size_t)n * 8); }
+  void b16(int64_t n) { A.bytes((size_t)n * 2); }
+  void gemm_input(int64_t n) {  // model/linear.cpp
+    if (bf) b16(n);
+  }
+  void linear_fwd(int64_t rows, int64_t in) {  // bf16: a released copy of x
+    if (!bf) return;
+    const auto m = A.mark();
+    b16(rows * in);
+    A.release(m);
+  }
+  void linear_bwd(int64_t rows, int64_t in, int64_t out) {  // bf16: copies of dy and x (dW is always set)
+    if (!bf) return;
+    const auto m = A.mark();
+    b16(rows * out);
+    b16(rows * in);
+    A.release(m);
+  }
+  size_t ce_workspace() const {
+    kern::CeArgs ce{};
+    ce.N = N, ce.d = d, ce.V = c.vocab_size;
+    return kern::lm_head_ce_workspace_floats(ce);
+  }
+
+  // model/mlp.cpp (F: this rank's columns; split: gate and up rows apart under tensor parallel).
+  void mlp_forward(int64_t F, bool split) {
+    f32(N * 2 * F), f32(N * F);  // saved gu, h
+    linear_fwd(N, d);
+    if (split) linear_fwd(N, d);
+    linear_fwd(N, F);
+  }
+  void mlp_backward(int64_t F, bool split) {
+    const auto m = A.mark();
+    f32(N * F);  // dh
+    linear_bwd(N, F, d);
+    f32(N * 2 * F);  // dgu
+    if (split) linear_bwd(N, d, F), linear_bwd(N, d, F);
+    else linear_bwd(N, d, 2 * F);
+    A.release(m);
+  }
+
+  // model/moe.cpp. Rows R = N K (dropless: every (token, slot) pair). Expert parallel: the rows
+  // this rank computes depend on the routing; the estimate takes their expectation, N K (each
+  // rank sends its N K rows and receives as many under balanced routing).
+  void experts_fwd(int64_t R, int64_t F) {
+    const auto m = A.mark();
+    gemm_input(R * d);
+    gemm_input(R * F);
+    A.release(m);
+  }
+  void experts_bwd(int64_t R, int64_t F) {
+    const auto m = A.mark();
+    f32(R * F);          // dh
+    gemm_input(R * d);   // dy
+    gemm_input(R * F);   // h
+    f32(R * 2 * F);      // dgu
+    gemm_input(R * 2 * F);
+    gemm_input(R * d);   // xs
+    A.release(m);
+  }
+  void moe_forward() {
+    const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok, F = c.moe_intermediate_size, R = N * K;
+    const int64_t Fs = c.shared_intermediate();
+    f32(N * E), i32(R), f32(R);  // scores, idx, probs
+    i32(R), i32(R);              // row_token, slot_row
+    f32(R * d);                  // y
+    if (ep == 1) {
+      f32(R * 2 * F), f32(R * F);  // gu, h
+      const auto m = A.mark();
+      f32(R * d);  // xs
+      experts_fwd(R, F);
+      A.release(m);
+      if (c.n_shared_experts > 0) mlp_forward(Fs, false);
+      return;
+    }
+    const int64_t Rl = std::max<int64_t>(R, 1);
+    i32(Rl);                                   // ep_plan: perm
+    f32(Rl * d), f32(Rl * 2 * F), f32(Rl * F);  // xl, gu, h
+    if (c.n_shared_experts > 0) f32(N * 2 * Fs), f32(N * Fs);
+    const auto m = A.mark();
+    f32(R * d), f32(Rl * d), f32(Rl * d);  // xs, xr, yl
+    if (c.n_shared_experts > 0) linear_fwd(N, d), linear_fwd(N, Fs);
+    experts_fwd(Rl, F);
+    A.release(m);
+  }
+  void moe_backward() {
+    const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok, F = c.moe_intermediate_size, R = N * K;
+    const int64_t Fs = c.shared_intermediate();
+    const auto m = A.mark();
+    f32(R * d), f32(R);  // dy, dprobs
+    f32(R * d);          // dxs
+    const auto m2 = A.mark();
+    if (ep == 1) {
+      f32(R * d);  // xs
+      experts_bwd(R, F);
+      A.release(m2);
+      if (c.n_shared_experts > 0) mlp_backward(Fs, false);
+    } else {
+      const int64_t Rl = std::max<int64_t>(R, 1);
+      f32(Rl * d), f32(Rl * d);  // dyr, dyl
+      if (c.n_shared_experts > 0) mlp_backward(Fs, false);
+      f32(Rl * d);  // dxl
+      experts_bwd(Rl, F);
+      A.release(m2);
+    }
+    f32(N * E);  // dscores
+    A.release(m);
+  }
+
+  // model/mla.cpp (H: this rank's heads).
+  void mla_forward() {
+    const int64_t H = c.num_attention_heads / tp, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
+    const int64_t dqk = c.qk_head_dim(), dv = c.v_head_dim, r = c.kv_lora_rank, rq = c.q_lora_rank;
+    f32(N * H * dqk);  // Q
+    if (rq) {
+      f32(N * rq), f32(N), f32(N * rq);  // qa, rstd, qan
+      linear_fwd(N, d);
+      linear_fwd(N, rq);
+    } else {
+      linear_fwd(N, d);
+    }
+    f32(N * r), f32(N), f32(N * r), f32(N * (dr ? dr : 1));  // lat, rstd, latn, k_pe
+    auto m = A.mark();
+    f32(N * (r + dr));  // kva
+    linear_fwd(N, d);
+    A.release(m);
+    f32(N * H * dqk), f32(N * H * dv);  // K, V
+    m = A.mark();
+    f32(N * H * (dn + dv));  // kv
+    linear_fwd(N, r);
+    A.release(m);
+    f32(N * H * dv), f32(N * H);  // O, lse
+    linear_fwd(N, H * dv);
+  }
+  void mla_backward() {
+    const int64_t H = c.num_attention_heads / tp, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
+    const int64_t dqk = c.qk_head_dim(), dv = c.v_head_dim, r = c.kv_lora_rank, rq = c.q_lora_rank;
+    const auto m = A.mark();
+    f32(N * H * dv);  // dO
+    linear_bwd(N, H * dv, d);
+    f32(N * H * dqk), f32(N * H * dqk), f32(N * H * dv);  // dQ, dK, dV
+    f32(N * H * (dn + dv)), f32(N * (r + dr));             // dkv, dkva
+    f32(N * r);                                            // dlatn
+    linear_bwd(N, r, H * (dn + dv));
+    f32(N * r);  // dlat
+    linear_bwd(N, d, r + dr);
+    if (rq) {
+      f32(N * rq);
+      linear_bwd(N, rq, H * dqk);
+      f32(N * rq);
+      linear_bwd(N, d, rq);
+    } else {
+      linear_bwd(N, d, H * dqk);
+    }
+    A.release(m);
+  }
+
+  // model/model.cpp run(): DeepSeek-V3.
+  void v3_layer_forward(int64_t l) {
+    f32(N * d), f32(N), f32(N * d);  // n1, rstd1, h_mid
+    mla_forward();
+    f32(N * d), f32(N), f32(N * d);  // n2, rstd2, h_out
+    if (c.is_moe_layer(l)) moe_forward();
+    else mlp_forward(c.intermediate_size / tp, tp > 1);
+  }
+  void run_v3() {
+    const int64_t L = c.num_hidden_layers;
+    i32(N);      // positions
+    f32(N * d);  // embedding
+    for (int64_t l = 0; l < L; ++l) {
+      if (!replay) {
+        v3_layer_forward(l);
+        continue;
+      }
+      f32(N * d);  // the kept input of the next layer
+      const auto m = A.mark();
+      v3_layer_forward(l);
+      A.release(m);
+    }
+    f32(N * d), f32(N), f32(N * d);  // final norm out, rstd, dh
+    if (bf) b16(N * d);
+    f32((int64_t)ce_workspace());
+    f32(N * d), f32(N * d), f32(N * d);  // dx, tmp, tmp2
+    for (int64_t l = L - 1; l >= 0; --l) {
+      const auto m = A.mark();
+      if (replay) v3_layer_forward(l);
+      if (c.is_moe_layer(l)) moe_backward();
+      else mlp_backward(c.intermediate_size / tp, tp > 1);
+      mla_backward();
+      A.release(m);
+    }
+  }
+
+  // model/v4_attn.cpp (H, G: this rank's heads and output groups).
+  int64_t v4_keys(int64_t l) const {  // key-list entries of one row of T queries, one document a row
+    const model::V4Config& v = c.v4;
+    const model::AttnKind k = v.attn[l];
+    const int64_t m = v.rate(l), nw = k == model::AttnKind::Sliding ? 0 : T / m;
+    int64_t n = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      n += std::min<int64_t>(t + 1, v.sliding_window);
+      if (k == model::AttnKind::HCA) n += std::min<int64_t>((t + 1) / m, nw);
+      if (k == model::AttnKind::CSA) n += std::min<int64_t>(std::min<int64_t>((t + 1) / m, nw), v.index_topk);
+    }
+    return n;
+  }
+  void v4_attn_forward(int64_t l) {
+    const model::V4Config& v = c.v4;
+    const model::AttnKind kind = v.attn[l];
+    const int64_t H = c.num_attention_heads / tp, G = v.o_groups / tp, hd = v.head_dim, qr = c.q_lora_rank;
+    const int64_t m = v.rate(l), nw = kind == model::AttnKind::Sliding ? 0 : T / m, M = N + B * nw;
+    i32(N);                            // tpos
+    f32(N * qr), f32(N), f32(N * qr);  // qa, rstd, qres
+    linear_fwd(N, d);
+    f32(N * H * hd), f32(N * H), f32(N * H * hd);  // qb, q_rstd, Q
+    linear_fwd(N, qr);
+    auto mk = A.mark();
+    f32(hd);  // ones
+    A.release(mk);
+    f32(M * hd), f32(N * hd), f32(N);  // KV, kvp, kv_rstd
+    linear_fwd(N, d);
+    i32(std::max<int64_t>(B * nw, 1));  // cpos
+    if (kind != model::AttnKind::Sliding) {
+      const int64_t cc = kind == model::AttnKind::CSA ? 2 : 1;
+      f32(N * cc * hd), f32(N * cc * hd);  // ckv, cgate
+      linear_fwd(N, d), linear_fwd(N, d);
+      f32(std::max<int64_t>(B * nw, 1) * hd), f32(std::max<int64_t>(B * nw, 1));  // cpool, c_rstd
+    }
+    if (kind == model::AttnKind::CSA) {  // indexer_select
+      const int64_t dI = v.index_head_dim, nI = v.index_n_heads, topk = v.index_topk;
+      i32(N), i32(N * topk);  // cnt, sel
+      mk = A.mark();
+      f32(std::max<int64_t>(B * nw, 1) * dI);  // ik
+      if (nw > 0) {
+        f32(N * 2 * dI), f32(N * 2 * dI);  // ikv, ig
+        linear_fwd(N, d), linear_fwd(N, d);
+        f32(B * nw * dI);  // pool
+      }
+      f32(N * nI * dI);  // iq
+      linear_fwd(N, qr);
+      f32(N * nI);  // wts
+      linear_fwd(N, d);
+      const kern::IndexerShape sh{B, T, nw, (int)nI, (int)dI, m, (int)topk, 1.f};
+      f32((int64_t)std::max<size_t>(kern::indexer_workspace_floats(sh), 1));
+      A.release(mk);
+    }
+    i64(N + 1);                                      // off
+    i32(std::max<int64_t>(B * v4_keys(l), 1));      // idx
+    f32(N * H * hd), f32(N * H), f32(N * H * hd);   // O, lse, Or
+    const int64_t olr = v.o_lora_rank;
+    f32(N * G * olr);  // Y
+    mk = A.mark();     // grouped_fwd
+    gemm_input(N * H * hd);
+    A.release(mk);
+    linear_fwd(N, G * olr);
+  }
+  void v4_attn_backward(int64_t l) {
+    const model::V4Config& v = c.v4;
+    const model::AttnKind kind = v.attn[l];
+    const int64_t H = c.num_attention_heads / tp, G = v.o_groups / tp, hd = v.head_dim, qr = c.q_lora_rank;
+    const int64_t m = v.rate(l), nw = kind == model::AttnKind::Sliding ? 0 : T / m, M = N + B * nw;
+    const int64_t GO = G * v.o_lora_rank;
+    const auto mk = A.mark();
+    i32(N);       // tpos
+    f32(N * GO);  // dY
+    linear_bwd(N, GO, d);
+    f32(N * H * hd);  // dO
+    auto mw = A.mark();  // grouped_bwd
+    gemm_input(N * GO);
+    gemm_input(N * H * hd);
+    A.release(mw);
+    f32(N * H * hd), f32(M * hd);  // dQ, dKV
+    mw = A.mark();
+    const kern::SparseAttnShape sh{N, (int)H, (int)hd, 1.f};
+    f32((int64_t)std::max<size_t>(kern::sparse_attn_bwd_workspace_floats(sh, M), 1));
+    A.release(mw);
+    f32(N * hd);  // dkvp
+    linear_bwd(N, d, hd);
+    if (kind != model::AttnKind::Sliding && nw > 0) {
+      const int cc = kind == model::AttnKind::CSA ? 2 : 1;
+      i32(B * nw), f32(B * nw * hd);       // cpos, dpool
+      f32(N * cc * hd), f32(N * cc * hd);  // dckv, dcg
+      mw = A.mark();
+      f32((int64_t)std::max<size_t>(kern::compress_pool_bwd_workspace_floats(B, T, m, hd, cc), 1));
+      A.release(mw);
+      linear_bwd(N, d, cc * hd), linear_bwd(N, d, cc * hd);
+    }
+    f32(N * H * hd);  // dqb
+    mw = A.mark();
+    f32(hd), f32(hd);  // dw, ones
+    A.release(mw);
+    f32(N * qr);  // dqres
+    linear_bwd(N, qr, H * hd);
+    f32(N * qr);  // dqa
+    linear_bwd(N, d, qr);
+    A.release(mk);
+  }
+
+  // model/model_v4.cpp run_v4(): DeepSeek-V4 (hyper-connection streams n, MTP blocks).
+  void hc_alloc(int64_t n) { f32(N * d), f32(N * n), f32(N * n * n), f32(N * (2 + n) * n), f32(N); }
+  void v4_layer_forward(int64_t l) {
+    const int64_t n = c.v4.hc_mult;
+    hc_alloc(n);
+    f32(N * d), f32(N), f32(N * d);  // n1, rstd1, a
+    v4_attn_forward(l);
+    f32(N * n * d);  // X_mid
+    hc_alloc(n);
+    f32(N * d), f32(N), f32(N * d);  // n2, rstd2, f
+    moe_forward();
+    f32(N * n * d);  // out
+  }
+  void v4_forward_kept(int64_t l) {
+    if (!replay) return v4_layer_forward(l);
+    f32(N * c.v4.hc_mult * d);  // kept
+    const auto m = A.mark();
+    v4_layer_forward(l);
+    A.release(m);
+  }
+  void v4_backward_replayed(int64_t l) {
+    const auto m = A.mark();
+    if (replay) v4_layer_forward(l);
+    moe_backward();
+    v4_attn_backward(l);
+    A.release(m);
+  }
+  void v4_head_forward() {
+    const int64_t n = c.v4.hc_mult;
+    f32(N * d), f32(N * n), f32(N);  // yh, mix, rstdh
+    f32(N * d), f32(N), f32(N * d);  // hf, rstdf, dhf
+    if (bf) b16(N * d);
+    f32((int64_t)ce_workspace());
+  }
+  void v4_head_backward(const kern::HcShape& hs) {
+    const auto m = A.mark();
+    f32(N * d);  // dyh
+    f32((int64_t)std::max<size_t>(kern::hc_head_bwd_workspace_floats(hs), 1));
+    A.release(m);
+  }
+  void run_v4() {
+    const model::V4Config& v = c.v4;
+    const int64_t n = v.hc_mult, Lm = c.num_hidden_layers, D = v.mtp_layers, K = c.num_experts_per_tok;
+    const kern::HcShape hs{N, (int)n, d, (int)v.hc_sinkhorn_iters, (float)v.hc_eps, (float)c.rms_norm_eps};
+    f32(N * n * d);  // embedded streams
+    for (int64_t l = 0; l < Lm; ++l)
+      if (v.hash[l]) i32(N * K);  // hash routes
+    for (int64_t l = 0; l < Lm; ++l) v4_forward_kept(l);
+    v4_head_forward();
+    for (int64_t k = 0; k < D; ++k) {
+      i32(N), i32(N);                  // ids, tg
+      f32(N * d), f32(N * d), f32(N);  // e, en, e_rstd
+      f32(N * n * d), f32(N * n);      // hn, h_rstd
+      f32(N * d);                      // ep
+      linear_fwd(N, d);
+      f32(N * n * d);  // X
+      linear_fwd(N * n, d);
+      v4_forward_kept(Lm + k);
+      v4_head_forward();
+    }
+    f32(N * n * d), f32(N * d), f32(N * n), f32(N * n * n), f32(N * d), f32(N * d);  // dX2 df dpost dcomb dnorm dy
+    f32((int64_t)std::max<size_t>(kern::hc_pre_bwd_workspace_floats(hs), 1));
+    f32(N * n * d);           // dX
+    if (D) f32(N * n * d);    // dprev
+    for (int64_t k = D - 1; k >= 0; --k) {
+      v4_head_backward(hs);
+      v4_backward_replayed(Lm + k);
+      const auto m = A.mark();
+      f32(N * n * d);  // dhn
+      linear_bwd(N * n, d, d);
+      f32(N * d), f32(N * d);  // dep, den
+      linear_bwd(N, d, d);
+      f32(N * d);  // de
+      A.release(m);
+    }
+    v4_head_backward(hs);
+    for (int64_t l = Lm - 1; l >= 0; --l) v4_backward_replayed(l);
+  }
+};
+
+}  // namespace
+
+double activation_peak_bytes(const model::ModelConfig& c, int64_t B, int64_t T, kern::Prec prec,
+                             model::Recompute recompute, int64_t tp, int64_t ep) {
+  TREX_CHECK(B > 0 && T > 0, "activation_peak_bytes: empty batch ", B, " x ", T);
+  StepWalk w(c, B, T, prec, recompute, tp, ep);
+  if (c.is_v4()) w.run_v4();
+  else w.run_v3();
+  return (double)w.A.peak();
+}
+
+
+}  // namespace trex::train

@@ -1,0 +1,34 @@
+// The peak of the activation arena (Model::acts) over one training step, computed from the
+// config: what train/preflight.h's start-up memory check and `trex bench step` report as the
+// activation estimate.
+#pragma once
+#include <cstdint>
+#include "kernels/gemm.h"
+#include "model/config.h"
+
+namespace trex::train {
+
+// Peak bytes of the activation arena (Model::acts, core/stack_arena.h) over one forward_backward
+// of B x T tokens: the step's arena allocations replayed on sizes alone, in the engine's order
+// (model/model.cpp run, model/model_v4.cpp run_v4 and the modules they call). A formula of the
+// config, not a measurement:
+//   - live bytes = every saved activation of the layers passed so far (under full recompute only
+//     each layer's kept input [N, d] or V4 streams [N, n, d]; the replayed layer's set is rebuilt
+//     inside the backward's mark) + the transients of the point reached: the bf16 copies of GEMM
+//     inputs (bf16 runs), the LM head / cross-entropy workspace (kern::lm_head_ce_workspace_floats),
+//     the backward's gradient buffers, the attention, indexer, compressor and hyper-connection
+//     workspaces (their kernels' *_workspace_floats);
+//   - MoE: N x top_k token-sorted rows (dropless, so exact on one rank); under expert parallel the
+//     rows a rank receives depend on the routing and the estimate takes their expectation, N x top_k
+//     (the busiest rank of an unbalanced routing sits above it);
+//   - DeepSeek-V4 key lists: one document per row (packed rows attend fewer keys: an upper bound);
+//   - every allocation rounded up to 64 bytes, and the arena's 64 MiB blocks: an allocation that
+//     does not fit the rest of the current block starts the next one, and the tail it skips
+//     counts as used, as StackArena::used() counts it;
+//   the peak is the maximum over the forward and the backward of the bytes in use.
+// c: the config as Model holds it (with_mtp applied when the run trains MTP blocks); tp / ep:
+// tensor / expert parallel sizes (this rank's heads, output groups and dense MLP columns).
+double activation_peak_bytes(const model::ModelConfig& c, int64_t B, int64_t T, kern::Prec prec,
+                             model::Recompute recompute, int64_t tp = 1, int64_t ep = 1);
+
+}  // namespace trex::train
