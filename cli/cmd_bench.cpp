@@ -214,9 +214,11 @@ void add_bench(CLI::App& app) {
                                   rc.optim.clip_grad_norm};
     std::unique_ptr<train::AdamW> opt;
     train::ParallelRun par;
-    if (R > 1)
-      par = train::make_parallel_run(*mpi.world, dims, m, ocfg,
-                                     train::DpOptions{rc.parallel.bucket_size, rc.parallel.overlap});
+    if (R > 1) {
+      train::DpOptions dpo{rc.parallel.bucket_size, rc.parallel.overlap};
+      dpo.overlap_params = rc.parallel.overlap && rc.parallel.overlap_params;
+      par = train::make_parallel_run(*mpi.world, dims, m, ocfg, dpo);
+    }
     std::unique_ptr<train::DataParallel>& dp = par.dp;
     if (!dp) opt = std::make_unique<train::AdamW>(m, ocfg);
     Profiler prof;

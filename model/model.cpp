@@ -222,9 +222,13 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward, const Stag
   }
   rope_table(maxpos);
 
+  auto need = [&](int64_t g) {
+    if (params_needed) params_needed(g);
+  };
   // Embedding (pipeline stages after the first: the previous stage's output).
   float* x = acts.alloc<float>(N * d);
   if (st.first) {
+    need(kGradGroupEmbed);
     parallel_for(N, 64, [&](int64_t s, int64_t e) {
       for (int64_t n = s; n < e; ++n) std::memcpy(x + n * d, P + layout.embed + (int64_t)b.input_ids[n] * d, d * 4);
     });
@@ -277,6 +281,7 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward, const Stag
   // and rebuilt by replaying it just before its backward.
   const bool replay = opt.recompute == Recompute::Full;
   for (int64_t l = l0; l < l1; ++l) {
+    need(l);
     if (!replay) {
       x = layer_forward(l, x, sv[l], count_stats);
       continue;
@@ -298,6 +303,8 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward, const Stag
     std::memcpy(dx, io->dy, N * d * sizeof(float));
   } else {
     // Final norm + LM head fused with cross-entropy.
+    need(kGradGroupHead);
+    if (layout.head == layout.embed) need(kGradGroupEmbed);  // tied
     float* hf = acts.alloc<float>(N * d);
     float* rstdf = acts.alloc<float>(N);
     kern::rmsnorm_fwd(x, N, d, P + layout.final_norm, eps, hf, rstdf);

@@ -118,6 +118,12 @@ class Model {
   // (the embedding; also the LM head when tied). Called on the calling thread, between kernels.
   std::function<void(int64_t)> grad_ready;
   static constexpr int64_t kGradGroupHead = -1, kGradGroupEmbed = -2;
+  // Optional hook for data parallelism (train/dist.cpp lets the parameter all-gather of the last
+  // optimizer step run on into the forward): forward and forward_backward call params_needed(g)
+  // before the forward first reads the parameters of group g (grad_ready numbering): the
+  // embedding, each layer, the head (V4: and hc_head), each V4 MTP block (which also reads the
+  // embedding and the head). Called on the calling thread, between kernels.
+  std::function<void(int64_t)> params_needed;
   // Expert parallel (model/moe.h): this rank computes routed experts [first, first + E / ep) for
   // the tokens of every rank of ep_comm; forward and forward_backward become collectives over it
   // (every rank calls them in the same order). The slabs still hold every expert; gradients of

@@ -350,8 +350,12 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
   const float* P = e.P;
   float* G = e.G;
 
+  auto need = [&](int64_t g) {
+    if (params_needed) params_needed(g);
+  };
   float* X;  // [N, n, d] (pipeline stages after the first: the previous stage's output)
   if (st.first) {
+    need(kGradGroupEmbed);
     X = embed_streams(A, P + layout.embed, b.input_ids, N, n, d);
   } else {
     X = A.alloc<float>(N * n * d);
@@ -386,7 +390,10 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
     A.release(mk);
   };
   std::vector<V4LayerSaved> sv(Lm);
-  for (int64_t l = l0; l < l1; ++l) X = forward_kept(l, X, sv[l]);
+  for (int64_t l = l0; l < l1; ++l) {
+    need(l);
+    X = forward_kept(l, X, sv[l]);
+  }
   BwdScratch w;
   auto alloc_scratch = [&] {
     w.dX2 = A.alloc<float>(N * n * d);
@@ -424,6 +431,8 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
     layers_backward(dX);
     return out;
   }
+  need(kGradGroupHead);
+  if (layout.head == layout.embed || D > 0) need(kGradGroupEmbed);  // tied head; MTP reads the embedding
   Head hm{layout.hc_head_fn, layout.hc_head_base, layout.hc_head_scale, layout.final_norm, X};
   const double ce_sum = head_forward(e, hm, b.targets, n_valid ? grad_scale / (float)n_valid : 0.f, prec);
   out.ce = n_valid ? ce_sum / (double)n_valid : 0.0;
@@ -436,6 +445,7 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
     const V4MtpParams& t = layout.mtp[k];
     const int64_t l = Lm + k, shift = k + 1;
     MtpSaved& m = ms[k];
+    need(l);
     m.ids = A.alloc<int32_t>(N);
     m.tg = A.alloc<int32_t>(N);
     m.n_valid = 0;

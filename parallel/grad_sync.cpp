@@ -134,8 +134,10 @@ void GradSync::scale_grad_shards(float s) {
     for (float& g : grad_shard(b)) g *= s;
 }
 
-void GradSync::start_param_all_gather() {
-  for (int b = L_.num_buckets() - 1; b >= 0; --b) {
+void GradSync::start_param_all_gather(bool first_bucket_first) {
+  const int nb = L_.num_buckets();
+  for (int i = 0; i < nb; ++i) {
+    const int b = first_bucket_first ? i : nb - 1 - i;
     TREX_CHECK(!ag_[b].pending(), "GradSync: parameter all-gather of bucket ", b, " started twice");
     const Bucket& B = L_.buckets[b];
     const size_t S = B.size / L_.dp;

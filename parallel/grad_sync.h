@@ -62,8 +62,9 @@ class GradSync {
   void scale_grad_shards(float s);    // grads of this rank's shards *= s (clipping)
 
   // --- after the optimizer step ---
-  // Starts an in-place all-gather of every bucket's parameter shards, last bucket first.
-  void start_param_all_gather();
+  // Starts an in-place all-gather of every bucket's parameter shards, last bucket first (or first
+  // bucket first: the order a forward over a slab in forward order needs them).
+  void start_param_all_gather(bool first_bucket_first = false);
   void wait_param_bucket(int bucket);
   void wait_param_all_gather();
 

@@ -110,9 +110,13 @@ DataParallel::DataParallel(parallel::Communicator& dp_comm, model::Model& m, Ada
   broadcast_replicas();
 }
 
-DataParallel::~DataParallel() { m_.grad_ready = nullptr; }
+DataParallel::~DataParallel() {
+  m_.grad_ready = nullptr;
+  m_.params_needed = nullptr;
+}
 
 void DataParallel::broadcast_replicas() {
+  wait_params();
   comm_.broadcast(m_.P(), (size_t)padded_, 0);
   if (!m_.buffers.empty()) comm_.broadcast(m_.buffers.data(), m_.buffers.size(), 0);
   m_.refresh_bf16();
@@ -181,6 +185,7 @@ void DataParallel::all_reduce_timed(T* v, size_t n) {
 }
 
 double DataParallel::finish_grads(bool inject_nan) {
+  wait_params();  // this rank's shards are the all-gather's send buffers: complete it before the update
   sync_->finish_grad_sync();
   if (inject_nan && rank() == 0) sync_->grad_shard(0)[0] = std::nanf("");
   double ss = 0;
@@ -193,14 +198,38 @@ double DataParallel::finish_grads(bool inject_nan) {
 }
 
 void DataParallel::gather_params() {
-  sync_->start_param_all_gather();
-  const int64_t total = m_.layout.total;
-  for (int b = layout_.num_buckets() - 1; b >= 0; --b) {  // the order they were started in
-    sync_->wait_param_bucket(b);
-    if (m_.params_bf16.empty()) continue;
-    const int64_t lo = (int64_t)layout_.buckets[b].begin, hi = std::min<int64_t>(lo + layout_.buckets[b].size, total);
-    if (lo < hi) model::to_bf16(m_.P() + lo, m_.params_bf16.data() + lo, hi - lo);
+  wait_params();  // (nothing is in flight here: finish_grads waited)
+  const int nb = layout_.num_buckets();
+  gathered_.assign(nb, 0);
+  if (!o_.overlap_params) {
+    sync_->start_param_all_gather();
+    for (int b = nb - 1; b >= 0; --b) finish_param_bucket(b);  // the order they were started in
+    return;
   }
+  // The forward reads the slab from the embedding (bucket 0) on: start them in that order.
+  sync_->start_param_all_gather(/*first_bucket_first=*/true);
+  m_.params_needed = [this](int64_t g) {
+    const int64_t L = (int64_t)m_.layout.layers.size();
+    const int64_t i = g == model::Model::kGradGroupHead ? L : g == model::Model::kGradGroupEmbed ? L + 1 : g;
+    TREX_CHECK(i >= 0 && i < (int64_t)group_buckets_.size(), "DataParallel: unknown parameter group ", g);
+    for (int b : group_buckets_[i]) finish_param_bucket(b);
+  };
+}
+
+void DataParallel::finish_param_bucket(int b) {
+  if (gathered_[b]) return;
+  sync_->wait_param_bucket(b);
+  gathered_[b] = 1;
+  if (m_.params_bf16.empty()) return;
+  const int64_t lo = (int64_t)layout_.buckets[b].begin;
+  const int64_t hi = std::min<int64_t>(lo + (int64_t)layout_.buckets[b].size, m_.layout.total);
+  if (lo < hi) model::to_bf16(m_.P() + lo, m_.params_bf16.data() + lo, hi - lo);
+}
+
+void DataParallel::wait_params() {
+  if (!m_.params_needed) return;
+  m_.params_needed = nullptr;
+  for (int b = 0; b < layout_.num_buckets(); ++b) finish_param_bucket(b);
 }
 
 void DataParallel::traced_wait(double t0_s, double t0_ms) {
@@ -296,6 +325,7 @@ ParallelRun make_parallel_run(parallel::Communicator& world, const parallel::Par
 }
 
 std::string save_checkpoint(const std::string& run_dir, DataParallel& dp, const TrainState& state, int keep) {
+  dp.wait_params();
   std::vector<float> m1, m2;
   dp.gather_moments(m1, m2);
   std::string dir;
@@ -310,6 +340,7 @@ std::string save_checkpoint(const std::string& run_dir, DataParallel& dp, const 
 }
 
 TrainState load_checkpoint(const std::string& dir, DataParallel& dp) {
+  dp.wait_params();  // an all-gather in flight would overwrite the loaded weights
   TrainState st = load_checkpoint(dir, dp.model(), dp.opt());
   dp.broadcast_replicas();
   return st;

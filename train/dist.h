@@ -22,6 +22,8 @@
 //   finish_grads()                     waits; shard = sum over ranks of the weighted gradients;
 //                                      returns the global gradient norm (all-reduced)
 //   opt().apply(); gather_params()     update the shard, all-gather the parameters, refresh bf16
+//                                      (overlap_params: started here, waited bucket by bucket by
+//                                      the next forward; wait_params() before reading them else)
 // Gradients are SUMMED over ranks (GradSync with average = false): trainer_step weights each
 // micro-batch by its share of the GLOBAL target count. (Scaling by dp and averaging would round
 // twice when dp is not a power of two; with pipeline stages every tensor's sum is then exact.)
@@ -53,6 +55,10 @@ struct DpOptions {
   // every rank completes every tensor. pp_comm: the pp group of this rank (train/pipeline.h).
   int pp = 1;
   parallel::Communicator* pp_comm = nullptr;
+  // Let the parameter all-gather of an optimizer step run on into the next forward: each bucket
+  // is waited for (and its bf16 shadow refreshed) just before the forward first reads a parameter
+  // group in it (Model::params_needed). Off: gather_params() waits for everything.
+  bool overlap_params = false;
 };
 
 // What a sum over ranks counts (DataParallel::sum).
@@ -99,6 +105,10 @@ class DataParallel {
   // inject_nan (test hook): rank 0 puts a NaN into its shard first.
   double finish_grads(bool inject_nan = false);
   void gather_params();  // all-gather of the updated shards, then the bf16 shadow
+  // overlap_params: waits for the parameter all-gather still in flight (every bucket) and
+  // refreshes the bf16 shadow; a no-op when none is. Call before reading the parameters outside
+  // a forward (checkpoints, comparisons); finish_grads, save_checkpoint and load_checkpoint do.
+  void wait_params();
   // In place: sums over ranks (blocking; counted as exposed communication). Only the ranks that
   // count (see Count) contribute; the others' values are ignored.
   void sum(int64_t* v, size_t n, Count c = Count::PerDataRank);
@@ -124,6 +134,7 @@ class DataParallel {
  private:
   void on_group(int64_t g);
   void start_ready_buckets();  // reduce-scatters of the ready buckets, highest index first
+  void finish_param_bucket(int b);  // waits for bucket b's all-gather, refreshes its bf16 shadow
   bool counts(Count c) const { return tp_rank() == 0 && (c == Count::PerStage || pp_rank() == 0); }
   void drop_tp_copies(int64_t i);  // tensor parallel, tp rank > 0: zero group i's whole-gradient tensors
   parallel::Communicator& comm_;
@@ -145,6 +156,7 @@ class DataParallel {
   int next_bucket_ = -1;                         // highest bucket whose reduce-scatter is not started
   int started_in_bwd_ = 0;
   double pp_wait_ms_ = 0;
+  std::vector<char> gathered_;  // [buckets] overlap_params: all-gather waited this step
   double wait_s_ = 0;                            // blocking all-reduces
 };
 

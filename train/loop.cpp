@@ -137,8 +137,11 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   std::unique_ptr<AdamW> opt1;
   // Expert / tensor parallel: the groups, set on the model; DataParallel over the dp x tp ranks.
   ParallelRun par;
-  if (world && world->size() > 1)
-    par = make_parallel_run(*world, dims, m, ocfg, DpOptions{rc.parallel.bucket_size, rc.parallel.overlap});
+  if (world && world->size() > 1) {
+    DpOptions o{rc.parallel.bucket_size, rc.parallel.overlap};
+    o.overlap_params = rc.parallel.overlap && rc.parallel.overlap_params;  // all-gather into the next forward
+    par = make_parallel_run(*world, dims, m, ocfg, o);
+  }
   std::unique_ptr<DataParallel>& dp = par.dp;
   if (!dp)
     opt1 = std::make_unique<AdamW>(m, ocfg);
@@ -295,6 +298,7 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
     }
   }
   dog.reset();  // the loop is over: what follows is bounded (trace parts, messages)
+  if (dp) dp->wait_params();
   res.peak_rss = peak_rss_bytes();
   message(detail::cat("memory: estimated ", res.memory_estimate / (1 << 20), " MiB per rank, peak resident ",
                       res.peak_rss / (1 << 20), " MiB", res.loss_spikes ? detail::cat("; ", res.loss_spikes, " loss spike(s)") : "",

@@ -165,6 +165,7 @@ RunConfig parse_run_config(json j, const std::string& where, const std::vector<s
        }},
       {"bucket_size", [&](const json& v, const std::string& k) { r.parallel.bucket_size = c.i64(v, k, 0); }},
       {"overlap", [&](const json& v, const std::string& k) { r.parallel.overlap = c.boolean(v, k); }},
+      {"overlap_params", [&](const json& v, const std::string& k) { r.parallel.overlap_params = c.boolean(v, k); }},
       {"watchdog_s", [&](const json& v, const std::string& k) { r.parallel.watchdog_s = c.f64(v, k, 0); }},
   };
   S["checkpoint"].keys = {

@@ -57,6 +57,7 @@ struct ParallelConfig {
   std::vector<int64_t> pp_layers;  // optional: decoder layers per stage (size pp; even split if empty)
   int64_t bucket_size = 4 << 20;  // slab elements per gradient bucket (0: one bucket)
   bool overlap = true;            // reduce-scatter each bucket as soon as the backward completes it
+  bool overlap_params = true;     // with overlap: the parameter all-gather runs on into the next forward
   // More than one rank: no finished training step for this many seconds ends the whole job with
   // an error (a stuck or stopped rank would leave the others waiting in a collective). 0 = off.
   double watchdog_s = 600;

@@ -49,25 +49,40 @@ TEST(DpTrain, V4MatchesSingleRankWithMtp) {
   parity(su, DpOptions{1500, true}, 3, 2, 1, 13);
 }
 
-// bf16 GEMMs: the shadow is refreshed from the all-gathered f32 weights on every rank.
+// bf16 GEMMs: the shadow is refreshed from the all-gathered f32 weights on every rank, also when
+// the all-gather runs on into the next forward (overlap_params: after a step it is still in
+// flight, and the forward waits for each bucket as it reaches it).
 TEST(DpTrain, Bf16ShadowFollowsTheAllGather) {
   init_threads(1);
   parallel::Communicator& w = parallel::test_world();
   Case su{tiny_v3(), 0.01, 0};
-  const Global g = make_global(2, 1, w.size(), 2, 9, 67, 5);
+  const Global g = make_global(3, 1, w.size(), 2, 9, 67, 5);
   auto refp = std::make_unique<model::Model>(su.cfg(), kern::Prec::BF16, model::TrainOptions{0.01, 0});
-  auto mp = std::make_unique<model::Model>(su.cfg(), kern::Prec::BF16, model::TrainOptions{0.01, 0});
   refp->init_random(5);
-  mp->init_random(5);
   AdamW ropt(*refp, su.ocfg);
-  const Trace tr = run_single(*refp, ropt, su, g, 0, 2);
-  DataParallel dp(w, *mp, su.ocfg, DpOptions{700, true});
-  const Trace td = run_dp(dp, su, g, 0, 2);
-  for (size_t s = 0; s < 2; ++s) EXPECT_LT(rel(td.loss[s], tr.loss[s]), 1e-3) << "step " << s;
-  int64_t stale = 0;
-  for (int64_t i = 0; i < mp->layout.total; ++i)
-    stale += f32_to_bf16(mp->P()[i]).bits != mp->params_bf16[i].bits;
-  EXPECT_EQ(stale, 0) << "bf16 shadow elements not refreshed after the all-gather";
+  const Trace tr = run_single(*refp, ropt, su, g, 0, 3);
+  for (bool overlap_params : {false, true}) {
+    auto mp = std::make_unique<model::Model>(su.cfg(), kern::Prec::BF16, model::TrainOptions{0.01, 0});
+    mp->init_random(5);
+    DpOptions o{700, true};
+    o.overlap_params = overlap_params;
+    DataParallel dp(w, *mp, su.ocfg, o);
+    Trace td;
+    for (int64_t s = 0; s < 3; ++s) {
+      td.add(trainer_step(dp, {g.batch(s, 0, dp.data_rank())}, su.lr, su.gamma));
+      EXPECT_EQ((bool)mp->params_needed, overlap_params) << "step " << s << ": the all-gather is in flight";
+    }
+    dp.wait_params();
+    EXPECT_FALSE((bool)mp->params_needed);
+    for (size_t s = 0; s < 3; ++s) EXPECT_LT(rel(td.loss[s], tr.loss[s]), 1e-3) << "step " << s;
+    int64_t stale = 0;
+    for (int64_t i = 0; i < mp->layout.total; ++i)
+      stale += f32_to_bf16(mp->P()[i]).bits != mp->params_bf16[i].bits;
+    EXPECT_EQ(stale, 0) << "bf16 shadow elements not refreshed after the all-gather (overlap " << overlap_params << ")";
+    std::vector<float> p0(mp->P(), mp->P() + mp->layout.total);
+    w.broadcast(p0.data(), p0.size(), 0);
+    EXPECT_EQ(0, std::memcmp(p0.data(), mp->P(), p0.size() * sizeof(float))) << "replicas differ";
+  }
 }
 
 TEST(DpTrain, Zero1MomentsAreAShard) {

@@ -102,6 +102,7 @@ inline Trace run_dp(DataParallel& dp, const Case& su, const Global& g, int64_t s
     for (int64_t a = 0; a < g.ga; ++a) micro.push_back(g.batch(s, a, dp.data_rank()));
     t.add(trainer_step(dp, micro, su.lr, su.gamma, nullptr, s == nan_step));
   }
+  dp.wait_params();  // overlap_params: the last step's all-gather is still in flight
   return t;
 }
 
@@ -186,6 +187,7 @@ inline void parity(const Case& su, DpOptions o, int64_t K, int64_t ga, int64_t B
   parallel::ParallelDims dims;
   dims.dp = ndata, dims.ep = ep, dims.tp = tp, dims.pp = pp, dims.pp_layers = pp_layers;
   dims.validate(w.size(), cfg);
+  o.overlap_params = o.overlap;  // with the buckets' overlap, the parameter all-gather's too
   ParallelRun par = make_parallel_run(w, dims, m, su.ocfg, o);
   DataParallel& dp = *par.dp;
   const Trace td = run_dp(dp, su, g, 0, K);
