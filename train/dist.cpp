@@ -148,11 +148,16 @@ void DataParallel::start_ready_buckets() {
   }
 }
 
-void DataParallel::on_group(int64_t g) {
+int64_t DataParallel::group_index(int64_t g) const {
   const int64_t L = (int64_t)m_.layout.layers.size();
   const int64_t i = g == model::Model::kGradGroupHead ? L : g == model::Model::kGradGroupEmbed ? L + 1 : g;
-  TREX_CHECK(i >= 0 && i < (int64_t)fired_.size() && !fired_[i], "DataParallel: parameter group ", g,
-             " reported twice or unknown");
+  TREX_CHECK(i >= 0 && i < (int64_t)group_buckets_.size(), "DataParallel: unknown parameter group ", g);
+  return i;
+}
+
+void DataParallel::on_group(int64_t g) {
+  const int64_t i = group_index(g);
+  TREX_CHECK(!fired_[i], "DataParallel: parameter group ", g, " reported twice");
   fired_[i] = 1;
   drop_tp_copies(i);
   for (int b : group_buckets_[i]) --left_[b];
@@ -209,10 +214,7 @@ void DataParallel::gather_params() {
   // The forward reads the slab from the embedding (bucket 0) on: start them in that order.
   sync_->start_param_all_gather(/*first_bucket_first=*/true);
   m_.params_needed = [this](int64_t g) {
-    const int64_t L = (int64_t)m_.layout.layers.size();
-    const int64_t i = g == model::Model::kGradGroupHead ? L : g == model::Model::kGradGroupEmbed ? L + 1 : g;
-    TREX_CHECK(i >= 0 && i < (int64_t)group_buckets_.size(), "DataParallel: unknown parameter group ", g);
-    for (int b : group_buckets_[i]) finish_param_bucket(b);
+    for (int b : group_buckets_[group_index(g)]) finish_param_bucket(b);
   };
 }
 

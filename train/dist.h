@@ -133,6 +133,7 @@ class DataParallel {
 
  private:
   void on_group(int64_t g);
+  int64_t group_index(int64_t g) const;  // grad_ready numbering -> index into group_buckets_
   void start_ready_buckets();  // reduce-scatters of the ready buckets, highest index first
   void finish_param_bucket(int b);  // waits for bucket b's all-gather, refreshes its bf16 shadow
   bool counts(Count c) const { return tp_rank() == 0 && (c == Count::PerStage || pp_rank() == 0); }
