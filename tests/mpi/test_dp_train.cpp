@@ -277,19 +277,11 @@ TEST(DpTrain, ImpossibleLayoutsAreUserErrors) {
 // step 3 resumes in the other layout (dp -> 1 process, 1 process -> dp) with the same losses.
 TEST(DpTrain, RunLoopMatchesOneProcessAndResumesAcrossLayouts) {
   parallel::Communicator& w = parallel::test_world();
-  int64_t tag = (int64_t)::getpid();
-  w.broadcast(&tag, 1, 0);
-  const fs::path root = fs::temp_directory_path() / ("trex_dp_loop_" + std::to_string(tag));
+  const fs::path root = loop_corpus(w, "trex_dp_loop_", 60, [](int i) {
+    return "item " + std::to_string(i) + " costs " + std::to_string(7 * i + 3) + " dollars; the next " +
+           std::string(i % 5, 'x') + " is cheaper.";
+  });
   const std::string data = (root / "corpus.jsonl").string();
-  if (w.rank() == 0) {
-    fs::create_directories(root);
-    std::ofstream f(data);
-    for (int i = 0; i < 60; ++i)
-      f << json{{"text", "item " + std::to_string(i) + " costs " + std::to_string(7 * i + 3) + " dollars; the next " +
-                             std::string(i % 5, 'x') + " is cheaper."}}.dump()
-        << "\n";
-  }
-  w.barrier();
   const int64_t B = 1, dp = w.size();
   auto cfg = [&](const std::string& d, int64_t b, int64_t steps, std::vector<std::string> ov = {}) {
     return parse_run_config(loop_config((root / d).string(), data, b, steps), "run.toml", ov);

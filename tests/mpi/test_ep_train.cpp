@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
 
 #include "core/error.h"
 #include "train/loop.h"
@@ -122,24 +121,11 @@ TEST(EpTrain, ExpertsMustSplitEvenly) {
 // and 4 ranks, so some rank runs the forward collective on a row it does not count.
 TEST(EpTrain, RunLoopMatchesDataParallel) {
   parallel::Communicator& w = parallel::test_world();
-  int64_t tag = (int64_t)::getpid();
-  w.broadcast(&tag, 1, 0);
-  const fs::path root = fs::temp_directory_path() / ("trex_ep_loop_" + std::to_string(tag));
+  const fs::path root = loop_corpus(w, "trex_ep_loop_", 47, [](int i) {
+    return "crate " + std::to_string(i) + " weighs " + std::to_string(11 * i + 5) + " kg, " + std::string(i % 7, 'y') +
+           " then more";
+  });
   const std::string data = (root / "corpus.jsonl").string();
-  if (w.rank() == 0) {
-    fs::create_directories(root);
-    std::ofstream f(data);
-    for (int i = 0; i < 47; ++i)
-      f << json{{"text", "crate " + std::to_string(i) + " weighs " + std::to_string(11 * i + 5) + " kg, " +
-                             std::string(i % 7, 'y') + " then more"}}.dump()
-        << "\n";
-  }
-  w.barrier();
-  auto tok = [](std::string_view s) {
-    std::vector<int32_t> out;
-    for (unsigned char c : s) out.push_back(c);
-    return out;
-  };
   auto run = [&](const std::string& d, int ep) {
     json m = six_experts(tiny_v3());
     m["vocab_size"] = 260;
@@ -151,19 +137,12 @@ TEST(EpTrain, RunLoopMatchesDataParallel) {
               {"parallel", {{"bucket_size", 2500}, {"ep", ep}}},
               {"checkpoint", {{"dir", (root / d).string()}, {"every", 4}}},
               {"log", {{"progress", "lines"}}}};
-    return run_training(parse_run_config(j, "run.toml"), TokenizerFns{tok, 256, 257, ""}, &w);
+    return run_training(parse_run_config(j, "run.toml"), bytes_tok(), &w);
   };
   run("dp", 1);
   run("ep", ep_for(w.size()));
   if (w.rank() == 0) {
-    auto metrics = [&](const std::string& d) {
-      std::vector<json> out;
-      std::ifstream f((root / d / "metrics.jsonl").string());
-      std::string line;
-      while (std::getline(f, line)) out.push_back(json::parse(line));
-      return out;
-    };
-    const auto a = metrics("dp"), b = metrics("ep");
+    const auto a = metrics((root / "dp").string()), b = metrics((root / "ep").string());
     ASSERT_EQ(a.size(), 4u);
     ASSERT_EQ(b.size(), 4u);
     int evals = 0;

@@ -9,8 +9,6 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
-#include <unistd.h>
 
 #include "core/error.h"
 #include "train/loop.h"
@@ -156,54 +154,13 @@ TEST(PpTrain, GradientsSumToTheSingleRank) {
 // rows, eval included; its checkpoint at step 3 resumes in one process with the same losses.
 TEST(PpTrain, RunLoopMatchesOneProcessAndResumesInOne) {
   parallel::Communicator& w = parallel::test_world();
-  const int pp = pp_for(w.size()), dp = w.size() / pp;
-  int64_t tag = (int64_t)::getpid();
-  w.broadcast(&tag, 1, 0);
-  const fs::path root = fs::temp_directory_path() / ("trex_pp_loop_" + std::to_string(tag));
-  const std::string data = (root / "corpus.jsonl").string();
-  if (w.rank() == 0) {
-    fs::create_directories(root);
-    std::ofstream f(data);
-    for (int i = 0; i < 47; ++i)
-      f << json{{"text", "crate " + std::to_string(i) + " holds " + std::to_string(7 * i + 5) + " parts " +
-                             std::string(i % 5, 'q') + " for the depot"}}.dump()
-        << "\n";
-  }
-  w.barrier();
-  auto cfg = [&](const std::string& d, int64_t b, int64_t steps, std::vector<std::string> ov = {}) {
-    return parse_run_config(loop_config((root / d).string(), data, b, steps, tiny_v4()), "run.toml", ov);
-  };
-  TrainResult rt = run_training(cfg("pp", 1, 6, {"parallel.pp=" + std::to_string(pp)}), bytes_tok(), &w);
-  EXPECT_EQ(rt.dp, dp);
-  EXPECT_EQ(rt.steps, 6);
-  if (w.rank() == 0) {
-    run_training(cfg("one", dp, 6), bytes_tok());
-    fs::create_directories(root / "pp_then_1" / "checkpoints");
-    fs::copy(root / "pp" / "checkpoints" / "step-00000003", root / "pp_then_1" / "checkpoints" / "step-00000003",
-             fs::copy_options::recursive);
-    run_training(cfg("pp_then_1", dp, 6, {"checkpoint.resume=auto"}), bytes_tok());
-    const auto one = metrics((root / "one").string()), a = metrics((root / "pp").string());
-    ASSERT_EQ(one.size(), 6u);
-    ASSERT_EQ(a.size(), 6u) << "metrics.jsonl is written once, by rank 0";
-    int evals = 0;
-    for (size_t s = 0; s < 6; ++s) {
-      EXPECT_LT(rel(a[s]["loss"].get<double>(), one[s]["loss"].get<double>()), 1e-5) << "step " << s + 1;
-      EXPECT_EQ(a[s]["tokens"].get<int64_t>(), one[s]["tokens"].get<int64_t>()) << "tokens are not counted per stage";
-      if (one[s].contains("eval_loss")) {
-        ++evals;
-        EXPECT_LT(rel(a[s]["eval_loss"].get<double>(), one[s]["eval_loss"].get<double>()), 1e-5) << "step " << s + 1;
-      }
-    }
-    EXPECT_EQ(evals, 2);
-    const auto b = metrics((root / "pp_then_1").string());
-    ASSERT_EQ(b.size(), 3u) << "steps 4-6 after the resume";
-    for (size_t s = 3; s < 6; ++s) {
-      EXPECT_EQ(b[s - 3]["step"].get<int64_t>(), (int64_t)s + 1);
-      EXPECT_LT(rel(b[s - 3]["loss"].get<double>(), one[s]["loss"].get<double>()), 1e-5) << "resumed step " << s + 1;
-    }
-    fs::remove_all(root);
-  }
-  w.barrier();
+  const int pp = pp_for(w.size());
+  const fs::path root = loop_corpus(w, "trex_pp_loop_", 47, [](int i) {
+    return "crate " + std::to_string(i) + " holds " + std::to_string(7 * i + 5) + " parts " + std::string(i % 5, 'q') +
+           " for the depot";
+  });
+  loop_matches_one_process_and_resumes_in_one(w, root, tiny_v4(), "parallel.pp=" + std::to_string(pp),
+                                              w.size() / pp, "stage");
 }
 
 // A layout the model cannot take is refused before anything runs, naming the field.

@@ -7,8 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
-#include <unistd.h>
 
 #include "core/error.h"
 #include "train/loop.h"
@@ -168,55 +166,11 @@ TEST(TpTrain, GradientsSumToTheSingleRank) {
 // rows, eval included; its checkpoint at step 3 resumes in one process with the same losses.
 TEST(TpTrain, RunLoopMatchesOneProcessAndResumesInOne) {
   parallel::Communicator& w = parallel::test_world();
-  const int tp = tp_for(w.size()), dp = w.size() / tp;
-  int64_t tag = (int64_t)::getpid();
-  w.broadcast(&tag, 1, 0);
-  const fs::path root = fs::temp_directory_path() / ("trex_tp_loop_" + std::to_string(tag));
-  const std::string data = (root / "corpus.jsonl").string();
-  if (w.rank() == 0) {
-    fs::create_directories(root);
-    std::ofstream f(data);
-    for (int i = 0; i < 53; ++i)
-      f << json{{"text", "lot " + std::to_string(i) + " ships " + std::to_string(13 * i + 2) + " pallets " +
-                             std::string(i % 6, 'z') + " by rail"}}.dump()
-        << "\n";
-  }
-  w.barrier();
-  auto cfg = [&](const std::string& d, int64_t b, int64_t steps, std::vector<std::string> ov = {}) {
-    return parse_run_config(loop_config((root / d).string(), data, b, steps, tp_v3()), "run.toml", ov);
-  };
-  const std::string t = "parallel.tp=" + std::to_string(tp);
-  TrainResult rt = run_training(cfg("tp", 1, 6, {t}), bytes_tok(), &w);
-  EXPECT_EQ(rt.dp, dp);
-  EXPECT_EQ(rt.steps, 6);
-  if (w.rank() == 0) {
-    run_training(cfg("one", dp, 6), bytes_tok());
-    // Resume the tp run's step-3 checkpoint in one process.
-    fs::create_directories(root / "tp_then_1" / "checkpoints");
-    fs::copy(root / "tp" / "checkpoints" / "step-00000003", root / "tp_then_1" / "checkpoints" / "step-00000003",
-             fs::copy_options::recursive);
-    run_training(cfg("tp_then_1", dp, 6, {"checkpoint.resume=auto"}), bytes_tok());
-    const auto one = metrics((root / "one").string()), a = metrics((root / "tp").string());
-    ASSERT_EQ(one.size(), 6u);
-    ASSERT_EQ(a.size(), 6u) << "metrics.jsonl is written once, by rank 0";
-    int evals = 0;
-    for (size_t s = 0; s < 6; ++s) {
-      EXPECT_LT(rel(a[s]["loss"].get<double>(), one[s]["loss"].get<double>()), 1e-5) << "step " << s + 1;
-      EXPECT_EQ(a[s]["tokens"].get<int64_t>(), one[s]["tokens"].get<int64_t>()) << "tokens are not counted per tp rank";
-      if (one[s].contains("eval_loss")) {
-        ++evals;
-        EXPECT_LT(rel(a[s]["eval_loss"].get<double>(), one[s]["eval_loss"].get<double>()), 1e-5) << "step " << s + 1;
-      }
-    }
-    EXPECT_EQ(evals, 2);
-    const auto b = metrics((root / "tp_then_1").string());
-    ASSERT_EQ(b.size(), 3u) << "steps 4-6 after the resume";
-    for (size_t s = 3; s < 6; ++s) {
-      const json& j = b[s - 3];
-      EXPECT_EQ(j["step"].get<int64_t>(), (int64_t)s + 1);
-      EXPECT_LT(rel(j["loss"].get<double>(), one[s]["loss"].get<double>()), 1e-5) << "resumed step " << s + 1;
-    }
-    fs::remove_all(root);
-  }
-  w.barrier();
+  const int tp = tp_for(w.size());
+  const fs::path root = loop_corpus(w, "trex_tp_loop_", 53, [](int i) {
+    return "lot " + std::to_string(i) + " ships " + std::to_string(13 * i + 2) + " pallets " + std::string(i % 6, 'z') +
+           " by rail";
+  });
+  loop_matches_one_process_and_resumes_in_one(w, root, tp_v3(), "parallel.tp=" + std::to_string(tp), w.size() / tp,
+                                              "tp rank");
 }

@@ -7,10 +7,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 #include "core/parallel.h"
@@ -250,6 +253,68 @@ inline std::vector<json> metrics(const std::string& dir) {
   std::string line;
   while (std::getline(f, line)) out.push_back(json::parse(line));
   return out;
+}
+
+// A run folder under the temp directory, named by prefix and rank 0's pid (the same on every
+// rank), holding corpus.jsonl: n documents {"text": text(i)}, written by rank 0. Collective.
+inline std::filesystem::path loop_corpus(parallel::Communicator& w, const std::string& prefix, int n,
+                                         const std::function<std::string(int)>& text) {
+  int64_t tag = (int64_t)::getpid();
+  w.broadcast(&tag, 1, 0);
+  const std::filesystem::path root = std::filesystem::temp_directory_path() / (prefix + std::to_string(tag));
+  if (w.rank() == 0) {
+    std::filesystem::create_directories(root);
+    std::ofstream f(root / "corpus.jsonl");
+    for (int i = 0; i < n; ++i) f << json{{"text", text(i)}}.dump() << "\n";
+  }
+  w.barrier();
+  return root;
+}
+
+// run_training under a model-parallel layout (`layout`, e.g. "parallel.tp=2", leaving dp =
+// world / (tp x pp) data ranks of 1 row) equals one process with dp rows: losses, tokens and eval
+// losses of 6 steps; its step-3 checkpoint resumed by one process gives the same losses for steps
+// 4-6. `what` names the layout's ranks in the token-count message. Collective; removes its folder.
+inline void loop_matches_one_process_and_resumes_in_one(parallel::Communicator& w, const std::filesystem::path& root,
+                                                        const json& model, const std::string& layout, int dp,
+                                                        const char* what) {
+  namespace fs = std::filesystem;
+  const std::string data = (root / "corpus.jsonl").string();
+  auto cfg = [&](const std::string& d, int64_t b, int64_t steps, std::vector<std::string> ov = {}) {
+    return parse_run_config(loop_config((root / d).string(), data, b, steps, model), "run.toml", ov);
+  };
+  TrainResult rt = run_training(cfg("par", 1, 6, {layout}), bytes_tok(), &w);
+  EXPECT_EQ(rt.dp, dp);
+  EXPECT_EQ(rt.steps, 6);
+  if (w.rank() == 0) {
+    run_training(cfg("one", dp, 6), bytes_tok());
+    // Resume the parallel run's step-3 checkpoint in one process.
+    fs::create_directories(root / "par_then_1" / "checkpoints");
+    fs::copy(root / "par" / "checkpoints" / "step-00000003", root / "par_then_1" / "checkpoints" / "step-00000003",
+             fs::copy_options::recursive);
+    run_training(cfg("par_then_1", dp, 6, {"checkpoint.resume=auto"}), bytes_tok());
+    const auto one = metrics((root / "one").string()), a = metrics((root / "par").string());
+    ASSERT_EQ(one.size(), 6u);
+    ASSERT_EQ(a.size(), 6u) << "metrics.jsonl is written once, by rank 0";
+    int evals = 0;
+    for (size_t s = 0; s < 6; ++s) {
+      EXPECT_LT(rel(a[s]["loss"].get<double>(), one[s]["loss"].get<double>()), 1e-5) << "step " << s + 1;
+      EXPECT_EQ(a[s]["tokens"].get<int64_t>(), one[s]["tokens"].get<int64_t>()) << "tokens are not counted per " << what;
+      if (one[s].contains("eval_loss")) {
+        ++evals;
+        EXPECT_LT(rel(a[s]["eval_loss"].get<double>(), one[s]["eval_loss"].get<double>()), 1e-5) << "step " << s + 1;
+      }
+    }
+    EXPECT_EQ(evals, 2);
+    const auto b = metrics((root / "par_then_1").string());
+    ASSERT_EQ(b.size(), 3u) << "steps 4-6 after the resume";
+    for (size_t s = 3; s < 6; ++s) {
+      EXPECT_EQ(b[s - 3]["step"].get<int64_t>(), (int64_t)s + 1);
+      EXPECT_LT(rel(b[s - 3]["loss"].get<double>(), one[s]["loss"].get<double>()), 1e-5) << "resumed step " << s + 1;
+    }
+    fs::remove_all(root);
+  }
+  w.barrier();
 }
 
 }  // namespace trex::testing
