@@ -98,7 +98,7 @@ bool tp_partial_grad(const std::string& name) {
   return false;
 }
 
-void Model::set_tensor_parallel(parallel::Communicator* tp_comm) {
+void Model::set_tensor_parallel(parallel::Communicator* tp_comm, bool sequence_parallel) {
   tp_ = {};
   if (!tp_comm || tp_comm->size() == 1) return;
   parallel::ParallelDims dims;  // heads, V4 output groups and the dense width must split evenly
@@ -106,6 +106,7 @@ void Model::set_tensor_parallel(parallel::Communicator* tp_comm) {
   dims.validate_model(cfg);
   tp_.comm = tp_comm;
   tp_.slice = {tp_comm->rank(), dims.tp};
+  tp_.sp = sequence_parallel;
 }
 
 void Model::tp_sum(float* x, int64_t n) const {
@@ -170,7 +171,10 @@ void Model::set_pipeline_stage(PipelineStage s) {
   stage_ = s;
 }
 
-int64_t Model::stage_io_floats(int64_t N) const { return N * cfg.hidden_size * (cfg.is_v4() ? cfg.v4.hc_mult : 1); }
+int64_t Model::stage_io_floats(int64_t N) const {
+  // Sequence parallel: this rank's token rows only (a buffer fits every rank's).
+  return (tp_.sp ? seq_shard_of(N).block : N) * cfg.hidden_size * (cfg.is_v4() ? cfg.v4.hc_mult : 1);
+}
 
 bool Model::owns_grad_group(int64_t g) const {
   const int64_t L = cfg.num_hidden_layers;
@@ -188,7 +192,7 @@ LossParts Model::stage_forward_backward(const Batch& b, const StageIO& io, float
 }
 
 LossParts Model::run(const Batch& b, float grad_scale, bool backward, const StageIO* io) {
-  const int64_t B = b.B, T = b.T, N = B * T, d = cfg.hidden_size, V = cfg.vocab_size;
+  const int64_t B = b.B, T = b.T, N = B * T, V = cfg.vocab_size;
   TREX_CHECK(B > 0 && T > 0, "empty batch");
   for (int64_t i = 0; i < N; ++i) {
     TREX_USER_CHECK(b.input_ids[i] >= 0 && b.input_ids[i] < V, "token ids must be in [0, vocab_size)",
@@ -202,7 +206,57 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward, const Stag
   TREX_CHECK(!st.on() || (io && (st.first || io->x_in) && (st.last || backward || io->x_out) &&
                           (st.last || !backward || io->dy) && (st.first || !backward || io->dx_in)),
              "Model: pipeline stage without its inputs / outputs");
-  if (cfg.is_v4()) return run_v4(b, grad_scale, backward, io);
+  if (!tp_.sp) return cfg.is_v4() ? run_v4(b, grad_scale, backward, io) : run_v3(b, grad_scale, backward, io);
+  // Sequence parallel: every shard's loss parts and expert loads are summed over the tp group, so
+  // each tp rank returns (and counts) what the whole micro-batch gives, as without it.
+  TREX_USER_CHECK(N >= tp_.slice.size, "set train.batch_size x data.seq_len >= parallel.tp, or "
+                  "parallel.sequence_parallel = false", "sequence parallel: a micro-batch of ", N,
+                  " tokens does not split over ", tp_.slice.size, " tensor-parallel ranks");
+  const std::vector<std::vector<int64_t>> load0 = load_;
+  LossParts out = cfg.is_v4() ? run_v4(b, grad_scale, backward, io) : run_v3(b, grad_scale, backward, io);
+  double parts[3] = {out.ce, out.aux, out.mtp};
+  std::vector<int64_t> dl;
+  for (size_t l = 0; l < load_.size(); ++l)
+    for (size_t e = 0; e < load_[l].size(); ++e) dl.push_back(load_[l][e] - load0[l][e]);
+  const double t0 = now_ms();
+  tp_.comm->all_reduce(parts, 3);
+  if (!dl.empty()) tp_.comm->all_reduce(dl.data(), dl.size());
+  tp_.wait_ms += now_ms() - t0;
+  size_t k = 0;
+  for (size_t l = 0; l < load_.size(); ++l)
+    for (size_t e = 0; e < load_[l].size(); ++e) load_[l][e] = load0[l][e] + dl[k++];
+  out.ce = parts[0], out.aux = parts[1], out.mtp = parts[2];
+  out.loss = out.ce + out.aux + opt.mtp_loss_weight * out.mtp;
+  return out;
+}
+
+SeqShard Model::seq_shard_of(int64_t N) const {
+  return tp_.sp ? seq_shard(N, (int)tp_.slice.rank, (int)tp_.slice.size) : seq_shard(N, 0, 1);
+}
+
+const float* Model::tp_block_in(const SeqShard& s, const float* x, int64_t w) {
+  if (!s.on()) return x;
+  float* full = acts.alloc<float>(s.N * w);
+  sp_all_gather(*tp_.comm, s, x, full, w, acts, &tp_.wait_ms);
+  return full;
+}
+
+void Model::tp_block_out(const SeqShard& s, float* full, float* out, int64_t w) {
+  if (!s.on()) {
+    tp_sum(full, s.N * w);
+    if (out != full) std::memcpy(out, full, s.N * w * sizeof(float));
+    return;
+  }
+  sp_reduce_scatter(*tp_.comm, s, full, out, w, acts, &tp_.wait_ms);
+}
+
+float* Model::tp_block_out_buf(const SeqShard& s, float* out, int64_t w) {
+  return s.on() ? acts.alloc<float>(s.N * w) : out;
+}
+
+LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const StageIO* io) {
+  const int64_t B = b.B, T = b.T, N = B * T, d = cfg.hidden_size, V = cfg.vocab_size;
+  const PipelineStage& st = stage_;
   const bool count_stats = !io || io->count;
   const int64_t l0 = st.l0, l1 = stage_end();
   acts.reset();
@@ -211,6 +265,9 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward, const Stag
   float* G = this->G();
   const bf16* Pb = this->Pb();
   const float eps = (float)cfg.rms_norm_eps;
+  // Sequence parallel: this rank's token rows [n0, n0 + Nl); everything else: all N of them.
+  const SeqShard sh = seq_shard_of(N);
+  const int64_t Nl = sh.rows, n0 = sh.n0;
 
   // Positions (grow the RoPE table if a position exceeds it).
   int32_t* pos = acts.alloc<int32_t>(N);
@@ -225,56 +282,73 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward, const Stag
   auto need = [&](int64_t g) {
     if (params_needed) params_needed(g);
   };
-  // Embedding (pipeline stages after the first: the previous stage's output).
-  float* x = acts.alloc<float>(N * d);
+  // Embedding (pipeline stages after the first: the previous stage's output). x: [Nl, d]
+  float* x = acts.alloc<float>(Nl * d);
   if (st.first) {
     need(kGradGroupEmbed);
-    parallel_for(N, 64, [&](int64_t s, int64_t e) {
-      for (int64_t n = s; n < e; ++n) std::memcpy(x + n * d, P + layout.embed + (int64_t)b.input_ids[n] * d, d * 4);
+    parallel_for(Nl, 64, [&](int64_t s, int64_t e) {
+      for (int64_t n = s; n < e; ++n)
+        std::memcpy(x + n * d, P + layout.embed + (int64_t)b.input_ids[n0 + n] * d, d * 4);
     });
   } else {
-    std::memcpy(x, io->x_in, N * d * sizeof(float));
+    std::memcpy(x, io->x_in, Nl * d * sizeof(float));
   }
 
   std::vector<LayerSaved> sv(cfg.num_hidden_layers);
   LossParts out;
-  int64_t n_valid = 0;
+  int64_t n_valid = 0;  // of the whole micro-batch (the CE is its mean)
   for (int64_t i = 0; i < N; ++i) n_valid += b.targets[i] != -100;
   out.n_valid = st.last ? n_valid : 0;
+  auto moe_in = [&](const LayerParams& lp) {
+    MoeIn mi{&cfg, &lp, P, Pb, G, buffers.data() + lp.bias, B, T, opt.aux_loss_alpha, grad_scale};
+    if (ep_.on()) mi.ep = &ep_;
+    if (sh.on()) {
+      mi.n0 = n0, mi.rows = Nl;
+      mi.seq_sum = [this](double* v, size_t n) {
+        const double t0 = now_ms();
+        tp_.comm->all_reduce(v, n);
+        tp_.wait_ms += now_ms() - t0;
+      };
+    }
+    return mi;
+  };
 
-  // Decoder layer l: x [N, d] -> returns h_out [N, d] (arena), its activations in s. count: add
-  // the aux loss and the expert loads (not when the backward replays the layer).
+  // Decoder layer l: x [Nl, d] -> returns h_out [Nl, d] (arena), its activations in s. count: add
+  // the aux loss and the expert loads (not when the backward replays the layer). The attention and
+  // the dense MLP see all N tokens (tp_block_in / tp_block_out).
   auto layer_forward = [&](int64_t l, float* x, LayerSaved& s, bool count) -> float* {
     const LayerParams& lp = layout.layers[l];
     s.h_in = x;
-    s.n1 = acts.alloc<float>(N * d);
-    s.rstd1 = acts.alloc<float>(N);
-    kern::rmsnorm_fwd(x, N, d, P + lp.in_norm, eps, s.n1, s.rstd1);
+    s.n1 = acts.alloc<float>(Nl * d);
+    s.rstd1 = acts.alloc<float>(Nl);
+    kern::rmsnorm_fwd(x, Nl, d, P + lp.in_norm, eps, s.n1, s.rstd1);
     AttnIn ai{&cfg, &lp, P, Pb, G, &rope_, pos, b.seg, B, T, tp_.slice};
-    s.h_mid = acts.alloc<float>(N * d);
+    s.h_mid = acts.alloc<float>(Nl * d);
     {
       ProfScope ps(prof, "fwd.mla");
-      mla_forward(c, ai, s.n1, s.h_mid, s.att);
-      tp_sum(s.h_mid, N * d);  // row-parallel o_proj: sum of the heads' parts
+      const float* in = tp_block_in(sh, s.n1, d);
+      float* h = tp_block_out_buf(sh, s.h_mid, d);
+      mla_forward(c, ai, in, h, s.att);
+      tp_block_out(sh, h, s.h_mid, d);  // row-parallel o_proj: sum of the heads' parts
     }
-    for (int64_t i = 0; i < N * d; ++i) s.h_mid[i] += x[i];
-    s.n2 = acts.alloc<float>(N * d);
-    s.rstd2 = acts.alloc<float>(N);
-    kern::rmsnorm_fwd(s.h_mid, N, d, P + lp.post_norm, eps, s.n2, s.rstd2);
-    float* h_out = acts.alloc<float>(N * d);
+    for (int64_t i = 0; i < Nl * d; ++i) s.h_mid[i] += x[i];
+    s.n2 = acts.alloc<float>(Nl * d);
+    s.rstd2 = acts.alloc<float>(Nl);
+    kern::rmsnorm_fwd(s.h_mid, Nl, d, P + lp.post_norm, eps, s.n2, s.rstd2);
+    float* h_out = acts.alloc<float>(Nl * d);
     if (cfg.is_moe_layer(l)) {
-      MoeIn mi{&cfg, &lp, P, Pb, G, buffers.data() + lp.bias, B, T, opt.aux_loss_alpha, grad_scale};
-      if (ep_.on()) mi.ep = &ep_;
       ProfScope ps(prof, "fwd.moe");
-      const double aux = moe_forward(c, mi, s.n2, h_out, s.moe, count ? load_[l].data() : nullptr);
+      const double aux = moe_forward(c, moe_in(lp), s.n2, h_out, s.moe, count ? load_[l].data() : nullptr);
       if (count) out.aux += aux;
     } else {
       MlpW w = mlp_weights_tp(P, Pb, G, lp.mlp_gu, lp.mlp_down, d, cfg.intermediate_size, tp_.slice);
       ProfScope ps(prof, "fwd.mlp");
-      mlp_forward(c, w, s.n2, N, h_out, 0.f, s.mlp);
-      tp_sum(h_out, N * d);
+      const float* in = tp_block_in(sh, s.n2, d);
+      float* h = tp_block_out_buf(sh, h_out, d);
+      mlp_forward(c, w, in, N, h, 0.f, s.mlp);
+      tp_block_out(sh, h, h_out, d);
     }
-    for (int64_t i = 0; i < N * d; ++i) h_out[i] += s.h_mid[i];
+    for (int64_t i = 0; i < Nl * d; ++i) h_out[i] += s.h_mid[i];
     return h_out;
   };
   // Full recompute: a layer keeps only its input; its activations are dropped after the forward
@@ -286,41 +360,42 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward, const Stag
       x = layer_forward(l, x, sv[l], count_stats);
       continue;
     }
-    float* kept = acts.alloc<float>(N * d);
+    float* kept = acts.alloc<float>(Nl * d);
     const auto mk = acts.mark();
-    std::memcpy(kept, layer_forward(l, x, sv[l], count_stats), N * d * sizeof(float));
+    std::memcpy(kept, layer_forward(l, x, sv[l], count_stats), Nl * d * sizeof(float));
     acts.release(mk);
     x = kept;
   }
   out.loss = out.aux;
-  float* dx = nullptr;  // [N, d] gradient of the last layer's output
+  float* dx = nullptr;  // [Nl, d] gradient of the last layer's output
   if (!st.last) {       // a pipeline stage before the last: x goes to the next stage, dy comes back
     if (!backward) {
-      std::memcpy(io->x_out, x, N * d * sizeof(float));
+      std::memcpy(io->x_out, x, Nl * d * sizeof(float));
       return out;
     }
-    dx = acts.alloc<float>(N * d);
-    std::memcpy(dx, io->dy, N * d * sizeof(float));
+    dx = acts.alloc<float>(Nl * d);
+    std::memcpy(dx, io->dy, Nl * d * sizeof(float));
   } else {
-    // Final norm + LM head fused with cross-entropy.
+    // Final norm + LM head fused with cross-entropy (on this rank's rows; the CE is divided by
+    // the whole micro-batch's target count).
     need(kGradGroupHead);
     if (layout.head == layout.embed) need(kGradGroupEmbed);  // tied
-    float* hf = acts.alloc<float>(N * d);
-    float* rstdf = acts.alloc<float>(N);
-    kern::rmsnorm_fwd(x, N, d, P + layout.final_norm, eps, hf, rstdf);
-    float* dhf = backward ? acts.alloc<float>(N * d) : nullptr;
+    float* hf = acts.alloc<float>(Nl * d);
+    float* rstdf = acts.alloc<float>(Nl);
+    kern::rmsnorm_fwd(x, Nl, d, P + layout.final_norm, eps, hf, rstdf);
+    float* dhf = backward ? acts.alloc<float>(Nl * d) : nullptr;
     kern::CeArgs ce{};
     ce.prec = prec;
-    ce.N = N, ce.d = d, ce.V = V;
+    ce.N = Nl, ce.d = d, ce.V = V;
     ce.h = hf;
     ce.W = P + layout.head;
     if (prec == kern::Prec::BF16) {
-      bf16* hb = acts.alloc<bf16>(N * d);
-      to_bf16(hf, hb, N * d);
+      bf16* hb = acts.alloc<bf16>(Nl * d);
+      to_bf16(hf, hb, Nl * d);
       ce.h_b = hb;
       ce.W_b = Pb + layout.head;
     }
-    ce.labels = b.targets;
+    ce.labels = b.targets + n0;
     ce.grad_scale = n_valid ? grad_scale / (float)n_valid : 0.f;
     ce.dh = dhf;
     ce.dW = backward ? G + layout.head : nullptr;
@@ -336,12 +411,12 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward, const Stag
     if (!backward) return out;
 
     // Backward.
-    dx = acts.alloc<float>(N * d);
-    kern::rmsnorm_bwd(dhf, x, N, d, P + layout.final_norm, rstdf, dx, G + layout.final_norm);
+    dx = acts.alloc<float>(Nl * d);
+    kern::rmsnorm_bwd(dhf, x, Nl, d, P + layout.final_norm, rstdf, dx, G + layout.final_norm);
     if (grad_ready) grad_ready(kGradGroupHead);
   }
-  float* tmp = acts.alloc<float>(N * d);
-  float* tmp2 = acts.alloc<float>(N * d);
+  float* tmp = acts.alloc<float>(Nl * d);
+  float* tmp2 = acts.alloc<float>(Nl * d);
   for (int64_t l = l1 - 1; l >= l0; --l) {
     const LayerParams& lp = layout.layers[l];
     LayerSaved& s = sv[l];
@@ -352,40 +427,42 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward, const Stag
     }
     // h_out = h_mid + ffn(norm2(h_mid))
     if (cfg.is_moe_layer(l)) {
-      MoeIn mi{&cfg, &lp, P, Pb, G, buffers.data() + lp.bias, B, T, opt.aux_loss_alpha, grad_scale};
-      if (ep_.on()) mi.ep = &ep_;
       ProfScope ps(prof, "bwd.moe");
-      moe_backward(c, mi, s.moe, dx, tmp);
+      moe_backward(c, moe_in(lp), s.moe, dx, tmp);
     } else {
       MlpW w = mlp_weights_tp(P, Pb, G, lp.mlp_gu, lp.mlp_down, d, cfg.intermediate_size, tp_.slice);
       ProfScope ps(prof, "bwd.mlp");
-      mlp_backward(c, w, s.mlp, N, dx, tmp, false);
-      tp_sum(tmp, N * d);  // the column-parallel input's gradient: sum of the parts
+      const float* dy = tp_block_in(sh, dx, d);
+      float* dn = tp_block_out_buf(sh, tmp, d);
+      mlp_backward(c, w, s.mlp, N, dy, dn, false);
+      tp_block_out(sh, dn, tmp, d);  // the column-parallel input's gradient: sum of the parts
     }
-    kern::rmsnorm_bwd(tmp, s.h_mid, N, d, P + lp.post_norm, s.rstd2, tmp2, G + lp.post_norm);
-    for (int64_t i = 0; i < N * d; ++i) dx[i] += tmp2[i];
+    kern::rmsnorm_bwd(tmp, s.h_mid, Nl, d, P + lp.post_norm, s.rstd2, tmp2, G + lp.post_norm);
+    for (int64_t i = 0; i < Nl * d; ++i) dx[i] += tmp2[i];
     // h_mid = h_in + mla(norm1(h_in))
     AttnIn ai{&cfg, &lp, P, Pb, G, &rope_, pos, b.seg, B, T, tp_.slice};
     {
       ProfScope ps(prof, "bwd.mla");
-      mla_backward(c, ai, s.att, dx, tmp);
-      tp_sum(tmp, N * d);
+      const float* dy = tp_block_in(sh, dx, d);
+      float* dn = tp_block_out_buf(sh, tmp, d);
+      mla_backward(c, ai, s.att, dy, dn);
+      tp_block_out(sh, dn, tmp, d);
     }
-    kern::rmsnorm_bwd(tmp, s.h_in, N, d, P + lp.in_norm, s.rstd1, tmp2, G + lp.in_norm);
-    for (int64_t i = 0; i < N * d; ++i) dx[i] += tmp2[i];
+    kern::rmsnorm_bwd(tmp, s.h_in, Nl, d, P + lp.in_norm, s.rstd1, tmp2, G + lp.in_norm);
+    for (int64_t i = 0; i < Nl * d; ++i) dx[i] += tmp2[i];
     acts.release(mk);
     if (grad_ready) grad_ready(l);
   }
   if (!st.first) {  // the gradient of the previous stage's output
-    std::memcpy(io->dx_in, dx, N * d * sizeof(float));
+    std::memcpy(io->dx_in, dx, Nl * d * sizeof(float));
     if (grad_ready && owns_grad_group(kGradGroupEmbed)) grad_ready(kGradGroupEmbed);  // tied head
     return out;
   }
   // Embedding: columns split across threads so every row update is race-free and ordered.
   float* dE = G + layout.embed;
   parallel_for(d, 16, [&](int64_t c0, int64_t c1) {
-    for (int64_t n = 0; n < N; ++n) {
-      float* row = dE + (int64_t)b.input_ids[n] * d;
+    for (int64_t n = 0; n < Nl; ++n) {
+      float* row = dE + (int64_t)b.input_ids[n0 + n] * d;
       const float* g = dx + n * d;
       for (int64_t j = c0; j < c1; ++j) row[j] += g[j];
     }

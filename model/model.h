@@ -14,6 +14,7 @@
 #include "model/mla.h"
 #include "model/moe.h"
 #include "model/params.h"
+#include "model/seq_parallel.h"
 
 namespace trex::model {
 
@@ -44,16 +45,25 @@ struct LossParts {
 // rank on the same tokens. The slabs still hold every tensor. After each split block an
 // all-reduce over the tp group sums the partial outputs (forward) and the partial input
 // gradients (backward), so the activations stay the same on every tp rank.
+//
+// Sequence parallel (sp, model/seq_parallel.h): outside the split blocks each tp rank keeps only
+// its shard of the tokens, so the norms, hyper-connections, MoE layers, embedding and head run on
+// N / tp tokens; the shards are all-gathered before a split block and its partial outputs
+// reduce-scattered after it (instead of the all-reduce). Every gradient is then partial on each
+// tp rank (the data-parallel reduction sums them); the loss parts and expert loads a forward
+// returns are summed over the tp group, so they are the whole micro-batch's on every tp rank.
 struct TensorParallel {
   parallel::Communicator* comm = nullptr;  // tp group
   TpSlice slice;                           // this rank's part
-  mutable double wait_ms = 0;              // time blocked in the tp all-reduces
+  bool sp = false;                         // sequence parallel
+  mutable double wait_ms = 0;              // time blocked in the tp collectives
   bool on() const { return comm != nullptr; }
 };
 
 // Under tensor parallelism, true for the tensors whose gradient each tp rank holds a partial sum
 // of (the attention blocks, the dense MLPs: the sum over the tp group is the gradient); false for
-// the tensors whose full gradient every tp rank computes (count them once).
+// the tensors whose full gradient every tp rank computes (count them once). With sequence
+// parallel every tensor's gradient is partial (each tp rank sees its own tokens).
 bool tp_partial_grad(const std::string& name);
 
 // Pipeline parallel: the part of the model one pp stage runs. Decoder layers [l0, l1); the first
@@ -134,8 +144,8 @@ class Model {
   // collectives over it; every tp rank must see the same batches. Gradients of the split tensors
   // touch this rank's slice only, and those of tp_partial_grad tensors are partial: the
   // data-parallel reduction over dp x tp ranks (train/dist.h, DpOptions::tp) completes them.
-  // null: off.
-  void set_tensor_parallel(parallel::Communicator* tp_comm);
+  // null: off. sequence_parallel: see TensorParallel (a batch must then hold >= tp tokens).
+  void set_tensor_parallel(parallel::Communicator* tp_comm, bool sequence_parallel = false);
   const TensorParallel& tensor_parallel() const { return tp_; }
   // In place sum over the tp group of [n] floats (a no-op without tensor parallelism).
   void tp_sum(float* x, int64_t n) const;
@@ -160,12 +170,22 @@ class Model {
   float* G() const { return reinterpret_cast<float*>(grads.base()); }
   const bf16* Pb() const { return params_bf16.empty() ? nullptr : params_bf16.data(); }
   size_t peak_activation_bytes() const { return acts.peak(); }
+  // Sequence parallel: the token rows of a batch of N this rank holds (all of them without it).
+  SeqShard seq_shard_of(int64_t N) const;
+  // Around a tensor-parallel block on a batch of s.N tokens: its input [N, w] from this rank's
+  // rows x [s.rows, w] (x itself, or all-gathered into the arena); a buffer for its partial
+  // output [N, w] (out itself, or the arena); the output completed into out [s.rows, w] (the
+  // tp all-reduce, or the reduce-scatter; full is overwritten).
+  const float* tp_block_in(const SeqShard& s, const float* x, int64_t w);
+  float* tp_block_out_buf(const SeqShard& s, float* out, int64_t w);
+  void tp_block_out(const SeqShard& s, float* full, float* out, int64_t w);
   // RoPE tables and softmax scale covering positions [0, max_pos) (grown on demand).
   const RopeTable& rope_table(int64_t max_pos);
 
  private:
   // io: the pipeline stage's inputs and outputs (null without pipeline parallelism).
   LossParts run(const Batch& b, float grad_scale, bool backward, const StageIO* io);
+  LossParts run_v3(const Batch& b, float grad_scale, bool backward, const StageIO* io);
   LossParts run_v4(const Batch& b, float grad_scale, bool backward, const StageIO* io);  // model/model_v4.cpp
   int64_t stage_end() const { return stage_.l1 < 0 ? cfg.num_hidden_layers : stage_.l1; }
   void v4_tables(int64_t T);            // main / compress RoPE tables for positions [0, T)

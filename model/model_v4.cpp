@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/rng.h"
+#include "core/timer.h"
 #include "kernels/gemm.h"
 #include "kernels/hyper_conn.h"
 #include "kernels/lm_head_ce.h"
@@ -21,6 +22,7 @@
 #include "kernels/rope.h"
 #include "model/model.h"
 #include "model/v4_attn.h"
+#include "parallel/comm.h"
 
 namespace trex::model {
 
@@ -136,8 +138,9 @@ struct Env {
   float grad_scale;
   std::vector<int32_t*> hash_idx;  // per layer [N, K] or null
   const ExpertParallel* ep = nullptr;  // expert parallel (training runs only)
-  const Model* model = nullptr;        // tensor parallel: the slice and Model::tp_sum
-  int64_t N() const { return b.B * b.T; }
+  Model* model = nullptr;              // tensor parallel: the slice and Model::tp_block_*
+  SeqShard sh;                         // sequence parallel: this rank's token rows (else all)
+  int64_t N() const { return sh.rows; }  // token rows of every per-token array here
 };
 
 V4AttnIn attn_in(const Env& e, int64_t l) {
@@ -154,6 +157,16 @@ MoeIn moe_in(const Env& e, int64_t l) {
   mi.hash_idx = e.hash_idx[l];
   mi.swiglu_limit = (float)e.c.v4.swiglu_limit;
   mi.ep = e.ep;
+  if (e.sh.on()) {
+    mi.n0 = e.sh.n0, mi.rows = e.sh.rows;
+    Model* m = e.model;
+    mi.seq_sum = [m](double* v, size_t n) {
+      const TensorParallel& tp = m->tensor_parallel();
+      const double t0 = now_ms();
+      tp.comm->all_reduce(v, n);
+      tp.wait_ms += now_ms() - t0;
+    };
+  }
   return mi;
 }
 
@@ -176,8 +189,14 @@ float* layer_forward(Env& e, int64_t l, float* X, V4LayerSaved& s, double* aux) 
   s.a = A.alloc<float>(N * d);
   {
     ProfScope ps(e.ctx.prof, "fwd.attn");
-    v4_attn_forward(e.ctx, attn_in(e, l), s.n1, s.a, s.att);
-    if (e.model) e.model->tp_sum(s.a, N * d);  // row-parallel o_b: sum of the heads' parts
+    if (e.model) {  // all B T tokens in, the heads' partial outputs summed (row-parallel o_b)
+      const float* in = e.model->tp_block_in(e.sh, s.n1, d);
+      float* a = e.model->tp_block_out_buf(e.sh, s.a, d);
+      v4_attn_forward(e.ctx, attn_in(e, l), in, a, s.att);
+      e.model->tp_block_out(e.sh, a, s.a, d);
+    } else {
+      v4_attn_forward(e.ctx, attn_in(e, l), s.n1, s.a, s.att);
+    }
   }
   s.X_mid = A.alloc<float>(N * n * d);
   kern::hc_post_fwd(e.hs, X, s.a, s.ha.post, s.ha.comb, s.X_mid);
@@ -243,8 +262,14 @@ void layer_backward(Env& e, int64_t l, V4LayerSaved& s, float* dX, const BwdScra
   kern::hc_post_bwd(e.hs, s.X_in, s.a, s.ha.post, s.ha.comb, w.dX2, dX, w.df, w.dpost, w.dcomb);
   {
     ProfScope ps(e.ctx.prof, "bwd.attn");
-    v4_attn_backward(e.ctx, attn_in(e, l), s.att, w.df, w.dnorm);
-    if (e.model) e.model->tp_sum(w.dnorm, N * d);
+    if (e.model) {
+      const float* dy = e.model->tp_block_in(e.sh, w.df, d);
+      float* dn = e.model->tp_block_out_buf(e.sh, w.dnorm, d);
+      v4_attn_backward(e.ctx, attn_in(e, l), s.att, dy, dn);
+      e.model->tp_block_out(e.sh, dn, w.dnorm, d);
+    } else {
+      v4_attn_backward(e.ctx, attn_in(e, l), s.att, w.df, w.dnorm);
+    }
   }
   kern::rmsnorm_bwd(w.dnorm, s.ha.y, N, d, P + lp.in_norm, s.rstd1, w.dy, G + lp.in_norm);
   kern::hc_pre_bwd(e.hs, s.X_in, P + q.attn_hc_fn, P + q.attn_hc_base, P + q.attn_hc_scale, s.ha.mix, s.ha.rstd, w.dy,
@@ -342,11 +367,16 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
   acts.reset();
   StackArena& A = acts;
   v4_tables(T);
+  // Sequence parallel: this rank's token rows [n0, n0 + Nl); everything else: all N of them.
+  // Every per-token array below has Nl rows; the attention sees all N (tp_block_in / out).
+  const SeqShard sh = seq_shard_of(N);
+  const int64_t Nl = sh.rows, n0 = sh.n0;
   Env e{c, layout, b, Ctx{prec, &acts, prof}, P(), backward ? G() : nullptr, Pb(), buffers.data(), v4_cos_, v4_sin_,
-        &load_, kern::HcShape{N, (int)n, d, (int)v.hc_sinkhorn_iters, (float)v.hc_eps, (float)c.rms_norm_eps},
+        &load_, kern::HcShape{Nl, (int)n, d, (int)v.hc_sinkhorn_iters, (float)v.hc_eps, (float)c.rms_norm_eps},
         opt.aux_loss_alpha, grad_scale, std::vector<int32_t*>(layout.layers.size(), nullptr)};
   if (ep_.on()) e.ep = &ep_;
   e.model = this;
+  e.sh = sh;
   const float* P = e.P;
   float* G = e.G;
 
@@ -356,15 +386,15 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
   float* X;  // [N, n, d] (pipeline stages after the first: the previous stage's output)
   if (st.first) {
     need(kGradGroupEmbed);
-    X = embed_streams(A, P + layout.embed, b.input_ids, N, n, d);
+    X = embed_streams(A, P + layout.embed, b.input_ids + n0, Nl, n, d);
   } else {
-    X = A.alloc<float>(N * n * d);
-    std::memcpy(X, io->x_in, N * n * d * sizeof(float));
+    X = A.alloc<float>(Nl * n * d);
+    std::memcpy(X, io->x_in, Nl * n * d * sizeof(float));
   }
-  hash_routes(e, layout, buffers.data(), b.input_ids);
+  hash_routes(e, layout, buffers.data(), b.input_ids + n0);
 
   LossParts out;
-  int64_t n_valid = 0;
+  int64_t n_valid = 0;  // of the whole micro-batch (the CE is its mean)
   for (int64_t i = 0; i < N; ++i) n_valid += b.targets[i] != -100;
   out.n_valid = st.last ? n_valid : 0;
   double* aux = count_stats ? &out.aux : nullptr;
@@ -374,9 +404,9 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
   const bool replay = opt.recompute == Recompute::Full;
   auto forward_kept = [&](int64_t l, float* Xin, V4LayerSaved& s) -> float* {
     if (!replay) return layer_forward(e, l, Xin, s, aux);
-    float* kept = A.alloc<float>(N * n * d);
+    float* kept = A.alloc<float>(Nl * n * d);
     const auto mk = A.mark();
-    std::memcpy(kept, layer_forward(e, l, Xin, s, aux), N * n * d * sizeof(float));
+    std::memcpy(kept, layer_forward(e, l, Xin, s, aux), Nl * n * d * sizeof(float));
     A.release(mk);
     return kept;
   };
@@ -396,12 +426,12 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
   }
   BwdScratch w;
   auto alloc_scratch = [&] {
-    w.dX2 = A.alloc<float>(N * n * d);
-    w.df = A.alloc<float>(N * d);
-    w.dpost = A.alloc<float>(N * n);
-    w.dcomb = A.alloc<float>(N * n * n);
-    w.dnorm = A.alloc<float>(N * d);
-    w.dy = A.alloc<float>(N * d);
+    w.dX2 = A.alloc<float>(Nl * n * d);
+    w.df = A.alloc<float>(Nl * d);
+    w.dpost = A.alloc<float>(Nl * n);
+    w.dcomb = A.alloc<float>(Nl * n * n);
+    w.dnorm = A.alloc<float>(Nl * d);
+    w.dy = A.alloc<float>(Nl * d);
     w.hc_work = A.alloc<float>(std::max<size_t>(kern::hc_pre_bwd_workspace_floats(e.hs), 1));
   };
   // The stage's layers backward from dX (the gradient of their output streams), then the
@@ -412,29 +442,29 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
       if (grad_ready) grad_ready(l);
     }
     if (!st.first) {
-      std::memcpy(io->dx_in, dX, N * n * d * sizeof(float));
+      std::memcpy(io->dx_in, dX, Nl * n * d * sizeof(float));
       if (grad_ready && owns_grad_group(kGradGroupEmbed)) grad_ready(kGradGroupEmbed);  // MTP / tied head
       return;
     }
-    embed_backward(G + layout.embed, b.input_ids, dX, N, d, n);
+    embed_backward(G + layout.embed, b.input_ids + n0, dX, Nl, d, n);
     if (grad_ready) grad_ready(kGradGroupEmbed);
   };
   out.loss = out.aux;
   if (!st.last) {  // a pipeline stage before the last: X goes to the next stage, dX comes back
     if (!backward) {
-      std::memcpy(io->x_out, X, N * n * d * sizeof(float));
+      std::memcpy(io->x_out, X, Nl * n * d * sizeof(float));
       return out;
     }
     alloc_scratch();
-    float* dX = A.alloc<float>(N * n * d);
-    std::memcpy(dX, io->dy, N * n * d * sizeof(float));
+    float* dX = A.alloc<float>(Nl * n * d);
+    std::memcpy(dX, io->dy, Nl * n * d * sizeof(float));
     layers_backward(dX);
     return out;
   }
   need(kGradGroupHead);
   if (layout.head == layout.embed || D > 0) need(kGradGroupEmbed);  // tied head; MTP reads the embedding
   Head hm{layout.hc_head_fn, layout.hc_head_base, layout.hc_head_scale, layout.final_norm, X};
-  const double ce_sum = head_forward(e, hm, b.targets, n_valid ? grad_scale / (float)n_valid : 0.f, prec);
+  const double ce_sum = head_forward(e, hm, b.targets + n0, n_valid ? grad_scale / (float)n_valid : 0.f, prec);
   out.ce = n_valid ? ce_sum / (double)n_valid : 0.0;
 
   // MTP depths.
@@ -446,30 +476,37 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
     const int64_t l = Lm + k, shift = k + 1;
     MtpSaved& m = ms[k];
     need(l);
-    m.ids = A.alloc<int32_t>(N);
-    m.tg = A.alloc<int32_t>(N);
-    m.n_valid = 0;
-    for (int64_t i = 0; i < N; ++i) {
+    // Token i's next (shift)-th token and target; n_valid counts the whole micro-batch, the
+    // arrays hold this rank's rows [n0, n0 + Nl).
+    auto next = [&](int64_t i, int32_t* id, int32_t* tg) {
       const int64_t bi = i / T, ti = i % T, j = bi * T + ti + shift;
       const bool ok = ti + shift < T && (!b.seg || b.seg[j] == b.seg[i]);
-      m.ids[i] = ok ? b.input_ids[j] : b.input_ids[i];
-      m.tg[i] = ok ? b.targets[j] : -100;
-      m.n_valid += m.tg[i] != -100;
+      *id = ok ? b.input_ids[j] : b.input_ids[i];
+      *tg = ok ? b.targets[j] : -100;
+    };
+    m.ids = A.alloc<int32_t>(Nl);
+    m.tg = A.alloc<int32_t>(Nl);
+    m.n_valid = 0;
+    for (int64_t i = 0; i < N; ++i) {
+      int32_t id, tg;
+      next(i, &id, &tg);
+      m.n_valid += tg != -100;
+      if (i >= n0 && i < n0 + Nl) m.ids[i - n0] = id, m.tg[i - n0] = tg;
     }
     const float eps = (float)c.rms_norm_eps;
-    m.e = A.alloc<float>(N * d);
-    for (int64_t i = 0; i < N; ++i) std::memcpy(m.e + i * d, P + layout.embed + (int64_t)m.ids[i] * d, d * 4);
-    m.en = A.alloc<float>(N * d);
-    m.e_rstd = A.alloc<float>(N);
-    kern::rmsnorm_fwd(m.e, N, d, P + t.enorm, eps, m.en, m.e_rstd);
-    m.hn = A.alloc<float>(N * n * d);
-    m.h_rstd = A.alloc<float>(N * n);
-    kern::rmsnorm_fwd(Xprev, N * n, d, P + t.hnorm, eps, m.hn, m.h_rstd);
-    m.ep = A.alloc<float>(N * d);
-    linear_fwd(e.ctx, m.en, N, d, W{P + t.e_proj, Pb() ? Pb() + t.e_proj : nullptr}, d, m.ep);
-    m.X = A.alloc<float>(N * n * d);
-    linear_fwd(e.ctx, m.hn, N * n, d, W{P + t.h_proj, Pb() ? Pb() + t.h_proj : nullptr}, d, m.X);
-    parallel_for(N, 16, [&](int64_t s0, int64_t s1) {
+    m.e = A.alloc<float>(Nl * d);
+    for (int64_t i = 0; i < Nl; ++i) std::memcpy(m.e + i * d, P + layout.embed + (int64_t)m.ids[i] * d, d * 4);
+    m.en = A.alloc<float>(Nl * d);
+    m.e_rstd = A.alloc<float>(Nl);
+    kern::rmsnorm_fwd(m.e, Nl, d, P + t.enorm, eps, m.en, m.e_rstd);
+    m.hn = A.alloc<float>(Nl * n * d);
+    m.h_rstd = A.alloc<float>(Nl * n);
+    kern::rmsnorm_fwd(Xprev, Nl * n, d, P + t.hnorm, eps, m.hn, m.h_rstd);
+    m.ep = A.alloc<float>(Nl * d);
+    linear_fwd(e.ctx, m.en, Nl, d, W{P + t.e_proj, Pb() ? Pb() + t.e_proj : nullptr}, d, m.ep);
+    m.X = A.alloc<float>(Nl * n * d);
+    linear_fwd(e.ctx, m.hn, Nl * n, d, W{P + t.h_proj, Pb() ? Pb() + t.h_proj : nullptr}, d, m.X);
+    parallel_for(Nl, 16, [&](int64_t s0, int64_t s1) {
       for (int64_t i = s0; i < s1; ++i)
         for (int64_t r = 0; r < n; ++r)
           for (int64_t j = 0; j < d; ++j) m.X[(i * n + r) * d + j] += m.ep[i * d + j];
@@ -486,36 +523,36 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
 
   // Backward.
   alloc_scratch();
-  float* dX = A.alloc<float>(N * n * d);
-  float* dprev = D ? A.alloc_zero<float>(N * n * d) : nullptr;  // MTP's gradient into the streams below it
+  float* dX = A.alloc<float>(Nl * n * d);
+  float* dprev = D ? A.alloc_zero<float>(Nl * n * d) : nullptr;  // MTP's gradient into the streams below it
   for (int64_t k = D - 1; k >= 0; --k) {
     const V4MtpParams& t = layout.mtp[k];
     MtpSaved& m = ms[k];
     head_backward(e, m.head, dX);
-    if (dprev) for (int64_t i = 0; i < N * n * d; ++i) dX[i] += dprev[i];  // from depth k+1
+    if (dprev) for (int64_t i = 0; i < Nl * n * d; ++i) dX[i] += dprev[i];  // from depth k+1
     backward_replayed(Lm + k, m.layer, dX, w);
     // X = h_proj(hn) + e_proj(en) broadcast over streams
     auto mk = A.mark();
-    float* dhn = A.alloc<float>(N * n * d);
-    linear_bwd(e.ctx, dX, m.hn, N * n, d, W{P + t.h_proj, Pb() ? Pb() + t.h_proj : nullptr}, d, dhn, false,
+    float* dhn = A.alloc<float>(Nl * n * d);
+    linear_bwd(e.ctx, dX, m.hn, Nl * n, d, W{P + t.h_proj, Pb() ? Pb() + t.h_proj : nullptr}, d, dhn, false,
                G + t.h_proj);
-    float* dep = A.alloc_zero<float>(N * d);
-    for (int64_t i = 0; i < N; ++i)
+    float* dep = A.alloc_zero<float>(Nl * d);
+    for (int64_t i = 0; i < Nl; ++i)
       for (int64_t r = 0; r < n; ++r)
         for (int64_t j = 0; j < d; ++j) dep[i * d + j] += dX[(i * n + r) * d + j];
-    float* den = A.alloc<float>(N * d);
-    linear_bwd(e.ctx, dep, m.en, N, d, W{P + t.e_proj, Pb() ? Pb() + t.e_proj : nullptr}, d, den, false, G + t.e_proj);
-    float* de = A.alloc<float>(N * d);
-    kern::rmsnorm_bwd(den, m.e, N, d, P + t.enorm, m.e_rstd, de, G + t.enorm);
-    embed_backward(G + layout.embed, m.ids, de, N, d, 1);
+    float* den = A.alloc<float>(Nl * d);
+    linear_bwd(e.ctx, dep, m.en, Nl, d, W{P + t.e_proj, Pb() ? Pb() + t.e_proj : nullptr}, d, den, false, G + t.e_proj);
+    float* de = A.alloc<float>(Nl * d);
+    kern::rmsnorm_bwd(den, m.e, Nl, d, P + t.enorm, m.e_rstd, de, G + t.enorm);
+    embed_backward(G + layout.embed, m.ids, de, Nl, d, 1);
     const float* Xp = k ? ms[k - 1].head.X : X;
-    kern::rmsnorm_bwd(dhn, Xp, N * n, d, P + t.hnorm, m.h_rstd, dprev, G + t.hnorm);
+    kern::rmsnorm_bwd(dhn, Xp, Nl * n, d, P + t.hnorm, m.h_rstd, dprev, G + t.hnorm);
     A.release(mk);
     if (grad_ready) grad_ready(Lm + k);
   }
   head_backward(e, hm, dX);
   if (grad_ready) grad_ready(kGradGroupHead);
-  if (dprev) for (int64_t i = 0; i < N * n * d; ++i) dX[i] += dprev[i];
+  if (dprev) for (int64_t i = 0; i < Nl * n * d; ++i) dX[i] += dprev[i];
   layers_backward(dX);
   return out;
 }
@@ -535,6 +572,7 @@ void Model::v4_last_logits(const int32_t* ids, int64_t T, float* logits) {
   Env e{c, layout, b, Ctx{prec, &acts, prof}, P(), nullptr, Pb(), buffers.data(), v4_cos_, v4_sin_, &load_,
         kern::HcShape{T, (int)n, d, (int)v.hc_sinkhorn_iters, (float)v.hc_eps, (float)c.rms_norm_eps},
         opt.aux_loss_alpha, 0.f, std::vector<int32_t*>(layout.layers.size(), nullptr)};
+  e.sh = seq_shard(T, 0, 1);  // one row, every token here (no tensor parallelism)
   float* X = embed_streams(A, P() + layout.embed, ids, T, n, d);
   hash_routes(e, layout, buffers.data(), ids);
   std::vector<V4LayerSaved> sv(c.num_hidden_layers);

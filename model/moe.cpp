@@ -186,7 +186,7 @@ void moe_dispatch_bwd(const float* dxs, const int32_t* slot_row, int64_t N, int6
 double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, MoeSaved& s, int64_t* load) {
   const ModelConfig& m = *in.cfg;
   const LayerParams& p = *in.p;
-  const int64_t N = in.B * in.T, d = m.hidden_size, E = m.n_routed_experts, K = m.num_experts_per_tok;
+  const int64_t N = in.tokens(), d = m.hidden_size, E = m.n_routed_experts, K = m.num_experts_per_tok;
   const int64_t F = m.moe_intermediate_size, R = N * K;
   StackArena& A = *c.ws;
   s.x = x;
@@ -200,7 +200,7 @@ double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, Mo
     kern::gemm_f32(false, true, N, E, d, 1.f, x, d, in.P + p.router, d, 0.f, s.route.scores, E);
     router_select(m, s.route.scores, in.hash_idx ? nullptr : in.bias, N, s.route, in.hash_idx);
   }
-  double aux = in.aux_alpha > 0 ? seq_aux_loss(m, s.route, in.B, in.T, in.aux_alpha, 1.f, nullptr) : 0.0;
+  double aux = in.aux_alpha > 0 ? seq_aux_loss(m, s.route, in.B, in.T, in.aux_alpha, 1.f, nullptr, in.n0, N, in.seq_sum) : 0.0;
 
   // Dispatch: counting sort of (token, slot) pairs by expert, stable in token order.
   Dispatch& D = s.disp;
@@ -276,7 +276,7 @@ double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, Mo
 void moe_backward(const Ctx& c, const MoeIn& in, const MoeSaved& s, const float* dout, float* dx) {
   const ModelConfig& m = *in.cfg;
   const LayerParams& p = *in.p;
-  const int64_t N = in.B * in.T, d = m.hidden_size, E = m.n_routed_experts, K = m.num_experts_per_tok;
+  const int64_t N = in.tokens(), d = m.hidden_size, E = m.n_routed_experts, K = m.num_experts_per_tok;
   const int64_t R = N * K;
   const Dispatch& D = s.disp;
   StackArena& A = *c.ws;
@@ -339,7 +339,7 @@ void moe_backward(const Ctx& c, const MoeIn& in, const MoeSaved& s, const float*
   // Router: probs (and the aux loss) -> scores -> logits -> x and the gate weight (f32).
   float* dsc = A.alloc_zero<float>(N * E);
   router_probs_backward(m, s.route, dprobs, N, dsc);
-  if (in.aux_alpha > 0) seq_aux_loss(m, s.route, in.B, in.T, in.aux_alpha, in.aux_grad_scale, dsc);
+  if (in.aux_alpha > 0) seq_aux_loss(m, s.route, in.B, in.T, in.aux_alpha, in.aux_grad_scale, dsc, in.n0, N, in.seq_sum);
   router_scores_backward(m, s.route.scores, dsc, N, dsc);
   kern::gemm_f32(false, false, N, d, E, 1.f, dsc, E, in.P + p.router, d, 1.f, dx, d);
   kern::gemm_f32(true, false, E, d, N, 1.f, dsc, E, s.x, d, 1.f, in.G + p.router, d);

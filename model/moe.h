@@ -13,6 +13,7 @@
 // come back along the combine route. Gradients land only in the local experts' slab ranges.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 #include "model/config.h"
 #include "model/linear.h"
@@ -75,6 +76,12 @@ struct MoeIn {
   const int32_t* hash_idx = nullptr;  // [N, K] fixed experts (DeepSeek-V4 hash layers) or null
   float swiglu_limit = 0.f;           // clamp of routed and shared experts (V4), 0 = none
   const ExpertParallel* ep = nullptr;  // expert parallel (collective: every rank of the group calls)
+  // Sequence parallel (model/seq_parallel.h): x holds the token rows [n0, n0 + rows) of the B x T
+  // batch (rows < 0: all B T of them) and seq_sum sums the aux loss's [B, E] selection counts over
+  // the shards (a collective of the tp group); the aux loss returned is this shard's part.
+  int64_t n0 = 0, rows = -1;
+  std::function<void(double*, size_t)> seq_sum;
+  int64_t tokens() const { return rows >= 0 ? rows : B * T; }
 };
 
 // The row operations of a layer around its experts (R = N K rows; also timed alone by

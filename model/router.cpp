@@ -1,8 +1,10 @@
 #include "model/router.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
+#include "core/error.h"
 #include "core/parallel.h"
 
 namespace trex::model {
@@ -136,38 +138,46 @@ void router_scores_backward(const ModelConfig& c, const float* scores, const flo
 }
 
 double seq_aux_loss(const ModelConfig& c, const RouterOut& o, int64_t B, int64_t T, double alpha, float grad_scale,
-                    float* dscores) {
+                    float* dscores, int64_t n0, int64_t N, const std::function<void(double*, size_t)>& sum_counts) {
   const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok;
+  if (N < 0) N = B * T;
+  TREX_CHECK(n0 >= 0 && n0 + N <= B * T, "seq_aux_loss: rows [", n0, ", ", n0 + N, ") outside the ", B, " x ", T,
+             " batch");
+  // Selection counts per sequence and expert (o's row i is token n0 + i).
+  std::vector<double> cnt(B * E, 0.0);
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t b = (n0 + i) / T;
+    for (int64_t k = 0; k < K; ++k) cnt[b * E + o.idx[i * K + k]] += 1.0;
+  }
+  if (sum_counts) sum_counts(cnt.data(), cnt.size());
   double total = 0;
   std::vector<double> f(E), P(E);
-  for (int64_t b = 0; b < B; ++b) {
-    std::fill(f.begin(), f.end(), 0.0);
+  const int64_t b0 = N > 0 ? n0 / T : 0, b1 = N > 0 ? (n0 + N - 1) / T + 1 : 0;
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t i0 = std::max(b * T, n0) - n0, i1 = std::min((b + 1) * T, n0 + N) - n0;  // its rows here
     std::fill(P.begin(), P.end(), 0.0);
-    for (int64_t t = 0; t < T; ++t) {
-      const int64_t n = b * T + t;
-      for (int64_t k = 0; k < K; ++k) f[o.idx[n * K + k]] += 1.0;
-      const float* s = o.scores + n * E;
+    for (int64_t i = i0; i < i1; ++i) {
+      const float* s = o.scores + i * E;
       double Z = 0;
-      for (int64_t i = 0; i < E; ++i) Z += s[i];
-      for (int64_t i = 0; i < E; ++i) P[i] += s[i] / Z;
+      for (int64_t e = 0; e < E; ++e) Z += s[e];
+      for (int64_t e = 0; e < E; ++e) P[e] += s[e] / Z;
     }
     double L = 0;
-    for (int64_t i = 0; i < E; ++i) {
-      f[i] *= (double)E / (double)(K * T);
-      P[i] /= (double)T;
-      L += f[i] * P[i];
+    for (int64_t e = 0; e < E; ++e) {
+      f[e] = cnt[b * E + e] * ((double)E / (double)(K * T));
+      P[e] /= (double)T;
+      L += f[e] * P[e];
     }
     total += alpha * L / B;
     if (!dscores) continue;
     // dL/ds'_{t,i} = alpha f_i / (T B);  s'_i = s_i / Z  =>  ds_i = (g_i - sum_j g_j s'_j) / Z
-    for (int64_t t = 0; t < T; ++t) {
-      const int64_t n = b * T + t;
-      const float* s = o.scores + n * E;
+    for (int64_t i = i0; i < i1; ++i) {
+      const float* s = o.scores + i * E;
       double Z = 0, dot = 0;
-      for (int64_t i = 0; i < E; ++i) Z += s[i];
-      for (int64_t i = 0; i < E; ++i) dot += alpha * f[i] / (T * B) * (s[i] / Z);
-      for (int64_t i = 0; i < E; ++i)
-        dscores[n * E + i] += grad_scale * (float)((alpha * f[i] / (T * B) - dot) / Z);
+      for (int64_t e = 0; e < E; ++e) Z += s[e];
+      for (int64_t e = 0; e < E; ++e) dot += alpha * f[e] / (T * B) * (s[e] / Z);
+      for (int64_t e = 0; e < E; ++e)
+        dscores[i * E + e] += grad_scale * (float)((alpha * f[e] / (T * B) - dot) / Z);
     }
   }
   return total;

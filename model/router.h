@@ -5,6 +5,7 @@
 // The routing map is idx [N, K]. Backward: the selection carries no gradient; probs do.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include "model/config.h"
 
 namespace trex::model {
@@ -27,9 +28,14 @@ void router_probs_backward(const ModelConfig& c, const RouterOut& o, const float
 void router_scores_backward(const ModelConfig& c, const float* scores, const float* dscores, int64_t N, float* dlogits);
 
 // Sequence-wise auxiliary balance loss (DeepSeek-V3 eqs. 17-20) over B sequences of T tokens:
-// mean over sequences of alpha * sum_i f_i P_i. Returns the loss; adds grad_scale * dL/dscores
-// into dscores when non-null.
+// mean over sequences of alpha * sum_i f_i P_i. o holds the token rows [n0, n0 + N) of the
+// flattened B x T batch (N < 0: all of it). A shard of the batch (sequence parallel) passes
+// sum_counts, which sums a [B, E] array of expert selection counts over the shards (every shard
+// calls it once, in the same order); f_i then counts the whole sequence and P_i the shard's rows.
+// Returns the shard's part of the loss (the parts of all shards add up to the loss); adds
+// grad_scale * dL/dscores of its rows into dscores when non-null.
 double seq_aux_loss(const ModelConfig& c, const RouterOut& o, int64_t B, int64_t T, double alpha, float grad_scale,
-                    float* dscores);
+                    float* dscores, int64_t n0 = 0, int64_t N = -1,
+                    const std::function<void(double*, size_t)>& sum_counts = {});
 
 }  // namespace trex::model

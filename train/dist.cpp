@@ -103,7 +103,7 @@ DataParallel::DataParallel(parallel::Communicator& dp_comm, model::Model& m, Ada
   left_.assign(nb, 0);
   fired_.assign(ng, 0);
   tp_copies_.assign(ng, {});
-  if (tp_rank() != 0)
+  if (tp_rank() != 0 && !m.tensor_parallel().sp)  // sequence parallel: every gradient is partial
     for (const model::ParamEntry& e : m.layout.entries)
       if (!model::tp_partial_grad(e.name) && e.shape.numel() > 0)
         tp_copies_[group_of(m, e.name)].push_back({e.offset, e.shape.numel()});
@@ -312,7 +312,7 @@ ParallelRun make_parallel_run(parallel::Communicator& world, const parallel::Par
   if (world.size() == 1) return r;
   r.groups = parallel::make_process_groups(world, dims);
   if (dims.ep > 1) m.set_expert_parallel(r.groups.ep.get());
-  if (dims.tp > 1) m.set_tensor_parallel(r.groups.tp.get());
+  if (dims.tp > 1) m.set_tensor_parallel(r.groups.tp.get(), o.sequence_parallel);
   if (dims.pp > 1) {
     const int s = dims.coord(world.rank()).pp;
     const int64_t L = m.cfg.num_hidden_layers, l0 = dims.stage_first_layer(L, s);

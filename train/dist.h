@@ -59,6 +59,9 @@ struct DpOptions {
   // is waited for (and its bf16 shadow refreshed) just before the forward first reads a parameter
   // group in it (Model::params_needed). Off: gather_params() waits for everything.
   bool overlap_params = false;
+  // Tensor parallel: sequence parallel outside the split blocks (model/model.h TensorParallel);
+  // every gradient is then partial on each tp rank and the reduction sums all of them.
+  bool sequence_parallel = false;
 };
 
 // What a sum over ranks counts (DataParallel::sum).

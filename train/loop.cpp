@@ -140,6 +140,7 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   if (world && world->size() > 1) {
     DpOptions o{rc.parallel.bucket_size, rc.parallel.overlap};
     o.overlap_params = rc.parallel.overlap && rc.parallel.overlap_params;  // all-gather into the next forward
+    o.sequence_parallel = rc.parallel.sequence_parallel;
     par = make_parallel_run(*world, dims, m, ocfg, o);
   }
   std::unique_ptr<DataParallel>& dp = par.dp;

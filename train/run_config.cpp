@@ -166,6 +166,8 @@ RunConfig parse_run_config(json j, const std::string& where, const std::vector<s
       {"bucket_size", [&](const json& v, const std::string& k) { r.parallel.bucket_size = c.i64(v, k, 0); }},
       {"overlap", [&](const json& v, const std::string& k) { r.parallel.overlap = c.boolean(v, k); }},
       {"overlap_params", [&](const json& v, const std::string& k) { r.parallel.overlap_params = c.boolean(v, k); }},
+      {"sequence_parallel",
+       [&](const json& v, const std::string& k) { r.parallel.sequence_parallel = c.boolean(v, k); }},
       {"watchdog_s", [&](const json& v, const std::string& k) { r.parallel.watchdog_s = c.f64(v, k, 0); }},
   };
   S["checkpoint"].keys = {
@@ -224,6 +226,10 @@ parallel::ParallelDims resolve_parallel(const RunConfig& rc, int world_size) {
                   "launch with mpirun -np " + std::to_string(d.world()) + " trex train ...", "parallel.dp x tp x pp = ",
                   d.world(), " needs ", d.world(), " MPI ranks but trex train runs as one process");
   d.validate(world_size, rc.model);
+  TREX_USER_CHECK(!rc.parallel.sequence_parallel || d.tp == 1 || rc.data.seq_len >= d.tp,
+                  "set data.seq_len >= parallel.tp, or parallel.sequence_parallel = false",
+                  "parallel.sequence_parallel splits every sequence's tokens over the tp = ", d.tp,
+                  " ranks, but data.seq_len = ", rc.data.seq_len);
   return d;
 }
 

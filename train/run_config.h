@@ -58,6 +58,9 @@ struct ParallelConfig {
   int64_t bucket_size = 4 << 20;  // slab elements per gradient bucket (0: one bucket)
   bool overlap = true;            // reduce-scatter each bucket as soon as the backward completes it
   bool overlap_params = true;     // with overlap: the parameter all-gather runs on into the next forward
+  // With tp > 1: norms, MoE layers, embedding and head on each tp rank's shard of the tokens
+  // (Megatron's sequence parallel; model/model.h TensorParallel). Needs data.seq_len >= tp.
+  bool sequence_parallel = false;
   // More than one rank: no finished training step for this many seconds ends the whole job with
   // an error (a stuck or stopped rank would leave the others waiting in a collective). 0 = off.
   double watchdog_s = 600;

@@ -277,13 +277,14 @@ inline std::filesystem::path loop_corpus(parallel::Communicator& w, const std::s
 // 4-6. `what` names the layout's ranks in the token-count message. Collective; removes its folder.
 inline void loop_matches_one_process_and_resumes_in_one(parallel::Communicator& w, const std::filesystem::path& root,
                                                         const json& model, const std::string& layout, int dp,
-                                                        const char* what) {
+                                                        const char* what, std::vector<std::string> more = {}) {
   namespace fs = std::filesystem;
   const std::string data = (root / "corpus.jsonl").string();
   auto cfg = [&](const std::string& d, int64_t b, int64_t steps, std::vector<std::string> ov = {}) {
     return parse_run_config(loop_config((root / d).string(), data, b, steps, model), "run.toml", ov);
   };
-  TrainResult rt = run_training(cfg("par", 1, 6, {layout}), bytes_tok(), &w);
+  more.insert(more.begin(), layout);
+  TrainResult rt = run_training(cfg("par", 1, 6, more), bytes_tok(), &w);
   EXPECT_EQ(rt.dp, dp);
   EXPECT_EQ(rt.steps, 6);
   if (w.rank() == 0) {
