@@ -5,6 +5,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <string>
 #include "core/timer.h"
@@ -14,13 +15,13 @@ namespace trex {
 
 class Profiler {
  public:
-  void add(const char* name, double ms) {
+  void add(const std::string& name, double ms) {
     auto& e = regions_[name];
     e.ms += ms;
     e.calls += 1;
   }
   // A region that ran from t0 to t1 (now_ms() values): timed, and traced when a trace is set.
-  void add_span(const char* name, double t0_ms, double t1_ms) {
+  void add_span(const std::string& name, double t0_ms, double t1_ms) {
     add(name, t1_ms - t0_ms);
     if (trace) trace->add(name, TraceTrack::Compute, t0_ms, t1_ms);
   }
@@ -34,6 +35,49 @@ class Profiler {
                    100.0 * e.ms / steps / step_ms);
   }
 
+  // The step in parts that add up to it (per-step averages over `steps` steps of step_ms):
+  //  - the trainer's regions (step.*: zero_grads, forward_backward, optimizer) and the rest of
+  //    the step outside them (batch sums, the router-bias update, the step's bookkeeping);
+  //  - inside step.forward_backward: the model's top-level regions (names with one dot and no
+  //    "step." / "layer." prefix: fwd.moe, bwd.mla, head_ce.fwd+bwd, bwd.recompute, ...) and the
+  //    time between them (norms, residual adds, the embedding, V4's hyper-connections);
+  //  - per decoder layer (layer.NN.fwd / layer.NN.bwd; the backward includes its recompute).
+  // Sub-regions (fwd.moe.experts, ...) are in print(), not here: they are inside their parents.
+  void print_breakdown(FILE* f, int steps, double step_ms) const {
+    auto ms = [&](const std::string& n) {
+      auto it = regions_.find(n);
+      return it == regions_.end() ? 0.0 : it->second.ms / steps;
+    };
+    auto row = [&](const char* indent, const std::string& name, double v) {
+      std::fprintf(f, "%s%-*s %10.1f %6.1f%%\n", indent, (int)(40 - std::strlen(indent)), name.c_str(), v,
+                   100.0 * v / step_ms);
+    };
+    std::fprintf(f, "%-40s %10s %7s\n", "step breakdown (adds up to the step)", "ms/step", "share");
+    double trainer = 0;
+    for (const char* n : {"step.zero_grads", "step.forward_backward", "step.optimizer"}) {
+      row("", n, ms(n));
+      trainer += ms(n);
+      if (std::string(n) != "step.forward_backward") continue;
+      double inner = 0;
+      for (const auto& [name, e] : regions_) {
+        if (name.rfind("step.", 0) == 0 || name.rfind("layer.", 0) == 0) continue;
+        if (std::count(name.begin(), name.end(), '.') != 1) continue;
+        row("  ", name, e.ms / steps);
+        inner += e.ms / steps;
+      }
+      row("  ", "between regions (norms, residuals, embedding, hc)", ms(n) - inner);
+    }
+    row("", "outside the trainer's regions", step_ms - trainer);
+    row("", "total", step_ms);
+    bool header = false;
+    for (const auto& [name, e] : regions_) {
+      if (name.rfind("layer.", 0) != 0) continue;
+      if (!header) std::fprintf(f, "%-40s %10s %7s\n", "per decoder layer (MTP block k: layer L+k)", "ms/step", "share");
+      header = true;
+      row("  ", name, e.ms / steps);
+    }
+  }
+
  private:
   struct Entry {
     double ms = 0;
@@ -41,6 +85,32 @@ class Profiler {
   };
   std::map<std::string, Entry> regions_;
 };
+
+// A region whose name is made at run time (only when profiling: no string otherwise).
+class ProfSpan {
+ public:
+  template <class MakeName>
+  ProfSpan(Profiler* p, MakeName&& make) : p_(p), t0_(p ? now_ms() : 0) {
+    if (p_) name_ = make();
+  }
+  ~ProfSpan() {
+    if (p_) p_->add_span(name_, t0_, now_ms());
+  }
+  ProfSpan(const ProfSpan&) = delete;
+  ProfSpan& operator=(const ProfSpan&) = delete;
+
+ private:
+  Profiler* p_;
+  std::string name_;
+  double t0_;
+};
+
+// "layer.07.fwd" (decoder layer l, "fwd" or "bwd").
+inline std::string layer_region(int64_t l, const char* what) {
+  char b[48];
+  std::snprintf(b, sizeof b, "layer.%02lld.%s", (long long)l, what);
+  return b;
+}
 
 class ProfScope {
  public:

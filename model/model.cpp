@@ -316,7 +316,11 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
   // Decoder layer l: x [Nl, d] -> returns h_out [Nl, d] (arena), its activations in s. count: add
   // the aux loss and the expert loads (not when the backward replays the layer). The attention and
   // the dense MLP see all N tokens (tp_block_in / tp_block_out).
-  auto layer_forward = [&](int64_t l, float* x, LayerSaved& s, bool count) -> float* {
+  // replaying (full recompute, in the backward): its regions are not timed again (bwd.recompute
+  // holds them).
+  auto layer_forward = [&](int64_t l, float* x, LayerSaved& s, bool count, bool replaying = false) -> float* {
+    Profiler* pr = replaying ? nullptr : prof;
+    const Ctx cx{prec, &acts, pr};
     const LayerParams& lp = layout.layers[l];
     s.h_in = x;
     s.n1 = acts.alloc<float>(Nl * d);
@@ -325,10 +329,10 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
     AttnIn ai{&cfg, &lp, P, Pb, G, &rope_, pos, b.seg, B, T, tp_.slice};
     s.h_mid = acts.alloc<float>(Nl * d);
     {
-      ProfScope ps(prof, "fwd.mla");
+      ProfScope ps(pr, "fwd.mla");
       const float* in = tp_block_in(sh, s.n1, d);
       float* h = tp_block_out_buf(sh, s.h_mid, d);
-      mla_forward(c, ai, in, h, s.att);
+      mla_forward(cx, ai, in, h, s.att);
       tp_block_out(sh, h, s.h_mid, d);  // row-parallel o_proj: sum of the heads' parts
     }
     for (int64_t i = 0; i < Nl * d; ++i) s.h_mid[i] += x[i];
@@ -337,15 +341,15 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
     kern::rmsnorm_fwd(s.h_mid, Nl, d, P + lp.post_norm, eps, s.n2, s.rstd2);
     float* h_out = acts.alloc<float>(Nl * d);
     if (cfg.is_moe_layer(l)) {
-      ProfScope ps(prof, "fwd.moe");
-      const double aux = moe_forward(c, moe_in(lp), s.n2, h_out, s.moe, count ? load_[l].data() : nullptr);
+      ProfScope ps(pr, "fwd.moe");
+      const double aux = moe_forward(cx, moe_in(lp), s.n2, h_out, s.moe, count ? load_[l].data() : nullptr);
       if (count) out.aux += aux;
     } else {
       MlpW w = mlp_weights_tp(P, Pb, G, lp.mlp_gu, lp.mlp_down, d, cfg.intermediate_size, tp_.slice);
-      ProfScope ps(prof, "fwd.mlp");
+      ProfScope ps(pr, "fwd.mlp");
       const float* in = tp_block_in(sh, s.n2, d);
       float* h = tp_block_out_buf(sh, h_out, d);
-      mlp_forward(c, w, in, N, h, 0.f, s.mlp);
+      mlp_forward(cx, w, in, N, h, 0.f, s.mlp);
       tp_block_out(sh, h, h_out, d);
     }
     for (int64_t i = 0; i < Nl * d; ++i) h_out[i] += s.h_mid[i];
@@ -356,6 +360,7 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
   const bool replay = opt.recompute == Recompute::Full;
   for (int64_t l = l0; l < l1; ++l) {
     need(l);
+    ProfSpan span(prof, [&] { return layer_region(l, "fwd"); });
     if (!replay) {
       x = layer_forward(l, x, sv[l], count_stats);
       continue;
@@ -421,9 +426,10 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
     const LayerParams& lp = layout.layers[l];
     LayerSaved& s = sv[l];
     const auto mk = acts.mark();
+    ProfSpan span(prof, [&] { return layer_region(l, "bwd"); });
     if (replay) {
       ProfScope ps(prof, "bwd.recompute");
-      layer_forward(l, s.h_in, s, false);
+      layer_forward(l, s.h_in, s, false, /*replaying=*/true);
     }
     // h_out = h_mid + ffn(norm2(h_mid))
     if (cfg.is_moe_layer(l)) {

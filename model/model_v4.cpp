@@ -403,6 +403,7 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
   // forward and rebuilt by replaying it just before its backward.
   const bool replay = opt.recompute == Recompute::Full;
   auto forward_kept = [&](int64_t l, float* Xin, V4LayerSaved& s) -> float* {
+    ProfSpan span(prof, [&] { return layer_region(l, "fwd"); });
     if (!replay) return layer_forward(e, l, Xin, s, aux);
     float* kept = A.alloc<float>(Nl * n * d);
     const auto mk = A.mark();
@@ -412,9 +413,12 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
   };
   auto backward_replayed = [&](int64_t l, V4LayerSaved& s, float* dX, const BwdScratch& w) {
     const auto mk = A.mark();
-    if (replay) {
+    ProfSpan span(prof, [&] { return layer_region(l, "bwd"); });
+    if (replay) {  // its regions are not timed again (bwd.recompute holds them)
       ProfScope ps(prof, "bwd.recompute");
+      e.ctx.prof = nullptr;
       layer_forward(e, l, s.X_in, s, nullptr);
+      e.ctx.prof = prof;
     }
     layer_backward(e, l, s, dX, w);
     A.release(mk);

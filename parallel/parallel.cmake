@@ -93,4 +93,4 @@ set_tests_properties(faults_rank_hang PROPERTIES TIMEOUT 180 PROCESSORS 2)
 add_test(NAME bench_step_mpi
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/cli/bench_step_mpi.sh $<TARGET_FILE:trex_cli>
                  ${MPIEXEC_EXECUTABLE})
-set_tests_properties(bench_step_mpi PROPERTIES TIMEOUT 300 PROCESSORS 2)
+set_tests_properties(bench_step_mpi PROPERTIES TIMEOUT 600 PROCESSORS 2)
