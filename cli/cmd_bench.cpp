@@ -224,6 +224,7 @@ void add_bench(CLI::App& app) {
       train::DpOptions dpo{rc.parallel.bucket_size, rc.parallel.overlap};
       dpo.overlap_params = rc.parallel.overlap && rc.parallel.overlap_params;
       dpo.sequence_parallel = rc.parallel.sequence_parallel;
+      dpo.zero_stage = (int)rc.parallel.zero_stage;
       par = train::make_parallel_run(*mpi.world, dims, m, ocfg, dpo);
     }
     std::unique_ptr<train::DataParallel>& dp = par.dp;

@@ -1,5 +1,6 @@
-// GradSync: data-parallel gradient reduction with a distributed optimizer (ZeRO-1), Megatron-Core
-// DistributedOptimizer style, on flat f32 buffers laid out by a BucketLayout.
+// GradSync: data-parallel gradient reduction with a distributed optimizer (ZeRO-1, or ZeRO-2 with
+// sharded gradients: see below), Megatron-Core DistributedOptimizer style, on flat f32 buffers
+// laid out by a BucketLayout.
 //
 // One step:
 //   zero_grads()                         grads = 0 (padding included), counters reset
@@ -15,6 +16,28 @@
 //   start_param_all_gather()             async, in place, last bucket first (= first in forward)
 //   next forward: wait_param_bucket(b) before using a bucket's parameters, or
 //   wait_param_all_gather()              for all of them
+//
+// Sharded gradients (ZeRO-2, DeepSpeed stage 2; shard_grads = true): every micro-batch's backward
+// marks its buckets, so each bucket is reduce-scattered per micro-batch, and the full-size
+// gradient of a bucket lives only between the backward that writes it and its reduce-scatter:
+//   zero_grads()                         grads and the shard accumulator released (read as 0)
+//   per micro-batch: begin_micro_batch(last); backward calling mark_ready(p)
+//                                        begin_micro_batch waits for the previous micro-batch's
+//                                        reduce-scatters; when bucket b's completes:
+//     not last: accumulator[shard b] += grads[shard b]; the whole bucket range of grads is
+//               released to the OS (madvise(MADV_DONTNEED) on its page-aligned interior, the
+//               partial pages at its edges zeroed by hand): it reads as 0 for the next +=
+//     last:     grads[shard b] += accumulator[shard b] (then released); the rest of the bucket
+//               is released. After finish_grad_sync rank r's shard of `grads` holds the sum over
+//               ranks and micro-batches, as with ZeRO-1 (up to the order of the float additions).
+//   mark_ready keeps at most 2 reduce-scatters in flight (it waits for the oldest beyond that):
+//   each one holds a full bucket resident (and MPI's temporaries), and OpenMPI advances them only
+//   inside MPI calls, so unbounded they would pile up over a backward.
+// The accumulator ([layout.shard_elems()] f32, a private anonymous mapping of its own) is the only
+// full-precision gradient state that persists across micro-batches. grads must be private
+// anonymous memory (malloc / aligned_alloc memory is; checked against /proc/self/maps at
+// construction): otherwise released ranges are zeroed with memset (correct, no memory saved;
+// releases_pages() says which).
 //
 // OpenMPI only progresses non-blocking collectives inside MPI calls: mark_ready() and progress()
 // test the handles in flight, so a backward that calls mark_ready regularly keeps them moving.
@@ -34,13 +57,24 @@ class GradSync {
  public:
   // grads, params: [layout.total] flat f32 buffers in the layout's order, owned by the caller and
   // alive as long as this object. dp_comm.size() must equal layout.dp. Zeroes the padding of both.
-  // average = false: finish_grad_sync leaves the sum over ranks (no 1/dp).
-  GradSync(Communicator& dp_comm, const BucketLayout& layout, float* grads, float* params, bool average = true);
+  // average = false: finish_grad_sync leaves the sum over ranks (no 1/dp). shard_grads: ZeRO-2
+  // (above).
+  GradSync(Communicator& dp_comm, const BucketLayout& layout, float* grads, float* params, bool average = true,
+           bool shard_grads = false);
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
   ~GradSync();  // waits for anything in flight
 
-  // --- backward (last micro-batch) ---
+  // --- ZeRO-2: before each micro-batch's backward (shard_grads only) ---
+  // Waits for the previous micro-batch's reduce-scatters (every bucket must have been marked) and
+  // folds them into the accumulator; resets the ready counters. last: this is the step's last
+  // micro-batch (its reduce-scatters end in `grads`; finish_grad_sync follows). Not calling it at
+  // all makes the step one (last) micro-batch.
+  void begin_micro_batch(bool last);
+  bool shards_grads() const { return shard_; }
+  bool releases_pages() const { return release_pages_; }  // madvise works on `grads` (else memset)
+
+  // --- backward (ZeRO-1: last micro-batch; ZeRO-2: every micro-batch) ---
   // Parameter `param`'s gradient is complete; when it is the last of its bucket, the bucket's
   // reduce-scatter starts. Each parameter once per step.
   void mark_ready(int param);
@@ -68,7 +102,8 @@ class GradSync {
   void wait_param_bucket(int bucket);
   void wait_param_all_gather();
 
-  // Zeroes all of `grads` (the reduce-scatter leaves partial sums outside the shard).
+  // Zeroes all of `grads` (the reduce-scatter leaves partial sums outside the shard). ZeRO-2: by
+  // releasing its pages, and the accumulator's.
   void zero_grads();
 
   // Seconds the calling thread spent blocked in finish_grad_sync / wait_param_* (exposed
@@ -94,11 +129,33 @@ class GradSync {
   std::vector<Handle> rs_;        // [buckets] reduce-scatter in flight
   std::vector<Handle> ag_;        // [buckets] all-gather in flight
   std::vector<double> rs_t0_, ag_t0_;  // [buckets] launch times (now_ms), for the trace
+  std::vector<char> folded_;           // [buckets] reduce-scatter seen complete (and folded) this micro-batch
+  std::vector<int64_t> rs_seq_;        // [buckets] start order of the reduce-scatters
+  int64_t seq_ = 0;
+  // ZeRO-2
+  bool shard_ = false;
+  bool release_pages_ = false;  // grads is private anonymous memory: madvise releases its pages
+  int max_in_flight_ = 2;       // reduce-scatters left in flight before mark_ready waits for the oldest
+  bool last_ = true;            // the current micro-batch is the step's last
+  bool acc_dirty_ = false;      // a non-last micro-batch was folded into the accumulator this step
+  float* acc_ = nullptr;        // [layout.shard_elems()] mmap'd; bucket b at acc_off_[b]
+  size_t acc_bytes_ = 0;
+  std::vector<size_t> acc_off_;  // [buckets]
+  size_t page_ = 4096;
   double wait_s_ = 0;
   TraceLog* trace_ = nullptr;
   // Waits for h (if pending) and traces it as `what` of bucket b launched at t0.
   void wait_traced(Handle& h, const char* what, int b, double t0);
   void trace_done(const char* what, int b, double t0);
+  // Bucket b's reduce-scatter is complete: traced, and (ZeRO-2) folded and released.
+  void rs_done(int b);
+  // ZeRO-2: waits for the oldest reduce-scatters in flight until max_in_flight_ remain.
+  void bound_in_flight();
+  // Waits for (and folds) every reduce-scatter started and not yet seen complete; `what` names the
+  // wait in the trace. Counted as exposed communication.
+  void wait_reduce_scatters(const char* what);
+  // [p, p + n) reads as 0 afterwards: its whole pages released (release_pages_), the rest zeroed.
+  void release(float* p, size_t n) const;
 };
 
 }  // namespace trex::parallel

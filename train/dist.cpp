@@ -57,6 +57,10 @@ DataParallel::DataParallel(parallel::Communicator& dp_comm, model::Model& m, Ada
              " but tensor parallelism is not set on the model");
   TREX_CHECK((o_.pp == 1) == !m.pipeline_stage().on() && (o_.pp == 1 || (o_.pp_comm && o_.pp_comm->size() == o_.pp)),
              "DataParallel: pp = ", o_.pp, " needs a pipeline stage on the model and a pp group of that size");
+  TREX_CHECK(o_.zero_stage == 1 || o_.zero_stage == 2, "DataParallel: zero_stage = ", o_.zero_stage,
+             " (allowed: 1, 2)");
+  TREX_CHECK(o_.zero_stage == 1 || o_.pp == 1, "DataParallel: zero_stage = 2 (sharded gradients) does not work with "
+             "pipeline parallelism (pp = ", o_.pp, "); use zero_stage = 1");
   const int64_t total = m.layout.total, q = 16 * (int64_t)dp;
   TREX_CHECK(total > 0, "DataParallel: the model has no parameters");
   padded_ = (total + q - 1) / q * q;
@@ -74,7 +78,9 @@ DataParallel::DataParallel(parallel::Communicator& dp_comm, model::Model& m, Ada
     TREX_CHECK((int64_t)layout_.buckets[b].begin == b * bs && layout_.buckets[b].used == layout_.buckets[b].size,
                "DataParallel: bucket ", b, " is not a padding-free slab range");
   // The sum over ranks (no 1/dp: the trainer weights the micro-batches by the global target count).
-  sync_ = std::make_unique<parallel::GradSync>(comm_, layout_, m.G(), m.P(), /*average=*/false);
+  sync_ = std::make_unique<parallel::GradSync>(comm_, layout_, m.G(), m.P(), /*average=*/false,
+                                               /*shard_grads=*/o_.zero_stage == 2);
+  if (o_.zero_stage == 2) sync_->zero_grads();  // the slab's pages go back to the OS until a backward writes them
 
   // This rank's shard of every bucket -> the sharded AdamW.
   std::vector<SlabRange> owned;
@@ -123,6 +129,15 @@ void DataParallel::broadcast_replicas() {
 }
 
 void DataParallel::begin_step() { sync_->zero_grads(); }
+
+void DataParallel::begin_micro(bool last) {
+  if (o_.zero_stage == 2) sync_->begin_micro_batch(last);  // waits for the previous micro-batch's buckets
+  if (last || o_.zero_stage == 2) arm();
+}
+
+void DataParallel::end_micro(bool last) {
+  if (last || o_.zero_stage == 2) disarm();
+}
 
 void DataParallel::arm() {
   left_ = bucket_groups_;

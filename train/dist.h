@@ -24,6 +24,16 @@
 //   opt().apply(); gather_params()     update the shard, all-gather the parameters, refresh bf16
 //                                      (overlap_params: started here, waited bucket by bucket by
 //                                      the next forward; wait_params() before reading them else)
+// ZeRO-2 (DpOptions::zero_stage = 2; parallel/grad_sync.h): the gradients are sharded too. Every
+// micro-batch is wrapped in begin_micro(last) / end_micro(last) (trainer_step does this for every
+// micro-batch; with ZeRO-1 only the last one arms the hook), each micro-batch's buckets are
+// reduce-scattered as the backward completes them, this rank's shard of each is added into a
+// [shard elems] accumulator held by GradSync and the bucket's slab range is released to the OS
+// (it reads as 0 for the next micro-batch's +=). After the last micro-batch the accumulated sum
+// sits in the slab's shard ranges, where the AdamW shard reads it, exactly as with ZeRO-1. Not
+// with pipeline parallelism (refused): the 1F1B schedule runs a stage's backwards of later
+// micro-batches before the first stage's of earlier ones, and each bucket's reduce-scatter, a
+// collective over every rank, would have to complete before the next backward reuses the bucket.
 // Gradients are SUMMED over ranks (GradSync with average = false): trainer_step weights each
 // micro-batch by its share of the GLOBAL target count. (Scaling by dp and averaging would round
 // twice when dp is not a power of two; with pipeline stages every tensor's sum is then exact.)
@@ -62,6 +72,9 @@ struct DpOptions {
   // Tensor parallel: sequence parallel outside the split blocks (model/model.h TensorParallel);
   // every gradient is then partial on each tp rank and the reduction sums all of them.
   bool sequence_parallel = false;
+  // 1: ZeRO-1 (sharded moments; the gradient slab is whole on every rank). 2: ZeRO-2 (gradients
+  // sharded too: see above). Not 2 with pp > 1.
+  int zero_stage = 1;
 };
 
 // What a sum over ranks counts (DataParallel::sum).
@@ -102,8 +115,16 @@ class DataParallel {
 
   // --- the step (trainer_step) ---
   void begin_step();
+  // Around every micro-batch's forward_backward (last: the step's last micro-batch): ZeRO-1 arms
+  // the hook for the last one only; ZeRO-2 for every one, after waiting for the previous
+  // micro-batch's reduce-scatters.
+  void begin_micro(bool last);
+  void end_micro(bool last);
   void arm();     // before the last micro-batch's forward_backward: installs model.grad_ready
   void disarm();  // after it: removes the hook, marks the buckets it did not mark
+  int zero_stage() const { return o_.zero_stage; }
+  // ZeRO-2: released slab ranges really return their pages to the OS (else they are zeroed).
+  bool releases_grad_pages() const { return sync_->releases_pages(); }
   // Waits for the gradient reduce-scatter; returns the global L2 norm of the gradient.
   // inject_nan (test hook): rank 0 puts a NaN into its shard first.
   double finish_grads(bool inject_nan = false);

@@ -141,6 +141,7 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
     DpOptions o{rc.parallel.bucket_size, rc.parallel.overlap};
     o.overlap_params = rc.parallel.overlap && rc.parallel.overlap_params;  // all-gather into the next forward
     o.sequence_parallel = rc.parallel.sequence_parallel;
+    o.zero_stage = (int)rc.parallel.zero_stage;
     par = make_parallel_run(*world, dims, m, ocfg, o);
   }
   std::unique_ptr<DataParallel>& dp = par.dp;
@@ -172,7 +173,7 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
                                                dims.ep > 1 ? detail::cat(" expert parallel ep=", dims.ep) : "",
                                                dims.tp > 1 ? detail::cat(" tensor parallel tp=", dims.tp) : "",
                                                dims.pp > 1 ? detail::cat(" pipeline parallel pp=", dims.pp, " (1F1B)") : "",
-                                               " (ZeRO-1, ",
+                                               " (ZeRO-", rc.parallel.zero_stage, ", ",
                                                dp->buckets().num_buckets(), " buckets",
                                                rc.parallel.overlap ? ", overlapped" : "", ")")
                                  : "";

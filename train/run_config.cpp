@@ -169,6 +169,13 @@ RunConfig parse_run_config(json j, const std::string& where, const std::vector<s
       {"sequence_parallel",
        [&](const json& v, const std::string& k) { r.parallel.sequence_parallel = c.boolean(v, k); }},
       {"watchdog_s", [&](const json& v, const std::string& k) { r.parallel.watchdog_s = c.f64(v, k, 0); }},
+      {"zero_stage",
+       [&](const json& v, const std::string& k) {
+         TREX_USER_CHECK(v.is_number_integer() && (v.get<int64_t>() == 1 || v.get<int64_t>() == 2),
+                         "allowed values: 1 (sharded optimizer state), 2 (gradients sharded too)", c.where, ": ", k,
+                         " must be 1 or 2, got ", v.dump());
+         r.parallel.zero_stage = v.get<int64_t>();
+       }},
   };
   S["checkpoint"].keys = {
       {"dir", [&](const json& v, const std::string& k) { r.checkpoint.dir = c.str(v, k); }},
@@ -214,6 +221,9 @@ RunConfig parse_run_config(json j, const std::string& where, const std::vector<s
     r.model = model::parse_config(mj, where + " [model]");
   }
   r.optim.schedule.total_steps = r.train.steps;
+  TREX_USER_CHECK(r.parallel.zero_stage == 1 || r.parallel.pp == 1, "use parallel.zero_stage = 1 with parallel.pp > 1",
+                  where, ": parallel.zero_stage = 2 (sharded gradients) does not work with pipeline parallelism "
+                  "(parallel.pp = ", r.parallel.pp, ")");
   return r;
 }
 

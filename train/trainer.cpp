@@ -67,9 +67,11 @@ StepStats step(model::Model& m, AdamW& opt, DataParallel* dp, const std::vector<
     for (size_t k = 0; k < micro.size(); ++k) {
       const bool last = k + 1 == micro.size();
       ProfScope ps(prof, "step.forward_backward");
-      if (dp && last) dp->arm();  // the last backward starts the bucket reduce-scatters
+      // The bucket reduce-scatters start from the backward: the last one's (ZeRO-1), every one's
+      // (ZeRO-2).
+      if (dp) dp->begin_micro(last);
       lps.push_back(m.forward_backward(micro[k], w[k]));
-      if (dp && last) dp->disarm();
+      if (dp) dp->end_micro(last);
     }
   }
   for (size_t k = 0; k < micro.size(); ++k) {
