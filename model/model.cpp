@@ -116,6 +116,13 @@ void Model::tp_sum(float* x, int64_t n) const {
   tp_.wait_ms += now_ms() - t0;
 }
 
+void Model::tp_sum(double* x, int64_t n) const {
+  if (!tp_.on()) return;
+  const double t0 = now_ms();
+  tp_.comm->all_reduce(x, (size_t)n);
+  tp_.wait_ms += now_ms() - t0;
+}
+
 void Model::refresh_bf16() {
   if (!params_bf16.empty()) to_bf16(P(), params_bf16.data(), layout.total);
 }
@@ -218,8 +225,8 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward, const Stag
   std::vector<int64_t> dl;
   for (size_t l = 0; l < load_.size(); ++l)
     for (size_t e = 0; e < load_[l].size(); ++e) dl.push_back(load_[l][e] - load0[l][e]);
+  tp_sum(parts, 3);
   const double t0 = now_ms();
-  tp_.comm->all_reduce(parts, 3);
   if (!dl.empty()) tp_.comm->all_reduce(dl.data(), dl.size());
   tp_.wait_ms += now_ms() - t0;
   size_t k = 0;
@@ -304,11 +311,7 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
     if (ep_.on()) mi.ep = &ep_;
     if (sh.on()) {
       mi.n0 = n0, mi.rows = Nl;
-      mi.seq_sum = [this](double* v, size_t n) {
-        const double t0 = now_ms();
-        tp_.comm->all_reduce(v, n);
-        tp_.wait_ms += now_ms() - t0;
-      };
+      mi.seq_sum = [this](double* v, size_t n) { tp_sum(v, (int64_t)n); };
     }
     return mi;
   };

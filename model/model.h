@@ -149,6 +149,7 @@ class Model {
   const TensorParallel& tensor_parallel() const { return tp_; }
   // In place sum over the tp group of [n] floats (a no-op without tensor parallelism).
   void tp_sum(float* x, int64_t n) const;
+  void tp_sum(double* x, int64_t n) const;  // (loss parts, aux-loss counts)
   // Pipeline parallel: this model runs only `stage` (see PipelineStage); forward and
   // forward_backward are then refused, use stage_forward / stage_forward_backward. Checks
   // 0 <= l0 <= l1 <= num_hidden_layers.

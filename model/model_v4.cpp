@@ -14,7 +14,6 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/rng.h"
-#include "core/timer.h"
 #include "kernels/gemm.h"
 #include "kernels/hyper_conn.h"
 #include "kernels/lm_head_ce.h"
@@ -22,7 +21,6 @@
 #include "kernels/rope.h"
 #include "model/model.h"
 #include "model/v4_attn.h"
-#include "parallel/comm.h"
 
 namespace trex::model {
 
@@ -159,13 +157,8 @@ MoeIn moe_in(const Env& e, int64_t l) {
   mi.ep = e.ep;
   if (e.sh.on()) {
     mi.n0 = e.sh.n0, mi.rows = e.sh.rows;
-    Model* m = e.model;
-    mi.seq_sum = [m](double* v, size_t n) {
-      const TensorParallel& tp = m->tensor_parallel();
-      const double t0 = now_ms();
-      tp.comm->all_reduce(v, n);
-      tp.wait_ms += now_ms() - t0;
-    };
+    const Model* m = e.model;
+    mi.seq_sum = [m](double* v, size_t n) { m->tp_sum(v, (int64_t)n); };
   }
   return mi;
 }

@@ -18,28 +18,6 @@ using namespace trex::testing;
 
 namespace {
 
-int tp_for(int world) { return world == 4 ? 2 : world; }
-
-json sp_v3() {  // 6 heads, dense width 54: split by 2 and by 3
-  json m = tiny_v3();
-  m["num_attention_heads"] = 6;
-  m["intermediate_size"] = 54;
-  return m;
-}
-
-json sp_v4() {  // 6 heads in 6 output groups
-  json m = tiny_v4();
-  m["num_attention_heads"] = 6;
-  m["o_groups"] = 6;
-  return m;
-}
-
-Case sp_case(json model, double aux, double mtp) {
-  Case su{std::move(model), aux, mtp};
-  su.ocfg.eps = 1e-6f;  // as the tensor-parallel tests (test_tp_train.cpp: AdamW and rounding noise)
-  return su;
-}
-
 DpOptions sp_options(int64_t bucket, bool overlap) {
   DpOptions o{bucket, overlap};
   o.sequence_parallel = true;
@@ -95,7 +73,7 @@ TEST(SpTrain, GradientsSumToTheSingleRank) {
   init_threads(1);
   parallel::Communicator& w = parallel::test_world();
   const int tp = tp_for(w.size());
-  for (const json& mj : {sp_v3(), sp_v4()})
+  for (const json& mj : {tp_v3(), tp_v4()})
     for (auto [B, T] : {std::pair<int64_t, int64_t>{2, 13}, {3, 7}}) {
       const bool v4 = mj["model_type"] == "deepseek_v4";
       Case su{mj, 0.01, v4 ? 0.3 : 0.0};
@@ -146,12 +124,12 @@ TEST(SpTrain, GradientsSumToTheSingleRank) {
 TEST(SpTrain, V3MatchesSingleRank) {
   const int n = parallel::test_world().size();
   // 21 tokens a micro-batch: 11 + 10 on 2 ranks (a shard ends inside a sequence), 7 x 3 on 3.
-  parity(sp_case(sp_v3(), 0.01, 0), sp_options(997, true), 4, 2, 3, 7, 1, tp_for(n));
+  parity(tp_case(tp_v3(), 0.01, 0), sp_options(997, true), 4, 2, 3, 7, 1, tp_for(n));
 }
 
 TEST(SpTrain, V3TenStepsNoOverlap) {
   const int n = parallel::test_world().size();
-  parity(sp_case(sp_v3(), 0.01, 0), sp_options(0, false), 10, 1, 2, 13, 1, tp_for(n));
+  parity(tp_case(tp_v3(), 0.01, 0), sp_options(0, false), 10, 1, 2, 13, 1, tp_for(n));
 }
 
 // Full recompute: the replayed forwards repeat the gathers and reduce-scatters. lr 1e-3: at
@@ -160,7 +138,7 @@ TEST(SpTrain, V3TenStepsNoOverlap) {
 // 1.05e-5), which measures AdamW's amplification, not the parallel layer.
 TEST(SpTrain, V4MatchesSingleRankWithMtp) {
   const int n = parallel::test_world().size();
-  Case su = sp_case(sp_v4(), 0.01, 0.3);
+  Case su = tp_case(tp_v4(), 0.01, 0.3);
   su.lr = su.ocfg.lr = 1e-3f;
   su.recompute = model::Recompute::Full;
   parity(su, sp_options(1500, true), 3, 2, 1, 13, 1, tp_for(n));
@@ -168,15 +146,15 @@ TEST(SpTrain, V4MatchesSingleRankWithMtp) {
 
 TEST(SpTrain, WithExpertParallel) {
   if (parallel::test_world().size() != 4) GTEST_SKIP() << "dp 2 x tp 2 with ep 2 needs 4 ranks";
-  json m = sp_v3();
+  json m = tp_v3();
   m["n_routed_experts"] = 6;
-  parity(sp_case(m, 0.01, 0), sp_options(997, true), 3, 2, 2, 11, 2, 2);
+  parity(tp_case(m, 0.01, 0), sp_options(997, true), 3, 2, 2, 11, 2, 2);
 }
 
 TEST(SpTrain, WithPipelineParallel) {
   if (parallel::test_world().size() != 4) GTEST_SKIP() << "tp 2 x pp 2 needs 4 ranks";
-  parity(sp_case(sp_v3(), 0.01, 0), sp_options(997, true), 3, 4, 1, 13, 1, 2, 2);
-  parity(sp_case(sp_v4(), 0.01, 0.3), sp_options(1500, true), 2, 3, 1, 11, 1, 2, 2);
+  parity(tp_case(tp_v3(), 0.01, 0), sp_options(997, true), 3, 4, 1, 13, 1, 2, 2);
+  parity(tp_case(tp_v4(), 0.01, 0.3), sp_options(1500, true), 2, 3, 1, 11, 1, 2, 2);
 }
 
 // run_training with parallel.sequence_parallel equals one process with dp x B rows, eval
@@ -188,13 +166,13 @@ TEST(SpTrain, RunLoopMatchesOneProcessAndResumesInOne) {
     return "crew " + std::to_string(i) + " covers " + std::to_string(7 * i + 3) + " shifts " + std::string(i % 5, 'q') +
            " per week";
   });
-  loop_matches_one_process_and_resumes_in_one(w, root, sp_v3(), "parallel.tp=" + std::to_string(tp), w.size() / tp,
+  loop_matches_one_process_and_resumes_in_one(w, root, tp_v3(), "parallel.tp=" + std::to_string(tp), w.size() / tp,
                                               "tp rank", {"parallel.sequence_parallel=true"});
 }
 
 // data.seq_len below tp cannot be split: refused at load, naming the fields.
 TEST(SpTrain, ShortSequencesAreRefusedAtLoad) {
-  const json m = sp_v3();
+  const json m = tp_v3();
   json c = loop_config("/tmp/unused", "/tmp/unused.jsonl", 1, 1, m);
   c["data"]["seq_len"] = 2;
   c["parallel"]["tp"] = 3;

@@ -17,39 +17,6 @@ using namespace trex::train;
 using namespace trex::testing;
 namespace fs = std::filesystem;
 
-namespace {
-
-// tp for a world of 2, 3 or 4 ranks: the whole world, except 4 = dp 2 x tp 2.
-int tp_for(int world) { return world == 4 ? 2 : world; }
-
-json tp_v3() {  // 6 heads, dense width 54: split by 2 and by 3
-  json m = tiny_v3();
-  m["num_attention_heads"] = 6;
-  m["intermediate_size"] = 54;
-  return m;
-}
-
-json tp_v4() {  // 6 heads in 6 output groups
-  json m = tiny_v4();
-  m["num_attention_heads"] = 6;
-  m["o_groups"] = 6;
-  return m;
-}
-
-// AdamW with eps 1e-6: its first step is lr x g / (|g| + eps), so with eps 1e-8 an element whose
-// gradient is rounding noise (measured on 4 ranks: 4e-9 against a tensor maximum of 8e-3) moves
-// by up to lr in either run, one element of a 780-element tensor then differs by 1.6e-5 (L2). The
-// tp sums add the heads' parts in another order than one process does; eps 1e-6 keeps such
-// elements still in both runs, so the comparison measures the parallel layer, not AdamW's
-// amplification of the last bit.
-Case tp_case(json model, double aux, double mtp) {
-  Case su{std::move(model), aux, mtp};
-  su.ocfg.eps = 1e-6f;
-  return su;
-}
-
-}  // namespace
-
 TEST(TpTrain, V3MatchesSingleRank) {
   const int n = parallel::test_world().size();
   Case su = tp_case(tp_v3(), 0.01, 0);
