@@ -124,10 +124,22 @@ void load_hf_weights(Model& m, const std::string& dir) {
     TREX_LOG_WARN(dir, ": no MTP tensors (mtp.*; transformers drops them); the MTP blocks start from random init");
     m.init_mtp_random(0x5eed);
   }
+  std::vector<float> whole;
   for (const ParamEntry& e : m.layout.entries) {
     if (fresh_mtp && e.name.rfind("mtp.", 0) == 0) continue;
-    read_tensor(ck, q, e.name, e.shape, m.P() + e.offset);
     used.insert(e.name);
+    if (e.rows_total == 0) {
+      read_tensor(ck, q, e.name, e.shape, m.P() + e.offset);
+      continue;
+    }
+    // An expert-parallel shard's rows of a merged [E, ...] expert tensor.
+    Shape s = e.shape;
+    s.d[0] = e.rows_total;
+    whole.resize((size_t)s.numel());
+    read_tensor(ck, q, e.name, s, whole.data());
+    const int64_t row = e.shape.numel() / e.shape[0];
+    std::copy(whole.begin() + e.rows_first * row, whole.begin() + e.rows_first * row + e.shape.numel(),
+              m.P() + e.offset);
   }
   for (const BufferEntry& b : m.layout.buffers) {
     if (fresh_mtp && b.name.rfind("mtp.", 0) == 0) continue;
@@ -149,6 +161,7 @@ void load_hf_weights(Model& m, const std::string& dir) {
     if (used.count(n)) continue;
     if (m.cfg.tie_word_embeddings && n == "lm_head.weight") continue;
     if (q.is_scale(n)) continue;  // block scales of quantized weights, consumed above
+    if (m.layout.expert_sharded() && expert_of_name(n) >= 0) continue;  // another expert-parallel rank's expert
     if (layer_of(n) >= m.cfg.num_hidden_layers || n.rfind("mtp.", 0) == 0 || n.rfind("model.mtp.", 0) == 0) {
       ++skipped_mtp;
       continue;
@@ -215,15 +228,22 @@ std::string config_to_json(const ModelConfig& c) {
 }
 
 void save_hf_checkpoint(const Model& m, const std::string& dir, DType dtype, uint64_t max_shard_bytes) {
+  TREX_CHECK(!m.layout.expert_sharded(), "save_hf_checkpoint: the model holds an expert shard only (gather it: ",
+             "train/dist.h save_checkpoint)");
+  save_hf_checkpoint(WeightsView{m.cfg, m.layout, m.P(), m.buffers.data()}, dir, dtype, max_shard_bytes);
+}
+
+void save_hf_checkpoint(const WeightsView& w, const std::string& dir, DType dtype, uint64_t max_shard_bytes) {
   TensorList tl(dtype);
   fs::create_directories(dir);
-  for (const ParamEntry& e : m.layout.entries) tl.add(e.name, e.shape, m.P() + e.offset);
-  for (const BufferEntry& b : m.layout.buffers) tl.add_buffer(b.name, b, m.buffers.data());
+  for (const ParamEntry& e : w.layout.entries) tl.add(e.name, e.shape, w.P + e.offset);
+  for (const BufferEntry& b : w.layout.buffers) tl.add_buffer(b.name, b, w.buffers);
   io::write_safetensors_dir(dir, tl.ts, max_shard_bytes);
-  write_config(dir, config_to_json(m.cfg));
+  write_config(dir, config_to_json(w.cfg));
 }
 
 void save_gradients(const Model& m, const std::string& path) {
+  TREX_CHECK(!m.layout.expert_sharded(), "save_gradients: the model holds an expert shard only");
   std::vector<io::TensorToWrite> ts;
   for (const ParamEntry& e : m.layout.entries) ts.push_back({e.name, DType::F32, e.shape, m.G() + e.offset});
   io::write_safetensors(path, ts);

@@ -37,9 +37,18 @@ void write_config(const std::string& dir, const std::string& text);
 
 // Reads weights (and router biases) from a checkpoint directory into the model.
 void load_hf_weights(Model& m, const std::string& dir);
+// A whole model's weights to write: a Model's, or one assembled from expert-parallel shards.
+struct WeightsView {
+  const ModelConfig& cfg;
+  const ParamLayout& layout;  // not expert-sharded
+  const float* P;             // [layout.total]
+  const float* buffers;       // [layout.buffers_total]
+};
 // Writes config.json and model.safetensors (sharded above max_shard_bytes) into dir.
 // dtype F32 or BF16 for the weights; router biases are always F32 as in DeepSeek's releases.
 void save_hf_checkpoint(const Model& m, const std::string& dir, DType dtype = DType::F32,
+                        uint64_t max_shard_bytes = 5ull << 30);
+void save_hf_checkpoint(const WeightsView& w, const std::string& dir, DType dtype = DType::F32,
                         uint64_t max_shard_bytes = 5ull << 30);
 // Gradients (same names) as one safetensors file, f32.
 void save_gradients(const Model& m, const std::string& path);

@@ -137,13 +137,15 @@ void load_v4_original(Model& m, const std::string& dir) {
   for (const ParamEntry& e : m.layout.entries) {
     if (fresh_mtp && e.name.rfind("mtp.", 0) == 0) continue;
     float* dst = m.P() + e.offset;
+    // The experts this model holds (all, or an expert-parallel shard's rows).
+    const int64_t x0 = m.layout.expert_first, nx = m.layout.expert_count;
     if (std::string l = merged_expert_prefix(e.name, "gate_up_proj"); !l.empty()) {
-      for (int64_t x = 0; x < E; ++x) {
-        read(expert_name(l, x, "w1"), Shape{F, d}, dst + x * 2 * F * d);
-        read(expert_name(l, x, "w3"), Shape{F, d}, dst + x * 2 * F * d + F * d);
+      for (int64_t x = x0; x < x0 + nx; ++x) {
+        read(expert_name(l, x, "w1"), Shape{F, d}, dst + (x - x0) * 2 * F * d);
+        read(expert_name(l, x, "w3"), Shape{F, d}, dst + (x - x0) * 2 * F * d + F * d);
       }
     } else if (std::string l2 = merged_expert_prefix(e.name, "down_proj"); !l2.empty()) {
-      for (int64_t x = 0; x < E; ++x) read(expert_name(l2, x, "w2"), Shape{d, F}, dst + x * d * F);
+      for (int64_t x = x0; x < x0 + nx; ++x) read(expert_name(l2, x, "w2"), Shape{d, F}, dst + (x - x0) * d * F);
     } else {
       read(v4_original_name(e.name), e.shape, dst);
     }
@@ -168,6 +170,7 @@ void load_v4_original(Model& m, const std::string& dir) {
   for (const std::string& n : ck.names()) {
     if (used.count(n) || q.is_scale(n)) continue;
     if (m.cfg.tie_word_embeddings && n == "head.weight") continue;
+    if (m.layout.expert_sharded() && n.find(".ffn.experts.") != std::string::npos) continue;  // another rank's
     if (n.rfind("mtp.", 0) == 0 && m.cfg.v4.mtp_layers == 0) {
       ++mtp;
       continue;
@@ -181,6 +184,7 @@ void load_v4_original(Model& m, const std::string& dir) {
 }
 
 void save_v4_original(const Model& m, const std::string& dir, DType dtype, bool quantize, uint64_t max_shard_bytes) {
+  TREX_CHECK(!m.layout.expert_sharded(), "save_v4_original: the model holds an expert shard only");
   detail::TensorList tl(dtype);
   std::filesystem::create_directories(dir);
   const int64_t E = m.cfg.n_routed_experts, F = m.cfg.moe_intermediate_size, d = m.cfg.hidden_size;

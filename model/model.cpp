@@ -48,9 +48,9 @@ struct LayerSaved {
 
 }  // namespace
 
-Model::Model(const ModelConfig& c, kern::Prec p, TrainOptions o)
-    : cfg(with_mtp(c, o.mtp_loss_weight > 0 ? c.num_nextn_predict_layers : 0)), layout(build_layout(cfg)), prec(p),
-      opt(o) {
+Model::Model(const ModelConfig& c, kern::Prec p, TrainOptions o, ExpertShard shard)
+    : cfg(with_mtp(c, o.mtp_loss_weight > 0 ? c.num_nextn_predict_layers : 0)), layout(build_layout(cfg, shard)),
+      prec(p), opt(o) {
   TREX_USER_CHECK(o.mtp_loss_weight <= 0 || (c.is_v4() && c.num_nextn_predict_layers > 0),
                   "set mtp_loss_weight = 0, or use a DeepSeek-V4 config with num_nextn_predict_layers > 0",
                   "MTP training needs MTP blocks: model_type ", c.model_type, ", num_nextn_predict_layers ",
@@ -82,13 +82,23 @@ void Model::zero_grads() { grads.zero(); }
 
 void Model::set_expert_parallel(parallel::Communicator* ep_comm) {
   ep_ = {};
-  if (!ep_comm || ep_comm->size() == 1) return;
+  if (!ep_comm || ep_comm->size() == 1) {
+    TREX_CHECK(!layout.expert_sharded(), "set_expert_parallel: this model holds experts [", layout.expert_first, ", ",
+               layout.expert_first + layout.expert_count, ") only and needs an expert-parallel group");
+    return;
+  }
   const int64_t E = cfg.n_routed_experts, P = ep_comm->size();
   TREX_USER_CHECK(E > 0 && E % P == 0, "set parallel.ep to a divisor of n_routed_experts, or 1",
                   "parallel.ep = ", P, " does not divide n_routed_experts = ", E);
   ep_.comm = ep_comm;
   ep_.count = E / P;
   ep_.first = ep_comm->rank() * ep_.count;
+  if (layout.expert_sharded()) {
+    TREX_CHECK(layout.expert_first == ep_.first && layout.expert_count == ep_.count, "set_expert_parallel: ep rank ",
+               ep_comm->rank(), " of ", P, " computes experts [", ep_.first, ", ", ep_.first + ep_.count,
+               ") but the model holds [", layout.expert_first, ", ", layout.expert_first + layout.expert_count, ")");
+    ep_.slab_first = ep_.first;
+  }
 }
 
 bool tp_partial_grad(const std::string& name) {
@@ -131,19 +141,41 @@ void Model::reset_load() {
   for (auto& v : load_) std::fill(v.begin(), v.end(), 0);
 }
 
+void Model::for_each_init_target(const std::function<void(const ParamEntry&, float*)>& gen,
+                                 const std::function<bool(const std::string&)>& keep) {
+  if (!layout.expert_sharded()) {
+    for (const ParamEntry& e : layout.entries)
+      if (!keep || keep(e.name)) gen(e, P() + e.offset);
+    return;
+  }
+  const ParamLayout whole = build_layout(cfg);
+  std::vector<float> tmp;
+  for (const ParamEntry& w : whole.entries) {
+    if (keep && !keep(w.name)) continue;
+    const ParamEntry* e = layout.find(w.name);
+    if (e && e->rows_total == 0) {
+      gen(w, P() + e->offset);
+      continue;
+    }
+    tmp.resize((size_t)w.shape.numel());
+    gen(w, tmp.data());
+    if (!e) continue;  // another rank's expert
+    const int64_t row = w.shape.numel() / w.shape[0];
+    std::copy(tmp.begin() + e->rows_first * row, tmp.begin() + (e->rows_first + e->shape[0]) * row, P() + e->offset);
+  }
+}
+
 void Model::init_random(uint64_t seed) {
   if (cfg.is_v4()) return init_random_v4(seed);
   Rng rng(seed);
-  float* p = P();
-  for (const ParamEntry& e : layout.entries) {
-    float* w = p + e.offset;
+  for_each_init_target([&](const ParamEntry& e, float* w) {
     const int64_t n = e.shape.numel();
     if (e.shape.ndim == 1) {
       for (int64_t i = 0; i < n; ++i) w[i] = 1.f;
     } else {
       for (int64_t i = 0; i < n; ++i) w[i] = (float)(rng.normal() * cfg.initializer_range);
     }
-  }
+  });
   std::fill(buffers.begin(), buffers.end(), 0.f);
   refresh_bf16();
 }
@@ -209,6 +241,8 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward, const Stag
                     "labels must be -100 or in [0, vocab_size)", "label for position [", i / T, "][", i % T,
                     "] = ", b.targets[i], " is outside the vocabulary (", V, ")");
   }
+  TREX_CHECK(!layout.expert_sharded() || ep_.on(), "Model: this model holds routed experts [", layout.expert_first,
+             ", ", layout.expert_first + layout.expert_count, ") only; set_expert_parallel before a forward");
   const PipelineStage& st = stage_;
   TREX_CHECK(!st.on() || (io && (st.first || io->x_in) && (st.last || backward || io->x_out) &&
                           (st.last || !backward || io->dy) && (st.first || !backward || io->dx_in)),

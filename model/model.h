@@ -93,7 +93,9 @@ struct TrainOptions {
 
 class Model {
  public:
-  Model(const ModelConfig& cfg, kern::Prec prec, TrainOptions opt = {});
+  // shard: the routed experts this model holds (expert-parallel memory sharding, model/params.h);
+  // a sharded model runs only with set_expert_parallel over the matching ep group.
+  Model(const ModelConfig& cfg, kern::Prec prec, TrainOptions opt = {}, ExpertShard shard = {});
 
   // Forward + backward of one micro-batch; gradients of grad_scale * (ce + aux) are added into
   // the gradient slab. Returns the loss parts of this batch.
@@ -136,8 +138,9 @@ class Model {
   std::function<void(int64_t)> params_needed;
   // Expert parallel (model/moe.h): this rank computes routed experts [first, first + E / ep) for
   // the tokens of every rank of ep_comm; forward and forward_backward become collectives over it
-  // (every rank calls them in the same order). The slabs still hold every expert; gradients of
-  // the other ranks' experts stay 0 here (the data-parallel reduction sums them in). null: off.
+  // (every rank calls them in the same order). An expert-sharded model (ExpertShard) holds exactly
+  // those experts; a whole model keeps every expert, and the gradients of the other ranks'
+  // experts stay 0 here (the data-parallel reduction sums them in). null: off.
   void set_expert_parallel(parallel::Communicator* ep_comm);
   const ExpertParallel& expert_parallel() const { return ep_; }
   // Tensor parallel over tp_comm (see TensorParallel): forward and forward_backward become
@@ -192,6 +195,12 @@ class Model {
   void v4_tables(int64_t T);            // main / compress RoPE tables for positions [0, T)
   void init_random_v4(uint64_t seed);
  public:
+  // Calls gen(entry, dst) for every tensor in the order of the whole model's layout, entry being
+  // the whole model's; dst is where its values go here. Expert-sharded: another rank's expert gets
+  // a scratch dst, a row slice the whole tensor (then its rows are kept), so a random init draws
+  // the same numbers into the held experts as a whole model does. keep(name): only those tensors.
+  void for_each_init_target(const std::function<void(const ParamEntry&, float*)>& gen,
+                            const std::function<bool(const std::string&)>& keep = nullptr);
   // Random init (HF rules) of the MTP blocks only: for checkpoints without MTP weights.
   void init_mtp_random(uint64_t seed);
   // DeepSeek-V4: forward of one row ids [T] (no cache: everything recomputed) -> logits [vocab]

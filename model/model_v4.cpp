@@ -98,7 +98,7 @@ void Model::init_random_v4(uint64_t seed) {
   // position biases and HC bases 0, HC scales 1. tid2eid (HF: zeros, "real values come from the
   // checkpoint") gets K distinct random experts per token so a fresh model routes sensibly.
   Rng rng(seed);
-  for (const ParamEntry& e : layout.entries) hf_init(e, P() + e.offset, rng, cfg.initializer_range);
+  for_each_init_target([&](const ParamEntry& e, float* w) { hf_init(e, w, rng, cfg.initializer_range); });
   std::fill(buffers.begin(), buffers.end(), 0.f);
   const int64_t E = cfg.n_routed_experts, K = cfg.num_experts_per_tok;
   for (const V4LayerParams& q : layout.v4) {
@@ -597,8 +597,8 @@ void Model::v4_last_logits(const int32_t* ids, int64_t T, float* logits) {
 void Model::init_mtp_random(uint64_t seed) {
   // HF-style init (hf_init) of the mtp.* tensors only.
   Rng rng(seed);
-  for (const ParamEntry& en : layout.entries)
-    if (en.name.rfind("mtp.", 0) == 0) hf_init(en, P() + en.offset, rng, cfg.initializer_range);
+  for_each_init_target([&](const ParamEntry& en, float* w) { hf_init(en, w, rng, cfg.initializer_range); },
+                       [](const std::string& name) { return name.rfind("mtp.", 0) == 0; });
   for (const BufferEntry& bf : layout.buffers)
     if (bf.name.rfind("mtp.", 0) == 0) std::fill(buffers.begin() + bf.offset, buffers.begin() + bf.offset + bf.size, 0.f);
   refresh_bf16();

@@ -70,7 +70,8 @@ struct ExpertW {
 ExpertW expert_w(const Ctx& c, const MoeIn& in, int64_t e0) {
   const ModelConfig& m = *in.cfg;
   const int64_t d = m.hidden_size, F = m.moe_intermediate_size;
-  const int64_t gu = in.p->exp_gu + e0 * 2 * F * d, dn = in.p->exp_down + e0 * d * F;
+  const int64_t j = e0 - (in.ep ? in.ep->slab_first : 0);  // index into the experts this slab holds
+  const int64_t gu = in.p->exp_gu + j * 2 * F * d, dn = in.p->exp_down + j * d * F;
   const bool bf = c.prec == kern::Prec::BF16;
   return {bf ? (const void*)(in.Pb + gu) : (const void*)(in.P + gu),
           bf ? (const void*)(in.Pb + dn) : (const void*)(in.P + dn), in.G ? in.G + gu : nullptr,

@@ -31,6 +31,7 @@ namespace trex::model {
 struct ExpertParallel {
   parallel::Communicator* comm = nullptr;  // ep group, size ep
   int64_t first = 0, count = 0;            // routed experts computed here: [first, first + count)
+  int64_t slab_first = 0;                  // the first expert in the slab (first when it is expert-sharded, else 0)
   mutable double wait_ms = 0;              // time blocked in the count exchange, dispatch and combine
   bool on() const { return comm != nullptr; }
 };

@@ -1,12 +1,57 @@
 #include "model/params.h"
 
+#include <cstdlib>
+#include "core/error.h"
+
 namespace trex::model {
 
-ParamLayout build_layout(const ModelConfig& c) {
-  if (c.is_v4()) return build_layout_v4(c);
+bool apply_expert_shard(const ModelConfig& c, const ExpertShard& s, ParamLayout& L) {
+  const int64_t E = c.n_routed_experts;
+  L.expert_first = 0;
+  L.expert_count = E;
+  if (s.count < 0 || (s.count == E && s.first == 0)) return false;
+  TREX_CHECK(s.count > 0 && s.count <= E && s.first >= 0 && s.first % s.count == 0 && s.first + s.count <= E,
+             "expert shard [", s.first, ", ", s.first + s.count, ") of ", E, " routed experts");
+  TREX_CHECK(s.region_align > 0 && s.region_align % 16 == 0, "expert shard: region_align ", s.region_align,
+             " is not a positive multiple of 16");
+  L.expert_first = s.first;
+  L.expert_count = s.count;
+  return true;
+}
+
+int64_t expert_of_name(const std::string& name) {
+  const std::string pre = "model.layers.", ex = ".mlp.experts.";
+  if (name.rfind(pre, 0) != 0) return -1;
+  const size_t k = name.find(ex);
+  if (k == std::string::npos) return -1;
+  const char* p = name.c_str() + k + ex.size();
+  char* end = nullptr;
+  const long long x = std::strtoll(p, &end, 10);
+  return end != p && *end == '.' ? (int64_t)x : -1;
+}
+
+ParamLayout build_layout(const ModelConfig& c, ExpertShard shard) {
+  if (c.is_v4()) return build_layout_v4(c, shard);
   ParamLayout L;
   LayoutBuilder b{L};
+  const bool sharded = apply_expert_shard(c, shard, L);
+  std::vector<int64_t> moe_layers;  // sharded: their experts go into the expert region
   const int64_t d = c.hidden_size, H = c.num_attention_heads;
+  // The routed experts held, [first, first + n): gate|up [n, 2F, d] and down [n, d, F] slabs, one
+  // tensor per expert and projection under its global index.
+  auto add_experts = [&](int64_t l) {
+    LayerParams& p = L.layers[l];
+    const int64_t F = c.moe_intermediate_size, n = L.expert_count;
+    const std::string mlp = "model.layers." + std::to_string(l) + ".mlp.";
+    p.exp_gu = b.slab(n * 2 * F * d);
+    p.exp_down = b.slab(n * d * F);
+    for (int64_t j = 0; j < n; ++j) {
+      const std::string ex = mlp + "experts." + std::to_string(L.expert_first + j) + ".";
+      b.sub(ex + "gate_proj.weight", p.exp_gu + j * 2 * F * d, {F, d}, true);
+      b.sub(ex + "up_proj.weight", p.exp_gu + j * 2 * F * d + F * d, {F, d}, true);
+      b.sub(ex + "down_proj.weight", p.exp_down + j * d * F, {d, F}, true);
+    }
+  };
   L.embed = b.add("model.embed_tokens.weight", {c.vocab_size, d}, true);
   L.layers.resize(c.num_hidden_layers);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -37,21 +82,19 @@ ParamLayout build_layout(const ModelConfig& c) {
       swiglu_pair(mlp, c.intermediate_size, p.mlp_gu, p.mlp_down);
       continue;
     }
-    const int64_t E = c.n_routed_experts, F = c.moe_intermediate_size;
+    const int64_t E = c.n_routed_experts;
     p.router = b.add(mlp + "gate.weight", {E, d}, true);
-    p.exp_gu = b.slab(E * 2 * F * d);
-    p.exp_down = b.slab(E * d * F);
-    for (int64_t e = 0; e < E; ++e) {
-      const std::string ex = mlp + "experts." + std::to_string(e) + ".";
-      b.sub(ex + "gate_proj.weight", p.exp_gu + e * 2 * F * d, {F, d}, true);
-      b.sub(ex + "up_proj.weight", p.exp_gu + e * 2 * F * d + F * d, {F, d}, true);
-      b.sub(ex + "down_proj.weight", p.exp_down + e * d * F, {d, F}, true);
-    }
+    if (sharded) moe_layers.push_back(l);
+    else add_experts(l);
     if (c.n_shared_experts > 0) swiglu_pair(mlp + "shared_experts.", c.shared_intermediate(), p.sh_gu, p.sh_down);
     p.bias = b.buffer(mlp + "gate.e_score_correction_bias", E);
   }
   L.final_norm = b.add("model.norm.weight", {d}, false);
   L.head = c.tie_word_embeddings ? L.embed : b.add("lm_head.weight", {c.vocab_size, d}, true);
+  if (sharded) {
+    b.begin_expert_region(shard.region_align);
+    for (int64_t l : moe_layers) add_experts(l);
+  }
   return L;
 }
 

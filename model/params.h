@@ -20,6 +20,19 @@ struct ParamEntry {
   bool decay;        // weight decay applies (matrices yes, norms no)
   bool frozen = false;  // never receives a gradient (V4 indexer): the optimizer skips it, as torch
                         // skips parameters whose .grad stays None (no weight decay either)
+  // Expert-sharded layouts (ExpertShard): > 0 when this entry holds rows [rows_first, rows_first +
+  // shape[0]) of a checkpoint tensor of rows_total rows (V4's merged [E, ...] expert tensors).
+  int64_t rows_first = 0, rows_total = 0;
+};
+
+// The routed experts a model holds (expert-parallel memory sharding): [first, first + count) of
+// n_routed_experts. Sharded (0 <= count < n_routed_experts): the expert tensors of every layer are
+// stored after all the other tensors, from ParamLayout::expert_begin (a multiple of region_align
+// elements) to the end of the slab, layer by layer; V3's per-expert tensors exist for the held
+// experts only, V4's merged [E, ...] tensors become [count, ...] row slices (rows_first).
+struct ExpertShard {
+  int64_t first = 0, count = -1;  // count < 0: every expert (not sharded)
+  int64_t region_align = 16;      // elements (data parallel: 16 x ranks, so both regions split evenly)
 };
 
 // Offsets (elements) of one decoder layer's tensors; -1 where the layer has none.
@@ -71,6 +84,11 @@ struct ParamLayout {
   std::vector<V4LayerParams> v4;     // DeepSeek-V4 only (main layers, then MTP blocks)
   std::vector<V4MtpParams> mtp;      // DeepSeek-V4 MTP blocks
   int64_t hc_head_fn = -1, hc_head_base = -1, hc_head_scale = -1;  // V4: [n, n d], [n], [1]
+  // Routed experts held: [expert_first, expert_first + expert_count). expert_begin >= 0 (sharded
+  // layouts only): the slab offset where the expert region starts (it runs to total).
+  int64_t expert_first = 0, expert_count = 0;
+  int64_t expert_begin = -1;
+  bool expert_sharded() const { return expert_begin >= 0; }
 
   const ParamEntry* find(const std::string& name) const {
     auto it = index.find(name);
@@ -78,8 +96,16 @@ struct ParamLayout {
   }
 };
 
-ParamLayout build_layout(const ModelConfig& c);
-ParamLayout build_layout_v4(const ModelConfig& c);  // model/params_v4.cpp (Hugging Face V4 names)
+// shard: the experts held (default: all). A shard with count outside (0, n_routed_experts], a
+// first not a multiple of count, or a range past the last expert is an error.
+ParamLayout build_layout(const ModelConfig& c, ExpertShard shard = {});
+ParamLayout build_layout_v4(const ModelConfig& c, ExpertShard shard = {});  // model/params_v4.cpp (Hugging Face V4 names)
+// Checks shard against c and fills L.expert_first / expert_count; true when the layout is sharded
+// (then L.expert_begin is set by begin_expert_region).
+bool apply_expert_shard(const ModelConfig& c, const ExpertShard& shard, ParamLayout& L);
+// For expert-sharded layouts: the expert index in a V3 per-expert tensor name
+// ("model.layers.L.mlp.experts.X.*"), or -1 for any other name.
+int64_t expert_of_name(const std::string& name);
 
 // Appends tensors to a layout: 64-byte aligned entries, or a slab holding several named views.
 struct LayoutBuilder {
@@ -99,6 +125,11 @@ struct LayoutBuilder {
   void sub(const std::string& name, int64_t off, Shape s, bool decay) {
     L.index[name] = L.entries.size();
     L.entries.push_back({name, off, s, decay});
+  }
+  // Starts the expert region of a sharded layout at the next multiple of align elements.
+  void begin_expert_region(int64_t align) {
+    L.total = (L.total + align - 1) / align * align;
+    L.expert_begin = L.total;
   }
   int64_t buffer(const std::string& name, int64_t size, int64_t cols = 0) {
     int64_t off = L.buffers_total;

@@ -7,13 +7,25 @@
 
 namespace trex::model {
 
-ParamLayout build_layout_v4(const ModelConfig& c) {
+ParamLayout build_layout_v4(const ModelConfig& c, ExpertShard shard) {
   ParamLayout L;
   LayoutBuilder b{L};
+  const bool sharded = apply_expert_shard(c, shard, L);
   const V4Config& v = c.v4;
   const int64_t d = c.hidden_size, H = c.num_attention_heads, hd = v.head_dim, n = v.hc_mult, qr = c.q_lora_rank;
   const int64_t E = c.n_routed_experts, F = c.moe_intermediate_size, K = c.num_experts_per_tok;
   const int64_t nmix = (2 + n) * n;
+  // The routed experts held: gate_up_proj [count, 2F, d] (gate rows first) and down_proj
+  // [count, d, F], rows [expert_first, ...) of the checkpoint's [E, ...] when sharded.
+  auto add_experts = [&](int64_t l, const std::string& mlp) {
+    LayerParams& p = L.layers[l];
+    const int64_t ne = L.expert_count;
+    p.exp_gu = b.add(mlp + "experts.gate_up_proj", {ne, 2 * F, d}, true);
+    if (sharded) L.entries.back().rows_first = L.expert_first, L.entries.back().rows_total = E;
+    p.exp_down = b.add(mlp + "experts.down_proj", {ne, d, F}, true);
+    if (sharded) L.entries.back().rows_first = L.expert_first, L.entries.back().rows_total = E;
+  };
+  std::vector<std::pair<int64_t, std::string>> moe_layers;  // sharded: experts go into the expert region
   L.embed = b.add("model.embed_tokens.weight", {c.vocab_size, d}, true);
   const int64_t nl = c.num_hidden_layers + v.mtp_layers;
   L.layers.resize(nl);
@@ -73,8 +85,8 @@ ParamLayout build_layout_v4(const ModelConfig& c) {
     }
     const std::string mlp = pre + "mlp.";
     p.router = b.add(mlp + "gate.weight", {E, d}, true);
-    p.exp_gu = b.add(mlp + "experts.gate_up_proj", {E, 2 * F, d}, true);
-    p.exp_down = b.add(mlp + "experts.down_proj", {E, d, F}, true);
+    if (sharded) moe_layers.push_back({l, mlp});
+    else add_experts(l, mlp);
     if (c.n_shared_experts > 0) {
       const int64_t Fs = c.shared_intermediate();
       const std::string sp = mlp + "shared_experts.";
@@ -91,6 +103,10 @@ ParamLayout build_layout_v4(const ModelConfig& c) {
   L.hc_head_base = b.add("model.hc_head.hc_base", {n}, false);
   L.hc_head_scale = b.add("model.hc_head.hc_scale", {1}, false);
   L.head = c.tie_word_embeddings ? L.embed : b.add("lm_head.weight", {c.vocab_size, d}, true);
+  if (sharded) {
+    b.begin_expert_region(shard.region_align);
+    for (const auto& [l, mlp] : moe_layers) add_experts(l, mlp);
+  }
   // The indexer only selects (top-k): autograd gives its weights no gradient at all.
   for (ParamEntry& e : L.entries)
     if (e.name.find(".compressor.indexer.") != std::string::npos) e.frozen = true;

@@ -152,6 +152,14 @@ std::vector<int> ParallelDims::edp_group(int rank) const {
   return g;
 }
 
+std::vector<int> ParallelDims::expert_replica_group(int rank) const {
+  const int e = coord(rank).ep;
+  std::vector<int> g;
+  for (int r = 0; r < world(); ++r)
+    if (coord(r).ep == e) g.push_back(r);
+  return g;
+}
+
 std::string ParallelDims::str() const {
   return detail::cat("dp=", dp, " tp=", tp, " pp=", pp, " ep=", ep, " (edp=", edp(), ", world=", world(), ")");
 }

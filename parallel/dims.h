@@ -70,6 +70,9 @@ struct ParallelDims {
   std::vector<int> pp_group(int rank) const;   // same tp, dp; size pp
   std::vector<int> ep_group(int rank) const;   // same tp, pp, edp_rank; size ep (consecutive dp ranks)
   std::vector<int> edp_group(int rank) const;  // same tp, pp, ep_rank; size edp (dp ranks strided by ep)
+  // Every rank holding the same routed experts (same ep_rank; any tp, dp, pp): world / ep ranks,
+  // ascending. Expert-sharded models reduce their experts' gradients over it.
+  std::vector<int> expert_replica_group(int rank) const;
 
   // Routed experts held by an ep rank: [first, first + count) of n_experts.
   int64_t experts_per_rank(int64_t n_experts) const { return n_experts / ep; }

@@ -41,7 +41,7 @@ std::string step_name(int64_t step) {
 }
 
 // The files of one checkpoint into `tmp` (created here), each fsynced, and tmp itself.
-void write_checkpoint_files(const fs::path& tmp, const model::Model& m, const float* M1, const float* M2,
+void write_checkpoint_files(const fs::path& tmp, const model::WeightsView& m, const float* M1, const float* M2,
                             int64_t optimizer_step, const TrainState& st) {
   fs::create_directories(tmp);
   model::save_hf_checkpoint(m, tmp.string(), DType::F32);
@@ -71,6 +71,14 @@ std::string save_checkpoint(const std::string& run_dir, const model::Model& m, c
 
 std::string save_checkpoint(const std::string& run_dir, const model::Model& m, const float* M1, const float* M2,
                             int64_t optimizer_step, const TrainState& st, int keep) {
+  TREX_CHECK(!m.layout.expert_sharded(), "save_checkpoint: the model holds an expert shard only (train/dist.h ",
+             "save_checkpoint gathers the shards)");
+  return save_checkpoint(run_dir, model::WeightsView{m.cfg, m.layout, m.P(), m.buffers.data()}, M1, M2,
+                         optimizer_step, st, keep);
+}
+
+std::string save_checkpoint(const std::string& run_dir, const model::WeightsView& m, const float* M1,
+                            const float* M2, int64_t optimizer_step, const TrainState& st, int keep) {
   const fs::path root = fs::path(run_dir) / "checkpoints";
   std::error_code ec;
   fs::create_directories(root, ec);
@@ -138,7 +146,9 @@ std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
 }
 
 TrainState load_checkpoint(const std::string& dir, model::Model& m, AdamW& opt) {
-  model::ModelConfig c = model::load_config_json(dir + "/config.json");
+  // With the MTP blocks the run trains (config.json lists them in num_nextn_predict_layers).
+  const model::ModelConfig c =
+      model::with_mtp(model::load_config_json(dir + "/config.json"), m.cfg.is_v4() ? m.cfg.v4.mtp_layers : 0);
   TREX_USER_CHECK(c.num_params() == m.cfg.num_params() && c.num_hidden_layers == m.cfg.num_hidden_layers,
                   "resume with the model config the run was started with", dir,
                   ": checkpoint model does not match the configured model");
@@ -151,19 +161,23 @@ TrainState load_checkpoint(const std::string& dir, model::Model& m, AdamW& opt) 
   for (size_t i = 0; i < m.layout.entries.size(); ++i) {
     const model::ParamEntry& e = m.layout.entries[i];
     const int64_t n = e.shape.numel();
+    // An expert-parallel shard's rows of a merged [E, ...] expert tensor: read whole, keep the rows.
+    const int64_t row = e.shape.ndim ? n / std::max<int64_t>(e.shape[0], 1) : 0;
+    const int64_t n_file = e.rows_total > 0 ? e.rows_total * row : n, base = e.rows_total > 0 ? e.rows_first * row : 0;
     for (int k = 0; k < 2; ++k) {
       const std::string name = (k ? "exp_avg_sq." : "exp_avg.") + e.name;
       float* M = k ? opt.M2() : opt.M1();
       const auto& ps = of_entry[i];
       if (ps.empty()) continue;
-      if (ps.size() == 1 && ps[0]->off == e.offset && ps[0]->n == n) {
+      if (e.rows_total == 0 && ps.size() == 1 && ps[0]->off == e.offset && ps[0]->n == n) {
         f.read_f32(name, M + ps[0]->state, n);
         continue;
       }
-      tmp.resize(n);
-      f.read_f32(name, tmp.data(), n);
+      tmp.resize(n_file);
+      f.read_f32(name, tmp.data(), n_file);
       for (const AdamWPiece* p : ps)
-        std::copy(tmp.begin() + (p->off - e.offset), tmp.begin() + (p->off - e.offset + p->n), M + p->state);
+        std::copy(tmp.begin() + base + (p->off - e.offset), tmp.begin() + base + (p->off - e.offset + p->n),
+                  M + p->state);
     }
   }
   nlohmann::json js;

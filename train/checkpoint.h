@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <nlohmann/json.hpp>
+#include "model/checkpoint.h"
 #include "model/model.h"
 #include "train/optimizer.h"
 
@@ -30,6 +31,9 @@ std::string save_checkpoint(const std::string& run_dir, const model::Model& m, c
 // The same with the moments given as whole-slab arrays m1, m2 [layout.total] indexed like the
 // slab, and the optimizer's step count.
 std::string save_checkpoint(const std::string& run_dir, const model::Model& m, const float* m1, const float* m2,
+                            int64_t optimizer_step, const TrainState& state, int keep = 3);
+// The same from a whole model's weights (assembled from expert-parallel shards: train/dist.h).
+std::string save_checkpoint(const std::string& run_dir, const model::WeightsView& w, const float* m1, const float* m2,
                             int64_t optimizer_step, const TrainState& state, int keep = 3);
 // The newest complete checkpoint directory under run_dir, if any.
 std::optional<std::string> latest_checkpoint(const std::string& run_dir);

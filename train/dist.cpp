@@ -61,59 +61,91 @@ DataParallel::DataParallel(parallel::Communicator& dp_comm, model::Model& m, Ada
              " (allowed: 1, 2)");
   TREX_CHECK(o_.zero_stage == 1 || o_.pp == 1, "DataParallel: zero_stage = 2 (sharded gradients) does not work with "
              "pipeline parallelism (pp = ", o_.pp, "); use zero_stage = 1");
-  const int64_t total = m.layout.total, q = 16 * (int64_t)dp;
+  const model::ParamLayout& ml = m.layout;
+  const int64_t total = ml.total, q = 16 * (int64_t)dp;
   TREX_CHECK(total > 0, "DataParallel: the model has no parameters");
-  padded_ = (total + q - 1) / q * q;
-  grow_arena(m.params, "params", (size_t)padded_ * sizeof(float));
-  grow_arena(m.grads, "grads", (size_t)padded_ * sizeof(float));
-
-  // Buckets: consecutive slab ranges of bs elements (the last one ends at padded_).
-  const int64_t bs = o_.bucket_elems > 0 ? (o_.bucket_elems + q - 1) / q * q : padded_;
-  const int64_t nb = std::max<int64_t>(1, (total + bs - 1) / bs);
-  std::vector<size_t> sizes;
-  for (int64_t b = 0; b < nb; ++b) sizes.push_back((size_t)((b + 1 == nb ? padded_ : (b + 1) * bs) - b * bs));
-  layout_ = parallel::BucketLayout::build(sizes, (size_t)bs, dp, 16);
-  TREX_CHECK(layout_.num_buckets() == nb && (int64_t)layout_.total == padded_, "DataParallel: bucket layout mismatch");
-  for (int b = 0; b < nb; ++b)
-    TREX_CHECK((int64_t)layout_.buckets[b].begin == b * bs && layout_.buckets[b].used == layout_.buckets[b].size,
-               "DataParallel: bucket ", b, " is not a padding-free slab range");
-  // The sum over ranks (no 1/dp: the trainer weights the micro-batches by the global target count).
-  sync_ = std::make_unique<parallel::GradSync>(comm_, layout_, m.G(), m.P(), /*average=*/false,
-                                               /*shard_grads=*/o_.zero_stage == 2);
-  if (o_.zero_stage == 2) sync_->zero_grads();  // the slab's pages go back to the OS until a backward writes them
-
-  // This rank's shard of every bucket -> the sharded AdamW.
-  std::vector<SlabRange> owned;
-  for (int b = 0; b < nb; ++b) {
-    const parallel::FlatRange r = layout_.shard(b, comm_.rank());
-    owned.push_back({(int64_t)r.begin, (int64_t)r.end});
+  fired_.assign(ml.layers.size() + 2, 0);
+  regions_.reserve(2);
+  if (!ml.expert_sharded()) {
+    padded_ = (total + q - 1) / q * q;
+    grow_arena(m.params, "params", (size_t)padded_ * sizeof(float));
+    grow_arena(m.grads, "grads", (size_t)padded_ * sizeof(float));
+    add_region(comm_, 0, padded_);
+  } else {
+    // Two regions: the dense tensors over every rank, the held experts over the ranks holding them.
+    TREX_CHECK(o_.expert_comm && dp % o_.expert_comm->size() == 0, "DataParallel: an expert-sharded model needs "
+               "DpOptions::expert_comm (the ranks holding the same experts)");
+    TREX_CHECK(ml.expert_begin % q == 0, "DataParallel: the expert region starts at ", ml.expert_begin,
+               ", not a multiple of 16 x ", dp, " ranks (model::ExpertShard::region_align)");
+    const int64_t qe = 16 * (int64_t)o_.expert_comm->size();
+    padded_ = ml.expert_begin + (total - ml.expert_begin + qe - 1) / qe * qe;
+    grow_arena(m.params, "params", (size_t)padded_ * sizeof(float));
+    grow_arena(m.grads, "grads", (size_t)padded_ * sizeof(float));
+    add_region(comm_, 0, ml.expert_begin);
+    add_region(*o_.expert_comm, ml.expert_begin, padded_);
   }
+  if (o_.zero_stage == 2)  // the slab's pages go back to the OS until a backward writes them
+    for (Region& r : regions_) r.sync->zero_grads();
+
+  // This rank's shard of every bucket of every region -> the sharded AdamW.
+  std::vector<SlabRange> owned;
+  for (const Region& r : regions_)
+    for (int b = 0; b < r.layout.num_buckets(); ++b) {
+      const parallel::FlatRange f = r.layout.shard(b, r.comm->rank());
+      owned.push_back({r.begin + (int64_t)f.begin, r.begin + (int64_t)f.end});
+    }
   opt_ = std::make_unique<AdamW>(m, ocfg, owned);
 
-  // Parameter groups -> buckets they touch.
-  const int64_t ng = (int64_t)m.layout.layers.size() + 2;
-  group_buckets_.assign(ng, {});
-  for (const model::ParamEntry& e : m.layout.entries) {
-    const int64_t g = group_of(m, e.name);
-    TREX_CHECK(g >= 0 && g < ng, "DataParallel: no parameter group for ", e.name);
-    if (e.shape.numel() == 0) continue;
-    for (int64_t b = e.offset / bs; b <= std::min(nb - 1, (e.offset + e.shape.numel() - 1) / bs); ++b)
-      group_buckets_[g].push_back((int)b);
-  }
-  bucket_groups_.assign(nb, 0);
-  for (auto& v : group_buckets_) {
-    std::sort(v.begin(), v.end());
-    v.erase(std::unique(v.begin(), v.end()), v.end());
-    for (int b : v) ++bucket_groups_[b];
-  }
-  left_.assign(nb, 0);
-  fired_.assign(ng, 0);
+  const int64_t ng = (int64_t)ml.layers.size() + 2;
   tp_copies_.assign(ng, {});
   if (tp_rank() != 0 && !m.tensor_parallel().sp)  // sequence parallel: every gradient is partial
-    for (const model::ParamEntry& e : m.layout.entries)
+    for (const model::ParamEntry& e : ml.entries)
       if (!model::tp_partial_grad(e.name) && e.shape.numel() > 0)
         tp_copies_[group_of(m, e.name)].push_back({e.offset, e.shape.numel()});
   broadcast_replicas();
+}
+
+void DataParallel::add_region(parallel::Communicator& comm, int64_t begin, int64_t end) {
+  // Buckets: consecutive slab ranges of bs elements (the last one ends at `end`), each a multiple
+  // of 16 x ranks, so BucketLayout pads nothing inside the region.
+  const int n = comm.size();
+  const int64_t q = 16 * (int64_t)n, len = end - begin;
+  TREX_CHECK(len > 0 && len % q == 0, "DataParallel: region [", begin, ", ", end, ") is not a multiple of ", q);
+  const int64_t used = std::min<int64_t>(m_.layout.total, end) - begin;  // elements before the padding
+  const int64_t bs = o_.bucket_elems > 0 ? (o_.bucket_elems + q - 1) / q * q : len;
+  const int64_t nb = std::max<int64_t>(1, (used + bs - 1) / bs);
+  std::vector<size_t> sizes;
+  for (int64_t b = 0; b < nb; ++b) sizes.push_back((size_t)((b + 1 == nb ? len : (b + 1) * bs) - b * bs));
+  TREX_CHECK(regions_.size() < regions_.capacity(), "DataParallel: regions_ must not reallocate (GradSync keeps "
+             "references to its layout)");
+  Region& r = regions_.emplace_back();
+  r.comm = &comm;
+  r.begin = begin;
+  r.layout = parallel::BucketLayout::build(sizes, (size_t)bs, n, 16);
+  TREX_CHECK(r.layout.num_buckets() == nb && (int64_t)r.layout.total == len, "DataParallel: bucket layout mismatch");
+  for (int b = 0; b < nb; ++b)
+    TREX_CHECK((int64_t)r.layout.buckets[b].begin == b * bs && r.layout.buckets[b].used == r.layout.buckets[b].size,
+               "DataParallel: bucket ", b, " is not a padding-free slab range");
+  // The sum over ranks (no 1/dp: the trainer weights the micro-batches by the global target count).
+  r.sync = std::make_unique<parallel::GradSync>(comm, r.layout, m_.G() + begin, m_.P() + begin, /*average=*/false,
+                                                /*shard_grads=*/o_.zero_stage == 2);
+  // Parameter groups -> buckets of this region they touch.
+  const int64_t ng = (int64_t)m_.layout.layers.size() + 2;
+  r.group_buckets.assign(ng, {});
+  for (const model::ParamEntry& e : m_.layout.entries) {
+    const int64_t g = group_of(m_, e.name);
+    TREX_CHECK(g >= 0 && g < ng, "DataParallel: no parameter group for ", e.name);
+    if (e.shape.numel() == 0 || e.offset < begin || e.offset >= end) continue;
+    const int64_t lo = e.offset - begin, hi = lo + e.shape.numel() - 1;
+    for (int64_t b = lo / bs; b <= std::min(nb - 1, hi / bs); ++b) r.group_buckets[g].push_back((int)b);
+  }
+  r.bucket_groups.assign(nb, 0);
+  for (auto& v : r.group_buckets) {
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+    for (int b : v) ++r.bucket_groups[b];
+  }
+  r.left.assign(nb, 0);
 }
 
 DataParallel::~DataParallel() {
@@ -121,17 +153,32 @@ DataParallel::~DataParallel() {
   m_.params_needed = nullptr;
 }
 
+int DataParallel::num_buckets() const {
+  int n = 0;
+  for (const Region& r : regions_) n += r.layout.num_buckets();
+  return n;
+}
+
+int DataParallel::buckets_started_in_backward() const {
+  int n = 0;
+  for (const Region& r : regions_) n += r.started_in_bwd;
+  return n;
+}
+
 void DataParallel::broadcast_replicas() {
   wait_params();
-  comm_.broadcast(m_.P(), (size_t)padded_, 0);
+  for (const Region& r : regions_) r.comm->broadcast(m_.P() + r.begin, r.layout.total, 0);
   if (!m_.buffers.empty()) comm_.broadcast(m_.buffers.data(), m_.buffers.size(), 0);
   m_.refresh_bf16();
 }
 
-void DataParallel::begin_step() { sync_->zero_grads(); }
+void DataParallel::begin_step() {
+  for (Region& r : regions_) r.sync->zero_grads();
+}
 
 void DataParallel::begin_micro(bool last) {
-  if (o_.zero_stage == 2) sync_->begin_micro_batch(last);  // waits for the previous micro-batch's buckets
+  if (o_.zero_stage == 2)  // waits for the previous micro-batch's buckets
+    for (Region& r : regions_) r.sync->begin_micro_batch(last);
   if (last || o_.zero_stage == 2) arm();
 }
 
@@ -140,33 +187,35 @@ void DataParallel::end_micro(bool last) {
 }
 
 void DataParallel::arm() {
-  left_ = bucket_groups_;
   std::fill(fired_.begin(), fired_.end(), 0);
-  started_in_bwd_ = 0;
-  next_bucket_ = layout_.num_buckets() - 1;
+  for (Region& r : regions_) {
+    r.left = r.bucket_groups;
+    r.started_in_bwd = 0;
+    r.next_bucket = r.layout.num_buckets() - 1;
+  }
   if (!o_.overlap) return;
   // Pipeline parallel: the other stages' parameter groups have their final gradient (0) now.
   const int64_t L = (int64_t)m_.layout.layers.size();
   for (int64_t g = -2; g < L; ++g)
     if (!m_.owns_grad_group(g)) on_group(g);
-  start_ready_buckets();  // and the buckets without parameters (gaps, padding)
+  for (Region& r : regions_) start_ready_buckets(r);  // and the buckets without parameters (gaps, padding)
   m_.grad_ready = [this](int64_t g) { on_group(g); };
 }
 
-void DataParallel::start_ready_buckets() {
+void DataParallel::start_ready_buckets(Region& r) {
   // Highest index first, whatever order the groups finish in: the reduce-scatters are collectives
   // and must start in the same order on every rank (pipeline stages finish theirs at different
   // times). Backward runs from the head to the embedding, i.e. from high slab offsets to low.
-  while (next_bucket_ >= 0 && left_[next_bucket_] == 0) {
-    sync_->mark_ready(next_bucket_--);
-    ++started_in_bwd_;
+  while (r.next_bucket >= 0 && r.left[r.next_bucket] == 0) {
+    r.sync->mark_ready(r.next_bucket--);
+    ++r.started_in_bwd;
   }
 }
 
 int64_t DataParallel::group_index(int64_t g) const {
   const int64_t L = (int64_t)m_.layout.layers.size();
   const int64_t i = g == model::Model::kGradGroupHead ? L : g == model::Model::kGradGroupEmbed ? L + 1 : g;
-  TREX_CHECK(i >= 0 && i < (int64_t)group_buckets_.size(), "DataParallel: unknown parameter group ", g);
+  TREX_CHECK(i >= 0 && i < (int64_t)fired_.size(), "DataParallel: unknown parameter group ", g);
   return i;
 }
 
@@ -175,8 +224,10 @@ void DataParallel::on_group(int64_t g) {
   TREX_CHECK(!fired_[i], "DataParallel: parameter group ", g, " reported twice");
   fired_[i] = 1;
   drop_tp_copies(i);
-  for (int b : group_buckets_[i]) --left_[b];
-  start_ready_buckets();
+  for (Region& r : regions_) {
+    for (int b : r.group_buckets[i]) --r.left[b];
+    start_ready_buckets(r);
+  }
 }
 
 void DataParallel::drop_tp_copies(int64_t i) {
@@ -191,10 +242,12 @@ void DataParallel::disarm() {
     if (!fired_[i]) drop_tp_copies((int64_t)i);
   // Buckets the hook did not complete (overlap off, or a model without the hook): all now, in
   // the same order as the hook's (the same order on every rank).
-  const int started = started_in_bwd_;
-  std::fill(left_.begin(), left_.end(), 0);
-  start_ready_buckets();
-  started_in_bwd_ = started;
+  for (Region& r : regions_) {
+    const int started = r.started_in_bwd;
+    std::fill(r.left.begin(), r.left.end(), 0);
+    start_ready_buckets(r);
+    r.started_in_bwd = started;
+  }
 }
 
 template <class T>
@@ -206,47 +259,54 @@ void DataParallel::all_reduce_timed(T* v, size_t n) {
 
 double DataParallel::finish_grads(bool inject_nan) {
   wait_params();  // this rank's shards are the all-gather's send buffers: complete it before the update
-  sync_->finish_grad_sync();
-  if (inject_nan && rank() == 0) sync_->grad_shard(0)[0] = std::nanf("");
+  for (Region& r : regions_) r.sync->finish_grad_sync();
+  if (inject_nan && rank() == 0) regions_[0].sync->grad_shard(0)[0] = std::nanf("");
+  // Every region's shards partition its tensors over its ranks, and the expert regions of the ep
+  // ranks hold different experts: the sum over every rank is the whole model's.
   double ss = 0;
-  for (int b = 0; b < layout_.num_buckets(); ++b) {
-    std::span<float> g = sync_->grad_shard(b);
-    ss += kern::sum_squares(g.data(), (int64_t)g.size());
-  }
+  for (Region& r : regions_)
+    for (int b = 0; b < r.layout.num_buckets(); ++b) {
+      std::span<float> g = r.sync->grad_shard(b);
+      ss += kern::sum_squares(g.data(), (int64_t)g.size());
+    }
   all_reduce_timed(&ss, 1);  // over every rank, tp ranks included: each holds its own shards
   return std::sqrt(ss);
 }
 
 void DataParallel::gather_params() {
   wait_params();  // (nothing is in flight here: finish_grads waited)
-  const int nb = layout_.num_buckets();
-  gathered_.assign(nb, 0);
+  for (Region& r : regions_) r.gathered.assign(r.layout.num_buckets(), 0);
   if (!o_.overlap_params) {
-    sync_->start_param_all_gather();
-    for (int b = nb - 1; b >= 0; --b) finish_param_bucket(b);  // the order they were started in
+    for (Region& r : regions_) {
+      r.sync->start_param_all_gather();
+      for (int b = r.layout.num_buckets() - 1; b >= 0; --b) finish_param_bucket(r, b);  // the order they were started in
+    }
     return;
   }
   // The forward reads the slab from the embedding (bucket 0) on: start them in that order.
-  sync_->start_param_all_gather(/*first_bucket_first=*/true);
+  for (Region& r : regions_) r.sync->start_param_all_gather(/*first_bucket_first=*/true);
   m_.params_needed = [this](int64_t g) {
-    for (int b : group_buckets_[group_index(g)]) finish_param_bucket(b);
+    const int64_t i = group_index(g);
+    for (Region& r : regions_)
+      for (int b : r.group_buckets[i]) finish_param_bucket(r, b);
   };
 }
 
-void DataParallel::finish_param_bucket(int b) {
-  if (gathered_[b]) return;
-  sync_->wait_param_bucket(b);
-  gathered_[b] = 1;
+void DataParallel::finish_param_bucket(Region& r, int b) {
+  if (r.gathered[b]) return;
+  r.sync->wait_param_bucket(b);
+  r.gathered[b] = 1;
   if (m_.params_bf16.empty()) return;
-  const int64_t lo = (int64_t)layout_.buckets[b].begin;
-  const int64_t hi = std::min<int64_t>(lo + (int64_t)layout_.buckets[b].size, m_.layout.total);
+  const int64_t lo = r.begin + (int64_t)r.layout.buckets[b].begin;
+  const int64_t hi = std::min<int64_t>(lo + (int64_t)r.layout.buckets[b].size, m_.layout.total);
   if (lo < hi) model::to_bf16(m_.P() + lo, m_.params_bf16.data() + lo, hi - lo);
 }
 
 void DataParallel::wait_params() {
   if (!m_.params_needed) return;
   m_.params_needed = nullptr;
-  for (int b = 0; b < layout_.num_buckets(); ++b) finish_param_bucket(b);
+  for (Region& r : regions_)
+    for (int b = 0; b < r.layout.num_buckets(); ++b) finish_param_bucket(r, b);
 }
 
 void DataParallel::traced_wait(double t0_s, double t0_ms) {
@@ -259,7 +319,7 @@ void DataParallel::traced_wait(double t0_s, double t0_ms) {
 
 void DataParallel::set_trace(TraceLog* t) {
   trace_ = t;
-  sync_->set_trace(t);
+  for (Region& r : regions_) r.sync->set_trace(t);
 }
 
 void DataParallel::sum(int64_t* v, size_t n, Count c) {
@@ -286,38 +346,121 @@ std::vector<std::vector<int64_t>> DataParallel::sum_loads(const std::vector<std:
 }
 
 double DataParallel::exposed_wait_s() const {
-  return wait_s_ + sync_->exposed_wait_seconds() +
-         (m_.expert_parallel().wait_ms + m_.tensor_parallel().wait_ms + pp_wait_ms_) / 1e3;
+  double s = wait_s_;
+  for (const Region& r : regions_) s += r.sync->exposed_wait_seconds();
+  return s + (m_.expert_parallel().wait_ms + m_.tensor_parallel().wait_ms + pp_wait_ms_) / 1e3;
 }
 
-void DataParallel::gather_moments(std::vector<float>& m1, std::vector<float>& m2) {
-  const int64_t S = opt_->state_elems();  // the same on every rank (equal shards)
+void DataParallel::gather_region_moments(size_t k, std::vector<float>& m1, std::vector<float>& m2) {
+  const Region& R = regions_[k];
+  parallel::Communicator& c = *R.comm;
+  // This rank's state of region k: after the earlier regions' shards (AdamW state in owned order).
+  int64_t off = 0;
+  for (size_t j = 0; j < k; ++j) off += (int64_t)regions_[j].layout.shard_elems();
+  const int64_t S = (int64_t)R.layout.shard_elems();  // the same on every rank of the region (equal shards)
   const int tag = 7301;
-  if (rank() != 0) {
-    comm_.send(opt_->M1(), (size_t)S, DType::F32, 0, tag);
-    comm_.send(opt_->M2(), (size_t)S, DType::F32, 0, tag);
+  if (c.rank() != 0) {
+    c.send(opt_->M1() + off, (size_t)S, DType::F32, 0, tag);
+    c.send(opt_->M2() + off, (size_t)S, DType::F32, 0, tag);
     m1.clear();
     m2.clear();
     return;
   }
-  m1.assign((size_t)padded_, 0.f);
-  m2.assign((size_t)padded_, 0.f);
+  m1.assign(R.layout.total, 0.f);
+  m2.assign(R.layout.total, 0.f);
   std::vector<float> r1((size_t)S), r2((size_t)S);
-  for (int r = 0; r < size(); ++r) {
-    const float *s1 = opt_->M1(), *s2 = opt_->M2();
+  for (int r = 0; r < c.size(); ++r) {
+    const float *s1 = opt_->M1() + off, *s2 = opt_->M2() + off;
     if (r != 0) {
-      comm_.recv(r1.data(), (size_t)S, DType::F32, r, tag);
-      comm_.recv(r2.data(), (size_t)S, DType::F32, r, tag);
+      c.recv(r1.data(), (size_t)S, DType::F32, r, tag);
+      c.recv(r2.data(), (size_t)S, DType::F32, r, tag);
       s1 = r1.data(), s2 = r2.data();
     }
     int64_t state = 0;
-    for (int b = 0; b < layout_.num_buckets(); ++b) {
-      const parallel::FlatRange fr = layout_.shard(b, r);
+    for (int b = 0; b < R.layout.num_buckets(); ++b) {
+      const parallel::FlatRange fr = R.layout.shard(b, r);
       std::copy(s1 + state, s1 + state + fr.size(), m1.begin() + fr.begin);
       std::copy(s2 + state, s2 + state + fr.size(), m2.begin() + fr.begin);
       state += (int64_t)fr.size();
     }
   }
+}
+
+DataParallel::Gathered DataParallel::gather_whole() {
+  wait_params();
+  Gathered g;
+  const model::ParamLayout& ml = m_.layout;
+  std::vector<float> m1, m2;
+  gather_region_moments(0, m1, m2);  // rank 0: the dense region's (or the whole slab's) moments
+  if (!expert_sharded()) {
+    if (rank() == 0) {
+      g.layout = ml;
+      g.params.assign(m_.P(), m_.P() + ml.total);
+      m1.resize(ml.total), m2.resize(ml.total);
+      g.m1 = std::move(m1), g.m2 = std::move(m2);
+    }
+    return g;
+  }
+  // Expert-sharded: the rank 0 of every expert region (the lowest rank holding those experts)
+  // sends its region's weights and moments to rank 0, which lays every tensor out as a whole
+  // model's.
+  std::vector<float> e1, e2;
+  gather_region_moments(1, e1, e2);
+  const Region& R = regions_[1];
+  const int64_t eb = ml.expert_begin, en = ml.total - eb;  // the same on every ep rank
+  const int tag = 7302;
+  const int64_t E = m_.cfg.n_routed_experts, per = ml.expert_count;
+  // Which ep rank each expert-region leader holds: the leaders tell rank 0 their first expert.
+  int64_t first = R.comm->rank() == 0 ? ml.expert_first : -1;
+  std::vector<int64_t> firsts((size_t)size(), -1);
+  firsts[(size_t)rank()] = first;
+  comm_.all_reduce(firsts.data(), firsts.size(), parallel::ReduceOp::Max);
+  if (rank() != 0) {
+    if (first >= 0) {
+      comm_.send(m_.P() + eb, (size_t)en, DType::F32, 0, tag);
+      comm_.send(e1.data(), (size_t)en, DType::F32, 0, tag);
+      comm_.send(e2.data(), (size_t)en, DType::F32, 0, tag);
+    }
+    return g;
+  }
+  g.layout = model::build_layout(m_.cfg);
+  const model::ParamLayout& W = g.layout;
+  g.params.assign((size_t)W.total, 0.f);
+  g.m1.assign((size_t)W.total, 0.f);
+  g.m2.assign((size_t)W.total, 0.f);
+  // One shard's tensors (its layout: sh) into the whole model's, by name (row slices at their rows).
+  auto place = [&](const model::ParamLayout& sh, const float* p, const float* a, const float* b, bool experts) {
+    for (const model::ParamEntry& e : sh.entries) {
+      if ((e.offset >= sh.expert_begin) != experts && sh.expert_sharded()) continue;
+      const model::ParamEntry* w = W.find(e.name);
+      TREX_CHECK(w, "gather_whole: ", e.name, " is not in the whole model's layout");
+      const int64_t row = e.shape.numel() / std::max<int64_t>(e.shape[0], 1);
+      const int64_t dst = w->offset + (e.rows_total > 0 ? e.rows_first * row : 0), src = e.offset - (experts ? sh.expert_begin : 0);
+      std::copy(p + src, p + src + e.shape.numel(), g.params.begin() + dst);
+      std::copy(a + src, a + src + e.shape.numel(), g.m1.begin() + dst);
+      std::copy(b + src, b + src + e.shape.numel(), g.m2.begin() + dst);
+    }
+  };
+  place(ml, m_.P(), m1.data(), m2.data(), /*experts=*/false);
+  std::vector<float> rp((size_t)en), r1((size_t)en), r2((size_t)en);
+  std::vector<char> seen((size_t)(E / per), 0);
+  for (int r = 0; r < size(); ++r) {
+    if (firsts[(size_t)r] < 0) continue;
+    const float *p = m_.P() + eb, *a = e1.data(), *b = e2.data();
+    if (r != 0) {
+      comm_.recv(rp.data(), (size_t)en, DType::F32, r, tag);
+      comm_.recv(r1.data(), (size_t)en, DType::F32, r, tag);
+      comm_.recv(r2.data(), (size_t)en, DType::F32, r, tag);
+      p = rp.data(), a = r1.data(), b = r2.data();
+    }
+    const int64_t f = firsts[(size_t)r];
+    seen[(size_t)(f / per)] = 1;
+    // That shard's layout: offsets inside the expert region do not depend on where it starts.
+    const model::ParamLayout sh = model::build_layout(m_.cfg, model::ExpertShard{f, per, 16});
+    place(sh, p, a, b, /*experts=*/true);
+  }
+  for (char c : seen) TREX_CHECK(c, "gather_whole: an expert shard had no sender");
+  return g;
 }
 
 ParallelRun make_parallel_run(parallel::Communicator& world, const parallel::ParallelDims& dims, model::Model& m,
@@ -336,17 +479,34 @@ ParallelRun make_parallel_run(parallel::Communicator& world, const parallel::Par
   o.tp = dims.tp;
   o.pp = dims.pp;
   o.pp_comm = dims.pp > 1 ? r.groups.pp.get() : nullptr;
+  if (m.layout.expert_sharded()) {
+    TREX_CHECK(dims.ep > 1, "make_parallel_run: an expert-sharded model needs parallel.ep > 1");
+    r.expert_replicas = world.group(dims.expert_replica_group(world.rank()));
+    o.expert_comm = r.expert_replicas.get();
+  }
   // The DataParallel runs over the whole world (rank = tp_rank + tp * (dp_rank + dp * pp_rank)).
   r.dp = std::make_unique<DataParallel>(world, m, ocfg, o);
   return r;
 }
 
+model::ExpertShard expert_shard_of(const parallel::ParallelDims& dims, int rank, const model::ModelConfig& cfg) {
+  model::ExpertShard s;
+  if (dims.ep <= 1) return s;
+  const int64_t E = cfg.n_routed_experts;
+  s.count = dims.experts_per_rank(E);
+  s.first = dims.first_expert(E, dims.coord(rank).ep);
+  s.region_align = 16 * (int64_t)dims.world();
+  return s;
+}
+
 std::string save_checkpoint(const std::string& run_dir, DataParallel& dp, const TrainState& state, int keep) {
-  dp.wait_params();
-  std::vector<float> m1, m2;
-  dp.gather_moments(m1, m2);
+  DataParallel::Gathered g = dp.gather_whole();
   std::string dir;
-  if (dp.rank() == 0) dir = save_checkpoint(run_dir, dp.model(), m1.data(), m2.data(), dp.opt().steps(), state, keep);
+  if (dp.rank() == 0) {
+    const model::Model& m = dp.model();
+    dir = save_checkpoint(run_dir, model::WeightsView{m.cfg, g.layout, g.params.data(), m.buffers.data()},
+                          g.m1.data(), g.m2.data(), dp.opt().steps(), state, keep);
+  }
   dp.comm().barrier();  // the checkpoint is complete before any rank goes on (or resumes from it)
   if (dp.rank() != 0) {
     char buf[32];

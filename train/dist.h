@@ -75,6 +75,12 @@ struct DpOptions {
   // 1: ZeRO-1 (sharded moments; the gradient slab is whole on every rank). 2: ZeRO-2 (gradients
   // sharded too: see above). Not 2 with pp > 1.
   int zero_stage = 1;
+  // Expert-sharded models (model/params.h ExpertShard; make_parallel_run sets it): the ranks of the
+  // communicator that hold the same routed experts (the same ep rank; world / ep of them). The
+  // slab is then two regions, each with its own buckets, GradSync and ZeRO shards: the dense
+  // tensors [0, expert_begin) reduced over every rank, the expert region [expert_begin, total)
+  // over these ranks only.
+  parallel::Communicator* expert_comm = nullptr;
 };
 
 // What a sum over ranks counts (DataParallel::sum).
@@ -87,7 +93,9 @@ enum class Count {
 class DataParallel {
  public:
   // Collective over dp_comm. Pads m's parameter and gradient slabs, builds the buckets, creates
-  // the sharded AdamW and makes the replicas equal (broadcast of rank 0's weights and buffers).
+  // the sharded AdamW and makes the replicas equal (broadcast of rank 0's weights and buffers;
+  // expert-sharded: each expert region from the first rank of its expert_comm, so every rank must
+  // have initialized from the same seed or loaded the same checkpoint).
   DataParallel(parallel::Communicator& dp_comm, model::Model& m, AdamWConfig ocfg, DpOptions o = {});
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
@@ -109,8 +117,12 @@ class DataParallel {
   model::Model& model() const { return m_; }
   AdamW& opt() { return *opt_; }
   const AdamW& opt() const { return *opt_; }
-  const parallel::BucketLayout& buckets() const { return layout_; }
-  int64_t padded_elems() const { return padded_; }
+  // The buckets of the dense region (the whole slab unless the model is expert-sharded; offsets
+  // are slab offsets there) and the bucket count of all regions.
+  const parallel::BucketLayout& buckets() const { return regions_[0].layout; }
+  int num_buckets() const;
+  int64_t padded_elems() const { return padded_; }  // the slab's length with every region's padding
+  bool expert_sharded() const { return regions_.size() > 1; }
   const DpOptions& options() const { return o_; }
 
   // --- the step (trainer_step) ---
@@ -124,7 +136,7 @@ class DataParallel {
   void disarm();  // after it: removes the hook, marks the buckets it did not mark
   int zero_stage() const { return o_.zero_stage; }
   // ZeRO-2: released slab ranges really return their pages to the OS (else they are zeroed).
-  bool releases_grad_pages() const { return sync_->releases_pages(); }
+  bool releases_grad_pages() const { return regions_[0].sync->releases_pages(); }
   // Waits for the gradient reduce-scatter; returns the global L2 norm of the gradient.
   // inject_nan (test hook): rank 0 puts a NaN into its shard first.
   double finish_grads(bool inject_nan = false);
@@ -148,56 +160,77 @@ class DataParallel {
   // Optional timeline (core/trace.h; null = off): the gradient and parameter collectives and the
   // step's small all-reduces on the Comm track, the waits for them on the Compute track.
   void set_trace(TraceLog* t);
-  // Buckets whose reduce-scatter was started before the last backward returned (by the hook).
-  int buckets_started_in_backward() const { return started_in_bwd_; }
+  // Buckets (of every region) whose reduce-scatter was started before the last backward returned
+  // (by the hook).
+  int buckets_started_in_backward() const;
 
-  // AdamW moments of the whole slab ([layout.total] each, indexed like the slab) on rank 0;
-  // empty vectors on the other ranks. Collective.
-  void gather_moments(std::vector<float>& m1, std::vector<float>& m2);
+  // A whole model's master weights and AdamW moments on rank 0 (layout: the whole model's, not
+  // expert-sharded), for the checkpoint writer; empty on the other ranks. Collective.
+  struct Gathered {
+    model::ParamLayout layout;
+    std::vector<float> params, m1, m2;  // [layout.total]
+  };
+  Gathered gather_whole();
 
  private:
+  // One part of the slab reduced over one communicator: [begin, begin + layout.total).
+  struct Region {
+    parallel::Communicator* comm = nullptr;
+    int64_t begin = 0;
+    parallel::BucketLayout layout;  // offsets relative to begin
+    std::unique_ptr<parallel::GradSync> sync;
+    std::vector<std::vector<int>> group_buckets;  // [groups] buckets touched by each parameter group
+    std::vector<int> bucket_groups;               // [buckets] groups touching each bucket
+    std::vector<int> left;                        // [buckets] groups still to finish this step
+    int next_bucket = -1;                         // highest bucket whose reduce-scatter is not started
+    int started_in_bwd = 0;
+    std::vector<char> gathered;                   // [buckets] overlap_params: all-gather waited this step
+  };
+  void add_region(parallel::Communicator& comm, int64_t begin, int64_t end);
   void on_group(int64_t g);
-  int64_t group_index(int64_t g) const;  // grad_ready numbering -> index into group_buckets_
-  void start_ready_buckets();  // reduce-scatters of the ready buckets, highest index first
-  void finish_param_bucket(int b);  // waits for bucket b's all-gather, refreshes its bf16 shadow
+  int64_t group_index(int64_t g) const;  // grad_ready numbering -> index into Region::group_buckets
+  void start_ready_buckets(Region& r);   // reduce-scatters of the ready buckets, highest index first
+  void finish_param_bucket(Region& r, int b);  // waits for bucket b's all-gather, refreshes its bf16 shadow
   bool counts(Count c) const { return tp_rank() == 0 && (c == Count::PerStage || pp_rank() == 0); }
   void drop_tp_copies(int64_t i);  // tensor parallel, tp rank > 0: zero group i's whole-gradient tensors
+  // Region k's AdamW moments ([region size] each, indexed like the region) on its comm's rank 0.
+  void gather_region_moments(size_t k, std::vector<float>& m1, std::vector<float>& m2);
   parallel::Communicator& comm_;
   model::Model& m_;
   DpOptions o_;
   int64_t padded_ = 0;
-  parallel::BucketLayout layout_;
-  std::unique_ptr<parallel::GradSync> sync_;
+  std::vector<Region> regions_;  // [0] dense (or the whole slab), [1] the expert region
   TraceLog* trace_ = nullptr;
   void traced_wait(double t0_s, double t0_ms);  // accounts a blocking all-reduce that began at t0
   template <class T>
   void all_reduce_timed(T* v, size_t n);  // blocking sum over every rank of comm_, counted as exposed
   std::unique_ptr<AdamW> opt_;
-  std::vector<std::vector<int>> group_buckets_;  // [groups] buckets touched by each parameter group
-  std::vector<int> bucket_groups_;               // [buckets] groups touching each bucket
-  std::vector<int> left_;                        // [buckets] groups still to finish this step
   std::vector<char> fired_;                      // [groups]
   std::vector<std::vector<std::pair<int64_t, int64_t>>> tp_copies_;  // [groups] (offset, size) to zero
-  int next_bucket_ = -1;                         // highest bucket whose reduce-scatter is not started
-  int started_in_bwd_ = 0;
   double pp_wait_ms_ = 0;
-  std::vector<char> gathered_;  // [buckets] overlap_params: all-gather waited this step
   double wait_s_ = 0;                            // blocking all-reduces
 };
 
 // The parallel state of one rank of a run laid out by dims (world.size() == dims.world()): the
 // process groups, expert and tensor parallelism and the pipeline stage set on m, and the
 // DataParallel over every rank (null when the world is one rank: the caller runs the one-rank
-// AdamW). Collective.
+// AdamW). Collective. An expert-sharded m must hold the experts of this rank's ep rank
+// (expert_shard_of).
 struct ParallelRun {
   parallel::ProcessGroups groups;
+  std::unique_ptr<parallel::Communicator> expert_replicas;  // expert-sharded: ranks holding the same experts
   std::unique_ptr<DataParallel> dp;
 };
+// The routed experts rank `rank` of a run laid out by dims holds (expert-parallel memory
+// sharding): its ep rank's experts, the expert region aligned for the data-parallel buckets;
+// every expert (not sharded) when ep = 1.
+model::ExpertShard expert_shard_of(const parallel::ParallelDims& dims, int rank, const model::ModelConfig& cfg);
 ParallelRun make_parallel_run(parallel::Communicator& world, const parallel::ParallelDims& dims, model::Model& m,
                               AdamWConfig ocfg, DpOptions o = {});
 
 // Collective: rank 0 writes the checkpoint a single-rank run would write (moments gathered from
-// the shards); every rank returns its directory.
+// the shards; expert-sharded: the weights and moments of every expert gathered too, so rank 0
+// holds a whole model's weights and moments while it writes); every rank returns its directory.
 std::string save_checkpoint(const std::string& run_dir, DataParallel& dp, const TrainState& state, int keep = 3);
 // Every rank loads the full checkpoint and keeps its shard of the moments (load_checkpoint on the
 // sharded AdamW), then the replicas are made equal.

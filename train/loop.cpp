@@ -127,7 +127,9 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   TREX_USER_CHECK(!seqs.empty(), "give more data or a shorter seq_len", "no training sequences after packing");
 
   // Model, optimizer, resume.
-  model::Model m(rc.model, rc.train.precision, {rc.train.aux_loss_alpha, rc.train.mtp_loss_weight, rc.train.recompute});
+  // Expert parallel: this rank allocates and loads only its ep rank's routed experts.
+  model::Model m(rc.model, rc.train.precision, {rc.train.aux_loss_alpha, rc.train.mtp_loss_weight, rc.train.recompute},
+                 expert_shard_of(dims, rank, rc.model));
   if (!rc.model_path.empty()) model::load_hf_weights(m, rc.model_path);
   else m.init_random(rc.train.seed);
   const AdamWConfig ocfg{(float)rc.optim.schedule.lr, rc.optim.beta1, rc.optim.beta2, rc.optim.eps,
@@ -170,11 +172,13 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
     if (log_owner) log_owner->message(msg);
   };
   const std::string dp_note = dp ? detail::cat(" per rank, data parallel dp=", dp_size,
-                                               dims.ep > 1 ? detail::cat(" expert parallel ep=", dims.ep) : "",
+                                               dims.ep > 1 ? detail::cat(" expert parallel ep=", dims.ep, " (",
+                                                                         dims.experts_per_rank(rc.model.n_routed_experts),
+                                                                         " experts per rank)") : "",
                                                dims.tp > 1 ? detail::cat(" tensor parallel tp=", dims.tp) : "",
                                                dims.pp > 1 ? detail::cat(" pipeline parallel pp=", dims.pp, " (1F1B)") : "",
                                                " (ZeRO-", rc.parallel.zero_stage, ", ",
-                                               dp->buckets().num_buckets(), " buckets",
+                                               dp->num_buckets(), " buckets",
                                                rc.parallel.overlap ? ", overlapped" : "", ")")
                                  : "";
   message(detail::cat("trex train: ", rc.data.mode, ", ", train_docs.size(), " documents -> ", seqs.size(),

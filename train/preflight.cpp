@@ -11,6 +11,7 @@
 #include "plan/arch.h"
 #include "plan/calibration.h"
 #include "plan/memory.h"
+#include "model/params.h"
 
 namespace trex::train {
 
@@ -46,9 +47,17 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int dp) {
   const model::ModelConfig& c = rc.model;
   const model::ModelConfig run_cfg = model::with_mtp(c, mtp ? c.num_nextn_predict_layers : 0);
   const double P = (double)run_cfg.num_params();
+  // Expert parallel: a rank holds the weights and gradients of its ep rank's routed experts only
+  // (model::ExpertShard); the moments of every tensor are sharded over all ranks either way.
+  double routed = 0;
+  const int ep = std::max<int>(1, (int)rc.parallel.ep);
+  if (ep > 1)
+    for (const model::ParamEntry& en : model::build_layout(run_cfg).entries)
+      if (en.name.find(".mlp.experts.") != std::string::npos) routed += (double)en.shape.numel();
+  const double held = P - routed * (1.0 - 1.0 / ep);
   MemoryEstimate e;
-  e.weights = 4 * P + (rc.train.precision == kern::Prec::BF16 ? 2 * P : 0);
-  e.grads = 4 * P;
+  e.weights = 4 * held + (rc.train.precision == kern::Prec::BF16 ? 2 * held : 0);
+  e.grads = 4 * held;
   e.optimizer = 8 * P / std::max(dp, 1);
   // Activations: the peak of the activation arena as the engine allocates it (above). The
   // planner (plan/memory.h) models a bf16 GPU run; here it gives the communication buffers only.

@@ -8,8 +8,9 @@
 // fails before any allocation.
 //
 // Memory estimate per rank (bytes; P parameters, dp data-parallel ranks, T tokens per micro-batch):
-//   weights     4 P (f32 master) + 2 P in bf16 mode (the shadow the matmuls read)
-//   grads       4 P (f32)
+//   weights     4 P (f32 master) + 2 P in bf16 mode (the shadow the matmuls read); with expert
+//               parallel P counts the routed experts of this rank's ep rank only
+//   grads       4 P (f32; the same P)
 //   optimizer   8 P / dp (AdamW moments, ZeRO-1 shard)
 //   activations the peak of the activation arena (Model::peak_activation_bytes) for one micro-batch
 //               of batch_size x seq_len tokens: activation_peak_bytes (train/activation_estimate.h)

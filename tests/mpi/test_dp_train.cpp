@@ -151,17 +151,31 @@ TEST(DpTrain, NanStepIsSkippedOnEveryRank) {
 // process (parameters and moments equal the reference's) and back into dp; both continue with the
 // losses of the uninterrupted run.
 // zero_stage 2: with 2 micro-batches a step (the accumulation across micro-batches is sharded).
-static void checkpoints_move_between_layouts(int zero_stage) {
+// ep > 1: expert parallel over the whole world, each rank holding its experts only (the checkpoint
+// gathers them; loading keeps each rank's).
+static void checkpoints_move_between_layouts(int zero_stage, int ep = 1) {
   init_threads(1);
   parallel::Communicator& w = parallel::test_world();
-  Case su{tiny_v3(), 0.01, 0};
-  const int64_t K = 4, half = 2;
-  const Global g = make_global(K, zero_stage == 2 ? 2 : 1, w.size(), 2, 9, 67, 21);
-  auto opts = [&](int64_t bucket) {
+  json model = tiny_v3();
+  if (ep > 1) model["n_routed_experts"] = 6;
+  Case su{model, 0.01, 0};
+  parallel::ParallelDims dims;
+  dims.dp = w.size(), dims.ep = ep;
+  dims.validate(w.size(), su.cfg());
+  struct Run {
+    std::unique_ptr<model::Model> m;
+    ParallelRun par;
+  };
+  auto make_run = [&](uint64_t seed, int64_t bucket) {
+    Run r;
+    r.m = su.make(seed, expert_shard_of(dims, w.rank(), su.cfg()));
     DpOptions o{bucket, true};
     o.zero_stage = zero_stage;
-    return o;
+    r.par = make_parallel_run(w, dims, *r.m, su.ocfg, o);
+    return r;
   };
+  const int64_t K = 4, half = 2;
+  const Global g = make_global(K, zero_stage == 2 ? 2 : 1, w.size(), 2, 9, 67, 21);
   auto refp = su.make(5);
   model::Model& ref = *refp;
   AdamW ropt(ref, su.ocfg);
@@ -172,10 +186,10 @@ static void checkpoints_move_between_layouts(int zero_stage) {
   const std::string run_dir = (fs::temp_directory_path() / ("trex_dp_ckpt_" + std::to_string(tag))).string();
   std::string dir;
   {
-    auto mp = su.make(5);
-    DataParallel dp(w, *mp, su.ocfg, opts(997));
-    run_dp(dp, su, g, 0, half);
-    dir = save_checkpoint(run_dir, dp, TrainState{half, half * w.size() * 2, 0, {}}, 2);
+    Run r = make_run(5, 997);
+    EXPECT_EQ(r.m->layout.expert_sharded(), ep > 1);
+    run_dp(*r.par.dp, su, g, 0, half);
+    dir = save_checkpoint(run_dir, *r.par.dp, TrainState{half, half * w.size() * 2, 0, {}}, 2);
   }
   // One process (every rank, each on its own) from the dp checkpoint.
   {
@@ -213,14 +227,15 @@ static void checkpoints_move_between_layouts(int zero_stage) {
       w.barrier();
       d2 = (fs::path(run_dir + "_single") / "checkpoints" / "step-00000002").string();
     }
-    auto mp = su.make(77);
-    model::Model& m = *mp;
-    DataParallel dp(w, m, su.ocfg, opts(500));
+    Run r = make_run(77, 500);
+    DataParallel& dp = *r.par.dp;
     load_checkpoint(d2, dp);
     const Trace t2 = run_dp(dp, su, g, half, K);
     for (int64_t s = half; s < K; ++s)
       EXPECT_LT(rel(t2.loss[s - half], tr.loss[s]), 1e-5) << "dp step " << s << (from_single ? " (from 1 rank)" : "");
-    expect_params_equal(m, ref, from_single ? "(from 1 rank) " : "");
+    auto whole = gather_whole_model(dp, su);
+    expect_params_equal(*whole, ref, from_single ? "(from 1 rank) " : "");
+    expect_holds_whole(*r.m, *whole);
   }
   w.barrier();
   if (w.rank() == 0) {
@@ -231,6 +246,13 @@ static void checkpoints_move_between_layouts(int zero_stage) {
 
 TEST(DpTrain, CheckpointsMoveBetweenLayouts) { checkpoints_move_between_layouts(1); }
 TEST(DpTrain, Zero2CheckpointsMoveBetweenLayouts) { checkpoints_move_between_layouts(2); }
+// Expert parallel over every rank (6 experts: ep 2 or 3, each rank holding its own): the
+// checkpoint of (dp n, ep n) resumes in one process with the same losses, and back.
+TEST(EpTrain, ShardedCheckpointsMoveBetweenLayouts) {
+  const int n = parallel::test_world().size();
+  if (6 % n != 0) GTEST_SKIP() << "6 experts over " << n << " ranks";
+  checkpoints_move_between_layouts(1, n);
+}
 
 TEST(DpTrain, DataMappingEqualsTheBiggerBatch) {
   // dp ranks x B rows per micro-batch a == one rank's micro-batch a of dp x B rows.

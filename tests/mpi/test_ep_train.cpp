@@ -158,3 +158,18 @@ TEST(EpTrain, RunLoopMatchesDataParallel) {
   }
   w.barrier();
 }
+
+// run_training under expert parallel over every rank (V4: merged [E, ...] expert tensors, hash and
+// top-k layers, each rank holding its experts only) equals one process with dp rows, eval included;
+// its step-3 checkpoint (the experts gathered from every rank) resumes in one process.
+TEST(EpTrain, ShardedRunLoopMatchesOneProcessAndResumesInOne) {
+  parallel::Communicator& w = parallel::test_world();
+  const int n = w.size();
+  if (6 % n != 0) GTEST_SKIP() << "6 experts over " << n << " ranks";
+  const fs::path root = loop_corpus(w, "trex_ep_resume_", 47, [](int i) {
+    return "bin " + std::to_string(i) + " stores " + std::to_string(13 * i + 2) + " bolts " + std::string(i % 6, 'z') +
+           " in the yard";
+  });
+  loop_matches_one_process_and_resumes_in_one(w, root, six_experts(tiny_v4()), "parallel.ep=" + std::to_string(n), n,
+                                              "rank");
+}

@@ -75,8 +75,9 @@ struct Case {
   AdamWConfig ocfg{3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
   model::Recompute recompute = model::Recompute::None;
   model::ModelConfig cfg() const { return model::parse_config(model, "tiny"); }
-  std::unique_ptr<model::Model> make(uint64_t seed) const {
-    auto m = std::make_unique<model::Model>(cfg(), kern::Prec::F32, model::TrainOptions{aux, mtp, recompute});
+  // shard: the routed experts the model holds (expert-parallel memory sharding; default all).
+  std::unique_ptr<model::Model> make(uint64_t seed, model::ExpertShard shard = {}) const {
+    auto m = std::make_unique<model::Model>(cfg(), kern::Prec::F32, model::TrainOptions{aux, mtp, recompute}, shard);
     m->init_random(seed);
     // Off the symmetric init (V4's HC bases 0, scales 1): there some gradients are exactly 0 in
     // exact arithmetic and pure rounding noise in f32, which AdamW turns into noise-sized steps.
@@ -145,6 +146,33 @@ inline ParamDiff param_diff(const model::Model& a, const model::Model& b) {
   return r;
 }
 
+// The whole model's weights gathered from a parallel run (DataParallel::gather_whole, which
+// assembles expert-sharded slabs) into a one-rank model on every rank, buffers included.
+// Collective.
+inline std::unique_ptr<model::Model> gather_whole_model(DataParallel& dp, const Case& su) {
+  DataParallel::Gathered g = dp.gather_whole();
+  auto whole = su.make(5);
+  if (dp.rank() == 0) {
+    EXPECT_EQ((int64_t)g.params.size(), whole->layout.total);
+    std::memcpy(whole->P(), g.params.data(), whole->layout.total * sizeof(float));
+  }
+  dp.comm().broadcast(whole->P(), (size_t)whole->layout.total, 0);
+  whole->buffers = dp.model().buffers;
+  whole->refresh_bf16();
+  return whole;
+}
+
+// Every tensor m holds (all, or its expert shard's) equals the whole model's, bit for bit.
+inline void expect_holds_whole(const model::Model& m, const model::Model& whole) {
+  for (const model::ParamEntry& e : m.layout.entries) {
+    const model::ParamEntry* w = whole.layout.find(e.name);
+    ASSERT_TRUE(w) << e.name;
+    const int64_t row = e.shape.numel() / std::max<int64_t>(e.shape[0], 1);
+    const float* src = whole.P() + w->offset + (e.rows_total > 0 ? e.rows_first * row : 0);
+    EXPECT_EQ(0, std::memcmp(src, m.P() + e.offset, e.shape.numel() * sizeof(float))) << e.name;
+  }
+}
+
 // Parameters equal to ~1e-5: L2 per tensor within 1e-5, no element off by more than 1e-4 of its
 // tensor's largest value (AdamW normalizes each element: one whose gradient is small next to its
 // tensor's carries more of the summation-order noise).
@@ -184,44 +212,47 @@ inline void parity(const Case& su, DpOptions o, int64_t K, int64_t ga, int64_t B
   AdamW ropt(ref, su.ocfg);
   const Trace tr = run_single(ref, ropt, su, g, 0, K);
 
-  // Ranks other than 0 start from other weights: DataParallel makes the replicas equal.
-  auto mp = su.make(w.rank() == 0 ? 5 : 99);
-  model::Model& m = *mp;
+  // Ranks other than 0 start from other weights: DataParallel makes the replicas equal. Expert
+  // parallel: each rank holds its ep rank's experts only, as trex train builds them, and the
+  // replicas of an expert shard take the values of the first rank holding it (trex train inits
+  // every rank from the same seed), so those ranks start from the reference's weights.
   parallel::ParallelDims dims;
   dims.dp = ndata, dims.ep = ep, dims.tp = tp, dims.pp = pp, dims.pp_layers = pp_layers;
   dims.validate(w.size(), cfg);
+  const bool first_holder = ep > 1 && w.rank() == dims.rank_of(0, dims.coord(w.rank()).ep, 0);
+  auto mp = su.make(w.rank() == 0 || first_holder ? 5 : 99, expert_shard_of(dims, w.rank(), cfg));
+  model::Model& m = *mp;
+  EXPECT_EQ(m.layout.expert_sharded(), ep > 1);
   o.overlap_params = o.overlap;  // with the buckets' overlap, the parameter all-gather's too
   ParallelRun par = make_parallel_run(w, dims, m, su.ocfg, o);
   DataParallel& dp = *par.dp;
   const Trace td = run_dp(dp, su, g, 0, K);
   expect_traces_equal(td, tr, 1e-5);
-  expect_params_equal(m, ref);
+  // The whole model's weights (gathered from the expert shards) equal the reference's, and every
+  // rank holds exactly its part of them (the replicas are equal).
+  auto whole = gather_whole_model(dp, su);
+  expect_params_equal(*whole, ref);
+  expect_holds_whole(m, *whole);
   EXPECT_EQ(m.buffers, ref.buffers);  // router biases: the same +-gamma updates
   // The final weights compute the same loss on a batch neither run trained on (in a one-rank
-  // model: m may be a pipeline stage).
+  // model: m may be a pipeline stage or hold an expert shard).
   const Global fresh = make_global(1, 1, 1, 2, T, cfg.vocab_size, 999);
-  auto whole = su.make(5);
-  std::memcpy(whole->P(), m.P(), m.layout.total * sizeof(float));
-  whole->buffers = m.buffers;
-  whole->refresh_bf16();
   const double lm = whole->forward(fresh.batch(0, 0, 0)).loss, lr_ = ref.forward(fresh.batch(0, 0, 0)).loss;
   EXPECT_LT(rel(lm, lr_), 1e-5) << lm << " vs " << lr_;
-  // The update really happened and every rank holds the same parameters.
+  // The update really happened.
   double moved = 0;
   auto init = su.make(5);
-  for (int64_t i = 0; i < m.layout.total; ++i) moved = std::max(moved, (double)std::fabs(m.P()[i] - init->P()[i]));
+  for (int64_t i = 0; i < whole->layout.total; ++i)
+    moved = std::max(moved, (double)std::fabs(whole->P()[i] - init->P()[i]));
   EXPECT_GT(moved, 1e-3);
-  std::vector<float> p0(m.P(), m.P() + m.layout.total);
-  w.broadcast(p0.data(), p0.size(), 0);
-  EXPECT_EQ(0, std::memcmp(p0.data(), m.P(), p0.size() * sizeof(float))) << "replicas differ";
-  // Overlap: every bucket's reduce-scatter was started from inside the backward.
-  if (o.overlap) EXPECT_EQ(dp.buckets_started_in_backward(), dp.buckets().num_buckets());
+  // Overlap: every bucket's reduce-scatter (of every region) was started from inside the backward.
+  if (o.overlap) EXPECT_EQ(dp.buckets_started_in_backward(), dp.num_buckets());
   else EXPECT_EQ(dp.buckets_started_in_backward(), 0);
-  const ParamDiff d = param_diff(m, ref);
+  const ParamDiff d = param_diff(*whole, ref);
   if (w.rank() == 0)
     std::printf("[dp parity] dp=%d tp=%d pp=%d ep=%d %s: %d buckets, %lld steps, loss %.6f -> %.6f, params: worst L2 "
                 "%.2e (%s), worst element %.2e (%s)\n",
-                ndata, tp, pp, ep, cfg.model_type.c_str(), dp.buckets().num_buckets(), (long long)K, tr.loss.front(),
+                ndata, tp, pp, ep, cfg.model_type.c_str(), dp.num_buckets(), (long long)K, tr.loss.front(),
                 tr.loss.back(), d.l2, d.l2_at.c_str(), d.max, d.max_at.c_str());
 }
 

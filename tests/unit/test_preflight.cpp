@@ -38,6 +38,20 @@ TEST(Preflight, EstimateParts) {
   EXPECT_DOUBLE_EQ(e1.grads, 4 * P);
   EXPECT_DOUBLE_EQ(e1.optimizer, 8 * P);
   EXPECT_DOUBLE_EQ(e8.optimizer, P);     // ZeRO-1 over 8 ranks
+  {  // Expert parallel: a rank holds its ep rank's routed experts only (weights and gradients); the
+     // moments of everything are sharded over all ranks as before.
+    train::RunConfig re = rc;
+    re.parallel.ep = 8;
+    const model::ModelConfig& c = re.model;
+    const double routed = (double)(c.num_hidden_layers - c.first_k_dense_replace) * (double)c.n_routed_experts * 3.0 *
+                          (double)c.hidden_size * (double)c.moe_intermediate_size;
+    const double held = P - routed * (1.0 - 1.0 / 8);
+    const train::MemoryEstimate ee = train::estimate_train_memory(re, 8);
+    EXPECT_DOUBLE_EQ(ee.grads, 4 * held);
+    EXPECT_DOUBLE_EQ(ee.weights, 6 * held);
+    EXPECT_DOUBLE_EQ(ee.optimizer, P);
+    EXPECT_LT(held, 0.2 * P);  // DeepSeek-V3: the routed experts are most of the model
+  }
   EXPECT_GT(e1.activations, 4.0 * 4096 * 129280);  // at least the logits chunk
   // Twice the tokens, about twice the activations: not exactly, as the arena's 64 MiB block tails
   // and the LM head workspace (at most 32 MiB) do not scale (train/preflight.h).

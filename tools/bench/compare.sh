@@ -1,25 +1,27 @@
 #!/usr/bin/env bash
 # Runs trex and the PyTorch peers (eager + bf16 autocast, and torch.compile) on one config in the
 # same run, same threads, batch, sequence and precision, and prints a markdown table with the
-# ratios. Usage: tools/bench/compare.sh [CONFIG] (env: STEPS=5 measured steps, THREADS, OUT=out/bench,
-# PEERS="eager compile").
+# ratios. Usage: tools/bench/compare.sh [CONFIG] (env: STEPS=5 measured steps, PEER_STEPS=STEPS
+# measured steps of the peers (on a 2-core machine an eager step takes minutes), THREADS,
+# OUT=out/bench, PEERS="eager compile").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CONFIG=${1:-configs/bench-v3.toml}
 STEPS=${STEPS:-5}
+PEER_STEPS=${PEER_STEPS:-$STEPS}
 THREADS=${THREADS:-$(nproc)}
 OUT=${OUT:-out/bench}
 PEERS=${PEERS:-"eager compile"}
 mkdir -p "$OUT"
 export TREX_THREADS=$THREADS
-echo "[compare] $(date -u +%FT%TZ) config=$CONFIG steps=$STEPS threads=$THREADS" >&2
+echo "[compare] $(date -u +%FT%TZ) config=$CONFIG steps=$STEPS peer_steps=$PEER_STEPS threads=$THREADS" >&2
 build/trex bench peak --threads "$THREADS" | tee "$OUT/peak.json" >&2
 build/trex bench step --config "$CONFIG" --steps "$STEPS" --warmup 1 \
   --peak-gflops "$(python3 -c "import json;p=json.load(open('$OUT/peak.json'));print(p['best_gflops'])")" \
   | tee "$OUT/trex.json" >&2
 for mode in $PEERS; do
   warm=1; [ "$mode" = compile ] && warm=2
-  .venv/bin/python tools/peer/peer_bench.py "$CONFIG" --steps $((STEPS + warm)) --warmup $warm \
+  .venv/bin/python tools/peer/peer_bench.py "$CONFIG" --steps $((PEER_STEPS + warm)) --warmup $warm \
     --threads "$THREADS" --mode "$mode" | tee "$OUT/peer_$mode.json" >&2
 done
 python3 - "$OUT" "$PEERS" <<'PY'

@@ -1,0 +1,183 @@
+// Expert-sharded parameter layouts (model/params.h ExpertShard): what an expert-parallel rank
+// allocates, initializes and loads. Tiny V3 (per-expert tensors) and V4 (merged [E, ...] tensors,
+// MTP block) with 6 experts, cut into shards of 2 and of 3; each shard against the whole model,
+// tensor by tensor.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "core/error.h"
+#include "model/checkpoint.h"
+#include "tests/tiny_configs.h"
+#include "train/checkpoint.h"
+#include "train/optimizer.h"
+#include "train/trainer.h"
+
+using namespace trex;
+using namespace trex::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+model::ModelConfig six(nlohmann::json j) {
+  j["n_routed_experts"] = 6;
+  return model::parse_config(j, "tiny");
+}
+
+std::vector<model::ModelConfig> configs() { return {six(tiny_v3()), six(tiny_v4())}; }
+
+bool is_expert(const std::string& name) { return name.find(".mlp.experts.") != std::string::npos; }
+
+// Every tensor of m equals the whole model's (its rows, for a row slice), bit for bit.
+void expect_slices_of(const float* mp, const model::ParamLayout& ml, const float* wp, const model::ParamLayout& wl,
+                      const char* what) {
+  for (const model::ParamEntry& e : ml.entries) {
+    const model::ParamEntry* w = wl.find(e.name);
+    ASSERT_TRUE(w) << what << ": " << e.name;
+    const int64_t row = e.shape.numel() / e.shape[0];
+    const float* src = wp + w->offset + (e.rows_total ? e.rows_first * row : 0);
+    EXPECT_EQ(0, std::memcmp(src, mp + e.offset, e.shape.numel() * sizeof(float))) << what << ": " << e.name;
+  }
+}
+
+fs::path temp_dir(const std::string& name) {
+  const fs::path p = fs::temp_directory_path() / (name + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+}  // namespace
+
+// The dense tensors keep their shapes and order; the experts move into a region of their own at
+// the end, aligned, holding exactly the shard's experts; the shards together hold every expert once.
+TEST(ExpertShard, LayoutHoldsTheShardsExpertsAtTheEnd) {
+  for (const model::ModelConfig& c : configs()) {
+    SCOPED_TRACE(c.model_type);
+    const model::ParamLayout whole = model::build_layout(c);
+    EXPECT_FALSE(whole.expert_sharded());
+    int64_t whole_expert = 0;
+    for (const model::ParamEntry& e : whole.entries)
+      if (is_expert(e.name)) whole_expert += e.shape.numel();
+    for (int64_t per : {2, 3}) {
+      std::map<std::string, std::set<int64_t>> rows;  // V4: rows of each merged tensor held by some shard
+      std::set<std::string> names;
+      for (int64_t first = 0; first < 6; first += per) {
+        const model::ParamLayout L = model::build_layout(c, {first, per, 48});
+        ASSERT_TRUE(L.expert_sharded());
+        EXPECT_EQ(L.expert_begin % 48, 0);
+        EXPECT_EQ(L.expert_first, first);
+        EXPECT_EQ(L.expert_count, per);
+        std::vector<std::string> dense_w, dense_s;
+        for (const model::ParamEntry& e : whole.entries)
+          if (!is_expert(e.name)) dense_w.push_back(e.name);
+        int64_t held = 0;
+        for (const model::ParamEntry& e : L.entries) {
+          if (!is_expert(e.name)) {
+            dense_s.push_back(e.name);
+            EXPECT_LT(e.offset, L.expert_begin) << e.name;
+            EXPECT_EQ(e.shape, whole.find(e.name)->shape) << e.name;
+            continue;
+          }
+          EXPECT_GE(e.offset, L.expert_begin) << e.name;
+          EXPECT_LE(e.offset + e.shape.numel(), L.total) << e.name;
+          held += e.shape.numel();
+          names.insert(e.name);
+          if (c.is_v4()) {
+            EXPECT_EQ(e.rows_total, 6) << e.name;
+            EXPECT_EQ(e.rows_first, first) << e.name;
+            EXPECT_EQ(e.shape[0], per) << e.name;
+            for (int64_t r = 0; r < per; ++r) EXPECT_TRUE(rows[e.name].insert(first + r).second) << e.name;
+          } else {
+            const int64_t x = model::expert_of_name(e.name);
+            EXPECT_TRUE(x >= first && x < first + per) << e.name;
+          }
+        }
+        EXPECT_EQ(dense_s, dense_w) << "dense tensors in the whole model's order";
+        EXPECT_EQ(held * (6 / per), whole_expert);
+      }
+      std::set<std::string> want;
+      for (const model::ParamEntry& e : whole.entries)
+        if (is_expert(e.name)) want.insert(e.name);
+      EXPECT_EQ(names, want) << "the shards hold every expert tensor";
+      for (const auto& [n, r] : rows) EXPECT_EQ(r.size(), 6u) << n;
+    }
+    EXPECT_THROW(model::build_layout(c, {1, 2, 16}), std::exception);  // not at a multiple of the count
+    EXPECT_THROW(model::build_layout(c, {4, 4, 16}), std::exception);  // past the last expert
+    EXPECT_THROW(model::build_layout(c, {0, 2, 24}), std::exception);  // region not 64-byte aligned
+  }
+  EXPECT_EQ(model::expert_of_name("model.layers.2.mlp.experts.13.up_proj.weight"), 13);
+  EXPECT_EQ(model::expert_of_name("model.layers.2.mlp.shared_experts.up_proj.weight"), -1);
+}
+
+// A shard's random init draws what the whole model draws for its tensors; the weights loaded from
+// a whole checkpoint (HF layout, and V4's original release layout) and a training checkpoint's
+// moments are the whole model's rows.
+TEST(ExpertShard, InitAndLoadGiveTheWholeModelsRows) {
+  for (const model::ModelConfig& c : configs()) {
+    SCOPED_TRACE(c.model_type);
+    const model::TrainOptions to{0.01, c.is_v4() ? 0.3 : 0.0};
+    model::Model whole(c, kern::Prec::F32, to);
+    whole.init_random(17);
+    // A step of training, so that the moments are not zero.
+    train::AdamW opt(whole, {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f});
+    std::vector<int32_t> ids(2 * 9), tg(2 * 9);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = (int32_t)(i * 7 % c.vocab_size), tg[i] = (int32_t)(i * 5 % c.vocab_size);
+    whole.forward_backward({2, 9, ids.data(), tg.data(), nullptr, nullptr});
+    opt.step(whole, 1e-3f);
+    const fs::path dir = temp_dir("trex_expert_shard_");
+    const std::string ck = train::save_checkpoint(dir.string(), whole, opt, train::TrainState{1, 0, 0, {}}, 1);
+    model::save_hf_checkpoint(whole, (dir / "hf").string());
+    if (c.is_v4()) model::save_v4_original(whole, (dir / "orig").string(), DType::F32, false);
+    for (int64_t per : {2, 3})
+      for (int64_t first = 0; first < 6; first += per) {
+        model::Model m(c, kern::Prec::F32, to, {first, per, 16});
+        m.init_random(17);
+        model::Model w2(c, kern::Prec::F32, to);
+        w2.init_random(17);
+        expect_slices_of(m.P(), m.layout, w2.P(), w2.layout, "init");
+        std::memset(m.P(), 0, m.layout.total * sizeof(float));
+        model::load_hf_weights(m, (dir / "hf").string());
+        expect_slices_of(m.P(), m.layout, whole.P(), whole.layout, "hf");
+        if (c.is_v4()) {
+          std::memset(m.P(), 0, m.layout.total * sizeof(float));
+          model::load_hf_weights(m, (dir / "orig").string());
+          expect_slices_of(m.P(), m.layout, whole.P(), whole.layout, "original layout");
+        }
+        train::AdamW so(m, opt.cfg);  // the whole of the shard's slab
+        std::memset(m.P(), 0, m.layout.total * sizeof(float));
+        SCOPED_TRACE(::testing::Message() << "shard [" << first << ", " << first + per << ")");
+        train::TrainState st = train::load_checkpoint(ck, m, so);
+        EXPECT_EQ(st.step, 1);
+        EXPECT_EQ(so.steps(), 1);
+        expect_slices_of(m.P(), m.layout, whole.P(), whole.layout, "training checkpoint");
+        expect_slices_of(so.M1(), m.layout, opt.M1(), whole.layout, "exp_avg");
+        expect_slices_of(so.M2(), m.layout, opt.M2(), whole.layout, "exp_avg_sq");
+        EXPECT_EQ(m.buffers, whole.buffers);
+      }
+    fs::remove_all(dir);
+  }
+}
+
+// A shard alone cannot compute (its other experts live on other ranks) or be written as a whole
+// checkpoint: both are refused instead of running on missing weights.
+TEST(ExpertShard, AShardAloneIsRefused) {
+  const model::ModelConfig c = six(tiny_v3());
+  model::Model m(c, kern::Prec::F32, {}, {2, 2, 16});
+  m.init_random(3);
+  std::vector<int32_t> ids(5, 1), tg(5, 2);
+  try {
+    m.forward({1, 5, ids.data(), tg.data(), nullptr, nullptr});
+    FAIL() << "a forward on an expert shard without its expert-parallel group must be refused";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("holds routed experts [2, 4) only"), std::string::npos) << e.what();
+  }
+  const fs::path dir = temp_dir("trex_expert_shard_save_");
+  EXPECT_THROW(model::save_hf_checkpoint(m, (dir / "hf").string()), std::exception);
+  train::AdamW o(m, {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f});
+  EXPECT_THROW(train::save_checkpoint(dir.string(), m, o, train::TrainState{}, 1), std::exception);
+  fs::remove_all(dir);
+}
