@@ -98,6 +98,13 @@ GradSync::~GradSync() {
   if (acc_) ::munmap(acc_, acc_bytes_);
 }
 
+void GradSync::reset_marks() {
+  std::fill(ready_count_.begin(), ready_count_.end(), 0);
+  std::fill(marked_.begin(), marked_.end(), 0);
+  std::fill(rs_started_.begin(), rs_started_.end(), 0);
+  std::fill(folded_.begin(), folded_.end(), 0);
+}
+
 void GradSync::release(float* p, size_t n) const {
   if (n == 0) return;
   char* a = reinterpret_cast<char*>(p);
@@ -157,10 +164,7 @@ void GradSync::begin_micro_batch(bool last) {
     TREX_CHECK(buckets_started() == 0, "GradSync::begin_micro_batch after the step's last micro-batch: call "
                                        "finish_grad_sync and zero_grads first");
   }
-  std::fill(ready_count_.begin(), ready_count_.end(), 0);
-  std::fill(marked_.begin(), marked_.end(), 0);
-  std::fill(rs_started_.begin(), rs_started_.end(), 0);
-  std::fill(folded_.begin(), folded_.end(), 0);
+  reset_marks();
   last_ = last;
 }
 
@@ -248,10 +252,7 @@ void GradSync::finish_grad_sync() {
     for (int b = 0; b < L_.num_buckets(); ++b)
       for (float& g : grad_shard(b)) g *= inv;
   }
-  std::fill(ready_count_.begin(), ready_count_.end(), 0);
-  std::fill(marked_.begin(), marked_.end(), 0);
-  std::fill(rs_started_.begin(), rs_started_.end(), 0);
-  std::fill(folded_.begin(), folded_.end(), 0);
+  reset_marks();
 }
 
 std::span<float> GradSync::grad_shard(int bucket) {
@@ -319,10 +320,7 @@ void GradSync::zero_grads() {
   release(acc_, acc_bytes_ / sizeof(float));
   acc_dirty_ = false;
   last_ = true;
-  std::fill(ready_count_.begin(), ready_count_.end(), 0);
-  std::fill(marked_.begin(), marked_.end(), 0);
-  std::fill(rs_started_.begin(), rs_started_.end(), 0);
-  std::fill(folded_.begin(), folded_.end(), 0);
+  reset_marks();
 }
 
 }  // namespace trex::parallel

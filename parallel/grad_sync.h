@@ -154,6 +154,8 @@ class GradSync {
   // Waits for (and folds) every reduce-scatter started and not yet seen complete; `what` names the
   // wait in the trace. Counted as exposed communication.
   void wait_reduce_scatters(const char* what);
+  // The per-step bookkeeping back to "nothing marked, started or folded".
+  void reset_marks();
   // [p, p + n) reads as 0 afterwards: its whole pages released (release_pages_), the rest zeroed.
   void release(float* p, size_t n) const;
 };

@@ -57,12 +57,15 @@ struct StepWalk {
   const bool bf;                 // bf16 GEMM inputs (transient bf16 copies of activations)
   const bool replay;             // full recompute
   const int64_t tp, ep;          // tensor / expert parallel sizes
+  const bool sp;                 // sequence parallel (tp > 1)
+  const int64_t Nl;              // token rows outside the split blocks: N, or rank 0's shard (the largest)
   ArenaReplay A;
 
   StepWalk(const model::ModelConfig& cfg, int64_t b, int64_t t, kern::Prec p, model::Recompute r, int64_t tp_,
-           int64_t ep_)
+           int64_t ep_, bool sp_)
       : c(cfg), B(b), T(t), N(b * t), d(cfg.hidden_size), bf(p == kern::Prec::BF16), replay(r == model::Recompute::Full),
-        tp(std::max<int64_t>(tp_, 1)), ep(std::max<int64_t>(ep_, 1)) {}
+        tp(std::max<int64_t>(tp_, 1)), ep(std::max<int64_t>(ep_, 1)), sp(sp_ && tp > 1),
+        Nl(sp ? (N + tp - 1) / tp : N) {}
 
   void f32(int64_t n) { A.bytes((size_t)n * 4); }
   void i32(int64_t n) { A.bytes((size_t)n * 4); }
@@ -86,25 +89,44 @@ struct StepWalk {
   }
   size_t ce_workspace() const {
     kern::CeArgs ce{};
-    ce.N = N, ce.d = d, ce.V = c.vocab_size;
+    ce.N = Nl, ce.d = d, ce.V = c.vocab_size;
     return kern::lm_head_ce_workspace_floats(ce);
   }
 
-  // model/mlp.cpp (F: this rank's columns; split: gate and up rows apart under tensor parallel).
-  void mlp_forward(int64_t F, bool split) {
-    f32(N * 2 * F), f32(N * F);  // saved gu, h
-    linear_fwd(N, d);
-    if (split) linear_fwd(N, d);
-    linear_fwd(N, F);
+  // model/mlp.cpp on n token rows (F: this rank's columns; split: gate and up rows apart under
+  // tensor parallel).
+  void mlp_forward(int64_t n, int64_t F, bool split) {
+    f32(n * 2 * F), f32(n * F);  // saved gu, h
+    linear_fwd(n, d);
+    if (split) linear_fwd(n, d);
+    linear_fwd(n, F);
   }
-  void mlp_backward(int64_t F, bool split) {
+  void mlp_backward(int64_t n, int64_t F, bool split) {
     const auto m = A.mark();
-    f32(N * F);  // dh
-    linear_bwd(N, F, d);
-    f32(N * 2 * F);  // dgu
-    if (split) linear_bwd(N, d, F), linear_bwd(N, d, F);
-    else linear_bwd(N, d, 2 * F);
+    f32(n * F);  // dh
+    linear_bwd(n, F, d);
+    f32(n * 2 * F);  // dgu
+    if (split) linear_bwd(n, d, F), linear_bwd(n, d, F);
+    else linear_bwd(n, d, 2 * F);
     A.release(m);
+  }
+
+  // model/model.cpp tp_block_in / tp_block_out_buf / tp_block_out around a split block of width w
+  // under sequence parallel: the all-gathered input and the partial output ([N, w] each), and the
+  // padded workspace of the collectives when the shards are uneven (model/seq_parallel.cpp).
+  void sp_pad(int64_t w) {
+    if (!sp || N % tp == 0) return;
+    const auto m = A.mark();
+    f32(tp * ((N + tp - 1) / tp) * w);
+    A.release(m);
+  }
+  void block_in(int64_t w) {
+    if (!sp) return;
+    f32(N * w);
+    sp_pad(w);
+  }
+  void block_out_buf(int64_t w) {
+    if (sp) f32(N * w);
   }
 
   // model/moe.cpp. Rows R = N K (dropless: every (token, slot) pair). Expert parallel: the rows
@@ -126,10 +148,11 @@ struct StepWalk {
     gemm_input(R * d);   // xs
     A.release(m);
   }
+  // model/moe.cpp on this rank's Nl token rows (MoeIn::tokens()).
   void moe_forward() {
-    const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok, F = c.moe_intermediate_size, R = N * K;
+    const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok, F = c.moe_intermediate_size, R = Nl * K;
     const int64_t Fs = c.shared_intermediate();
-    f32(N * E), i32(R), f32(R);  // scores, idx, probs
+    f32(Nl * E), i32(R), f32(R);  // scores, idx, probs
     i32(R), i32(R);              // row_token, slot_row
     f32(R * d);                  // y
     if (ep == 1) {
@@ -138,21 +161,21 @@ struct StepWalk {
       f32(R * d);  // xs
       experts_fwd(R, F);
       A.release(m);
-      if (c.n_shared_experts > 0) mlp_forward(Fs, false);
+      if (c.n_shared_experts > 0) mlp_forward(Nl, Fs, false);
       return;
     }
     const int64_t Rl = std::max<int64_t>(R, 1);
     i32(Rl);                                   // ep_plan: perm
     f32(Rl * d), f32(Rl * 2 * F), f32(Rl * F);  // xl, gu, h
-    if (c.n_shared_experts > 0) f32(N * 2 * Fs), f32(N * Fs);
+    if (c.n_shared_experts > 0) f32(Nl * 2 * Fs), f32(Nl * Fs);
     const auto m = A.mark();
     f32(R * d), f32(Rl * d), f32(Rl * d);  // xs, xr, yl
-    if (c.n_shared_experts > 0) linear_fwd(N, d), linear_fwd(N, Fs);
+    if (c.n_shared_experts > 0) linear_fwd(Nl, d), linear_fwd(Nl, Fs);
     experts_fwd(Rl, F);
     A.release(m);
   }
   void moe_backward() {
-    const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok, F = c.moe_intermediate_size, R = N * K;
+    const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok, F = c.moe_intermediate_size, R = Nl * K;
     const int64_t Fs = c.shared_intermediate();
     const auto m = A.mark();
     f32(R * d), f32(R);  // dy, dprobs
@@ -162,16 +185,16 @@ struct StepWalk {
       f32(R * d);  // xs
       experts_bwd(R, F);
       A.release(m2);
-      if (c.n_shared_experts > 0) mlp_backward(Fs, false);
+      if (c.n_shared_experts > 0) mlp_backward(Nl, Fs, false);
     } else {
       const int64_t Rl = std::max<int64_t>(R, 1);
       f32(Rl * d), f32(Rl * d);  // dyr, dyl
-      if (c.n_shared_experts > 0) mlp_backward(Fs, false);
+      if (c.n_shared_experts > 0) mlp_backward(Nl, Fs, false);
       f32(Rl * d);  // dxl
       experts_bwd(Rl, F);
       A.release(m2);
     }
-    f32(N * E);  // dscores
+    f32(Nl * E);  // dscores
     A.release(m);
   }
 
@@ -225,36 +248,50 @@ struct StepWalk {
 
   // model/model.cpp run(): DeepSeek-V3.
   void v3_layer_forward(int64_t l) {
-    f32(N * d), f32(N), f32(N * d);  // n1, rstd1, h_mid
+    f32(Nl * d), f32(Nl), f32(Nl * d);  // n1, rstd1, h_mid
+    block_in(d), block_out_buf(d);
     mla_forward();
-    f32(N * d), f32(N), f32(N * d);  // n2, rstd2, h_out
-    if (c.is_moe_layer(l)) moe_forward();
-    else mlp_forward(c.intermediate_size / tp, tp > 1);
+    sp_pad(d);
+    f32(Nl * d), f32(Nl), f32(Nl * d);  // n2, rstd2, h_out
+    if (c.is_moe_layer(l)) {
+      moe_forward();
+      return;
+    }
+    block_in(d), block_out_buf(d);
+    mlp_forward(N, c.intermediate_size / tp, tp > 1);
+    sp_pad(d);
   }
   void run_v3() {
     const int64_t L = c.num_hidden_layers;
-    i32(N);      // positions
-    f32(N * d);  // embedding
+    i32(N);       // positions
+    f32(Nl * d);  // embedding
     for (int64_t l = 0; l < L; ++l) {
       if (!replay) {
         v3_layer_forward(l);
         continue;
       }
-      f32(N * d);  // the kept input of the next layer
+      f32(Nl * d);  // the kept input of the next layer
       const auto m = A.mark();
       v3_layer_forward(l);
       A.release(m);
     }
-    f32(N * d), f32(N), f32(N * d);  // final norm out, rstd, dh
-    if (bf) b16(N * d);
+    f32(Nl * d), f32(Nl), f32(Nl * d);  // final norm out, rstd, dh
+    if (bf) b16(Nl * d);
     f32((int64_t)ce_workspace());
-    f32(N * d), f32(N * d), f32(N * d);  // dx, tmp, tmp2
+    f32(Nl * d), f32(Nl * d), f32(Nl * d);  // dx, tmp, tmp2
     for (int64_t l = L - 1; l >= 0; --l) {
       const auto m = A.mark();
       if (replay) v3_layer_forward(l);
-      if (c.is_moe_layer(l)) moe_backward();
-      else mlp_backward(c.intermediate_size / tp, tp > 1);
+      if (c.is_moe_layer(l)) {
+        moe_backward();
+      } else {
+        block_in(d), block_out_buf(d);
+        mlp_backward(N, c.intermediate_size / tp, tp > 1);
+        sp_pad(d);
+      }
+      block_in(d), block_out_buf(d);
       mla_backward();
+      sp_pad(d);
       A.release(m);
     }
   }
@@ -365,21 +402,23 @@ struct StepWalk {
   }
 
   // model/model_v4.cpp run_v4(): DeepSeek-V4 (hyper-connection streams n, MTP blocks).
-  void hc_alloc(int64_t n) { f32(N * d), f32(N * n), f32(N * n * n), f32(N * (2 + n) * n), f32(N); }
+  void hc_alloc(int64_t n) { f32(Nl * d), f32(Nl * n), f32(Nl * n * n), f32(Nl * (2 + n) * n), f32(Nl); }
   void v4_layer_forward(int64_t l) {
     const int64_t n = c.v4.hc_mult;
     hc_alloc(n);
-    f32(N * d), f32(N), f32(N * d);  // n1, rstd1, a
+    f32(Nl * d), f32(Nl), f32(Nl * d);  // n1, rstd1, a
+    block_in(d), block_out_buf(d);
     v4_attn_forward(l);
-    f32(N * n * d);  // X_mid
+    sp_pad(d);
+    f32(Nl * n * d);  // X_mid
     hc_alloc(n);
-    f32(N * d), f32(N), f32(N * d);  // n2, rstd2, f
+    f32(Nl * d), f32(Nl), f32(Nl * d);  // n2, rstd2, f
     moe_forward();
-    f32(N * n * d);  // out
+    f32(Nl * n * d);  // out
   }
   void v4_forward_kept(int64_t l) {
     if (!replay) return v4_layer_forward(l);
-    f32(N * c.v4.hc_mult * d);  // kept
+    f32(Nl * c.v4.hc_mult * d);  // kept
     const auto m = A.mark();
     v4_layer_forward(l);
     A.release(m);
@@ -388,55 +427,57 @@ struct StepWalk {
     const auto m = A.mark();
     if (replay) v4_layer_forward(l);
     moe_backward();
+    block_in(d), block_out_buf(d);
     v4_attn_backward(l);
+    sp_pad(d);
     A.release(m);
   }
   void v4_head_forward() {
     const int64_t n = c.v4.hc_mult;
-    f32(N * d), f32(N * n), f32(N);  // yh, mix, rstdh
-    f32(N * d), f32(N), f32(N * d);  // hf, rstdf, dhf
-    if (bf) b16(N * d);
+    f32(Nl * d), f32(Nl * n), f32(Nl);  // yh, mix, rstdh
+    f32(Nl * d), f32(Nl), f32(Nl * d);  // hf, rstdf, dhf
+    if (bf) b16(Nl * d);
     f32((int64_t)ce_workspace());
   }
   void v4_head_backward(const kern::HcShape& hs) {
     const auto m = A.mark();
-    f32(N * d);  // dyh
+    f32(Nl * d);  // dyh
     f32((int64_t)std::max<size_t>(kern::hc_head_bwd_workspace_floats(hs), 1));
     A.release(m);
   }
   void run_v4() {
     const model::V4Config& v = c.v4;
     const int64_t n = v.hc_mult, Lm = c.num_hidden_layers, D = v.mtp_layers, K = c.num_experts_per_tok;
-    const kern::HcShape hs{N, (int)n, d, (int)v.hc_sinkhorn_iters, (float)v.hc_eps, (float)c.rms_norm_eps};
-    f32(N * n * d);  // embedded streams
+    const kern::HcShape hs{Nl, (int)n, d, (int)v.hc_sinkhorn_iters, (float)v.hc_eps, (float)c.rms_norm_eps};
+    f32(Nl * n * d);  // embedded streams
     for (int64_t l = 0; l < Lm; ++l)
-      if (v.hash[l]) i32(N * K);  // hash routes
+      if (v.hash[l]) i32(Nl * K);  // hash routes
     for (int64_t l = 0; l < Lm; ++l) v4_forward_kept(l);
     v4_head_forward();
     for (int64_t k = 0; k < D; ++k) {
-      i32(N), i32(N);                  // ids, tg
-      f32(N * d), f32(N * d), f32(N);  // e, en, e_rstd
-      f32(N * n * d), f32(N * n);      // hn, h_rstd
-      f32(N * d);                      // ep
-      linear_fwd(N, d);
-      f32(N * n * d);  // X
-      linear_fwd(N * n, d);
+      i32(Nl), i32(Nl);                  // ids, tg
+      f32(Nl * d), f32(Nl * d), f32(Nl);  // e, en, e_rstd
+      f32(Nl * n * d), f32(Nl * n);      // hn, h_rstd
+      f32(Nl * d);                      // ep
+      linear_fwd(Nl, d);
+      f32(Nl * n * d);  // X
+      linear_fwd(Nl * n, d);
       v4_forward_kept(Lm + k);
       v4_head_forward();
     }
-    f32(N * n * d), f32(N * d), f32(N * n), f32(N * n * n), f32(N * d), f32(N * d);  // dX2 df dpost dcomb dnorm dy
+    f32(Nl * n * d), f32(Nl * d), f32(Nl * n), f32(Nl * n * n), f32(Nl * d), f32(Nl * d);  // dX2 df dpost dcomb dnorm dy
     f32((int64_t)std::max<size_t>(kern::hc_pre_bwd_workspace_floats(hs), 1));
-    f32(N * n * d);           // dX
-    if (D) f32(N * n * d);    // dprev
+    f32(Nl * n * d);           // dX
+    if (D) f32(Nl * n * d);    // dprev
     for (int64_t k = D - 1; k >= 0; --k) {
       v4_head_backward(hs);
       v4_backward_replayed(Lm + k);
       const auto m = A.mark();
-      f32(N * n * d);  // dhn
-      linear_bwd(N * n, d, d);
-      f32(N * d), f32(N * d);  // dep, den
-      linear_bwd(N, d, d);
-      f32(N * d);  // de
+      f32(Nl * n * d);  // dhn
+      linear_bwd(Nl * n, d, d);
+      f32(Nl * d), f32(Nl * d);  // dep, den
+      linear_bwd(Nl, d, d);
+      f32(Nl * d);  // de
       A.release(m);
     }
     v4_head_backward(hs);
@@ -447,9 +488,9 @@ struct StepWalk {
 }  // namespace
 
 double activation_peak_bytes(const model::ModelConfig& c, int64_t B, int64_t T, kern::Prec prec,
-                             model::Recompute recompute, int64_t tp, int64_t ep) {
+                             model::Recompute recompute, int64_t tp, int64_t ep, bool sequence_parallel) {
   TREX_CHECK(B > 0 && T > 0, "activation_peak_bytes: empty batch ", B, " x ", T);
-  StepWalk w(c, B, T, prec, recompute, tp, ep);
+  StepWalk w(c, B, T, prec, recompute, tp, ep, sequence_parallel);
   if (c.is_v4()) w.run_v4();
   else w.run_v3();
   return (double)w.A.peak();

@@ -27,8 +27,13 @@ namespace trex::train {
 //     counts as used, as StackArena::used() counts it;
 //   the peak is the maximum over the forward and the backward of the bytes in use.
 // c: the config as Model holds it (with_mtp applied when the run trains MTP blocks); tp / ep:
-// tensor / expert parallel sizes (this rank's heads, output groups and dense MLP columns).
+// tensor / expert parallel sizes (this rank's heads, output groups and dense MLP columns);
+// sequence_parallel (tp > 1): everything outside the attention and the dense MLPs on the rank's
+// shard of the B x T tokens, ceil(B T / tp) rows (rank 0's, the largest), plus the all-gathered
+// inputs and partial outputs of the split blocks and, for uneven shards, the collectives' padded
+// workspace (model/seq_parallel.h).
 double activation_peak_bytes(const model::ModelConfig& c, int64_t B, int64_t T, kern::Prec prec,
-                             model::Recompute recompute, int64_t tp = 1, int64_t ep = 1);
+                             model::Recompute recompute, int64_t tp = 1, int64_t ep = 1,
+                             bool sequence_parallel = false);
 
 }  // namespace trex::train

@@ -395,7 +395,7 @@ DataParallel::Gathered DataParallel::gather_whole() {
   if (!expert_sharded()) {
     if (rank() == 0) {
       g.layout = ml;
-      g.params.assign(m_.P(), m_.P() + ml.total);
+      g.params = m_.P();
       m1.resize(ml.total), m2.resize(ml.total);
       g.m1 = std::move(m1), g.m2 = std::move(m2);
     }
@@ -425,7 +425,8 @@ DataParallel::Gathered DataParallel::gather_whole() {
   }
   g.layout = model::build_layout(m_.cfg);
   const model::ParamLayout& W = g.layout;
-  g.params.assign((size_t)W.total, 0.f);
+  g.store.assign((size_t)W.total, 0.f);
+  g.params = g.store.data();
   g.m1.assign((size_t)W.total, 0.f);
   g.m2.assign((size_t)W.total, 0.f);
   // One shard's tensors (its layout: sh) into the whole model's, by name (row slices at their rows).
@@ -436,7 +437,7 @@ DataParallel::Gathered DataParallel::gather_whole() {
       TREX_CHECK(w, "gather_whole: ", e.name, " is not in the whole model's layout");
       const int64_t row = e.shape.numel() / std::max<int64_t>(e.shape[0], 1);
       const int64_t dst = w->offset + (e.rows_total > 0 ? e.rows_first * row : 0), src = e.offset - (experts ? sh.expert_begin : 0);
-      std::copy(p + src, p + src + e.shape.numel(), g.params.begin() + dst);
+      std::copy(p + src, p + src + e.shape.numel(), g.store.begin() + dst);
       std::copy(a + src, a + src + e.shape.numel(), g.m1.begin() + dst);
       std::copy(b + src, b + src + e.shape.numel(), g.m2.begin() + dst);
     }
@@ -504,7 +505,7 @@ std::string save_checkpoint(const std::string& run_dir, DataParallel& dp, const 
   std::string dir;
   if (dp.rank() == 0) {
     const model::Model& m = dp.model();
-    dir = save_checkpoint(run_dir, model::WeightsView{m.cfg, g.layout, g.params.data(), m.buffers.data()},
+    dir = save_checkpoint(run_dir, model::WeightsView{m.cfg, g.layout, g.params, m.buffers.data()},
                           g.m1.data(), g.m2.data(), dp.opt().steps(), state, keep);
   }
   dp.comm().barrier();  // the checkpoint is complete before any rank goes on (or resumes from it)

@@ -165,10 +165,13 @@ class DataParallel {
   int buckets_started_in_backward() const;
 
   // A whole model's master weights and AdamW moments on rank 0 (layout: the whole model's, not
-  // expert-sharded), for the checkpoint writer; empty on the other ranks. Collective.
+  // expert-sharded), for the checkpoint writer; params null and the vectors empty on the other
+  // ranks. Collective. Without expert sharding params points at the model's own slab (valid while
+  // it is not changed); with it, at `store`, assembled from every expert region.
   struct Gathered {
     model::ParamLayout layout;
-    std::vector<float> params, m1, m2;  // [layout.total]
+    const float* params = nullptr;      // [layout.total]
+    std::vector<float> store, m1, m2;   // store: the assembled weights (expert-sharded only)
   };
   Gathered gather_whole();
 

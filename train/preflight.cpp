@@ -62,7 +62,8 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int dp) {
   // Activations: the peak of the activation arena as the engine allocates it (above). The
   // planner (plan/memory.h) models a bf16 GPU run; here it gives the communication buffers only.
   e.activations = activation_peak_bytes(run_cfg, rc.train.batch_size, rc.data.seq_len, rc.train.precision,
-                                        rc.train.recompute, rc.parallel.tp, rc.parallel.ep);
+                                        rc.train.recompute, rc.parallel.tp, rc.parallel.ep,
+                                        rc.parallel.sequence_parallel);
   const plan::ArchModel a = plan::arch_from_config(c, "run");
   const plan::ClusterSpec s = plan::cpu_spec_from_calibration(plan::default_calibration());
   plan::Layout l;

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "model/seq_parallel.h"
 #include "tests/mpi/train_parity.h"
+#include "train/activation_estimate.h"
 #include "train/loop.h"
 
 using namespace trex;
@@ -119,6 +120,42 @@ TEST(SpTrain, GradientsSumToTheSingleRank) {
       }
       EXPECT_GT(own_only, (int)m->layout.entries.size() / 2) << what;
     }
+}
+
+// The start-up activation estimate (train/activation_estimate.h) replays the arena of a tensor-
+// parallel step, with and without sequence parallel: it equals the measured peak on the rank
+// holding the most token rows (rank 0) and is not below it on the others. bf16 and fp32, no and
+// full recompute, token counts that split evenly over the ranks and counts that do not.
+TEST(SpTrain, ActivationEstimateMatchesTheArena) {
+  init_threads(1);
+  parallel::Communicator& w = parallel::test_world();
+  const int tp = tp_for(w.size());
+  parallel::ParallelDims dims;
+  dims.dp = w.size() / tp, dims.tp = tp;
+  parallel::ProcessGroups groups = parallel::make_process_groups(w, dims);
+  const int tp_rank = groups.tp->rank();
+  for (const json& mj : {tp_v3(), tp_v4()})
+    for (auto [B, T] : {std::pair<int64_t, int64_t>{2, 12}, {3, 7}, {2, 11}})  // 24, 21, 22 tokens
+      for (kern::Prec prec : {kern::Prec::BF16, kern::Prec::F32})
+        for (model::Recompute rec : {model::Recompute::None, model::Recompute::Full})
+          for (bool sp : {false, true}) {
+            const bool v4 = mj["model_type"] == "deepseek_v4";
+            const double mtp = v4 ? 0.3 : 0.0;
+            const model::ModelConfig cfg = model::parse_config(mj, "tiny");
+            model::Model m(cfg, prec, {0.01, mtp, rec});
+            m.init_random(3);
+            m.set_tensor_parallel(groups.tp.get(), sp);
+            const Global g = make_global(1, 1, 1, B, T, cfg.vocab_size, 29);
+            m.forward_backward(g.batch(0, 0, 0));
+            const double est = activation_peak_bytes(m.cfg, B, T, prec, rec, tp, 1, sp);
+            const double got = (double)m.peak_activation_bytes();
+            const std::string what = cfg.model_type + (prec == kern::Prec::BF16 ? " bf16" : " fp32") +
+                                     (rec == model::Recompute::Full ? " full" : " none") + (sp ? " sp" : " tp") +
+                                     " B " + std::to_string(B) + " T " + std::to_string(T) + " tp rank " +
+                                     std::to_string(tp_rank);
+            if (tp_rank == 0 || !sp) EXPECT_EQ(est, got) << what;
+            else EXPECT_GE(est, got) << what;
+          }
 }
 
 TEST(SpTrain, V3MatchesSingleRank) {

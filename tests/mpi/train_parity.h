@@ -153,8 +153,8 @@ inline std::unique_ptr<model::Model> gather_whole_model(DataParallel& dp, const 
   DataParallel::Gathered g = dp.gather_whole();
   auto whole = su.make(5);
   if (dp.rank() == 0) {
-    EXPECT_EQ((int64_t)g.params.size(), whole->layout.total);
-    std::memcpy(whole->P(), g.params.data(), whole->layout.total * sizeof(float));
+    EXPECT_EQ(g.layout.total, whole->layout.total);
+    std::memcpy(whole->P(), g.params, whole->layout.total * sizeof(float));
   }
   dp.comm().broadcast(whole->P(), (size_t)whole->layout.total, 0);
   whole->buffers = dp.model().buffers;
