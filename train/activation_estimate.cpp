@@ -129,9 +129,10 @@ struct StepWalk {
     if (sp) f32(N * w);
   }
 
-  // model/moe.cpp. Rows R = N K (dropless: every (token, slot) pair). Expert parallel: the rows
-  // this rank computes depend on the routing; the estimate takes their expectation, N K (each
-  // rank sends its N K rows and receives as many under balanced routing).
+  // model/moe.cpp. Rows R = tokens x K (dropless: every (token, slot) pair; tokens = Nl, this
+  // rank's rows). Expert parallel: the rows this rank computes depend on the routing; the estimate
+  // takes their expectation, R (each rank sends its R rows and receives as many under balanced
+  // routing).
   void experts_fwd(int64_t R, int64_t F) {
     const auto m = A.mark();
     gemm_input(R * d);
