@@ -135,11 +135,9 @@ void load_hf_weights(Model& m, const std::string& dir) {
     // An expert-parallel shard's rows of a merged [E, ...] expert tensor.
     Shape s = e.shape;
     s.d[0] = e.rows_total;
-    whole.resize((size_t)s.numel());
+    whole.resize((size_t)e.whole_numel());
     read_tensor(ck, q, e.name, s, whole.data());
-    const int64_t row = e.shape.numel() / e.shape[0];
-    std::copy(whole.begin() + e.rows_first * row, whole.begin() + e.rows_first * row + e.shape.numel(),
-              m.P() + e.offset);
+    std::copy(whole.begin() + e.whole_begin(), whole.begin() + e.whole_begin() + e.shape.numel(), m.P() + e.offset);
   }
   for (const BufferEntry& b : m.layout.buffers) {
     if (fresh_mtp && b.name.rfind("mtp.", 0) == 0) continue;

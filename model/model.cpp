@@ -160,8 +160,7 @@ void Model::for_each_init_target(const std::function<void(const ParamEntry&, flo
     tmp.resize((size_t)w.shape.numel());
     gen(w, tmp.data());
     if (!e) continue;  // another rank's expert
-    const int64_t row = w.shape.numel() / w.shape[0];
-    std::copy(tmp.begin() + e->rows_first * row, tmp.begin() + (e->rows_first + e->shape[0]) * row, P() + e->offset);
+    std::copy(tmp.begin() + e->whole_begin(), tmp.begin() + e->whole_begin() + e->shape.numel(), P() + e->offset);
   }
 }
 

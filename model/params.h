@@ -23,6 +23,10 @@ struct ParamEntry {
   // Expert-sharded layouts (ExpertShard): > 0 when this entry holds rows [rows_first, rows_first +
   // shape[0]) of a checkpoint tensor of rows_total rows (V4's merged [E, ...] expert tensors).
   int64_t rows_first = 0, rows_total = 0;
+  // The checkpoint tensor's elements, and where this entry's values start among them (0 unless a
+  // row slice).
+  int64_t whole_numel() const { return rows_total > 0 ? shape.numel() / shape[0] * rows_total : shape.numel(); }
+  int64_t whole_begin() const { return rows_total > 0 ? shape.numel() / shape[0] * rows_first : 0; }
 };
 
 // The routed experts a model holds (expert-parallel memory sharding): [first, first + count) of

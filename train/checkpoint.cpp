@@ -162,8 +162,7 @@ TrainState load_checkpoint(const std::string& dir, model::Model& m, AdamW& opt) 
     const model::ParamEntry& e = m.layout.entries[i];
     const int64_t n = e.shape.numel();
     // An expert-parallel shard's rows of a merged [E, ...] expert tensor: read whole, keep the rows.
-    const int64_t row = e.shape.ndim ? n / std::max<int64_t>(e.shape[0], 1) : 0;
-    const int64_t n_file = e.rows_total > 0 ? e.rows_total * row : n, base = e.rows_total > 0 ? e.rows_first * row : 0;
+    const int64_t n_file = e.whole_numel(), base = e.whole_begin();
     for (int k = 0; k < 2; ++k) {
       const std::string name = (k ? "exp_avg_sq." : "exp_avg.") + e.name;
       float* M = k ? opt.M2() : opt.M1();

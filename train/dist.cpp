@@ -435,8 +435,7 @@ DataParallel::Gathered DataParallel::gather_whole() {
       if ((e.offset >= sh.expert_begin) != experts && sh.expert_sharded()) continue;
       const model::ParamEntry* w = W.find(e.name);
       TREX_CHECK(w, "gather_whole: ", e.name, " is not in the whole model's layout");
-      const int64_t row = e.shape.numel() / std::max<int64_t>(e.shape[0], 1);
-      const int64_t dst = w->offset + (e.rows_total > 0 ? e.rows_first * row : 0), src = e.offset - (experts ? sh.expert_begin : 0);
+      const int64_t dst = w->offset + e.whole_begin(), src = e.offset - (experts ? sh.expert_begin : 0);
       std::copy(p + src, p + src + e.shape.numel(), g.store.begin() + dst);
       std::copy(a + src, a + src + e.shape.numel(), g.m1.begin() + dst);
       std::copy(b + src, b + src + e.shape.numel(), g.m2.begin() + dst);

@@ -167,8 +167,7 @@ inline void expect_holds_whole(const model::Model& m, const model::Model& whole)
   for (const model::ParamEntry& e : m.layout.entries) {
     const model::ParamEntry* w = whole.layout.find(e.name);
     ASSERT_TRUE(w) << e.name;
-    const int64_t row = e.shape.numel() / std::max<int64_t>(e.shape[0], 1);
-    const float* src = whole.P() + w->offset + (e.rows_total > 0 ? e.rows_first * row : 0);
+    const float* src = whole.P() + w->offset + e.whole_begin();
     EXPECT_EQ(0, std::memcmp(src, m.P() + e.offset, e.shape.numel() * sizeof(float))) << e.name;
   }
 }

@@ -37,8 +37,7 @@ void expect_slices_of(const float* mp, const model::ParamLayout& ml, const float
   for (const model::ParamEntry& e : ml.entries) {
     const model::ParamEntry* w = wl.find(e.name);
     ASSERT_TRUE(w) << what << ": " << e.name;
-    const int64_t row = e.shape.numel() / e.shape[0];
-    const float* src = wp + w->offset + (e.rows_total ? e.rows_first * row : 0);
+    const float* src = wp + w->offset + e.whole_begin();
     EXPECT_EQ(0, std::memcmp(src, mp + e.offset, e.shape.numel() * sizeof(float))) << what << ": " << e.name;
   }
 }
