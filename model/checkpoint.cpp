@@ -124,6 +124,10 @@ void load_hf_weights(Model& m, const std::string& dir) {
     TREX_LOG_WARN(dir, ": no MTP tensors (mtp.*; transformers drops them); the MTP blocks start from random init");
     m.init_mtp_random(0x5eed);
   }
+  std::set<std::string> elsewhere;  // a sharded model's: the whole model's tensors other ranks hold
+  if (m.layout.sharded())
+    for (const ParamEntry& w : build_layout(m.cfg).entries)
+      if (!m.layout.find(w.name)) elsewhere.insert(w.name);
   std::vector<float> whole;
   for (const ParamEntry& e : m.layout.entries) {
     if (fresh_mtp && e.name.rfind("mtp.", 0) == 0) continue;
@@ -159,7 +163,7 @@ void load_hf_weights(Model& m, const std::string& dir) {
     if (used.count(n)) continue;
     if (m.cfg.tie_word_embeddings && n == "lm_head.weight") continue;
     if (q.is_scale(n)) continue;  // block scales of quantized weights, consumed above
-    if (m.layout.expert_sharded() && expert_of_name(n) >= 0) continue;  // another expert-parallel rank's expert
+    if (elsewhere.count(n)) continue;  // another expert-parallel rank's expert, another stage's tensor
     if (layer_of(n) >= m.cfg.num_hidden_layers || n.rfind("mtp.", 0) == 0 || n.rfind("model.mtp.", 0) == 0) {
       ++skipped_mtp;
       continue;
@@ -226,12 +230,13 @@ std::string config_to_json(const ModelConfig& c) {
 }
 
 void save_hf_checkpoint(const Model& m, const std::string& dir, DType dtype, uint64_t max_shard_bytes) {
-  TREX_CHECK(!m.layout.expert_sharded(), "save_hf_checkpoint: the model holds an expert shard only (gather it: ",
-             "train/dist.h save_checkpoint)");
+  TREX_CHECK(!m.layout.sharded(), "save_hf_checkpoint: the model holds an expert shard or a pipeline stage only ",
+             "(gather it: train/dist.h save_checkpoint)");
   save_hf_checkpoint(WeightsView{m.cfg, m.layout, m.P(), m.buffers.data()}, dir, dtype, max_shard_bytes);
 }
 
 void save_hf_checkpoint(const WeightsView& w, const std::string& dir, DType dtype, uint64_t max_shard_bytes) {
+  TREX_CHECK(!w.layout.sharded(), "save_hf_checkpoint: the weights are a shard's only (gather them first)");
   TensorList tl(dtype);
   fs::create_directories(dir);
   for (const ParamEntry& e : w.layout.entries) tl.add(e.name, e.shape, w.P + e.offset);
@@ -241,7 +246,7 @@ void save_hf_checkpoint(const WeightsView& w, const std::string& dir, DType dtyp
 }
 
 void save_gradients(const Model& m, const std::string& path) {
-  TREX_CHECK(!m.layout.expert_sharded(), "save_gradients: the model holds an expert shard only");
+  TREX_CHECK(!m.layout.sharded(), "save_gradients: the model holds an expert shard or a pipeline stage only");
   std::vector<io::TensorToWrite> ts;
   for (const ParamEntry& e : m.layout.entries) ts.push_back({e.name, DType::F32, e.shape, m.G() + e.offset});
   io::write_safetensors(path, ts);

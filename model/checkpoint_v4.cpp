@@ -2,6 +2,7 @@
 // layer_types / mlp_layer_types, compress_rates, nested rope_parameters {main, compress}), so a
 // checkpoint trex saves loads in transformers and back in trex unchanged.
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -119,6 +120,24 @@ std::string v4_original_name(const std::string& hf) {
   return s;
 }
 
+namespace {
+
+// A stage-sharded layout: whether the original-format tensor n belongs to another pipeline stage
+// (another stage's layer, the MTP blocks or the model's ends).
+bool held_by_another_stage(const ParamLayout& L, const std::string& n) {
+  if (!L.stage_sharded()) return false;
+  if (n.rfind("layers.", 0) == 0) {
+    const long long l = std::atoll(n.c_str() + 7);
+    return !L.holds_layer((int64_t)l);
+  }
+  if (n.rfind("mtp.", 0) == 0) return !L.stage.last;
+  if (n == "embed.weight") return L.embed < 0;
+  if (n == "head.weight" || n == "norm.weight" || n.rfind("hc_head_", 0) == 0) return L.final_norm < 0;
+  return false;
+}
+
+}  // namespace
+
 void load_v4_original(Model& m, const std::string& dir) {
   io::SafetensorsDir ck = io::SafetensorsDir::open(dir);
   io::QuantConfig qc = detail::quant_config_of(dir);
@@ -171,6 +190,7 @@ void load_v4_original(Model& m, const std::string& dir) {
     if (used.count(n) || q.is_scale(n)) continue;
     if (m.cfg.tie_word_embeddings && n == "head.weight") continue;
     if (m.layout.expert_sharded() && n.find(".ffn.experts.") != std::string::npos) continue;  // another rank's
+    if (held_by_another_stage(m.layout, n)) continue;
     if (n.rfind("mtp.", 0) == 0 && m.cfg.v4.mtp_layers == 0) {
       ++mtp;
       continue;
@@ -184,7 +204,7 @@ void load_v4_original(Model& m, const std::string& dir) {
 }
 
 void save_v4_original(const Model& m, const std::string& dir, DType dtype, bool quantize, uint64_t max_shard_bytes) {
-  TREX_CHECK(!m.layout.expert_sharded(), "save_v4_original: the model holds an expert shard only");
+  TREX_CHECK(!m.layout.sharded(), "save_v4_original: the model holds an expert shard or a pipeline stage only");
   detail::TensorList tl(dtype);
   std::filesystem::create_directories(dir);
   const int64_t E = m.cfg.n_routed_experts, F = m.cfg.moe_intermediate_size, d = m.cfg.hidden_size;

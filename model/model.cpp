@@ -48,8 +48,8 @@ struct LayerSaved {
 
 }  // namespace
 
-Model::Model(const ModelConfig& c, kern::Prec p, TrainOptions o, ExpertShard shard)
-    : cfg(with_mtp(c, o.mtp_loss_weight > 0 ? c.num_nextn_predict_layers : 0)), layout(build_layout(cfg, shard)),
+Model::Model(const ModelConfig& c, kern::Prec p, TrainOptions o, ExpertShard shard, StageShard stage)
+    : cfg(with_mtp(c, o.mtp_loss_weight > 0 ? c.num_nextn_predict_layers : 0)), layout(build_layout(cfg, shard, stage)),
       prec(p), opt(o) {
   TREX_USER_CHECK(o.mtp_loss_weight <= 0 || (c.is_v4() && c.num_nextn_predict_layers > 0),
                   "set mtp_loss_weight = 0, or use a DeepSeek-V4 config with num_nextn_predict_layers > 0",
@@ -143,7 +143,7 @@ void Model::reset_load() {
 
 void Model::for_each_init_target(const std::function<void(const ParamEntry&, float*)>& gen,
                                  const std::function<bool(const std::string&)>& keep) {
-  if (!layout.expert_sharded()) {
+  if (!layout.sharded()) {
     for (const ParamEntry& e : layout.entries)
       if (!keep || keep(e.name)) gen(e, P() + e.offset);
     return;
@@ -159,7 +159,7 @@ void Model::for_each_init_target(const std::function<void(const ParamEntry&, flo
     }
     tmp.resize((size_t)w.shape.numel());
     gen(w, tmp.data());
-    if (!e) continue;  // another rank's expert
+    if (!e) continue;  // another rank's expert, or another stage's tensor
     std::copy(tmp.begin() + e->whole_begin(), tmp.begin() + e->whole_begin() + e->shape.numel(), P() + e->offset);
   }
 }
@@ -206,6 +206,10 @@ void Model::set_pipeline_stage(PipelineStage s) {
              ") outside the model's ", L);
   TREX_CHECK(!s.first || s.l0 == 0, "set_pipeline_stage: the first stage starts at layer 0, not ", s.l0);
   TREX_CHECK(!s.last || s.l1 == L, "set_pipeline_stage: the last stage ends at layer ", L, ", not ", s.l1);
+  const StageShard& h = layout.stage;
+  TREX_CHECK(!layout.stage_sharded() || (h.l0 == s.l0 && h.l1 == s.l1 && h.first == s.first && h.last == s.last),
+             "set_pipeline_stage: this model holds the stage of layers [", h.l0, ", ", h.l1, ") only, not [", s.l0,
+             ", ", s.l1, ")");
   stage_ = s;
 }
 
@@ -218,7 +222,7 @@ bool Model::owns_grad_group(int64_t g) const {
   const int64_t L = cfg.num_hidden_layers;
   if (g == kGradGroupHead) return stage_.last;
   if (g == kGradGroupEmbed)  // the last stage also reads the embedding when the head is tied or for V4 MTP
-    return stage_.first || (stage_.last && (layout.head == layout.embed || (cfg.is_v4() && cfg.v4.mtp_layers > 0)));
+    return stage_.first || (stage_.last && embedding_shared(cfg, StageShard{stage_.l0, stage_end(), false, true}));
   if (g >= L) return stage_.last;  // V4 MTP block g - L
   return g >= stage_.l0 && g < stage_end();
 }
@@ -242,6 +246,8 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward, const Stag
   }
   TREX_CHECK(!layout.expert_sharded() || ep_.on(), "Model: this model holds routed experts [", layout.expert_first,
              ", ", layout.expert_first + layout.expert_count, ") only; set_expert_parallel before a forward");
+  TREX_CHECK(!layout.stage_sharded() || stage_.on(), "Model: this model holds the pipeline stage of layers [",
+             layout.stage.l0, ", ", layout.stage.l1, ") only; set_pipeline_stage before a forward");
   const PipelineStage& st = stage_;
   TREX_CHECK(!st.on() || (io && (st.first || io->x_in) && (st.last || backward || io->x_out) &&
                           (st.last || !backward || io->dy) && (st.first || !backward || io->dx_in)),

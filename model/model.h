@@ -68,8 +68,9 @@ bool tp_partial_grad(const std::string& name);
 
 // Pipeline parallel: the part of the model one pp stage runs. Decoder layers [l0, l1); the first
 // stage also the embedding, the last also the final norm, the LM head with the loss and (V4) the
-// MTP blocks. The slabs still hold every tensor; the gradients of the other stages' tensors stay
-// 0 here (the data-parallel reduction over every rank sums them in).
+// MTP blocks. A model built with the matching StageShard holds only those tensors; a whole model
+// keeps every tensor, and the gradients of the other stages' tensors stay 0 here (the
+// data-parallel reduction over every rank sums them in).
 struct PipelineStage {
   int64_t l0 = 0, l1 = -1;  // l1 = -1: every layer (no pipeline)
   bool first = true, last = true;
@@ -94,8 +95,10 @@ struct TrainOptions {
 class Model {
  public:
   // shard: the routed experts this model holds (expert-parallel memory sharding, model/params.h);
-  // a sharded model runs only with set_expert_parallel over the matching ep group.
-  Model(const ModelConfig& cfg, kern::Prec prec, TrainOptions opt = {}, ExpertShard shard = {});
+  // a sharded model runs only with set_expert_parallel over the matching ep group. stage: the
+  // pipeline stage it holds (pipeline memory sharding); it runs only as that stage
+  // (set_pipeline_stage with the same layers).
+  Model(const ModelConfig& cfg, kern::Prec prec, TrainOptions opt = {}, ExpertShard shard = {}, StageShard stage = {});
 
   // Forward + backward of one micro-batch; gradients of grad_scale * (ce + aux) are added into
   // the gradient slab. Returns the loss parts of this batch.

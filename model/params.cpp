@@ -19,6 +19,29 @@ bool apply_expert_shard(const ModelConfig& c, const ExpertShard& s, ParamLayout&
   return true;
 }
 
+bool apply_stage_shard(const ModelConfig& c, const StageShard& s, ParamLayout& L) {
+  L.num_main_layers = c.num_hidden_layers;
+  L.stage = StageShard{};
+  if (!s.on()) return false;
+  TREX_CHECK(0 <= s.l0 && s.l0 <= s.l1 && s.l1 <= c.num_hidden_layers, "stage shard: layers [", s.l0, ", ", s.l1,
+             ") of ", c.num_hidden_layers);
+  TREX_CHECK(!s.first || s.l0 == 0, "stage shard: the first stage starts at layer 0, not ", s.l0);
+  TREX_CHECK(!s.last || s.l1 == c.num_hidden_layers, "stage shard: the last stage ends at layer ",
+             c.num_hidden_layers, ", not ", s.l1);
+  TREX_CHECK(s.region_align > 0 && s.region_align % 16 == 0, "stage shard: region_align ", s.region_align,
+             " is not a positive multiple of 16");
+  L.stage = s;
+  return true;
+}
+
+bool embedding_shared(const ModelConfig& c, const StageShard& s) {
+  return s.on() && (c.tie_word_embeddings || (c.is_v4() && c.v4.mtp_layers > 0));
+}
+
+bool stage_holds_embedding(const ModelConfig& c, const StageShard& s) {
+  return !s.on() || s.first || (s.last && embedding_shared(c, s));
+}
+
 int64_t expert_of_name(const std::string& name) {
   const std::string pre = "model.layers.", ex = ".mlp.experts.";
   if (name.rfind(pre, 0) != 0) return -1;
@@ -30,11 +53,12 @@ int64_t expert_of_name(const std::string& name) {
   return end != p && *end == '.' ? (int64_t)x : -1;
 }
 
-ParamLayout build_layout(const ModelConfig& c, ExpertShard shard) {
-  if (c.is_v4()) return build_layout_v4(c, shard);
+ParamLayout build_layout(const ModelConfig& c, ExpertShard shard, StageShard stage) {
+  if (c.is_v4()) return build_layout_v4(c, shard, stage);
   ParamLayout L;
   LayoutBuilder b{L};
   const bool sharded = apply_expert_shard(c, shard, L);
+  apply_stage_shard(c, stage, L);
   std::vector<int64_t> moe_layers;  // sharded: their experts go into the expert region
   const int64_t d = c.hidden_size, H = c.num_attention_heads;
   // The routed experts held, [first, first + n): gate|up [n, 2F, d] and down [n, d, F] slabs, one
@@ -52,11 +76,16 @@ ParamLayout build_layout(const ModelConfig& c, ExpertShard shard) {
       b.sub(ex + "down_proj.weight", p.exp_down + j * d * F, {d, F}, true);
     }
   };
-  L.embed = b.add("model.embed_tokens.weight", {c.vocab_size, d}, true);
+  if (stage_holds_embedding(c, L.stage)) L.embed = b.add("model.embed_tokens.weight", {c.vocab_size, d}, true);
+  if (embedding_shared(c, L.stage) && L.embed >= 0) b.end_shared_region(stage.region_align);
   L.layers.resize(c.num_hidden_layers);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     LayerParams& p = L.layers[l];
     const std::string pre = "model.layers." + std::to_string(l) + ".";
+    if (!L.holds_layer(l)) {  // another stage's layer: its buffers only (every rank keeps them all)
+      if (c.is_moe_layer(l)) p.bias = b.buffer(pre + "mlp.gate.e_score_correction_bias", c.n_routed_experts);
+      continue;
+    }
     const std::string at = pre + "self_attn.";
     p.in_norm = b.add(pre + "input_layernorm.weight", {d}, false);
     if (c.q_lora_rank) {
@@ -89,8 +118,10 @@ ParamLayout build_layout(const ModelConfig& c, ExpertShard shard) {
     if (c.n_shared_experts > 0) swiglu_pair(mlp + "shared_experts.", c.shared_intermediate(), p.sh_gu, p.sh_down);
     p.bias = b.buffer(mlp + "gate.e_score_correction_bias", E);
   }
-  L.final_norm = b.add("model.norm.weight", {d}, false);
-  L.head = c.tie_word_embeddings ? L.embed : b.add("lm_head.weight", {c.vocab_size, d}, true);
+  if (!L.stage_sharded() || L.stage.last) {
+    L.final_norm = b.add("model.norm.weight", {d}, false);
+    L.head = c.tie_word_embeddings ? L.embed : b.add("lm_head.weight", {c.vocab_size, d}, true);
+  }
   if (sharded) {
     b.begin_expert_region(shard.region_align);
     for (int64_t l : moe_layers) add_experts(l);

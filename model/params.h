@@ -39,6 +39,20 @@ struct ExpertShard {
   int64_t region_align = 16;      // elements (data parallel: 16 x ranks, so both regions split evenly)
 };
 
+// The part of the model a pipeline stage holds (pipeline memory sharding): decoder layers [l0, l1);
+// the first stage also the embedding; the last also the final norm, the LM head (V4: hc_head) and
+// V4's MTP blocks, and the embedding too when the head is tied to it or MTP blocks read it (the
+// embedding is then "shared": it sits alone at the start of the slab, [0, ParamLayout::shared_end),
+// a multiple of region_align, so the first and the last stage can reduce it together). The other
+// tensors do not exist in the layout (their offsets stay -1). Buffers (router biases, hash tables)
+// stay whole: every rank keeps every layer's. Not sharded: l1 < 0, or one stage holding it all.
+struct StageShard {
+  int64_t l0 = 0, l1 = -1;
+  bool first = true, last = true;
+  int64_t region_align = 16;  // elements (data parallel: 16 x ranks)
+  bool on() const { return l1 >= 0 && !(first && last); }
+};
+
 // Offsets (elements) of one decoder layer's tensors; -1 where the layer has none.
 struct LayerParams {
   int64_t in_norm = -1, post_norm = -1;
@@ -93,6 +107,19 @@ struct ParamLayout {
   int64_t expert_first = 0, expert_count = 0;
   int64_t expert_begin = -1;
   bool expert_sharded() const { return expert_begin >= 0; }
+  // Stage-sharded layouts (StageShard): the stage held, and the end of the shared embedding region
+  // at the start of the slab (-1: the embedding is not shared, or absent, or not sharded).
+  StageShard stage;
+  int64_t shared_end = -1;
+  bool stage_sharded() const { return stage.on(); }
+  bool sharded() const { return expert_sharded() || stage_sharded(); }
+  // Whether the layout holds decoder layer l's tensors (V4 MTP block k: l = num_hidden_layers + k,
+  // held by the last stage).
+  bool holds_layer(int64_t l) const {
+    if (!stage_sharded()) return true;
+    return (l >= stage.l0 && l < stage.l1) || (l >= num_main_layers && stage.last);
+  }
+  int64_t num_main_layers = 0;  // num_hidden_layers (layers beyond it are V4 MTP blocks)
 
   const ParamEntry* find(const std::string& name) const {
     auto it = index.find(name);
@@ -101,9 +128,18 @@ struct ParamLayout {
 };
 
 // shard: the experts held (default: all). A shard with count outside (0, n_routed_experts], a
-// first not a multiple of count, or a range past the last expert is an error.
-ParamLayout build_layout(const ModelConfig& c, ExpertShard shard = {});
-ParamLayout build_layout_v4(const ModelConfig& c, ExpertShard shard = {});  // model/params_v4.cpp (Hugging Face V4 names)
+// first not a multiple of count, or a range past the last expert is an error. stage: the pipeline
+// stage held (default: the whole model); layers outside [0, num_hidden_layers] are an error.
+ParamLayout build_layout(const ModelConfig& c, ExpertShard shard = {}, StageShard stage = {});
+ParamLayout build_layout_v4(const ModelConfig& c, ExpertShard shard = {},
+                            StageShard stage = {});  // model/params_v4.cpp (Hugging Face V4 names)
+// Checks stage against c and sets L.stage and L.num_main_layers; true when the layout is
+// stage-sharded.
+bool apply_stage_shard(const ModelConfig& c, const StageShard& stage, ParamLayout& L);
+// Whether a stage holds the embedding (the first stage; the last too when it is shared) and
+// whether the embedding is shared by two stages: tied to the head, or read by V4 MTP blocks.
+bool stage_holds_embedding(const ModelConfig& c, const StageShard& s);
+bool embedding_shared(const ModelConfig& c, const StageShard& s);
 // Checks shard against c and fills L.expert_first / expert_count; true when the layout is sharded
 // (then L.expert_begin is set by begin_expert_region).
 bool apply_expert_shard(const ModelConfig& c, const ExpertShard& shard, ParamLayout& L);
@@ -134,6 +170,11 @@ struct LayoutBuilder {
   void begin_expert_region(int64_t align) {
     L.total = (L.total + align - 1) / align * align;
     L.expert_begin = L.total;
+  }
+  // Ends the shared embedding region of a stage-sharded layout (the next multiple of align).
+  void end_shared_region(int64_t align) {
+    L.total = (L.total + align - 1) / align * align;
+    L.shared_end = L.total;
   }
   int64_t buffer(const std::string& name, int64_t size, int64_t cols = 0) {
     int64_t off = L.buffers_total;

@@ -7,10 +7,11 @@
 
 namespace trex::model {
 
-ParamLayout build_layout_v4(const ModelConfig& c, ExpertShard shard) {
+ParamLayout build_layout_v4(const ModelConfig& c, ExpertShard shard, StageShard stage) {
   ParamLayout L;
   LayoutBuilder b{L};
   const bool sharded = apply_expert_shard(c, shard, L);
+  apply_stage_shard(c, stage, L);
   const V4Config& v = c.v4;
   const int64_t d = c.hidden_size, H = c.num_attention_heads, hd = v.head_dim, n = v.hc_mult, qr = c.q_lora_rank;
   const int64_t E = c.n_routed_experts, F = c.moe_intermediate_size, K = c.num_experts_per_tok;
@@ -26,7 +27,8 @@ ParamLayout build_layout_v4(const ModelConfig& c, ExpertShard shard) {
     if (sharded) L.entries.back().rows_first = L.expert_first, L.entries.back().rows_total = E;
   };
   std::vector<std::pair<int64_t, std::string>> moe_layers;  // sharded: experts go into the expert region
-  L.embed = b.add("model.embed_tokens.weight", {c.vocab_size, d}, true);
+  if (stage_holds_embedding(c, L.stage)) L.embed = b.add("model.embed_tokens.weight", {c.vocab_size, d}, true);
+  if (embedding_shared(c, L.stage) && L.embed >= 0) b.end_shared_region(stage.region_align);
   const int64_t nl = c.num_hidden_layers + v.mtp_layers;
   L.layers.resize(nl);
   L.v4.resize(nl);
@@ -37,6 +39,11 @@ ParamLayout build_layout_v4(const ModelConfig& c, ExpertShard shard) {
     const bool is_mtp = l >= c.num_hidden_layers;
     const std::string pre = is_mtp ? "mtp." + std::to_string(l - c.num_hidden_layers) + "."
                                    : "model.layers." + std::to_string(l) + ".";
+    if (!L.holds_layer(l)) {  // another stage's layer: its buffers only (every rank keeps them all)
+      if (v.hash[l]) q.tid2eid = b.buffer(pre + "mlp.gate.tid2eid", c.vocab_size * K, K);
+      else p.bias = b.buffer(pre + "mlp.gate.e_score_correction_bias", E);
+      continue;
+    }
     if (is_mtp) {  // MTP block extras (DeepSeek-V4 inference/model.py MTPBlock)
       V4MtpParams& t = L.mtp[l - c.num_hidden_layers];
       t.e_proj = b.add(pre + "e_proj.weight", {d, d}, true);
@@ -98,11 +105,13 @@ ParamLayout build_layout_v4(const ModelConfig& c, ExpertShard shard) {
     if (v.hash[l]) q.tid2eid = b.buffer(mlp + "gate.tid2eid", c.vocab_size * K, K);
     else p.bias = b.buffer(mlp + "gate.e_score_correction_bias", E);
   }
-  L.final_norm = b.add("model.norm.weight", {d}, false);
-  L.hc_head_fn = b.add("model.hc_head.hc_fn", {n, n * d}, true);
-  L.hc_head_base = b.add("model.hc_head.hc_base", {n}, false);
-  L.hc_head_scale = b.add("model.hc_head.hc_scale", {1}, false);
-  L.head = c.tie_word_embeddings ? L.embed : b.add("lm_head.weight", {c.vocab_size, d}, true);
+  if (!L.stage_sharded() || L.stage.last) {
+    L.final_norm = b.add("model.norm.weight", {d}, false);
+    L.hc_head_fn = b.add("model.hc_head.hc_fn", {n, n * d}, true);
+    L.hc_head_base = b.add("model.hc_head.hc_base", {n}, false);
+    L.hc_head_scale = b.add("model.hc_head.hc_scale", {1}, false);
+    L.head = c.tie_word_embeddings ? L.embed : b.add("lm_head.weight", {c.vocab_size, d}, true);
+  }
   if (sharded) {
     b.begin_expert_region(shard.region_align);
     for (const auto& [l, mlp] : moe_layers) add_experts(l, mlp);

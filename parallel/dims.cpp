@@ -160,6 +160,22 @@ std::vector<int> ParallelDims::expert_replica_group(int rank) const {
   return g;
 }
 
+std::vector<int> ParallelDims::stage_group(int rank) const {
+  const int s = coord(rank).pp;
+  std::vector<int> g;
+  for (int r = 0; r < world(); ++r)
+    if (coord(r).pp == s) g.push_back(r);
+  return g;
+}
+
+std::vector<int> ParallelDims::stage_expert_group(int rank) const {
+  const RankCoord c = coord(rank);
+  std::vector<int> g;
+  for (int r = 0; r < world(); ++r)
+    if (coord(r).pp == c.pp && coord(r).ep == c.ep) g.push_back(r);
+  return g;
+}
+
 std::string ParallelDims::str() const {
   return detail::cat("dp=", dp, " tp=", tp, " pp=", pp, " ep=", ep, " (edp=", edp(), ", world=", world(), ")");
 }

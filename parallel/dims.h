@@ -73,6 +73,10 @@ struct ParallelDims {
   // Every rank holding the same routed experts (same ep_rank; any tp, dp, pp): world / ep ranks,
   // ascending. Expert-sharded models reduce their experts' gradients over it.
   std::vector<int> expert_replica_group(int rank) const;
+  // Pipeline memory sharding: every rank of `rank`'s stage (same pp_rank; any tp, dp), and the
+  // ranks of that stage holding the same routed experts (same pp_rank and ep_rank).
+  std::vector<int> stage_group(int rank) const;
+  std::vector<int> stage_expert_group(int rank) const;
 
   // Routed experts held by an ep rank: [first, first + count) of n_experts.
   int64_t experts_per_rank(int64_t n_experts) const { return n_experts / ep; }

@@ -39,10 +39,17 @@ inline nlohmann::json tiny_v4() {
 // norm weights, sinks, hyper-connection bases and scales) and the compressors' position biases,
 // so that their gradients are exercised: each element += 0.3 x normal. Refreshes the bf16 shadow.
 inline void perturb_vectors(model::Model& m, uint64_t seed) {
+  // In the whole model's order, so a model holding an expert shard or a pipeline stage draws the
+  // same numbers for the tensors it holds.
   Rng r(seed);
-  for (const model::ParamEntry& e : m.layout.entries)
-    if (e.shape.ndim == 1 || e.name.find("position_bias") != std::string::npos)
-      for (int64_t i = 0; i < e.shape.numel(); ++i) m.P()[e.offset + i] += (float)(0.3 * r.normal());
+  for (const model::ParamEntry& w : model::build_layout(m.cfg).entries) {
+    if (w.shape.ndim != 1 && w.name.find("position_bias") == std::string::npos) continue;
+    const model::ParamEntry* e = m.layout.find(w.name);
+    for (int64_t i = 0; i < w.shape.numel(); ++i) {
+      const float v = (float)(0.3 * r.normal());
+      if (e) m.P()[e->offset + i] += v;
+    }
+  }
   m.refresh_bf16();
 }
 

@@ -71,8 +71,8 @@ std::string save_checkpoint(const std::string& run_dir, const model::Model& m, c
 
 std::string save_checkpoint(const std::string& run_dir, const model::Model& m, const float* M1, const float* M2,
                             int64_t optimizer_step, const TrainState& st, int keep) {
-  TREX_CHECK(!m.layout.expert_sharded(), "save_checkpoint: the model holds an expert shard only (train/dist.h ",
-             "save_checkpoint gathers the shards)");
+  TREX_CHECK(!m.layout.sharded(), "save_checkpoint: the model holds an expert shard or a pipeline stage only ",
+             "(train/dist.h save_checkpoint gathers the shards)");
   return save_checkpoint(run_dir, model::WeightsView{m.cfg, m.layout, m.P(), m.buffers.data()}, M1, M2,
                          optimizer_step, st, keep);
 }

@@ -65,25 +65,44 @@ DataParallel::DataParallel(parallel::Communicator& dp_comm, model::Model& m, Ada
   const int64_t total = ml.total, q = 16 * (int64_t)dp;
   TREX_CHECK(total > 0, "DataParallel: the model has no parameters");
   fired_.assign(ml.layers.size() + 2, 0);
-  regions_.reserve(2);
-  if (!ml.expert_sharded()) {
-    padded_ = (total + q - 1) / q * q;
-    grow_arena(m.params, "params", (size_t)padded_ * sizeof(float));
-    grow_arena(m.grads, "grads", (size_t)padded_ * sizeof(float));
-    add_region(comm_, 0, padded_);
-  } else {
-    // Two regions: the dense tensors over every rank, the held experts over the ranks holding them.
+  // The regions of the slab, each reduced over the ranks holding it (dist.h DpOptions): the shared
+  // embedding, the other dense tensors (every rank, or this stage's), the held experts.
+  struct Part {
+    Kind kind;
+    parallel::Communicator* comm;
+    int64_t begin, end;
+  };
+  std::vector<Part> parts;
+  if (ml.shared_end >= 0) {
+    TREX_CHECK(o_.shared_comm, "DataParallel: a stage-sharded model with a shared embedding needs "
+               "DpOptions::shared_comm (the ranks of the first and the last stage)");
+    parts.push_back({Kind::Shared, o_.shared_comm, 0, ml.shared_end});
+  }
+  parallel::Communicator* dense = &comm_;
+  if (ml.stage_sharded()) {
+    TREX_CHECK(o_.stage_comm && dp % o_.stage_comm->size() == 0, "DataParallel: a stage-sharded model needs "
+               "DpOptions::stage_comm (the ranks of its stage)");
+    dense = o_.stage_comm;
+  }
+  parts.push_back({Kind::Dense, dense, std::max<int64_t>(ml.shared_end, 0), ml.expert_sharded() ? ml.expert_begin : total});
+  if (ml.expert_sharded()) {
     TREX_CHECK(o_.expert_comm && dp % o_.expert_comm->size() == 0, "DataParallel: an expert-sharded model needs "
                "DpOptions::expert_comm (the ranks holding the same experts)");
-    TREX_CHECK(ml.expert_begin % q == 0, "DataParallel: the expert region starts at ", ml.expert_begin,
-               ", not a multiple of 16 x ", dp, " ranks (model::ExpertShard::region_align)");
-    const int64_t qe = 16 * (int64_t)o_.expert_comm->size();
-    padded_ = ml.expert_begin + (total - ml.expert_begin + qe - 1) / qe * qe;
-    grow_arena(m.params, "params", (size_t)padded_ * sizeof(float));
-    grow_arena(m.grads, "grads", (size_t)padded_ * sizeof(float));
-    add_region(comm_, 0, ml.expert_begin);
-    add_region(*o_.expert_comm, ml.expert_begin, padded_);
+    parts.push_back({Kind::Experts, o_.expert_comm, ml.expert_begin, total});
   }
+  std::erase_if(parts, [](const Part& p) { return p.end == p.begin; });  // a stage without experts, say
+  TREX_CHECK(!parts.empty(), "DataParallel: the model has no parameters");
+  for (const Part& p : parts)  // region boundaries: multiples of 16 x ranks (the shards' region_align)
+    TREX_CHECK(p.begin % q == 0 && (&p == &parts.back() || p.end % q == 0), "DataParallel: region [", p.begin, ", ",
+               p.end, ") does not start and end on multiples of 16 x ", dp,
+               " ranks (model::ExpertShard / StageShard region_align)");
+  const int64_t ql = 16 * (int64_t)parts.back().comm->size();
+  parts.back().end = (parts.back().end + ql - 1) / ql * ql;
+  padded_ = parts.back().end;
+  grow_arena(m.params, "params", (size_t)padded_ * sizeof(float));
+  grow_arena(m.grads, "grads", (size_t)padded_ * sizeof(float));
+  regions_.reserve(parts.size());
+  for (const Part& p : parts) add_region(p.kind, *p.comm, p.begin, p.end);
   if (o_.zero_stage == 2)  // the slab's pages go back to the OS until a backward writes them
     for (Region& r : regions_) r.sync->zero_grads();
 
@@ -105,7 +124,7 @@ DataParallel::DataParallel(parallel::Communicator& dp_comm, model::Model& m, Ada
   broadcast_replicas();
 }
 
-void DataParallel::add_region(parallel::Communicator& comm, int64_t begin, int64_t end) {
+void DataParallel::add_region(Kind kind, parallel::Communicator& comm, int64_t begin, int64_t end) {
   // Buckets: consecutive slab ranges of bs elements (the last one ends at `end`), each a multiple
   // of 16 x ranks, so BucketLayout pads nothing inside the region.
   const int n = comm.size();
@@ -119,6 +138,7 @@ void DataParallel::add_region(parallel::Communicator& comm, int64_t begin, int64
   TREX_CHECK(regions_.size() < regions_.capacity(), "DataParallel: regions_ must not reallocate (GradSync keeps "
              "references to its layout)");
   Region& r = regions_.emplace_back();
+  r.kind = kind;
   r.comm = &comm;
   r.begin = begin;
   r.layout = parallel::BucketLayout::build(sizes, (size_t)bs, n, 16);
@@ -261,8 +281,9 @@ double DataParallel::finish_grads(bool inject_nan) {
   wait_params();  // this rank's shards are the all-gather's send buffers: complete it before the update
   for (Region& r : regions_) r.sync->finish_grad_sync();
   if (inject_nan && rank() == 0) regions_[0].sync->grad_shard(0)[0] = std::nanf("");
-  // Every region's shards partition its tensors over its ranks, and the expert regions of the ep
-  // ranks hold different experts: the sum over every rank is the whole model's.
+  // Every region's shards partition its tensors over its ranks, and different regions of the same
+  // kind (the ep ranks' experts, the stages' layers) hold different tensors: the sum over every
+  // rank is the whole model's.
   double ss = 0;
   for (Region& r : regions_)
     for (int b = 0; b < r.layout.num_buckets(); ++b) {
@@ -386,13 +407,26 @@ void DataParallel::gather_region_moments(size_t k, std::vector<float>& m1, std::
   }
 }
 
+namespace {
+
+// The slab range of a region kind in a layout ([b, b) when it has none).
+std::pair<int64_t, int64_t> region_bounds(const model::ParamLayout& L, int kind) {
+  const int64_t dense_begin = std::max<int64_t>(L.shared_end, 0);
+  const int64_t dense_end = L.expert_sharded() ? L.expert_begin : L.total;
+  if (kind == 0) return {0, std::max<int64_t>(L.shared_end, 0)};
+  if (kind == 1) return {dense_begin, dense_end};
+  return L.expert_sharded() ? std::pair<int64_t, int64_t>{L.expert_begin, L.total} : std::pair<int64_t, int64_t>{0, 0};
+}
+
+}  // namespace
+
 DataParallel::Gathered DataParallel::gather_whole() {
   wait_params();
   Gathered g;
   const model::ParamLayout& ml = m_.layout;
-  std::vector<float> m1, m2;
-  gather_region_moments(0, m1, m2);  // rank 0: the dense region's (or the whole slab's) moments
-  if (!expert_sharded()) {
+  if (!ml.sharded()) {
+    std::vector<float> m1, m2;
+    gather_region_moments(0, m1, m2);  // rank 0: the whole slab's moments
     if (rank() == 0) {
       g.layout = ml;
       g.params = m_.P();
@@ -401,25 +435,31 @@ DataParallel::Gathered DataParallel::gather_whole() {
     }
     return g;
   }
-  // Expert-sharded: the rank 0 of every expert region (the lowest rank holding those experts)
-  // sends its region's weights and moments to rank 0, which lays every tensor out as a whole
-  // model's.
-  std::vector<float> e1, e2;
-  gather_region_moments(1, e1, e2);
-  const Region& R = regions_[1];
-  const int64_t eb = ml.expert_begin, en = ml.total - eb;  // the same on every ep rank
-  const int tag = 7302;
-  const int64_t E = m_.cfg.n_routed_experts, per = ml.expert_count;
-  // Which ep rank each expert-region leader holds: the leaders tell rank 0 their first expert.
-  int64_t first = R.comm->rank() == 0 ? ml.expert_first : -1;
-  std::vector<int64_t> firsts((size_t)size(), -1);
-  firsts[(size_t)rank()] = first;
-  comm_.all_reduce(firsts.data(), firsts.size(), parallel::ReduceOp::Max);
+  // Sharded: every region's moments on its lowest rank, which sends the region's weights and
+  // moments to rank 0 with the shard they belong to; rank 0 lays every tensor out as a whole
+  // model's. All ranks walk their regions in the same kind order, so the point-to-point messages
+  // of one region never wait on another's.
+  constexpr int kKinds = 3, kTag = 7302;
+  std::vector<std::vector<float>> m1s(regions_.size()), m2s(regions_.size());
+  std::vector<int64_t> lead((size_t)size() * kKinds, 0);
+  for (size_t k = 0; k < regions_.size(); ++k) {
+    gather_region_moments(k, m1s[k], m2s[k]);
+    if (regions_[k].comm->rank() == 0) lead[(size_t)rank() * kKinds + (size_t)regions_[k].kind] = 1;
+  }
+  comm_.all_reduce(lead.data(), lead.size(), parallel::ReduceOp::Max);
+  // The shard a layout was built for (expert first / count, stage l0 / l1 / first / last) and the
+  // region's length here (its end depends on the alignment: rank 0 rebuilds the layout with 16).
+  int64_t spec[7] = {ml.expert_first, ml.expert_sharded() ? ml.expert_count : -1, ml.stage.l0,
+                     ml.stage_sharded() ? ml.stage.l1 : -1, ml.stage.first, ml.stage.last, 0};
   if (rank() != 0) {
-    if (first >= 0) {
-      comm_.send(m_.P() + eb, (size_t)en, DType::F32, 0, tag);
-      comm_.send(e1.data(), (size_t)en, DType::F32, 0, tag);
-      comm_.send(e2.data(), (size_t)en, DType::F32, 0, tag);
+    for (size_t k = 0; k < regions_.size(); ++k) {
+      if (regions_[k].comm->rank() != 0) continue;
+      const auto [b, e] = region_bounds(ml, (int)regions_[k].kind);
+      spec[6] = e - b;
+      comm_.send(spec, 7, DType::I64, 0, kTag);
+      comm_.send(m_.P() + b, (size_t)(e - b), DType::F32, 0, kTag);
+      comm_.send(m1s[k].data(), (size_t)(e - b), DType::F32, 0, kTag);
+      comm_.send(m2s[k].data(), (size_t)(e - b), DType::F32, 0, kTag);
     }
     return g;
   }
@@ -429,37 +469,52 @@ DataParallel::Gathered DataParallel::gather_whole() {
   g.params = g.store.data();
   g.m1.assign((size_t)W.total, 0.f);
   g.m2.assign((size_t)W.total, 0.f);
-  // One shard's tensors (its layout: sh) into the whole model's, by name (row slices at their rows).
-  auto place = [&](const model::ParamLayout& sh, const float* p, const float* a, const float* b, bool experts) {
-    for (const model::ParamEntry& e : sh.entries) {
-      if ((e.offset >= sh.expert_begin) != experts && sh.expert_sharded()) continue;
-      const model::ParamEntry* w = W.find(e.name);
-      TREX_CHECK(w, "gather_whole: ", e.name, " is not in the whole model's layout");
-      const int64_t dst = w->offset + e.whole_begin(), src = e.offset - (experts ? sh.expert_begin : 0);
-      std::copy(p + src, p + src + e.shape.numel(), g.store.begin() + dst);
-      std::copy(a + src, a + src + e.shape.numel(), g.m1.begin() + dst);
-      std::copy(b + src, b + src + e.shape.numel(), g.m2.begin() + dst);
+  std::vector<int64_t> placed(W.entries.size(), 0);  // elements of each whole tensor placed
+  std::vector<float> rp, r1, r2;
+  for (int r = 0; r < size(); ++r)
+    for (int kind = 0; kind < kKinds; ++kind) {
+      if (!lead[(size_t)r * kKinds + (size_t)kind]) continue;
+      int64_t sp[7];
+      const float *p = nullptr, *a = nullptr, *c = nullptr;
+      if (r == 0) {
+        std::copy(spec, spec + 7, sp);
+        for (size_t k = 0; k < regions_.size(); ++k)
+          if ((int)regions_[k].kind == kind) {
+            p = m_.P() + region_bounds(ml, kind).first, a = m1s[k].data(), c = m2s[k].data();
+          }
+      } else {
+        comm_.recv(sp, 7, DType::I64, r, kTag);
+      }
+      // That rank's layout (16-element region alignment: offsets inside a region do not depend on
+      // where it starts).
+      const model::ParamLayout sh = model::build_layout(
+          m_.cfg, model::ExpertShard{sp[0], sp[1], 16}, model::StageShard{sp[2], sp[3], sp[4] != 0, sp[5] != 0, 16});
+      const auto [b, e] = region_bounds(sh, kind);
+      if (r != 0) {
+        rp.resize((size_t)sp[6]), r1.resize((size_t)sp[6]), r2.resize((size_t)sp[6]);
+        comm_.recv(rp.data(), rp.size(), DType::F32, r, kTag);
+        comm_.recv(r1.data(), r1.size(), DType::F32, r, kTag);
+        comm_.recv(r2.data(), r2.size(), DType::F32, r, kTag);
+        p = rp.data(), a = r1.data(), c = r2.data();
+      }
+      TREX_CHECK(p, "gather_whole: rank 0 leads a region it does not hold");
+      for (const model::ParamEntry& en : sh.entries) {  // its tensors into the whole model's, by name
+        if (en.offset < b || en.offset >= e || en.shape.numel() == 0) continue;
+        TREX_CHECK(r == 0 || en.offset - b + en.shape.numel() <= sp[6], "gather_whole: rank ", r, " sent ", sp[6],
+                   " elements, short of ", en.name);
+        const auto it = W.index.find(en.name);
+        TREX_CHECK(it != W.index.end(), "gather_whole: ", en.name, " is not in the whole model's layout");
+        const model::ParamEntry& w = W.entries[it->second];
+        const int64_t dst = w.offset + en.whole_begin(), src = en.offset - b, n = en.shape.numel();
+        std::copy(p + src, p + src + n, g.store.begin() + dst);
+        std::copy(a + src, a + src + n, g.m1.begin() + dst);
+        std::copy(c + src, c + src + n, g.m2.begin() + dst);
+        placed[it->second] += n;
+      }
     }
-  };
-  place(ml, m_.P(), m1.data(), m2.data(), /*experts=*/false);
-  std::vector<float> rp((size_t)en), r1((size_t)en), r2((size_t)en);
-  std::vector<char> seen((size_t)(E / per), 0);
-  for (int r = 0; r < size(); ++r) {
-    if (firsts[(size_t)r] < 0) continue;
-    const float *p = m_.P() + eb, *a = e1.data(), *b = e2.data();
-    if (r != 0) {
-      comm_.recv(rp.data(), (size_t)en, DType::F32, r, tag);
-      comm_.recv(r1.data(), (size_t)en, DType::F32, r, tag);
-      comm_.recv(r2.data(), (size_t)en, DType::F32, r, tag);
-      p = rp.data(), a = r1.data(), b = r2.data();
-    }
-    const int64_t f = firsts[(size_t)r];
-    seen[(size_t)(f / per)] = 1;
-    // That shard's layout: offsets inside the expert region do not depend on where it starts.
-    const model::ParamLayout sh = model::build_layout(m_.cfg, model::ExpertShard{f, per, 16});
-    place(sh, p, a, b, /*experts=*/true);
-  }
-  for (char c : seen) TREX_CHECK(c, "gather_whole: an expert shard had no sender");
+  for (size_t i = 0; i < W.entries.size(); ++i)
+    TREX_CHECK(placed[i] == W.entries[i].shape.numel(), "gather_whole: ", placed[i], " of the ",
+               W.entries[i].shape.numel(), " elements of ", W.entries[i].name, " came from the ranks");
   return g;
 }
 
@@ -479,9 +534,21 @@ ParallelRun make_parallel_run(parallel::Communicator& world, const parallel::Par
   o.tp = dims.tp;
   o.pp = dims.pp;
   o.pp_comm = dims.pp > 1 ? r.groups.pp.get() : nullptr;
-  if (m.layout.expert_sharded()) {
+  const model::ParamLayout& ml = m.layout;
+  if (ml.stage_sharded()) {  // every tensor reduced over the ranks holding it
+    TREX_CHECK(dims.pp > 1, "make_parallel_run: a stage-sharded model needs parallel.pp > 1");
+    r.stage = world.group(dims.stage_group(world.rank()));
+    o.stage_comm = r.stage.get();
+    if (model::embedding_shared(m.cfg, ml.stage)) {
+      const int s = dims.coord(world.rank()).pp;
+      r.shared = world.split(s == 0 || s == dims.pp - 1 ? 0 : -1, world.rank());
+      o.shared_comm = r.shared.get();
+    }
+  }
+  if (ml.expert_sharded()) {
     TREX_CHECK(dims.ep > 1, "make_parallel_run: an expert-sharded model needs parallel.ep > 1");
-    r.expert_replicas = world.group(dims.expert_replica_group(world.rank()));
+    r.expert_replicas = world.group(ml.stage_sharded() ? dims.stage_expert_group(world.rank())
+                                                       : dims.expert_replica_group(world.rank()));
     o.expert_comm = r.expert_replicas.get();
   }
   // The DataParallel runs over the whole world (rank = tp_rank + tp * (dp_rank + dp * pp_rank)).
@@ -495,6 +562,19 @@ model::ExpertShard expert_shard_of(const parallel::ParallelDims& dims, int rank,
   const int64_t E = cfg.n_routed_experts;
   s.count = dims.experts_per_rank(E);
   s.first = dims.first_expert(E, dims.coord(rank).ep);
+  s.region_align = 16 * (int64_t)dims.world();
+  return s;
+}
+
+model::StageShard stage_shard_of(const parallel::ParallelDims& dims, int rank, const model::ModelConfig& cfg) {
+  model::StageShard s;
+  if (dims.pp <= 1) return s;
+  const int p = dims.coord(rank).pp;
+  const int64_t L = cfg.num_hidden_layers;
+  s.l0 = dims.stage_first_layer(L, p);
+  s.l1 = s.l0 + dims.stage_layers(L)[(size_t)p];
+  s.first = p == 0;
+  s.last = p == dims.pp - 1;
   s.region_align = 16 * (int64_t)dims.world();
   return s;
 }

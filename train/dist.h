@@ -81,6 +81,13 @@ struct DpOptions {
   // tensors [0, expert_begin) reduced over every rank, the expert region [expert_begin, total)
   // over these ranks only.
   parallel::Communicator* expert_comm = nullptr;
+  // Stage-sharded models (model/params.h StageShard; make_parallel_run sets them): the ranks of
+  // this pipeline stage, and (when the first and the last stage both hold the embedding) the ranks
+  // of those two stages. Every region is then reduced over the ranks holding it: the shared
+  // embedding [0, shared_end) over shared_comm, the stage's other dense tensors over stage_comm,
+  // its held experts over expert_comm (then the ranks of this stage with the same ep rank).
+  parallel::Communicator* stage_comm = nullptr;
+  parallel::Communicator* shared_comm = nullptr;
 };
 
 // What a sum over ranks counts (DataParallel::sum).
@@ -122,7 +129,7 @@ class DataParallel {
   const parallel::BucketLayout& buckets() const { return regions_[0].layout; }
   int num_buckets() const;
   int64_t padded_elems() const { return padded_; }  // the slab's length with every region's padding
-  bool expert_sharded() const { return regions_.size() > 1; }
+  bool sharded() const { return m_.layout.sharded(); }  // the model holds part of the slab (experts or a stage)
   const DpOptions& options() const { return o_; }
 
   // --- the step (trainer_step) ---
@@ -165,9 +172,9 @@ class DataParallel {
   int buckets_started_in_backward() const;
 
   // A whole model's master weights and AdamW moments on rank 0 (layout: the whole model's, not
-  // expert-sharded), for the checkpoint writer; params null and the vectors empty on the other
-  // ranks. Collective. Without expert sharding params points at the model's own slab (valid while
-  // it is not changed); with it, at `store`, assembled from every expert region.
+  // sharded), for the checkpoint writer; params null and the vectors empty on the other ranks.
+  // Collective. Without sharding params points at the model's own slab (valid while it is not
+  // changed); with it, at `store`, assembled from every region's lowest rank.
   struct Gathered {
     model::ParamLayout layout;
     const float* params = nullptr;      // [layout.total]
@@ -177,7 +184,9 @@ class DataParallel {
 
  private:
   // One part of the slab reduced over one communicator: [begin, begin + layout.total).
+  enum class Kind { Shared, Dense, Experts };  // the shared embedding, the other dense tensors, the experts
   struct Region {
+    Kind kind = Kind::Dense;
     parallel::Communicator* comm = nullptr;
     int64_t begin = 0;
     parallel::BucketLayout layout;  // offsets relative to begin
@@ -189,7 +198,7 @@ class DataParallel {
     int started_in_bwd = 0;
     std::vector<char> gathered;                   // [buckets] overlap_params: all-gather waited this step
   };
-  void add_region(parallel::Communicator& comm, int64_t begin, int64_t end);
+  void add_region(Kind kind, parallel::Communicator& comm, int64_t begin, int64_t end);
   void on_group(int64_t g);
   int64_t group_index(int64_t g) const;  // grad_ready numbering -> index into Region::group_buckets
   void start_ready_buckets(Region& r);   // reduce-scatters of the ready buckets, highest index first
@@ -202,7 +211,7 @@ class DataParallel {
   model::Model& m_;
   DpOptions o_;
   int64_t padded_ = 0;
-  std::vector<Region> regions_;  // [0] dense (or the whole slab), [1] the expert region
+  std::vector<Region> regions_;  // in slab order: [shared embedding], dense (or the whole slab), [experts]
   TraceLog* trace_ = nullptr;
   void traced_wait(double t0_s, double t0_ms);  // accounts a blocking all-reduce that began at t0
   template <class T>
@@ -218,16 +227,20 @@ class DataParallel {
 // process groups, expert and tensor parallelism and the pipeline stage set on m, and the
 // DataParallel over every rank (null when the world is one rank: the caller runs the one-rank
 // AdamW). Collective. An expert-sharded m must hold the experts of this rank's ep rank
-// (expert_shard_of).
+// (expert_shard_of), a stage-sharded m the layers of its pp rank (stage_shard_of).
 struct ParallelRun {
   parallel::ProcessGroups groups;
   std::unique_ptr<parallel::Communicator> expert_replicas;  // expert-sharded: ranks holding the same experts
+  std::unique_ptr<parallel::Communicator> stage, shared;    // stage-sharded: this stage; first + last stage
   std::unique_ptr<DataParallel> dp;
 };
 // The routed experts rank `rank` of a run laid out by dims holds (expert-parallel memory
 // sharding): its ep rank's experts, the expert region aligned for the data-parallel buckets;
 // every expert (not sharded) when ep = 1.
 model::ExpertShard expert_shard_of(const parallel::ParallelDims& dims, int rank, const model::ModelConfig& cfg);
+// The pipeline stage rank `rank` holds (pipeline memory sharding): its stage's layers, regions
+// aligned for the data-parallel buckets; the whole model (not sharded) when pp = 1.
+model::StageShard stage_shard_of(const parallel::ParallelDims& dims, int rank, const model::ModelConfig& cfg);
 ParallelRun make_parallel_run(parallel::Communicator& world, const parallel::ParallelDims& dims, model::Model& m,
                               AdamWConfig ocfg, DpOptions o = {});
 

@@ -87,7 +87,7 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   // Start-up checks, before any data is read or memory allocated: the run directory takes a
   // write, and the run's memory estimate fits this machine (train/preflight.h).
   if (root) check_run_dir_writable(run_dir);
-  res.memory_estimate = check_memory(rc, dp_size).total();
+  res.memory_estimate = check_memory(rc, dims.world()).total();
   // Rank 0 reads (and caches) the data first; the others then read the token cache.
   if (world && !root) world->barrier();
 
@@ -127,9 +127,10 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   TREX_USER_CHECK(!seqs.empty(), "give more data or a shorter seq_len", "no training sequences after packing");
 
   // Model, optimizer, resume.
-  // Expert parallel: this rank allocates and loads only its ep rank's routed experts.
+  // Expert / pipeline parallel: this rank allocates and loads only its ep rank's routed experts and
+  // its stage's tensors.
   model::Model m(rc.model, rc.train.precision, {rc.train.aux_loss_alpha, rc.train.mtp_loss_weight, rc.train.recompute},
-                 expert_shard_of(dims, rank, rc.model));
+                 expert_shard_of(dims, rank, rc.model), stage_shard_of(dims, rank, rc.model));
   if (!rc.model_path.empty()) model::load_hf_weights(m, rc.model_path);
   else m.init_random(rc.train.seed);
   const AdamWConfig ocfg{(float)rc.optim.schedule.lr, rc.optim.beta1, rc.optim.beta2, rc.optim.eps,

@@ -12,6 +12,7 @@
 #include "plan/calibration.h"
 #include "plan/memory.h"
 #include "model/params.h"
+#include "parallel/dims.h"
 
 namespace trex::train {
 
@@ -41,24 +42,49 @@ double read_number(const char* path) {
 
 }  // namespace
 
-MemoryEstimate estimate_train_memory(const RunConfig& rc, int dp) {
+MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks) {
   // The model as the run builds it: with its MTP blocks when they are trained (model/model.cpp).
   const bool mtp = rc.model.is_v4() && rc.model.num_nextn_predict_layers > 0 && rc.train.mtp_loss_weight > 0;
   const model::ModelConfig& c = rc.model;
   const model::ModelConfig run_cfg = model::with_mtp(c, mtp ? c.num_nextn_predict_layers : 0);
   const double P = (double)run_cfg.num_params();
-  // Expert parallel: a rank holds the weights and gradients of its ep rank's routed experts only
-  // (model::ExpertShard); the moments of every tensor are sharded over all ranks either way.
-  double routed = 0;
-  const int ep = std::max<int>(1, (int)rc.parallel.ep);
-  if (ep > 1)
-    for (const model::ParamEntry& en : model::build_layout(run_cfg).entries)
-      if (en.name.find(".mlp.experts.") != std::string::npos) routed += (double)en.shape.numel();
-  const double held = P - routed * (1.0 - 1.0 / ep);
+  // What one rank holds, the largest share over the pipeline stages: expert parallel keeps its ep
+  // rank's routed experts only (model::ExpertShard), pipeline parallel its stage's tensors only
+  // (model::StageShard); the moments of a stage's tensors are sharded over that stage's ranks.
+  parallel::ParallelDims dims;
+  dims.pp = std::max<int>(1, (int)rc.parallel.pp);
+  dims.ep = std::max<int>(1, (int)rc.parallel.ep);
+  dims.dp = dims.ep;  // (only the stage split and the experts per rank are read below)
+  for (int64_t n : rc.parallel.pp_layers) dims.pp_layers.push_back((int)n);
+  const int64_t E = run_cfg.n_routed_experts;
+  const bool by_expert = dims.ep > 1 && E > 0 && E % dims.ep == 0;
+  const bool by_stage = dims.pp > 1 && (dims.pp_layers.empty() || (int)dims.pp_layers.size() == dims.pp) &&
+                        dims.pp <= run_cfg.num_hidden_layers;
+  double held = P, stage_all = P;
+  if (by_expert || by_stage) {
+    held = stage_all = 0;
+    auto count = [](const model::ParamLayout& L) {
+      double n = 0;
+      for (const model::ParamEntry& en : L.entries) n += (double)en.shape.numel();
+      return n;
+    };
+    for (int s = 0; s < (by_stage ? dims.pp : 1); ++s) {
+      model::StageShard st;
+      if (by_stage) {
+        const int64_t L = run_cfg.num_hidden_layers;
+        st.l0 = dims.stage_first_layer(L, s);
+        st.l1 = st.l0 + dims.stage_layers(L)[(size_t)s];
+        st.first = s == 0, st.last = s == dims.pp - 1;
+      }
+      const model::ExpertShard ex = by_expert ? model::ExpertShard{0, E / dims.ep, 16} : model::ExpertShard{};
+      held = std::max(held, count(model::build_layout(run_cfg, ex, st)));
+      stage_all = std::max(stage_all, count(model::build_layout(run_cfg, {}, st)));
+    }
+  }
   MemoryEstimate e;
   e.weights = 4 * held + (rc.train.precision == kern::Prec::BF16 ? 2 * held : 0);
   e.grads = 4 * held;
-  e.optimizer = 8 * P / std::max(dp, 1);
+  e.optimizer = 8 * stage_all * (by_stage ? dims.pp : 1) / std::max(ranks, 1);
   // Activations: the peak of the activation arena as the engine allocates it (above). The
   // planner (plan/memory.h) models a bf16 GPU run; here it gives the communication buffers only.
   e.activations = activation_peak_bytes(run_cfg, rc.train.batch_size, rc.data.seq_len, rc.train.precision,
@@ -67,7 +93,7 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int dp) {
   const plan::ArchModel a = plan::arch_from_config(c, "run");
   const plan::ClusterSpec s = plan::cpu_spec_from_calibration(plan::default_calibration());
   plan::Layout l;
-  l.dp = std::max(dp, 1);
+  l.dp = std::max(ranks, 1);
   l.mbs = rc.train.batch_size;
   l.gbs = rc.train.batch_size * l.dp;
   l.seq = rc.data.seq_len;
@@ -105,8 +131,8 @@ double peak_rss_bytes() {
   return (double)u.ru_maxrss * 1024.0;  // Linux: kilobytes
 }
 
-MemoryEstimate check_memory(const RunConfig& rc, int dp) {
-  const MemoryEstimate e = estimate_train_memory(rc, dp);
+MemoryEstimate check_memory(const RunConfig& rc, int ranks) {
+  const MemoryEstimate e = estimate_train_memory(rc, ranks);
   const double have = machine_memory_bytes();
   if (!rc.train.memory_check || have <= 0) return e;
   TREX_USER_CHECK(e.total() <= have,

@@ -7,11 +7,13 @@
 // Data files are read before the model is built (train/loop.cpp), so an unreadable one already
 // fails before any allocation.
 //
-// Memory estimate per rank (bytes; P parameters, dp data-parallel ranks, T tokens per micro-batch):
-//   weights     4 P (f32 master) + 2 P in bf16 mode (the shadow the matmuls read); with expert
-//               parallel P counts the routed experts of this rank's ep rank only
+// Memory estimate per rank (bytes; P parameters, R ranks in all, T tokens per micro-batch):
+//   weights     4 P (f32 master) + 2 P in bf16 mode (the shadow the matmuls read); P counts what
+//               the rank holds: with expert parallel its ep rank's routed experts only, with
+//               pipeline parallel its stage's tensors only (the largest stage's)
 //   grads       4 P (f32; the same P)
-//   optimizer   8 P / dp (AdamW moments, ZeRO-1 shard)
+//   optimizer   8 P / R (AdamW moments, ZeRO-1 shard over every rank; pipeline parallel: the
+//               largest stage's tensors over that stage's R / pp ranks)
 //   activations the peak of the activation arena (Model::peak_activation_bytes) for one micro-batch
 //               of batch_size x seq_len tokens: activation_peak_bytes (train/activation_estimate.h)
 //   buffers     data parallel: the planner's (plan/memory.h) copies of the in-flight buckets
@@ -30,7 +32,7 @@ struct MemoryEstimate {
   double total() const { return weights + grads + optimizer + activations + buffers; }
 };
 
-MemoryEstimate estimate_train_memory(const RunConfig& rc, int dp);
+MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks);
 
 // Physical memory available to this process: min(MemTotal, cgroup v2 memory.max / v1
 // memory.limit_in_bytes); 0 if unknown.
@@ -41,7 +43,7 @@ double peak_rss_bytes();
 
 // Refuses (UserError) a run whose estimate exceeds machine_memory_bytes(), naming the parts and
 // what to change. Returns the estimate.
-MemoryEstimate check_memory(const RunConfig& rc, int dp);
+MemoryEstimate check_memory(const RunConfig& rc, int ranks);
 
 // Creates `dir` and writes a probe file into it; UserError naming checkpoint.dir otherwise.
 void check_run_dir_writable(const std::string& dir);

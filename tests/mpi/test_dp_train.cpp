@@ -153,14 +153,15 @@ TEST(DpTrain, NanStepIsSkippedOnEveryRank) {
 // zero_stage 2: with 2 micro-batches a step (the accumulation across micro-batches is sharded).
 // ep > 1: expert parallel over the whole world, each rank holding its experts only (the checkpoint
 // gathers them; loading keeps each rank's).
-static void checkpoints_move_between_layouts(int zero_stage, int ep = 1) {
+// pp > 1: pipeline stages of the world's ranks, each holding its stage's tensors only.
+static void checkpoints_move_between_layouts(int zero_stage, int ep = 1, int pp = 1) {
   init_threads(1);
   parallel::Communicator& w = parallel::test_world();
   json model = tiny_v3();
   if (ep > 1) model["n_routed_experts"] = 6;
   Case su{model, 0.01, 0};
   parallel::ParallelDims dims;
-  dims.dp = w.size(), dims.ep = ep;
+  dims.dp = w.size() / pp, dims.ep = ep, dims.pp = pp;
   dims.validate(w.size(), su.cfg());
   struct Run {
     std::unique_ptr<model::Model> m;
@@ -168,14 +169,14 @@ static void checkpoints_move_between_layouts(int zero_stage, int ep = 1) {
   };
   auto make_run = [&](uint64_t seed, int64_t bucket) {
     Run r;
-    r.m = su.make(seed, expert_shard_of(dims, w.rank(), su.cfg()));
+    r.m = su.make(seed, expert_shard_of(dims, w.rank(), su.cfg()), stage_shard_of(dims, w.rank(), su.cfg()));
     DpOptions o{bucket, true};
     o.zero_stage = zero_stage;
     r.par = make_parallel_run(w, dims, *r.m, su.ocfg, o);
     return r;
   };
   const int64_t K = 4, half = 2;
-  const Global g = make_global(K, zero_stage == 2 ? 2 : 1, w.size(), 2, 9, 67, 21);
+  const Global g = make_global(K, zero_stage == 2 ? 2 : 1, dims.dp, 2, 9, 67, 21);
   auto refp = su.make(5);
   model::Model& ref = *refp;
   AdamW ropt(ref, su.ocfg);
@@ -188,6 +189,7 @@ static void checkpoints_move_between_layouts(int zero_stage, int ep = 1) {
   {
     Run r = make_run(5, 997);
     EXPECT_EQ(r.m->layout.expert_sharded(), ep > 1);
+    EXPECT_EQ(r.m->layout.stage_sharded(), pp > 1);
     run_dp(*r.par.dp, su, g, 0, half);
     dir = save_checkpoint(run_dir, *r.par.dp, TrainState{half, half * w.size() * 2, 0, {}}, 2);
   }
@@ -252,6 +254,14 @@ TEST(EpTrain, ShardedCheckpointsMoveBetweenLayouts) {
   const int n = parallel::test_world().size();
   if (6 % n != 0) GTEST_SKIP() << "6 experts over " << n << " ranks";
   checkpoints_move_between_layouts(1, n);
+}
+
+// Pipeline parallel over every rank (2 stages of 2 ranks with ep 2 on 4 ranks), each rank holding
+// its stage's tensors only: the checkpoint resumes in one process with the same losses, and back.
+TEST(PpTrain, ShardedCheckpointsMoveBetweenLayouts) {
+  const int n = parallel::test_world().size();
+  if (n > 4) GTEST_SKIP() << "at most 3 stages of the 3-layer model";
+  checkpoints_move_between_layouts(1, n == 4 ? 2 : 1, n == 4 ? 2 : n);
 }
 
 TEST(DpTrain, DataMappingEqualsTheBiggerBatch) {

@@ -76,8 +76,9 @@ struct Case {
   model::Recompute recompute = model::Recompute::None;
   model::ModelConfig cfg() const { return model::parse_config(model, "tiny"); }
   // shard: the routed experts the model holds (expert-parallel memory sharding; default all).
-  std::unique_ptr<model::Model> make(uint64_t seed, model::ExpertShard shard = {}) const {
-    auto m = std::make_unique<model::Model>(cfg(), kern::Prec::F32, model::TrainOptions{aux, mtp, recompute}, shard);
+  std::unique_ptr<model::Model> make(uint64_t seed, model::ExpertShard shard = {}, model::StageShard stage = {}) const {
+    auto m = std::make_unique<model::Model>(cfg(), kern::Prec::F32, model::TrainOptions{aux, mtp, recompute}, shard,
+                                            stage);
     m->init_random(seed);
     // Off the symmetric init (V4's HC bases 0, scales 1): there some gradients are exactly 0 in
     // exact arithmetic and pure rounding noise in f32, which AdamW turns into noise-sized steps.
@@ -218,10 +219,17 @@ inline void parity(const Case& su, DpOptions o, int64_t K, int64_t ga, int64_t B
   parallel::ParallelDims dims;
   dims.dp = ndata, dims.ep = ep, dims.tp = tp, dims.pp = pp, dims.pp_layers = pp_layers;
   dims.validate(w.size(), cfg);
-  const bool first_holder = ep > 1 && w.rank() == dims.rank_of(0, dims.coord(w.rank()).ep, 0);
-  auto mp = su.make(w.rank() == 0 || first_holder ? 5 : 99, expert_shard_of(dims, w.rank(), cfg));
+  // Pipeline parallel: each rank holds its stage's tensors only, and the first rank of each stage
+  // (and of each stage's expert shard) gives them to the others.
+  const auto lowest = [&](const std::vector<int>& group) { return group.front() == w.rank(); };
+  const bool first_holder =
+      (ep > 1 && lowest(pp > 1 ? dims.stage_expert_group(w.rank()) : dims.expert_replica_group(w.rank()))) ||
+      (pp > 1 && lowest(dims.stage_group(w.rank())));
+  auto mp = su.make(w.rank() == 0 || first_holder ? 5 : 99, expert_shard_of(dims, w.rank(), cfg),
+                    stage_shard_of(dims, w.rank(), cfg));
   model::Model& m = *mp;
   EXPECT_EQ(m.layout.expert_sharded(), ep > 1);
+  EXPECT_EQ(m.layout.stage_sharded(), pp > 1);
   o.overlap_params = o.overlap;  // with the buckets' overlap, the parameter all-gather's too
   ParallelRun par = make_parallel_run(w, dims, m, su.ocfg, o);
   DataParallel& dp = *par.dp;

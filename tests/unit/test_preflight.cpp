@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include "core/error.h"
+#include "model/params.h"
+#include "parallel/dims.h"
 #include "train/loop.h"
 #include "train/preflight.h"
 #include "train/run_config.h"
@@ -51,6 +54,25 @@ TEST(Preflight, EstimateParts) {
     EXPECT_DOUBLE_EQ(ee.weights, 6 * held);
     EXPECT_DOUBLE_EQ(ee.optimizer, P);
     EXPECT_LT(held, 0.2 * P);  // DeepSeek-V3: the routed experts are most of the model
+  }
+  {  // Pipeline parallel: a rank holds its stage's tensors only (the estimate counts the larger
+     // stage); the moments of a stage are sharded over that stage's ranks.
+    train::RunConfig rp = rc;
+    rp.parallel.pp = 2;
+    parallel::ParallelDims d;
+    d.pp = 2;
+    const int64_t cut = d.stage_layers(rc.model.num_hidden_layers)[0];
+    double s0 = 0, s1 = 0;  // stage 0: the embedding and layers [0, cut); stage 1: the rest
+    for (const model::ParamEntry& en : model::build_layout(rc.model).entries) {
+      const bool first = en.name == "model.embed_tokens.weight" ||
+                         (en.name.rfind("model.layers.", 0) == 0 && std::atoll(en.name.c_str() + 13) < cut);
+      (first ? s0 : s1) += (double)en.shape.numel();
+    }
+    EXPECT_DOUBLE_EQ(s0 + s1, P);
+    const train::MemoryEstimate ep = train::estimate_train_memory(rp, 8);  // 2 stages of 4 ranks
+    EXPECT_DOUBLE_EQ(ep.grads, 4 * std::max(s0, s1));
+    EXPECT_DOUBLE_EQ(ep.weights, 6 * std::max(s0, s1));
+    EXPECT_DOUBLE_EQ(ep.optimizer, 8 * std::max(s0, s1) / 4);
   }
   EXPECT_GT(e1.activations, 4.0 * 4096 * 129280);  // at least the logits chunk
   // Twice the tokens, about twice the activations: not exactly, as the arena's 64 MiB block tails
