@@ -59,9 +59,10 @@ DataParallel::DataParallel(parallel::Communicator& dp_comm, model::Model& m, Ada
              "DataParallel: pp = ", o_.pp, " needs a pipeline stage on the model and a pp group of that size");
   TREX_CHECK(o_.zero_stage == 1 || o_.zero_stage == 2, "DataParallel: zero_stage = ", o_.zero_stage,
              " (allowed: 1, 2)");
-  TREX_CHECK(o_.zero_stage == 1 || o_.pp == 1, "DataParallel: zero_stage = 2 (sharded gradients) does not work with "
-             "pipeline parallelism (pp = ", o_.pp, "); use zero_stage = 1");
   const model::ParamLayout& ml = m.layout;
+  TREX_CHECK(o_.zero_stage == 1 || o_.pp == 1 || ml.stage_sharded(), "DataParallel: zero_stage = 2 (sharded "
+             "gradients) with pipeline parallelism (pp = ", o_.pp, ") needs a model holding its stage only "
+             "(model::StageShard, train::stage_shard_of); or use zero_stage = 1");
   const int64_t total = ml.total, q = 16 * (int64_t)dp;
   TREX_CHECK(total > 0, "DataParallel: the model has no parameters");
   fired_.assign(ml.layers.size() + 2, 0);
@@ -103,8 +104,8 @@ DataParallel::DataParallel(parallel::Communicator& dp_comm, model::Model& m, Ada
   grow_arena(m.grads, "grads", (size_t)padded_ * sizeof(float));
   regions_.reserve(parts.size());
   for (const Part& p : parts) add_region(p.kind, *p.comm, p.begin, p.end);
-  if (o_.zero_stage == 2)  // the slab's pages go back to the OS until a backward writes them
-    for (Region& r : regions_) r.sync->zero_grads();
+  for (Region& r : regions_)  // ZeRO-2: the slab's pages go back to the OS until a backward writes them
+    if (r.zero2) r.sync->zero_grads();
 
   // This rank's shard of every bucket of every region -> the sharded AdamW.
   std::vector<SlabRange> owned;
@@ -140,6 +141,10 @@ void DataParallel::add_region(Kind kind, parallel::Communicator& comm, int64_t b
   Region& r = regions_.emplace_back();
   r.kind = kind;
   r.comm = &comm;
+  // ZeRO-2 reduces every micro-batch's gradients as its backward completes them. The shared
+  // embedding's two stages run a micro-batch's backward at different times (1F1B), so that region
+  // stays ZeRO-1: reduced once, after the step's last micro-batch.
+  r.zero2 = o_.zero_stage == 2 && kind != Kind::Shared;
   r.begin = begin;
   r.layout = parallel::BucketLayout::build(sizes, (size_t)bs, n, 16);
   TREX_CHECK(r.layout.num_buckets() == nb && (int64_t)r.layout.total == len, "DataParallel: bucket layout mismatch");
@@ -148,7 +153,7 @@ void DataParallel::add_region(Kind kind, parallel::Communicator& comm, int64_t b
                "DataParallel: bucket ", b, " is not a padding-free slab range");
   // The sum over ranks (no 1/dp: the trainer weights the micro-batches by the global target count).
   r.sync = std::make_unique<parallel::GradSync>(comm, r.layout, m_.G() + begin, m_.P() + begin, /*average=*/false,
-                                                /*shard_grads=*/o_.zero_stage == 2);
+                                                /*shard_grads=*/r.zero2);
   // Parameter groups -> buckets of this region they touch.
   const int64_t ng = (int64_t)m_.layout.layers.size() + 2;
   r.group_buckets.assign(ng, {});
@@ -197,18 +202,26 @@ void DataParallel::begin_step() {
 }
 
 void DataParallel::begin_micro(bool last) {
-  if (o_.zero_stage == 2)  // waits for the previous micro-batch's buckets
-    for (Region& r : regions_) r.sync->begin_micro_batch(last);
-  if (last || o_.zero_stage == 2) arm();
+  for (Region& r : regions_)  // ZeRO-2: waits for the previous micro-batch's buckets
+    if (r.zero2) r.sync->begin_micro_batch(last);
+  if (last || o_.zero_stage == 2) arm(last);
 }
 
 void DataParallel::end_micro(bool last) {
   if (last || o_.zero_stage == 2) disarm();
 }
 
-void DataParallel::arm() {
+bool DataParallel::releases_grad_pages() const {
+  for (const Region& r : regions_)
+    if (r.zero2 && r.sync->releases_pages()) return true;
+  return false;
+}
+
+void DataParallel::arm(bool last) {
   std::fill(fired_.begin(), fired_.end(), 0);
-  for (Region& r : regions_) {
+  for (Region& r : regions_) {  // the ZeRO-1 regions reduce after the step's last micro-batch only
+    r.armed = last || r.zero2;
+    if (!r.armed) continue;
     r.left = r.bucket_groups;
     r.started_in_bwd = 0;
     r.next_bucket = r.layout.num_buckets() - 1;
@@ -218,7 +231,8 @@ void DataParallel::arm() {
   const int64_t L = (int64_t)m_.layout.layers.size();
   for (int64_t g = -2; g < L; ++g)
     if (!m_.owns_grad_group(g)) on_group(g);
-  for (Region& r : regions_) start_ready_buckets(r);  // and the buckets without parameters (gaps, padding)
+  for (Region& r : regions_)  // and the buckets without parameters (gaps, padding)
+    if (r.armed) start_ready_buckets(r);
   m_.grad_ready = [this](int64_t g) { on_group(g); };
 }
 
@@ -245,6 +259,7 @@ void DataParallel::on_group(int64_t g) {
   fired_[i] = 1;
   drop_tp_copies(i);
   for (Region& r : regions_) {
+    if (!r.armed) continue;
     for (int b : r.group_buckets[i]) --r.left[b];
     start_ready_buckets(r);
   }
@@ -263,6 +278,8 @@ void DataParallel::disarm() {
   // Buckets the hook did not complete (overlap off, or a model without the hook): all now, in
   // the same order as the hook's (the same order on every rank).
   for (Region& r : regions_) {
+    if (!r.armed) continue;
+    r.armed = false;
     const int started = r.started_in_bwd;
     std::fill(r.left.begin(), r.left.end(), 0);
     start_ready_buckets(r);

@@ -30,10 +30,12 @@
 // reduce-scattered as the backward completes them, this rank's shard of each is added into a
 // [shard elems] accumulator held by GradSync and the bucket's slab range is released to the OS
 // (it reads as 0 for the next micro-batch's +=). After the last micro-batch the accumulated sum
-// sits in the slab's shard ranges, where the AdamW shard reads it, exactly as with ZeRO-1. Not
-// with pipeline parallelism (refused): the 1F1B schedule runs a stage's backwards of later
-// micro-batches before the first stage's of earlier ones, and each bucket's reduce-scatter, a
-// collective over every rank, would have to complete before the next backward reuses the bucket.
+// sits in the slab's shard ranges, where the AdamW shard reads it, exactly as with ZeRO-1. With
+// pipeline parallelism only for stage-sharded models: each stage's regions are reduced over the
+// stage's own ranks, which all run the same 1F1B schedule, so a bucket's reduce-scatter completes
+// before the next backward reuses it; the shared embedding region (first and last stage, whose
+// backwards of one micro-batch run at different times) stays ZeRO-1. A model holding every stage
+// would need each micro-batch's collectives over every rank: refused.
 // Gradients are SUMMED over ranks (GradSync with average = false): trainer_step weights each
 // micro-batch by its share of the GLOBAL target count. (Scaling by dp and averaging would round
 // twice when dp is not a power of two; with pipeline stages every tensor's sum is then exact.)
@@ -73,7 +75,7 @@ struct DpOptions {
   // every gradient is then partial on each tp rank and the reduction sums all of them.
   bool sequence_parallel = false;
   // 1: ZeRO-1 (sharded moments; the gradient slab is whole on every rank). 2: ZeRO-2 (gradients
-  // sharded too: see above). Not 2 with pp > 1.
+  // sharded too: see above). 2 with pp > 1 only for stage-sharded models.
   int zero_stage = 1;
   // Expert-sharded models (model/params.h ExpertShard; make_parallel_run sets it): the ranks of the
   // communicator that hold the same routed experts (the same ep rank; world / ep of them). The
@@ -139,11 +141,13 @@ class DataParallel {
   // micro-batch's reduce-scatters.
   void begin_micro(bool last);
   void end_micro(bool last);
-  void arm();     // before the last micro-batch's forward_backward: installs model.grad_ready
+  // Before the last micro-batch's forward_backward (ZeRO-2: every one's; last: whether it is the
+  // step's last): installs model.grad_ready.
+  void arm(bool last = true);
   void disarm();  // after it: removes the hook, marks the buckets it did not mark
   int zero_stage() const { return o_.zero_stage; }
   // ZeRO-2: released slab ranges really return their pages to the OS (else they are zeroed).
-  bool releases_grad_pages() const { return regions_[0].sync->releases_pages(); }
+  bool releases_grad_pages() const;
   // Waits for the gradient reduce-scatter; returns the global L2 norm of the gradient.
   // inject_nan (test hook): rank 0 puts a NaN into its shard first.
   double finish_grads(bool inject_nan = false);
@@ -195,6 +199,8 @@ class DataParallel {
     std::vector<int> bucket_groups;               // [buckets] groups touching each bucket
     std::vector<int> left;                        // [buckets] groups still to finish this step
     int next_bucket = -1;                         // highest bucket whose reduce-scatter is not started
+    bool zero2 = false;                           // gradients sharded (ZeRO-2): reduced every micro-batch
+    bool armed = false;                           // its buckets are reduced in this backward
     int started_in_bwd = 0;
     std::vector<char> gathered;                   // [buckets] overlap_params: all-gather waited this step
   };

@@ -36,8 +36,8 @@ void recv(parallel::Communicator& c, std::vector<float>& buf, int src, int tag, 
 
 std::vector<model::LossParts> pipeline_step(model::Model& m, parallel::Communicator& pp,
                                             const std::vector<model::Batch>& micro, const std::vector<float>& scale,
-                                            const std::function<void()>& before_last,
-                                            const std::function<void()>& after_last, double* wait_ms) {
+                                            const std::function<void(bool last)>& before,
+                                            const std::function<void(bool last)>& after, double* wait_ms) {
   const int s = pp.rank(), P = pp.size();
   const model::PipelineStage& st = m.pipeline_stage();
   TREX_CHECK(st.first == (s == 0) && st.last == (s == P - 1), "pipeline_step: rank ", s, " of ", P,
@@ -75,9 +75,9 @@ std::vector<model::LossParts> pipeline_step(model::Model& m, parallel::Communica
     io.dy = st.last ? nullptr : dy.data();
     io.dx_in = st.first ? nullptr : dx.data();
     const bool last = k + 1 == n;
-    if (last && before_last) before_last();
+    if (before) before(last);
     out[k] = m.stage_forward_backward(micro[k], io, scale[k]);
-    if (last && after_last) after_last();
+    if (after) after(last);
     std::vector<float>().swap(x_in[k]);
     if (!st.first) outbox.send(pp, std::move(dx), s - 1, kTagGrad);
   };

@@ -25,14 +25,14 @@ namespace trex::train {
 
 // One training step's forward and backward over `micro` on this stage (pp.rank() = stage index,
 // pp.size() = stages; every stage passes the same batches). Micro-batch k's gradient is scaled by
-// scale[k]. before_last / after_last are called around the last micro-batch's backward (the
-// data-parallel bucket hook). Returns this stage's loss parts per micro-batch (ce / mtp /
+// scale[k]. before / after are called around every micro-batch's backward with whether it is the
+// last one (the data-parallel bucket hook: DataParallel::begin_micro / end_micro). Returns this stage's loss parts per micro-batch (ce / mtp /
 // n_valid from the last stage, 0 on the others; aux of this stage's layers). wait_ms: time
 // blocked in the receives is added (the bubble and the transfers).
 std::vector<model::LossParts> pipeline_step(model::Model& m, parallel::Communicator& pp,
                                             const std::vector<model::Batch>& micro, const std::vector<float>& scale,
-                                            const std::function<void()>& before_last,
-                                            const std::function<void()>& after_last, double* wait_ms);
+                                            const std::function<void(bool last)>& before,
+                                            const std::function<void(bool last)>& after, double* wait_ms);
 
 // The forward of one batch through every stage (no gradients); the loss parts are the last
 // stage's on the last stage, this stage's aux (and zeros) on the others.

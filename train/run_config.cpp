@@ -221,9 +221,6 @@ RunConfig parse_run_config(json j, const std::string& where, const std::vector<s
     r.model = model::parse_config(mj, where + " [model]");
   }
   r.optim.schedule.total_steps = r.train.steps;
-  TREX_USER_CHECK(r.parallel.zero_stage == 1 || r.parallel.pp == 1, "use parallel.zero_stage = 1 with parallel.pp > 1",
-                  where, ": parallel.zero_stage = 2 (sharded gradients) does not work with pipeline parallelism "
-                  "(parallel.pp = ", r.parallel.pp, ")");
   return r;
 }
 

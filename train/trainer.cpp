@@ -61,8 +61,8 @@ StepStats step(model::Model& m, AdamW& opt, DataParallel* dp, const std::vector<
   std::vector<model::LossParts> lps;
   if (dp && dp->pipeline()) {  // pipeline parallel: the 1F1B schedule over the stages
     ProfScope ps(prof, "step.forward_backward");
-    lps = pipeline_step(m, *dp->pipeline(), micro, w, [&] { dp->arm(); }, [&] { dp->disarm(); },
-                          &dp->pipeline_wait_ms());
+    lps = pipeline_step(m, *dp->pipeline(), micro, w, [&](bool last) { dp->begin_micro(last); },
+                        [&](bool last) { dp->end_micro(last); }, &dp->pipeline_wait_ms());
   } else {
     for (size_t k = 0; k < micro.size(); ++k) {
       const bool last = k + 1 == micro.size();

@@ -110,9 +110,11 @@ TEST(PpTrain, GradientsSumToTheSingleRank) {
     EXPECT_THROW(m->forward(micro[0]), Error);  // a stage runs only through the stage calls
     double wait = 0;
     int before = 0, after = 0;
-    const auto parts = pipeline_step(*m, w, micro, scale, [&] { ++before; }, [&] { ++after; }, &wait);
-    EXPECT_EQ(before, 1);
-    EXPECT_EQ(after, 1);
+    const auto parts = pipeline_step(
+        *m, w, micro, scale, [&](bool last) { before += last ? 100 : 1; }, [&](bool last) { after += last ? 100 : 1; },
+        &wait);
+    EXPECT_EQ(before, 100 + (int)micro.size() - 1);  // around every backward, the last one flagged
+    EXPECT_EQ(after, 100 + (int)micro.size() - 1);
     double lp[3] = {0, 0, 0};
     for (const auto& p : parts) lp[0] += p.ce, lp[1] += p.aux, lp[2] += p.mtp;
     w.all_reduce(lp, 3);
@@ -163,6 +165,35 @@ TEST(PpTrain, RunLoopMatchesOneProcessAndResumesInOne) {
                                               w.size() / pp, "stage");
 }
 
+// ZeRO-2 with pipeline stages: each stage's gradients are reduce-scattered over the stage's ranks
+// every micro-batch, the shared embedding of V4's first and last stage once a step (ZeRO-1); V3
+// and V4 with MTP against one process, and on 4 ranks dp 2 x pp 2 with ep 2 (6 experts).
+TEST(PpTrain, Zero2MatchesSingleRank) {
+  const int n = parallel::test_world().size();
+  DpOptions o{997, true};
+  o.zero_stage = 2;
+  Case v3{tiny_v3(), 0.01, 0};
+  parity(v3, o, 3, 4, 2, 11, 1, 1, pp_for(n));
+  Case v4{tiny_v4(), 0.0, 0.3};
+  parity(v4, o, 2, 3, 1, 13, 1, 1, pp_for(n));
+  if (n != 4) return;
+  json m = tiny_v3();
+  m["n_routed_experts"] = 6;
+  parity(Case{m, 0.01, 0}, o, 3, 3, 2, 11, 2, 1, 2);
+}
+
+// run_training with ZeRO-2 under pp equals one process; its checkpoint resumes in one process.
+TEST(PpTrain, Zero2RunLoopMatchesOneProcessAndResumesInOne) {
+  parallel::Communicator& w = parallel::test_world();
+  const int pp = pp_for(w.size());
+  const fs::path root = loop_corpus(w, "trex_pp_zero2_loop_", 47, [](int i) {
+    return "bin " + std::to_string(3 * i + 1) + " takes " + std::string(i % 4, 'z') + " crates of " +
+           std::to_string(i * i % 17) + " parts";
+  });
+  loop_matches_one_process_and_resumes_in_one(w, root, tiny_v3(), "parallel.pp=" + std::to_string(pp),
+                                              w.size() / pp, "stage", {"parallel.zero_stage=2"});
+}
+
 // A layout the model cannot take is refused before anything runs, naming the field.
 TEST(PpTrain, ImpossibleLayoutsAreRefused) {
   const model::ModelConfig cfg = model::parse_config(tiny_v3(), "tiny");
@@ -179,4 +210,16 @@ TEST(PpTrain, ImpossibleLayoutsAreRefused) {
   EXPECT_THROW(d.validate(2, cfg), UserError);
   model::Model m(cfg, kern::Prec::F32);
   EXPECT_THROW(m.set_pipeline_stage({1, 3, true, true}), Error);  // the first stage starts at layer 0
+  // ZeRO-2 needs stage-sharded models: a model holding every stage would have to reduce each
+  // micro-batch's gradients over every rank.
+  parallel::Communicator& w = parallel::test_world();
+  if (w.size() != 2) return;
+  model::Model whole(cfg, kern::Prec::F32);
+  if (w.rank() == 0) whole.set_pipeline_stage({0, 1, true, false});
+  else whole.set_pipeline_stage({1, 3, false, true});
+  DpOptions o;
+  o.zero_stage = 2;
+  o.pp = 2;
+  o.pp_comm = &w;
+  EXPECT_THROW(DataParallel(w, whole, AdamWConfig{}, o), Error);
 }
