@@ -139,12 +139,12 @@ void gemm(int M, int N, int K, const float* A, int64_t sam, int64_t sak, const f
           Tri tri = Tri::None, int off = 0) {
   const auto& tab = ACC ? kMicroAcc : kMicroSet;
   int64_t pf_done = 0;
-  for (int n0 = 0; n0 < N; n0 += 8 * kNV) {
-    const int n1 = std::min(N, n0 + 8 * kNV);
-    // Rows in ceil(M / kR) groups of near-equal size (64 = 9 x 6 + 2 x 5, not 10 x 6 + 4).
-    const int ng = (M + kR - 1) / kR;
-    for (int g = 0, m0 = 0; g < ng; ++g) {
-      const int r = (M - m0) / (ng - g);
+  // Rows in ceil(M / kR) groups of near-equal size (64 = 9 x 6 + 2 x 5, not 10 x 6 + 4).
+  const int ng = (M + kR - 1) / kR;
+  for (int g = 0, m0 = 0; g < ng; ++g) {
+    const int r = (M - m0) / (ng - g);
+    for (int n0 = 0; n0 < N; n0 += 8 * kNV) {
+      const int n1 = std::min(N, n0 + 8 * kNV);
       int na = n0, nb = n1, ka = 0, kb = K;
       if (tri == Tri::NLo) na = std::max(na, (m0 + off) & ~7);
       if (tri == Tri::NHi) nb = std::min(nb, m0 + r + off);
@@ -159,8 +159,8 @@ void gemm(int M, int N, int K, const float* A, int64_t sam, int64_t sak, const f
         tab[r - 1][nv - 1](std::max(kb - ka, 0), A + m0 * sam + ka * sak, sam, sak,
                            B + ka * ldb + na, ldb, C + m0 * ldc + na, ldc, p);
       }
-      m0 += r;
     }
+    m0 += r;
   }
 }
 
@@ -330,8 +330,10 @@ void fwd_block(const FwdCtx& c, const FwdBufs& w, int bh, int qb) {
     for (int ci = 0; ci < nc; ++ci) {
       const int q0 = qs + 8 * ci, q1 = std::min(q0 + 7, qs + nq - 1);
       const int jlo = W > 0 ? std::max(0, q0 - W + 1 - ks) : 0, jhi = std::min(nk - 1, q1 - ks);
-      for (int j = jmin; j <= jmax; ++j)
-        if (j < jlo || j > jhi) _mm256_storeu_ps(ST + j * kB + 8 * ci, _mm256_setzero_ps());
+      for (int j = jmin; j < std::min(jlo, jmax + 1); ++j)
+        _mm256_storeu_ps(ST + j * kB + 8 * ci, _mm256_setzero_ps());
+      for (int j = std::max(jhi + 1, jmin); j <= jmax; ++j)
+        _mm256_storeu_ps(ST + j * kB + 8 * ci, _mm256_setzero_ps());
     }
     for (int i = 0; i < nq; ++i) {
       const float a = alpha[i];
