@@ -164,14 +164,48 @@ void gemm(int M, int N, int K, const float* A, int64_t sam, int64_t sak, const f
   }
 }
 
-// dst[d * kB + i] = src[i * lds + d] for i < n (columns n..kB-1 of dst are zero), d < D.
-void pack_transposed(const float* src, int64_t lds, int n, int D, float* dst) {
-  for (int i = 0; i < n; ++i) {
-    const float* s = src + i * lds;
-    for (int d = 0; d < D; ++d) dst[d * kB + i] = s[d];
+// r[c] = column c of the 8 x 8 block r[0..7] (rows in, columns out).
+inline void transpose8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
   }
-  if (n < kB)
-    for (int d = 0; d < D; ++d) std::memset(dst + d * kB + n, 0, sizeof(float) * (kB - n));
+  for (int h = 0; h < 2; ++h) {  // rows 4h..4h+3
+    u[4 * h] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0x44);
+    u[4 * h + 1] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0xEE);
+    u[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0x44);
+    u[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0xEE);
+  }
+  for (int c = 0; c < 4; ++c) {
+    r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+    r[c + 4] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+  }
+}
+
+// dst[d * kB + i] = src[i * lds + d] for i < n (columns n..kB-1 of dst are zero), d < D.
+// 8 x 8 register transposes; the source rows (a page apart in [B,T,H,D]) of the next group of 8
+// are prefetched while a group is transposed.
+void pack_transposed(const float* src, int64_t lds, int n, int D, float* dst) {
+  for (int i0 = 0; i0 < kB; i0 += 8) {
+    const int nr = std::clamp(n - i0, 0, 8);
+    for (int r = 0; r < std::clamp(n - i0 - 8, 0, 8); ++r)
+      for (int d = 0; d < D; d += 16)
+        _mm_prefetch(reinterpret_cast<const char*>(src + (i0 + 8 + r) * lds + d), _MM_HINT_T0);
+    for (int d0 = 0; d0 < D; d0 += 8) {
+      const int nc = std::min(8, D - d0);
+      if (nr == 8 && nc == 8) {
+        __m256 r[8];
+        for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(src + (i0 + k) * lds + d0);
+        transpose8(r);
+        for (int c = 0; c < 8; ++c) _mm256_storeu_ps(dst + (d0 + c) * kB + i0, r[c]);
+      } else {
+        for (int c = 0; c < nc; ++c)
+          for (int k = 0; k < 8; ++k)
+            dst[(d0 + c) * kB + i0 + k] = k < nr ? src[(i0 + k) * lds + d0 + c] : 0.0f;
+      }
+    }
+  }
 }
 
 // Copies rows [t0, t1) of one (b, h) of a [B,T,H,D] tensor (row stride `stride`) to dst[t][ld],
