@@ -1,14 +1,36 @@
-// Dispatch of causal attention (see attention.h): the AVX-512 kernel, else the GEMM-based one
-// (oneDNN, any x86-64), else (TREX_ISA=ref) the scalar reference.
+// Dispatch of causal attention (see attention.h): the AVX-512 kernel, else the AVX2 + FMA one,
+// else the GEMM-based one (oneDNN, any x86-64), else (TREX_ISA=ref) the scalar reference.
+// TREX_ATTN=blas picks the GEMM-based kernel on a CPU below AVX-512 (for A/B measurements).
 #include "kernels/attention.h"
+
+#include <cstdlib>
+#include <cstring>
 
 #include "core/cpu.h"
 #include "core/error.h"
+#include "kernels/cpu/attention_avx2.h"
 #include "kernels/cpu/attention_avx512.h"
 #include "kernels/cpu/attention_blas.h"
 #include "kernels/ref/attention.h"
 
 namespace trex::kern {
+
+namespace {
+
+enum class AttnImpl { Ref, Blas, Avx2, Avx512 };
+
+AttnImpl attn_impl() {
+  static const AttnImpl impl = [] {
+    if (cpu_isa() >= Isa::Avx512) return AttnImpl::Avx512;
+    if (isa_ref_forced()) return AttnImpl::Ref;
+    const char* e = std::getenv("TREX_ATTN");
+    if (cpu_isa() == Isa::Avx2 && !(e && !std::strcmp(e, "blas"))) return AttnImpl::Avx2;
+    return AttnImpl::Blas;
+  }();
+  return impl;
+}
+
+}  // namespace
 
 static void check_shape(const AttnShape& sh) {
   TREX_CHECK(sh.B > 0 && sh.T > 0 && sh.H > 0 && sh.Dqk > 0 && sh.Dv > 0,
@@ -20,24 +42,24 @@ static void check_shape(const AttnShape& sh) {
 void attention_fwd(const AttnShape& sh, const float* q, const float* k, const float* v, float* o,
                    float* lse, const int32_t* seg) {
   check_shape(sh);
-  if (cpu_isa() >= Isa::Avx512)
-    cpu::attention_fwd_avx512(sh, q, k, v, o, lse, seg);
-  else if (!isa_ref_forced())
-    cpu::attention_fwd_blas(sh, q, k, v, o, lse, seg);
-  else
-    ref::attention_fwd<float>(sh, q, k, v, o, lse, seg);
+  switch (attn_impl()) {
+    case AttnImpl::Avx512: return cpu::attention_fwd_avx512(sh, q, k, v, o, lse, seg);
+    case AttnImpl::Avx2: return cpu::attention_fwd_avx2(sh, q, k, v, o, lse, seg);
+    case AttnImpl::Blas: return cpu::attention_fwd_blas(sh, q, k, v, o, lse, seg);
+    case AttnImpl::Ref: return ref::attention_fwd<float>(sh, q, k, v, o, lse, seg);
+  }
 }
 
 void attention_bwd(const AttnShape& sh, const float* q, const float* k, const float* v,
                    const float* o, const float* lse, const float* dO, float* dq, float* dk,
                    float* dv, const int32_t* seg) {
   check_shape(sh);
-  if (cpu_isa() >= Isa::Avx512)
-    cpu::attention_bwd_avx512(sh, q, k, v, o, lse, dO, dq, dk, dv, seg);
-  else if (!isa_ref_forced())
-    cpu::attention_bwd_blas(sh, q, k, v, o, lse, dO, dq, dk, dv, seg);
-  else
-    ref::attention_bwd<float>(sh, q, k, v, o, lse, dO, dq, dk, dv, seg);
+  switch (attn_impl()) {
+    case AttnImpl::Avx512: return cpu::attention_bwd_avx512(sh, q, k, v, o, lse, dO, dq, dk, dv, seg);
+    case AttnImpl::Avx2: return cpu::attention_bwd_avx2(sh, q, k, v, o, lse, dO, dq, dk, dv, seg);
+    case AttnImpl::Blas: return cpu::attention_bwd_blas(sh, q, k, v, o, lse, dO, dq, dk, dv, seg);
+    case AttnImpl::Ref: return ref::attention_bwd<float>(sh, q, k, v, o, lse, dO, dq, dk, dv, seg);
+  }
 }
 
 }  // namespace trex::kern

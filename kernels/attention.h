@@ -1,6 +1,7 @@
 // Causal softmax attention, flash style (FlashAttention-2: tiled, online softmax, no T x T
 // matrix), forward and backward. Dispatches to the AVX-512 kernel, or on CPUs without AVX-512 to
-// a GEMM-based one (kernels/cpu/attention_blas.h), or under TREX_ISA=ref to the scalar reference.
+// the AVX2 + FMA one (kernels/cpu/attention_avx2.h; TREX_ATTN=blas picks the GEMM-based
+// kernels/cpu/attention_blas.h instead), or under TREX_ISA=ref to the scalar reference.
 // Layout [B, T, H, D] row-major (token-major, as the projections produce it). Query t of batch
 // row b attends key s iff
 //   s <= t  and  (seg == nullptr || seg[b,s] == seg[b,t])  and  (window <= 0 || s > t - window).

@@ -1,15 +1,22 @@
 // Op cases for causal flash attention (kernels/attention.h):
-//   test: dispatched fwd (o, lse) and bwd (dq, dk, dv), and the GEMM-based kernel called directly
-//         ("attn[blas]", kernels/cpu/attention_blas.h), against the reference in double, over odd
-//         and round shapes, Dqk != Dv, document ids (2-3 documents per row) and sliding windows;
+//   test: dispatched fwd (o, lse) and bwd (dq, dk, dv), the GEMM-based kernel called directly
+//         ("attn[blas]", kernels/cpu/attention_blas.h) and the AVX2 kernel called directly
+//         ("attn[avx2]", kernels/cpu/attention_avx2.h; skipped on a CPU without AVX2 + FMA),
+//         against the reference in double, over odd and round shapes, Dqk != Dv, document ids
+//         (2-3 documents per row) and sliding windows; the AVX2 kernel also over tile-edge T,
+//         windows on and off the 64-key tile edges, and 1, 2, 3 threads (which change how the
+//         work splits: query-block chunks forward, key-block sets backward);
 //   grad: reference backward in double against finite differences of the reference forward;
 //   perf: GFLOP/s of fwd and bwd at B=1, T=2048, H=16, Dqk=192, Dv=128 (causal flop count).
+#include <omp.h>
+
 #include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/cpu/attention_avx2.h"
 #include "kernels/cpu/attention_blas.h"
 #include "kernels/ref/attention.h"
 #include "tests/ops/harness.h"
@@ -23,16 +30,23 @@ using namespace trex::ops;
 struct Cfg {
   int B, T, H, Dqk, Dv, window;
   bool seg;
+  int threads = 0;  // > 0: run the kernel under test with this many threads
 };
 
-// The implementation under test: the dispatched one (AVX-512, or GEMM-based without AVX-512), or
-// the GEMM-based one called directly (so it is tested on every machine).
+// The implementation under test: the dispatched one (AVX-512, AVX2, or GEMM-based), or the
+// GEMM-based / AVX2 one called directly (so each is tested on every machine that can run it).
 struct Impl {
   const char* tag;
   void (*fwd)(const AttnShape&, const float*, const float*, const float*, float*, float*, const int32_t*);
   void (*bwd)(const AttnShape&, const float*, const float*, const float*, const float*, const float*,
               const float*, float*, float*, float*, const int32_t*);
+  bool (*usable)();
 };
+bool always() { return true; }
+bool has_avx2_fma() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
 void dispatched_fwd(const AttnShape& sh, const float* q, const float* k, const float* v, float* o, float* lse,
                     const int32_t* seg) {
   trex::kern::attention_fwd(sh, q, k, v, o, lse, seg);
@@ -41,14 +55,19 @@ void dispatched_bwd(const AttnShape& sh, const float* q, const float* k, const f
                     const float* lse, const float* dO, float* dq, float* dk, float* dv, const int32_t* seg) {
   trex::kern::attention_bwd(sh, q, k, v, o, lse, dO, dq, dk, dv, seg);
 }
-const Impl kImpls[] = {{"attn", dispatched_fwd, dispatched_bwd},
-                       {"attn[blas]", trex::kern::cpu::attention_fwd_blas, trex::kern::cpu::attention_bwd_blas}};
+const Impl kImpls[] = {
+    {"attn", dispatched_fwd, dispatched_bwd, always},
+    {"attn[blas]", trex::kern::cpu::attention_fwd_blas, trex::kern::cpu::attention_bwd_blas, always},
+    {"attn[avx2]", trex::kern::cpu::attention_fwd_avx2, trex::kern::cpu::attention_bwd_avx2,
+     has_avx2_fma}};
+const Impl& kAvx2 = kImpls[2];
 
 std::string cfg_name(const char* op, const Cfg& c) {
   char buf[160];
-  std::snprintf(buf, sizeof buf, "%s B=%d T=%d H=%d Dqk=%d Dv=%d%s%s", op, c.B, c.T, c.H, c.Dqk,
+  std::snprintf(buf, sizeof buf, "%s B=%d T=%d H=%d Dqk=%d Dv=%d%s%s%s", op, c.B, c.T, c.H, c.Dqk,
                 c.Dv, c.window > 0 ? (" win=" + std::to_string(c.window)).c_str() : "",
-                c.seg ? " seg" : "");
+                c.seg ? " seg" : "",
+                c.threads > 0 ? (" threads=" + std::to_string(c.threads)).c_str() : "");
   return buf;
 }
 
@@ -89,6 +108,10 @@ bool check(const std::string& name, const char* what, const float* got,
 }
 
 bool run_test(const Impl& im, const Cfg& c) {
+  if (!im.usable()) {
+    std::printf("skip %-48s (CPU lacks AVX2 + FMA)\n", cfg_name(im.tag, c).c_str());
+    return true;
+  }
   const AttnShape sh = shape_of(c);
   const size_t nq = size_t(c.B) * c.T * c.H * c.Dqk, nv = size_t(c.B) * c.T * c.H * c.Dv,
                nl = size_t(c.B) * c.H * c.T;
@@ -100,8 +123,11 @@ bool run_test(const Impl& im, const Cfg& c) {
   const int32_t* sp = c.seg ? seg.data() : nullptr;
 
   Guarded<float> o(nv), lse(nl), dq(nq, 7.0f), dk(nq, 7.0f), dv(nv, 7.0f);
+  const int nt = omp_get_max_threads();
+  if (c.threads > 0) omp_set_num_threads(c.threads);
   im.fwd(sh, q.data(), k.data(), v.data(), o.data(), lse.data(), sp);
   im.bwd(sh, q.data(), k.data(), v.data(), o.data(), lse.data(), dO.data(), dq.data(), dk.data(), dv.data(), sp);
+  omp_set_num_threads(nt);
 
   auto qd = to_double(q.data(), nq), kd = to_double(k.data(), nq), vd = to_double(v.data(), nv),
        dOd = to_double(dO.data(), nv);
@@ -152,6 +178,7 @@ bool run_grad(const Cfg& c) {
 }
 
 void run_perf(const Impl& im, const Cfg& c) {
+  if (!im.usable()) return;
   const AttnShape sh = shape_of(c);
   const size_t nq = size_t(c.B) * c.T * c.H * c.Dqk, nv = size_t(c.B) * c.T * c.H * c.Dv,
                nl = size_t(c.B) * c.H * c.T;
@@ -189,6 +216,20 @@ TREX_OP_CASES(attention_cases) {
   for (const Impl& im : kImpls)
     for (const Cfg& c : tests)
       cases.push_back({cfg_name(im.tag, c), [&im, c] { return run_test(im, c); }, nullptr, nullptr});
+  // AVX2 kernel: T on and around the 64-row tile edges, odd H, Dqk != Dv, windows smaller than,
+  // equal to and larger than a tile and not multiples of 8, documents, each at 1, 2, 3 threads.
+  const Cfg avx2[] = {
+      {1, 1, 3, 96, 64, 0, false},    {3, 7, 1, 96, 64, 0, true},     {1, 63, 3, 24, 40, 0, false},
+      {2, 65, 3, 96, 64, 0, true},    {1, 128, 1, 96, 64, 64, false}, {1, 130, 5, 33, 17, 65, true},
+      {1, 257, 3, 96, 64, 0, false},  {1, 257, 1, 96, 64, 9, true},   {2, 200, 1, 8, 8, 1, false},
+      {1, 320, 2, 40, 72, 130, false}, {2, 70, 2, 5, 3, 0, true},
+  };
+  for (const Cfg& c0 : avx2)
+    for (int th = 1; th <= 3; ++th) {
+      Cfg c = c0;
+      c.threads = th;
+      cases.push_back({cfg_name(kAvx2.tag, c), [c] { return run_test(kAvx2, c); }, nullptr, nullptr});
+    }
   const Cfg grads[] = {
       {2, 7, 2, 5, 3, 0, false},
       {2, 9, 1, 4, 6, 0, true},
@@ -197,7 +238,7 @@ TREX_OP_CASES(attention_cases) {
   };
   for (const Cfg& c : grads)
     cases.push_back({cfg_name("attn", c), nullptr, [c] { return run_grad(c); }, nullptr});
-  const Cfg perfs[] = {{1, 2048, 16, 192, 128, 0, false}};
+  const Cfg perfs[] = {{1, 2048, 16, 192, 128, 0, false}, {1, 2048, 8, 96, 64, 0, false}};
   for (const Impl& im : kImpls)
     for (const Cfg& c : perfs)
       cases.push_back({cfg_name(im.tag, c), nullptr, nullptr, [&im, c] { run_perf(im, c); }});
