@@ -32,6 +32,7 @@
 #include "train/loop.h"
 #include "train/trainer.h"
 #include "tests/mpi/train_parity.h"
+#include "tests/run_config_error.h"
 
 using namespace trex;
 using namespace trex::train;
@@ -281,14 +282,7 @@ TEST(DpTrain, DataMappingEqualsTheBiggerBatch) {
 TEST(DpTrain, ImpossibleLayoutsAreUserErrors) {
   parallel::Communicator& w = parallel::test_world();
   json j = {{"model", tiny_v3()}, {"data", {{"train", "x.jsonl"}}}};
-  auto msg = [&](std::vector<std::string> ov, int world) {
-    try {
-      resolve_parallel(parse_run_config(j, "run.toml", ov), world);
-    } catch (const UserError& e) {
-      return std::string(e.what()) + " | " + e.hint;
-    }
-    return std::string();
-  };
+  auto msg = [&](std::vector<std::string> ov, int world) { return run_config_error(j, ov, world); };
   const std::string n = std::to_string(w.size());
   EXPECT_EQ(msg({}, w.size()), "");  // dp = 0: the world size
   EXPECT_EQ(msg({"parallel.dp=" + n}, w.size()), "");
@@ -497,14 +491,7 @@ TEST(DpTrain, Zero2ReleasesGradientMemory) {
 // or without pipeline parallelism.
 TEST(DpTrain, Zero2ConfigKey) {
   json j = {{"model", tiny_v3()}, {"data", {{"train", "x.jsonl"}}}};
-  auto msg = [&](std::vector<std::string> ov) {
-    try {
-      parse_run_config(j, "run.toml", ov);
-    } catch (const UserError& e) {
-      return std::string(e.what()) + " | " + e.hint;
-    }
-    return std::string();
-  };
+  auto msg = [&](std::vector<std::string> ov) { return run_config_error(j, ov); };
   EXPECT_EQ(parse_run_config(j, "run.toml", {}).parallel.zero_stage, 1);
   EXPECT_EQ(parse_run_config(j, "run.toml", {"parallel.zero_stage=2"}).parallel.zero_stage, 2);
   for (const char* bad : {"parallel.zero_stage=3", "parallel.zero_stage=0", "parallel.zero_stage=\"2\""}) {

@@ -7,6 +7,7 @@
 #include <fstream>
 #include "core/error.h"
 #include "train/loop.h"
+#include "tests/run_config_error.h"
 #include "tests/unit/test_util.h"
 
 using namespace trex;
@@ -66,14 +67,7 @@ TEST(TrainLoop, ConfigOverridesAndErrors) {
   EXPECT_DOUBLE_EQ(r.optim.schedule.lr, 0.5);
   EXPECT_EQ(r.data.mode, "sft");
   EXPECT_EQ(r.optim.schedule.total_steps, 9);
-  auto msg = [&](std::vector<std::string> ov) {
-    try {
-      parse_run_config(j, "run.toml", ov);
-    } catch (const UserError& e) {
-      return std::string(e.what()) + " | " + e.hint;
-    }
-    return std::string();
-  };
+  auto msg = [&](std::vector<std::string> ov) { return trex::testing::run_config_error(j, ov); };
   EXPECT_NE(msg({"train.stpes=3"}).find("train.stpes"), std::string::npos);
   EXPECT_NE(msg({"train.stpes=3"}).find("steps"), std::string::npos);  // the hint lists the allowed keys
   EXPECT_NE(msg({"data.mode=pretrain"}).find("cpt, sft"), std::string::npos);
