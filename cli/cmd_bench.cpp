@@ -10,11 +10,11 @@
 // With --profile: the step's breakdown (core/profile.h), with the threading overhead of trex's
 // parallel regions (core/par_stats.h), the heap allocations (core/heap_count.h, counted by
 // cli/heap_hooks.cpp) and the activation arena's growth over the measured steps, also in the JSON.
-#include <optional>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include "cli/bench_kernels.h"
 #include "cli/commands.h"
 #include "cli/peak_choice.h"
