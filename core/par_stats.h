@@ -4,7 +4,8 @@
 // its team size and the sum of its threads' busy time inside fn. The wall time lost to fork/join,
 // imbalance and idle workers is, per region, sum over threads of (wall - busy) / threads, i.e.
 // wall - mean busy. With no scope installed (the default) a region costs one thread_local load.
-// oneDNN's GEMMs open their own OpenMP regions and are not seen here.
+// GEMMs that oneDNN runs on all threads open their own OpenMP regions and are not seen here;
+// a GEMM called inside a trex region (grouped_gemm's small experts, one per thread) is its work.
 #pragma once
 #include <atomic>
 #include <chrono>

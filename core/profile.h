@@ -21,7 +21,9 @@ namespace trex {
 // rows above them, never added to the total again.
 struct StepOverheads {
   // trex's own parallel regions (core/par_stats.h): how many, their wall time, and the wall time
-  // lost in them to fork/join, imbalance and idle workers. oneDNN's GEMMs are not among them.
+  // lost in them to fork/join, imbalance and idle workers. GEMMs that oneDNN runs on all threads
+  // open their own regions and are not among them; those run one per thread inside a trex region
+  // (grouped_gemm's small experts) are inside it.
   bool threads = false;
   double regions = 0, region_ms = 0, thread_overhead_ms = 0;
   // Global operator new / delete (core/heap_count.h): calls, bytes, time in them.
@@ -112,7 +114,7 @@ class Profiler {
     if (o.threads) {
       row("", "of which: threading overhead in trex parallel regions", o.thread_overhead_ms / steps);
       std::fprintf(f, "    (in %.1f trex parallel regions/step taking %.1f ms/step: fork/join, imbalance, idle\n"
-                      "     workers; oneDNN GEMMs run their own OpenMP regions and are not covered)\n",
+                      "     workers; oneDNN GEMMs on all threads run their own OpenMP regions, not covered)\n",
                    o.regions / steps, o.region_ms / steps);
     }
     if (o.heap) {
