@@ -7,15 +7,22 @@
 // parallel (ZeRO-1, train/dist.h), each on batch_size sequences of its own. MFU is against the
 // best of 3 peak measurements taken after the steps, or the calibration's peak when that best is
 // below 80% of it (a busy machine; cli/peak_choice.h), or --peak-gflops: "peak_source" says which.
+// With --profile: the step's breakdown (core/profile.h), with the threading overhead of trex's
+// parallel regions (core/par_stats.h), the heap allocations (core/heap_count.h, counted by
+// cli/heap_hooks.cpp) and the activation arena's growth over the measured steps, also in the JSON.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include "cli/bench_kernels.h"
 #include "cli/commands.h"
 #include "cli/peak_choice.h"
 #include "core/cpu.h"
+#include "core/heap_count.h"
+#include "core/par_stats.h"
 #include "core/parallel.h"
+#include "core/profile.h"
 #include "core/rng.h"
 #include "core/timer.h"
 #include "core/trace.h"
@@ -241,8 +248,18 @@ void add_bench(CLI::App& app) {
     Rng rng(rc.train.seed + 1 + 7919 * (uint64_t)dims.coord(rank).dp);
     std::vector<double> times, comm;
     double last_loss = 0, own_ms = 0;  // own_ms: this rank's measured steps (the profile's total)
+    // --profile: the measured steps' threading overhead, heap calls and arena growth (rank 0).
+    const bool profiling = o->profile && rank == 0;
+    ParStats par_stats;
+    HeapCounter& heap = heap_counter();
+    size_t arena_blocks0 = 0, arena_bytes0 = 0;
     for (int s = 0; s < o->warmup + steps; ++s) {
       if (s == o->warmup && ((o->profile && rank == 0) || tracing)) m.prof = &prof;
+      if (s == o->warmup && profiling) {
+        heap.clear();
+        arena_blocks0 = m.acts.blocks();
+        arena_bytes0 = m.acts.reserved();
+      }
       if (s == o->warmup && tracing) {
         prof.trace = &tlog;
         if (dp) dp->set_trace(&tlog);
@@ -254,8 +271,15 @@ void add_bench(CLI::App& app) {
       for (int64_t a = 0; a < GA; ++a)
         micro.push_back({B, T, ids.data() + a * B * T, targets.data() + a * B * T, nullptr, nullptr});
       const double t0 = now_ms();
-      train::StepStats st = dp ? train::trainer_step(*dp, micro, lr, rc.train.bias_update_gamma, m.prof)
-                               : train::trainer_step(m, *opt, micro, lr, rc.train.bias_update_gamma, m.prof);
+      train::StepStats st;
+      {
+        const bool counted = profiling && s >= o->warmup;
+        ParStatsScope par_scope(counted ? &par_stats : nullptr);
+        std::optional<HeapCountScope> heap_scope;
+        if (counted) heap_scope.emplace(heap);
+        st = dp ? train::trainer_step(*dp, micro, lr, rc.train.bias_update_gamma, m.prof)
+                : train::trainer_step(m, *opt, micro, lr, rc.train.bias_update_gamma, m.prof);
+      }
       last_loss = st.loss;
       if (prof.trace) prof.trace->add("step " + std::to_string(s - o->warmup), TraceTrack::Compute, t0, now_ms());
       const double ms = mpi.max(st.ms);  // the step ends when the slowest rank's does
@@ -269,7 +293,18 @@ void add_bench(CLI::App& app) {
     std::sort(times.begin(), times.end());
     std::sort(comm.begin(), comm.end());
     const double med = times[times.size() / 2], mn = times.front(), comm_med = mpi.max(comm[comm.size() / 2]);
-    if (o->profile && rank == 0) {
+    if (profiling) {
+      StepOverheads& ov = prof.overheads;
+      ov.threads = ov.heap = ov.arena = true;
+      ov.regions = (double)par_stats.regions.load();
+      ov.region_ms = par_stats.wall_ns.load() / 1e6;
+      ov.thread_overhead_ms = par_stats.overhead_ns.load() / 1e6;
+      ov.heap_allocs = (double)heap.allocs.load();
+      ov.heap_frees = (double)heap.frees.load();
+      ov.heap_mb = heap.bytes.load() / 1048576.0;
+      ov.heap_ms = heap.ns.load() / 1e6;
+      ov.arena_blocks = (double)(m.acts.blocks() - arena_blocks0);
+      ov.arena_mb = (m.acts.reserved() - arena_bytes0) / 1048576.0;
       double sum = 0;
       for (double t : times) sum += t;
       prof.print(stderr, (int)times.size(), sum / times.size());
@@ -326,11 +361,21 @@ void add_bench(CLI::App& app) {
     }
     if (rank != 0) return;
     if (!pr.note.empty()) std::fprintf(stderr, "[bench step] planner: %s\n", pr.note.c_str());
-    auto num_or_null = [](bool ok, double v) {
+    auto num_or_null = [](bool ok, double v, const char* fmt = "%.1f") {
       char b[32];
-      std::snprintf(b, sizeof b, "%.1f", v);
+      std::snprintf(b, sizeof b, fmt, v);
       return ok ? std::string(b) : std::string("null");
     };
+    // --profile's overheads per measured step (null without --profile).
+    const StepOverheads& ov = prof.overheads;
+    const double nst = (double)times.size();
+    const std::string prof_json =
+        "\"parallel_regions\": " + num_or_null(profiling, ov.regions / nst) +
+        ", \"thread_overhead_ms\": " + num_or_null(profiling, ov.thread_overhead_ms / nst, "%.3f") +
+        ", \"heap_allocs\": " + num_or_null(profiling, ov.heap_allocs / nst) +
+        ", \"heap_ms\": " + num_or_null(profiling, ov.heap_ms / nst, "%.3f") +
+        ", \"heap_mb\": " + num_or_null(profiling, ov.heap_mb / nst, "%.3f") +
+        ", \"arena_growth_mb\": " + num_or_null(profiling, ov.arena_mb / nst, "%.3f");
     std::printf(
         "{\"impl\": \"trex\", \"config\": \"%s\", \"precision\": \"%s\", \"ranks\": %d, \"ep\": %d, \"tp\": %d, \"pp\": %d, \"threads\": %d, "
         "\"batch\": %lld, \"grad_accum\": %lld, \"seq\": %lld, "
@@ -340,13 +385,13 @@ void add_bench(CLI::App& app) {
         "\"peak_source\": \"%s\", \"peak_measured_gflops\": %s, "
         "\"mfu\": %.4f, \"mfu_vs_bf16_dot_peak\": %.4f, \"peak_rss_mb\": %.0f, \"last_loss\": %.4f, "
         "\"activation_mb\": %.0f, \"memory_estimate_mb\": %.0f, \"activation_estimate_mb\": %.0f, "
-        "\"plan_step_ms\": %s, \"plan_memory_mb\": %s}\n",
+        "\"plan_step_ms\": %s, \"plan_memory_mb\": %s, %s}\n",
         o->config.c_str(), rc.train.precision == kern::Prec::BF16 ? "bf16" : "fp32", R, dims.ep, dims.tp, dims.pp, threads,
         (long long)B, (long long)GA, (long long)T, steps, med, med, mn, comm_med, tps, fpt, (long long)m.cfg.num_active_params(), peak,
         measured ? "true" : "false", pc.source.c_str(), num_or_null(measured, pc.measured).c_str(), mfu,
         bf16_dot > 0 ? fpt * tps / (bf16_dot * 1e9) : 0.0, rss, last_loss, act,
         est.total() / 1048576.0, est.activations / 1048576.0, num_or_null(pr.ok, pr.step_s * 1000).c_str(),
-        num_or_null(pr.ok, pr.memory_bytes / 1048576.0).c_str());
+        num_or_null(pr.ok, pr.memory_bytes / 1048576.0).c_str(), prof_json.c_str());
   });
 }
 

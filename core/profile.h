@@ -1,32 +1,58 @@
 // A per-run profiler: named regions accumulate wall time and call counts. Owned by the caller
 // and passed down explicitly (null = off, zero cost beyond a pointer test). Nested regions are
 // reported under their own dotted names, so parents include their children. With a TraceLog
-// attached (`trace`), every region is also recorded on the trace's compute track.
+// attached (`trace`), every region is also recorded on the trace's compute track. Adding to a
+// region that exists allocates nothing, so the profiler does not inflate the heap counts below.
 #pragma once
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 #include "core/timer.h"
 #include "core/trace.h"
 
 namespace trex {
 
+// Costs spread across the step's regions, measured by the caller over the profiled steps
+// (totals, not per step) and shown by print_breakdown as "of which" rows: they are parts of the
+// rows above them, never added to the total again.
+struct StepOverheads {
+  // trex's own parallel regions (core/par_stats.h): how many, their wall time, and the wall time
+  // lost in them to fork/join, imbalance and idle workers. GEMMs that oneDNN runs on all threads
+  // open their own regions and are not among them; those run one per thread inside a trex region
+  // (grouped_gemm's small experts) are inside it.
+  bool threads = false;
+  double regions = 0, region_ms = 0, thread_overhead_ms = 0;
+  // Global operator new / delete (core/heap_count.h): calls, bytes, time in them.
+  bool heap = false;
+  double heap_allocs = 0, heap_frees = 0, heap_mb = 0, heap_ms = 0;
+  // Growth of the activation arena (core/stack_arena.h): blocks taken from the system.
+  bool arena = false;
+  double arena_blocks = 0, arena_mb = 0;
+};
+
 class Profiler {
  public:
-  void add(const std::string& name, double ms) {
-    auto& e = regions_[name];
-    e.ms += ms;
-    e.calls += 1;
+  void add(std::string_view name, double ms) {
+    auto it = regions_.find(name);
+    if (it == regions_.end()) it = regions_.emplace(std::string(name), Entry{}).first;
+    it->second.ms += ms;
+    it->second.calls += 1;
   }
   // A region that ran from t0 to t1 (now_ms() values): timed, and traced when a trace is set.
-  void add_span(const std::string& name, double t0_ms, double t1_ms) {
+  void add_span(std::string_view name, double t0_ms, double t1_ms) {
     add(name, t1_ms - t0_ms);
-    if (trace) trace->add(name, TraceTrack::Compute, t0_ms, t1_ms);
+    if (trace) trace->add(std::string(name), TraceTrack::Compute, t0_ms, t1_ms);
   }
-  void clear() { regions_.clear(); }
+  void clear() {
+    regions_.clear();
+    overheads = {};
+  }
   TraceLog* trace = nullptr;  // optional timeline (core/trace.h), owned by the caller
+  StepOverheads overheads;    // filled by the caller (`trex bench step --profile`)
   // Prints regions sorted by name (so children follow parents), with per-step averages.
   void print(FILE* f, int steps, double step_ms) const {
     std::fprintf(f, "%-36s %10s %8s %7s\n", "region", "ms/step", "calls", "share");
@@ -41,7 +67,8 @@ class Profiler {
   //  - inside step.forward_backward: the model's top-level regions (names with one dot and no
   //    "step." / "layer." prefix: fwd.moe, bwd.mla, head_ce.fwd+bwd, bwd.recompute, ...) and the
   //    time between them (norms, residual adds, the embedding, V4's hyper-connections);
-  //  - per decoder layer (layer.NN.fwd / layer.NN.bwd; the backward includes its recompute).
+  //  - per decoder layer (layer.NN.fwd / layer.NN.bwd; the backward includes its recompute);
+  //  - when set, the overheads (StepOverheads) as "of which:" rows after the total.
   // Sub-regions (fwd.moe.experts, ...) are in print(), not here: they are inside their parents.
   void print_breakdown(FILE* f, int steps, double step_ms) const {
     auto ms = [&](const std::string& n) {
@@ -69,6 +96,7 @@ class Profiler {
     }
     row("", "outside the trainer's regions", step_ms - trainer);
     row("", "total", step_ms);
+    print_overheads(f, steps, row);
     bool header = false;
     for (const auto& [name, e] : regions_) {
       if (name.rfind("layer.", 0) != 0) continue;
@@ -79,11 +107,32 @@ class Profiler {
   }
 
  private:
+  // "of which:" rows, each with a note line under it (no '%' in the notes: rows end in one).
+  template <class Row>
+  void print_overheads(FILE* f, int steps, Row& row) const {
+    const StepOverheads& o = overheads;
+    if (o.threads) {
+      row("", "of which: threading overhead in trex parallel regions", o.thread_overhead_ms / steps);
+      std::fprintf(f, "    (in %.1f trex parallel regions/step taking %.1f ms/step: fork/join, imbalance, idle\n"
+                      "     workers; oneDNN GEMMs on all threads run their own OpenMP regions, not covered)\n",
+                   o.regions / steps, o.region_ms / steps);
+    }
+    if (o.heap) {
+      row("", "of which: heap allocations (operator new/delete)", o.heap_ms / steps);
+      std::fprintf(f, "    (heap allocations: %.1f calls/step, %.2f ms/step, %.2f MB/step, %.1f deletes/step;\n"
+                      "     global operator new/delete only, not malloc in C libraries or oneDNN)\n",
+                   o.heap_allocs / steps, o.heap_ms / steps, o.heap_mb / steps, o.heap_frees / steps);
+    }
+    if (o.arena)
+      std::fprintf(f, "    (activation arena growth: %.1f blocks/step, %.1f MB/step from the system)\n",
+                   o.arena_blocks / steps, o.arena_mb / steps);
+  }
+
   struct Entry {
     double ms = 0;
     long calls = 0;
   };
-  std::map<std::string, Entry> regions_;
+  std::map<std::string, Entry, std::less<>> regions_;  // transparent: find by string_view
 };
 
 // A region whose name is made at run time (only when profiling: no string otherwise).

@@ -63,6 +63,7 @@ class StackArena {
     return s + off_;
   }
   size_t reserved() const { return reserved_; }
+  size_t blocks() const { return blocks_.size(); }  // taken from the system so far (never returned)
   size_t peak() const { return peak_; }
 
  private:
