@@ -1,4 +1,6 @@
-// GEMM dispatch: oneDNN sgemm for f32; bf16 operands widened to f32 panels then sgemm;
+// GEMM dispatch: oneDNN sgemm for f32; bf16 operands widened to f32 panels then sgemm (or, with
+// TREX_GEMM_BF16=dot on a CPU whose bf16 dot-product units run at full rate, bf16 x bf16 on
+// oneDNN's bf16 matmul: kernels/gemm_bf16_dnnl.h);
 // grouped GEMM scheduled by size; TREX_ISA=ref runs the scalar reference (kernels/ref/gemm.h).
 #include "kernels/gemm.h"
 #include <oneapi/dnnl/dnnl.h>
@@ -9,6 +11,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "kernels/cpu/gemm_avx512.h"
+#include "kernels/gemm_bf16_dnnl.h"
 #include "kernels/ref/gemm.h"
 
 namespace trex::kern {
@@ -107,6 +110,11 @@ void gemm_fast(Prec pa, Prec pb, bool ta, bool tb, int64_t M, int64_t N, int64_t
   if (pa == Prec::F32 && pb == Prec::F32)
     return sgemm(ta, tb, M, N, K, alpha, static_cast<const float*>(A), lda, static_cast<const float*>(B), ldb,
                  beta, C, ldc);
+  // Both bf16, TREX_GEMM_BF16=dot on a CPU whose bf16 dot units run at full rate: oneDNN's matmul.
+  if (pa == Prec::BF16 && pb == Prec::BF16 && bf16_dot_gemm() &&
+      gemm_bf16_dnnl(ta, tb, M, N, K, alpha, static_cast<const bf16*>(A), lda, static_cast<const bf16*>(B), ldb, beta,
+                     C, ldc))
+    return;
   const int64_t kc = K <= kKcWhole ? K : balanced(K, kKc);
   const bool a_whole = M <= N;  // A is the side widened whole per K block
   // The whole side's panel (rows up to kFullPanel / kc); the blocked side's panel is about as

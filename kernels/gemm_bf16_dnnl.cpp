@@ -1,0 +1,120 @@
+// bf16 GEMM on oneDNN's matmul primitive (see gemm_bf16_dnnl.h). One primitive per call: oneDNN's
+// primitive cache (1024 entries by default) keeps the generated kernels, so a repeated shape
+// costs the descriptor set-up only (measured in BENCHMARKS.md with the step it serves).
+#include "kernels/gemm_bf16_dnnl.h"
+
+#include <oneapi/dnnl/dnnl.h>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+#include "core/cpu.h"
+#include "core/error.h"
+
+namespace trex::kern {
+
+namespace {
+
+void check(dnnl_status_t st, const char* what) {
+  TREX_CHECK(st == dnnl_success, "oneDNN bf16 matmul: ", what, " failed (status ", static_cast<int>(st), ")");
+}
+
+// The CPU engine (thread-safe) and this thread's stream (streams are not).
+dnnl_engine_t engine() {
+  static const dnnl_engine_t e = [] {
+    dnnl_engine_t x = nullptr;
+    check(dnnl_engine_create(&x, dnnl_cpu, 0), "engine");
+    return x;
+  }();
+  return e;
+}
+
+// This thread's stream and scratchpad. The scratchpad is ours (dnnl_scratchpad_mode_user): by
+// default oneDNN shares one scratchpad between primitives, which is wrong when grouped_gemm runs
+// GEMMs on several threads at once.
+struct PerThread {
+  dnnl_stream_t s = nullptr;
+  std::vector<unsigned char> scratch;
+  ~PerThread() {
+    if (s) dnnl_stream_destroy(s);
+  }
+  dnnl_stream_t stream() {
+    if (!s) check(dnnl_stream_create(&s, engine(), dnnl_stream_default_flags), "stream");
+    return s;
+  }
+};
+thread_local PerThread t_local;
+
+// Destroys the oneDNN objects of one call on every path out.
+struct Objects {
+  dnnl_primitive_attr_t attr = nullptr;
+  dnnl_post_ops_t post = nullptr;
+  dnnl_primitive_desc_t pd = nullptr;
+  dnnl_primitive_t prim = nullptr;
+  dnnl_memory_t mem[4] = {nullptr, nullptr, nullptr, nullptr};
+  ~Objects() {
+    for (dnnl_memory_t m : mem)
+      if (m) dnnl_memory_destroy(m);
+    if (prim) dnnl_primitive_destroy(prim);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (post) dnnl_post_ops_destroy(post);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+  }
+};
+
+}  // namespace
+
+bool bf16_dot_gemm() {
+  static const bool on = [] {
+    const char* e = std::getenv("TREX_GEMM_BF16");
+    if (!e || std::strcmp(e, "dot") != 0) return false;  // opt-in (see the header)
+    if (cpu_isa() < Isa::Avx512Bf16) return false;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") != 0;  // reported, not only probed: full rate
+  }();
+  return on;
+}
+
+bool gemm_bf16_dnnl(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
+                    const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  // Row-major operands as strided 2-d views: op(A) [M, K], op(B) [K, N], C [M, N].
+  const dnnl_dims_t ad = {M, K}, bd = {K, N}, cd = {M, N};
+  const dnnl_dims_t as = {ta ? 1 : lda, ta ? lda : 1}, bs = {tb ? 1 : ldb, tb ? ldb : 1}, cs = {ldc, 1};
+  dnnl_memory_desc_t amd, bmd, cmd;
+  check(dnnl_memory_desc_init_by_strides(&amd, 2, ad, dnnl_bf16, as), "A descriptor");
+  check(dnnl_memory_desc_init_by_strides(&bmd, 2, bd, dnnl_bf16, bs), "B descriptor");
+  check(dnnl_memory_desc_init_by_strides(&cmd, 2, cd, dnnl_f32, cs), "C descriptor");
+  dnnl_matmul_desc_t md;
+  check(dnnl_matmul_desc_init(&md, &amd, &bmd, nullptr, &cmd), "matmul descriptor");
+  Objects o;
+  check(dnnl_primitive_attr_create(&o.attr), "attributes");
+  check(dnnl_primitive_attr_set_scratchpad_mode(o.attr, dnnl_scratchpad_mode_user), "scratchpad mode");
+  if (alpha != 1.f) check(dnnl_primitive_attr_set_output_scales(o.attr, 1, 0, &alpha), "alpha");
+  if (beta != 0.f) {  // C = alpha A B + beta C: a sum post-op over the old C
+    check(dnnl_post_ops_create(&o.post), "post-ops");
+    check(dnnl_post_ops_append_sum(o.post, beta), "beta");
+    check(dnnl_primitive_attr_set_post_ops(o.attr, o.post), "post-ops");
+  }
+  if (dnnl_primitive_desc_create(&o.pd, &md, o.attr, engine(), nullptr) != dnnl_success) {
+    o.pd = nullptr;
+    return false;  // no implementation for these strides: the caller widens
+  }
+  check(dnnl_primitive_create(&o.prim, o.pd), "primitive");
+  check(dnnl_memory_create(&o.mem[0], &amd, engine(), const_cast<bf16*>(A)), "A memory");
+  check(dnnl_memory_create(&o.mem[1], &bmd, engine(), const_cast<bf16*>(B)), "B memory");
+  check(dnnl_memory_create(&o.mem[2], &cmd, engine(), C), "C memory");
+  const dnnl_memory_desc_t* smd = dnnl_primitive_desc_query_md(o.pd, dnnl_query_scratchpad_md, 0);
+  const size_t sbytes = smd ? dnnl_memory_desc_get_size(smd) : 0;
+  if (t_local.scratch.size() < sbytes) t_local.scratch.resize(sbytes);
+  dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, o.mem[0]}, {DNNL_ARG_WEIGHTS, o.mem[1]}, {DNNL_ARG_DST, o.mem[2]}, {}};
+  int nargs = 3;
+  if (sbytes > 0) {
+    check(dnnl_memory_create(&o.mem[3], smd, engine(), t_local.scratch.data()), "scratchpad memory");
+    args[nargs++] = {DNNL_ARG_SCRATCHPAD, o.mem[3]};
+  }
+  dnnl_stream_t s = t_local.stream();
+  check(dnnl_primitive_execute(o.prim, s, nargs, args), "execute");
+  check(dnnl_stream_wait(s), "stream wait");
+  return true;
+}
+
+}  // namespace trex::kern

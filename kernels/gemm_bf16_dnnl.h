@@ -1,0 +1,32 @@
+// bf16 x bf16 -> f32 GEMM on the CPU's bf16 dot-product units, through oneDNN's matmul primitive
+// (kernels/gemm.cpp uses it for gemm_bf16 and bf16 grouped GEMMs when bf16_dot_gemm() says so).
+//
+// Why: trex's default bf16 GEMM widens the bf16 operands to f32 panels and runs oneDNN's sgemm on
+// the FMA units. That is the fastest path where vdpbf16ps is slow or hidden (the hypervisor of
+// BENCHMARKS.md's first machine hides the CPUID bit and the instruction runs at half the fp32
+// rate). Where CPUID reports AVX512_BF16, the dot-product units run at twice the fp32 FMA rate
+// (AMD Zen 4: 459 against 228 GFLOP/s on 2 cores, `trex bench peak`), and oneDNN's bf16 matmul
+// (brgemm kernels) uses them. Numerics: products of bf16 values are exact in f32 and the sums
+// are f32, as on the widened path; only the order of the additions differs.
+#pragma once
+#include <cstdint>
+#include "core/tensor.h"
+
+namespace trex::kern {
+
+// True when bf16 GEMMs run on the dot-product units: TREX_GEMM_BF16=dot, CPUID reports AVX512_BF16
+// (not just the SIGILL probe of core/cpu.h) and TREX_ISA is not capped below avx512bf16.
+// Opt-in for now: per GEMM it is as accurate as the widened path (tests/ops/gemm_ops.cpp, against
+// double), but its order of additions moves the 10-step bf16 trajectories of the tiny parity
+// models (Parity.TenAdamWStepsFp32AndBf16: up to 0.08 in loss on v3_tied_greedy, whose loss falls
+// from 5.4 to 0.12 in 10 steps) past the bounds those tests set against PyTorch's bf16 runs of the
+// widened semantics. Making it the default needs that comparison redone for this order.
+bool bf16_dot_gemm();
+
+// C[M, N] = alpha * op(A) op(B) + beta * C (row-major; op = transpose when ta / tb), A and B bf16,
+// C f32; beta == 0 never reads C. Returns false (and does nothing) when oneDNN has no
+// implementation for these strides; the caller then takes the widened path.
+bool gemm_bf16_dnnl(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
+                    const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+}  // namespace trex::kern
