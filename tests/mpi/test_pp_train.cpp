@@ -144,7 +144,9 @@ TEST(PpTrain, GradientsSumToTheSingleRank) {
       const bool embed = e.name.rfind("model.embed_tokens.", 0) == 0;
       const bool owned = layer ? (li >= m->pipeline_stage().l0 && li < m->pipeline_stage().l1)
                                : embed ? (w.rank() == 0 || (v4 && w.rank() == P - 1)) : w.rank() == P - 1;
-      if (!owned) EXPECT_EQ(mine, 0.0) << "rank " << w.rank() << " touched " << e.name;
+      if (!owned) {
+        EXPECT_EQ(mine, 0.0) << "rank " << w.rank() << " touched " << e.name;
+      }
       own += owned && mine > 0;
     }
     EXPECT_GT(own, 0);
