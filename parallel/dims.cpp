@@ -152,28 +152,32 @@ std::vector<int> ParallelDims::edp_group(int rank) const {
   return g;
 }
 
-std::vector<int> ParallelDims::expert_replica_group(int rank) const {
-  const int e = coord(rank).ep;
+namespace {
+
+// The ranks (ascending) whose coordinates satisfy same(coord).
+template <class Same>
+std::vector<int> ranks_where(const ParallelDims& d, Same same) {
   std::vector<int> g;
-  for (int r = 0; r < world(); ++r)
-    if (coord(r).ep == e) g.push_back(r);
+  for (int r = 0; r < d.world(); ++r)
+    if (same(d.coord(r))) g.push_back(r);
   return g;
 }
 
+}  // namespace
+
+std::vector<int> ParallelDims::expert_replica_group(int rank) const {
+  const RankCoord c = coord(rank);
+  return ranks_where(*this, [&](const RankCoord& o) { return o.ep == c.ep; });
+}
+
 std::vector<int> ParallelDims::stage_group(int rank) const {
-  const int s = coord(rank).pp;
-  std::vector<int> g;
-  for (int r = 0; r < world(); ++r)
-    if (coord(r).pp == s) g.push_back(r);
-  return g;
+  const RankCoord c = coord(rank);
+  return ranks_where(*this, [&](const RankCoord& o) { return o.pp == c.pp; });
 }
 
 std::vector<int> ParallelDims::stage_expert_group(int rank) const {
   const RankCoord c = coord(rank);
-  std::vector<int> g;
-  for (int r = 0; r < world(); ++r)
-    if (coord(r).pp == c.pp && coord(r).ep == c.ep) g.push_back(r);
-  return g;
+  return ranks_where(*this, [&](const RankCoord& o) { return o.pp == c.pp && o.ep == c.ep; });
 }
 
 std::string ParallelDims::str() const {

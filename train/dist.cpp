@@ -37,6 +37,16 @@ int64_t group_of(const model::Model& m, const std::string& name) {
   return L;  // final norm, LM head, V4 hc_head
 }
 
+// The slab range of region kind `kind` (DataParallel::Kind: 0 the shared embedding, 1 the other
+// dense tensors, 2 the held experts) in a layout ([b, b) when it has none).
+std::pair<int64_t, int64_t> region_bounds(const model::ParamLayout& L, int kind) {
+  const int64_t dense_begin = std::max<int64_t>(L.shared_end, 0);
+  const int64_t dense_end = L.expert_sharded() ? L.expert_begin : L.total;
+  if (kind == 0) return {0, std::max<int64_t>(L.shared_end, 0)};
+  if (kind == 1) return {dense_begin, dense_end};
+  return L.expert_sharded() ? std::pair<int64_t, int64_t>{L.expert_begin, L.total} : std::pair<int64_t, int64_t>{0, 0};
+}
+
 // Replaces an arena by a zero-padded copy of at least `bytes`.
 void grow_arena(Arena& a, const char* name, size_t bytes) {
   if (a.capacity() >= bytes) return;
@@ -73,25 +83,18 @@ DataParallel::DataParallel(parallel::Communicator& dp_comm, model::Model& m, Ada
     parallel::Communicator* comm;
     int64_t begin, end;
   };
+  TREX_CHECK(ml.shared_end < 0 || o_.shared_comm, "DataParallel: a stage-sharded model with a shared embedding "
+             "needs DpOptions::shared_comm (the ranks of the first and the last stage)");
+  TREX_CHECK(!ml.stage_sharded() || (o_.stage_comm && dp % o_.stage_comm->size() == 0), "DataParallel: a "
+             "stage-sharded model needs DpOptions::stage_comm (the ranks of its stage)");
+  TREX_CHECK(!ml.expert_sharded() || (o_.expert_comm && dp % o_.expert_comm->size() == 0), "DataParallel: an "
+             "expert-sharded model needs DpOptions::expert_comm (the ranks holding the same experts)");
+  parallel::Communicator* comms[3] = {o_.shared_comm, ml.stage_sharded() ? o_.stage_comm : &comm_, o_.expert_comm};
   std::vector<Part> parts;
-  if (ml.shared_end >= 0) {
-    TREX_CHECK(o_.shared_comm, "DataParallel: a stage-sharded model with a shared embedding needs "
-               "DpOptions::shared_comm (the ranks of the first and the last stage)");
-    parts.push_back({Kind::Shared, o_.shared_comm, 0, ml.shared_end});
+  for (Kind k : {Kind::Shared, Kind::Dense, Kind::Experts}) {
+    const auto [b, e] = region_bounds(ml, (int)k);
+    if (e > b) parts.push_back({k, comms[(int)k], b, e});  // (a stage without experts has none, say)
   }
-  parallel::Communicator* dense = &comm_;
-  if (ml.stage_sharded()) {
-    TREX_CHECK(o_.stage_comm && dp % o_.stage_comm->size() == 0, "DataParallel: a stage-sharded model needs "
-               "DpOptions::stage_comm (the ranks of its stage)");
-    dense = o_.stage_comm;
-  }
-  parts.push_back({Kind::Dense, dense, std::max<int64_t>(ml.shared_end, 0), ml.expert_sharded() ? ml.expert_begin : total});
-  if (ml.expert_sharded()) {
-    TREX_CHECK(o_.expert_comm && dp % o_.expert_comm->size() == 0, "DataParallel: an expert-sharded model needs "
-               "DpOptions::expert_comm (the ranks holding the same experts)");
-    parts.push_back({Kind::Experts, o_.expert_comm, ml.expert_begin, total});
-  }
-  std::erase_if(parts, [](const Part& p) { return p.end == p.begin; });  // a stage without experts, say
   TREX_CHECK(!parts.empty(), "DataParallel: the model has no parameters");
   for (const Part& p : parts)  // region boundaries: multiples of 16 x ranks (the shards' region_align)
     TREX_CHECK(p.begin % q == 0 && (&p == &parts.back() || p.end % q == 0), "DataParallel: region [", p.begin, ", ",
@@ -423,19 +426,6 @@ void DataParallel::gather_region_moments(size_t k, std::vector<float>& m1, std::
     }
   }
 }
-
-namespace {
-
-// The slab range of a region kind in a layout ([b, b) when it has none).
-std::pair<int64_t, int64_t> region_bounds(const model::ParamLayout& L, int kind) {
-  const int64_t dense_begin = std::max<int64_t>(L.shared_end, 0);
-  const int64_t dense_end = L.expert_sharded() ? L.expert_begin : L.total;
-  if (kind == 0) return {0, std::max<int64_t>(L.shared_end, 0)};
-  if (kind == 1) return {dense_begin, dense_end};
-  return L.expert_sharded() ? std::pair<int64_t, int64_t>{L.expert_begin, L.total} : std::pair<int64_t, int64_t>{0, 0};
-}
-
-}  // namespace
 
 DataParallel::Gathered DataParallel::gather_whole() {
   wait_params();

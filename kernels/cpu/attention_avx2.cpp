@@ -28,6 +28,7 @@
 // products on the causal diagonal skip the masked triangle (to micro-kernel granularity).
 // Denormals are flushed while an item runs (kernels/cpu/kernel_scratch.h).
 #include "kernels/cpu/attention_avx2.h"
+#include "kernels/cpu/attention_split.h"
 
 #include <immintrin.h>
 
@@ -42,6 +43,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "kernels/cpu/exp2_avx2.h"
 #include "kernels/cpu/kernel_scratch.h"
 
 namespace trex::kern::cpu {
@@ -56,24 +58,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 inline int64_t round8(int64_t n) { return (n + 7) & ~int64_t{7}; }
 
-// 2^x: x clamped to [-127, 127], x = n + f with f in [-1/2, 1/2], 2^f by a degree-6 polynomial
-// (Cephes exp2f coefficients, max relative error ~1e-7) times 2^n built in the exponent field
-// (n = -127 gives the bits of +0, so -inf gives 0). A NaN x gives NaN.
-inline __m256 exp2_ps(__m256 x) {
-  x = _mm256_max_ps(_mm256_set1_ps(-127.f), _mm256_min_ps(_mm256_set1_ps(127.f), x));
-  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 f = _mm256_sub_ps(x, n);
-  __m256 p = _mm256_set1_ps(1.535336188319500e-4f);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.339887440266574e-3f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618437357674640e-3f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550332471162809e-2f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402264791363012e-1f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931472028550421e-1f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-  const __m256i e =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
+using avx2::exp2_ps;  // kernels/cpu/exp2_avx2.h
 
 inline __m256 as_ps(__m256i m) { return _mm256_castsi256_ps(m); }
 
@@ -245,12 +230,6 @@ int tile_kind(const AttnShape& sh, int qs, int nq, int ks, int nk, const int32_t
   return full ? 2 : 1;
 }
 
-// Parts per (b, h) (of `blocks` blocks each) so that there are about `per_thread` work items per
-// thread: 1 when B*H alone provides them.
-int split_count(int64_t BH, int blocks, int per_thread) {
-  const int64_t want = int64_t{per_thread} * num_threads();
-  return static_cast<int>(std::clamp<int64_t>((want + BH - 1) / BH, 1, blocks));
-}
 
 // ---------------------------------------------------------------------------------- forward --
 
@@ -572,7 +551,7 @@ void attention_fwd_avx2(const AttnShape& sh, const float* q, const float* k, con
   TREX_CHECK(sh.scale > 0.0f, "attention: scale must be > 0, got ", sh.scale);
   const int nqb = (sh.T + kB - 1) / kB;
   const int64_t BH = int64_t{sh.B} * sh.H;
-  const int nchunk = split_count(BH, nqb, 4);  // extra chunks only repack some k, v rows
+  const int nchunk = attn_split_count(BH, nqb, 4);  // extra chunks only repack some k, v rows
   FwdCtx c{sh, q, k, v, o, lse, seg, nqb, nchunk};
   parallel_dynamic(BH * nchunk, [&](int64_t it) {
     fwd_item(c, static_cast<int>(it / nchunk), static_cast<int>(it % nchunk));
@@ -587,31 +566,13 @@ void attention_bwd_avx2(const AttnShape& sh, const float* q, const float* k, con
   const int64_t BH = int64_t{sh.B} * sh.H;
   // Splitting the key blocks of a (b, h) makes dq a sum over splits: each split accumulates
   // into its own partial, summed below.
-  const int nsplit = split_count(BH, nkb, 2);  // each split costs a T x Dqk dq partial
-  std::unique_ptr<float, decltype(&std::free)> part(nullptr, &std::free);
-  if (nsplit > 1) {
-    const size_t bytes = (sizeof(float) * BH * nsplit * sh.T * sh.Dqk + 63) & ~size_t{63};
-    part.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
-    TREX_CHECK(part, "attention: cannot allocate ", bytes, " bytes for dq partials");
-  }
+  const int nsplit = attn_split_count(BH, nkb, 2);  // each split costs a T x Dqk dq partial
+  const DqPartials part = alloc_dq_partials(sh, nsplit);
   BwdCtx c{sh, q, k, v, o, lse, dO, dq, dk, dv, seg, nkb, nsplit, part.get()};
   parallel_dynamic(BH * nsplit, [&](int64_t it) {
     bwd_item(c, static_cast<int>(it / nsplit), static_cast<int>(it % nsplit));
   });
-  if (nsplit == 1) return;
-  const int T = sh.T, H = sh.H, Dqk = sh.Dqk;
-  parallel_for(BH * T, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t bh = r / T, t = r % T, b = bh / H, h = bh % H;
-      float* dst = dq + ((b * T + t) * H + h) * Dqk;
-      const float* src = part.get() + bh * nsplit * T * Dqk + t * Dqk;
-      for (int d = 0; d < Dqk; ++d) {
-        float acc = 0.0f;
-        for (int s = 0; s < nsplit; ++s) acc += src[int64_t{s} * T * Dqk + d];
-        dst[d] = acc;
-      }
-    }
-  });
+  if (nsplit > 1) sum_dq_partials(sh, nsplit, part.get(), dq);
 }
 
 }  // namespace trex::kern::cpu

@@ -23,6 +23,7 @@
 // masks are built only for partly visible tiles, and products on the causal diagonal skip the
 // masked triangle (to micro-kernel granularity).
 #include "kernels/cpu/attention_avx512.h"
+#include "kernels/cpu/attention_split.h"
 // GCC 12 reports the _mm512_undefined_ps() idiom inside its own intrinsics as (maybe-)
 // uninitialized; the warnings point into the header, so silencing them there is enough.
 #pragma GCC diagnostic push
@@ -560,12 +561,6 @@ void bwd_item(const BwdCtx& c, int bh, int split) {
   }
 }
 
-// Parts per (b, h) (of `blocks` blocks each) so that there are about `per_thread` work items per
-// thread: 1 when B*H alone provides them.
-int split_count(int64_t BH, int blocks, int per_thread) {
-  const int64_t want = int64_t{per_thread} * num_threads();
-  return static_cast<int>(std::clamp<int64_t>((want + BH - 1) / BH, 1, blocks));
-}
 
 }  // namespace
 
@@ -574,7 +569,7 @@ void attention_fwd_avx512(const AttnShape& sh, const float* q, const float* k, c
   TREX_CHECK(sh.scale > 0.0f, "attention: scale must be > 0, got ", sh.scale);
   const int nqb = (sh.T + kB - 1) / kB;
   const int64_t BH = int64_t{sh.B} * sh.H;
-  const int nchunk = split_count(BH, nqb, 4);  // extra chunks only repack some k, v rows
+  const int nchunk = attn_split_count(BH, nqb, 4);  // extra chunks only repack some k, v rows
   FwdCtx c{sh, q, k, v, o, lse, seg, nqb, nchunk};
   parallel_dynamic(BH * nchunk, [&](int64_t it) {
     fwd_item(c, static_cast<int>(it / nchunk), static_cast<int>(it % nchunk));
@@ -589,31 +584,13 @@ void attention_bwd_avx512(const AttnShape& sh, const float* q, const float* k, c
   const int64_t BH = int64_t{sh.B} * sh.H;
   // Splitting the key blocks of a (b, h) makes dq a sum over splits: each split accumulates
   // into its own partial, summed below.
-  const int nsplit = split_count(BH, nkb, 2);  // each split costs a T x Dqk dq partial
-  std::unique_ptr<float, decltype(&std::free)> part(nullptr, &std::free);
-  if (nsplit > 1) {
-    const size_t bytes = (sizeof(float) * BH * nsplit * sh.T * sh.Dqk + 63) & ~size_t{63};
-    part.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
-    TREX_CHECK(part, "attention: cannot allocate ", bytes, " bytes for dq partials");
-  }
+  const int nsplit = attn_split_count(BH, nkb, 2);  // each split costs a T x Dqk dq partial
+  const DqPartials part = alloc_dq_partials(sh, nsplit);
   BwdCtx c{sh, q, k, v, o, lse, dO, dq, dk, dv, seg, nkb, nsplit, part.get()};
   parallel_dynamic(BH * nsplit, [&](int64_t it) {
     bwd_item(c, static_cast<int>(it / nsplit), static_cast<int>(it % nsplit));
   });
-  if (nsplit == 1) return;
-  const int T = sh.T, H = sh.H, Dqk = sh.Dqk;
-  parallel_for(BH * T, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t bh = r / T, t = r % T, b = bh / H, h = bh % H;
-      float* dst = dq + ((b * T + t) * H + h) * Dqk;
-      const float* src = part.get() + bh * nsplit * T * Dqk + t * Dqk;
-      for (int d = 0; d < Dqk; ++d) {
-        float acc = 0.0f;
-        for (int s = 0; s < nsplit; ++s) acc += src[int64_t{s} * T * Dqk + d];
-        dst[d] = acc;
-      }
-    }
-  });
+  if (nsplit > 1) sum_dq_partials(sh, nsplit, part.get(), dq);
 }
 
 }  // namespace trex::kern::cpu

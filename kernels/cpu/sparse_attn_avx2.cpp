@@ -40,6 +40,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "kernels/cpu/exp2_avx2.h"
 #include "kernels/cpu/kernel_scratch.h"
 
 namespace trex::kern::cpu {
@@ -51,10 +52,6 @@ constexpr int kRows = 12; // micro-kernel rows at most
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-// log2 units: exp2 is evaluated on max(kExpFloor, min(kExpCeil, x)); 2^-127 comes out as 0. x is
-// the second operand of both clamps, which vmaxps / vminps return when either is NaN, so a NaN
-// score stays NaN (as in the reference).
-constexpr float kExpFloor = -127.f, kExpCeil = 127.f;
 
 // Key rows per block: D floats each, kept within ~16 KiB of L1 (at least 16, at most 128 rows).
 inline int block_rows(int D) { return std::clamp(4096 / std::max(D, 1) / 8 * 8, 16, 128); }
@@ -66,24 +63,9 @@ inline __m256i tail_mask(int n) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-// 2^x: x clamped to [-127, 127], x = n + f with f in [-1/2, 1/2], 2^f by a degree-6 polynomial
-// (Cephes exp2f coefficients, max relative error ~1e-7) times 2^n built in the exponent field
-// (n = -127 gives the bits of +0). A NaN x gives NaN.
-inline __m256 exp2_ps(__m256 x) {
-  x = _mm256_max_ps(_mm256_set1_ps(kExpFloor), _mm256_min_ps(_mm256_set1_ps(kExpCeil), x));
-  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 f = _mm256_sub_ps(x, n);
-  __m256 p = _mm256_set1_ps(1.535336188319500e-4f);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.339887440266574e-3f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618437357674640e-3f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550332471162809e-2f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402264791363012e-1f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931472028550421e-1f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-  const __m256i e =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
+// Softmax in log2 units: 2^x clamped to [-127, 127] (2^-127 comes out as 0; a NaN score stays
+// NaN, as in the reference), kernels/cpu/exp2_avx2.h.
+using avx2::exp2_ps;
 
 // A panel in column chunks: P [K, N] (N a multiple of 8) stored as chunks of kCC columns, chunk
 // c (columns kCC c .. kCC c + w, w = min(kCC, N - kCC c)) at P + kCC c K with row stride w, so a

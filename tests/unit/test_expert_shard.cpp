@@ -12,12 +12,15 @@
 #include "core/error.h"
 #include "model/checkpoint.h"
 #include "tests/tiny_configs.h"
+#include "tests/unit/shard_checks.h"
+#include "tests/unit/test_util.h"
 #include "train/checkpoint.h"
 #include "train/optimizer.h"
 #include "train/trainer.h"
 
 using namespace trex;
 using namespace trex::testing;
+using trex::test::expect_slices_of;
 namespace fs = std::filesystem;
 
 namespace {
@@ -30,24 +33,6 @@ model::ModelConfig six(nlohmann::json j) {
 std::vector<model::ModelConfig> configs() { return {six(tiny_v3()), six(tiny_v4())}; }
 
 bool is_expert(const std::string& name) { return name.find(".mlp.experts.") != std::string::npos; }
-
-// Every tensor of m equals the whole model's (its rows, for a row slice), bit for bit.
-void expect_slices_of(const float* mp, const model::ParamLayout& ml, const float* wp, const model::ParamLayout& wl,
-                      const char* what) {
-  for (const model::ParamEntry& e : ml.entries) {
-    const model::ParamEntry* w = wl.find(e.name);
-    ASSERT_TRUE(w) << what << ": " << e.name;
-    const float* src = wp + w->offset + e.whole_begin();
-    EXPECT_EQ(0, std::memcmp(src, mp + e.offset, e.shape.numel() * sizeof(float))) << what << ": " << e.name;
-  }
-}
-
-fs::path temp_dir(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / (name + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
 
 }  // namespace
 
@@ -127,7 +112,8 @@ TEST(ExpertShard, InitAndLoadGiveTheWholeModelsRows) {
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = (int32_t)(i * 7 % c.vocab_size), tg[i] = (int32_t)(i * 5 % c.vocab_size);
     whole.forward_backward({2, 9, ids.data(), tg.data(), nullptr, nullptr});
     opt.step(whole, 1e-3f);
-    const fs::path dir = temp_dir("trex_expert_shard_");
+    const test::TmpDir tmp("trex_expert_shard_");
+    const fs::path& dir = tmp.path;
     const std::string ck = train::save_checkpoint(dir.string(), whole, opt, train::TrainState{1, 0, 0, {}}, 1);
     model::save_hf_checkpoint(whole, (dir / "hf").string());
     if (c.is_v4()) model::save_v4_original(whole, (dir / "orig").string(), DType::F32, false);
@@ -157,7 +143,6 @@ TEST(ExpertShard, InitAndLoadGiveTheWholeModelsRows) {
         expect_slices_of(so.M2(), m.layout, opt.M2(), whole.layout, "exp_avg_sq");
         EXPECT_EQ(m.buffers, whole.buffers);
       }
-    fs::remove_all(dir);
   }
 }
 
@@ -174,9 +159,9 @@ TEST(ExpertShard, AShardAloneIsRefused) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("holds routed experts [2, 4) only"), std::string::npos) << e.what();
   }
-  const fs::path dir = temp_dir("trex_expert_shard_save_");
+  const test::TmpDir tmp("trex_expert_shard_save_");
+  const fs::path& dir = tmp.path;
   EXPECT_THROW(model::save_hf_checkpoint(m, (dir / "hf").string()), std::exception);
   train::AdamW o(m, {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f});
   EXPECT_THROW(train::save_checkpoint(dir.string(), m, o, train::TrainState{}, 1), std::exception);
-  fs::remove_all(dir);
 }

@@ -12,11 +12,14 @@
 #include "core/error.h"
 #include "model/checkpoint.h"
 #include "tests/tiny_configs.h"
+#include "tests/unit/shard_checks.h"
+#include "tests/unit/test_util.h"
 #include "train/checkpoint.h"
 #include "train/optimizer.h"
 
 using namespace trex;
 using namespace trex::testing;
+using trex::test::expect_slices_of;
 namespace fs = std::filesystem;
 
 namespace {
@@ -51,24 +54,6 @@ int64_t layer_of(const model::ModelConfig& c, const std::string& n) {
   if (n.rfind("model.layers.", 0) == 0) return std::atoll(n.c_str() + 13);
   if (n.rfind("mtp.", 0) == 0) return c.num_hidden_layers + std::atoll(n.c_str() + 4);
   return -1;
-}
-
-// Every tensor of m equals the whole model's (its rows, for a row slice), bit for bit.
-void expect_slices_of(const float* mp, const model::ParamLayout& ml, const float* wp, const model::ParamLayout& wl,
-                      const char* what) {
-  for (const model::ParamEntry& e : ml.entries) {
-    const model::ParamEntry* w = wl.find(e.name);
-    ASSERT_TRUE(w) << what << ": " << e.name;
-    EXPECT_EQ(0, std::memcmp(wp + w->offset + e.whole_begin(), mp + e.offset, e.shape.numel() * sizeof(float)))
-        << what << ": " << e.name;
-  }
-}
-
-fs::path temp_dir(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / (name + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
 }
 
 }  // namespace
@@ -112,8 +97,11 @@ TEST(StageShard, LayoutHoldsTheStagesTensors) {
           EXPECT_EQ(L.embed, 0);
           EXPECT_EQ(L.shared_end % 32, 0);
           EXPECT_GE(L.shared_end, c.vocab_size * c.hidden_size);
-          for (const model::ParamEntry& e : L.entries)
-            if (e.name != "model.embed_tokens.weight") EXPECT_GE(e.offset, L.shared_end) << e.name;
+          for (const model::ParamEntry& e : L.entries) {
+            if (e.name != "model.embed_tokens.weight") {
+              EXPECT_GE(e.offset, L.shared_end) << e.name;
+            }
+          }
         } else {
           EXPECT_EQ(L.shared_end, -1);
         }
@@ -151,7 +139,8 @@ TEST(StageShard, InitAndLoadGiveTheWholeModelsTensors) {
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = (int32_t)(i * 7 % c.vocab_size), tg[i] = (int32_t)(i * 5 % c.vocab_size);
     whole.forward_backward({2, 9, ids.data(), tg.data(), nullptr, nullptr});
     opt.step(whole, 1e-3f);  // moments that are not zero
-    const fs::path dir = temp_dir("trex_stage_shard_");
+    const test::TmpDir tmp("trex_stage_shard_");
+    const fs::path& dir = tmp.path;
     const std::string ck = train::save_checkpoint(dir.string(), whole, opt, train::TrainState{1, 0, 0, {}}, 1);
     model::save_hf_checkpoint(whole, (dir / "hf").string());
     if (c.is_v4()) model::save_v4_original(whole, (dir / "orig").string(), DType::F32, false);
@@ -183,7 +172,6 @@ TEST(StageShard, InitAndLoadGiveTheWholeModelsTensors) {
           expect_slices_of(so.M2(), m.layout, opt.M2(), whole.layout, "exp_avg_sq");
           EXPECT_EQ(m.buffers, whole.buffers);
         }
-    fs::remove_all(dir);
   }
 }
 
@@ -203,9 +191,9 @@ TEST(StageShard, AStageAloneIsRefused) {
   }
   EXPECT_THROW(m.set_pipeline_stage({2, 3, false, true}), std::exception);
   m.set_pipeline_stage({1, 3, false, true});
-  const fs::path dir = temp_dir("trex_stage_shard_save_");
+  const test::TmpDir tmp("trex_stage_shard_save_");
+  const fs::path& dir = tmp.path;
   EXPECT_THROW(model::save_hf_checkpoint(m, (dir / "hf").string()), std::exception);
   train::AdamW o(m, {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f});
   EXPECT_THROW(train::save_checkpoint(dir.string(), m, o, train::TrainState{}, 1), std::exception);
-  fs::remove_all(dir);
 }
