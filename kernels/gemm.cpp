@@ -1,6 +1,6 @@
-// GEMM dispatch: oneDNN sgemm for f32; bf16 operands widened to f32 panels then sgemm (or, with
-// TREX_GEMM_BF16=dot on a CPU whose bf16 dot-product units run at full rate, bf16 x bf16 on
-// oneDNN's bf16 matmul: kernels/gemm_bf16_dnnl.h);
+// GEMM dispatch: oneDNN sgemm for f32; bf16 x bf16 on oneDNN's bf16 matmul where CPUID reports
+// the bf16 dot-product units (kernels/gemm_bf16_dnnl.h; TREX_GEMM_BF16=widen turns it off), else
+// bf16 operands widened to f32 panels then sgemm;
 // grouped GEMM scheduled by size; TREX_ISA=ref runs the scalar reference (kernels/ref/gemm.h).
 #include "kernels/gemm.h"
 #include <oneapi/dnnl/dnnl.h>
@@ -110,7 +110,7 @@ void gemm_fast(Prec pa, Prec pb, bool ta, bool tb, int64_t M, int64_t N, int64_t
   if (pa == Prec::F32 && pb == Prec::F32)
     return sgemm(ta, tb, M, N, K, alpha, static_cast<const float*>(A), lda, static_cast<const float*>(B), ldb,
                  beta, C, ldc);
-  // Both bf16, TREX_GEMM_BF16=dot on a CPU whose bf16 dot units run at full rate: oneDNN's matmul.
+  // Both bf16 on a CPU whose bf16 dot units run at full rate (unless TREX_GEMM_BF16=widen): oneDNN's matmul.
   if (pa == Prec::BF16 && pb == Prec::BF16 && bf16_dot_gemm() &&
       gemm_bf16_dnnl(ta, tb, M, N, K, alpha, static_cast<const bf16*>(A), lda, static_cast<const bf16*>(B), ldb, beta,
                      C, ldc))

@@ -6,6 +6,7 @@
 #include <oneapi/dnnl/dnnl.h>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 #include "core/cpu.h"
 #include "core/error.h"
@@ -66,7 +67,12 @@ struct Objects {
 bool bf16_dot_gemm() {
   static const bool on = [] {
     const char* e = std::getenv("TREX_GEMM_BF16");
-    if (!e || std::strcmp(e, "dot") != 0) return false;  // opt-in (see the header)
+    const std::string mode = e ? e : "";
+    TREX_USER_CHECK(mode.empty() || mode == "dot" || mode == "widen",
+                    "set TREX_GEMM_BF16 to dot (the bf16 dot-product units, the default where CPUID reports "
+                    "AVX512_BF16) or widen (f32 panels on the FMA units), or unset it",
+                    "environment variable TREX_GEMM_BF16=", mode, " names no bf16 GEMM path");
+    if (mode == "widen") return false;
     if (cpu_isa() < Isa::Avx512Bf16) return false;
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512bf16") != 0;  // reported, not only probed: full rate

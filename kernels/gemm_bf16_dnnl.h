@@ -1,7 +1,7 @@
 // bf16 x bf16 -> f32 GEMM on the CPU's bf16 dot-product units, through oneDNN's matmul primitive
 // (kernels/gemm.cpp uses it for gemm_bf16 and bf16 grouped GEMMs when bf16_dot_gemm() says so).
 //
-// Why: trex's default bf16 GEMM widens the bf16 operands to f32 panels and runs oneDNN's sgemm on
+// Why: trex's other bf16 GEMM widens the bf16 operands to f32 panels and runs oneDNN's sgemm on
 // the FMA units. That is the fastest path where vdpbf16ps is slow or hidden (the hypervisor of
 // BENCHMARKS.md's first machine hides the CPUID bit and the instruction runs at half the fp32
 // rate). Where CPUID reports AVX512_BF16, the dot-product units run at twice the fp32 FMA rate
@@ -14,13 +14,13 @@
 
 namespace trex::kern {
 
-// True when bf16 GEMMs run on the dot-product units: TREX_GEMM_BF16=dot, CPUID reports AVX512_BF16
-// (not just the SIGILL probe of core/cpu.h) and TREX_ISA is not capped below avx512bf16.
-// Opt-in for now: per GEMM it is as accurate as the widened path (tests/ops/gemm_ops.cpp, against
-// double), but its order of additions moves the 10-step bf16 trajectories of the tiny parity
-// models (Parity.TenAdamWStepsFp32AndBf16: up to 0.08 in loss on v3_tied_greedy, whose loss falls
-// from 5.4 to 0.12 in 10 steps) past the bounds those tests set against PyTorch's bf16 runs of the
-// widened semantics. Making it the default needs that comparison redone for this order.
+// True when bf16 GEMMs run on the dot-product units: CPUID reports AVX512_BF16 (not just the
+// SIGILL probe of core/cpu.h), TREX_ISA is not capped below avx512bf16, and TREX_GEMM_BF16 is not
+// `widen` (`dot` or unset: this path; `widen`: the widened path for A/B runs; anything else is an
+// error). Per GEMM it is as accurate as the widened path (tests/ops/gemm_ops.cpp, against double);
+// only the order of the f32 additions differs, which the tiny parity models' 10-step bf16
+// trajectories amplify after their first updates exactly as they amplify a change of the widened
+// path's K blocking (tests/unit/test_parity.cpp, Parity.TenAdamWStepsFp32AndBf16).
 bool bf16_dot_gemm();
 
 // C[M, N] = alpha * op(A) op(B) + beta * C (row-major; op = transpose when ta / tb), A and B bf16,

