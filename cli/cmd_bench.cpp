@@ -221,7 +221,8 @@ void add_bench(CLI::App& app) {
     const int steps = o->steps > 0 ? o->steps : (int)rc.train.steps;
     model::Model m(rc.model, rc.train.precision, {rc.train.aux_loss_alpha, rc.train.mtp_loss_weight, rc.train.recompute},
                    train::expert_shard_of(dims, rank, rc.model),  // ep > 1: this rank's experts only
-                   train::stage_shard_of(dims, rank, rc.model));  // pp > 1: this rank's stage only
+                   train::stage_shard_of(dims, rank, rc.model),   // pp > 1: this rank's stage only
+                   train::tp_shard_of(dims, rank));                // tp > 1: this rank's slice only
     if (!rc.model_path.empty()) model::load_hf_weights(m, rc.model_path);
     else m.init_random(rc.train.seed);
     const float lr = (float)rc.optim.schedule.lr;

@@ -132,16 +132,14 @@ void load_hf_weights(Model& m, const std::string& dir) {
   for (const ParamEntry& e : m.layout.entries) {
     if (fresh_mtp && e.name.rfind("mtp.", 0) == 0) continue;
     used.insert(e.name);
-    if (e.rows_total == 0) {
+    if (!e.sliced()) {
       read_tensor(ck, q, e.name, e.shape, m.P() + e.offset);
       continue;
     }
-    // An expert-parallel shard's rows of a merged [E, ...] expert tensor.
-    Shape s = e.shape;
-    s.d[0] = e.rows_total;
+    // An expert-parallel shard's rows of a merged [E, ...] expert tensor, a tensor-parallel slice.
     whole.resize((size_t)e.whole_numel());
-    read_tensor(ck, q, e.name, s, whole.data());
-    std::copy(whole.begin() + e.whole_begin(), whole.begin() + e.whole_begin() + e.shape.numel(), m.P() + e.offset);
+    read_tensor(ck, q, e.name, e.whole_shape(), whole.data());
+    e.take_from_whole(whole.data(), m.P() + e.offset);
   }
   for (const BufferEntry& b : m.layout.buffers) {
     if (fresh_mtp && b.name.rfind("mtp.", 0) == 0) continue;

@@ -153,6 +153,7 @@ void load_v4_original(Model& m, const std::string& dir) {
     TREX_LOG_WARN(dir, ": no MTP tensors (mtp.*); the MTP blocks start from random init");
     m.init_mtp_random(0x5eed);
   }
+  std::vector<float> whole;
   for (const ParamEntry& e : m.layout.entries) {
     if (fresh_mtp && e.name.rfind("mtp.", 0) == 0) continue;
     float* dst = m.P() + e.offset;
@@ -165,6 +166,10 @@ void load_v4_original(Model& m, const std::string& dir) {
       }
     } else if (std::string l2 = merged_expert_prefix(e.name, "down_proj"); !l2.empty()) {
       for (int64_t x = x0; x < x0 + nx; ++x) read(expert_name(l2, x, "w2"), Shape{d, F}, dst + (x - x0) * d * F);
+    } else if (e.sliced()) {  // a tensor-parallel slice
+      whole.resize((size_t)e.whole_numel());
+      read(v4_original_name(e.name), e.whole_shape(), whole.data());
+      e.take_from_whole(whole.data(), dst);
     } else {
       read(v4_original_name(e.name), e.shape, dst);
     }

@@ -28,10 +28,17 @@ struct W {
 };
 
 // Tensor-parallel slice of a layer: this rank computes part `rank` of `size` equal parts (heads,
-// output groups or MLP columns). size 1 = the whole layer.
+// output groups or MLP columns). size 1 = the whole layer. held: the model's layout holds only
+// this part of the split tensors (model/params.h TpShard), so they start at their own offsets
+// with the slice's row length; else they are whole and the slice is found inside them.
 struct TpSlice {
   int64_t rank = 0, size = 1;
+  bool held = false;
   bool on() const { return size > 1; }
+  // Where part `rank` of a split dimension of n (rows, or columns) starts in the stored tensor.
+  int64_t first(int64_t n) const { return held ? 0 : rank * (n / size); }
+  // The stored row length of a tensor whose n columns are split (0 = n / size, its own width).
+  int64_t ld(int64_t n) const { return held ? 0 : n; }
 };
 
 // x: [N, in]  W: [out, in]  ->  y: [N, out] with row stride ldy (0 = out)  (y = beta*y + x @ W^T)

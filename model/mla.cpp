@@ -16,19 +16,22 @@ W wt(const AttnIn& in, int64_t off, int64_t ld = 0) { return {in.P + off, in.Pb 
 // This rank's heads [h0, h0 + Hl) of H under tensor parallelism (all of them when tp is off).
 struct Heads {
   int64_t h0, Hl;
+  int64_t s0, Hs;  // the stored tensors: their first head is head s0 (h0, or 0 when the model holds
+                   // only this slice: TpSlice::held), and o_proj holds the columns of Hs heads
 };
 
 Heads local_heads(const AttnIn& in) {
   const int64_t H = in.cfg->num_attention_heads, S = in.tp.size;
   TREX_CHECK(S >= 1 && in.tp.rank >= 0 && in.tp.rank < S, "bad tensor-parallel slice ", in.tp.rank, " of ", S);
   TREX_CHECK(H % S == 0, "attention heads ", H, " are not a multiple of the tensor-parallel size ", S);
-  return {in.tp.rank * (H / S), H / S};
+  const int64_t h0 = in.tp.rank * (H / S), Hl = H / S;
+  return {h0, Hl, in.tp.held ? 0 : h0, in.tp.held ? Hl : H};
 }
 
 // The query projection rows of the local heads: q_b [H dqk, rq] (or q_proj [H dqk, d]).
 W q_rows(const AttnIn& in, const Heads& hs, int64_t dqk, int64_t cols) {
   const LayerParams& p = *in.p;
-  return wt(in, (in.cfg->q_lora_rank ? p.q_b : p.q) + hs.h0 * dqk * cols);
+  return wt(in, (in.cfg->q_lora_rank ? p.q_b : p.q) + hs.s0 * dqk * cols);
 }
 
 // The latent norms (q_a_layernorm, kv_a_layernorm) use eps 1e-6 whatever rms_norm_eps says,
@@ -91,7 +94,7 @@ void mla_project(const Ctx& c, const AttnIn& in, const float* x, MlaSaved& s) {
   {
     auto mk2 = A.mark();
     float* kv = A.alloc<float>(N * H * (dn + dv));
-    linear_fwd(c, s.latn, N, r, wt(in, p.kv_b + hs.h0 * (dn + dv) * r), H * (dn + dv), kv);
+    linear_fwd(c, s.latn, N, r, wt(in, p.kv_b + hs.s0 * (dn + dv) * r), H * (dn + dv), kv);
     parallel_for(N, 64, [&](int64_t b, int64_t e) {
       for (int64_t n = b; n < e; ++n)
         for (int64_t h = 0; h < H; ++h) {
@@ -110,7 +113,7 @@ void mla_forward(const Ctx& c, const AttnIn& in, const float* x, float* out, Mla
   const ModelConfig& m = *in.cfg;
   const LayerParams& p = *in.p;
   const Heads hs = local_heads(in);
-  const int64_t N = in.B * in.T, d = m.hidden_size, H = hs.Hl, Hf = m.num_attention_heads;
+  const int64_t N = in.B * in.T, d = m.hidden_size, H = hs.Hl;
   const int64_t dqk = m.qk_head_dim(), dv = m.v_head_dim;
   StackArena& A = *c.ws;
   mla_project(c, in, x, s);
@@ -122,14 +125,14 @@ void mla_forward(const Ctx& c, const AttnIn& in, const float* x, float* out, Mla
     kern::attention_fwd(sh, s.Q, s.K, s.V, s.O, s.lse, in.seg);
   }
   // o_proj [d, Hf dv]: the columns of the local heads (row-parallel; out is a partial sum).
-  linear_fwd(c, s.O, N, H * dv, wt(in, p.o + hs.h0 * dv, Hf * dv), d, out);
+  linear_fwd(c, s.O, N, H * dv, wt(in, p.o + hs.s0 * dv, hs.Hs * dv), d, out);
 }
 
 void mla_backward(const Ctx& c, const AttnIn& in, const MlaSaved& s, const float* dout, float* dx) {
   const ModelConfig& m = *in.cfg;
   const LayerParams& p = *in.p;
   const Heads hs = local_heads(in);
-  const int64_t N = in.B * in.T, d = m.hidden_size, H = hs.Hl, Hf = m.num_attention_heads;  // H: local heads
+  const int64_t N = in.B * in.T, d = m.hidden_size, H = hs.Hl;  // H: local heads
   const int64_t dn = m.qk_nope_head_dim, dr = m.qk_rope_head_dim, dqk = m.qk_head_dim(), dv = m.v_head_dim;
   const int64_t r = m.kv_lora_rank, rq = m.q_lora_rank;
   StackArena& A = *c.ws;
@@ -138,7 +141,7 @@ void mla_backward(const Ctx& c, const AttnIn& in, const MlaSaved& s, const float
 
   // Output projection.
   float* dO = A.alloc<float>(N * H * dv);
-  linear_bwd(c, dout, s.O, N, H * dv, wt(in, p.o + hs.h0 * dv, Hf * dv), d, dO, false, G + p.o + hs.h0 * dv);
+  linear_bwd(c, dout, s.O, N, H * dv, wt(in, p.o + hs.s0 * dv, hs.Hs * dv), d, dO, false, G + p.o + hs.s0 * dv);
 
   // Attention core.
   float* dQ = A.alloc<float>(N * H * dqk);
@@ -169,7 +172,7 @@ void mla_backward(const Ctx& c, const AttnIn& in, const MlaSaved& s, const float
   if (dr)
     kern::rope_apply(dkva + r, N, 1, r + dr, dr, (int)dr, in.pos, in.rope->cos, in.rope->sin, layout(*in.rope), true);
   float* dlatn = A.alloc<float>(N * r);
-  const int64_t kvb = p.kv_b + hs.h0 * (dn + dv) * r;  // kv_b rows of the local heads
+  const int64_t kvb = p.kv_b + hs.s0 * (dn + dv) * r;  // kv_b rows of the local heads
   linear_bwd(c, dkv, s.latn, N, r, wt(in, kvb), H * (dn + dv), dlatn, false, G + kvb);
   float* dlat = A.alloc<float>(N * r);
   kern::rmsnorm_bwd(dlatn, s.lat, N, r, in.P + p.kv_a_norm, s.lat_rstd, dlat, G + p.kv_a_norm);
@@ -182,12 +185,12 @@ void mla_backward(const Ctx& c, const AttnIn& in, const MlaSaved& s, const float
                      true);
   if (rq) {
     float* dqan = A.alloc<float>(N * rq);
-    linear_bwd(c, dQ, s.qan, N, rq, q_rows(in, hs, dqk, rq), H * dqk, dqan, false, G + p.q_b + hs.h0 * dqk * rq);
+    linear_bwd(c, dQ, s.qan, N, rq, q_rows(in, hs, dqk, rq), H * dqk, dqan, false, G + p.q_b + hs.s0 * dqk * rq);
     float* dqa = A.alloc<float>(N * rq);
     kern::rmsnorm_bwd(dqan, s.qa, N, rq, in.P + p.q_a_norm, s.qa_rstd, dqa, G + p.q_a_norm);
     linear_bwd(c, dqa, s.x, N, d, wt(in, p.q_a), rq, dx, true, G + p.q_a);
   } else {
-    linear_bwd(c, dQ, s.x, N, d, q_rows(in, hs, dqk, d), H * dqk, dx, true, G + p.q + hs.h0 * dqk * d);
+    linear_bwd(c, dQ, s.x, N, d, q_rows(in, hs, dqk, d), H * dqk, dx, true, G + p.q + hs.s0 * dqk * d);
   }
   A.release(mk);
 }

@@ -25,6 +25,8 @@ MlpW mlp_weights_tp(const float* P, const bf16* Pb, float* G, int64_t gu_off, in
   if (!tp.on()) return mlp_weights(P, Pb, G, gu_off, down_off, d, F);
   TREX_CHECK(F % tp.size == 0, "MLP width ", F, " is not a multiple of the tensor-parallel size ", tp.size);
   const int64_t Fl = F / tp.size, f0 = tp.rank * Fl;
+  // A tp-sharded layout holds exactly this slice: gate|up [2 Fl, d] stacked, down [d, Fl].
+  if (tp.held) return mlp_weights(P, Pb, G, gu_off, down_off, d, Fl);
   MlpW w = mlp_weights(P, Pb, G, gu_off + f0 * d, down_off + f0, d, Fl);
   w.up_off = F * d;  // up rows start F rows after the gate rows of the whole matrix
   w.down.ld = F;     // columns [f0, f0 + Fl) of down [d, F]

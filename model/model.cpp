@@ -48,8 +48,9 @@ struct LayerSaved {
 
 }  // namespace
 
-Model::Model(const ModelConfig& c, kern::Prec p, TrainOptions o, ExpertShard shard, StageShard stage)
-    : cfg(with_mtp(c, o.mtp_loss_weight > 0 ? c.num_nextn_predict_layers : 0)), layout(build_layout(cfg, shard, stage)),
+Model::Model(const ModelConfig& c, kern::Prec p, TrainOptions o, ExpertShard shard, StageShard stage, TpShard tp)
+    : cfg(with_mtp(c, o.mtp_loss_weight > 0 ? c.num_nextn_predict_layers : 0)),
+      layout(build_layout(cfg, shard, stage, tp)),
       prec(p), opt(o) {
   TREX_USER_CHECK(o.mtp_loss_weight <= 0 || (c.is_v4() && c.num_nextn_predict_layers > 0),
                   "set mtp_loss_weight = 0, or use a DeepSeek-V4 config with num_nextn_predict_layers > 0",
@@ -110,12 +111,19 @@ bool tp_partial_grad(const std::string& name) {
 
 void Model::set_tensor_parallel(parallel::Communicator* tp_comm, bool sequence_parallel) {
   tp_ = {};
-  if (!tp_comm || tp_comm->size() == 1) return;
+  if (!tp_comm || tp_comm->size() == 1) {
+    TREX_CHECK(!layout.tp_sharded(), "set_tensor_parallel: this model holds tensor-parallel slice ", layout.tp.rank,
+               " of ", layout.tp.size, " only and needs a tp group of that size");
+    return;
+  }
   parallel::ParallelDims dims;  // heads, V4 output groups and the dense width must split evenly
   dims.tp = tp_comm->size();
   dims.validate_model(cfg);
+  TREX_CHECK(!layout.tp_sharded() || (layout.tp.rank == tp_comm->rank() && layout.tp.size == tp_comm->size()),
+             "set_tensor_parallel: tp rank ", tp_comm->rank(), " of ", tp_comm->size(), " but the model holds slice ",
+             layout.tp.rank, " of ", layout.tp.size);
   tp_.comm = tp_comm;
-  tp_.slice = {tp_comm->rank(), dims.tp};
+  tp_.slice = {tp_comm->rank(), dims.tp, layout.tp_sharded()};
   tp_.sp = sequence_parallel;
 }
 
@@ -153,14 +161,14 @@ void Model::for_each_init_target(const std::function<void(const ParamEntry&, flo
   for (const ParamEntry& w : whole.entries) {
     if (keep && !keep(w.name)) continue;
     const ParamEntry* e = layout.find(w.name);
-    if (e && e->rows_total == 0) {
+    if (e && !e->sliced()) {
       gen(w, P() + e->offset);
       continue;
     }
     tmp.resize((size_t)w.shape.numel());
     gen(w, tmp.data());
     if (!e) continue;  // another rank's expert, or another stage's tensor
-    std::copy(tmp.begin() + e->whole_begin(), tmp.begin() + e->whole_begin() + e->shape.numel(), P() + e->offset);
+    e->take_from_whole(tmp.data(), P() + e->offset);  // an expert shard's rows, a tp slice
   }
 }
 
@@ -248,6 +256,8 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward, const Stag
              ", ", layout.expert_first + layout.expert_count, ") only; set_expert_parallel before a forward");
   TREX_CHECK(!layout.stage_sharded() || stage_.on(), "Model: this model holds the pipeline stage of layers [",
              layout.stage.l0, ", ", layout.stage.l1, ") only; set_pipeline_stage before a forward");
+  TREX_CHECK(!layout.tp_sharded() || tp_.on(), "Model: this model holds tensor-parallel slice ", layout.tp.rank, " of ",
+             layout.tp.size, " only; set_tensor_parallel before a forward");
   const PipelineStage& st = stage_;
   TREX_CHECK(!st.on() || (io && (st.first || io->x_in) && (st.last || backward || io->x_out) &&
                           (st.last || !backward || io->dy) && (st.first || !backward || io->dx_in)),

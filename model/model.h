@@ -97,8 +97,11 @@ class Model {
   // shard: the routed experts this model holds (expert-parallel memory sharding, model/params.h);
   // a sharded model runs only with set_expert_parallel over the matching ep group. stage: the
   // pipeline stage it holds (pipeline memory sharding); it runs only as that stage
-  // (set_pipeline_stage with the same layers).
-  Model(const ModelConfig& cfg, kern::Prec prec, TrainOptions opt = {}, ExpertShard shard = {}, StageShard stage = {});
+  // (set_pipeline_stage with the same layers). tp: the tensor-parallel slice of the attention and
+  // dense-MLP tensors it holds (tensor-parallel memory sharding); it runs only with
+  // set_tensor_parallel over a tp group of that size, as that rank.
+  Model(const ModelConfig& cfg, kern::Prec prec, TrainOptions opt = {}, ExpertShard shard = {}, StageShard stage = {},
+        TpShard tp = {});
 
   // Forward + backward of one micro-batch; gradients of grad_scale * (ce + aux) are added into
   // the gradient slab. Returns the loss parts of this batch.
@@ -148,8 +151,9 @@ class Model {
   const ExpertParallel& expert_parallel() const { return ep_; }
   // Tensor parallel over tp_comm (see TensorParallel): forward and forward_backward become
   // collectives over it; every tp rank must see the same batches. Gradients of the split tensors
-  // touch this rank's slice only, and those of tp_partial_grad tensors are partial: the
-  // data-parallel reduction over dp x tp ranks (train/dist.h, DpOptions::tp) completes them.
+  // touch this rank's slice only (a tp-sharded model holds only that slice), and those of
+  // tp_partial_grad tensors are partial: the data-parallel reduction over dp x tp ranks
+  // (train/dist.h, DpOptions::tp) completes them.
   // null: off. sequence_parallel: see TensorParallel (a batch must then hold >= tp tokens).
   void set_tensor_parallel(parallel::Communicator* tp_comm, bool sequence_parallel = false);
   const TensorParallel& tensor_parallel() const { return tp_; }

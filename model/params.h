@@ -4,6 +4,7 @@
 // layer (gate and up stacked per expert: [E, 2F, d]; down: [E, d, F]) so that expert-parallel
 // sharding is a slice and a grouped GEMM sees one weight tensor.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <unordered_map>
@@ -20,13 +21,42 @@ struct ParamEntry {
   bool decay;        // weight decay applies (matrices yes, norms no)
   bool frozen = false;  // never receives a gradient (V4 indexer): the optimizer skips it, as torch
                         // skips parameters whose .grad stays None (no weight decay either)
-  // Expert-sharded layouts (ExpertShard): > 0 when this entry holds rows [rows_first, rows_first +
-  // shape[0]) of a checkpoint tensor of rows_total rows (V4's merged [E, ...] expert tensors).
+  // Sharded layouts: this entry holds a block of a checkpoint tensor. rows_total > 0: rows
+  // [rows_first, rows_first + shape[0]) of rows_total (V4's merged [E, ...] expert tensors under
+  // ExpertShard; a column-parallel tensor's rows, or a 1-d tensor's elements, under TpShard).
+  // cols_total > 0 (2-d only): columns [cols_first, cols_first + shape[1]) of cols_total (a
+  // row-parallel tensor's columns under TpShard).
   int64_t rows_first = 0, rows_total = 0;
-  // The checkpoint tensor's elements, and where this entry's values start among them (0 unless a
-  // row slice).
-  int64_t whole_numel() const { return rows_total > 0 ? shape.numel() / shape[0] * rows_total : shape.numel(); }
-  int64_t whole_begin() const { return rows_total > 0 ? shape.numel() / shape[0] * rows_first : 0; }
+  int64_t cols_first = 0, cols_total = 0;
+  bool sliced() const { return rows_total > 0 || cols_total > 0; }
+  // The checkpoint tensor's shape and elements.
+  Shape whole_shape() const {
+    Shape s = shape;
+    if (rows_total > 0) s.d[0] = rows_total;
+    if (cols_total > 0) s.d[s.ndim - 1] = cols_total;
+    return s;
+  }
+  int64_t whole_numel() const { return sliced() ? whole_shape().numel() : shape.numel(); }
+  // Calls f(local, whole, n) for each run of n consecutive elements of this entry: its elements
+  // [local, local + n) are the checkpoint tensor's [whole, whole + n) (row-major).
+  template <class F>
+  void for_each_run(F&& f) const {
+    const int64_t n = shape.numel();
+    if (n == 0) return;
+    if (!sliced()) return f(int64_t{0}, int64_t{0}, n);
+    const int64_t rows = shape[0], per_row = n / rows;  // elements of one row of dim 0
+    if (cols_total == 0) return f(int64_t{0}, rows_first * per_row, n);
+    for (int64_t r = 0; r < rows; ++r) f(r * per_row, (rows_first + r) * cols_total + cols_first, per_row);
+  }
+  // This entry's values out of the whole checkpoint tensor / into it.
+  template <class T>
+  void take_from_whole(const T* whole, T* local) const {
+    for_each_run([&](int64_t l, int64_t w, int64_t k) { std::copy(whole + w, whole + w + k, local + l); });
+  }
+  template <class T>
+  void put_into_whole(const T* local, T* whole) const {
+    for_each_run([&](int64_t l, int64_t w, int64_t k) { std::copy(local + l, local + l + k, whole + w); });
+  }
 };
 
 // The routed experts a model holds (expert-parallel memory sharding): [first, first + count) of
@@ -51,6 +81,20 @@ struct StageShard {
   bool first = true, last = true;
   int64_t region_align = 16;  // elements (data parallel: 16 x ranks)
   bool on() const { return l1 >= 0 && !(first && last); }
+};
+
+// The part of the attention and dense-MLP tensors a tensor-parallel rank holds (tensor-parallel
+// memory sharding): tp rank `rank` of `size` holds its heads' rows of the column-parallel tensors
+// (V3: q_proj / q_b_proj, kv_b_proj, the dense MLP's gate_proj and up_proj; V4: q_b_proj,
+// o_a_proj by output group, sinks) and the matching columns of the row-parallel ones (V3: o_proj,
+// the dense MLP's down_proj; V4: o_b_proj), as [rows / size, cols] and [rows, cols / size]
+// tensors, all after the other dense tensors, from ParamLayout::tp_begin (a multiple of
+// region_align) to the expert region (or the end). Every other tensor is whole on every tp rank.
+// Not sharded: size 1.
+struct TpShard {
+  int64_t rank = 0, size = 1;
+  int64_t region_align = 16;  // elements (data parallel: 16 x ranks)
+  bool on() const { return size > 1; }
 };
 
 // Offsets (elements) of one decoder layer's tensors; -1 where the layer has none.
@@ -112,7 +156,12 @@ struct ParamLayout {
   StageShard stage;
   int64_t shared_end = -1;
   bool stage_sharded() const { return stage.on(); }
-  bool sharded() const { return expert_sharded() || stage_sharded(); }
+  // Tensor-parallel-sharded layouts (TpShard): the slice held, and the start of the region of the
+  // split tensors (it runs to expert_begin, or to total).
+  TpShard tp;
+  int64_t tp_begin = -1;
+  bool tp_sharded() const { return tp_begin >= 0; }
+  bool sharded() const { return expert_sharded() || stage_sharded() || tp_sharded(); }
   // Whether the layout holds decoder layer l's tensors (V4 MTP block k: l = num_hidden_layers + k,
   // held by the last stage).
   bool holds_layer(int64_t l) const {
@@ -130,9 +179,14 @@ struct ParamLayout {
 // shard: the experts held (default: all). A shard with count outside (0, n_routed_experts], a
 // first not a multiple of count, or a range past the last expert is an error. stage: the pipeline
 // stage held (default: the whole model); layers outside [0, num_hidden_layers] are an error.
-ParamLayout build_layout(const ModelConfig& c, ExpertShard shard = {}, StageShard stage = {});
-ParamLayout build_layout_v4(const ModelConfig& c, ExpertShard shard = {},
-                            StageShard stage = {});  // model/params_v4.cpp (Hugging Face V4 names)
+// tp: the tensor-parallel slice held (default: whole); its size must divide the heads, V4's
+// o_groups and the dense MLP width.
+ParamLayout build_layout(const ModelConfig& c, ExpertShard shard = {}, StageShard stage = {}, TpShard tp = {});
+ParamLayout build_layout_v4(const ModelConfig& c, ExpertShard shard = {}, StageShard stage = {},
+                            TpShard tp = {});  // model/params_v4.cpp (Hugging Face V4 names)
+// Checks tp against c and sets L.tp; true when the layout is tp-sharded (then L.tp_begin is set
+// by begin_tp_region).
+bool apply_tp_shard(const ModelConfig& c, const TpShard& tp, ParamLayout& L);
 // Checks stage against c and sets L.stage and L.num_main_layers; true when the layout is
 // stage-sharded.
 bool apply_stage_shard(const ModelConfig& c, const StageShard& stage, ParamLayout& L);
@@ -170,6 +224,24 @@ struct LayoutBuilder {
   void begin_expert_region(int64_t align) {
     L.total = (L.total + align - 1) / align * align;
     L.expert_begin = L.total;
+  }
+  // Starts the region of a tp-sharded layout's split tensors at the next multiple of align.
+  void begin_tp_region(int64_t align) {
+    L.total = (L.total + align - 1) / align * align;
+    L.tp_begin = L.total;
+  }
+  // A tp slice of a checkpoint tensor of shape whole: rows [r0, r0 + whole[0] / parts) (by_rows)
+  // or columns [c0, ...) of a 2-d one, where parts = the tp size and r0 / c0 this rank's start.
+  int64_t add_tp_slice(const std::string& name, Shape whole, bool decay, bool by_rows) {
+    const int64_t parts = L.tp.size, k = L.tp.rank;
+    Shape s = whole;
+    const int dim = by_rows ? 0 : whole.ndim - 1;
+    s.d[dim] = whole[dim] / parts;
+    const int64_t off = add(name, s, decay);
+    ParamEntry& e = L.entries.back();
+    if (by_rows) e.rows_first = k * s[0], e.rows_total = whole[0];
+    else e.cols_first = k * s[dim], e.cols_total = whole[dim];
+    return off;
   }
   // Ends the shared embedding region of a stage-sharded layout (the next multiple of align).
   void end_shared_region(int64_t align) {

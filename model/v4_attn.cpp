@@ -24,6 +24,9 @@ float* gr(const V4AttnIn& in, int64_t off) { return in.G ? in.G + off : nullptr;
 // read exactly the local heads.
 struct Slice {
   int64_t h0, Hl, g0, Gl;
+  // The stored tensors: their first head / group (h0, g0; 0 when the model holds only this slice:
+  // TpSlice::held), and the groups whose columns o_b holds.
+  int64_t sh0, sg0, Gs;
 };
 
 Slice local_slice(const V4AttnIn& in) {
@@ -31,7 +34,8 @@ Slice local_slice(const V4AttnIn& in) {
   TREX_CHECK(S >= 1 && in.tp.rank >= 0 && in.tp.rank < S, "bad tensor-parallel slice ", in.tp.rank, " of ", S);
   TREX_CHECK(H % S == 0, "attention heads ", H, " are not a multiple of the tensor-parallel size ", S);
   TREX_CHECK(G % S == 0, "o_groups ", G, " is not a multiple of the tensor-parallel size ", S);
-  return {in.tp.rank * (H / S), H / S, in.tp.rank * (G / S), G / S};
+  const int64_t h0 = in.tp.rank * (H / S), g0 = in.tp.rank * (G / S);
+  return {h0, H / S, g0, G / S, in.tp.held ? 0 : h0, in.tp.held ? 0 : g0, in.tp.held ? G / S : G};
 }
 
 // RoPE on the last rd dims of each of H heads of hd: x [N, H, hd].
@@ -156,7 +160,7 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   s.qb = A.alloc<float>(N * H * hd);
   s.q_rstd = A.alloc<float>(N * H);
   s.Q = A.alloc<float>(N * H * hd);
-  linear_fwd(c, s.qres, N, qr, wt(in, p.q_b + sl.h0 * hd * qr), H * hd, s.qb);
+  linear_fwd(c, s.qres, N, qr, wt(in, p.q_b + sl.sh0 * hd * qr), H * hd, s.qb);
   {
     auto mk = A.mark();
     kern::rmsnorm_fwd(s.qb, N * H, hd, ones(A, hd), eps, s.Q, s.q_rstd);
@@ -238,7 +242,7 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   kern::SparseAttnShape sh{N, (int)H, (int)hd, (float)std::pow((double)hd, -0.5)};
   {
     ProfScope ps(c.prof, "fwd.attn.core");
-    kern::sparse_attn_fwd(sh, s.Q, s.KV, s.M, s.off, s.idx, in.P + p.sinks + sl.h0, s.O, s.lse);
+    kern::sparse_attn_fwd(sh, s.Q, s.KV, s.M, s.off, s.idx, in.P + p.sinks + sl.sh0, s.O, s.lse);
   }
   s.Or = A.alloc<float>(N * H * hd);
   std::memcpy(s.Or, s.O, N * H * hd * sizeof(float));
@@ -248,8 +252,8 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   const int64_t olr = v.o_lora_rank, Dg = Hf * hd / Gf;
   const Grouped g{N, G, Dg, olr};
   s.Y = A.alloc<float>(N * G * olr);
-  grouped_fwd(c, g, s.Or, wt(in, p.o_a + sl.g0 * olr * Dg), s.Y);
-  linear_fwd(c, s.Y, N, G * olr, wt(in, p.o_b + sl.g0 * olr, Gf * olr), d, out);
+  grouped_fwd(c, g, s.Or, wt(in, p.o_a + sl.sg0 * olr * Dg), s.Y);
+  linear_fwd(c, s.Y, N, G * olr, wt(in, p.o_b + sl.sg0 * olr, sl.Gs * olr), d, out);
 }
 
 void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, const float* dout, float* dx) {
@@ -268,9 +272,9 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
 
   // Output projections.
   const int64_t olr = v.o_lora_rank, Dg = Hf * hd / Gf, GO = G * olr;
-  const int64_t ob = p.o_b + sl.g0 * olr, oa = p.o_a + sl.g0 * olr * Dg;  // local columns / rows
+  const int64_t ob = p.o_b + sl.sg0 * olr, oa = p.o_a + sl.sg0 * olr * Dg;  // local columns / rows
   float* dY = A.alloc<float>(N * GO);
-  linear_bwd(c, dout, s.Y, N, GO, wt(in, ob, Gf * olr), d, dY, false, gr(in, ob));
+  linear_bwd(c, dout, s.Y, N, GO, wt(in, ob, sl.Gs * olr), d, dY, false, gr(in, ob));
   float* dO = A.alloc<float>(N * H * hd);
   const Grouped g{N, G, Dg, olr};
   grouped_bwd(c, g, s.Or, wt(in, oa), dY, dO, gr(in, oa));
@@ -284,8 +288,8 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
     auto mw = A.mark();
     float* work = A.alloc<float>(std::max<size_t>(kern::sparse_attn_bwd_workspace_floats(sh, s.M), 1));
     ProfScope ps(c.prof, "bwd.attn.core");
-    kern::sparse_attn_bwd(sh, s.Q, s.KV, s.M, s.off, s.idx, in.P + p.sinks + sl.h0, s.O, s.lse, dO, dQ, dKV,
-                          gr(in, p.sinks + sl.h0), work);
+    kern::sparse_attn_bwd(sh, s.Q, s.KV, s.M, s.off, s.idx, in.P + p.sinks + sl.sh0, s.O, s.lse, dO, dQ, dKV,
+                          gr(in, p.sinks + sl.sh0), work);
     A.release(mw);
   }
 
@@ -328,7 +332,7 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
     A.release(mw);
   }
   float* dqres = A.alloc<float>(N * qr);
-  const int64_t qb = p.q_b + sl.h0 * hd * qr;  // q_b rows of the local heads
+  const int64_t qb = p.q_b + sl.sh0 * hd * qr;  // q_b rows of the local heads
   linear_bwd(c, dqb, s.qres, N, qr, wt(in, qb), H * hd, dqres, false, gr(in, qb));
   float* dqa = A.alloc<float>(N * qr);
   kern::rmsnorm_bwd(dqres, s.qa, N, qr, in.P + p.q_a_norm, s.qa_rstd, dqa, gr(in, p.q_a_norm));

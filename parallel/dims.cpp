@@ -180,6 +180,11 @@ std::vector<int> ParallelDims::stage_expert_group(int rank) const {
   return ranks_where(*this, [&](const RankCoord& o) { return o.pp == c.pp && o.ep == c.ep; });
 }
 
+std::vector<int> ParallelDims::tp_slice_group(int rank) const {
+  const RankCoord c = coord(rank);
+  return ranks_where(*this, [&](const RankCoord& o) { return o.tp == c.tp; });
+}
+
 std::string ParallelDims::str() const {
   return detail::cat("dp=", dp, " tp=", tp, " pp=", pp, " ep=", ep, " (edp=", edp(), ", world=", world(), ")");
 }

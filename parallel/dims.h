@@ -77,6 +77,9 @@ struct ParallelDims {
   // ranks of that stage holding the same routed experts (same pp_rank and ep_rank).
   std::vector<int> stage_group(int rank) const;
   std::vector<int> stage_expert_group(int rank) const;
+  // Tensor-parallel memory sharding: every rank holding the same tp slice (same tp_rank; any dp,
+  // pp). (Of one stage, with pipeline memory sharding: dp_group.)
+  std::vector<int> tp_slice_group(int rank) const;
 
   // Routed experts held by an ep rank: [first, first + count) of n_experts.
   int64_t experts_per_rank(int64_t n_experts) const { return n_experts / ep; }

@@ -39,16 +39,19 @@ inline nlohmann::json tiny_v4() {
 // norm weights, sinks, hyper-connection bases and scales) and the compressors' position biases,
 // so that their gradients are exercised: each element += 0.3 x normal. Refreshes the bf16 shadow.
 inline void perturb_vectors(model::Model& m, uint64_t seed) {
-  // In the whole model's order, so a model holding an expert shard or a pipeline stage draws the
-  // same numbers for the tensors it holds.
+  // In the whole model's order, so a model holding an expert shard, a pipeline stage or a tp slice
+  // draws the same numbers for the tensors it holds.
   Rng r(seed);
+  std::vector<float> v, part;
   for (const model::ParamEntry& w : model::build_layout(m.cfg).entries) {
     if (w.shape.ndim != 1 && w.name.find("position_bias") == std::string::npos) continue;
     const model::ParamEntry* e = m.layout.find(w.name);
-    for (int64_t i = 0; i < w.shape.numel(); ++i) {
-      const float v = (float)(0.3 * r.normal());
-      if (e) m.P()[e->offset + i] += v;
-    }
+    v.resize((size_t)w.shape.numel());
+    for (float& x : v) x = (float)(0.3 * r.normal());
+    if (!e) continue;  // another stage's tensor
+    part.resize((size_t)e->shape.numel());
+    e->take_from_whole(v.data(), part.data());  // a tp slice of V4's sinks: its heads' values
+    for (size_t i = 0; i < part.size(); ++i) m.P()[e->offset + (int64_t)i] += part[i];
   }
   m.refresh_bf16();
 }

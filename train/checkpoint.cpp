@@ -157,26 +157,31 @@ TrainState load_checkpoint(const std::string& dir, model::Model& m, AdamW& opt) 
   // The optimizer's pieces of each parameter (all of it on one rank; a ZeRO-1 shard's parts).
   std::vector<std::vector<const AdamWPiece*>> of_entry(m.layout.entries.size());
   for (const AdamWPiece& p : opt.pieces()) of_entry[p.entry].push_back(&p);
-  std::vector<float> tmp;
+  std::vector<float> tmp, local;
   for (size_t i = 0; i < m.layout.entries.size(); ++i) {
     const model::ParamEntry& e = m.layout.entries[i];
     const int64_t n = e.shape.numel();
-    // An expert-parallel shard's rows of a merged [E, ...] expert tensor: read whole, keep the rows.
-    const int64_t n_file = e.whole_numel(), base = e.whole_begin();
+    // An expert-parallel shard's rows of a merged [E, ...] expert tensor, a tensor-parallel slice:
+    // read whole, keep this entry's part.
+    const int64_t n_file = e.whole_numel();
     for (int k = 0; k < 2; ++k) {
       const std::string name = (k ? "exp_avg_sq." : "exp_avg.") + e.name;
       float* M = k ? opt.M2() : opt.M1();
       const auto& ps = of_entry[i];
       if (ps.empty()) continue;
-      if (e.rows_total == 0 && ps.size() == 1 && ps[0]->off == e.offset && ps[0]->n == n) {
+      if (!e.sliced() && ps.size() == 1 && ps[0]->off == e.offset && ps[0]->n == n) {
         f.read_f32(name, M + ps[0]->state, n);
         continue;
       }
       tmp.resize(n_file);
       f.read_f32(name, tmp.data(), n_file);
+      if (e.sliced()) {
+        local.resize(n);
+        e.take_from_whole(tmp.data(), local.data());
+      }
+      const float* src = e.sliced() ? local.data() : tmp.data();
       for (const AdamWPiece* p : ps)
-        std::copy(tmp.begin() + base + (p->off - e.offset), tmp.begin() + base + (p->off - e.offset + p->n),
-                  M + p->state);
+        std::copy(src + (p->off - e.offset), src + (p->off - e.offset + p->n), M + p->state);
     }
   }
   nlohmann::json js;

@@ -38,12 +38,16 @@ int64_t group_of(const model::Model& m, const std::string& name) {
 }
 
 // The slab range of region kind `kind` (DataParallel::Kind: 0 the shared embedding, 1 the other
-// dense tensors, 2 the held experts) in a layout ([b, b) when it has none).
+// dense tensors, 2 the tensor-parallel split tensors, 3 the held experts) in a layout ([b, b)
+// when it has none).
 std::pair<int64_t, int64_t> region_bounds(const model::ParamLayout& L, int kind) {
+  const int64_t experts_begin = L.expert_sharded() ? L.expert_begin : L.total;
   const int64_t dense_begin = std::max<int64_t>(L.shared_end, 0);
-  const int64_t dense_end = L.expert_sharded() ? L.expert_begin : L.total;
+  const int64_t dense_end = L.tp_sharded() ? L.tp_begin : experts_begin;
   if (kind == 0) return {0, std::max<int64_t>(L.shared_end, 0)};
   if (kind == 1) return {dense_begin, dense_end};
+  if (kind == 2) return L.tp_sharded() ? std::pair<int64_t, int64_t>{L.tp_begin, experts_begin}
+                                       : std::pair<int64_t, int64_t>{0, 0};
   return L.expert_sharded() ? std::pair<int64_t, int64_t>{L.expert_begin, L.total} : std::pair<int64_t, int64_t>{0, 0};
 }
 
@@ -89,9 +93,13 @@ DataParallel::DataParallel(parallel::Communicator& dp_comm, model::Model& m, Ada
              "stage-sharded model needs DpOptions::stage_comm (the ranks of its stage)");
   TREX_CHECK(!ml.expert_sharded() || (o_.expert_comm && dp % o_.expert_comm->size() == 0), "DataParallel: an "
              "expert-sharded model needs DpOptions::expert_comm (the ranks holding the same experts)");
-  parallel::Communicator* comms[3] = {o_.shared_comm, ml.stage_sharded() ? o_.stage_comm : &comm_, o_.expert_comm};
+  TREX_CHECK(!ml.tp_sharded() || (o_.tp_slice_comm && dp % o_.tp_slice_comm->size() == 0 && ml.tp.size == o_.tp),
+             "DataParallel: a tp-sharded model needs DpOptions::tp_slice_comm (the ranks holding the same slice) and "
+             "tp = its slice count");
+  parallel::Communicator* comms[4] = {o_.shared_comm, ml.stage_sharded() ? o_.stage_comm : &comm_, o_.tp_slice_comm,
+                                      o_.expert_comm};
   std::vector<Part> parts;
-  for (Kind k : {Kind::Shared, Kind::Dense, Kind::Experts}) {
+  for (Kind k : {Kind::Shared, Kind::Dense, Kind::TpSplit, Kind::Experts}) {
     const auto [b, e] = region_bounds(ml, (int)k);
     if (e > b) parts.push_back({k, comms[(int)k], b, e});  // (a stage without experts has none, say)
   }
@@ -446,7 +454,7 @@ DataParallel::Gathered DataParallel::gather_whole() {
   // moments to rank 0 with the shard they belong to; rank 0 lays every tensor out as a whole
   // model's. All ranks walk their regions in the same kind order, so the point-to-point messages
   // of one region never wait on another's.
-  constexpr int kKinds = 3, kTag = 7302;
+  constexpr int kKinds = 4, kSpec = 9, kTag = 7302;
   std::vector<std::vector<float>> m1s(regions_.size()), m2s(regions_.size());
   std::vector<int64_t> lead((size_t)size() * kKinds, 0);
   for (size_t k = 0; k < regions_.size(); ++k) {
@@ -454,16 +462,18 @@ DataParallel::Gathered DataParallel::gather_whole() {
     if (regions_[k].comm->rank() == 0) lead[(size_t)rank() * kKinds + (size_t)regions_[k].kind] = 1;
   }
   comm_.all_reduce(lead.data(), lead.size(), parallel::ReduceOp::Max);
-  // The shard a layout was built for (expert first / count, stage l0 / l1 / first / last) and the
-  // region's length here (its end depends on the alignment: rank 0 rebuilds the layout with 16).
-  int64_t spec[7] = {ml.expert_first, ml.expert_sharded() ? ml.expert_count : -1, ml.stage.l0,
-                     ml.stage_sharded() ? ml.stage.l1 : -1, ml.stage.first, ml.stage.last, 0};
+  // The shard a layout was built for (expert first / count, stage l0 / l1 / first / last, tp rank /
+  // size) and the region's length here (its end depends on the alignment: rank 0 rebuilds the
+  // layout with 16).
+  int64_t spec[kSpec] = {ml.expert_first, ml.expert_sharded() ? ml.expert_count : -1, ml.stage.l0,
+                         ml.stage_sharded() ? ml.stage.l1 : -1, ml.stage.first, ml.stage.last, ml.tp.rank,
+                         ml.tp_sharded() ? ml.tp.size : 1, 0};
   if (rank() != 0) {
     for (size_t k = 0; k < regions_.size(); ++k) {
       if (regions_[k].comm->rank() != 0) continue;
       const auto [b, e] = region_bounds(ml, (int)regions_[k].kind);
-      spec[6] = e - b;
-      comm_.send(spec, 7, DType::I64, 0, kTag);
+      spec[kSpec - 1] = e - b;
+      comm_.send(spec, kSpec, DType::I64, 0, kTag);
       comm_.send(m_.P() + b, (size_t)(e - b), DType::F32, 0, kTag);
       comm_.send(m1s[k].data(), (size_t)(e - b), DType::F32, 0, kTag);
       comm_.send(m2s[k].data(), (size_t)(e - b), DType::F32, 0, kTag);
@@ -481,24 +491,26 @@ DataParallel::Gathered DataParallel::gather_whole() {
   for (int r = 0; r < size(); ++r)
     for (int kind = 0; kind < kKinds; ++kind) {
       if (!lead[(size_t)r * kKinds + (size_t)kind]) continue;
-      int64_t sp[7];
+      int64_t sp[kSpec];
       const float *p = nullptr, *a = nullptr, *c = nullptr;
       if (r == 0) {
-        std::copy(spec, spec + 7, sp);
+        std::copy(spec, spec + kSpec, sp);
         for (size_t k = 0; k < regions_.size(); ++k)
           if ((int)regions_[k].kind == kind) {
             p = m_.P() + region_bounds(ml, kind).first, a = m1s[k].data(), c = m2s[k].data();
           }
       } else {
-        comm_.recv(sp, 7, DType::I64, r, kTag);
+        comm_.recv(sp, kSpec, DType::I64, r, kTag);
       }
+      const int64_t len = sp[kSpec - 1];
       // That rank's layout (16-element region alignment: offsets inside a region do not depend on
       // where it starts).
-      const model::ParamLayout sh = model::build_layout(
-          m_.cfg, model::ExpertShard{sp[0], sp[1], 16}, model::StageShard{sp[2], sp[3], sp[4] != 0, sp[5] != 0, 16});
+      const model::ParamLayout sh = model::build_layout(m_.cfg, model::ExpertShard{sp[0], sp[1], 16},
+                                                        model::StageShard{sp[2], sp[3], sp[4] != 0, sp[5] != 0, 16},
+                                                        model::TpShard{sp[6], sp[7], 16});
       const auto [b, e] = region_bounds(sh, kind);
       if (r != 0) {
-        rp.resize((size_t)sp[6]), r1.resize((size_t)sp[6]), r2.resize((size_t)sp[6]);
+        rp.resize((size_t)len), r1.resize((size_t)len), r2.resize((size_t)len);
         comm_.recv(rp.data(), rp.size(), DType::F32, r, kTag);
         comm_.recv(r1.data(), r1.size(), DType::F32, r, kTag);
         comm_.recv(r2.data(), r2.size(), DType::F32, r, kTag);
@@ -507,16 +519,16 @@ DataParallel::Gathered DataParallel::gather_whole() {
       TREX_CHECK(p, "gather_whole: rank 0 leads a region it does not hold");
       for (const model::ParamEntry& en : sh.entries) {  // its tensors into the whole model's, by name
         if (en.offset < b || en.offset >= e || en.shape.numel() == 0) continue;
-        TREX_CHECK(r == 0 || en.offset - b + en.shape.numel() <= sp[6], "gather_whole: rank ", r, " sent ", sp[6],
+        TREX_CHECK(r == 0 || en.offset - b + en.shape.numel() <= len, "gather_whole: rank ", r, " sent ", len,
                    " elements, short of ", en.name);
         const auto it = W.index.find(en.name);
         TREX_CHECK(it != W.index.end(), "gather_whole: ", en.name, " is not in the whole model's layout");
         const model::ParamEntry& w = W.entries[it->second];
-        const int64_t dst = w.offset + en.whole_begin(), src = en.offset - b, n = en.shape.numel();
-        std::copy(p + src, p + src + n, g.store.begin() + dst);
-        std::copy(a + src, a + src + n, g.m1.begin() + dst);
-        std::copy(c + src, c + src + n, g.m2.begin() + dst);
-        placed[it->second] += n;
+        const int64_t src = en.offset - b;  // an expert shard's rows or a tp slice go to their place
+        en.put_into_whole(p + src, g.store.data() + w.offset);
+        en.put_into_whole(a + src, g.m1.data() + w.offset);
+        en.put_into_whole(c + src, g.m2.data() + w.offset);
+        placed[it->second] += en.shape.numel();
       }
     }
   for (size_t i = 0; i < W.entries.size(); ++i)
@@ -552,6 +564,12 @@ ParallelRun make_parallel_run(parallel::Communicator& world, const parallel::Par
       o.shared_comm = r.shared.get();
     }
   }
+  if (ml.tp_sharded()) {
+    TREX_CHECK(dims.tp == ml.tp.size, "make_parallel_run: a model holding tp slice ", ml.tp.rank, " of ", ml.tp.size,
+               " needs parallel.tp = ", ml.tp.size);
+    r.tp_slice = world.group(ml.stage_sharded() ? dims.dp_group(world.rank()) : dims.tp_slice_group(world.rank()));
+    o.tp_slice_comm = r.tp_slice.get();
+  }
   if (ml.expert_sharded()) {
     TREX_CHECK(dims.ep > 1, "make_parallel_run: an expert-sharded model needs parallel.ep > 1");
     r.expert_replicas = world.group(ml.stage_sharded() ? dims.stage_expert_group(world.rank())
@@ -582,6 +600,15 @@ model::StageShard stage_shard_of(const parallel::ParallelDims& dims, int rank, c
   s.l1 = s.l0 + dims.stage_layers(L)[(size_t)p];
   s.first = p == 0;
   s.last = p == dims.pp - 1;
+  s.region_align = 16 * (int64_t)dims.world();
+  return s;
+}
+
+model::TpShard tp_shard_of(const parallel::ParallelDims& dims, int rank) {
+  model::TpShard s;
+  if (dims.tp <= 1) return s;
+  s.rank = dims.coord(rank).tp;
+  s.size = dims.tp;
   s.region_align = 16 * (int64_t)dims.world();
   return s;
 }

@@ -90,6 +90,10 @@ struct DpOptions {
   // its held experts over expert_comm (then the ranks of this stage with the same ep rank).
   parallel::Communicator* stage_comm = nullptr;
   parallel::Communicator* shared_comm = nullptr;
+  // Tensor-parallel-sharded models (model/params.h TpShard; make_parallel_run sets it): the ranks
+  // holding the same slice (the same tp rank; of this stage when the model is stage-sharded). The
+  // region of the split tensors [tp_begin, expert region or end) is reduced over them.
+  parallel::Communicator* tp_slice_comm = nullptr;
 };
 
 // What a sum over ranks counts (DataParallel::sum).
@@ -188,7 +192,9 @@ class DataParallel {
 
  private:
   // One part of the slab reduced over one communicator: [begin, begin + layout.total).
-  enum class Kind { Shared, Dense, Experts };  // the shared embedding, the other dense tensors, the experts
+  // The shared embedding, the other dense tensors, the tensor-parallel split tensors, the experts
+  // (the order of the regions in the slab).
+  enum class Kind { Shared, Dense, TpSplit, Experts };
   struct Region {
     Kind kind = Kind::Dense;
     parallel::Communicator* comm = nullptr;
@@ -233,11 +239,13 @@ class DataParallel {
 // process groups, expert and tensor parallelism and the pipeline stage set on m, and the
 // DataParallel over every rank (null when the world is one rank: the caller runs the one-rank
 // AdamW). Collective. An expert-sharded m must hold the experts of this rank's ep rank
-// (expert_shard_of), a stage-sharded m the layers of its pp rank (stage_shard_of).
+// (expert_shard_of), a stage-sharded m the layers of its pp rank (stage_shard_of), a tp-sharded
+// m the slice of its tp rank (tp_shard_of).
 struct ParallelRun {
   parallel::ProcessGroups groups;
   std::unique_ptr<parallel::Communicator> expert_replicas;  // expert-sharded: ranks holding the same experts
   std::unique_ptr<parallel::Communicator> stage, shared;    // stage-sharded: this stage; first + last stage
+  std::unique_ptr<parallel::Communicator> tp_slice;         // tp-sharded: ranks holding the same slice
   std::unique_ptr<DataParallel> dp;
 };
 // The routed experts rank `rank` of a run laid out by dims holds (expert-parallel memory
@@ -247,6 +255,9 @@ model::ExpertShard expert_shard_of(const parallel::ParallelDims& dims, int rank,
 // The pipeline stage rank `rank` holds (pipeline memory sharding): its stage's layers, regions
 // aligned for the data-parallel buckets; the whole model (not sharded) when pp = 1.
 model::StageShard stage_shard_of(const parallel::ParallelDims& dims, int rank, const model::ModelConfig& cfg);
+// The tensor-parallel slice rank `rank` holds (tensor-parallel memory sharding): its tp rank's
+// heads and dense-MLP columns, the region aligned for the data-parallel buckets; whole when tp = 1.
+model::TpShard tp_shard_of(const parallel::ParallelDims& dims, int rank);
 ParallelRun make_parallel_run(parallel::Communicator& world, const parallel::ParallelDims& dims, model::Model& m,
                               AdamWConfig ocfg, DpOptions o = {});
 

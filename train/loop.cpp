@@ -127,10 +127,10 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   TREX_USER_CHECK(!seqs.empty(), "give more data or a shorter seq_len", "no training sequences after packing");
 
   // Model, optimizer, resume.
-  // Expert / pipeline parallel: this rank allocates and loads only its ep rank's routed experts and
-  // its stage's tensors.
+  // Expert / pipeline / tensor parallel: this rank allocates and loads only its ep rank's routed
+  // experts, its stage's tensors and its tp rank's slice of the attention and dense MLPs.
   model::Model m(rc.model, rc.train.precision, {rc.train.aux_loss_alpha, rc.train.mtp_loss_weight, rc.train.recompute},
-                 expert_shard_of(dims, rank, rc.model), stage_shard_of(dims, rank, rc.model));
+                 expert_shard_of(dims, rank, rc.model), stage_shard_of(dims, rank, rc.model), tp_shard_of(dims, rank));
   if (!rc.model_path.empty()) model::load_hf_weights(m, rc.model_path);
   else m.init_random(rc.train.seed);
   const AdamWConfig ocfg{(float)rc.optim.schedule.lr, rc.optim.beta1, rc.optim.beta2, rc.optim.eps,

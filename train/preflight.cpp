@@ -50,7 +50,8 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks) {
   const double P = (double)run_cfg.num_params();
   // What one rank holds, the largest share over the pipeline stages: expert parallel keeps its ep
   // rank's routed experts only (model::ExpertShard), pipeline parallel its stage's tensors only
-  // (model::StageShard); the moments of a stage's tensors are sharded over that stage's ranks.
+  // (model::StageShard); the moments of a stage's tensors are sharded over that stage's ranks (a
+  // tp slice's over its dp ranks: the same share).
   parallel::ParallelDims dims;
   dims.pp = std::max<int>(1, (int)rc.parallel.pp);
   dims.ep = std::max<int>(1, (int)rc.parallel.ep);
@@ -60,8 +61,15 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks) {
   const bool by_expert = dims.ep > 1 && E > 0 && E % dims.ep == 0;
   const bool by_stage = dims.pp > 1 && (dims.pp_layers.empty() || (int)dims.pp_layers.size() == dims.pp) &&
                         dims.pp <= run_cfg.num_hidden_layers;
+  // Tensor parallel keeps its tp rank's slice of the attention and dense-MLP tensors
+  // (model::TpShard); a layout that does not split is refused later by ParallelDims::validate.
+  const int64_t tp = std::max<int64_t>(1, rc.parallel.tp);
+  const bool has_dense = !run_cfg.is_v4() && (E == 0 || run_cfg.first_k_dense_replace > 0);
+  const bool by_tp = tp > 1 && run_cfg.num_attention_heads % tp == 0 &&
+                     (!run_cfg.is_v4() || run_cfg.v4.o_groups % tp == 0) &&
+                     (!has_dense || run_cfg.intermediate_size % tp == 0);
   double held = P, stage_all = P;
-  if (by_expert || by_stage) {
+  if (by_expert || by_stage || by_tp) {
     held = stage_all = 0;
     auto count = [](const model::ParamLayout& L) {
       double n = 0;
@@ -77,7 +85,8 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks) {
         st.first = s == 0, st.last = s == dims.pp - 1;
       }
       const model::ExpertShard ex = by_expert ? model::ExpertShard{0, E / dims.ep, 16} : model::ExpertShard{};
-      held = std::max(held, count(model::build_layout(run_cfg, ex, st)));
+      const model::TpShard ts = by_tp ? model::TpShard{0, tp, 16} : model::TpShard{};
+      held = std::max(held, count(model::build_layout(run_cfg, ex, st, ts)));
       stage_all = std::max(stage_all, count(model::build_layout(run_cfg, {}, st)));
     }
   }

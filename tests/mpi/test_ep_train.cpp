@@ -75,7 +75,9 @@ TEST(EpTrain, GradientsEqualTheSingleRankSum) {
       double a = 0;
       for (int64_t i = 0; i < 2 * F * d; ++i) a += std::fabs(m->G()[lp.exp_gu + e * 2 * F * d + i]);
       for (int64_t i = 0; i < d * F; ++i) a += std::fabs(m->G()[lp.exp_down + e * d * F + i]);
-      if (!mine) EXPECT_EQ(a, 0.0) << "expert " << e << " is not this rank's";
+      if (!mine) {
+        EXPECT_EQ(a, 0.0) << "expert " << e << " is not this rank's";
+      }
     }
   }
   EXPECT_EQ(moe_layers, 2);

@@ -51,7 +51,8 @@ TEST(TpTrain, V3WithExpertParallel) {
 // One forward_backward on the same batch on every tp rank: the loss equals the single model's;
 // summed over the tp ranks, each tp_partial_grad tensor's gradient equals the single model's;
 // every other tensor's gradient equals it on every rank; the sliced tensors (q_b, kv_b, o_proj,
-// the dense MLP; V4 q_b, o_a, o_b, sinks) have nothing outside this rank's rows or columns.
+// the dense MLP; V4 q_b, o_a, o_b, sinks) have nothing outside this rank's rows or columns; and a
+// model holding only this rank's slice gives the same loss and gradients.
 TEST(TpTrain, GradientsSumToTheSingleRank) {
   init_threads(1);
   parallel::Communicator& w = parallel::test_world();
@@ -112,6 +113,32 @@ TEST(TpTrain, GradientsSumToTheSingleRank) {
       EXPECT_EQ(outside, 0) << name;
       EXPECT_GT(inside, 0) << name;
     };
+    // A model holding only its slice (model::TpShard, as trex train builds it) computes the same
+    // loss and the same gradients (its slice's, for the split tensors) as the whole model under tp.
+    {
+      auto ms = su.make(3, {}, {}, model::TpShard{r, tp, 16});
+      ASSERT_TRUE(ms->layout.tp_sharded());
+      EXPECT_LT(ms->layout.total, m->layout.total);
+      ms->set_tensor_parallel(groups.tp.get());
+      const double loss_s = ms->forward_backward(g.batch(0, 0, 0)).loss;
+      EXPECT_LT(rel(loss_s, loss), 1e-6) << cfg.model_type;
+      std::vector<float> part;
+      int sliced = 0;
+      for (const model::ParamEntry& e : ms->layout.entries) {
+        const model::ParamEntry* we = m->layout.find(e.name);
+        ASSERT_NE(we, nullptr) << e.name;
+        part.resize((size_t)e.shape.numel());
+        e.take_from_whole(m->G() + we->offset, part.data());
+        sliced += e.sliced();
+        double dd = 0, nn = 0;
+        for (int64_t i = 0; i < e.shape.numel(); ++i) {
+          const double a = ms->G()[e.offset + i], b = part[(size_t)i];
+          dd += (a - b) * (a - b), nn += b * b;
+        }
+        EXPECT_LE(std::sqrt(dd), 1e-6 * std::sqrt(nn) + 1e-7 * floor) << cfg.model_type << " " << e.name;
+      }
+      EXPECT_GE(sliced, cfg.is_v4() ? 4 : 5) << cfg.model_type;
+    }
     if (cfg.is_v4()) {
       const int64_t H = cfg.num_attention_heads, G = cfg.v4.o_groups;
       only_own("model.layers.1.self_attn.q_b_proj.weight", true, H);

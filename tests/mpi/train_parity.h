@@ -76,9 +76,10 @@ struct Case {
   model::Recompute recompute = model::Recompute::None;
   model::ModelConfig cfg() const { return model::parse_config(model, "tiny"); }
   // shard: the routed experts the model holds (expert-parallel memory sharding; default all).
-  std::unique_ptr<model::Model> make(uint64_t seed, model::ExpertShard shard = {}, model::StageShard stage = {}) const {
+  std::unique_ptr<model::Model> make(uint64_t seed, model::ExpertShard shard = {}, model::StageShard stage = {},
+                                     model::TpShard tp = {}) const {
     auto m = std::make_unique<model::Model>(cfg(), kern::Prec::F32, model::TrainOptions{aux, mtp, recompute}, shard,
-                                            stage);
+                                            stage, tp);
     m->init_random(seed);
     // Off the symmetric init (V4's HC bases 0, scales 1): there some gradients are exactly 0 in
     // exact arithmetic and pure rounding noise in f32, which AdamW turns into noise-sized steps.
@@ -163,13 +164,16 @@ inline std::unique_ptr<model::Model> gather_whole_model(DataParallel& dp, const 
   return whole;
 }
 
-// Every tensor m holds (all, or its expert shard's) equals the whole model's, bit for bit.
+// Every tensor m holds (all, or its expert shard's rows, its stage's, its tp slice) equals the
+// whole model's, bit for bit.
 inline void expect_holds_whole(const model::Model& m, const model::Model& whole) {
+  std::vector<float> part;
   for (const model::ParamEntry& e : m.layout.entries) {
     const model::ParamEntry* w = whole.layout.find(e.name);
     ASSERT_TRUE(w) << e.name;
-    const float* src = whole.P() + w->offset + e.whole_begin();
-    EXPECT_EQ(0, std::memcmp(src, m.P() + e.offset, e.shape.numel() * sizeof(float))) << e.name;
+    part.resize((size_t)e.shape.numel());
+    e.take_from_whole(whole.P() + w->offset, part.data());
+    EXPECT_EQ(0, std::memcmp(part.data(), m.P() + e.offset, e.shape.numel() * sizeof(float))) << e.name;
   }
 }
 
@@ -222,14 +226,18 @@ inline void parity(const Case& su, DpOptions o, int64_t K, int64_t ga, int64_t B
   // Pipeline parallel: each rank holds its stage's tensors only, and the first rank of each stage
   // (and of each stage's expert shard) gives them to the others.
   const auto lowest = [&](const std::vector<int>& group) { return group.front() == w.rank(); };
+  // Tensor parallel: each rank holds its tp slice only, given to the others by the lowest rank
+  // holding it.
   const bool first_holder =
       (ep > 1 && lowest(pp > 1 ? dims.stage_expert_group(w.rank()) : dims.expert_replica_group(w.rank()))) ||
-      (pp > 1 && lowest(dims.stage_group(w.rank())));
+      (pp > 1 && lowest(dims.stage_group(w.rank()))) ||
+      (tp > 1 && lowest(pp > 1 ? dims.dp_group(w.rank()) : dims.tp_slice_group(w.rank())));
   auto mp = su.make(w.rank() == 0 || first_holder ? 5 : 99, expert_shard_of(dims, w.rank(), cfg),
-                    stage_shard_of(dims, w.rank(), cfg));
+                    stage_shard_of(dims, w.rank(), cfg), tp_shard_of(dims, w.rank()));
   model::Model& m = *mp;
   EXPECT_EQ(m.layout.expert_sharded(), ep > 1);
   EXPECT_EQ(m.layout.stage_sharded(), pp > 1);
+  EXPECT_EQ(m.layout.tp_sharded(), tp > 1);
   o.overlap_params = o.overlap;  // with the buckets' overlap, the parameter all-gather's too
   ParallelRun par = make_parallel_run(w, dims, m, su.ocfg, o);
   DataParallel& dp = *par.dp;

@@ -162,9 +162,10 @@ TEST_P(Parity, TenAdamWStepsFp32AndBf16) {
   const size_t bf16_strict = c.cfg.is_v4() ? 1 : std::min<size_t>(strict, 3);
   const double drift_room = 3e-2;
   for (size_t i = 0; i < l16.size(); ++i) {
-    if (i < bf16_strict)
+    if (i < bf16_strict) {
       EXPECT_LE(std::abs(l16[i] - rb[i].get<double>()), 1e-2)
           << "bf16 step " << i << ": " << l16[i] << " vs reference bf16 " << rb[i].get<double>();
+    }
     const double torch_drift = std::max(std::abs(ra[i].get<double>() - ref[i].get<double>()),
                                         std::abs(rb[i].get<double>() - ref[i].get<double>()));
     EXPECT_LE(std::abs(l16[i] - l32[i]), std::max(drift_room, torch_drift + drift_room))

@@ -74,6 +74,23 @@ TEST(Preflight, EstimateParts) {
     EXPECT_DOUBLE_EQ(ep.weights, 6 * std::max(s0, s1));
     EXPECT_DOUBLE_EQ(ep.optimizer, 8 * std::max(s0, s1) / 4);
   }
+  {  // Tensor parallel: a rank holds its slice of the attention's q_b / kv_b / o and the dense
+     // MLPs (1 / tp of them); the moments of a slice are sharded over its dp ranks (the same share).
+    train::RunConfig rt = rc;
+    rt.parallel.tp = 8;
+    const model::ModelConfig& c = rt.model;
+    const double H = (double)c.num_attention_heads, d = (double)c.hidden_size;
+    const double attn = H * (double)c.qk_head_dim() * (double)c.q_lora_rank +
+                        H * (double)(c.qk_nope_head_dim + c.v_head_dim) * (double)c.kv_lora_rank +
+                        d * H * (double)c.v_head_dim;
+    const double split = (double)c.num_hidden_layers * attn +
+                         (double)c.first_k_dense_replace * 3.0 * d * (double)c.intermediate_size;
+    const double held = P - split * (1.0 - 1.0 / 8);
+    const train::MemoryEstimate et = train::estimate_train_memory(rt, 8);
+    EXPECT_DOUBLE_EQ(et.grads, 4 * held);
+    EXPECT_DOUBLE_EQ(et.weights, 6 * held);
+    EXPECT_DOUBLE_EQ(et.optimizer, P);
+  }
   EXPECT_GT(e1.activations, 4.0 * 4096 * 129280);  // at least the logits chunk
   // Twice the tokens, about twice the activations: not exactly, as the arena's 64 MiB block tails
   // and the LM head workspace (at most 32 MiB) do not scale (train/preflight.h).

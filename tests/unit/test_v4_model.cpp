@@ -121,8 +121,9 @@ TEST(V4Model, MtpLossAndLayout) {
   EXPECT_EQ(model::v4_original_name("mtp.0.self_attn.q_a_proj.weight"), "mtp.0.attn.wq_a.weight");
   EXPECT_EQ(model::v4_original_name("mtp.0.hc_head.hc_fn"), "mtp.0.hc_head_fn");
   for (const auto& e : on.layout.entries)
-    if (e.name.rfind("mtp.", 0) == 0 && e.name.find(".mlp.experts.") == std::string::npos)
+    if (e.name.rfind("mtp.", 0) == 0 && e.name.find(".mlp.experts.") == std::string::npos) {
       EXPECT_EQ(model::v4_hf_name(model::v4_original_name(e.name)), e.name);
+    }
   on.init_random(3);
   // The main model's weights are shared: the MTP-off model on the same weights gives the same CE.
   for (const auto& e : off.layout.entries) {
