@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "kernels/cpu/gemm_avx512.h"
+#include "kernels/gemm_bf16_dnnl.h"
 
 namespace trex::kern {
 namespace {
@@ -67,10 +68,18 @@ double lm_head_ce_flops(const CeArgs& a, bool grads) {
   return (chunk_of(a) >= a.V ? 6 : 8) * nvd;
 }
 
+namespace {
+
+// BF16 on the bf16 dot-product GEMMs: p is rounded to bf16 for the two backward GEMMs (see the
+// header), into [rb, vc] bf16 after the f32 workspace.
+bool rounds_p(const CeArgs& a) { return a.prec == Prec::BF16 && bf16_dot_gemm(); }
+
+}  // namespace
+
 size_t lm_head_ce_workspace_floats(const CeArgs& a) {
   if (a.N <= 0 || a.V <= 0) return 0;
   const int64_t vc = chunk_of(a), rb = row_block_of(a, vc);
-  return static_cast<size_t>(rb * vc + 3 * rb);
+  return static_cast<size_t>(rb * vc + 3 * rb + (rounds_p(a) ? (rb * vc + 1) / 2 : 0));
 }
 
 double lm_head_ce(const CeArgs& a, int64_t* n_valid) {
@@ -102,6 +111,8 @@ double lm_head_ce(const CeArgs& a, int64_t* n_valid) {
   float* m = L + rb * vc;    // [rb] running max, then lse
   float* s = m + rb;         // [rb] running sum of exp, then g (per-row gradient scale)
   float* lab = s + rb;       // [rb] logit of the label
+  const bool round_p = rounds_p(a);
+  bf16* Pb = round_p ? reinterpret_cast<bf16*>(lab + rb) : nullptr;  // [rb, vc] p in bf16 (row stride vc)
   const Prec ph = bf ? Prec::BF16 : Prec::F32;
   const size_t es = bf ? sizeof(bf16) : sizeof(float);
   const char* hbase = bf ? reinterpret_cast<const char*>(a.h_b) : reinterpret_cast<const char*>(a.h);
@@ -150,9 +161,14 @@ double lm_head_ce(const CeArgs& a, int64_t* n_valid) {
         else softmax_scalar(L + i0 * vc, vc, i1 - i0, vb, m + i0, s + i0);
         for (int64_t i = i0; i < i1; ++i)
           if (y[i] >= v0 && y[i] < v0 + vb) L[i * vc + (y[i] - v0)] -= s[i];
+        if (round_p)
+          for (int64_t i = i0; i < i1; ++i)
+            for (int64_t j = 0; j < vb; ++j) Pb[i * vc + j] = f32_to_bf16(L[i * vc + j]);
       });
-      mm(Prec::F32, ph, false, false, nb, d, vb, L, vc, Wbase + v0 * d * es, d, v0 == 0 ? 0.f : 1.f, dh, d);
-      mm(Prec::F32, ph, true, false, vb, d, nb, L, vc, hb, d, 1.f, a.dW + v0 * d, d);
+      const Prec pp = round_p ? Prec::BF16 : Prec::F32;
+      const void* P = round_p ? static_cast<const void*>(Pb) : static_cast<const void*>(L);
+      mm(pp, ph, false, false, nb, d, vb, P, vc, Wbase + v0 * d * es, d, v0 == 0 ? 0.f : 1.f, dh, d);
+      mm(pp, ph, true, false, vb, d, nb, P, vc, hb, d, 1.f, a.dW + v0 * d, d);
     }
   }
   if (n_valid) *n_valid = valid;

@@ -13,6 +13,9 @@
 // Gradients: dh (activation) is OVERWRITTEN; dW (parameter) ACCUMULATES (+=).
 // Precision BF16: the logits use the bf16 copies h_b and W_b (f32 accumulation); the gradients
 // are those of that loss w.r.t. the rounded values (dh = p @ W_b, dW += p^T @ h_b, p in f32).
+// Where bf16 GEMMs run on the dot-product units (kernels/gemm_bf16_dnnl.h: bf16_dot_gemm()), p is
+// rounded to bf16 for those two GEMMs, as PyTorch's autocast rounds the logits' gradient: they
+// are 2/3 of the head's FLOPs and would otherwise run at the f32 FMA rate, half the dot rate.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -89,6 +89,7 @@ struct StepWalk {
   }
   size_t ce_workspace() const {
     kern::CeArgs ce{};
+    ce.prec = bf ? kern::Prec::BF16 : kern::Prec::F32;  // (bf16 on the dot-product GEMMs: + p in bf16)
     ce.N = Nl, ce.d = d, ce.V = c.vocab_size;
     return kern::lm_head_ce_workspace_floats(ce);
   }

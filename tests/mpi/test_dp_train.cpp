@@ -155,14 +155,15 @@ TEST(DpTrain, NanStepIsSkippedOnEveryRank) {
 // ep > 1: expert parallel over the whole world, each rank holding its experts only (the checkpoint
 // gathers them; loading keeps each rank's).
 // pp > 1: pipeline stages of the world's ranks, each holding its stage's tensors only.
-static void checkpoints_move_between_layouts(int zero_stage, int ep = 1, int pp = 1) {
+// tp > 1: tensor parallel, each rank holding its tp slice of the attention and dense MLP only.
+static void checkpoints_move_between_layouts(int zero_stage, int ep = 1, int pp = 1, int tp = 1) {
   init_threads(1);
   parallel::Communicator& w = parallel::test_world();
-  json model = tiny_v3();
+  json model = tp > 1 ? tp_v3() : tiny_v3();
   if (ep > 1) model["n_routed_experts"] = 6;
-  Case su{model, 0.01, 0};
+  Case su = tp > 1 ? tp_case(model, 0.01, 0) : Case{model, 0.01, 0};
   parallel::ParallelDims dims;
-  dims.dp = w.size() / pp, dims.ep = ep, dims.pp = pp;
+  dims.dp = w.size() / (pp * tp), dims.ep = ep, dims.pp = pp, dims.tp = tp;
   dims.validate(w.size(), su.cfg());
   struct Run {
     std::unique_ptr<model::Model> m;
@@ -170,7 +171,8 @@ static void checkpoints_move_between_layouts(int zero_stage, int ep = 1, int pp 
   };
   auto make_run = [&](uint64_t seed, int64_t bucket) {
     Run r;
-    r.m = su.make(seed, expert_shard_of(dims, w.rank(), su.cfg()), stage_shard_of(dims, w.rank(), su.cfg()));
+    r.m = su.make(seed, expert_shard_of(dims, w.rank(), su.cfg()), stage_shard_of(dims, w.rank(), su.cfg()),
+                  tp_shard_of(dims, w.rank()));
     DpOptions o{bucket, true};
     o.zero_stage = zero_stage;
     r.par = make_parallel_run(w, dims, *r.m, su.ocfg, o);
@@ -191,6 +193,7 @@ static void checkpoints_move_between_layouts(int zero_stage, int ep = 1, int pp 
     Run r = make_run(5, 997);
     EXPECT_EQ(r.m->layout.expert_sharded(), ep > 1);
     EXPECT_EQ(r.m->layout.stage_sharded(), pp > 1);
+    EXPECT_EQ(r.m->layout.tp_sharded(), tp > 1);
     run_dp(*r.par.dp, su, g, 0, half);
     dir = save_checkpoint(run_dir, *r.par.dp, TrainState{half, half * w.size() * 2, 0, {}}, 2);
   }
@@ -263,6 +266,14 @@ TEST(PpTrain, ShardedCheckpointsMoveBetweenLayouts) {
   const int n = parallel::test_world().size();
   if (n > 4) GTEST_SKIP() << "at most 3 stages of the 3-layer model";
   checkpoints_move_between_layouts(1, n == 4 ? 2 : 1, n == 4 ? 2 : n);
+}
+
+// Tensor parallel (tp 2 or 3; dp 2 x tp 2 on 4 ranks), each rank holding its slice only: the
+// checkpoint resumes in one process with the same losses, and a one-rank checkpoint loads back
+// into the slices.
+TEST(TpTrain, ShardedCheckpointsMoveBetweenLayouts) {
+  const int n = parallel::test_world().size();
+  checkpoints_move_between_layouts(1, 1, 1, tp_for(n));
 }
 
 TEST(DpTrain, DataMappingEqualsTheBiggerBatch) {
