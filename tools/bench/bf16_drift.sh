@@ -2,7 +2,7 @@
 # bf16 against fp32 over 100 training steps (issue 8, "No change to numerics"): the same run
 # (data, seed, schedule) in fp32 and in bf16, for a small DeepSeek-V3 and for
 # configs/reliability-v4.toml cut to 100 steps; prints the per-step loss gap and the eval losses.
-#   tools/bench/bf16_drift.sh [BUILD_DIR=build] [OUT_DIR=runs/bf16-drift] [LR=2e-3]
+#   [CORPUS_REV=6769d06] tools/bench/bf16_drift.sh [BUILD_DIR=build] [OUT_DIR=runs/bf16-drift] [LR=2e-3]
 # The bf16 GEMM path is the machine's default (kernels/gemm_bf16_dnnl.h); set TREX_GEMM_BF16=widen
 # to measure the widened one.
 set -euo pipefail
@@ -11,14 +11,16 @@ BUILD=${1:-build}
 OUT=${2:-runs/bf16-drift}
 LR=${3:-2e-3}
 mkdir -p "$OUT"
-# One document per paragraph of the repository's prose, as CPT JSONL (as scripts/long_run.sh).
-python3 - README.md docs/*.md > "$OUT/prose.jsonl" <<'PY'
+# One document per paragraph of the repository's prose (README.md and docs/*.md as of commit
+# CORPUS_REV, so that runs at later commits train on the same text), as CPT JSONL.
+REV=${CORPUS_REV:-6769d06}
+FILES="README.md $(git ls-tree --name-only "$REV" docs/ | grep '\.md$' | tr '\n' ' ')"
+for f in $FILES; do git show "$REV:$f"; printf '\n\n'; done | python3 -c '
 import json, sys
-for path in sys.argv[1:]:
-    for para in open(path, encoding="utf-8").read().split("\n\n"):
-        if len(para.strip()) > 40:
-            print(json.dumps({"text": para.strip()}))
-PY
+for para in sys.stdin.read().split("\n\n"):
+    if len(para.strip()) > 40:
+        print(json.dumps({"text": para.strip()}))
+' > "$OUT/prose.jsonl"
 cat > "$OUT/v3.toml" <<TOML
 [model]
 model_type = "deepseek_v3"
