@@ -250,28 +250,6 @@ void pack_rows(float* dst, int64_t ld, const float* src, int64_t stride, int t0,
   }
 }
 
-struct SegRange {
-  int32_t lo, hi;
-};
-SegRange seg_range(const int32_t* s, int n) {
-  SegRange r{s[0], s[0]};
-  for (int i = 1; i < n; ++i) r.lo = std::min(r.lo, s[i]), r.hi = std::max(r.hi, s[i]);
-  return r;
-}
-
-// Visibility of a (query block, key block) tile: 0 none, 1 partly (needs masks), 2 all pairs.
-int tile_kind(const AttnShape& sh, int qs, int nq, int ks, int nk, const int32_t* segrow) {
-  const int qe = qs + nq - 1, ke = ks + nk - 1;
-  if (ks > qe) return 0;
-  if (sh.window > 0 && ke <= qs - sh.window) return 0;
-  bool full = ke <= qs && (sh.window <= 0 || ks > qe - sh.window);
-  if (segrow) {
-    SegRange a = seg_range(segrow + qs, nq), b = seg_range(segrow + ks, nk);
-    if (a.hi < b.lo || b.hi < a.lo) return 0;
-    full = full && a.lo == a.hi && b.lo == b.hi && a.lo == b.lo;
-  }
-  return full ? 2 : 1;
-}
 
 // ---------------------------------------------------------------------------------- forward --
 

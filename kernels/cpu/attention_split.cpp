@@ -1,4 +1,4 @@
-// Work split of the flash-attention kernels; see attention_split.h.
+// Tile visibility and work split of the flash-attention kernels; see attention_split.h.
 #include "kernels/cpu/attention_split.h"
 
 #include <algorithm>
@@ -38,6 +38,32 @@ void sum_dq_partials(const AttnShape& sh, int nsplit, const float* part, float* 
       }
     }
   });
+}
+
+namespace {
+
+struct SegRange {
+  int32_t lo, hi;
+};
+SegRange seg_range(const int32_t* s, int n) {
+  SegRange r{s[0], s[0]};
+  for (int i = 1; i < n; ++i) r.lo = std::min(r.lo, s[i]), r.hi = std::max(r.hi, s[i]);
+  return r;
+}
+
+}  // namespace
+
+int tile_kind(const AttnShape& sh, int qs, int nq, int ks, int nk, const int32_t* segrow) {
+  const int qe = qs + nq - 1, ke = ks + nk - 1;
+  if (ks > qe) return 0;
+  if (sh.window > 0 && ke <= qs - sh.window) return 0;
+  bool full = ke <= qs && (sh.window <= 0 || ks > qe - sh.window);
+  if (segrow) {
+    SegRange a = seg_range(segrow + qs, nq), b = seg_range(segrow + ks, nk);
+    if (a.hi < b.lo || b.hi < a.lo) return 0;
+    full = full && a.lo == a.hi && b.lo == b.hi && a.lo == b.lo;
+  }
+  return full ? 2 : 1;
 }
 
 }  // namespace trex::kern::cpu

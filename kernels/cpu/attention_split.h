@@ -1,5 +1,5 @@
-// How the flash-attention kernels (attention_avx512.cpp, attention_avx2.cpp) spread a call over
-// threads: work items are (b, h) pairs, cut into parts of their query (forward) or key
+// Shared by the flash-attention kernels (attention_avx512.cpp, attention_avx2.cpp): which tiles
+// a (b, h) visits, and how a call is spread over threads: work items are (b, h) pairs, cut into parts of their query (forward) or key
 // (backward) blocks only when B x H alone does not give every thread enough items. A backward
 // cut into key-block parts makes dq a sum over the parts: each part writes its own partial,
 // added up at the end.
@@ -22,5 +22,10 @@ using DqPartials = std::unique_ptr<float, decltype(&std::free)>;
 DqPartials alloc_dq_partials(const AttnShape& sh, int nsplit);
 // dq [B, T, H, Dqk] = the sum over the parts of part (nsplit > 1).
 void sum_dq_partials(const AttnShape& sh, int nsplit, const float* part, float* dq);
+
+// Visibility of a (query block, key block) tile of one (b, h): query rows [qs, qs + nq), key rows
+// [ks, ks + nk), causal, within sh.window, and (segrow: the row's segment ids, else null) in the
+// same segment: 0 no pair visible, 1 some (the tile needs masks), 2 every pair.
+int tile_kind(const AttnShape& sh, int qs, int nq, int ks, int nk, const int32_t* segrow);
 
 }  // namespace trex::kern::cpu

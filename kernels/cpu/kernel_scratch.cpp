@@ -17,7 +17,7 @@ struct Scratch {
       std::free(p);
       const size_t bytes = (n * sizeof(float) + 63) & ~size_t{63};
       p = static_cast<float*>(std::aligned_alloc(64, bytes));
-      TREX_CHECK(p, "sparse_attn: cannot allocate ", bytes, " bytes of scratch");
+      TREX_CHECK(p, "attention kernel: cannot allocate ", bytes, " bytes of per-thread scratch");
       cap = n;
     }
     return p;

@@ -1,6 +1,7 @@
-// Per-thread scratch and denormal flushing shared by the sparse-attention kernels
-// (kernels/cpu/sparse_attn_avx512.cpp, kernels/cpu/sparse_attn_avx2.cpp). Defined in a file built
-// for baseline x86-64 (kernel_scratch.cpp: no ISA suffix), so both kernels link one ISA-neutral copy.
+// Per-thread scratch and denormal flushing shared by the attention kernels
+// (kernels/cpu/sparse_attn_avx512.cpp, kernels/cpu/sparse_attn_avx2.cpp,
+// kernels/cpu/attention_avx2.cpp). Defined in a file built for baseline x86-64 (kernel_scratch.cpp:
+// no ISA suffix), so every kernel links one ISA-neutral copy.
 #pragma once
 #include <cstddef>
 

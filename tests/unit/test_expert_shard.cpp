@@ -103,45 +103,11 @@ TEST(ExpertShard, LayoutHoldsTheShardsExpertsAtTheEnd) {
 TEST(ExpertShard, InitAndLoadGiveTheWholeModelsRows) {
   for (const model::ModelConfig& c : configs()) {
     SCOPED_TRACE(c.model_type);
-    const model::TrainOptions to{0.01, c.is_v4() ? 0.3 : 0.0};
-    model::Model whole(c, kern::Prec::F32, to);
-    whole.init_random(17);
-    // A step of training, so that the moments are not zero.
-    train::AdamW opt(whole, {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f});
-    std::vector<int32_t> ids(2 * 9), tg(2 * 9);
-    for (size_t i = 0; i < ids.size(); ++i) ids[i] = (int32_t)(i * 7 % c.vocab_size), tg[i] = (int32_t)(i * 5 % c.vocab_size);
-    whole.forward_backward({2, 9, ids.data(), tg.data(), nullptr, nullptr});
-    opt.step(whole, 1e-3f);
-    const test::TmpDir tmp("trex_expert_shard_");
-    const fs::path& dir = tmp.path;
-    const std::string ck = train::save_checkpoint(dir.string(), whole, opt, train::TrainState{1, 0, 0, {}}, 1);
-    model::save_hf_checkpoint(whole, (dir / "hf").string());
-    if (c.is_v4()) model::save_v4_original(whole, (dir / "orig").string(), DType::F32, false);
+    const test::WholeCheckpoints w(c, {0.01, c.is_v4() ? 0.3 : 0.0}, "trex_expert_shard_");
     for (int64_t per : {2, 3})
       for (int64_t first = 0; first < 6; first += per) {
-        model::Model m(c, kern::Prec::F32, to, {first, per, 16});
-        m.init_random(17);
-        model::Model w2(c, kern::Prec::F32, to);
-        w2.init_random(17);
-        expect_slices_of(m.P(), m.layout, w2.P(), w2.layout, "init");
-        std::memset(m.P(), 0, m.layout.total * sizeof(float));
-        model::load_hf_weights(m, (dir / "hf").string());
-        expect_slices_of(m.P(), m.layout, whole.P(), whole.layout, "hf");
-        if (c.is_v4()) {
-          std::memset(m.P(), 0, m.layout.total * sizeof(float));
-          model::load_hf_weights(m, (dir / "orig").string());
-          expect_slices_of(m.P(), m.layout, whole.P(), whole.layout, "original layout");
-        }
-        train::AdamW so(m, opt.cfg);  // the whole of the shard's slab
-        std::memset(m.P(), 0, m.layout.total * sizeof(float));
         SCOPED_TRACE(::testing::Message() << "shard [" << first << ", " << first + per << ")");
-        train::TrainState st = train::load_checkpoint(ck, m, so);
-        EXPECT_EQ(st.step, 1);
-        EXPECT_EQ(so.steps(), 1);
-        expect_slices_of(m.P(), m.layout, whole.P(), whole.layout, "training checkpoint");
-        expect_slices_of(so.M1(), m.layout, opt.M1(), whole.layout, "exp_avg");
-        expect_slices_of(so.M2(), m.layout, opt.M2(), whole.layout, "exp_avg_sq");
-        EXPECT_EQ(m.buffers, whole.buffers);
+        w.expect_shard_matches({first, per, 16});
       }
   }
 }

@@ -141,48 +141,14 @@ TEST(TpShard, LayoutHoldsTheRanksSlices) {
 TEST(TpShard, InitAndLoadGiveTheWholeModelsSlices) {
   for (const Named& n : configs()) {
     SCOPED_TRACE(n.what);
-    const model::ModelConfig c = model::parse_config(n.j, "tiny");
-    const model::TrainOptions to{0.01, n.mtp};
-    model::Model whole(c, kern::Prec::F32, to);
-    whole.init_random(17);
-    perturb_vectors(whole, 3);
-    train::AdamW opt(whole, {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f});
-    std::vector<int32_t> ids(2 * 9), tg(2 * 9);
-    for (size_t i = 0; i < ids.size(); ++i) ids[i] = (int32_t)(i * 7 % c.vocab_size), tg[i] = (int32_t)(i * 5 % c.vocab_size);
-    whole.forward_backward({2, 9, ids.data(), tg.data(), nullptr, nullptr});
-    opt.step(whole, 1e-3f);  // moments that are not zero
-    const test::TmpDir tmp("trex_tp_shard_");
-    const fs::path& dir = tmp.path;
-    const std::string ck = train::save_checkpoint(dir.string(), whole, opt, train::TrainState{1, 0, 0, {}}, 1);
-    model::save_hf_checkpoint(whole, (dir / "hf").string());
-    if (c.is_v4()) model::save_v4_original(whole, (dir / "orig").string(), DType::F32, false);
+    const test::WholeCheckpoints w(model::parse_config(n.j, "tiny"), {0.01, n.mtp}, "trex_tp_shard_", /*perturb=*/true);
     const int64_t tp = n.tps.back();
     for (int64_t r = 0; r < tp; ++r)
       for (const bool more : {false, true}) {  // alone; with experts [0, 1) of 5 and the last of 2 stages
+        SCOPED_TRACE(::testing::Message() << "tp rank " << r << " of " << tp << (more ? ", expert and stage shard" : ""));
         const model::ExpertShard ex = more ? model::ExpertShard{0, 1, 32} : model::ExpertShard{};
         const model::StageShard st = more ? model::StageShard{1, 3, false, true, 32} : model::StageShard{};
-        SCOPED_TRACE(::testing::Message() << "tp rank " << r << " of " << tp << (more ? ", expert and stage shard" : ""));
-        model::Model m(c, kern::Prec::F32, to, ex, st, {r, tp, 32});
-        m.init_random(17);
-        model::Model w2(c, kern::Prec::F32, to);
-        w2.init_random(17);
-        expect_slices_of(m.P(), m.layout, w2.P(), w2.layout, "init");
-        std::memset(m.P(), 0, m.layout.total * sizeof(float));
-        model::load_hf_weights(m, (dir / "hf").string());
-        expect_slices_of(m.P(), m.layout, whole.P(), whole.layout, "hf");
-        if (c.is_v4()) {
-          std::memset(m.P(), 0, m.layout.total * sizeof(float));
-          model::load_hf_weights(m, (dir / "orig").string());
-          expect_slices_of(m.P(), m.layout, whole.P(), whole.layout, "original layout");
-        }
-        train::AdamW so(m, opt.cfg);
-        std::memset(m.P(), 0, m.layout.total * sizeof(float));
-        train::TrainState ts = train::load_checkpoint(ck, m, so);
-        EXPECT_EQ(ts.step, 1);
-        expect_slices_of(m.P(), m.layout, whole.P(), whole.layout, "training checkpoint");
-        expect_slices_of(so.M1(), m.layout, opt.M1(), whole.layout, "exp_avg");
-        expect_slices_of(so.M2(), m.layout, opt.M2(), whole.layout, "exp_avg_sq");
-        EXPECT_EQ(m.buffers, whole.buffers);
+        w.expect_shard_matches(ex, st, {r, tp, 32});
       }
   }
 }
