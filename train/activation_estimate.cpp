@@ -59,13 +59,16 @@ struct StepWalk {
   const int64_t tp, ep;          // tensor / expert parallel sizes
   const bool sp;                 // sequence parallel (tp > 1)
   const int64_t Nl;              // token rows outside the split blocks: N, or rank 0's shard (the largest)
+  const int64_t l0, l1;          // the decoder layers run (a pipeline stage's, or all)
+  const bool last;               // the stage computes the head (and V4's MTP blocks)
   ArenaReplay A;
 
   StepWalk(const model::ModelConfig& cfg, int64_t b, int64_t t, kern::Prec p, model::Recompute r, int64_t tp_,
-           int64_t ep_, bool sp_)
+           int64_t ep_, bool sp_, const model::StageShard& st)
       : c(cfg), B(b), T(t), N(b * t), d(cfg.hidden_size), bf(p == kern::Prec::BF16), replay(r == model::Recompute::Full),
         tp(std::max<int64_t>(tp_, 1)), ep(std::max<int64_t>(ep_, 1)), sp(sp_ && tp > 1),
-        Nl(sp ? (N + tp - 1) / tp : N) {}
+        Nl(sp ? (N + tp - 1) / tp : N), l0(st.on() ? st.l0 : 0), l1(st.on() ? st.l1 : cfg.num_hidden_layers),
+        last(!st.on() || st.last) {}
 
   void f32(int64_t n) { A.bytes((size_t)n * 4); }
   void i32(int64_t n) { A.bytes((size_t)n * 4); }
@@ -264,10 +267,9 @@ struct StepWalk {
     sp_pad(d);
   }
   void run_v3() {
-    const int64_t L = c.num_hidden_layers;
     i32(N);       // positions
-    f32(Nl * d);  // embedding
-    for (int64_t l = 0; l < L; ++l) {
+    f32(Nl * d);  // embedding (a later stage: the previous stage's output)
+    for (int64_t l = l0; l < l1; ++l) {
       if (!replay) {
         v3_layer_forward(l);
         continue;
@@ -277,11 +279,13 @@ struct StepWalk {
       v3_layer_forward(l);
       A.release(m);
     }
-    f32(Nl * d), f32(Nl), f32(Nl * d);  // final norm out, rstd, dh
-    if (bf) b16(Nl * d);
-    f32((int64_t)ce_workspace());
-    f32(Nl * d), f32(Nl * d), f32(Nl * d);  // dx, tmp, tmp2
-    for (int64_t l = L - 1; l >= 0; --l) {
+    if (last) {
+      f32(Nl * d), f32(Nl), f32(Nl * d);  // final norm out, rstd, dh
+      if (bf) b16(Nl * d);
+      f32((int64_t)ce_workspace());
+    }
+    f32(Nl * d), f32(Nl * d), f32(Nl * d);  // dx (a stage before the last: dy), tmp, tmp2
+    for (int64_t l = l1 - 1; l >= l0; --l) {
       const auto m = A.mark();
       if (replay) v3_layer_forward(l);
       if (c.is_moe_layer(l)) {
@@ -451,10 +455,17 @@ struct StepWalk {
     const model::V4Config& v = c.v4;
     const int64_t n = v.hc_mult, Lm = c.num_hidden_layers, D = v.mtp_layers, K = c.num_experts_per_tok;
     const kern::HcShape hs{Nl, (int)n, d, (int)v.hc_sinkhorn_iters, (float)v.hc_eps, (float)c.rms_norm_eps};
-    f32(Nl * n * d);  // embedded streams
+    f32(Nl * n * d);  // embedded streams (a later stage: the previous stage's output)
     for (int64_t l = 0; l < Lm; ++l)
-      if (v.hash[l]) i32(Nl * K);  // hash routes
-    for (int64_t l = 0; l < Lm; ++l) v4_forward_kept(l);
+      if (v.hash[l]) i32(Nl * K);  // hash routes (of every layer, on every stage)
+    for (int64_t l = l0; l < l1; ++l) v4_forward_kept(l);
+    if (!last) {  // a stage before the last: the backward scratch, dX from the next stage, its layers
+      f32(Nl * n * d), f32(Nl * d), f32(Nl * n), f32(Nl * n * n), f32(Nl * d), f32(Nl * d);  // dX2 df dpost dcomb dnorm dy
+      f32((int64_t)std::max<size_t>(kern::hc_pre_bwd_workspace_floats(hs), 1));
+      f32(Nl * n * d);  // dX
+      for (int64_t l = l1 - 1; l >= l0; --l) v4_backward_replayed(l);
+      return;
+    }
     v4_head_forward();
     for (int64_t k = 0; k < D; ++k) {
       i32(Nl), i32(Nl);                  // ids, tg
@@ -483,16 +494,19 @@ struct StepWalk {
       A.release(m);
     }
     v4_head_backward(hs);
-    for (int64_t l = Lm - 1; l >= 0; --l) v4_backward_replayed(l);
+    for (int64_t l = l1 - 1; l >= l0; --l) v4_backward_replayed(l);
   }
 };
 
 }  // namespace
 
 double activation_peak_bytes(const model::ModelConfig& c, int64_t B, int64_t T, kern::Prec prec,
-                             model::Recompute recompute, int64_t tp, int64_t ep, bool sequence_parallel) {
+                             model::Recompute recompute, int64_t tp, int64_t ep, bool sequence_parallel,
+                             const model::StageShard& stage) {
   TREX_CHECK(B > 0 && T > 0, "activation_peak_bytes: empty batch ", B, " x ", T);
-  StepWalk w(c, B, T, prec, recompute, tp, ep, sequence_parallel);
+  TREX_CHECK(!stage.on() || (0 <= stage.l0 && stage.l0 <= stage.l1 && stage.l1 <= c.num_hidden_layers),
+             "activation_peak_bytes: stage layers [", stage.l0, ", ", stage.l1, ") of ", c.num_hidden_layers);
+  StepWalk w(c, B, T, prec, recompute, tp, ep, sequence_parallel, stage);
   if (c.is_v4()) w.run_v4();
   else w.run_v3();
   return (double)w.A.peak();

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include "kernels/gemm.h"
 #include "model/config.h"
+#include "model/params.h"
 
 namespace trex::train {
 
@@ -32,8 +33,12 @@ namespace trex::train {
 // shard of the B x T tokens, ceil(B T / tp) rows (rank 0's, the largest), plus the all-gathered
 // inputs and partial outputs of the split blocks and, for uneven shards, the collectives' padded
 // workspace (model/seq_parallel.h).
+// stage (pipeline parallel): one stage_forward_backward of that stage (model/model.h; the
+// pipeline's forward-only calls stay below it): its layers, the head and V4's MTP blocks on the
+// last stage; the stage inputs of the micro-batches in flight are held outside the arena
+// (train/pipeline.cpp) and not counted.
 double activation_peak_bytes(const model::ModelConfig& c, int64_t B, int64_t T, kern::Prec prec,
                              model::Recompute recompute, int64_t tp = 1, int64_t ep = 1,
-                             bool sequence_parallel = false);
+                             bool sequence_parallel = false, const model::StageShard& stage = {});
 
 }  // namespace trex::train

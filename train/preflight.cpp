@@ -69,6 +69,12 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks) {
                      (!run_cfg.is_v4() || run_cfg.v4.o_groups % tp == 0) &&
                      (!has_dense || run_cfg.intermediate_size % tp == 0);
   double held = P, stage_all = P;
+  double acts = 0;  // the activation arena's peak, the largest over the stages
+  auto stage_acts = [&](const model::StageShard& st) {
+    return activation_peak_bytes(run_cfg, rc.train.batch_size, rc.data.seq_len, rc.train.precision,
+                                 rc.train.recompute, rc.parallel.tp, rc.parallel.ep, rc.parallel.sequence_parallel, st);
+  };
+  if (!by_stage) acts = stage_acts({});
   if (by_expert || by_stage || by_tp) {
     held = stage_all = 0;
     auto count = [](const model::ParamLayout& L) {
@@ -88,17 +94,18 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks) {
       const model::TpShard ts = by_tp ? model::TpShard{0, tp, 16} : model::TpShard{};
       held = std::max(held, count(model::build_layout(run_cfg, ex, st, ts)));
       stage_all = std::max(stage_all, count(model::build_layout(run_cfg, {}, st)));
+      if (by_stage) acts = std::max(acts, stage_acts(st));
     }
   }
   MemoryEstimate e;
   e.weights = 4 * held + (rc.train.precision == kern::Prec::BF16 ? 2 * held : 0);
   e.grads = 4 * held;
   e.optimizer = 8 * stage_all * (by_stage ? dims.pp : 1) / std::max(ranks, 1);
-  // Activations: the peak of the activation arena as the engine allocates it (above). The
-  // planner (plan/memory.h) models a bf16 GPU run; here it gives the communication buffers only.
-  e.activations = activation_peak_bytes(run_cfg, rc.train.batch_size, rc.data.seq_len, rc.train.precision,
-                                        rc.train.recompute, rc.parallel.tp, rc.parallel.ep,
-                                        rc.parallel.sequence_parallel);
+  // Activations: the peak of the activation arena as the engine allocates it (above; under pp,
+  // the largest stage's: each part is the largest over the stages, an upper bound when those
+  // are different stages). The planner (plan/memory.h) models a bf16 GPU run; here it gives the
+  // communication buffers only.
+  e.activations = acts;
   const plan::ArchModel a = plan::arch_from_config(c, "run");
   const plan::ClusterSpec s = plan::cpu_spec_from_calibration(plan::default_calibration());
   plan::Layout l;

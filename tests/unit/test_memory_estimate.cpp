@@ -17,6 +17,8 @@
 #include "core/rng.h"
 #include "model/model.h"
 #include "tests/tiny_configs.h"
+#include "parallel/dims.h"
+#include "train/activation_estimate.h"
 #include "train/preflight.h"
 #include "train/run_config.h"
 
@@ -205,4 +207,68 @@ TEST(MemoryEstimate, Monotone) {
   const double full = train::activation_peak_bytes(c, 3, 37, kern::Prec::BF16, model::Recompute::Full);
   EXPECT_LT(full, none);
   EXPECT_GT(train::activation_peak_bytes(c, 3, 74, kern::Prec::BF16, model::Recompute::None), none);
+}
+
+// Pipeline stages: one stage_forward_backward of each stage of a model cut into stages of every
+// kind (a first or last stage without layers, a middle one), each holding only its tensors as
+// `trex train` builds it, against the estimate for that stage; and the start-up check takes the
+// largest stage, below the whole model's figure.
+TEST(MemoryEstimate, PipelineStages) {
+  struct Case {
+    json mj;
+    int64_t B, T;
+    double mtp;
+  };
+  for (const Case& k : {Case{v3_b(), 3, 37, 0}, Case{v4_b(), 2, 37, 0.3}}) {
+    const model::ModelConfig base = model::parse_config(k.mj, "tiny");
+    const model::ModelConfig cfg = model::with_mtp(base, k.mtp > 0 ? base.num_nextn_predict_layers : 0);
+    const int64_t L = cfg.num_hidden_layers, N = k.B * k.T;
+    for (const std::vector<std::pair<int64_t, int64_t>>& p :
+         std::vector<std::vector<std::pair<int64_t, int64_t>>>{{{0, 1}, {1, L}}, {{0, 0}, {0, L}}, {{0, L}, {L, L}},
+                                                                {{0, 1}, {1, 2}, {2, L}}})
+      for (size_t si = 0; si < p.size(); ++si)
+        for (const Mode& mode : {Mode{kern::Prec::BF16, model::Recompute::None}, Mode{kern::Prec::F32, model::Recompute::Full}}) {
+          const model::StageShard st{p[si].first, p[si].second, si == 0, si + 1 == p.size(), 16};
+          const std::string what = cfg.model_type + " stage [" + std::to_string(st.l0) + ", " + std::to_string(st.l1) +
+                                   ") of " + std::to_string(p.size()) + (mode.prec == kern::Prec::BF16 ? " bf16" : " fp32") +
+                                   (mode.rc == model::Recompute::Full ? " recompute=full" : "");
+          model::Model m(cfg, mode.prec, {0.01, k.mtp, mode.rc}, {}, st);
+          m.init_random(11);
+          m.set_pipeline_stage({st.l0, st.l1, st.first, st.last});
+          std::vector<int32_t> ids(N), tg(N);
+          Rng r(5);
+          for (int64_t i = 0; i < N; ++i)
+            ids[i] = (int32_t)(r.next_u64() % cfg.vocab_size), tg[i] = (int32_t)(r.next_u64() % cfg.vocab_size);
+          std::vector<float> x_in(m.stage_io_floats(N), 0.25f), dy(m.stage_io_floats(N), 1e-3f),
+              dx_in(m.stage_io_floats(N));
+          model::StageIO io;
+          if (!st.first) io.x_in = x_in.data(), io.dx_in = dx_in.data();
+          if (!st.last) io.dy = dy.data();
+          m.stage_forward_backward({k.B, k.T, ids.data(), tg.data(), nullptr, nullptr}, io, 1.f);
+          const double peak = (double)m.peak_activation_bytes();
+          const double est = train::activation_peak_bytes(cfg, k.B, k.T, mode.prec, mode.rc, 1, 1, false, st);
+          std::printf("[memory estimate] %s: estimate %.0f measured %.0f bytes (%+.2f%%)\n", what.c_str(), est, peak,
+                      100.0 * (est - peak) / peak);
+          EXPECT_NEAR(est, peak, 0.10 * peak) << what;
+        }
+    // The start-up check under pp 2: the larger stage's figure, below the whole model's.
+    json j = {{"model", k.mj},
+              {"data", {{"seq_len", k.T}}},
+              {"train", {{"batch_size", k.B}, {"precision", "bf16"}, {"mtp_loss_weight", k.mtp}}},
+              {"parallel", {{"pp", 2}}}};
+    const train::RunConfig rc = train::parse_run_config(j, "run.toml");
+    parallel::ParallelDims d;
+    d.pp = 2;
+    double want = 0;
+    for (int s = 0; s < 2; ++s) {
+      const int64_t l0 = d.stage_first_layer(L, s);
+      const model::StageShard st{l0, l0 + d.stage_layers(L)[(size_t)s], s == 0, s == 1, 16};
+      want = std::max(want, train::activation_peak_bytes(cfg, k.B, k.T, kern::Prec::BF16, model::Recompute::None,
+                                                         1, 1, false, st));
+    }
+    const double got = train::estimate_train_memory(rc, 2).activations;
+    EXPECT_EQ(got, want) << cfg.model_type;
+    EXPECT_LT(got, train::activation_peak_bytes(cfg, k.B, k.T, kern::Prec::BF16, model::Recompute::None))
+        << cfg.model_type;
+  }
 }
