@@ -35,10 +35,6 @@ struct TpSlice {
   int64_t rank = 0, size = 1;
   bool held = false;
   bool on() const { return size > 1; }
-  // Where part `rank` of a split dimension of n (rows, or columns) starts in the stored tensor.
-  int64_t first(int64_t n) const { return held ? 0 : rank * (n / size); }
-  // The stored row length of a tensor whose n columns are split (0 = n / size, its own width).
-  int64_t ld(int64_t n) const { return held ? 0 : n; }
 };
 
 // x: [N, in]  W: [out, in]  ->  y: [N, out] with row stride ldy (0 = out)  (y = beta*y + x @ W^T)

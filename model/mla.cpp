@@ -124,7 +124,8 @@ void mla_forward(const Ctx& c, const AttnIn& in, const float* x, float* out, Mla
     ProfScope ps(c.prof, "fwd.mla.attn_core");
     kern::attention_fwd(sh, s.Q, s.K, s.V, s.O, s.lse, in.seg);
   }
-  // o_proj [d, Hf dv]: the columns of the local heads (row-parallel; out is a partial sum).
+  // o_proj [d, H dv]: the columns of the local heads (row-parallel; out is a partial sum), at row
+  // stride Hs dv (the whole tensor's, or the held slice's).
   linear_fwd(c, s.O, N, H * dv, wt(in, p.o + hs.s0 * dv, hs.Hs * dv), d, out);
 }
 
