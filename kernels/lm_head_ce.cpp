@@ -28,6 +28,9 @@ int64_t chunk_of(const CeArgs& a) {
 int64_t row_block_of(const CeArgs& a, int64_t vc) {
   return std::max<int64_t>(1, std::min(a.N, std::max<int64_t>(1, kMaxBlockFloats / vc)));
 }
+// BF16 on the bf16 dot-product GEMMs: p is rounded to bf16 for the two backward GEMMs (see the
+// header), into [rb, vc] bf16 after the f32 workspace.
+bool rounds_p(const CeArgs& a) { return a.prec == Prec::BF16 && bf16_dot_gemm(); }
 
 // Scalar versions of the row operations in kernels/cpu/gemm_avx512.h (same semantics).
 void stats_scalar(const float* L, int64_t ld, int64_t rows, int64_t cols, float* m, float* s) {
@@ -67,14 +70,6 @@ double lm_head_ce_flops(const CeArgs& a, bool grads) {
   if (!grads) return 2 * nvd;
   return (chunk_of(a) >= a.V ? 6 : 8) * nvd;
 }
-
-namespace {
-
-// BF16 on the bf16 dot-product GEMMs: p is rounded to bf16 for the two backward GEMMs (see the
-// header), into [rb, vc] bf16 after the f32 workspace.
-bool rounds_p(const CeArgs& a) { return a.prec == Prec::BF16 && bf16_dot_gemm(); }
-
-}  // namespace
 
 size_t lm_head_ce_workspace_floats(const CeArgs& a) {
   if (a.N <= 0 || a.V <= 0) return 0;

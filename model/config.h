@@ -77,6 +77,8 @@ struct ModelConfig {
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   bool is_v4() const { return model_type == "deepseek_v4"; }
   bool is_moe_layer(int64_t l) const { return n_routed_experts > 0 && l >= first_k_dense_replace; }
+  // Some layer has a dense SwiGLU MLP (V3 first_k_dense_replace layers; V4 has none).
+  bool has_dense_mlp() const { return !is_v4() && (n_routed_experts == 0 || first_k_dense_replace > 0); }
   int64_t shared_intermediate() const { return moe_intermediate_size * n_shared_experts; }
 
   // Parameter counts (all, and active per token: top-k routed experts + shared).

@@ -1,7 +1,6 @@
 #include "model/params.h"
 
 #include <cstdlib>
-#include <functional>
 #include "core/error.h"
 
 namespace trex::model {
@@ -45,8 +44,7 @@ bool apply_tp_shard(const ModelConfig& c, const TpShard& t, ParamLayout& L) {
              " attention heads do not split over ", t.size, " ranks");
   TREX_CHECK(!c.is_v4() || c.v4.o_groups % t.size == 0, "tp shard: o_groups ", c.v4.o_groups,
              " does not split over ", t.size, " ranks");
-  const bool has_dense = !c.is_v4() && (c.n_routed_experts == 0 || c.first_k_dense_replace > 0);
-  TREX_CHECK(!has_dense || c.intermediate_size % t.size == 0, "tp shard: "
+  TREX_CHECK(!c.has_dense_mlp() || c.intermediate_size % t.size == 0, "tp shard: "
              "intermediate_size ", c.intermediate_size, " does not split over ", t.size, " ranks");
   L.tp = t;
   return true;
@@ -77,13 +75,7 @@ ParamLayout build_layout(const ModelConfig& c, ExpertShard shard, StageShard sta
   LayoutBuilder b{L};
   const bool sharded = apply_expert_shard(c, shard, L);
   apply_stage_shard(c, stage, L);
-  const bool tp_sharded = apply_tp_shard(c, tp, L);
-  // tp-sharded: the split tensors are added after the other dense tensors, in layer order.
-  std::vector<std::function<void()>> split;
-  auto add_split = [&](std::function<void()> f) {
-    if (tp_sharded) split.push_back(std::move(f));
-    else f();
-  };
+  apply_tp_shard(c, tp, L);  // tp-sharded: the split tensors go after the other dense tensors
   std::vector<int64_t> moe_layers;  // sharded: their experts go into the expert region
   const int64_t d = c.hidden_size, H = c.num_attention_heads;
   // The routed experts held, [first, first + n): gate|up [n, 2F, d] and down [n, d, F] slabs, one
@@ -112,24 +104,19 @@ ParamLayout build_layout(const ModelConfig& c, ExpertShard shard, StageShard sta
       continue;
     }
     const std::string at = pre + "self_attn.";
-    // A tensor whose rows (by_rows) or columns a tp-sharded layout splits; whole otherwise.
-    auto add_tp = [&](int64_t& off, const std::string& name, Shape whole, bool by_rows) {
-      add_split([&b, &off, name, whole, by_rows, tp_sharded] {
-        off = tp_sharded ? b.add_tp_slice(name, whole, true, by_rows) : b.add(name, whole, true);
-      });
-    };
     p.in_norm = b.add(pre + "input_layernorm.weight", {d}, false);
     if (c.q_lora_rank) {
       p.q_a = b.add(at + "q_a_proj.weight", {c.q_lora_rank, d}, true);
       p.q_a_norm = b.add(at + "q_a_layernorm.weight", {c.q_lora_rank}, false);
-      add_tp(p.q_b, at + "q_b_proj.weight", {H * c.qk_head_dim(), c.q_lora_rank}, true);
+      b.add_split(p.q_b, at + "q_b_proj.weight", {H * c.qk_head_dim(), c.q_lora_rank}, true, true);
     } else {
-      add_tp(p.q, at + "q_proj.weight", {H * c.qk_head_dim(), d}, true);
+      b.add_split(p.q, at + "q_proj.weight", {H * c.qk_head_dim(), d}, true, true);
     }
     p.kv_a = b.add(at + "kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, d}, true);
     p.kv_a_norm = b.add(at + "kv_a_layernorm.weight", {c.kv_lora_rank}, false);
-    add_tp(p.kv_b, at + "kv_b_proj.weight", {H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}, true);
-    add_tp(p.o, at + "o_proj.weight", {d, H * c.v_head_dim}, false);
+    b.add_split(p.kv_b, at + "kv_b_proj.weight", {H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}, true,
+                true);
+    b.add_split(p.o, at + "o_proj.weight", {d, H * c.v_head_dim}, true, false);
     p.post_norm = b.add(pre + "post_attention_layernorm.weight", {d}, false);
     const std::string mlp = pre + "mlp.";
     auto swiglu_pair = [&](const std::string& prefix, int64_t F, int64_t& gu, int64_t& down) {
@@ -141,8 +128,8 @@ ParamLayout build_layout(const ModelConfig& c, ExpertShard shard, StageShard sta
     if (!c.is_moe_layer(l)) {
       // The dense MLP: tp-sharded, this rank's rows of gate_proj and of up_proj stacked as one
       // [2 F / tp, d] slab (so one GEMM computes both), and its columns of down_proj.
-      add_split([&b, &L, &p, mlp, d, F = c.intermediate_size, tp_sharded, swiglu_pair] {
-        if (!tp_sharded) return swiglu_pair(mlp, F, p.mlp_gu, p.mlp_down);
+      b.tp_defer([&b, &L, &p, mlp, d, F = c.intermediate_size, swiglu_pair] {
+        if (!L.tp.on()) return swiglu_pair(mlp, F, p.mlp_gu, p.mlp_down);
         const int64_t Fl = F / L.tp.size, f0 = L.tp.rank * Fl;
         p.mlp_gu = b.slab(2 * Fl * d);
         b.sub(mlp + "gate_proj.weight", p.mlp_gu, {Fl, d}, true);
@@ -164,10 +151,7 @@ ParamLayout build_layout(const ModelConfig& c, ExpertShard shard, StageShard sta
     L.final_norm = b.add("model.norm.weight", {d}, false);
     L.head = c.tie_word_embeddings ? L.embed : b.add("lm_head.weight", {c.vocab_size, d}, true);
   }
-  if (tp_sharded) {
-    b.begin_tp_region(tp.region_align);
-    for (auto& f : split) f();
-  }
+  b.tp_region(tp.region_align);
   if (sharded) {
     b.begin_expert_region(shard.region_align);
     for (int64_t l : moe_layers) add_experts(l);

@@ -6,6 +6,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -204,6 +205,7 @@ int64_t expert_of_name(const std::string& name);
 // Appends tensors to a layout: 64-byte aligned entries, or a slab holding several named views.
 struct LayoutBuilder {
   ParamLayout& L;
+  std::vector<std::function<void()>> tp_deferred;  // tp-sharded: the split tensors' adds, for tp_region
   int64_t add(const std::string& name, Shape s, bool decay) {
     int64_t off = L.total;
     L.index[name] = L.entries.size();
@@ -229,6 +231,25 @@ struct LayoutBuilder {
   void begin_tp_region(int64_t align) {
     L.total = (L.total + align - 1) / align * align;
     L.tp_begin = L.total;
+  }
+  // Tensor-parallel-sharded layouts (L.tp set by apply_tp_shard) hold the split tensors in a region
+  // of their own after the other dense tensors: tp_defer keeps f (which adds them) for tp_region,
+  // which runs the kept adds in order there; not sharded, f runs now, in place.
+  void tp_defer(std::function<void()> f) {
+    if (L.tp.on()) tp_deferred.push_back(std::move(f));
+    else f();
+  }
+  // A tensor a tp-sharded layout splits by rows (by_rows) or columns; whole otherwise.
+  void add_split(int64_t& off, const std::string& name, Shape whole, bool decay, bool by_rows) {
+    tp_defer([this, &off, name, whole, decay, by_rows] {
+      off = L.tp.on() ? add_tp_slice(name, whole, decay, by_rows) : add(name, whole, decay);
+    });
+  }
+  void tp_region(int64_t align) {
+    if (!L.tp.on()) return;
+    begin_tp_region(align);
+    for (auto& f : tp_deferred) f();
+    tp_deferred.clear();
   }
   // A tp slice of a checkpoint tensor of shape whole: rows [r0, r0 + whole[0] / parts) (by_rows)
   // or columns [c0, ...) of a 2-d one, where parts = the tp size and r0 / c0 this rank's start.

@@ -5,8 +5,6 @@
 // tid2eid [vocab, K] (hash layers).
 #include "model/params.h"
 
-#include <functional>
-
 namespace trex::model {
 
 ParamLayout build_layout_v4(const ModelConfig& c, ExpertShard shard, StageShard stage, TpShard tp) {
@@ -14,17 +12,9 @@ ParamLayout build_layout_v4(const ModelConfig& c, ExpertShard shard, StageShard 
   LayoutBuilder b{L};
   const bool sharded = apply_expert_shard(c, shard, L);
   apply_stage_shard(c, stage, L);
-  const bool tp_sharded = apply_tp_shard(c, tp, L);
-  // tp-sharded: the split tensors (q_b_proj, o_a_proj and sinks by rows, o_b_proj by columns) are
-  // added after the other dense tensors, in layer order.
-  std::vector<std::function<void()>> split;
-  auto add_tp = [&](int64_t& off, const std::string& name, Shape whole, bool decay, bool by_rows) {
-    auto f = [&b, &off, name, whole, decay, by_rows, tp_sharded] {
-      off = tp_sharded ? b.add_tp_slice(name, whole, decay, by_rows) : b.add(name, whole, decay);
-    };
-    if (tp_sharded) split.push_back(f);
-    else f();
-  };
+  // tp-sharded: the split tensors (q_b_proj, o_a_proj and sinks by rows, o_b_proj by columns) go
+  // after the other dense tensors.
+  apply_tp_shard(c, tp, L);
   const V4Config& v = c.v4;
   const int64_t d = c.hidden_size, H = c.num_attention_heads, hd = v.head_dim, n = v.hc_mult, qr = c.q_lora_rank;
   const int64_t E = c.n_routed_experts, F = c.moe_intermediate_size, K = c.num_experts_per_tok;
@@ -79,12 +69,12 @@ ParamLayout build_layout_v4(const ModelConfig& c, ExpertShard shard, StageShard 
     q.ffn_hc_scale = b.add(pre + "ffn_hc.scale", {3}, false);
     q.q_a = b.add(at + "q_a_proj.weight", {qr, d}, true);
     q.q_a_norm = b.add(at + "q_a_norm.weight", {qr}, false);
-    add_tp(q.q_b, at + "q_b_proj.weight", {H * hd, qr}, true, true);
+    b.add_split(q.q_b, at + "q_b_proj.weight", {H * hd, qr}, true, true);
     q.kv = b.add(at + "kv_proj.weight", {hd, d}, true);
     q.kv_norm = b.add(at + "kv_norm.weight", {hd}, false);
-    add_tp(q.o_a, at + "o_a_proj.weight", {v.o_groups * v.o_lora_rank, H * hd / v.o_groups}, true, true);
-    add_tp(q.o_b, at + "o_b_proj.weight", {d, v.o_groups * v.o_lora_rank}, true, false);
-    add_tp(q.sinks, at + "sinks", {H}, false, true);
+    b.add_split(q.o_a, at + "o_a_proj.weight", {v.o_groups * v.o_lora_rank, H * hd / v.o_groups}, true, true);
+    b.add_split(q.o_b, at + "o_b_proj.weight", {d, v.o_groups * v.o_lora_rank}, true, false);
+    b.add_split(q.sinks, at + "sinks", {H}, false, true);
     if (v.attn[l] != AttnKind::Sliding) {
       const int64_t cc = v.attn[l] == AttnKind::CSA ? 2 : 1, m = v.rate(l);
       const std::string cp = at + "compressor.";
@@ -125,10 +115,7 @@ ParamLayout build_layout_v4(const ModelConfig& c, ExpertShard shard, StageShard 
     L.hc_head_scale = b.add("model.hc_head.hc_scale", {1}, false);
     L.head = c.tie_word_embeddings ? L.embed : b.add("lm_head.weight", {c.vocab_size, d}, true);
   }
-  if (tp_sharded) {
-    b.begin_tp_region(tp.region_align);
-    for (auto& f : split) f();
-  }
+  b.tp_region(tp.region_align);
   if (sharded) {
     b.begin_expert_region(shard.region_align);
     for (const auto& [l, mlp] : moe_layers) add_experts(l, mlp);

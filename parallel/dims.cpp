@@ -49,8 +49,7 @@ void ParallelDims::validate_model(const model::ModelConfig& cfg) const {
                     "DeepSeek-V4 splits whole output groups over tp ranks: choose parallel.tp among the divisors of "
                     "o_groups",
                     "parallel.tp = ", tp, " does not divide model o_groups = ", cfg.v4.o_groups);
-  const bool has_dense = cfg.n_routed_experts == 0 || cfg.first_k_dense_replace > 0;
-  if (has_dense && cfg.intermediate_size > 0)
+  if (cfg.has_dense_mlp() && cfg.intermediate_size > 0)
     TREX_USER_CHECK(cfg.intermediate_size % tp == 0,
                     "the dense MLP is split column-wise over tp ranks: choose parallel.tp among the divisors of "
                     "intermediate_size",

@@ -64,10 +64,9 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks) {
   // Tensor parallel keeps its tp rank's slice of the attention and dense-MLP tensors
   // (model::TpShard); a layout that does not split is refused later by ParallelDims::validate.
   const int64_t tp = std::max<int64_t>(1, rc.parallel.tp);
-  const bool has_dense = !run_cfg.is_v4() && (E == 0 || run_cfg.first_k_dense_replace > 0);
   const bool by_tp = tp > 1 && run_cfg.num_attention_heads % tp == 0 &&
                      (!run_cfg.is_v4() || run_cfg.v4.o_groups % tp == 0) &&
-                     (!has_dense || run_cfg.intermediate_size % tp == 0);
+                     (!run_cfg.has_dense_mlp() || run_cfg.intermediate_size % tp == 0);
   double held = P, stage_all = P;
   double acts = 0;  // the activation arena's peak, the largest over the stages
   auto stage_acts = [&](const model::StageShard& st) {

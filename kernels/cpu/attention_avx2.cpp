@@ -207,8 +207,6 @@ void pack_rows(float* dst, int64_t ld, const float* src, int64_t stride, int t0,
   }
 }
 
-
-
 // ---------------------------------------------------------------------------------- forward --
 
 struct FwdCtx {

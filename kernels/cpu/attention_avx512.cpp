@@ -250,7 +250,6 @@ void pack_rows(float* dst, int64_t ld, const float* src, int64_t stride, int t0,
   }
 }
 
-
 // ---------------------------------------------------------------------------------- forward --
 
 struct FwdCtx {
@@ -538,7 +537,6 @@ void bwd_item(const BwdCtx& c, int bh, int split) {
       std::memcpy(dqb + t * ldq, dQc + t * Dqkp, sizeof(float) * Dqk);
   }
 }
-
 
 }  // namespace
 
