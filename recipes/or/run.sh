@@ -49,11 +49,11 @@ if [ $SMALL = 1 ]; then
   OR_N=900; TEST_FRAC=0.1; EVAL_N=12; CPT_DOCS=300; SFT_SAMPLES=300; VOCAB=1536
   BASE_STEPS=30; CPT_STEPS=40; SFT_STEPS=80; BATCH=2; MAX_TOKENS=256
   MODEL_SET=(--set model.hidden_size=128 --set model.num_hidden_layers=3 --set model.intermediate_size=320
-             --set model.moe_intermediate_size=64 --set model.q_lora_rank=64 --set model.kv_lora_rank=48
+             --set model.moe_intermediate_size=64 --set model.num_attention_heads=4 --set model.q_lora_rank=64 --set model.kv_lora_rank=48
              --set model.qk_nope_head_dim=24 --set model.qk_rope_head_dim=8 --set model.v_head_dim=24)
 else
-  OR_N=30000; TEST_FRAC=0.01; EVAL_N=200; CPT_DOCS=2000; SFT_SAMPLES=10000; VOCAB=4096
-  BASE_STEPS=250; CPT_STEPS=300; SFT_STEPS=500; BATCH=4; MAX_TOKENS=512
+  OR_N=96000; TEST_FRAC=0.004; EVAL_N=200; CPT_DOCS=6000; SFT_SAMPLES=30000; VOCAB=4096
+  BASE_STEPS=250; CPT_STEPS=600; SFT_STEPS=6500; BATCH=4; MAX_TOKENS=512
   MODEL_SET=()
 fi
 every() { local s=$1 d=$2; echo $(( s / d > 0 ? s / d : 1 )); }
