@@ -16,6 +16,8 @@
 #   d. base       DeepSeek-V3-shaped MoE from random weights on the base corpus -> OUT/base
 #   e. cpt        CPT of the base checkpoint on the OR corpus -> OUT/cpt
 #   f. sft        SFT of the CPT checkpoint on statement -> LP chats -> OUT/sft
+#   f2. sft2      more SFT rounds (SFT_ROUNDS), each from the last round's checkpoint with a fresh, lower cosine
+#                 schedule and a new data order -> OUT/sft2, ... (full run only)
 #   g. eval       trex or eval --model for base, CPT, CPT+SFT -> OUT/eval, OUT/pass_at_1.md
 set -euo pipefail
 
@@ -48,12 +50,14 @@ OUT="$(cd "$OUT" && pwd)"
 if [ $SMALL = 1 ]; then
   OR_N=900; TEST_FRAC=0.1; EVAL_N=12; CPT_DOCS=300; SFT_SAMPLES=300; VOCAB=1536
   BASE_STEPS=30; CPT_STEPS=40; SFT_STEPS=80; BATCH=2; MAX_TOKENS=256
+  SFT_ROUNDS=()
   MODEL_SET=(--set model.hidden_size=128 --set model.num_hidden_layers=3 --set model.intermediate_size=320
              --set model.moe_intermediate_size=64 --set model.num_attention_heads=4 --set model.q_lora_rank=64 --set model.kv_lora_rank=48
              --set model.qk_nope_head_dim=24 --set model.qk_rope_head_dim=8 --set model.v_head_dim=24)
 else
   OR_N=96000; TEST_FRAC=0.004; EVAL_N=200; CPT_DOCS=6000; SFT_SAMPLES=30000; VOCAB=4096
   BASE_STEPS=250; CPT_STEPS=600; SFT_STEPS=6500; BATCH=4; MAX_TOKENS=512
+  SFT_ROUNDS=("5000 8e-4 8e-5 1237")  # steps, peak lr, final lr, seed of each extra round
   MODEL_SET=()
 fi
 every() { local s=$1 d=$2; echo $(( s / d > 0 ? s / d : 1 )); }
@@ -128,6 +132,18 @@ CPT_CKPT="$(latest_ckpt "$OUT/cpt")"
 stage sft "$OUT/sft/.done" train_run sft "$HERE/sft.toml" "$OUT/sft" "$SFT_STEPS" \
   --set "model.path=$CPT_CKPT" --set "data.train=[\"$DATA/sft_lp.jsonl\"]"
 SFT_CKPT="$(latest_ckpt "$OUT/sft")"
+
+# f2. more SFT rounds: a warm restart of the cosine schedule at a lower peak, a 100-step warmup and
+# a new seed (so a new order of the packed chats); eval measures the last round's checkpoint
+r=1
+for round in "${SFT_ROUNDS[@]}"; do
+  read -r steps lr min_lr seed <<<"$round"
+  r=$((r + 1))
+  stage "sft$r" "$OUT/sft$r/.done" train_run "sft$r" "$HERE/sft.toml" "$OUT/sft$r" "$steps" \
+    --set "model.path=$SFT_CKPT" --set "data.train=[\"$DATA/sft_lp.jsonl\"]" --set "optim.lr=$lr" \
+    --set "optim.min_lr=$min_lr" --set "optim.warmup_steps=100" --set "train.seed=$seed"
+  SFT_CKPT="$(latest_ckpt "$OUT/sft$r")"
+done
 
 # g. zero-shot greedy Pass@1 of the three models on the same held-out questions
 eval_model() {  # eval_model KEY CKPT
