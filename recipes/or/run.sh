@@ -16,8 +16,8 @@
 #   d. base       DeepSeek-V3-shaped MoE from random weights on the base corpus -> OUT/base
 #   e. cpt        CPT of the base checkpoint on the OR corpus -> OUT/cpt
 #   f. sft        SFT of the CPT checkpoint on statement -> LP chats -> OUT/sft
-#   f2. sft2      more SFT rounds (SFT_ROUNDS), each from the last round's checkpoint with a fresh, lower cosine
-#                 schedule and a new data order -> OUT/sft2, ... (full run only)
+#   f2. sft2      more SFT rounds (SFT_ROUNDS, full run only), each from the last round's checkpoint
+#                 with a fresh, lower cosine schedule and a new data order -> OUT/sft2, ...
 #   g. eval       trex or eval --model for base, CPT, CPT+SFT -> OUT/eval, OUT/pass_at_1.md
 set -euo pipefail
 
@@ -33,7 +33,7 @@ while [ $# -gt 0 ]; do
     --out) OUT="$2"; shift 2 ;;
     --trex) TREX="$2"; shift 2 ;;
     --threads) THREADS="$2"; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo pipefail/{/^#/p}' "$0"; exit 0 ;;  # the comment block above
     *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
