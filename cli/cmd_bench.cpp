@@ -32,7 +32,7 @@
 #include "plan/calibration.h"
 #include "plan/measure.h"
 #include "plan/planner.h"
-#include "train/dist.h"
+#include "train/layout.h"
 #include "train/run_config.h"
 #include "train/preflight.h"
 #include "train/trainer.h"

@@ -10,8 +10,8 @@
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "model/linear.h"
+#include "model/split.h"
 #include "parallel/comm.h"
-#include "parallel/dims.h"
 
 namespace trex::model {
 
@@ -62,7 +62,8 @@ Model::Model(const ModelConfig& c, kern::Prec p, TrainOptions o, ExpertShard sha
   grads.zero();
   if (prec == kern::Prec::BF16) params_bf16.resize(layout.total);
   buffers.assign(layout.buffers_total, 0.f);
-  load_.assign(layout.layers.size(), std::vector<int64_t>(cfg.n_routed_experts, 0));
+  load_.L = (int64_t)layout.layers.size(), load_.E = cfg.n_routed_experts;
+  load_.v.assign((size_t)(load_.L * load_.E), 0);
   if (cfg.is_v4()) return;  // V4 builds its two RoPE tables per batch length (v4_tables)
   // RoPE tables up to max_position_embeddings (grown on demand for longer sequences).
   const int64_t half = cfg.qk_rope_head_dim / 2;
@@ -83,6 +84,7 @@ void Model::zero_grads() { grads.zero(); }
 
 void Model::set_expert_parallel(parallel::Communicator* ep_comm) {
   ep_ = {};
+  a2a_dispatcher_.reset();
   if (!ep_comm || ep_comm->size() == 1) {
     TREX_CHECK(!layout.expert_sharded(), "set_expert_parallel: this model holds experts [", layout.expert_first, ", ",
                layout.expert_first + layout.expert_count, ") only and needs an expert-parallel group");
@@ -100,6 +102,12 @@ void Model::set_expert_parallel(parallel::Communicator* ep_comm) {
                ") but the model holds [", layout.expert_first, ", ", layout.expert_first + layout.expert_count, ")");
     ep_.slab_first = ep_.first;
   }
+  a2a_dispatcher_ = std::make_unique<AllToAllDispatcher>(ep_);
+}
+
+const MoeDispatcher& Model::moe_dispatcher() const {
+  if (a2a_dispatcher_) return *a2a_dispatcher_;
+  return local_dispatcher_;
 }
 
 bool tp_partial_grad(const std::string& name) {
@@ -116,14 +124,13 @@ void Model::set_tensor_parallel(parallel::Communicator* tp_comm, bool sequence_p
                " of ", layout.tp.size, " only and needs a tp group of that size");
     return;
   }
-  parallel::ParallelDims dims;  // heads, V4 output groups and the dense width must split evenly
-  dims.tp = tp_comm->size();
-  dims.validate_model(cfg);
+  const int tp = tp_comm->size();
+  check_split(cfg, {.tp = tp});  // heads, V4 output groups and the dense width must split evenly
   TREX_CHECK(!layout.tp_sharded() || (layout.tp.rank == tp_comm->rank() && layout.tp.size == tp_comm->size()),
              "set_tensor_parallel: tp rank ", tp_comm->rank(), " of ", tp_comm->size(), " but the model holds slice ",
              layout.tp.rank, " of ", layout.tp.size);
   tp_.comm = tp_comm;
-  tp_.slice = {tp_comm->rank(), dims.tp, layout.tp_sharded()};
+  tp_.slice = {tp_comm->rank(), tp, layout.tp_sharded()};
   tp_.sp = sequence_parallel;
 }
 
@@ -145,8 +152,26 @@ void Model::refresh_bf16() {
   if (!params_bf16.empty()) to_bf16(P(), params_bf16.data(), layout.total);
 }
 
-void Model::reset_load() {
-  for (auto& v : load_) std::fill(v.begin(), v.end(), 0);
+void Model::reset_load() { std::fill(load_.v.begin(), load_.v.end(), 0); }
+
+void Model::update_router_bias(const ExpertLoad& load, float gamma) {
+  TREX_CHECK(load.L == load_.L && load.E == load_.E, "update_router_bias: loads of [", load.L, ", ", load.E,
+             "], the model has [", load_.L, ", ", load_.E, "]");
+  if (gamma != 0.f) {
+    for (int64_t l = 0; l < load.L; ++l) {
+      if (!cfg.is_moe_layer(l) || layout.layers[l].bias < 0) continue;  // hash layers: no bias
+      const int64_t* ld = load.layer(l);
+      double mean = 0;
+      for (int64_t e = 0; e < load.E; ++e) mean += (double)ld[e];
+      mean /= (double)load.E;
+      float* bias = buffers.data() + layout.layers[l].bias;
+      for (int64_t e = 0; e < load.E; ++e) {
+        const double diff = mean - (double)ld[e];
+        bias[e] += gamma * (float)((diff > 0) - (diff < 0));
+      }
+    }
+  }
+  reset_load();
 }
 
 void Model::for_each_init_target(const std::function<void(const ParamEntry&, float*)>& gen,
@@ -268,19 +293,16 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward, const Stag
   TREX_USER_CHECK(N >= tp_.slice.size, "set train.batch_size x data.seq_len >= parallel.tp, or "
                   "parallel.sequence_parallel = false", "sequence parallel: a micro-batch of ", N,
                   " tokens does not split over ", tp_.slice.size, " tensor-parallel ranks");
-  const std::vector<std::vector<int64_t>> load0 = load_;
+  const std::vector<int64_t> load0 = load_.v;
   LossParts out = cfg.is_v4() ? run_v4(b, grad_scale, backward, io) : run_v3(b, grad_scale, backward, io);
   double parts[3] = {out.ce, out.aux, out.mtp};
-  std::vector<int64_t> dl;
-  for (size_t l = 0; l < load_.size(); ++l)
-    for (size_t e = 0; e < load_[l].size(); ++e) dl.push_back(load_[l][e] - load0[l][e]);
+  std::vector<int64_t> dl(load_.v.size());
+  for (size_t i = 0; i < dl.size(); ++i) dl[i] = load_.v[i] - load0[i];
   tp_sum(parts, 3);
   const double t0 = now_ms();
   if (!dl.empty()) tp_.comm->all_reduce(dl.data(), dl.size());
   tp_.wait_ms += now_ms() - t0;
-  size_t k = 0;
-  for (size_t l = 0; l < load_.size(); ++l)
-    for (size_t e = 0; e < load_[l].size(); ++e) load_[l][e] = load0[l][e] + dl[k++];
+  for (size_t i = 0; i < dl.size(); ++i) load_.v[i] = load0[i] + dl[i];
   out.ce = parts[0], out.aux = parts[1], out.mtp = parts[2];
   out.loss = out.ce + out.aux + opt.mtp_loss_weight * out.mtp;
   return out;
@@ -357,7 +379,8 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
   out.n_valid = st.last ? n_valid : 0;
   auto moe_in = [&](const LayerParams& lp) {
     MoeIn mi{&cfg, &lp, P, Pb, G, buffers.data() + lp.bias, B, T, opt.aux_loss_alpha, grad_scale};
-    if (ep_.on()) mi.ep = &ep_;
+    mi.dispatcher = &moe_dispatcher();
+    mi.slab_first = ep_.slab_first;
     if (sh.on()) {
       mi.n0 = n0, mi.rows = Nl;
       mi.seq_sum = [this](double* v, size_t n) { tp_sum(v, (int64_t)n); };
@@ -394,7 +417,7 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
     float* h_out = acts.alloc<float>(Nl * d);
     if (cfg.is_moe_layer(l)) {
       ProfScope ps(pr, "fwd.moe");
-      const double aux = moe_forward(cx, moe_in(lp), s.n2, h_out, s.moe, count ? load_[l].data() : nullptr);
+      const double aux = moe_forward(cx, moe_in(lp), s.n2, h_out, s.moe, count ? load_.layer(l) : nullptr);
       if (count) out.aux += aux;
     } else {
       MlpW w = mlp_weights_tp(P, Pb, G, lp.mlp_gu, lp.mlp_down, d, cfg.intermediate_size, tp_.slice);

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 #include "core/arena.h"
@@ -86,6 +87,17 @@ struct StageIO {
   bool count = true;            // add the aux loss and the expert loads of this call
 };
 
+// Expert loads (token-slot assignments) per layer and routed expert: one flat [L, E] slab (rows of
+// layers without routed experts stay 0), so a data-parallel sum is one collective.
+struct ExpertLoad {
+  int64_t L = 0, E = 0;
+  std::vector<int64_t> v;  // [L, E]
+  int64_t* layer(int64_t l) { return v.data() + l * E; }
+  const int64_t* layer(int64_t l) const { return v.data() + l * E; }
+  std::vector<int64_t> operator[](int64_t l) const { return {layer(l), layer(l) + E}; }  // a copy of layer l's row
+  bool operator==(const ExpertLoad&) const = default;
+};
+
 struct TrainOptions {
   double aux_loss_alpha = 0;   // sequence-wise aux loss coefficient
   double mtp_loss_weight = 0;  // > 0: train the config's MTP blocks (V4), loss += weight * mtp
@@ -115,9 +127,14 @@ class Model {
   // Random init as Hugging Face does (normal(0, initializer_range), norms 1, biases 0).
   void init_random(uint64_t seed);
 
-  // Expert loads (token-slot assignments per expert) per MoE layer since reset_load().
-  const std::vector<std::vector<int64_t>>& expert_load() const { return load_; }
+  // Expert loads since reset_load().
+  const ExpertLoad& expert_load() const { return load_; }
   void reset_load();
+  // The auxiliary-loss-free balancing step (DeepSeek-V3): each MoE layer's router bias moves by
+  // gamma toward balance, +gamma for experts below the layer's mean load and -gamma above it
+  // (hash-routed layers have no bias); load: the loads of the whole global batch. Then
+  // reset_load(). gamma = 0: only the reset.
+  void update_router_bias(const ExpertLoad& load, float gamma);
 
   const ModelConfig cfg;
   const ParamLayout layout;
@@ -149,6 +166,8 @@ class Model {
   // experts stay 0 here (the data-parallel reduction sums them in). null: off.
   void set_expert_parallel(parallel::Communicator* ep_comm);
   const ExpertParallel& expert_parallel() const { return ep_; }
+  // Where the MoE layers' routed rows go: AllToAll over the ep group, else Local.
+  const MoeDispatcher& moe_dispatcher() const;
   // Tensor parallel over tp_comm (see TensorParallel): forward and forward_backward become
   // collectives over it; every tp rank must see the same batches. Gradients of the split tensors
   // touch this rank's slice only (a tp-sharded model holds only that slice), and those of
@@ -217,8 +236,10 @@ class Model {
   std::vector<float> cos_, sin_;
   std::vector<float> v4_cos_[2], v4_sin_[2];  // V4: [0] main, [1] compress
   RopeTable rope_;
-  std::vector<std::vector<int64_t>> load_;
+  ExpertLoad load_;
   ExpertParallel ep_;
+  LocalDispatcher local_dispatcher_;
+  std::unique_ptr<AllToAllDispatcher> a2a_dispatcher_;  // reads ep_
   TensorParallel tp_;
   PipelineStage stage_;
 };

@@ -130,12 +130,13 @@ struct Env {
   float* buffers;
   const std::vector<float>* cos;  // [2] main, compress
   const std::vector<float>* sin;
-  std::vector<std::vector<int64_t>>* load;
+  ExpertLoad* load;
   kern::HcShape hs;
   double aux_alpha;
   float grad_scale;
   std::vector<int32_t*> hash_idx;  // per layer [N, K] or null
-  const ExpertParallel* ep = nullptr;  // expert parallel (training runs only)
+  const MoeDispatcher* dispatcher = nullptr;  // where the routed rows go (Model::moe_dispatcher)
+  int64_t slab_first = 0;                     // the first expert of the weight slab
   Model* model = nullptr;              // tensor parallel: the slice and Model::tp_block_*
   SeqShard sh;                         // sequence parallel: this rank's token rows (else all)
   int64_t N() const { return sh.rows; }  // token rows of every per-token array here
@@ -154,7 +155,8 @@ MoeIn moe_in(const Env& e, int64_t l) {
            e.grad_scale};
   mi.hash_idx = e.hash_idx[l];
   mi.swiglu_limit = (float)e.c.v4.swiglu_limit;
-  mi.ep = e.ep;
+  mi.dispatcher = e.dispatcher;
+  mi.slab_first = e.slab_first;
   if (e.sh.on()) {
     mi.n0 = e.sh.n0, mi.rows = e.sh.rows;
     const Model* m = e.model;
@@ -202,7 +204,7 @@ float* layer_forward(Env& e, int64_t l, float* X, V4LayerSaved& s, double* aux) 
   s.f = A.alloc<float>(N * d);
   {
     ProfScope ps(e.ctx.prof, "fwd.moe");
-    const double a = moe_forward(e.ctx, moe_in(e, l), s.n2, s.f, s.moe, aux ? (*e.load)[l].data() : nullptr);
+    const double a = moe_forward(e.ctx, moe_in(e, l), s.n2, s.f, s.moe, aux ? e.load->layer(l) : nullptr);
     if (aux) *aux += a;
   }
   float* out = A.alloc<float>(N * n * d);
@@ -367,7 +369,8 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
   Env e{c, layout, b, Ctx{prec, &acts, prof}, P(), backward ? G() : nullptr, Pb(), buffers.data(), v4_cos_, v4_sin_,
         &load_, kern::HcShape{Nl, (int)n, d, (int)v.hc_sinkhorn_iters, (float)v.hc_eps, (float)c.rms_norm_eps},
         opt.aux_loss_alpha, grad_scale, std::vector<int32_t*>(layout.layers.size(), nullptr)};
-  if (ep_.on()) e.ep = &ep_;
+  e.dispatcher = &moe_dispatcher();
+  e.slab_first = ep_.slab_first;
   e.model = this;
   e.sh = sh;
   const float* P = e.P;
@@ -570,6 +573,7 @@ void Model::v4_last_logits(const int32_t* ids, int64_t T, float* logits) {
         kern::HcShape{T, (int)n, d, (int)v.hc_sinkhorn_iters, (float)v.hc_eps, (float)c.rms_norm_eps},
         opt.aux_loss_alpha, 0.f, std::vector<int32_t*>(layout.layers.size(), nullptr)};
   e.sh = seq_shard(T, 0, 1);  // one row, every token here (no tensor parallelism)
+  e.dispatcher = &moe_dispatcher();
   float* X = embed_streams(A, P() + layout.embed, ids, T, n, d);
   hash_routes(e, layout, buffers.data(), ids);
   std::vector<V4LayerSaved> sv(c.num_hidden_layers);

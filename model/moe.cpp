@@ -1,11 +1,12 @@
 #include "model/moe.h"
 
+#include <algorithm>
 #include <cstring>
+#include "core/error.h"
 #include "core/parallel.h"
 #include "core/timer.h"
 #include "kernels/gemm.h"
 #include "kernels/swiglu.h"
-#include "model/moe_ep.h"
 
 namespace trex::model {
 
@@ -70,7 +71,7 @@ struct ExpertW {
 ExpertW expert_w(const Ctx& c, const MoeIn& in, int64_t e0) {
   const ModelConfig& m = *in.cfg;
   const int64_t d = m.hidden_size, F = m.moe_intermediate_size;
-  const int64_t j = e0 - (in.ep ? in.ep->slab_first : 0);  // index into the experts this slab holds
+  const int64_t j = e0 - in.slab_first;  // index into the experts this slab holds
   const int64_t gu = in.p->exp_gu + j * 2 * F * d, dn = in.p->exp_down + j * d * F;
   const bool bf = c.prec == kern::Prec::BF16;
   return {bf ? (const void*)(in.Pb + gu) : (const void*)(in.P + gu),
@@ -114,81 +115,13 @@ void experts_bwd(const Ctx& c, const MoeIn& in, const std::vector<int64_t>& off,
 
 }  // namespace
 
-void moe_sort(const int32_t* idx, int64_t N, int64_t K, int64_t E, std::vector<int64_t>& offsets,
-              int32_t* row_token, int32_t* slot_row, int64_t* load) {
-  const int64_t R = N * K;
-  offsets.assign(E + 1, 0);
-  for (int64_t i = 0; i < R; ++i) offsets[idx[i] + 1]++;
-  for (int64_t e = 0; e < E; ++e) {
-    if (load) load[e] += offsets[e + 1];
-    offsets[e + 1] += offsets[e];
-  }
-  std::vector<int64_t> fill(offsets.begin(), offsets.end() - 1);
-  for (int64_t i = 0; i < R; ++i) {
-    const int64_t row = fill[idx[i]]++;
-    row_token[row] = (int32_t)(i / K);
-    slot_row[i] = (int32_t)row;
-  }
-}
-
-void moe_gather(const float* x, const int32_t* row_token, int64_t R, int64_t d, float* xs) {
-  parallel_for(R, 256, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) std::memcpy(xs + r * d, x + (int64_t)row_token[r] * d, d * sizeof(float));
-  });
-}
-
-void moe_combine(const float* y, const float* probs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d,
-                 float* out) {
-  parallel_for(N, 16, [&](int64_t b, int64_t e) {
-    for (int64_t n = b; n < e; ++n) {
-      float* o = out + n * d;
-      for (int64_t k = 0; k < K; ++k) {
-        const float w = probs[n * K + k];
-        const float* yr = y + (int64_t)slot_row[n * K + k] * d;
-        for (int64_t j = 0; j < d; ++j) o[j] += w * yr[j];
-      }
-    }
-  });
-}
-
-void moe_combine_bwd(const float* dout, const float* y, const float* probs, const int32_t* slot_row, int64_t N,
-                     int64_t K, int64_t d, float* dy, float* dprobs) {
-  parallel_for(N, 16, [&](int64_t b, int64_t e) {
-    for (int64_t n = b; n < e; ++n) {
-      const float* g = dout + n * d;
-      for (int64_t k = 0; k < K; ++k) {
-        const int64_t row = slot_row[n * K + k];
-        const float w = probs[n * K + k];
-        const float* yr = y + row * d;
-        float* dyr = dy + row * d;
-        double dot = 0;
-        for (int64_t j = 0; j < d; ++j) {
-          dyr[j] = w * g[j];
-          dot += (double)g[j] * yr[j];
-        }
-        dprobs[n * K + k] = (float)dot;
-      }
-    }
-  });
-}
-
-void moe_dispatch_bwd(const float* dxs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d, float* dx) {
-  parallel_for(N, 16, [&](int64_t b, int64_t e) {
-    for (int64_t n = b; n < e; ++n) {
-      float* o = dx + n * d;
-      for (int64_t k = 0; k < K; ++k) {
-        const float* g = dxs + (int64_t)slot_row[n * K + k] * d;
-        for (int64_t j = 0; j < d; ++j) o[j] += g[j];
-      }
-    }
-  });
-}
-
 double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, MoeSaved& s, int64_t* load) {
   const ModelConfig& m = *in.cfg;
   const LayerParams& p = *in.p;
+  TREX_CHECK(in.dispatcher, "moe_forward: MoeIn::dispatcher is not set");
+  const MoeDispatcher& disp = *in.dispatcher;
   const int64_t N = in.tokens(), d = m.hidden_size, E = m.n_routed_experts, K = m.num_experts_per_tok;
-  const int64_t F = m.moe_intermediate_size, R = N * K;
+  const int64_t F = m.moe_intermediate_size, Fs = m.shared_intermediate(), R = N * K;
   StackArena& A = *c.ws;
   s.x = x;
 
@@ -203,141 +136,103 @@ double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, Mo
   }
   double aux = in.aux_alpha > 0 ? seq_aux_loss(m, s.route, in.B, in.T, in.aux_alpha, 1.f, nullptr, in.n0, N, in.seq_sum) : 0.0;
 
-  // Dispatch: counting sort of (token, slot) pairs by expert, stable in token order.
+  // Dispatch: counting sort of (token, slot) pairs by expert (stable in token order), the plan of
+  // the rows computed here, then the sorted rows out while the shared experts run.
   Dispatch& D = s.disp;
   D.row_token = A.alloc<int32_t>(R);
   D.slot_row = A.alloc<int32_t>(R);
   moe_sort(s.route.idx, N, K, E, D.offsets, D.row_token, D.slot_row, load);
-
-  // Expert compute on sorted rows; the shared experts write `out`.
-  auto shared_fwd = [&] {
-    if (m.n_shared_experts > 0) mlp_forward(c, shared_w(in), x, N, out, 0.f, s.shared);
-    else std::memset(out, 0, N * d * sizeof(float));
-  };
+  MoeRoute& r = s.local;
+  {
+    ProfScope ps(c.prof, "fwd.moe.dispatch");
+    disp.plan(D.offsets, d, A, r);
+  }
+  const int64_t Rl = std::max<int64_t>(r.rows, 1);
   s.y = A.alloc<float>(R * d);
-  if (!in.ep) {
-    s.gu = A.alloc<float>(R * 2 * F);
-    s.h = A.alloc<float>(R * F);
-    ProfScope ps(c.prof, "fwd.moe.experts");
-    auto mk = A.mark();
-    float* xs = A.alloc<float>(R * d);
+  s.gu = A.alloc<float>(Rl * 2 * F);
+  s.h = A.alloc<float>(Rl * F);
+  if (m.n_shared_experts > 0) s.shared.gu = A.alloc<float>(N * 2 * Fs), s.shared.h = A.alloc<float>(N * Fs);
+  auto mk = A.mark();
+  float* xs = A.alloc<float>(R * d);
+  MoeExchange xin;
+  {
+    ProfScope ps(c.prof, "fwd.moe.dispatch");
     moe_gather(x, D.row_token, R, d, xs);
-    experts_fwd(c, in, D.offsets, 0, xs, s.gu, s.h, s.y);
-    A.release(mk);
-    shared_fwd();
-  } else {
-    // Expert parallel: the counts first, then the rows out while the shared experts run.
-    EpRoute& r = s.ep;
-    {
-      ProfScope ps(c.prof, "fwd.moe.dispatch");
-      const double t0 = now_ms();
-      ep_plan(*in.ep, D.offsets, A, r);
-      in.ep->wait_ms += now_ms() - t0;
-    }
-    const int64_t Rl = std::max<int64_t>(r.Rl, 1);
-    r.xl = A.alloc<float>(Rl * d);
-    s.gu = A.alloc<float>(Rl * 2 * F);
-    s.h = A.alloc<float>(Rl * F);
-    const int64_t Fs = m.shared_intermediate();  // the shared experts' saved activations stay below
-    if (m.n_shared_experts > 0) s.shared.gu = A.alloc<float>(N * 2 * Fs), s.shared.h = A.alloc<float>(N * Fs);
-    auto mk = A.mark();
-    float* xs = A.alloc<float>(R * d);
-    float* xr = A.alloc<float>(Rl * d);  // received order (in and out)
-    float* yl = A.alloc<float>(Rl * d);
-    moe_gather(x, D.row_token, R, d, xs);
-    parallel::Handle h = ep_dispatch_rows(*in.ep, r, xs, xr, d);
+    xin = disp.dispatch(r, xs, r.inputs, d, A);
+  }
+  {  // the shared experts write `out`
+    ProfScope ps(c.prof, "fwd.moe.shared");
     if (m.n_shared_experts > 0) mlp_forward_saved(c, shared_w(in), x, N, out, 0.f, s.shared);
     else std::memset(out, 0, N * d * sizeof(float));
-    {
-      ProfScope ps(c.prof, "fwd.moe.dispatch");
-      const double t0 = now_ms();
-      h.wait();
-      in.ep->wait_ms += now_ms() - t0;
-    }
-    ep_to_local(r, xr, r.xl, d);
-    {
-      ProfScope ps(c.prof, "fwd.moe.experts");
-      experts_fwd(c, in, r.offsets, in.ep->first, r.xl, s.gu, s.h, yl);
-    }
-    {
-      ProfScope ps(c.prof, "fwd.moe.combine");
-      ep_from_local(r, yl, xr, d);
-      const double t0 = now_ms();
-      ep_combine_rows(*in.ep, r, xr, s.y, d);
-      in.ep->wait_ms += now_ms() - t0;
-    }
-    A.release(mk);
   }
-
-  // Combine: add the routed outputs in slot order per token.
-  moe_combine(s.y, s.route.probs, D.slot_row, N, K, d, out);
+  {
+    ProfScope ps(c.prof, "fwd.moe.dispatch");
+    disp.wait(r, xin, d);
+  }
+  float* yl = disp.output_rows(r, s.y, d, A);
+  {
+    ProfScope ps(c.prof, "fwd.moe.experts");
+    experts_fwd(c, in, r.offsets, r.first, xin.local, s.gu, s.h, yl);
+  }
+  {
+    ProfScope ps(c.prof, "fwd.moe.combine");
+    disp.combine(r, xin, yl, s.y, d);
+    A.release(mk);
+    // Combine: add the routed outputs in slot order per token.
+    moe_combine(s.y, s.route.probs, D.slot_row, N, K, d, out);
+  }
   return aux;
 }
 
 void moe_backward(const Ctx& c, const MoeIn& in, const MoeSaved& s, const float* dout, float* dx) {
   const ModelConfig& m = *in.cfg;
   const LayerParams& p = *in.p;
+  const MoeDispatcher& disp = *in.dispatcher;
   const int64_t N = in.tokens(), d = m.hidden_size, E = m.n_routed_experts, K = m.num_experts_per_tok;
   const int64_t R = N * K;
   const Dispatch& D = s.disp;
+  const MoeRoute& r = s.local;
   StackArena& A = *c.ws;
   auto mk = A.mark();
 
   // Combine adjoint: dy[row] = p * dout[token]; dprobs = dout[token] . y[row].
   float* dy = A.alloc<float>(R * d);
   float* dprobs = A.alloc<float>(R);
-  moe_combine_bwd(dout, s.y, s.route.probs, D.slot_row, N, K, d, dy, dprobs);
-
-  // Experts: down, SwiGLU, gate|up -> dxs [R, d] in sorted order. The shared experts write dx.
-  auto shared_bwd = [&] {
+  float* dxs = A.alloc<float>(R * d);
+  auto mk2 = A.mark();
+  MoeExchange dyx;
+  {
+    ProfScope ps(c.prof, "bwd.moe.combine");
+    moe_combine_bwd(dout, s.y, s.route.probs, D.slot_row, N, K, d, dy, dprobs);
+    // dy out along the dispatch route; the shared experts' backward (writing dx) runs meanwhile.
+    dyx = disp.dispatch(r, dy, nullptr, d, A);
+  }
+  {
+    ProfScope ps(c.prof, "bwd.moe.shared");
     if (m.n_shared_experts > 0) mlp_backward(c, shared_w(in), s.shared, N, dout, dx, false);
     else std::memset(dx, 0, N * d * sizeof(float));
-  };
-  float* dxs = A.alloc<float>(R * d);
-  if (!in.ep) {
-    auto t_exp = now_ms();
-    auto mk2 = A.mark();
-    float* xs = A.alloc<float>(R * d);
-    moe_gather(s.x, D.row_token, R, d, xs);
-    experts_bwd(c, in, D.offsets, 0, xs, s.gu, s.h, dy, dxs);
-    A.release(mk2);
-    if (c.prof) c.prof->add("bwd.moe.experts", now_ms() - t_exp);
-    shared_bwd();
-  } else {
-    // Expert parallel: dy out along the dispatch route (the shared experts run meanwhile), the
-    // local experts' backward, dx back along the combine route.
-    const EpRoute& r = s.ep;
-    const int64_t Rl = std::max<int64_t>(r.Rl, 1);
-    auto mk2 = A.mark();
-    float* dyr = A.alloc<float>(Rl * d);  // received order (in and out)
-    float* dyl = A.alloc<float>(Rl * d);
-    parallel::Handle h = ep_dispatch_rows(*in.ep, r, dy, dyr, d);
-    shared_bwd();
-    {
-      ProfScope ps(c.prof, "bwd.moe.dispatch");
-      const double t0 = now_ms();
-      h.wait();
-      in.ep->wait_ms += now_ms() - t0;
-    }
-    ep_to_local(r, dyr, dyl, d);
-    float* dxl = A.alloc<float>(Rl * d);
-    {
-      ProfScope ps(c.prof, "bwd.moe.experts");
-      experts_bwd(c, in, r.offsets, in.ep->first, r.xl, s.gu, s.h, dyl, dxl);
-    }
-    {
-      ProfScope ps(c.prof, "bwd.moe.combine");
-      ep_from_local(r, dxl, dyr, d);
-      const double t0 = now_ms();
-      ep_combine_rows(*in.ep, r, dyr, dxs, d);
-      in.ep->wait_ms += now_ms() - t0;
-    }
-    A.release(mk2);
   }
-  // Dispatch adjoint: gather back to tokens, fixed slot order.
-  moe_dispatch_bwd(dxs, D.slot_row, N, K, d, dx);
+  {
+    ProfScope ps(c.prof, "bwd.moe.dispatch");
+    disp.wait(r, dyx, d);
+  }
+  // Experts: down, SwiGLU, gate|up -> dx rows in local order, then back along the combine route.
+  float* dxl = disp.output_rows(r, dxs, d, A);
+  {
+    ProfScope ps(c.prof, "bwd.moe.experts");
+    const float* xl = disp.saved_inputs(r, D, s.x, d, A);
+    experts_bwd(c, in, r.offsets, r.first, xl, s.gu, s.h, dyx.local, dxl);
+  }
+  {
+    ProfScope ps(c.prof, "bwd.moe.dispatch");
+    disp.combine(r, dyx, dxl, dxs, d);
+    A.release(mk2);
+    // Dispatch adjoint: gather back to tokens, fixed slot order.
+    moe_dispatch_bwd(dxs, D.slot_row, N, K, d, dx);
+  }
 
   // Router: probs (and the aux loss) -> scores -> logits -> x and the gate weight (f32).
+  ProfScope ps(c.prof, "bwd.moe.route");
   float* dsc = A.alloc_zero<float>(N * E);
   router_probs_backward(m, s.route, dprobs, N, dsc);
   if (in.aux_alpha > 0) seq_aux_loss(m, s.route, in.B, in.T, in.aux_alpha, in.aux_grad_scale, dsc, in.n0, N, in.seq_sum);

@@ -1,5 +1,6 @@
 // Parallel layout of a run: data (dp), tensor (tp), pipeline (pp) and expert (ep) parallel sizes,
-// validated against the world size and the model, and the rank <-> coordinate map.
+// validated against the world size, and the rank <-> coordinate map (topology only: nothing here
+// knows the model).
 //
 // Conventions (Megatron-Core style; docs/PARALLEL.md has the pictures):
 //  - world = tp * dp * pp. Rank order: tp fastest, then dp, then pp:
@@ -22,10 +23,6 @@
 #include <string>
 #include <vector>
 
-namespace trex::model {
-struct ModelConfig;
-}
-
 namespace trex::parallel {
 
 class Communicator;
@@ -43,17 +40,10 @@ struct ParallelDims {
   int world() const { return dp * tp * pp; }
   int edp() const { return ep > 0 ? dp / ep : 0; }  // expert-data-parallel size
 
-  // Throws trex::UserError naming the field(s), the values and what to do when: a size is < 1,
-  // world_size != tp * pp * dp, ep does not divide dp, num_attention_heads % tp != 0, the dense
-  // MLP width intermediate_size % tp != 0 (models with dense layers), n_routed_experts % ep != 0
-  // (or ep > 1 without routed experts), num_hidden_layers < pp, or pp_layers has the wrong size,
-  // a negative / empty-middle entry, or a sum other than num_hidden_layers.
-  void validate(int world_size, const model::ModelConfig& cfg) const;
-  // The same checks without a model (world size and the sizes only).
+  // Throws trex::UserError naming the field(s), the values and what to do when a size is < 1,
+  // world_size != tp * pp * dp, or ep does not divide dp. (Whether a model splits over the layout
+  // is the model's question: model::check_split, model/split.h.)
   void validate_world(int world_size) const;
-  // The checks against the model only (validate = validate_world + validate_model); also what
-  // Model::set_tensor_parallel checks for its tp size.
-  void validate_model(const model::ModelConfig& cfg) const;
 
   // Layers per pp stage for a model of num_layers layers: pp_layers if given, else an even split
   // whose remainder goes to stages 1 .. pp-2 first, then stage 0, then stage pp-1. Result: [pp].

@@ -153,52 +153,41 @@ struct StepWalk {
     gemm_input(R * d);   // xs
     A.release(m);
   }
-  // model/moe.cpp on this rank's Nl token rows (MoeIn::tokens()).
+  // model/moe.cpp on this rank's Nl token rows (MoeIn::tokens()), with the dispatcher's own
+  // buffers (model/moe_dispatch.h: LocalDispatcher when ep = 1, else AllToAllDispatcher, whose
+  // Rl rows are estimated as R: balanced routing).
   void moe_forward() {
     const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok, F = c.moe_intermediate_size, R = Nl * K;
-    const int64_t Fs = c.shared_intermediate();
+    const int64_t Fs = c.shared_intermediate(), Rl = std::max<int64_t>(R, 1);
+    const bool moves = ep > 1;
     f32(Nl * E), i32(R), f32(R);  // scores, idx, probs
     i32(R), i32(R);              // row_token, slot_row
-    f32(R * d);                  // y
-    if (ep == 1) {
-      f32(R * 2 * F), f32(R * F);  // gu, h
-      const auto m = A.mark();
-      f32(R * d);  // xs
-      experts_fwd(R, F);
-      A.release(m);
-      if (c.n_shared_experts > 0) mlp_forward(Nl, Fs, false);
-      return;
-    }
-    const int64_t Rl = std::max<int64_t>(R, 1);
-    i32(Rl);                                   // ep_plan: perm
-    f32(Rl * d), f32(Rl * 2 * F), f32(Rl * F);  // xl, gu, h
+    if (moves) i32(Rl), f32(Rl * d);  // plan: perm, the kept inputs
+    f32(R * d);                        // y
+    f32(Rl * 2 * F), f32(Rl * F);      // gu, h
     if (c.n_shared_experts > 0) f32(Nl * 2 * Fs), f32(Nl * Fs);
     const auto m = A.mark();
-    f32(R * d), f32(Rl * d), f32(Rl * d);  // xs, xr, yl
+    f32(R * d);                    // xs
+    if (moves) f32(Rl * d);        // dispatch: received rows
     if (c.n_shared_experts > 0) linear_fwd(Nl, d), linear_fwd(Nl, Fs);
+    if (moves) f32(Rl * d);        // output rows
     experts_fwd(Rl, F);
     A.release(m);
   }
   void moe_backward() {
     const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok, F = c.moe_intermediate_size, R = Nl * K;
-    const int64_t Fs = c.shared_intermediate();
+    const int64_t Fs = c.shared_intermediate(), Rl = std::max<int64_t>(R, 1);
+    const bool moves = ep > 1;
     const auto m = A.mark();
     f32(R * d), f32(R);  // dy, dprobs
     f32(R * d);          // dxs
     const auto m2 = A.mark();
-    if (ep == 1) {
-      f32(R * d);  // xs
-      experts_bwd(R, F);
-      A.release(m2);
-      if (c.n_shared_experts > 0) mlp_backward(Nl, Fs, false);
-    } else {
-      const int64_t Rl = std::max<int64_t>(R, 1);
-      f32(Rl * d), f32(Rl * d);  // dyr, dyl
-      if (c.n_shared_experts > 0) mlp_backward(Nl, Fs, false);
-      f32(Rl * d);  // dxl
-      experts_bwd(Rl, F);
-      A.release(m2);
-    }
+    if (moves) f32(Rl * d), f32(Rl * d);  // dispatch: received rows, local rows
+    if (c.n_shared_experts > 0) mlp_backward(Nl, Fs, false);
+    if (moves) f32(Rl * d);  // output rows (dxl)
+    else f32(R * d);         // the inputs gathered again (xs)
+    experts_bwd(Rl, F);
+    A.release(m2);
     f32(Nl * E);  // dscores
     A.release(m);
   }

@@ -1,5 +1,5 @@
-// Data-parallel state: buckets over the model slab, the grad_ready hook, ZeRO-1 AdamW, checkpoint
-// gathering. See dist.h.
+// Data-parallel state: buckets over the model slab, the grad_ready hook, the ZeRO-1 / ZeRO-2
+// sharded AdamW. See dist.h (gathering for checkpoints: train/dist_checkpoint.cpp).
 #include "train/dist.h"
 
 #include <algorithm>
@@ -35,20 +35,6 @@ int64_t group_of(const model::Model& m, const std::string& name) {
   if (int64_t k = number_after("mtp."); k >= 0) return m.cfg.num_hidden_layers + k;
   if (name.rfind("model.embed_tokens.", 0) == 0) return L + 1;
   return L;  // final norm, LM head, V4 hc_head
-}
-
-// The slab range of region kind `kind` (DataParallel::Kind: 0 the shared embedding, 1 the other
-// dense tensors, 2 the tensor-parallel split tensors, 3 the held experts) in a layout ([b, b)
-// when it has none).
-std::pair<int64_t, int64_t> region_bounds(const model::ParamLayout& L, int kind) {
-  const int64_t experts_begin = L.expert_sharded() ? L.expert_begin : L.total;
-  const int64_t dense_begin = std::max<int64_t>(L.shared_end, 0);
-  const int64_t dense_end = L.tp_sharded() ? L.tp_begin : experts_begin;
-  if (kind == 0) return {0, std::max<int64_t>(L.shared_end, 0)};
-  if (kind == 1) return {dense_begin, dense_end};
-  if (kind == 2) return L.tp_sharded() ? std::pair<int64_t, int64_t>{L.tp_begin, experts_begin}
-                                       : std::pair<int64_t, int64_t>{0, 0};
-  return L.expert_sharded() ? std::pair<int64_t, int64_t>{L.expert_begin, L.total} : std::pair<int64_t, int64_t>{0, 0};
 }
 
 // Replaces an arena by a zero-padded copy of at least `bytes`.
@@ -381,16 +367,9 @@ void DataParallel::sum(double* v, size_t n, Count c) {
   all_reduce_timed(v, n);
 }
 
-std::vector<std::vector<int64_t>> DataParallel::sum_loads(const std::vector<std::vector<int64_t>>& load) {
-  std::vector<int64_t> flat;
-  for (const auto& v : load) flat.insert(flat.end(), v.begin(), v.end());
-  if (!flat.empty()) sum(flat.data(), flat.size(), Count::PerStage);
-  std::vector<std::vector<int64_t>> out(load.size());
-  size_t k = 0;
-  for (size_t l = 0; l < load.size(); ++l) {
-    out[l].assign(flat.begin() + k, flat.begin() + k + load[l].size());
-    k += load[l].size();
-  }
+model::ExpertLoad DataParallel::sum_loads(const model::ExpertLoad& load) {
+  model::ExpertLoad out = load;
+  if (!out.v.empty()) sum(out.v.data(), out.v.size(), Count::PerStage);
   return out;
 }
 
@@ -400,241 +379,18 @@ double DataParallel::exposed_wait_s() const {
   return s + (m_.expert_parallel().wait_ms + m_.tensor_parallel().wait_ms + pp_wait_ms_) / 1e3;
 }
 
-void DataParallel::gather_region_moments(size_t k, std::vector<float>& m1, std::vector<float>& m2) {
-  const Region& R = regions_[k];
-  parallel::Communicator& c = *R.comm;
-  // This rank's state of region k: after the earlier regions' shards (AdamW state in owned order).
-  int64_t off = 0;
-  for (size_t j = 0; j < k; ++j) off += (int64_t)regions_[j].layout.shard_elems();
-  const int64_t S = (int64_t)R.layout.shard_elems();  // the same on every rank of the region (equal shards)
-  const int tag = 7301;
-  if (c.rank() != 0) {
-    c.send(opt_->M1() + off, (size_t)S, DType::F32, 0, tag);
-    c.send(opt_->M2() + off, (size_t)S, DType::F32, 0, tag);
-    m1.clear();
-    m2.clear();
-    return;
-  }
-  m1.assign(R.layout.total, 0.f);
-  m2.assign(R.layout.total, 0.f);
-  std::vector<float> r1((size_t)S), r2((size_t)S);
-  for (int r = 0; r < c.size(); ++r) {
-    const float *s1 = opt_->M1() + off, *s2 = opt_->M2() + off;
-    if (r != 0) {
-      c.recv(r1.data(), (size_t)S, DType::F32, r, tag);
-      c.recv(r2.data(), (size_t)S, DType::F32, r, tag);
-      s1 = r1.data(), s2 = r2.data();
-    }
-    int64_t state = 0;
-    for (int b = 0; b < R.layout.num_buckets(); ++b) {
-      const parallel::FlatRange fr = R.layout.shard(b, r);
-      std::copy(s1 + state, s1 + state + fr.size(), m1.begin() + fr.begin);
-      std::copy(s2 + state, s2 + state + fr.size(), m2.begin() + fr.begin);
-      state += (int64_t)fr.size();
-    }
-  }
-}
-
-DataParallel::Gathered DataParallel::gather_whole() {
-  wait_params();
-  Gathered g;
-  const model::ParamLayout& ml = m_.layout;
-  if (!ml.sharded()) {
-    std::vector<float> m1, m2;
-    gather_region_moments(0, m1, m2);  // rank 0: the whole slab's moments
-    if (rank() == 0) {
-      g.layout = ml;
-      g.params = m_.P();
-      m1.resize(ml.total), m2.resize(ml.total);
-      g.m1 = std::move(m1), g.m2 = std::move(m2);
-    }
-    return g;
-  }
-  // Sharded: every region's moments on its lowest rank, which sends the region's weights and
-  // moments to rank 0 with the shard they belong to; rank 0 lays every tensor out as a whole
-  // model's. All ranks walk their regions in the same kind order, so the point-to-point messages
-  // of one region never wait on another's.
-  constexpr int kKinds = 4, kSpec = 9, kTag = 7302;
-  std::vector<std::vector<float>> m1s(regions_.size()), m2s(regions_.size());
-  std::vector<int64_t> lead((size_t)size() * kKinds, 0);
-  for (size_t k = 0; k < regions_.size(); ++k) {
-    gather_region_moments(k, m1s[k], m2s[k]);
-    if (regions_[k].comm->rank() == 0) lead[(size_t)rank() * kKinds + (size_t)regions_[k].kind] = 1;
-  }
-  comm_.all_reduce(lead.data(), lead.size(), parallel::ReduceOp::Max);
-  // The shard a layout was built for (expert first / count, stage l0 / l1 / first / last, tp rank /
-  // size) and the region's length here (its end depends on the alignment: rank 0 rebuilds the
-  // layout with 16).
-  int64_t spec[kSpec] = {ml.expert_first, ml.expert_sharded() ? ml.expert_count : -1, ml.stage.l0,
-                         ml.stage_sharded() ? ml.stage.l1 : -1, ml.stage.first, ml.stage.last, ml.tp.rank,
-                         ml.tp_sharded() ? ml.tp.size : 1, 0};
-  if (rank() != 0) {
-    for (size_t k = 0; k < regions_.size(); ++k) {
-      if (regions_[k].comm->rank() != 0) continue;
-      const auto [b, e] = region_bounds(ml, (int)regions_[k].kind);
-      spec[kSpec - 1] = e - b;
-      comm_.send(spec, kSpec, DType::I64, 0, kTag);
-      comm_.send(m_.P() + b, (size_t)(e - b), DType::F32, 0, kTag);
-      comm_.send(m1s[k].data(), (size_t)(e - b), DType::F32, 0, kTag);
-      comm_.send(m2s[k].data(), (size_t)(e - b), DType::F32, 0, kTag);
-    }
-    return g;
-  }
-  g.layout = model::build_layout(m_.cfg);
-  const model::ParamLayout& W = g.layout;
-  g.store.assign((size_t)W.total, 0.f);
-  g.params = g.store.data();
-  g.m1.assign((size_t)W.total, 0.f);
-  g.m2.assign((size_t)W.total, 0.f);
-  std::vector<int64_t> placed(W.entries.size(), 0);  // elements of each whole tensor placed
-  std::vector<float> rp, r1, r2;
-  for (int r = 0; r < size(); ++r)
-    for (int kind = 0; kind < kKinds; ++kind) {
-      if (!lead[(size_t)r * kKinds + (size_t)kind]) continue;
-      int64_t sp[kSpec];
-      const float *p = nullptr, *a = nullptr, *c = nullptr;
-      if (r == 0) {
-        std::copy(spec, spec + kSpec, sp);
-        for (size_t k = 0; k < regions_.size(); ++k)
-          if ((int)regions_[k].kind == kind) {
-            p = m_.P() + region_bounds(ml, kind).first, a = m1s[k].data(), c = m2s[k].data();
-          }
-      } else {
-        comm_.recv(sp, kSpec, DType::I64, r, kTag);
-      }
-      const int64_t len = sp[kSpec - 1];
-      // That rank's layout (16-element region alignment: offsets inside a region do not depend on
-      // where it starts).
-      const model::ParamLayout sh = model::build_layout(m_.cfg, model::ExpertShard{sp[0], sp[1], 16},
-                                                        model::StageShard{sp[2], sp[3], sp[4] != 0, sp[5] != 0, 16},
-                                                        model::TpShard{sp[6], sp[7], 16});
-      const auto [b, e] = region_bounds(sh, kind);
-      if (r != 0) {
-        rp.resize((size_t)len), r1.resize((size_t)len), r2.resize((size_t)len);
-        comm_.recv(rp.data(), rp.size(), DType::F32, r, kTag);
-        comm_.recv(r1.data(), r1.size(), DType::F32, r, kTag);
-        comm_.recv(r2.data(), r2.size(), DType::F32, r, kTag);
-        p = rp.data(), a = r1.data(), c = r2.data();
-      }
-      TREX_CHECK(p, "gather_whole: rank 0 leads a region it does not hold");
-      for (const model::ParamEntry& en : sh.entries) {  // its tensors into the whole model's, by name
-        if (en.offset < b || en.offset >= e || en.shape.numel() == 0) continue;
-        TREX_CHECK(r == 0 || en.offset - b + en.shape.numel() <= len, "gather_whole: rank ", r, " sent ", len,
-                   " elements, short of ", en.name);
-        const auto it = W.index.find(en.name);
-        TREX_CHECK(it != W.index.end(), "gather_whole: ", en.name, " is not in the whole model's layout");
-        const model::ParamEntry& w = W.entries[it->second];
-        const int64_t src = en.offset - b;  // an expert shard's rows or a tp slice go to their place
-        en.put_into_whole(p + src, g.store.data() + w.offset);
-        en.put_into_whole(a + src, g.m1.data() + w.offset);
-        en.put_into_whole(c + src, g.m2.data() + w.offset);
-        placed[it->second] += en.shape.numel();
-      }
-    }
-  for (size_t i = 0; i < W.entries.size(); ++i)
-    TREX_CHECK(placed[i] == W.entries[i].shape.numel(), "gather_whole: ", placed[i], " of the ",
-               W.entries[i].shape.numel(), " elements of ", W.entries[i].name, " came from the ranks");
-  return g;
-}
-
-ParallelRun make_parallel_run(parallel::Communicator& world, const parallel::ParallelDims& dims, model::Model& m,
-                              AdamWConfig ocfg, DpOptions o) {
-  TREX_CHECK(world.size() == dims.world(), "make_parallel_run: ", dims.str(), " on ", world.size(), " ranks");
-  ParallelRun r;
-  if (world.size() == 1) return r;
-  r.groups = parallel::make_process_groups(world, dims);
-  if (dims.ep > 1) m.set_expert_parallel(r.groups.ep.get());
-  if (dims.tp > 1) m.set_tensor_parallel(r.groups.tp.get(), o.sequence_parallel);
-  if (dims.pp > 1) {
-    const int s = dims.coord(world.rank()).pp;
-    const int64_t L = m.cfg.num_hidden_layers, l0 = dims.stage_first_layer(L, s);
-    m.set_pipeline_stage({l0, l0 + dims.stage_layers(L)[s], s == 0, s == dims.pp - 1});
-  }
-  o.tp = dims.tp;
-  o.pp = dims.pp;
-  o.pp_comm = dims.pp > 1 ? r.groups.pp.get() : nullptr;
-  const model::ParamLayout& ml = m.layout;
-  if (ml.stage_sharded()) {  // every tensor reduced over the ranks holding it
-    TREX_CHECK(dims.pp > 1, "make_parallel_run: a stage-sharded model needs parallel.pp > 1");
-    r.stage = world.group(dims.stage_group(world.rank()));
-    o.stage_comm = r.stage.get();
-    if (model::embedding_shared(m.cfg, ml.stage)) {
-      const int s = dims.coord(world.rank()).pp;
-      r.shared = world.split(s == 0 || s == dims.pp - 1 ? 0 : -1, world.rank());
-      o.shared_comm = r.shared.get();
-    }
-  }
-  if (ml.tp_sharded()) {
-    TREX_CHECK(dims.tp == ml.tp.size, "make_parallel_run: a model holding tp slice ", ml.tp.rank, " of ", ml.tp.size,
-               " needs parallel.tp = ", ml.tp.size);
-    r.tp_slice = world.group(ml.stage_sharded() ? dims.dp_group(world.rank()) : dims.tp_slice_group(world.rank()));
-    o.tp_slice_comm = r.tp_slice.get();
-  }
-  if (ml.expert_sharded()) {
-    TREX_CHECK(dims.ep > 1, "make_parallel_run: an expert-sharded model needs parallel.ep > 1");
-    r.expert_replicas = world.group(ml.stage_sharded() ? dims.stage_expert_group(world.rank())
-                                                       : dims.expert_replica_group(world.rank()));
-    o.expert_comm = r.expert_replicas.get();
-  }
-  // The DataParallel runs over the whole world (rank = tp_rank + tp * (dp_rank + dp * pp_rank)).
-  r.dp = std::make_unique<DataParallel>(world, m, ocfg, o);
-  return r;
-}
-
-model::ExpertShard expert_shard_of(const parallel::ParallelDims& dims, int rank, const model::ModelConfig& cfg) {
-  model::ExpertShard s;
-  if (dims.ep <= 1) return s;
-  const int64_t E = cfg.n_routed_experts;
-  s.count = dims.experts_per_rank(E);
-  s.first = dims.first_expert(E, dims.coord(rank).ep);
-  s.region_align = 16 * (int64_t)dims.world();
-  return s;
-}
-
-model::StageShard stage_shard_of(const parallel::ParallelDims& dims, int rank, const model::ModelConfig& cfg) {
-  model::StageShard s;
-  if (dims.pp <= 1) return s;
-  const int p = dims.coord(rank).pp;
-  const int64_t L = cfg.num_hidden_layers;
-  s.l0 = dims.stage_first_layer(L, p);
-  s.l1 = s.l0 + dims.stage_layers(L)[(size_t)p];
-  s.first = p == 0;
-  s.last = p == dims.pp - 1;
-  s.region_align = 16 * (int64_t)dims.world();
-  return s;
-}
-
-model::TpShard tp_shard_of(const parallel::ParallelDims& dims, int rank) {
-  model::TpShard s;
-  if (dims.tp <= 1) return s;
-  s.rank = dims.coord(rank).tp;
-  s.size = dims.tp;
-  s.region_align = 16 * (int64_t)dims.world();
-  return s;
-}
-
-std::string save_checkpoint(const std::string& run_dir, DataParallel& dp, const TrainState& state, int keep) {
-  DataParallel::Gathered g = dp.gather_whole();
-  std::string dir;
-  if (dp.rank() == 0) {
-    const model::Model& m = dp.model();
-    dir = save_checkpoint(run_dir, model::WeightsView{m.cfg, g.layout, g.params, m.buffers.data()},
-                          g.m1.data(), g.m2.data(), dp.opt().steps(), state, keep);
-  }
-  dp.comm().barrier();  // the checkpoint is complete before any rank goes on (or resumes from it)
-  if (dp.rank() != 0) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "step-%08lld", (long long)state.step);
-    dir = (std::filesystem::path(run_dir) / "checkpoints" / buf).string();
-  }
-  return dir;
-}
-
-TrainState load_checkpoint(const std::string& dir, DataParallel& dp) {
-  dp.wait_params();  // an all-gather in flight would overwrite the loaded weights
-  TrainState st = load_checkpoint(dir, dp.model(), dp.opt());
-  dp.broadcast_replicas();
-  return st;
+// The slab range of region kind `kind` (DataParallel::Kind: 0 the shared embedding, 1 the other
+// dense tensors, 2 the tensor-parallel split tensors, 3 the held experts) in a layout ([b, b)
+// when it has none).
+std::pair<int64_t, int64_t> DataParallel::region_bounds(const model::ParamLayout& L, int kind) {
+  const int64_t experts_begin = L.expert_sharded() ? L.expert_begin : L.total;
+  const int64_t dense_begin = std::max<int64_t>(L.shared_end, 0);
+  const int64_t dense_end = L.tp_sharded() ? L.tp_begin : experts_begin;
+  if (kind == 0) return {0, std::max<int64_t>(L.shared_end, 0)};
+  if (kind == 1) return {dense_begin, dense_end};
+  if (kind == 2) return L.tp_sharded() ? std::pair<int64_t, int64_t>{L.tp_begin, experts_begin}
+                                       : std::pair<int64_t, int64_t>{0, 0};
+  return L.expert_sharded() ? std::pair<int64_t, int64_t>{L.expert_begin, L.total} : std::pair<int64_t, int64_t>{0, 0};
 }
 
 }  // namespace trex::train

@@ -45,7 +45,6 @@
 #include <vector>
 #include "parallel/buckets.h"
 #include "parallel/comm.h"
-#include "parallel/dims.h"
 #include "parallel/grad_sync.h"
 #include "train/checkpoint.h"
 #include "train/optimizer.h"
@@ -165,7 +164,7 @@ class DataParallel {
   void sum(int64_t* v, size_t n, Count c = Count::PerDataRank);
   void sum(double* v, size_t n, Count c = Count::PerDataRank);
   // Per layer and expert, summed over the data ranks and the stages (each stage counts its layers).
-  std::vector<std::vector<int64_t>> sum_loads(const std::vector<std::vector<int64_t>>& load);
+  model::ExpertLoad sum_loads(const model::ExpertLoad& load);
   // rank 0's weights and buffers to every rank (after init or a checkpoint load).
   void broadcast_replicas();
 
@@ -219,6 +218,10 @@ class DataParallel {
   void drop_tp_copies(int64_t i);  // tensor parallel, tp rank > 0: zero group i's whole-gradient tensors
   // Region k's AdamW moments ([region size] each, indexed like the region) on its comm's rank 0.
   void gather_region_moments(size_t k, std::vector<float>& m1, std::vector<float>& m2);
+  // The slab range of region kind `kind` (Kind: 0 the shared embedding, 1 the other dense
+  // tensors, 2 the tensor-parallel split tensors, 3 the held experts) in a layout ([b, b) when it
+  // has none).
+  static std::pair<int64_t, int64_t> region_bounds(const model::ParamLayout& L, int kind);
   parallel::Communicator& comm_;
   model::Model& m_;
   DpOptions o_;
@@ -234,32 +237,6 @@ class DataParallel {
   double pp_wait_ms_ = 0;
   double wait_s_ = 0;                            // blocking all-reduces
 };
-
-// The parallel state of one rank of a run laid out by dims (world.size() == dims.world()): the
-// process groups, expert and tensor parallelism and the pipeline stage set on m, and the
-// DataParallel over every rank (null when the world is one rank: the caller runs the one-rank
-// AdamW). Collective. An expert-sharded m must hold the experts of this rank's ep rank
-// (expert_shard_of), a stage-sharded m the layers of its pp rank (stage_shard_of), a tp-sharded
-// m the slice of its tp rank (tp_shard_of).
-struct ParallelRun {
-  parallel::ProcessGroups groups;
-  std::unique_ptr<parallel::Communicator> expert_replicas;  // expert-sharded: ranks holding the same experts
-  std::unique_ptr<parallel::Communicator> stage, shared;    // stage-sharded: this stage; first + last stage
-  std::unique_ptr<parallel::Communicator> tp_slice;         // tp-sharded: ranks holding the same slice
-  std::unique_ptr<DataParallel> dp;
-};
-// The routed experts rank `rank` of a run laid out by dims holds (expert-parallel memory
-// sharding): its ep rank's experts, the expert region aligned for the data-parallel buckets;
-// every expert (not sharded) when ep = 1.
-model::ExpertShard expert_shard_of(const parallel::ParallelDims& dims, int rank, const model::ModelConfig& cfg);
-// The pipeline stage rank `rank` holds (pipeline memory sharding): its stage's layers, regions
-// aligned for the data-parallel buckets; the whole model (not sharded) when pp = 1.
-model::StageShard stage_shard_of(const parallel::ParallelDims& dims, int rank, const model::ModelConfig& cfg);
-// The tensor-parallel slice rank `rank` holds (tensor-parallel memory sharding): its tp rank's
-// heads and dense-MLP columns, the region aligned for the data-parallel buckets; whole when tp = 1.
-model::TpShard tp_shard_of(const parallel::ParallelDims& dims, int rank);
-ParallelRun make_parallel_run(parallel::Communicator& world, const parallel::ParallelDims& dims, model::Model& m,
-                              AdamWConfig ocfg, DpOptions o = {});
 
 // Collective: rank 0 writes the checkpoint a single-rank run would write (moments gathered from
 // the shards; expert-sharded: the weights and moments of every expert gathered too, so rank 0

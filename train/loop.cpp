@@ -14,7 +14,7 @@
 #include "kernels/peak.h"
 #include "model/checkpoint.h"
 #include "train/checkpoint.h"
-#include "train/dist.h"
+#include "train/layout.h"
 #include "train/loss_spikes.h"
 #include "train/metrics.h"
 #include "train/pipeline.h"

@@ -62,7 +62,7 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks) {
   const bool by_stage = dims.pp > 1 && (dims.pp_layers.empty() || (int)dims.pp_layers.size() == dims.pp) &&
                         dims.pp <= run_cfg.num_hidden_layers;
   // Tensor parallel keeps its tp rank's slice of the attention and dense-MLP tensors
-  // (model::TpShard); a layout that does not split is refused later by ParallelDims::validate.
+  // (model::TpShard); a layout that does not split is refused later by train::validate_layout.
   const int64_t tp = std::max<int64_t>(1, rc.parallel.tp);
   const bool by_tp = tp > 1 && run_cfg.num_attention_heads % tp == 0 &&
                      (!run_cfg.is_v4() || run_cfg.v4.o_groups % tp == 0) &&

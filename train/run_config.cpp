@@ -6,6 +6,7 @@
 #include <tuple>
 #include "core/error.h"
 #include "io/toml_json.h"
+#include "train/layout.h"
 
 namespace trex::train {
 
@@ -232,7 +233,7 @@ parallel::ParallelDims resolve_parallel(const RunConfig& rc, int world_size) {
   TREX_USER_CHECK(world_size > 1 || d.world() == 1,
                   "launch with mpirun -np " + std::to_string(d.world()) + " trex train ...", "parallel.dp x tp x pp = ",
                   d.world(), " needs ", d.world(), " MPI ranks but trex train runs as one process");
-  d.validate(world_size, rc.model);
+  validate_layout(d, world_size, rc.model);
   TREX_USER_CHECK(!rc.parallel.sequence_parallel || d.tp == 1 || rc.data.seq_len >= d.tp,
                   "set data.seq_len >= parallel.tp, or parallel.sequence_parallel = false",
                   "parallel.sequence_parallel splits every sequence's tokens over the tp = ", d.tp,

@@ -8,26 +8,6 @@
 
 namespace trex::train {
 
-void update_router_bias(model::Model& m, float gamma) { update_router_bias(m, m.expert_load(), gamma); }
-
-void update_router_bias(model::Model& m, const std::vector<std::vector<int64_t>>& load, float gamma) {
-  if (gamma != 0.f) {
-    for (int64_t l = 0; l < (int64_t)m.layout.layers.size(); ++l) {
-      if (!m.cfg.is_moe_layer(l) || m.layout.layers[l].bias < 0) continue;  // hash layers: no bias
-      const auto& ld = load[l];
-      double mean = 0;
-      for (int64_t v : ld) mean += (double)v;
-      mean /= (double)ld.size();
-      float* bias = m.buffers.data() + m.layout.layers[l].bias;
-      for (size_t e = 0; e < ld.size(); ++e) {
-        double diff = mean - (double)ld[e];
-        bias[e] += gamma * (float)((diff > 0) - (diff < 0));
-      }
-    }
-  }
-  m.reset_load();
-}
-
 namespace {
 
 // The step on one rank (dp == nullptr: opt is the whole-slab AdamW) or on one rank of a
@@ -118,15 +98,15 @@ StepStats step(model::Model& m, AdamW& opt, DataParallel* dp, const std::vector<
     return st;
   }
   // Router-bias update from the loads of the global batch (every rank makes the same update).
-  const std::vector<std::vector<int64_t>> load = dp ? dp->sum_loads(m.expert_load()) : m.expert_load();
-  for (int64_t l = 0; l < (int64_t)m.layout.layers.size(); ++l) {
+  const model::ExpertLoad load = dp ? dp->sum_loads(m.expert_load()) : m.expert_load();
+  for (int64_t l = 0; l < load.L; ++l) {
     if (!m.cfg.is_moe_layer(l)) continue;
-    const auto& ld = load[l];
+    const int64_t* ld = load.layer(l);
     double sum = 0, mx = 0;
-    for (int64_t v : ld) sum += (double)v, mx = std::max(mx, (double)v);
-    st.load_max_over_mean.push_back(sum > 0 ? mx / (sum / ld.size()) : 0.0);
+    for (int64_t e = 0; e < load.E; ++e) sum += (double)ld[e], mx = std::max(mx, (double)ld[e]);
+    st.load_max_over_mean.push_back(sum > 0 ? mx / (sum / (double)load.E) : 0.0);
   }
-  update_router_bias(m, load, gamma);
+  m.update_router_bias(load, gamma);
   st.comm_ms = dp ? (dp->exposed_wait_s() - comm0) * 1e3 : 0;
   st.ms = now_ms() - t0;
   return st;

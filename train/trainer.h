@@ -18,13 +18,6 @@ struct StepStats {
   double comm_ms = 0;  // data parallel: time this rank was blocked in communication (exposed)
 };
 
-// DeepSeek-V3 aux-loss-free balancing: after the optimizer step each expert's
-// e_score_correction_bias moves by +gamma if its load (token-slot assignments this step) was
-// below the layer mean, by -gamma if above. gamma = 0 disables. Resets the load counters.
-void update_router_bias(model::Model& m, float gamma);
-// The same with the loads given (data parallel: summed over ranks; [layers][experts]).
-void update_router_bias(model::Model& m, const std::vector<std::vector<int64_t>>& load, float gamma);
-
 // One optimizer step over `micro` (each micro-batch's gradient weighted by its share of valid
 // targets, so the result equals one big batch's mean loss). A step whose loss or gradient norm is
 // not finite is skipped: weights, AdamW moments and router biases stay as they were

@@ -28,7 +28,7 @@
 #include "core/rng.h"
 #include "parallel/comm.h"
 #include "train/checkpoint.h"
-#include "train/dist.h"
+#include "train/layout.h"
 #include "train/loop.h"
 #include "train/trainer.h"
 #include "tests/mpi/train_parity.h"
@@ -164,7 +164,7 @@ static void checkpoints_move_between_layouts(int zero_stage, int ep = 1, int pp 
   Case su = tp > 1 ? tp_case(model, 0.01, 0) : Case{model, 0.01, 0};
   parallel::ParallelDims dims;
   dims.dp = w.size() / (pp * tp), dims.ep = ep, dims.pp = pp, dims.tp = tp;
-  dims.validate(w.size(), su.cfg());
+  train::validate_layout(dims, w.size(), su.cfg());
   struct Run {
     std::unique_ptr<model::Model> m;
     ParallelRun par;

@@ -1,4 +1,4 @@
-// Expert-parallel training (model/moe.h, model/moe_ep.cpp) inside the data-parallel group, fp32,
+// Expert-parallel training (model/moe.h, model/moe_dispatch_a2a.cpp) inside the data-parallel group, fp32,
 // against one process computing every rank's batches: ep = 2 on 2 ranks (edp 1), ep = 3 on 3
 // ranks, ep = 2 on 4 ranks (edp 2). Tiny DeepSeek-V3 (odd sizes, 6 experts, aux loss) and
 // DeepSeek-V4 (hash routing, CSA/HCA, MTP) over K AdamW steps; the gradients of one backward

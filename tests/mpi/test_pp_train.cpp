@@ -202,14 +202,14 @@ TEST(PpTrain, ImpossibleLayoutsAreRefused) {
   parallel::ParallelDims d;
   d.pp = 4;  // 3 layers
   try {
-    d.validate(4, cfg);
+    train::validate_layout(d, 4, cfg);
     ADD_FAILURE() << "pp = 4 over 3 layers was accepted";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("parallel.pp"), std::string::npos) << e.what();
   }
   d.pp = 2;
   d.pp_layers = {1, 1};  // sums to 2, not 3
-  EXPECT_THROW(d.validate(2, cfg), UserError);
+  EXPECT_THROW(train::validate_layout(d, 2, cfg), UserError);
   model::Model m(cfg, kern::Prec::F32);
   EXPECT_THROW(m.set_pipeline_stage({1, 3, true, true}), Error);  // the first stage starts at layer 0
   // ZeRO-2 needs stage-sharded models: a model holding every stage would have to reduce each

@@ -20,7 +20,7 @@
 #include "core/rng.h"
 #include "parallel/comm.h"
 #include "parallel/dims.h"
-#include "train/dist.h"
+#include "train/layout.h"
 #include "train/loop.h"
 #include "train/trainer.h"
 #include "tests/tiny_configs.h"
@@ -222,7 +222,7 @@ inline void parity(const Case& su, DpOptions o, int64_t K, int64_t ga, int64_t B
   // every rank from the same seed), so those ranks start from the reference's weights.
   parallel::ParallelDims dims;
   dims.dp = ndata, dims.ep = ep, dims.tp = tp, dims.pp = pp, dims.pp_layers = pp_layers;
-  dims.validate(w.size(), cfg);
+  train::validate_layout(dims, w.size(), cfg);
   // Pipeline parallel: each rank holds its stage's tensors only, and the first rank of each stage
   // (and of each stage's expert shard) gives them to the others.
   const auto lowest = [&](const std::vector<int>& group) { return group.front() == w.rank(); };

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "model/config.h"
 #include "parallel/dims.h"
+#include "train/layout.h"
 
 using trex::UserError;
 using trex::model::ModelConfig;
@@ -36,10 +37,10 @@ ParallelDims dims(int dp, int tp, int pp, int ep) {
   return d;
 }
 
-// The UserError message of validate(), or "" when it passes. Checks the hint is not empty.
+// The UserError message of trex::train::validate_layout(), or "" when it passes. Checks the hint is not empty.
 std::string validate_msg(const ParallelDims& d, int world, const ModelConfig& c) {
   try {
-    d.validate(world, c);
+    trex::train::validate_layout(d, world, c);
   } catch (const UserError& e) {
     EXPECT_FALSE(e.hint.empty()) << e.what();
     return e.what();
@@ -170,7 +171,7 @@ TEST(ParallelDims, WorldSizeMismatch) {
   EXPECT_MSG(dims(3, 1, 1, 1), 4, tiny_moe(), "parallel.tp * parallel.pp * parallel.dp = 1 * 1 * 3 = 3");
   EXPECT_MSG(dims(3, 1, 1, 1), 4, tiny_moe(), "the run has 4 ranks");
   try {
-    dims(2, 2, 1, 1).validate(8, tiny_moe());
+    trex::train::validate_layout(dims(2, 2, 1, 1), 8, tiny_moe());
     FAIL() << "no error";
   } catch (const UserError& e) {
     EXPECT_NE(e.hint.find("mpirun -np 4"), std::string::npos) << e.hint;

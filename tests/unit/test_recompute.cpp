@@ -22,7 +22,7 @@ namespace {
 struct Run {
   model::LossParts loss;
   std::vector<float> grads;
-  std::vector<std::vector<int64_t>> load;
+  model::ExpertLoad load;
   size_t peak = 0;
 };
 

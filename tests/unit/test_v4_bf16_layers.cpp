@@ -136,7 +136,7 @@ Data make_data(int64_t B, int64_t T, int64_t V, uint64_t seed) {
 struct StepResult {
   model::LossParts lp;
   std::vector<float> g;
-  std::vector<std::vector<int64_t>> load;
+  model::ExpertLoad load;
 };
 
 StepResult run_step(model::Model& m, const model::Batch& b) {
@@ -342,12 +342,12 @@ TEST(V4Bf16Layers, DiscreteConfigReport) {
   // Routing by top-k of the f32 router on slightly different activations: a differing expert
   // load is a routing flip (equal loads do not prove there was none).
   int flips = 0, rflips = 0;
-  for (size_t l = 0; l < r32.load.size(); ++l) {
+  for (int64_t l = 0; l < r32.load.L; ++l) {
     flips += r32.load[l] != rbf.load[l];
     rflips += r32.load[l] != rrnd.load[l];
   }
-  std::printf("[v4 bf16 discrete] MoE layers with expert loads unlike fp32: bf16 %d, weights-rounded %d, of %zu\n",
-              flips, rflips, r32.load.size());
+  std::printf("[v4 bf16 discrete] MoE layers with expert loads unlike fp32: bf16 %d, weights-rounded %d, of %lld\n",
+              flips, rflips, (long long)r32.load.L);
   const std::vector<TensorErr> ebf = compare(f.m32, r32.g, rbf.g), ernd = compare(f.m32, r32.g, rrnd.g);
   print_report("v4 bf16 discrete", ebf, ernd);
   const double mb = median_rel(ebf), mr = median_rel(ernd);

@@ -1,0 +1,59 @@
+// The composition root of a parallel run: the layout checked against the model, the process
+// groups built and handed to the model and the DataParallel. See layout.h.
+#include "train/layout.h"
+
+#include "core/error.h"
+#include "model/split.h"
+
+namespace trex::train {
+
+void validate_layout(const parallel::ParallelDims& dims, int world_size, const model::ModelConfig& cfg) {
+  dims.validate_world(world_size);
+  model::check_split(cfg, {dims.tp, dims.ep, dims.pp, dims.pp_layers});
+}
+
+ParallelRun make_parallel_run(parallel::Communicator& world, const parallel::ParallelDims& dims, model::Model& m,
+                              AdamWConfig ocfg, DpOptions o) {
+  TREX_CHECK(world.size() == dims.world(), "make_parallel_run: ", dims.str(), " on ", world.size(), " ranks");
+  ParallelRun r;
+  if (world.size() == 1) return r;
+  r.groups = parallel::make_process_groups(world, dims);
+  if (dims.ep > 1) m.set_expert_parallel(r.groups.ep.get());
+  if (dims.tp > 1) m.set_tensor_parallel(r.groups.tp.get(), o.sequence_parallel);
+  if (dims.pp > 1) {
+    const int s = dims.coord(world.rank()).pp;
+    const int64_t L = m.cfg.num_hidden_layers, l0 = dims.stage_first_layer(L, s);
+    m.set_pipeline_stage({l0, l0 + dims.stage_layers(L)[s], s == 0, s == dims.pp - 1});
+  }
+  o.tp = dims.tp;
+  o.pp = dims.pp;
+  o.pp_comm = dims.pp > 1 ? r.groups.pp.get() : nullptr;
+  const model::ParamLayout& ml = m.layout;
+  if (ml.stage_sharded()) {  // every tensor reduced over the ranks holding it
+    TREX_CHECK(dims.pp > 1, "make_parallel_run: a stage-sharded model needs parallel.pp > 1");
+    r.stage = world.group(dims.stage_group(world.rank()));
+    o.stage_comm = r.stage.get();
+    if (model::embedding_shared(m.cfg, ml.stage)) {
+      const int s = dims.coord(world.rank()).pp;
+      r.shared = world.split(s == 0 || s == dims.pp - 1 ? 0 : -1, world.rank());
+      o.shared_comm = r.shared.get();
+    }
+  }
+  if (ml.tp_sharded()) {
+    TREX_CHECK(dims.tp == ml.tp.size, "make_parallel_run: a model holding tp slice ", ml.tp.rank, " of ", ml.tp.size,
+               " needs parallel.tp = ", ml.tp.size);
+    r.tp_slice = world.group(ml.stage_sharded() ? dims.dp_group(world.rank()) : dims.tp_slice_group(world.rank()));
+    o.tp_slice_comm = r.tp_slice.get();
+  }
+  if (ml.expert_sharded()) {
+    TREX_CHECK(dims.ep > 1, "make_parallel_run: an expert-sharded model needs parallel.ep > 1");
+    r.expert_replicas = world.group(ml.stage_sharded() ? dims.stage_expert_group(world.rank())
+                                                       : dims.expert_replica_group(world.rank()));
+    o.expert_comm = r.expert_replicas.get();
+  }
+  // The DataParallel runs over the whole world (rank = tp_rank + tp * (dp_rank + dp * pp_rank)).
+  r.dp = std::make_unique<DataParallel>(world, m, ocfg, o);
+  return r;
+}
+
+}  // namespace trex::train
