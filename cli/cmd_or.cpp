@@ -14,6 +14,7 @@
 #include <sstream>
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "or/dataset.h"
 #include "or/judge.h"
 #include "or/solver.h"
@@ -89,6 +90,8 @@ void add_solve(CLI::App& parent) {
     j["file"] = o->file;
     j["status"] = orx::status_name(r.status);
     j["objective"] = r.status == orx::SolveResult::Optimal ? nlohmann::ordered_json(r.objective) : nlohmann::ordered_json(nullptr);
+    if (r.status == orx::SolveResult::TimeLimit)
+      j["incumbent"] = r.has_incumbent ? nlohmann::ordered_json(r.incumbent) : nlohmann::ordered_json(nullptr);
     if (!r.message.empty()) j["message"] = r.message;
     if (r.line) j["line"] = r.line;
     j["seconds"] = r.seconds;
@@ -139,6 +142,7 @@ void add_eval(CLI::App& parent) {
     double time_limit = 20;
     int64_t max_tokens = 512;
     int threads = 0;
+    bool strict_ids = false;
   };
   auto o = std::make_shared<Opts>();
   ev->add_option("--predictions", o->predictions, "JSONL with the model outputs (field output|prediction|response|completion)");
@@ -152,6 +156,8 @@ void add_eval(CLI::App& parent) {
   ev->add_option("--question-field", o->qfield, "question field name (default: question, en_question, problem, prompt)");
   ev->add_option("--answer-field", o->afield, "answer field name (default: answer, en_answer, ground_truth, label)");
   ev->add_option("--time-limit", o->time_limit, "seconds per solve (default 20)");
+  ev->add_flag("--strict-ids", o->strict_ids,
+               "refuse predictions that do not pair one to one with the problems (default: a warning with the counts)");
   ev->callback([o] {
     orx::EvalOptions eo;
     eo.question_field = o->qfield;
@@ -163,7 +169,16 @@ void add_eval(CLI::App& parent) {
     init_threads(o->threads);
     std::unique_ptr<orx::OutputSource> src_ptr;
     if (!o->model.empty()) src_ptr = std::make_unique<ModelSource>(o->model, o->tokenizer, o->tmpl, o->max_tokens);
-    else src_ptr = std::make_unique<orx::PredictionsSource>(o->predictions);
+    else {
+      auto ps = std::make_unique<orx::PredictionsSource>(o->predictions);
+      const orx::PredictionsSource::Match mt = ps->match(probs);
+      TREX_USER_CHECK(mt.ok() || !o->strict_ids,
+                      "give one prediction per problem, with the problems' ids (or none, in the data's line order), "
+                      "or drop --strict-ids to score the rest",
+                      o->predictions, " vs ", o->data, ": ", mt.str());
+      if (!mt.ok()) TREX_LOG_WARN(o->predictions, " vs ", o->data, ": ", mt.str());
+      src_ptr = std::move(ps);
+    }
     orx::OutputSource& src = *src_ptr;
     std::ofstream res;
     if (!o->out.empty()) {

@@ -1,5 +1,5 @@
 // Fuzz target: MPS text, as `trex or solve --mps` and Solver::solve_mps_text read it
-// (or/solver_cbc.cpp: OBJSENSE pre-pass, then COIN-OR CoinMpsIO through a temporary file, then
+// (or/mps_text.cpp, or/mps_reader.cpp: OBJSENSE pre-pass, then COIN-OR CoinMpsIO through a temporary file, then
 // the model is solved by CLP/CBC with a 1 s limit). CoinMpsIO is the system library (not
 // instrumented): the target checks that trex turns whatever it reports into a status and never
 // crashes or aborts.

@@ -181,12 +181,23 @@ nlohmann::ordered_json test_record(const Instance& in, int64_t index) {
 DatasetReport write_dataset(const GenOptions& opts, const std::string& dir) {
   const double t0 = now_ms();
   DatasetReport rep;
+  {  // the output folder first: a bad --out fails before minutes of generation
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    TREX_USER_CHECK(!ec, "give --out a folder that can be created and written", "cannot create the output folder ",
+                    dir, ": ", ec.message());
+  }
   std::vector<Instance> all = generate(opts, rep.gen);
-  std::filesystem::create_directories(dir);
   auto open = [&](const char* name) {
     std::ofstream f(std::filesystem::path(dir) / name);
     TREX_USER_CHECK(f.good(), "check that the output folder is writable", "cannot write ", (std::filesystem::path(dir) / name).string());
     return f;
+  };
+  // Every write checked once at the end (a full disk sets the stream's fail bit).
+  auto close = [&](std::ofstream& f, const char* name) {
+    f.flush();
+    TREX_USER_CHECK(f.good(), "free disk space or choose another --out", "writing ",
+                    (std::filesystem::path(dir) / name).string(), " failed (disk full or I/O error)");
   };
   std::ofstream cpt = open("cpt.jsonl"), sft = open("sft.jsonl"), test = open("test.jsonl");
   int64_t ntrain = 0, ntest = 0;
@@ -201,6 +212,7 @@ DatasetReport write_dataset(const GenOptions& opts, const std::string& dir) {
       test << test_record(in, ntest++).dump() << "\n";
     }
   }
+  close(cpt, "cpt.jsonl"), close(sft, "sft.jsonl"), close(test, "test.jsonl");
   rep.n_cpt = rep.n_sft = ntrain;
   rep.n_test = ntest;
   rep.total_seconds = (now_ms() - t0) / 1000.0;
@@ -225,7 +237,9 @@ DatasetReport write_dataset(const GenOptions& opts, const std::string& dir) {
   st["generate_seconds"] = rep.gen.seconds;
   st["solve_seconds"] = rep.gen.solve_seconds;
   st["total_seconds"] = rep.total_seconds;
-  open("stats.json") << st.dump(2) << "\n";
+  std::ofstream stats = open("stats.json");
+  stats << st.dump(2) << "\n";
+  close(stats, "stats.json");
   return rep;
 }
 

@@ -101,8 +101,30 @@ std::vector<Instance> generate(const GenOptions& opts, GenStats& st) {
     n_inf += f->can_infeasible;
     n_unb += f->can_unbounded;
   }
-  const double p_inf = n_inf ? opts.infeasible_share * fams.size() / n_inf : 0;
-  const double p_unb = n_unb ? opts.unbounded_share * fams.size() / n_unb : 0;
+  for (auto [name, v] : {std::pair{"--infeasible-share", opts.infeasible_share}, {"--unbounded-share", opts.unbounded_share}})
+    TREX_USER_CHECK(v >= 0 && v <= 1, "give a share in [0, 1]", name, " = ", v, " is not a share");
+  TREX_USER_CHECK(opts.infeasible_share + opts.unbounded_share <= 1,
+                  "lower --infeasible-share and --unbounded-share so that they sum to at most 1",
+                  "--infeasible-share ", opts.infeasible_share, " + --unbounded-share ", opts.unbounded_share, " = ",
+                  opts.infeasible_share + opts.unbounded_share, " exceeds 1");
+  // Each share is drawn among the families that can make such instances: a selection with few of
+  // them cannot reach a large share.
+  const double nf = (double)fams.size();
+  TREX_USER_CHECK(opts.infeasible_share == 0 || (n_inf > 0 && opts.infeasible_share * nf <= n_inf),
+                  detail::cat("lower --infeasible-share to at most ", n_inf / nf, ", or select more families"),
+                  "--infeasible-share ", opts.infeasible_share, ": only ", n_inf, " of the ", fams.size(),
+                  " selected families can be made infeasible");
+  TREX_USER_CHECK(opts.unbounded_share == 0 || (n_unb > 0 && opts.unbounded_share * nf <= n_unb),
+                  detail::cat("lower --unbounded-share to at most ", n_unb / nf, ", or select more families"),
+                  "--unbounded-share ", opts.unbounded_share, ": only ", n_unb, " of the ", fams.size(),
+                  " selected families can be made unbounded");
+  const double p_inf = n_inf ? opts.infeasible_share * nf / n_inf : 0;
+  const double p_unb = n_unb ? opts.unbounded_share * nf / n_unb : 0;
+  for (const Family* f : fams)
+    TREX_USER_CHECK(!(f->can_infeasible && f->can_unbounded) || p_inf + p_unb <= 1,
+                    "lower --infeasible-share or --unbounded-share, or select more families",
+                    "the shares ask family ", f->name, " for ", p_inf, " infeasible and ", p_unb,
+                    " unbounded instances per instance (more than 1)");
   std::unordered_set<uint64_t> seen;
   std::vector<Instance> out;
   auto solver = make_cbc_solver();

@@ -248,9 +248,58 @@ PredictionsSource::PredictionsSource(const std::string& path) {
         break;
       }
     TREX_USER_CHECK(got, "put the model text in an \"output\" field", path, ":", ln, ": no output field");
-    if (j.contains("id")) by_id_[j["id"].is_string() ? j["id"].get<std::string>() : j["id"].dump()] = out;
+    std::string id;
+    if (j.contains("id")) {
+      id = j["id"].is_string() ? j["id"].get<std::string>() : j["id"].dump();
+      by_id_[id] = out;
+    }
+    line_ids_.push_back(id);
     by_line_.push_back(out);
   }
+}
+
+PredictionsSource::Match PredictionsSource::match(const std::vector<Problem>& problems) const {
+  Match m;
+  m.by_id = !by_id_.empty();
+  m.problems = problems.size();
+  m.predictions = by_line_.size();
+  auto note = [&](const std::string& what) {
+    if (m.examples.size() < 5) m.examples.push_back(what);
+  };
+  if (!m.by_id) {
+    for (size_t i = by_line_.size(); i < problems.size(); ++i) ++m.missing, note("problem " + problems[i].id);
+    for (size_t i = problems.size(); i < by_line_.size(); ++i) ++m.extra, note("prediction line " + std::to_string(i + 1));
+    return m;
+  }
+  std::map<std::string, int> seen;
+  for (size_t i = 0; i < line_ids_.size(); ++i) {
+    const std::string& id = line_ids_[i];
+    if (id.empty()) {
+      ++m.without_id, note("prediction line " + std::to_string(i + 1) + " without id");
+    } else if (seen[id]++) {
+      ++m.duplicate_ids, note("id " + id + " repeated");
+    }
+  }
+  std::map<std::string, int> wanted;
+  for (const Problem& p : problems) {
+    ++wanted[p.id];
+    if (!by_id_.count(p.id)) ++m.missing, note("id " + p.id + " has no prediction");
+  }
+  for (const auto& [id, out] : by_id_)
+    if (!wanted.count(id)) ++m.extra, note("id " + id + " is not in the data");
+  return m;
+}
+
+std::string PredictionsSource::Match::str() const {
+  std::string s = detail::cat(predictions, " predictions for ", problems, " problems (matched by ",
+                              by_id ? "id" : "line order", "): ", missing, " problems without a prediction (judged as "
+                              "failed), ", extra, " predictions matching no problem");
+  if (by_id) s += detail::cat(", ", duplicate_ids, " repeated ids, ", without_id, " prediction lines without an id");
+  if (!examples.empty()) {
+    s += "; e.g. ";
+    for (size_t i = 0; i < examples.size(); ++i) s += (i ? "; " : "") + examples[i];
+  }
+  return s;
 }
 
 std::string PredictionsSource::output(const Problem& p, size_t i) {

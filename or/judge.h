@@ -77,8 +77,25 @@ class PredictionsSource final : public OutputSource {
   std::string output(const Problem& p, size_t i) override;
   size_t size() const { return by_line_.size(); }
 
+  // How the predictions pair with the problems of a data set. by_id: matched by "id" (any
+  // prediction carries one), else by line order. Each problem without a prediction is judged on
+  // an empty output (a fail).
+  struct Match {
+    bool by_id = false;
+    size_t problems = 0, predictions = 0;
+    size_t missing = 0;         // problems with no prediction
+    size_t extra = 0;           // predictions that match no problem (by id: unknown ids; by line: past the end)
+    size_t duplicate_ids = 0;   // prediction lines whose id an earlier line had (the last one is used)
+    size_t without_id = 0;      // by id: prediction lines without an id (never used)
+    std::vector<std::string> examples;  // up to 5 ids / lines of the mismatches, for the message
+    bool ok() const { return !missing && !extra && !duplicate_ids && !without_id; }
+    std::string str() const;    // one line: the counts and the examples
+  };
+  Match match(const std::vector<Problem>& problems) const;
+
  private:
   std::vector<std::string> by_line_;
+  std::vector<std::string> line_ids_;  // [lines] the id of each prediction line ("" = none)
   std::map<std::string, std::string> by_id_;
 };
 

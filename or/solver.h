@@ -15,6 +15,8 @@ struct SolveResult {
   enum Status { Optimal, Infeasible, Unbounded, TimeLimit, ParseError, Error } status = Error;
   double objective = 0;  // in the model's own sense, constant term included; Optimal only
   std::vector<std::pair<std::string, double>> values;  // every variable, in model order; Optimal only
+  bool has_incumbent = false;  // TimeLimit: an integer-feasible solution was found
+  double incumbent = 0;        // TimeLimit with has_incumbent: its objective (not proven optimal)
   std::string message;   // parse error text, solver diagnostics
   int line = 0;          // ParseError: 1-based line of the error (0 if unknown)
   double seconds = 0;    // wall time of the call
