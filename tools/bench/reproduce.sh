@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Re-measures the headline table of BENCHMARKS.md on the machine at hand, in one run:
-#   - the machine's peak (`trex bench peak`), against which every MFU of the run is computed;
+#   - the machine's peak (`trex bench peak`, best of 3 tries), against which every MFU of the run is computed;
 #   - bench-v3 and bench-v4 training steps, trex against the PyTorch peers (eager + bf16 autocast,
 #     torch.compile; tools/peer/peer_bench.py) on the same threads, batch, sequence and precision;
 #   - activation recompute none / full (bench-v3, bench-v4);
@@ -117,8 +117,25 @@ else
 fi
 
 export TREX_THREADS=$THREADS
-run peak "$TREX" bench peak --threads "$THREADS"
-PEAK=$( [ "$DRY" = 1 ] && echo PEAK || python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['best_gflops'])" "$RAW/peak.json")
+# The peak: best of 3 tries (a busy machine reads low on a single one), as `trex bench step` does.
+for i in 1 2 3; do run peak-$i "$TREX" bench peak --threads "$THREADS"; done
+if [ "$DRY" = 1 ]; then PEAK=PEAK; else
+  PEAK=$(python3 - "$RAW" <<'PY'
+import json, sys
+tries = []
+for i in (1, 2, 3):
+    try:
+        tries.append(json.load(open(f"{sys.argv[1]}/peak-{i}.json")))
+    except (OSError, ValueError):
+        pass
+if not tries:
+    sys.exit("reproduce.sh: trex bench peak failed")
+best = max(tries, key=lambda t: t["best_gflops"])
+json.dump(best, open(f"{sys.argv[1]}/peak.json", "w"))
+print(best["best_gflops"])
+PY
+)
+fi
 S=(--warmup 1 --peak-gflops "$PEAK")
 for c in v3 v4; do
   run "$c" "${STEP[@]}" --config configs/bench-$c.toml --steps $MAIN_STEPS "${S[@]}"
