@@ -14,8 +14,9 @@ def load_runs(raw):
     runs = {}
     with open(os.path.join(raw, "runs.tsv")) as f:
         for line in f:
-            name, rc, secs, cmd = line.rstrip("\n").split("\t", 3)
-            row = {"name": name, "rc": int(rc), "seconds": int(secs), "command": cmd, "result": None}
+            name, rc, secs, load, cmd = line.rstrip("\n").split("\t", 4)
+            row = {"name": name, "rc": int(rc), "seconds": int(secs), "load_average": float(load), "command": cmd,
+                   "result": None}
             try:
                 with open(os.path.join(raw, name + ".json")) as j:
                     text = j.read().strip()
@@ -80,8 +81,8 @@ class Table:
             out.append(f"- Peak (`trex bench peak`): fp32 FMA {self.peak['fp32_gflops']:.1f} GFLOP/s, bf16 dot "
                        f"{self.peak['bf16_gflops']:.1f} ({'native' if self.peak.get('bf16_native') else 'not native'}), "
                        f"best {self.best:.1f} GFLOP/s ({self.peak['threads']} threads, {self.peak['isa']}; best of "
-                       f"{len(self.tries)} tries: {tries}); "
-                       f"every MFU below is against it, model FLOPs as `trex bench step` counts them.")
+                       f"{len(self.tries)} tries at the start and the end of the run: {tries}); every MFU below is "
+                       f"against it (a try on a busy machine reads low), model FLOPs as `trex bench step` counts them.")
         else:
             out.append(f"- Peak: {self.why('peak-1')}.")
         out += self.peers() + self.recompute() + self.seq() + self.experts() + self.parallel()
