@@ -64,8 +64,10 @@ try:
     r = json.loads(open(path).read())
 except Exception:
     r = None
-if rc != "0" or r is None:
-    print(f"{name:34s} exit {rc} ({secs} s): see {path[:-5]}.err"); sys.exit(0)
+if rc != "0":
+    print(f"{name:34s} failed, exit {rc} ({secs} s): see {path[:-5]}.err"); sys.exit(0)
+if r is None:
+    print(f"{name:34s} done ({secs} s): {path[:-5]}.out"); sys.exit(0)
 if "step_ms_median" in r and "mfu" in r:
     print(f"{name:34s} step {r['step_ms_median']:.0f} / {r['step_ms_min']:.0f} ms, {r['tokens_per_s']:.1f} tokens/s, "
           f"MFU {100 * r['mfu']:.1f}%, exposed comm {r.get('comm_ms', 0):.0f} ms, peak RSS {r['peak_rss_mb']:.0f} MiB, "
