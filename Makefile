@@ -24,8 +24,8 @@ demo: build
 
 # The headline table of BENCHMARKS.md, re-measured here (tools/bench/reproduce.sh): writes
 # benchmarks/results/<date>-<time>-<machine>[-quick].md and .json. QUICK=1: fewer steps, same rows.
-# PEERS=1: also install the PyTorch peers (make pyref) first; without them the peer rows say
-# "peer not installed". BENCH_ARGS: more reproduce.sh options, e.g. BENCH_ARGS='--peers none'.
+# PEERS=1: also install the PyTorch peers (make pyref) first; they run whenever .venv has torch and
+# transformers, and without them the peer rows say "peer not installed". BENCH_ARGS: more reproduce.sh options, e.g. BENCH_ARGS='--peers none'.
 PEERS ?= 0
 QUICK ?= 0
 BENCH_ARGS ?=
