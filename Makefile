@@ -22,9 +22,16 @@ demo: build
 	$(BUILD)/trex demo
 	bash recipes/or/run.sh --small --trex $(BUILD)/trex
 
+# The headline table of BENCHMARKS.md, re-measured here (tools/bench/reproduce.sh): writes
+# benchmarks/results/<date>-<time>-<machine>[-quick].md and .json. QUICK=1: fewer steps, same rows.
+# PEERS=1: also install the PyTorch peers (make pyref) first; they run whenever .venv has torch and
+# transformers, and without them the peer rows say "peer not installed". BENCH_ARGS: more reproduce.sh options, e.g. BENCH_ARGS='--peers none'.
+PEERS ?= 0
+QUICK ?= 0
+BENCH_ARGS ?=
 bench: build
-	$(BUILD)/trex bench peak
-	$(BUILD)/trex bench step --config configs/bench-v3.toml --steps 6
+	@if [ "$(PEERS)" = 1 ]; then $(MAKE) --no-print-directory pyref; fi
+	bash tools/bench/reproduce.sh --trex $(BUILD)/trex $(if $(filter 1,$(QUICK)),--quick) $(BENCH_ARGS)
 
 # libFuzzer targets of fuzz/ (clang, ASan + UBSan), FUZZ_SECONDS each (RELIABILITY.md).
 FUZZ_SECONDS ?= 60
