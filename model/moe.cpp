@@ -151,7 +151,16 @@ double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, Mo
   s.y = A.alloc<float>(R * d);
   s.gu = A.alloc<float>(Rl * 2 * F);
   s.h = A.alloc<float>(Rl * F);
-  if (m.n_shared_experts > 0) s.shared.gu = A.alloc<float>(N * 2 * Fs), s.shared.h = A.alloc<float>(N * Fs);
+  // The shared experts write `out`: while the rows are in flight (their saved activations below the
+  // exchange's scratch), else after the routed experts (in the space their scratch leaves).
+  const bool overlap = disp.in_flight();
+  auto shared_fwd = [&] {
+    ProfScope ps(c.prof, "fwd.moe.shared");
+    if (m.n_shared_experts == 0) std::memset(out, 0, N * d * sizeof(float));
+    else if (overlap) mlp_forward_saved(c, shared_w(in), x, N, out, 0.f, s.shared);
+    else mlp_forward(c, shared_w(in), x, N, out, 0.f, s.shared);
+  };
+  if (overlap && m.n_shared_experts > 0) s.shared.gu = A.alloc<float>(N * 2 * Fs), s.shared.h = A.alloc<float>(N * Fs);
   auto mk = A.mark();
   float* xs = A.alloc<float>(R * d);
   MoeExchange xin;
@@ -160,11 +169,7 @@ double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, Mo
     moe_gather(x, D.row_token, R, d, xs);
     xin = disp.dispatch(r, xs, r.inputs, d, A);
   }
-  {  // the shared experts write `out`
-    ProfScope ps(c.prof, "fwd.moe.shared");
-    if (m.n_shared_experts > 0) mlp_forward_saved(c, shared_w(in), x, N, out, 0.f, s.shared);
-    else std::memset(out, 0, N * d * sizeof(float));
-  }
+  if (overlap) shared_fwd();
   {
     ProfScope ps(c.prof, "fwd.moe.dispatch");
     disp.wait(r, xin, d);
@@ -177,9 +182,12 @@ double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, Mo
   {
     ProfScope ps(c.prof, "fwd.moe.combine");
     disp.combine(r, xin, yl, s.y, d);
-    A.release(mk);
-    // Combine: add the routed outputs in slot order per token.
-    moe_combine(s.y, s.route.probs, D.slot_row, N, K, d, out);
+  }
+  A.release(mk);
+  if (!overlap) shared_fwd();
+  {
+    ProfScope ps(c.prof, "fwd.moe.combine");
+    moe_combine(s.y, s.route.probs, D.slot_row, N, K, d, out);  // the routed outputs in slot order per token
   }
   return aux;
 }
@@ -199,19 +207,20 @@ void moe_backward(const Ctx& c, const MoeIn& in, const MoeSaved& s, const float*
   float* dy = A.alloc<float>(R * d);
   float* dprobs = A.alloc<float>(R);
   float* dxs = A.alloc<float>(R * d);
+  const bool overlap = disp.in_flight();
+  auto shared_bwd = [&] {  // writes dx: while dy is in flight, else after the routed experts
+    ProfScope ps(c.prof, "bwd.moe.shared");
+    if (m.n_shared_experts > 0) mlp_backward(c, shared_w(in), s.shared, N, dout, dx, false);
+    else std::memset(dx, 0, N * d * sizeof(float));
+  };
   auto mk2 = A.mark();
   MoeExchange dyx;
   {
     ProfScope ps(c.prof, "bwd.moe.combine");
     moe_combine_bwd(dout, s.y, s.route.probs, D.slot_row, N, K, d, dy, dprobs);
-    // dy out along the dispatch route; the shared experts' backward (writing dx) runs meanwhile.
-    dyx = disp.dispatch(r, dy, nullptr, d, A);
+    dyx = disp.dispatch(r, dy, nullptr, d, A);  // dy out along the dispatch route
   }
-  {
-    ProfScope ps(c.prof, "bwd.moe.shared");
-    if (m.n_shared_experts > 0) mlp_backward(c, shared_w(in), s.shared, N, dout, dx, false);
-    else std::memset(dx, 0, N * d * sizeof(float));
-  }
+  if (overlap) shared_bwd();
   {
     ProfScope ps(c.prof, "bwd.moe.dispatch");
     disp.wait(r, dyx, d);
@@ -226,9 +235,12 @@ void moe_backward(const Ctx& c, const MoeIn& in, const MoeSaved& s, const float*
   {
     ProfScope ps(c.prof, "bwd.moe.dispatch");
     disp.combine(r, dyx, dxl, dxs, d);
-    A.release(mk2);
-    // Dispatch adjoint: gather back to tokens, fixed slot order.
-    moe_dispatch_bwd(dxs, D.slot_row, N, K, d, dx);
+  }
+  A.release(mk2);
+  if (!overlap) shared_bwd();
+  {
+    ProfScope ps(c.prof, "bwd.moe.dispatch");
+    moe_dispatch_bwd(dxs, D.slot_row, N, K, d, dx);  // the dispatch's adjoint: back to tokens, fixed slot order
   }
 
   // Router: probs (and the aux loss) -> scores -> logits -> x and the gate weight (f32).

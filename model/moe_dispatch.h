@@ -80,6 +80,10 @@ class MoeDispatcher {
   // from x [N, d] by D into scratch from A.
   virtual const float* saved_inputs(const MoeRoute& r, const Dispatch& D, const float* x, int64_t d,
                                     StackArena& A) const = 0;
+  // True when dispatch and combine move rows between ranks: the layer then runs its shared
+  // experts while the rows are in flight (their saved activations allocated before the exchange's
+  // scratch); false: it runs them after the routed experts, reusing the routed experts' scratch.
+  virtual bool in_flight() const = 0;
   // The time blocked in communication since construction (ms).
   virtual double wait_ms() const { return 0; }
 };
@@ -94,6 +98,7 @@ class LocalDispatcher final : public MoeDispatcher {
   void combine(const MoeRoute& r, MoeExchange& x, const float* local, float* sorted, int64_t w) const override;
   const float* saved_inputs(const MoeRoute& r, const Dispatch& D, const float* x, int64_t d,
                             StackArena& A) const override;
+  bool in_flight() const override { return false; }
 };
 
 // The routed experts split over ep.comm (ep.first / ep.count: this rank's range).
@@ -107,6 +112,7 @@ class AllToAllDispatcher final : public MoeDispatcher {
   void combine(const MoeRoute& r, MoeExchange& x, const float* local, float* sorted, int64_t w) const override;
   const float* saved_inputs(const MoeRoute& r, const Dispatch& D, const float* x, int64_t d,
                             StackArena& A) const override;
+  bool in_flight() const override { return true; }
   double wait_ms() const override { return ep_.wait_ms; }
 
  private:

@@ -165,14 +165,16 @@ struct StepWalk {
     if (moves) i32(Rl), f32(Rl * d);  // plan: perm, the kept inputs
     f32(R * d);                        // y
     f32(Rl * 2 * F), f32(Rl * F);      // gu, h
-    if (c.n_shared_experts > 0) f32(Nl * 2 * Fs), f32(Nl * Fs);
+    const bool shared = c.n_shared_experts > 0;
+    if (moves && shared) f32(Nl * 2 * Fs), f32(Nl * Fs);  // shared experts in flight: saved first
     const auto m = A.mark();
-    f32(R * d);                    // xs
-    if (moves) f32(Rl * d);        // dispatch: received rows
-    if (c.n_shared_experts > 0) linear_fwd(Nl, d), linear_fwd(Nl, Fs);
-    if (moves) f32(Rl * d);        // output rows
+    f32(R * d);                                          // xs
+    if (moves) f32(Rl * d);                              // dispatch: received rows
+    if (moves && shared) linear_fwd(Nl, d), linear_fwd(Nl, Fs);
+    if (moves) f32(Rl * d);                              // output rows
     experts_fwd(Rl, F);
     A.release(m);
+    if (!moves && shared) mlp_forward(Nl, Fs, false);  // after the routed experts
   }
   void moe_backward() {
     const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok, F = c.moe_intermediate_size, R = Nl * K;
@@ -181,13 +183,15 @@ struct StepWalk {
     const auto m = A.mark();
     f32(R * d), f32(R);  // dy, dprobs
     f32(R * d);          // dxs
+    const bool shared = c.n_shared_experts > 0;
     const auto m2 = A.mark();
     if (moves) f32(Rl * d), f32(Rl * d);  // dispatch: received rows, local rows
-    if (c.n_shared_experts > 0) mlp_backward(Nl, Fs, false);
+    if (moves && shared) mlp_backward(Nl, Fs, false);  // while dy is in flight
     if (moves) f32(Rl * d);  // output rows (dxl)
     else f32(R * d);         // the inputs gathered again (xs)
     experts_bwd(Rl, F);
     A.release(m2);
+    if (!moves && shared) mlp_backward(Nl, Fs, false);  // after the routed experts
     f32(Nl * E);  // dscores
     A.release(m);
   }
