@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include "core/log.h"
+#include "io/atomic_file.h"
 #include "io/quant.h"
 #include "io/safetensors.h"
 
@@ -101,12 +102,7 @@ void TensorList::add_buffer(const std::string& name, const BufferEntry& b, const
 }
 
 void write_config(const std::string& dir, const std::string& text) {
-  const std::string cfg = dir + "/config.json";
-  std::ofstream f(cfg + ".tmp");
-  f << text << "\n";
-  f.close();
-  TREX_USER_CHECK(f.good(), "check free space and permissions", cfg, ": write failed");
-  fs::rename(cfg + ".tmp", cfg);
+  io::write_file_atomic(dir + "/config.json", text + "\n");
 }
 
 }  // namespace detail

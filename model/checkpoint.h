@@ -31,7 +31,7 @@ struct TensorList {
   std::deque<std::vector<bf16>> conv;
   std::deque<std::vector<int64_t>> ids;
 };
-// Writes dir/config.json atomically (tmp file + rename).
+// Writes dir/config.json atomically and durably (io/atomic_file.h).
 void write_config(const std::string& dir, const std::string& text);
 }  // namespace detail
 
