@@ -13,7 +13,7 @@ MetricsLog::MetricsLog(const std::string& run_dir, const std::string& progress, 
   std::filesystem::create_directories(run_dir);
   const std::string path = run_dir + "/metrics.jsonl";
   f_ = std::fopen(path.c_str(), append ? "a" : "w");
-  TREX_USER_CHECK(f_, "check that checkpoint.dir is writable", path, ": cannot open for writing");
+  TREX_USER_CHECK(f_, "check that checkpoint.run_dir is writable", path, ": cannot open for writing");
   bar_ = progress == "bar" || (progress == "auto" && ::isatty(STDERR_FILENO));
 }
 
