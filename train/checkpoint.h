@@ -31,7 +31,7 @@ struct TrainState {
   int64_t data_position = 0; // where the data loader resumes
   uint64_t rng_state = 0;    // data-order / sampling RNG
   nlohmann::json extra;      // free-form (schedule, metrics state)
-  std::vector<CarriedFile> carry;  // written with the checkpoint, not read back by load_checkpoint
+  std::vector<CarriedFile> carry{};  // written with the checkpoint, not read back by load_checkpoint
 };
 
 // "step-00000042": the directory name of the checkpoint of a step.
