@@ -17,6 +17,7 @@
 #include <vector>
 #include "cli/commands.h"
 #include "core/error.h"
+#include "io/atomic_file.h"
 #include "io/tokenizer.h"
 #include "train/checkpoint.h"
 
@@ -88,11 +89,7 @@ std::string run_toml(const std::string& mode, const std::string& model_section, 
          std::to_string(every) + "\nkeep = 2\n\n[log]\nevery = " + std::to_string(std::max<int64_t>(1, steps / 10)) + "\n";
 }
 
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream f(path);
-  f << text;
-  TREX_USER_CHECK(f.good(), "give --out a writable directory", path, ": cannot write");
-}
+void write_file(const std::string& path, const std::string& text) { io::write_file_atomic(path, text); }
 
 }  // namespace
 
