@@ -364,6 +364,7 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
       state.extra["loss_window"] = spikes.state();
       res.last_checkpoint = dp ? save_checkpoint(run_dir, *dp, state, (int)rc.checkpoint.keep)
                                : save_checkpoint(run_dir, m, *opt1, state, (int)rc.checkpoint.keep);
+      if (log_owner) log_owner->sync();
       dog->beat();
     }
     if (stopping) {
