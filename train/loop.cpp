@@ -15,7 +15,6 @@
 #include "core/watchdog.h"
 #include "core/parallel.h"
 #include "io/atomic_file.h"
-#include "io/checksum.h"
 #include "kernels/peak.h"
 #include "model/checkpoint.h"
 #include "train/checkpoint.h"
@@ -159,10 +158,7 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   model::Model m(rc.model, rc.train.precision, {rc.train.aux_loss_alpha, rc.train.mtp_loss_weight, rc.train.recompute},
                  expert_shard_of(dims, rank, rc.model), stage_shard_of(dims, rank, rc.model), tp_shard_of(dims, rank));
   if (!rc.model_path.empty()) {
-    // A trex checkpoint's weights are checked against its manifest (io/checksum.h) first; the
-    // optimizer state is not read here.
-    io::verify_manifest(rc.model_path, "use an intact checkpoint for model.path (an older one of the run)",
-                        [](const std::string& f) { return f != "optimizer.safetensors"; });
+    model::verify_weights(rc.model_path);  // a trex checkpoint's manifest; the optimizer state is not read
     model::load_hf_weights(m, rc.model_path);
   } else {
     m.init_random(rc.train.seed);

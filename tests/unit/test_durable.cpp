@@ -18,6 +18,7 @@
 #include "core/parallel.h"
 #include "io/atomic_file.h"
 #include "io/checksum.h"
+#include "model/checkpoint.h"
 #include "tests/run_config_error.h"
 #include "tests/unit/test_util.h"
 #include "train/checkpoint.h"
@@ -256,6 +257,11 @@ TEST(CheckpointIntegrity, FlippedByteNamedAndResumeAutoFallsBack) {
   const std::string m2 = test::user_error([&] { train::load_checkpoint(one, fresh.m, fresh.opt); });
   EXPECT_NE(m2.find(one + "/optimizer.safetensors: checksum"), std::string::npos) << m2;
   EXPECT_FALSE(train::newest_verified_checkpoint(d.str()).dir);
+
+  // Reading the weights only (model.path, convert): the optimizer state is not checked.
+  EXPECT_NO_THROW(model::verify_weights(one));
+  const std::string m3 = test::user_error([&] { model::verify_weights(two); });
+  EXPECT_NE(m3.find(weights + ": checksum"), std::string::npos) << m3;
 }
 
 // ---- config: checkpoint.run_dir and its old name ---------------------------------------------
