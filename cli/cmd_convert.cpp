@@ -6,6 +6,7 @@
 #include <cstdio>
 #include "cli/commands.h"
 #include "core/parallel.h"
+#include "io/atomic_file.h"
 #include "model/checkpoint.h"
 
 namespace trex::cli {
@@ -28,7 +29,8 @@ void add_convert(CLI::App& app) {
                     "--layout ", o->layout, " is not a checkpoint layout");
     TREX_USER_CHECK(o->dtype == "f32" || o->dtype == "bf16", "use --dtype f32 or --dtype bf16", "--dtype ", o->dtype,
                     " is not supported");
-    TREX_USER_CHECK(o->out != o->model, "write to another directory", "--out must differ from --model (", o->out, ")");
+    // Not the input, not inside it (realpath: symlinks, "..", trailing slashes resolved).
+    io::check_output_outside_input(o->model, o->out, "--model", "--out");
     const DType dt = o->dtype == "f32" ? DType::F32 : DType::BF16;
     model::ModelConfig cfg = model::load_config_json(o->model + "/config.json");
     TREX_USER_CHECK(o->layout == "hf" || cfg.is_v4(), "use --layout hf", o->model,
@@ -36,6 +38,7 @@ void add_convert(CLI::App& app) {
     TREX_USER_CHECK(!o->quantize || o->layout == "original", "add --layout original", "--quantize writes the "
                     "DeepSeek-V4 original layout");
     model::Model m(cfg, kern::Prec::F32);
+    model::verify_weights(o->model);  // a damaged trex checkpoint is named, not converted
     model::load_hf_weights(m, o->model);
     if (o->layout == "hf") model::save_hf_checkpoint(m, o->out, dt);
     else model::save_v4_original(m, o->out, dt, o->quantize);

@@ -17,6 +17,7 @@
 #include <vector>
 #include "cli/commands.h"
 #include "core/error.h"
+#include "io/atomic_file.h"
 #include "io/tokenizer.h"
 #include "train/checkpoint.h"
 
@@ -84,15 +85,11 @@ std::string run_toml(const std::string& mode, const std::string& model_section, 
          "\nprecision = \"bf16\"\neval_every = " + std::to_string(every) + "\neval_batches = 2\nthreads = " +
          std::to_string(threads) + "\n\n[optim]\nlr = " + std::to_string(lr) +
          "\nmin_lr = " + std::to_string(lr / 10) + "\nwarmup_steps = " + std::to_string(std::max<int64_t>(1, steps / 10)) +
-         "\nschedule = \"cosine\"\nweight_decay = 0.05\n\n[checkpoint]\ndir = \"" + dir + "\"\nevery = " +
+         "\nschedule = \"cosine\"\nweight_decay = 0.05\n\n[checkpoint]\nrun_dir = \"" + dir + "\"\nevery = " +
          std::to_string(every) + "\nkeep = 2\n\n[log]\nevery = " + std::to_string(std::max<int64_t>(1, steps / 10)) + "\n";
 }
 
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream f(path);
-  f << text;
-  TREX_USER_CHECK(f.good(), "give --out a writable directory", path, ": cannot write");
-}
+void write_file(const std::string& path, const std::string& text) { io::write_file_atomic(path, text); }
 
 }  // namespace
 

@@ -23,7 +23,7 @@ void add_plot(CLI::App& app) {
   cmd->callback([run_dir, out] {
     const fs::path dir(*run_dir), metrics = dir / "metrics.jsonl";
     std::ifstream in(metrics);
-    TREX_USER_CHECK(in.good(), "give the checkpoint.dir of a trex train run", metrics.string(), ": cannot open");
+    TREX_USER_CHECK(in.good(), "give the checkpoint.run_dir of a trex train run", metrics.string(), ": cannot open");
     const fs::path pd = dir / "plot";
     fs::create_directories(pd);
     std::ofstream loss(pd / "loss.dat"), eval(pd / "eval.dat"), mfu(pd / "mfu.dat"), load(pd / "load.dat");

@@ -2,6 +2,9 @@
 // CPT or SFT by data.mode; see train/loop.h. The step is train/trainer.cpp: trainer_step().
 // Data parallel: mpirun -np N trex train --config FILE [--set parallel.dp=N] (every rank runs this
 // command; MPI is initialized when a launcher started the process; docs/PARALLEL.md).
+// Exit codes: 0 done, 2 user error (bad config or data: the message says what to fix), 3 internal
+// error, 75 stopped by SIGTERM / SIGINT after writing a checkpoint (rerun with --resume auto;
+// train.exit_signal_save, train/stop_signal.h), 128 + N killed by a second signal N.
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -9,6 +12,7 @@
 #include "cli/tokenizer_fns.h"
 #include "parallel/comm_mpi.h"
 #include "train/loop.h"
+#include "train/stop_signal.h"
 
 namespace trex::cli {
 
@@ -66,6 +70,12 @@ void add_train(CLI::App& app) {
                   "\"checkpoint\": \"%s\", \"dp\": %d, \"step_ms\": %.3f, \"comm_ms\": %.3f}\n",
                   (long long)r.steps, r.first_loss, r.last_loss, r.last_eval_loss, r.last_checkpoint.c_str(), r.dp,
                   r.steps ? r.step_ms / r.steps : 0.0, r.steps ? r.comm_ms / r.steps : 0.0);
+    if (r.stop_signal) {  // stopped by SIGTERM / SIGINT after writing a checkpoint: a distinct exit code
+      std::fflush(stdout);
+      world.reset();
+      mpi.reset();  // MPI_Finalize on every rank before the exit
+      std::exit(train::kExitStopped);
+    }
   });
 }
 

@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "core/parallel.h"
 #include "core/timer.h"
+#include "io/atomic_file.h"
 #include "io/tokenizer_added.h"
 #include "io/tokenizer_pretok.h"
 #include "io/tokenizer_text.h"
@@ -313,16 +314,7 @@ BpeTrainStats train_bpe_files(const std::vector<std::string>& files, const BpeTr
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   TREX_USER_CHECK(!ec, "check --out", "cannot create directory ", out_dir, ": ", ec.message());
-  fs::path out = fs::path(out_dir) / "tokenizer.json";
-  fs::path tmp = out;
-  tmp += ".tmp";
-  {
-    std::ofstream o(tmp, std::ios::binary);
-    o << js;
-    TREX_USER_CHECK(o.good(), "check free space and permissions", "cannot write ", tmp.string());
-  }
-  fs::rename(tmp, out, ec);
-  TREX_USER_CHECK(!ec, "check permissions", "cannot rename ", tmp.string(), " to ", out.string(), ": ", ec.message());
+  io::write_file_atomic((fs::path(out_dir) / "tokenizer.json").string(), js);
   return tr.stats();
 }
 

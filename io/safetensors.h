@@ -1,4 +1,5 @@
-// Hugging Face safetensors: read (memory-mapped, strictly validated) and write (atomic),
+// Hugging Face safetensors: read (memory-mapped, strictly validated: io/safetensors.cpp and
+// io/safetensors_header.cpp) and write (atomic: io/safetensors_write.cpp),
 // single file and sharded checkpoint directories.
 //
 // File layout: [u64 little-endian header length N][N bytes of JSON header][data section].
@@ -120,7 +121,7 @@ struct TensorToWrite {
   const void* data = nullptr;  // numel * dtype_size bytes, contiguous row-major
 };
 
-// Writes atomically (path + ".tmp", fsync, rename, fsync of the directory). metadata defaults
+// Writes atomically (io/atomic_file.h: path + ".tmp", fsync, rename, fsync of the directory). metadata defaults
 // to {"format": "pt"}. Throws UserError on bad input (duplicate / empty / reserved names,
 // negative dims, null data) or on I/O failure.
 void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,

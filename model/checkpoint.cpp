@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include "core/log.h"
+#include "io/atomic_file.h"
+#include "io/checksum.h"
 #include "io/quant.h"
 #include "io/safetensors.h"
 
@@ -101,17 +103,17 @@ void TensorList::add_buffer(const std::string& name, const BufferEntry& b, const
 }
 
 void write_config(const std::string& dir, const std::string& text) {
-  const std::string cfg = dir + "/config.json";
-  std::ofstream f(cfg + ".tmp");
-  f << text << "\n";
-  f.close();
-  TREX_USER_CHECK(f.good(), "check free space and permissions", cfg, ": write failed");
-  fs::rename(cfg + ".tmp", cfg);
+  io::write_file_atomic(dir + "/config.json", text + "\n");
 }
 
 }  // namespace detail
 
 using namespace detail;
+
+void verify_weights(const std::string& dir) {
+  io::verify_manifest(dir, "use an intact checkpoint (an older one of the run that wrote it)",
+                      [](const std::string& f) { return f != "optimizer.safetensors"; });
+}
 
 void load_hf_weights(Model& m, const std::string& dir) {
   io::SafetensorsDir ck = io::SafetensorsDir::open(dir);
@@ -236,7 +238,10 @@ void save_hf_checkpoint(const Model& m, const std::string& dir, DType dtype, uin
 void save_hf_checkpoint(const WeightsView& w, const std::string& dir, DType dtype, uint64_t max_shard_bytes) {
   TREX_CHECK(!w.layout.sharded(), "save_hf_checkpoint: the weights are a shard's only (gather them first)");
   TensorList tl(dtype);
-  fs::create_directories(dir);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  TREX_USER_CHECK(!ec, "write to a directory this user may create", "cannot create checkpoint directory '", dir,
+                  "': ", ec.message());
   for (const ParamEntry& e : w.layout.entries) tl.add(e.name, e.shape, w.P + e.offset);
   for (const BufferEntry& b : w.layout.buffers) tl.add_buffer(b.name, b, w.buffers);
   io::write_safetensors_dir(dir, tl.ts, max_shard_bytes);

@@ -31,12 +31,15 @@ struct TensorList {
   std::deque<std::vector<bf16>> conv;
   std::deque<std::vector<int64_t>> ids;
 };
-// Writes dir/config.json atomically (tmp file + rename).
+// Writes dir/config.json atomically and durably (io/atomic_file.h).
 void write_config(const std::string& dir, const std::string& text);
 }  // namespace detail
 
 // Reads weights (and router biases) from a checkpoint directory into the model.
 void load_hf_weights(Model& m, const std::string& dir);
+// A trex checkpoint's weight files (all but optimizer.safetensors) against its manifest.json
+// (io/checksum.h); UserError naming a damaged file. Directories without a manifest pass.
+void verify_weights(const std::string& dir);
 // A whole model's weights to write: a Model's, or one assembled from expert-parallel shards.
 struct WeightsView {
   const ModelConfig& cfg;

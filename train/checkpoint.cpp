@@ -1,6 +1,5 @@
 #include "train/checkpoint.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 #include <algorithm>
 #include <cstdio>
@@ -8,6 +7,8 @@
 #include <fstream>
 #include <regex>
 #include "core/log.h"
+#include "io/atomic_file.h"
+#include "io/checksum.h"
 #include "io/safetensors.h"
 #include "model/checkpoint.h"
 
@@ -18,29 +19,11 @@ namespace fs = std::filesystem;
 namespace {
 
 const std::regex kName("step-([0-9]{8})");
+constexpr const char* kDamagedHint =
+    "--resume auto takes the newest checkpoint that verifies; or pass an older one with --resume DIR";
 
-void fsync_path(const fs::path& p) {
-  int fd = ::open(p.c_str(), O_RDONLY);
-  TREX_USER_CHECK(fd >= 0, "check permissions on the run directory", p.string(), ": cannot open for fsync");
-  int rc = ::fsync(fd);
-  ::close(fd);
-  TREX_USER_CHECK(rc == 0, "check free space on the run directory's disk", p.string(), ": fsync failed");
-}
-
-void write_text(const fs::path& p, const std::string& text) {
-  std::ofstream f(p);
-  f << text;
-  f.close();
-  TREX_USER_CHECK(f.good(), "check free space and permissions", p.string(), ": write failed");
-}
-
-std::string step_name(int64_t step) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "step-%08lld", (long long)step);
-  return buf;
-}
-
-// The files of one checkpoint into `tmp` (created here), each fsynced, and tmp itself.
+// The files of one checkpoint into `tmp` (created here), each fsynced, the manifest last, and
+// tmp itself.
 void write_checkpoint_files(const fs::path& tmp, const model::WeightsView& m, const float* M1, const float* M2,
                             int64_t optimizer_step, const TrainState& st) {
   fs::create_directories(tmp);
@@ -56,12 +39,48 @@ void write_checkpoint_files(const fs::path& tmp, const model::WeightsView& m, co
                        {"data_position", st.data_position},
                        {"rng_state", std::to_string(st.rng_state)},
                        {"extra", st.extra}};
-  write_text(tmp / "trainer_state.json", js.dump(2) + "\n");
-  for (const auto& f : fs::directory_iterator(tmp)) fsync_path(f.path());
-  fsync_path(tmp);
+  io::write_file_atomic((tmp / "trainer_state.json").string(), js.dump(2) + "\n");
+  for (const CarriedFile& c : st.carry) {
+    std::error_code ec;
+    fs::copy_file(c.src, tmp / c.name, fs::copy_options::overwrite_existing, ec);
+    TREX_USER_CHECK(!ec, "check that the file is readable", "cannot copy '", c.src, "' into the checkpoint as '",
+                    c.name, "': ", ec.message());
+  }
+  std::vector<std::string> files;
+  for (const auto& f : fs::directory_iterator(tmp))
+    if (f.is_regular_file()) files.push_back(f.path().filename().string());
+  std::sort(files.begin(), files.end());
+  io::fsync_tree(tmp.string());
+  io::write_manifest(tmp.string(), files);  // fsyncs itself and tmp
+}
+
+// Checkpoint directories under run_dir/checkpoints with a trainer_state.json, newest first.
+std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const std::string& run_dir) {
+  std::vector<std::pair<int64_t, fs::path>> all;
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  std::error_code ec;
+  if (!fs::exists(root, ec)) return all;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string n = e.path().filename().string();
+    std::smatch mt;
+    if (!std::regex_match(n, mt, kName) || !fs::exists(e.path() / "trainer_state.json")) continue;
+    all.push_back({std::stoll(mt[1]), e.path()});
+  }
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return all;
 }
 
 }  // namespace
+
+std::string checkpoint_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%08lld", (long long)step);
+  return buf;
+}
+
+std::string checkpoint_path(const std::string& run_dir, int64_t step) {
+  return (fs::path(run_dir) / "checkpoints" / checkpoint_name(step)).string();
+}
 
 std::string save_checkpoint(const std::string& run_dir, const model::Model& m, const AdamW& opt,
                             const TrainState& st, int keep) {
@@ -82,9 +101,9 @@ std::string save_checkpoint(const std::string& run_dir, const model::WeightsView
   const fs::path root = fs::path(run_dir) / "checkpoints";
   std::error_code ec;
   fs::create_directories(root, ec);
-  TREX_USER_CHECK(!ec, "check permissions of checkpoint.dir", root.string(), ": cannot create: ", ec.message());
-  const fs::path final_dir = root / step_name(st.step);
-  const fs::path tmp = root / (".tmp-" + step_name(st.step) + "-" + std::to_string(::getpid()));
+  TREX_USER_CHECK(!ec, "check permissions of checkpoint.run_dir", root.string(), ": cannot create: ", ec.message());
+  const fs::path final_dir = root / checkpoint_name(st.step);
+  const fs::path tmp = root / (".tmp-" + checkpoint_name(st.step) + "-" + std::to_string(::getpid()));
   fs::remove_all(tmp);
   const std::optional<std::string> previous = latest_checkpoint(run_dir);
   const std::string kept = previous ? "; the previous checkpoint " + *previous + " is intact (--resume auto loads it)"
@@ -93,7 +112,7 @@ std::string save_checkpoint(const std::string& run_dir, const model::WeightsView
   const double need = 12.0 * (double)m.layout.total + (64 << 10);
   const fs::space_info sp = fs::space(root, ec);
   TREX_USER_CHECK(ec || (double)sp.available >= need,
-                  "free space on that disk, lower checkpoint.keep, or set checkpoint.dir to a larger disk",
+                  "free space on that disk, lower checkpoint.keep, or set checkpoint.run_dir to a larger disk",
                   "checkpoint of step ", st.step, " needs about ", need / (1 << 20), " MiB but ", root.string(), " has ",
                   (double)sp.available / (1 << 20), " MiB free", kept);
   try {
@@ -110,11 +129,7 @@ std::string save_checkpoint(const std::string& run_dir, const model::WeightsView
 
   // Re-saving the same step: the old directory is moved aside before the new one takes its name
   // and removed after, so a crash in between leaves one of them in place.
-  const fs::path old = root / (".old-" + step_name(st.step) + "-" + std::to_string(::getpid()));
-  if (fs::exists(final_dir)) fs::rename(final_dir, old);
-  fs::rename(tmp, final_dir);
-  fsync_path(root);
-  fs::remove_all(old, ec);
+  io::replace_dir_atomic(tmp.string(), final_dir.string());
 
   // Retention: keep the newest `keep` complete checkpoints; clear stale temporaries.
   std::vector<std::pair<int64_t, fs::path>> all;
@@ -122,7 +137,7 @@ std::string save_checkpoint(const std::string& run_dir, const model::WeightsView
     const std::string n = e.path().filename().string();
     std::smatch mt;
     if (std::regex_match(n, mt, kName)) all.push_back({std::stoll(mt[1]), e.path()});
-    else if ((n.rfind(".tmp-", 0) == 0 || n.rfind(".old-", 0) == 0) && e.path() != tmp) fs::remove_all(e.path());
+    else if ((n.rfind(".tmp-", 0) == 0 || n.find(".old-") != std::string::npos) && e.path() != tmp) fs::remove_all(e.path());
   }
   std::sort(all.begin(), all.end());
   for (size_t i = 0; keep > 0 && i + keep < all.size(); ++i) fs::remove_all(all[i].second);
@@ -130,22 +145,33 @@ std::string save_checkpoint(const std::string& run_dir, const model::WeightsView
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
-  const fs::path root = fs::path(run_dir) / "checkpoints";
-  if (!fs::exists(root)) return std::nullopt;
-  int64_t best = -1;
-  fs::path best_path;
-  for (const auto& e : fs::directory_iterator(root)) {
-    const std::string n = e.path().filename().string();
-    std::smatch mt;
-    if (!std::regex_match(n, mt, kName) || !fs::exists(e.path() / "trainer_state.json")) continue;
-    int64_t s = std::stoll(mt[1]);
-    if (s > best) best = s, best_path = e.path();
-  }
-  if (best < 0) return std::nullopt;
-  return best_path.string();
+  const auto all = complete_checkpoints(run_dir);
+  if (all.empty()) return std::nullopt;
+  return all.front().second.string();
 }
 
-TrainState load_checkpoint(const std::string& dir, model::Model& m, AdamW& opt) {
+ResumePick newest_verified_checkpoint(const std::string& run_dir) {
+  ResumePick r;
+  for (const auto& [step, dir] : complete_checkpoints(run_dir)) {
+    std::optional<std::string> problem;
+    try {
+      problem = io::check_manifest(dir.string());
+    } catch (const UserError& e) {  // a file that cannot be opened or mapped
+      problem = e.what();
+    }
+    if (!problem) {
+      r.dir = dir.string();
+      return r;
+    }
+    r.skipped.push_back(dir.string() + ": " + *problem);
+  }
+  return r;
+}
+
+void verify_checkpoint(const std::string& dir) { io::verify_manifest(dir, kDamagedHint); }
+
+TrainState load_checkpoint(const std::string& dir, model::Model& m, AdamW& opt, bool verify) {
+  if (verify) verify_checkpoint(dir);
   // With the MTP blocks the run trains (config.json lists them in num_nextn_predict_layers).
   const model::ModelConfig c =
       model::with_mtp(model::load_config_json(dir + "/config.json"), m.cfg.is_v4() ? m.cfg.v4.mtp_layers : 0);

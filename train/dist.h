@@ -243,8 +243,8 @@ class DataParallel {
 // holds a whole model's weights and moments while it writes); every rank returns its directory.
 std::string save_checkpoint(const std::string& run_dir, DataParallel& dp, const TrainState& state, int keep = 3);
 // Every rank loads the full checkpoint and keeps its shard of the moments (load_checkpoint on the
-// sharded AdamW), then the replicas are made equal.
-TrainState load_checkpoint(const std::string& dir, DataParallel& dp);
+// sharded AdamW), then the replicas are made equal. verify: as train/checkpoint.h's.
+TrainState load_checkpoint(const std::string& dir, DataParallel& dp, bool verify = true);
 
 // Which global batch positions rank r reads: micro-batch a of a step takes global positions
 // step_begin + a * dp * B + r * B + [0, B), so the union over ranks of micro-batch a is micro-batch

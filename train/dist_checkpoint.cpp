@@ -1,8 +1,6 @@
 // The checkpoint collectives of a data-parallel run: the sharded AdamW moments gathered to rank 0,
 // the whole model a single-rank run would write, and the load that every rank makes. See dist.h.
 #include <algorithm>
-#include <cstdio>
-#include <filesystem>
 #include "core/error.h"
 #include "train/dist.h"
 
@@ -154,17 +152,13 @@ std::string save_checkpoint(const std::string& run_dir, DataParallel& dp, const 
                           g.m1.data(), g.m2.data(), dp.opt().steps(), state, keep);
   }
   dp.comm().barrier();  // the checkpoint is complete before any rank goes on (or resumes from it)
-  if (dp.rank() != 0) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "step-%08lld", (long long)state.step);
-    dir = (std::filesystem::path(run_dir) / "checkpoints" / buf).string();
-  }
+  if (dp.rank() != 0) dir = checkpoint_path(run_dir, state.step);
   return dir;
 }
 
-TrainState load_checkpoint(const std::string& dir, DataParallel& dp) {
+TrainState load_checkpoint(const std::string& dir, DataParallel& dp, bool verify) {
   dp.wait_params();  // an all-gather in flight would overwrite the loaded weights
-  TrainState st = load_checkpoint(dir, dp.model(), dp.opt());
+  TrainState st = load_checkpoint(dir, dp.model(), dp.opt(), verify);
   dp.broadcast_replicas();
   return st;
 }

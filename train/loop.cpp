@@ -2,15 +2,19 @@
 
 #include <algorithm>
 #include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include "core/log.h"
 #include "core/timer.h"
 #include "core/trace.h"
 #include "core/watchdog.h"
 #include "core/parallel.h"
+#include "io/atomic_file.h"
 #include "kernels/peak.h"
 #include "model/checkpoint.h"
 #include "train/checkpoint.h"
@@ -19,6 +23,7 @@
 #include "train/metrics.h"
 #include "train/pipeline.h"
 #include "train/preflight.h"
+#include "train/stop_signal.h"
 #include "train/token_cache.h"
 #include "train/trainer.h"
 
@@ -73,6 +78,27 @@ double eval_loss(model::Model& m, const std::vector<PackedSeq>& seqs, int64_t ba
   return valid ? sum / valid : 0.0;
 }
 
+// The hint when NaN / Inf steps stop the run. A run that resumed loaded its moments from a
+// checkpoint: when they are what went bad, --resume auto would load the same state again, so
+// name the checkpoint before the one it resumed from.
+std::string nan_hint(const std::string& run_dir, const std::string& resumed_from) {
+  std::string h = "lower the learning rate or check the data";
+  if (resumed_from.empty())
+    return h + "; the newest checkpoint in " + run_dir + " holds the last good weights (--resume auto)";
+  const fs::path from(resumed_from);
+  std::optional<std::string> older;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(fs::path(run_dir) / "checkpoints", ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("step-", 0) == 0 && n.size() == from.filename().string().size() && n < from.filename().string() &&
+        (!older || n > fs::path(*older).filename().string()))
+      older = e.path().string();
+  }
+  h += "; this run resumed from " + resumed_from + ", whose weights or optimizer moments may be what went bad";
+  return older ? h + ": resume from the checkpoint before it (--resume " + *older + ")"
+               : h + ": start over from the initial weights (--resume none)";
+}
+
 }  // namespace
 
 TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel::Communicator* world) {
@@ -83,7 +109,7 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   const bool root = rank == 0;
   res.dp = dp_size;
   const int threads = init_threads((int)rc.train.threads);
-  const std::string run_dir = rc.checkpoint.dir;
+  const std::string run_dir = rc.checkpoint.run_dir;
   // Start-up checks, before any data is read or memory allocated: the run directory takes a
   // write, and the run's memory estimate fits this machine (train/preflight.h).
   if (root) check_run_dir_writable(run_dir);
@@ -131,8 +157,12 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   // experts, its stage's tensors and its tp rank's slice of the attention and dense MLPs.
   model::Model m(rc.model, rc.train.precision, {rc.train.aux_loss_alpha, rc.train.mtp_loss_weight, rc.train.recompute},
                  expert_shard_of(dims, rank, rc.model), stage_shard_of(dims, rank, rc.model), tp_shard_of(dims, rank));
-  if (!rc.model_path.empty()) model::load_hf_weights(m, rc.model_path);
-  else m.init_random(rc.train.seed);
+  if (!rc.model_path.empty()) {
+    model::verify_weights(rc.model_path);  // a trex checkpoint's manifest; the optimizer state is not read
+    model::load_hf_weights(m, rc.model_path);
+  } else {
+    m.init_random(rc.train.seed);
+  }
   const AdamWConfig ocfg{(float)rc.optim.schedule.lr, rc.optim.beta1, rc.optim.beta2, rc.optim.eps,
                          rc.optim.weight_decay, rc.optim.clip_grad_norm};
   // One rank: AdamW over the whole slab. Data parallel: the ZeRO-1 shard inside DataParallel
@@ -152,12 +182,36 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
     opt1 = std::make_unique<AdamW>(m, ocfg);
   TrainState state;
   std::string resume_dir;
+  bool verified = false;
   if (rc.checkpoint.resume == "auto") {
-    if (auto l = latest_checkpoint(run_dir)) resume_dir = *l;
+    // The newest checkpoint whose files match their manifest; damaged newer ones are skipped.
+    const ResumePick pick = newest_verified_checkpoint(run_dir);
+    for (const std::string& s : pick.skipped)
+      if (root) TREX_LOG_WARN("--resume auto: skipping damaged checkpoint ", s);
+    if (pick.dir) resume_dir = *pick.dir, verified = true;
+    if (root && !pick.skipped.empty())
+      TREX_LOG_WARN("--resume auto: ", pick.dir ? "resuming from " + *pick.dir : "no checkpoint verifies; starting over",
+                    " (", pick.skipped.size(), " newer checkpoint(s) skipped)");
   } else if (rc.checkpoint.resume != "none") {
     resume_dir = rc.checkpoint.resume;
   }
-  if (!resume_dir.empty()) state = dp ? load_checkpoint(resume_dir, *dp) : load_checkpoint(resume_dir, m, *opt1);
+  if (world && world->size() > 1) {  // every rank must resume from the same checkpoint
+    const std::string name = fs::path(resume_dir).filename().string();
+    const int64_t mine = resume_dir.empty() ? -1 : (int64_t)(std::hash<std::string>{}(name) & 0x7fffffff);
+    const int64_t hi = world->all_reduce_value(mine, parallel::ReduceOp::Max);
+    const int64_t lo = -world->all_reduce_value(-mine, parallel::ReduceOp::Max);
+    TREX_USER_CHECK(hi == lo, "put the run directory on a file system every rank sees alike",
+                    "rank ", rank, ": the ranks chose different checkpoints to resume from (this rank: '", resume_dir, "')");
+  }
+  if (!resume_dir.empty())
+    state = dp ? load_checkpoint(resume_dir, *dp, !verified) : load_checkpoint(resume_dir, m, *opt1, !verified);
+  // The tokenizer travels with every checkpoint (generate, or eval --model and runs that start
+  // from the checkpoint find it there), with its tokenizer_config.json when it has one.
+  if (!tok.file.empty() && fs::is_regular_file(tok.file)) {
+    state.carry.push_back({tok.file, "tokenizer.json"});
+    const fs::path tc = fs::path(tok.file).parent_path() / "tokenizer_config.json";
+    if (fs::is_regular_file(tc)) state.carry.push_back({tc.string(), "tokenizer_config.json"});
+  }
   // Loss spikes against a running window; the window travels in checkpoints so that a resumed
   // run flags the same steps.
   SpikeDetector spikes(rc.log.spike_window, rc.log.spike_z);
@@ -167,7 +221,7 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   std::unique_ptr<MetricsLog> log_owner;
   if (root) {
     log_owner = std::make_unique<MetricsLog>(run_dir, rc.log.progress, rc.log.every, !resume_dir.empty());
-    std::ofstream(run_dir + "/config.resolved.json") << rc.raw.dump(2) << "\n";
+    io::write_file_atomic(run_dir + "/config.resolved.json", rc.raw.dump(2) + "\n");
   }
   auto message = [&](const std::string& msg) {
     if (log_owner) log_owner->message(msg);
@@ -216,6 +270,9 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
     std::fflush(stderr);
     world->abort_job(3);
   });
+  // SIGTERM / SIGINT: finish the step, save, stop (train/stop_signal.h); the ranks agree on the step.
+  std::optional<StopSignals> stop;
+  if (rc.train.exit_signal_save) stop.emplace();
   for (int64_t step = state.step; step < rc.train.steps; ++step) {
     std::vector<BatchBuffer> bufs;
     std::vector<model::Batch> micro;
@@ -256,9 +313,7 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
       if (root)
         TREX_LOG_WARN("step ", step + 1, ": loss ", s.loss, ", gradient norm ", s.grad_norm,
                       " is not finite; step skipped (weights unchanged), ", bad_in_a_row, " in a row");
-      TREX_USER_CHECK(bad_in_a_row < rc.train.max_skipped_steps,
-                      "lower the learning rate or check the data; the last checkpoint in the run directory holds the "
-                      "last good weights (--resume auto)",
+      TREX_USER_CHECK(bad_in_a_row < rc.train.max_skipped_steps, nan_hint(run_dir, resume_dir),
                       "stopping: ", bad_in_a_row, " steps in a row had a NaN / Inf loss or gradient (train.max_skipped_steps = ",
                       rc.train.max_skipped_steps, ")");
     } else {
@@ -296,12 +351,24 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
     if (res.steps == 0) res.first_loss = s.loss;
     res.last_loss = s.loss;
     ++res.steps;
-    if ((rc.checkpoint.every > 0 && state.step % rc.checkpoint.every == 0) || state.step == rc.train.steps) {
+    // A stop signal on any rank stops every rank after this step (one-int max all-reduce).
+    int stop_sig = stop ? stop->signal() : 0;
+    if (stop && world && world->size() > 1) stop_sig = world->all_reduce_value(stop_sig, parallel::ReduceOp::Max);
+    const bool stopping = stop_sig != 0 && state.step < rc.train.steps;
+    if ((rc.checkpoint.every > 0 && state.step % rc.checkpoint.every == 0) || state.step == rc.train.steps || stopping) {
       if (!state.extra.is_object()) state.extra = nlohmann::json::object();
       state.extra["loss_window"] = spikes.state();
       res.last_checkpoint = dp ? save_checkpoint(run_dir, *dp, state, (int)rc.checkpoint.keep)
                                : save_checkpoint(run_dir, m, *opt1, state, (int)rc.checkpoint.keep);
+      if (log_owner) log_owner->sync();
       dog->beat();
+    }
+    if (stopping) {
+      res.stop_signal = stop_sig;
+      message(detail::cat("stopped by ", stop_sig == SIGINT ? "SIGINT" : stop_sig == SIGTERM ? "SIGTERM" : "a signal",
+                          " after step ", state.step, " of ", rc.train.steps, "; checkpoint ", res.last_checkpoint,
+                          " written. Continue with --resume auto (exit code ", kExitStopped, ")"));
+      break;
     }
   }
   dog.reset();  // the loop is over: what follows is bounded (trace parts, messages)

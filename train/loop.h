@@ -34,6 +34,7 @@ struct TrainResult {
   int64_t loss_spikes = 0;          // steps flagged by the loss-spike window (train/loss_spikes.h)
   double memory_estimate = 0;       // bytes per rank, train/preflight.h
   double peak_rss = 0;              // bytes, this process at the end of the run
+  int stop_signal = 0;              // SIGTERM / SIGINT that stopped the run after a checkpoint (0: ran to the end)
 };
 
 // world: the MPI ranks of a data-parallel run (every rank calls run_training; rank 0 logs and

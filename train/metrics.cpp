@@ -5,21 +5,27 @@
 #include <filesystem>
 #include "core/error.h"
 #include "core/timer.h"
+#include "io/atomic_file.h"
 
 namespace trex::train {
 
 MetricsLog::MetricsLog(const std::string& run_dir, const std::string& progress, int64_t every, bool append)
     : every_(every), t0_ms_(now_ms()) {
   std::filesystem::create_directories(run_dir);
-  const std::string path = run_dir + "/metrics.jsonl";
-  f_ = std::fopen(path.c_str(), append ? "a" : "w");
-  TREX_USER_CHECK(f_, "check that checkpoint.dir is writable", path, ": cannot open for writing");
+  path_ = run_dir + "/metrics.jsonl";
+  f_ = std::fopen(path_.c_str(), append ? "a" : "w");
+  TREX_USER_CHECK(f_, "check that checkpoint.run_dir is writable", path_, ": cannot open for writing");
   bar_ = progress == "bar" || (progress == "auto" && ::isatty(STDERR_FILENO));
 }
 
 MetricsLog::~MetricsLog() {
   if (bar_) std::fputc('\n', stderr);
   if (f_) std::fclose(f_);
+}
+
+void MetricsLog::sync() {
+  std::fflush(f_);
+  io::fsync_file(path_);
 }
 
 void MetricsLog::message(const std::string& s) {

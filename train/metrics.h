@@ -29,8 +29,12 @@ class MetricsLog {
   ~MetricsLog();
   void step(const StepMetrics& m);
   void message(const std::string& s);
+  // fsyncs metrics.jsonl (io/atomic_file.h), so the lines of the steps a checkpoint holds survive
+  // a power loss with it. The file is appended one line per step, not rewritten atomically.
+  void sync();
 
  private:
+  std::string path_;
   FILE* f_ = nullptr;
   bool bar_ = false;
   int64_t every_ = 1;

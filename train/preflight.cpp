@@ -164,14 +164,14 @@ MemoryEstimate check_memory(const RunConfig& rc, int ranks) {
 void check_run_dir_writable(const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
-  TREX_USER_CHECK(!ec, "set checkpoint.dir to a directory this user may create and write", "checkpoint.dir '", dir,
+  TREX_USER_CHECK(!ec, "set checkpoint.run_dir to a directory this user may create and write", "checkpoint.run_dir '", dir,
                   "': cannot create: ", ec.message());
   const std::string probe = dir + "/.write_test";
   {
     std::ofstream f(probe);
     f << "trex\n";
     f.close();
-    TREX_USER_CHECK(f.good(), "set checkpoint.dir to a writable directory", "checkpoint.dir '", dir,
+    TREX_USER_CHECK(f.good(), "set checkpoint.run_dir to a writable directory", "checkpoint.run_dir '", dir,
                     "': not writable");
   }
   fs::remove(probe, ec);

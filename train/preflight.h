@@ -3,7 +3,7 @@
 //   - memory: an estimate of what this rank holds (below) against the machine's memory (the
 //     smaller of MemTotal and the cgroup limit); over it, the run is refused; train.memory_check
 //     = false skips the check.
-//   - run directory: created and probed with a write (checkpoint.dir).
+//   - run directory: created and probed with a write (checkpoint.run_dir).
 // Data files are read before the model is built (train/loop.cpp), so an unreadable one already
 // fails before any allocation.
 //
@@ -45,7 +45,7 @@ double peak_rss_bytes();
 // what to change. Returns the estimate.
 MemoryEstimate check_memory(const RunConfig& rc, int ranks);
 
-// Creates `dir` and writes a probe file into it; UserError naming checkpoint.dir otherwise.
+// Creates `dir` and writes a probe file into it; UserError naming checkpoint.run_dir otherwise.
 void check_run_dir_writable(const std::string& dir);
 
 }  // namespace trex::train

@@ -5,6 +5,7 @@
 #include <map>
 #include <tuple>
 #include "core/error.h"
+#include "core/log.h"
 #include "io/toml_json.h"
 #include "train/layout.h"
 
@@ -135,6 +136,9 @@ RunConfig parse_run_config(json j, const std::string& where, const std::vector<s
       {"mtp_loss_weight", [&](const json& v, const std::string& k) { r.train.mtp_loss_weight = c.f64(v, k, 0, 10); }},
       {"max_skipped_steps", [&](const json& v, const std::string& k) { r.train.max_skipped_steps = c.i64(v, k, 1); }},
       {"memory_check", [&](const json& v, const std::string& k) { r.train.memory_check = c.boolean(v, k); }},
+      // SIGTERM / SIGINT finish the current step, write a checkpoint and exit with code 75 (a second
+      // signal exits at once); false: the signals end the process as usual.
+      {"exit_signal_save", [&](const json& v, const std::string& k) { r.train.exit_signal_save = c.boolean(v, k); }},
   };
   S["optim"].keys = {
       {"lr", [&](const json& v, const std::string& k) { r.optim.schedule.lr = c.f64(v, k, 0, 10); }},
@@ -179,7 +183,17 @@ RunConfig parse_run_config(json j, const std::string& where, const std::vector<s
        }},
   };
   S["checkpoint"].keys = {
-      {"dir", [&](const json& v, const std::string& k) { r.checkpoint.dir = c.str(v, k); }},
+      // The run directory: checkpoints/step-NNNNNNNN/, metrics.jsonl, config.resolved.json (torchtitan's
+      // job.dump_folder, Hugging Face's output_dir).
+      {"run_dir", [&](const json& v, const std::string& k) { r.checkpoint.run_dir = c.str(v, k); }},
+      // Deprecated alias of run_dir (a warning names the new key).
+      {"dir", [&](const json& v, const std::string& k) {
+         TREX_USER_CHECK(!j["checkpoint"].contains("run_dir"), "keep checkpoint.run_dir only (dir is its old name)",
+                         where, ": both checkpoint.dir and checkpoint.run_dir are set");
+         r.checkpoint.run_dir = c.str(v, k);
+         TREX_LOG_WARN(where, ": checkpoint.dir is deprecated; name it checkpoint.run_dir (same meaning: the run "
+                       "directory, holding checkpoints/, metrics.jsonl and config.resolved.json)");
+       }},
       {"every", [&](const json& v, const std::string& k) { r.checkpoint.every = c.i64(v, k, 0); }},
       {"keep", [&](const json& v, const std::string& k) { r.checkpoint.keep = c.i64(v, k, 1); }},
       {"resume", [&](const json& v, const std::string& k) { r.checkpoint.resume = c.str(v, k); }},

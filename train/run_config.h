@@ -40,6 +40,8 @@ struct TrainConfig {
   model::Recompute recompute = model::Recompute::None;  // "none" | "full" (model/config.h)
   int64_t max_skipped_steps = 3;  // stop after this many steps in a row with a NaN / Inf loss or gradient
   bool memory_check = true;       // refuse a run whose memory estimate exceeds the machine (train/preflight.h)
+  // SIGTERM / SIGINT: finish the step, save a checkpoint, exit with kExitStopped (train/stop_signal.h).
+  bool exit_signal_save = true;
 };
 
 struct OptimConfig {
@@ -68,7 +70,9 @@ struct ParallelConfig {
 };
 
 struct CheckpointConfig {
-  std::string dir = "runs/default";
+  // The run directory (checkpoints/step-NNNNNNNN/, metrics.jsonl, config.resolved.json); the old
+  // key checkpoint.dir is an alias that logs a deprecation warning.
+  std::string run_dir = "runs/default";
   int64_t every = 0;  // 0: only at the end
   int64_t keep = 3;
   std::string resume = "none";  // none | auto | <checkpoint dir>

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include "core/error.h"
 #include "core/log.h"
+#include "io/atomic_file.h"
 
 namespace trex::train {
 
@@ -76,36 +77,6 @@ void merge(DataStats& into, const DataStats& s) {
     if (into.first_errors.size() < 5) into.first_errors.push_back(e);
 }
 
-// Writes n bytes and fsyncs; UserError naming the file on any failure (e.g. a full disk).
-void write_file(const std::string& path, const void* p, size_t n) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  TREX_USER_CHECK(fd >= 0, "set data.cache_dir to a writable directory", path, ": cannot create (",
-                  std::strerror(errno), ")");
-  const char* b = static_cast<const char*>(p);
-  size_t done = 0;
-  while (done < n) {
-    ssize_t w = ::write(fd, b + done, n - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      int e = errno;
-      ::close(fd);
-      TREX_USER_FAIL("free disk space or set data.cache_dir elsewhere", path, ": write failed (", std::strerror(e), ")");
-    }
-    done += (size_t)w;
-  }
-  const bool ok = ::fsync(fd) == 0;
-  ::close(fd);
-  TREX_USER_CHECK(ok, "free disk space or set data.cache_dir elsewhere", path, ": fsync failed");
-}
-
-void fsync_dir(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-}
-
 TokenDocs tokenize(const std::vector<std::string>& files, const DocsSpec& spec, DataStats& st) {
   std::vector<Sample> docs;
   for (const std::string& f : files) {
@@ -132,12 +103,10 @@ void write_entry(const std::string& entry, const TokenDocs& docs, const json& me
     off.push_back((int64_t)ids.size());
   }
   try {
-    write_file(tmp + "/tokens.bin", ids.data(), ids.size() * sizeof(int32_t));
-    write_file(tmp + "/loss.bin", loss.data(), loss.size());
-    write_file(tmp + "/index.bin", off.data(), off.size() * sizeof(int64_t));
-    const std::string m = meta.dump(2) + "\n";
-    write_file(tmp + "/meta.json", m.data(), m.size());
-    fsync_dir(tmp);
+    io::write_file_atomic(tmp + "/tokens.bin", ids.data(), ids.size() * sizeof(int32_t));
+    io::write_file_atomic(tmp + "/loss.bin", loss.data(), loss.size());
+    io::write_file_atomic(tmp + "/index.bin", off.data(), off.size() * sizeof(int64_t));
+    io::write_file_atomic(tmp + "/meta.json", meta.dump(2) + "\n");
   } catch (...) {
     std::error_code ec;
     fs::remove_all(tmp, ec);
@@ -149,7 +118,7 @@ void write_entry(const std::string& entry, const TokenDocs& docs, const json& me
     fs::remove_all(tmp, ec);
     return;
   }
-  fsync_dir(fs::path(entry).parent_path().string());
+  io::fsync_dir(fs::path(entry).parent_path().string());
 }
 
 }  // namespace

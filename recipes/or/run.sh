@@ -95,7 +95,7 @@ latest_ckpt() { ls -d "$1"/checkpoints/step-* 2>/dev/null | sort | tail -1; }
 train_run() {  # train_run NAME TOML RUN_DIR STEPS extra --set args...
   local name=$1 toml=$2 dir=$3 steps=$4; shift 4
   rm -rf "$dir"  # a half-finished run starts again
-  "$TREX" train --config "$toml" --set "checkpoint.dir=$dir" --set "data.tokenizer=$TOK" \
+  "$TREX" train --config "$toml" --set "checkpoint.run_dir=$dir" --set "data.tokenizer=$TOK" \
     --set "data.cache_dir=$CACHE" --set "train.threads=$THREADS" --set "train.steps=$steps" \
     --set "train.batch_size=$BATCH" --set "train.eval_every=$(every "$steps" 4)" \
     --set "optim.warmup_steps=$(every "$steps" 10)" --set "log.every=$(every "$steps" 20)" "$@" || return 1

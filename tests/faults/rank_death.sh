@@ -48,7 +48,7 @@ progress = "lines"
 TOML
 
 "$MPIEXEC" --allow-run-as-root --oversubscribe -np 2 "$TREX" train --config run.toml \
-  --set checkpoint.dir=\"run\" > mpi.log 2>&1 &
+  --set checkpoint.run_dir=\"run\" > mpi.log 2>&1 &
 launcher=$!
 for _ in $(seq 600); do  # up to 60 s for the ranks to start and log step 3
   grep -q '^step 3/' mpi.log 2>/dev/null && break

@@ -65,7 +65,7 @@ keep = 2
 progress = "lines"
 TOML
 
-"$TREX" train --config run.toml --set checkpoint.dir=\"straight\" > straight.log 2>&1
+"$TREX" train --config run.toml --set checkpoint.run_dir=\"straight\" > straight.log 2>&1
 
 # Losses by step from a metrics.jsonl; a resumed run appends, so the last entry of a step wins.
 losses() { python3 -c '
@@ -95,7 +95,7 @@ while ((kills < KILLS)); do
   per=$(( (STEPS - done_steps) / (KILLS - kills + 1) )); ((per < 1)) && per=1
   target=$((done_steps + RANDOM % (2 * per)))
   ((target > STEPS - 3)) && target=$((STEPS - 3))
-  "$TREX" train --config run.toml --set checkpoint.dir=\"killed\" --resume auto >> killed.log 2>&1 &
+  "$TREX" train --config run.toml --set checkpoint.run_dir=\"killed\" --resume auto >> killed.log 2>&1 &
   pid=$!
   where="during start-up"
   if ((target <= done_steps)); then
@@ -125,7 +125,7 @@ while ((kills < KILLS)); do
     exit 1
   fi
 done
-"$TREX" train --config run.toml --set checkpoint.dir=\"killed\" --resume auto >> killed.log 2>&1
+"$TREX" train --config run.toml --set checkpoint.run_dir=\"killed\" --resume auto >> killed.log 2>&1
 
 fail=0
 final=$(printf 'step-%08d' "$STEPS")

@@ -129,7 +129,7 @@ TEST(Preflight, UnwritableRunDirectoryIsRefused) {
   std::ofstream(file) << "x";
   const std::string m =
       test::user_error([&] { train::check_run_dir_writable(file + "/run"); }, /*with_hint=*/true);
-  EXPECT_NE(m.find("checkpoint.dir '" + file + "/run'"), std::string::npos) << m;
+  EXPECT_NE(m.find("checkpoint.run_dir '" + file + "/run'"), std::string::npos) << m;
   EXPECT_NE(m.find("cannot create"), std::string::npos) << m;
   EXPECT_NO_THROW(train::check_run_dir_writable((dir.path / "ok" / "deeper").string()));
 }

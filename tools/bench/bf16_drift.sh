@@ -83,7 +83,7 @@ TOML
 run() {  # NAME CONFIG PRECISION [--set ...]
   local name=$1 cfg=$2 prec=$3; shift 3
   rm -rf "$OUT/$name-$prec"
-  "$BUILD/trex" train --config "$cfg" --set train.precision="$prec" --set checkpoint.dir="$OUT/$name-$prec" \
+  "$BUILD/trex" train --config "$cfg" --set train.precision="$prec" --set checkpoint.run_dir="$OUT/$name-$prec" \
     "$@" > "$OUT/$name-$prec.log" 2>&1
 }
 for prec in fp32 bf16; do
