@@ -1,7 +1,9 @@
 // trex grad --model DIR --batch FILE.json [--precision fp32|bf16] --out GRADS.safetensors
 // One forward + backward of a Hugging Face checkpoint on a batch {"input_ids": [[...]],
 // "labels": [[...]]} (labels aligned with input_ids as in transformers; -100 = ignored; absent =
-// input_ids). Prints {"loss": ...} and writes every parameter gradient under its HF name.
+// input_ids). Prints {"loss": ...} and writes every parameter gradient under its HF name. A loss
+// that is NaN or Inf is an error (exit 2) and writes nothing.
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -76,6 +78,10 @@ void add_grad(CLI::App& app) {
     model::load_hf_weights(m, o->model);
     model::Batch b{B, T, ids.data(), targets.data(), nullptr, nullptr};
     model::LossParts lp = m.forward_backward(b, 1.f);
+    TREX_USER_CHECK(std::isfinite(lp.loss), "check the checkpoint's weights (values too large overflow) and the "
+                    "batch; try --precision fp32",
+                    o->model, ": the loss on ", o->batch, " is ", lp.loss, " (cross-entropy ", lp.ce,
+                    "): not a number, so no gradients were written to ", o->out);
     model::save_gradients(m, o->out);
     std::printf("{\"loss\": %.9g, \"ce\": %.9g, \"mtp\": %.9g, \"n_valid\": %lld, \"tokens\": %lld}\n", lp.loss, lp.ce, lp.mtp,
                 (long long)lp.n_valid, (long long)(B * T));

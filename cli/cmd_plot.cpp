@@ -25,7 +25,10 @@ void add_plot(CLI::App& app) {
     std::ifstream in(metrics);
     TREX_USER_CHECK(in.good(), "give the checkpoint.run_dir of a trex train run", metrics.string(), ": cannot open");
     const fs::path pd = dir / "plot";
-    fs::create_directories(pd);
+    std::error_code ec;
+    fs::create_directories(pd, ec);
+    TREX_USER_CHECK(!ec, "give a run directory you may write to", pd.string(), ": cannot create directory: ",
+                    ec.message());
     std::ofstream loss(pd / "loss.dat"), eval(pd / "eval.dat"), mfu(pd / "mfu.dat"), load(pd / "load.dat");
     std::string line;
     int64_t n = 0, ln = 0, layers = 0;

@@ -10,6 +10,7 @@
 #include <memory>
 #include "cli/commands.h"
 #include "cli/tokenizer_fns.h"
+#include "core/log.h"
 #include "parallel/comm_mpi.h"
 #include "train/loop.h"
 #include "train/stop_signal.h"
@@ -40,6 +41,10 @@ void add_train(CLI::App& app) {
     io::Tokenizer tok = io::Tokenizer::load(rc.data.tokenizer);
     TREX_USER_CHECK(tok.vocab_size() <= rc.model.vocab_size, "use the model's own tokenizer", rc.data.tokenizer,
                     ": tokenizer has ", tok.vocab_size(), " ids but the model's vocab_size is ", rc.model.vocab_size);
+    if (rc.data.mode == "sft")
+      for (const std::string& t : missing_template_tokens(tok, train::ChatTemplate::by_name(rc.data.chat_template)))
+        TREX_LOG_WARN(rc.data.tokenizer, ": chat template '", rc.data.chat_template, "' marker ", t,
+                      " is not a token of this tokenizer; it is encoded as plain text (docs/DATA.md)");
     // MPI when a launcher started us (declared before the communicator: destroyed after it).
     std::unique_ptr<parallel::MpiContext> mpi;
     std::unique_ptr<parallel::Communicator> world;

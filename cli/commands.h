@@ -13,4 +13,5 @@ void add_generate(CLI::App& app);
 void add_plot(CLI::App& app);
 void add_convert(CLI::App& app);
 void add_tokenizer(CLI::App& app);  // cli/cmd_tokenizer.cpp: trex tokenizer train
+void add_config(CLI::App& app);     // cli/cmd_config.cpp: trex config reference
 }  // namespace trex::cli

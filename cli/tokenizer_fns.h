@@ -1,6 +1,7 @@
 // The bridge from io::Tokenizer to the data code: encode without template tokens, the
 // end-of-document id (data.eos_token or the first of the usual names the tokenizer knows).
 #pragma once
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include "core/error.h"
@@ -29,6 +30,21 @@ inline std::vector<int32_t> stop_ids(const io::Tokenizer& tok, const train::Chat
   std::vector<int32_t> ids = {find_eos(tok, "", "tokenizer")};
   if (int32_t e = tok.token_to_id(t.eos); e >= 0 && e != ids[0]) ids.push_back(e);
   return ids;
+}
+
+// The chat template's markers (BOS, end of turn, user and assistant headers: their leading
+// "<...>" token) that are not tokens of the tokenizer: those are encoded as ordinary text, which
+// trains and generates, but not with the ids the template means.
+inline std::vector<std::string> missing_template_tokens(const io::Tokenizer& tok, const train::ChatTemplate& t) {
+  std::vector<std::string> missing;
+  for (const std::string& m : {t.bos, t.eos, t.user, t.assistant}) {
+    const size_t end = m.find('>');
+    if (m.empty() || end == std::string::npos) continue;
+    const std::string head = m.substr(0, end + 1);
+    if (tok.token_to_id(head) < 0 && std::find(missing.begin(), missing.end(), head) == missing.end())
+      missing.push_back(head);
+  }
+  return missing;
 }
 
 // A user turn wrapped in the chat template, ready for generation.

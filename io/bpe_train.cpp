@@ -1,6 +1,7 @@
 #include "io/bpe_train.h"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <queue>
@@ -309,6 +310,20 @@ BpeTrainStats train_bpe_files(const std::vector<std::string>& files, const BpeTr
   TREX_USER_CHECK(!files.empty(), "pass --files", "no training files given");
   BpeTrainer tr(opts);
   for (const std::string& f : files) tr.add_file(f);
+  // Some byte other than white space in some file (stops at the first one).
+  auto has_text = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    char buf[1 << 16];
+    while (in.read(buf, sizeof buf) || in.gcount() > 0)
+      for (std::streamsize i = 0; i < in.gcount(); ++i)
+        if (!std::isspace((unsigned char)buf[i])) return true;
+    return false;
+  };
+  std::string names;
+  bool any = false;
+  for (const std::string& f : files) names += (names.empty() ? "" : ", ") + f, any = any || has_text(f);
+  TREX_USER_CHECK(any, "give --files with text to learn merges from", names,
+                  ": no text to train on (the files are empty or hold only white space)");
   std::string js = tr.train_json();
   namespace fs = std::filesystem;
   std::error_code ec;

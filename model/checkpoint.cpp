@@ -106,6 +106,13 @@ void write_config(const std::string& dir, const std::string& text) {
   io::write_file_atomic(dir + "/config.json", text + "\n");
 }
 
+void make_output_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  TREX_USER_CHECK(!ec, "give an output directory on a writable file system (its parent must be a directory you may "
+                  "write to)", dir, ": cannot create the output directory: ", ec.message());
+}
+
 }  // namespace detail
 
 using namespace detail;
@@ -174,6 +181,7 @@ void load_hf_weights(Model& m, const std::string& dir) {
   if (skipped_mtp) TREX_LOG_INFO(dir, ": skipped ", skipped_mtp, " tensors of layers >= num_hidden_layers (MTP)");
   TREX_USER_CHECK(unknown == 0, "the checkpoint does not match config.json", dir, ": ", unknown,
                   " tensors do not belong to this model config");
+  check_finite_weights(m, dir);
   m.refresh_bf16();
 }
 
@@ -238,10 +246,7 @@ void save_hf_checkpoint(const Model& m, const std::string& dir, DType dtype, uin
 void save_hf_checkpoint(const WeightsView& w, const std::string& dir, DType dtype, uint64_t max_shard_bytes) {
   TREX_CHECK(!w.layout.sharded(), "save_hf_checkpoint: the weights are a shard's only (gather them first)");
   TensorList tl(dtype);
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  TREX_USER_CHECK(!ec, "write to a directory this user may create", "cannot create checkpoint directory '", dir,
-                  "': ", ec.message());
+  make_output_dir(dir);
   for (const ParamEntry& e : w.layout.entries) tl.add(e.name, e.shape, w.P + e.offset);
   for (const BufferEntry& b : w.layout.buffers) tl.add_buffer(b.name, b, w.buffers);
   io::write_safetensors_dir(dir, tl.ts, max_shard_bytes);

@@ -33,13 +33,19 @@ struct TensorList {
 };
 // Writes dir/config.json atomically and durably (io/atomic_file.h).
 void write_config(const std::string& dir, const std::string& text);
+// Creates an output directory (and its parents); a UserError naming it when that fails.
+void make_output_dir(const std::string& dir);
 }  // namespace detail
 
-// Reads weights (and router biases) from a checkpoint directory into the model.
+// Reads weights (and router biases) from a checkpoint directory into the model. A NaN or Inf
+// value is a UserError naming the tensor (check_finite_weights).
 void load_hf_weights(Model& m, const std::string& dir);
 // A trex checkpoint's weight files (all but optimizer.safetensors) against its manifest.json
 // (io/checksum.h); UserError naming a damaged file. Directories without a manifest pass.
 void verify_weights(const std::string& dir);
+// UserError naming the first tensor of m (parameters, buffers) that holds a NaN or Inf, and how
+// many values and tensors do; `where` names the checkpoint (model/weights_finite.cpp).
+void check_finite_weights(const Model& m, const std::string& where);
 // A whole model's weights to write: a Model's, or one assembled from expert-parallel shards.
 struct WeightsView {
   const ModelConfig& cfg;

@@ -205,13 +205,14 @@ void load_v4_original(Model& m, const std::string& dir) {
   if (mtp) TREX_LOG_INFO(dir, ": skipped ", mtp, " MTP tensors (mtp.*)");
   TREX_USER_CHECK(unknown == 0, "the checkpoint does not match config.json", dir, ": ", unknown,
                   " tensors do not belong to this model config");
+  check_finite_weights(m, dir);
   m.refresh_bf16();
 }
 
 void save_v4_original(const Model& m, const std::string& dir, DType dtype, bool quantize, uint64_t max_shard_bytes) {
   TREX_CHECK(!m.layout.sharded(), "save_v4_original: the model holds an expert shard or a pipeline stage only");
   detail::TensorList tl(dtype);
-  std::filesystem::create_directories(dir);
+  detail::make_output_dir(dir);
   const int64_t E = m.cfg.n_routed_experts, F = m.cfg.moe_intermediate_size, d = m.cfg.hidden_size;
   TREX_USER_CHECK(!quantize || (d % 2 == 0 && F % 2 == 0), "quantize a model with even hidden_size and "
                   "moe_intermediate_size, or convert without --quantize", "FP4 experts pack two values per byte (rows "

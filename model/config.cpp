@@ -1,6 +1,7 @@
 #include "model/config.h"
 
 #include <fstream>
+#include <set>
 #include <nlohmann/json.hpp>
 #include "core/error.h"
 #include "core/log.h"
@@ -42,7 +43,8 @@ void parse_rope_block(const json& rs, const std::string& where, const std::strin
 
 namespace {
 
-void parse_rope(const json& j, const std::string& where, ModelConfig& c) {
+void parse_rope(const json& j, const std::string& where, ModelConfig& c, std::set<std::string>* used) {
+  if (used) used->insert({"rope_parameters", "rope_scaling"});
   // transformers >= 5 writes rope_parameters {rope_type, rope_theta, factor, ...}; DeepSeek's
   // own checkpoints write rope_theta and rope_scaling {type|rope_type, factor, ...}.
   const json* rs = nullptr;
@@ -58,12 +60,12 @@ void parse_rope(const json& j, const std::string& where, ModelConfig& c) {
 
 }  // namespace
 
-ModelConfig parse_config(const json& j, const std::string& where) {
+ModelConfig parse_config(const json& j, const std::string& where, std::set<std::string>* used) {
   TREX_USER_CHECK(j.is_object(), kFixHint, where, ": model config must be a JSON object");
-  Reader r{j, where};
+  Reader r{j, where, used};
   ModelConfig c;
   c.model_type = r.str("model_type", "deepseek_v3");
-  if (c.model_type == "deepseek_v4") return parse_config_v4(j, where);
+  if (c.model_type == "deepseek_v4") return parse_config_v4(j, where, used);
   TREX_USER_CHECK(c.model_type == "deepseek_v3" || c.model_type == "kimi_k2",
                   "this build trains model_type deepseek_v3 (also R1, V3.1, Kimi-K2, Moonlight) and deepseek_v4", where,
                   ": model_type '", c.model_type, "' is not supported");
@@ -121,7 +123,7 @@ ModelConfig parse_config(const json& j, const std::string& where) {
   }
   c.max_position_embeddings = r.i64("max_position_embeddings", 4096, false, 1);
   c.rope_theta = r.f64("rope_theta", 10000.0);
-  parse_rope(j, where, c);
+  parse_rope(j, where, c, used);
   TREX_USER_CHECK(c.rope_theta > 1.0, kFixHint, where, ": rope_theta must be > 1, got ", c.rope_theta);
   c.rope_interleave = r.boolean("rope_interleave", true);
   c.rms_norm_eps = r.f64("rms_norm_eps", 1e-6);
@@ -140,6 +142,65 @@ ModelConfig parse_config(const json& j, const std::string& where) {
   return c;
 }
 
+namespace {
+
+// Keys read elsewhere (quantization_config: the weight loader) or that only describe the file.
+const std::set<std::string>& metadata_keys() {
+  static const std::set<std::string> k = {"architectures", "auto_map",       "transformers_version", "torch_dtype",
+                                          "dtype",         "_name_or_path", "quantization_config"};
+  return k;
+}
+
+}  // namespace
+
+std::vector<std::string> not_used(const json& j, const std::set<std::string>& used) {
+  std::vector<std::string> out;
+  for (auto& [k, v] : j.items())
+    if (!used.count(k) && !metadata_keys().count(k)) out.push_back(k);
+  return out;  // json objects iterate in key order
+}
+
+const std::vector<std::string>& read_config_keys() {
+  // tests/unit/test_config_keys.cpp checks that this list holds every key the parsers look at.
+  static const std::vector<std::string> k = {
+      "attention_bias", "attention_dropout", "compress_rate_csa", "compress_rate_hca", "compress_rates",
+      "compress_ratios", "compress_rope_theta", "first_k_dense_replace", "hc_eps", "hc_mult", "hc_sinkhorn_iters",
+      "head_dim", "hidden_act", "hidden_size", "index_head_dim", "index_n_heads", "index_topk", "initializer_range",
+      "intermediate_size", "kv_lora_rank", "layer_types", "max_position_embeddings", "mlp_bias", "mlp_layer_types",
+      "model_type", "moe_intermediate_size", "moe_layer_freq", "n_group", "n_routed_experts", "n_shared_experts",
+      "norm_topk_prob", "num_attention_heads", "num_experts_per_tok", "num_hash_layers", "num_hidden_layers",
+      "num_key_value_heads", "num_nextn_predict_layers", "o_groups", "o_lora_rank", "output_router_logits",
+      "partial_rotary_factor", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "rms_norm_eps",
+      "rope_interleave", "rope_parameters", "rope_scaling", "rope_theta", "routed_scaling_factor", "scoring_func",
+      "sliding_window", "swiglu_limit", "tie_word_embeddings", "topk_group", "topk_method", "v_head_dim",
+      "vocab_size"};
+  return k;
+}
+
+const std::vector<std::string>& ignored_config_keys() {
+  static const std::vector<std::string> k = {
+      "architectures", "auto_map", "transformers_version", "torch_dtype", "dtype", "_name_or_path",
+      "quantization_config", "bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "pretraining_tp",
+      "ep_size", "aux_loss_alpha", "seq_aux", "router_aux_loss_coef", "output_attentions", "output_hidden_states",
+      "return_dict", "is_encoder_decoder", "use_sliding_window", "max_window_layers", "scale_fmt"};
+  return k;
+}
+
+const std::vector<std::string>& known_config_keys() {
+  static const std::vector<std::string> k = [] {
+    std::vector<std::string> all = read_config_keys();
+    all.insert(all.end(), ignored_config_keys().begin(), ignored_config_keys().end());
+    return all;
+  }();
+  return k;
+}
+
+std::vector<std::string> unused_config_keys(const json& j, const std::string& where) {
+  std::set<std::string> used;
+  parse_config(j, where, &used);
+  return not_used(j, used);
+}
+
 ModelConfig load_config_json(const std::string& path) {
   std::ifstream f(path);
   TREX_USER_CHECK(f.good(), "check the --model directory", path, ": cannot open model config");
@@ -149,7 +210,12 @@ ModelConfig load_config_json(const std::string& path) {
   } catch (const json::exception& e) {
     TREX_USER_FAIL("the file must be valid JSON", path, ": not valid JSON: ", e.what());
   }
-  return parse_config(j, path);
+  std::set<std::string> used;
+  ModelConfig c = parse_config(j, path, &used);
+  std::string unused;
+  for (const std::string& k : not_used(j, used)) unused += (unused.empty() ? "" : ", ") + k;
+  if (!unused.empty()) TREX_LOG_INFO(path, ": keys trex does not use (ignored): ", unused);
+  return c;
 }
 
 int64_t ModelConfig::num_params() const {

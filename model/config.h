@@ -3,6 +3,7 @@
 // exactly is rejected at load time with the field name and what is supported.
 #pragma once
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 #include <nlohmann/json_fwd.hpp>
@@ -95,11 +96,26 @@ struct ModelConfig {
 ModelConfig with_mtp(const ModelConfig& c, int64_t n);
 
 // Parses a config object; `where` names the source (file path) in error messages.
-ModelConfig parse_config(const nlohmann::json& j, const std::string& where);
-ModelConfig parse_config_v4(const nlohmann::json& j, const std::string& where);  // model/config_v4.cpp
+// used (optional): receives every top-level key the parser looks at.
+ModelConfig parse_config(const nlohmann::json& j, const std::string& where, std::set<std::string>* used = nullptr);
+ModelConfig parse_config_v4(const nlohmann::json& j, const std::string& where,  // model/config_v4.cpp
+                            std::set<std::string>* used = nullptr);
+// Top-level config.json keys: those the DeepSeek-V3 / Kimi-K2 / DeepSeek-V4 parsers look at, those
+// the Hugging Face classes know and trex does not use (bos_token_id, use_cache, architectures,
+// quantization_config: read by the weight loader), and both. A [model] key of a run config
+// outside known_config_keys() is an error (a typo).
+const std::vector<std::string>& read_config_keys();
+const std::vector<std::string>& ignored_config_keys();
+const std::vector<std::string>& known_config_keys();
+// Keys of config j that trex does not use (its parser for j's model_type never looks at them),
+// leaving out pure metadata (architectures, transformers_version, torch_dtype, ...); sorted.
+std::vector<std::string> unused_config_keys(const nlohmann::json& j, const std::string& where);
+// The same from the keys a parse looked at (parse_config's `used`).
+std::vector<std::string> not_used(const nlohmann::json& j, const std::set<std::string>& used);
 // One rope_parameters / rope_scaling block (rope_type default or yarn) into y and *theta.
 void parse_rope_block(const nlohmann::json& rs, const std::string& where, const std::string& field, RopeScaling& y,
                       double* theta);
+// Reads a config.json; the keys trex does not use are listed once (one info line).
 ModelConfig load_config_json(const std::string& path);
 std::string scoring_name(ScoringFunc);
 // DeepSeek-V4 counts (model/config_v4.cpp): parameters (all, or active per token), and the

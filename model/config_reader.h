@@ -3,6 +3,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <set>
 #include <string>
 #include <nlohmann/json.hpp>
 #include "core/error.h"
@@ -27,8 +28,14 @@ inline bool is_int64_value(double d) { return std::fabs(d) < 9.2e18 && d == std:
 struct Reader {
   const json& j;
   const std::string& where;
+  // Not null: every key the parser looks at (present or not) is added, so that the keys of a
+  // config it never looks at can be listed (model::unused_config_keys).
+  std::set<std::string>* used = nullptr;
 
-  bool has(const char* k) const { return j.contains(k) && !j[k].is_null(); }
+  bool has(const char* k) const {
+    if (used) used->insert(k);
+    return j.contains(k) && !j[k].is_null();
+  }
 
   int64_t i64(const char* k, int64_t def, bool required = false, int64_t min = 0) const {
     if (!has(k)) {

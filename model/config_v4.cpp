@@ -23,8 +23,8 @@ AttnKind attn_kind(const std::string& s, const std::string& where, int64_t l) {
                  ": layer_types[", l, "] = '", s, "' is not a DeepSeek-V4 attention type");
 }
 
-void parse_layer_types(const json& j, const std::string& where, ModelConfig& c) {
-  Reader r{j, where};
+void parse_layer_types(const json& j, const std::string& where, ModelConfig& c, std::set<std::string>* used) {
+  Reader r{j, where, used};
   V4Config& v = c.v4;
   const int64_t L = c.num_hidden_layers;
   if (r.has("compress_rates")) {
@@ -84,7 +84,8 @@ void parse_layer_types(const json& j, const std::string& where, ModelConfig& c) 
   }
 }
 
-void parse_ropes(const json& j, const std::string& where, ModelConfig& c) {
+void parse_ropes(const json& j, const std::string& where, ModelConfig& c, std::set<std::string>* used) {
+  if (used) used->insert({"rope_parameters", "rope_scaling"});
   V4Config& v = c.v4;
   c.rope_scaling = RopeScaling{};
   v.compress_rope = RopeScaling{};
@@ -114,8 +115,8 @@ void parse_ropes(const json& j, const std::string& where, ModelConfig& c) {
 
 }  // namespace
 
-ModelConfig parse_config_v4(const json& j, const std::string& where) {
-  Reader r{j, where};
+ModelConfig parse_config_v4(const json& j, const std::string& where, std::set<std::string>* used) {
+  Reader r{j, where, used};
   ModelConfig c;
   V4Config& v = c.v4;
   c.model_type = "deepseek_v4";
@@ -192,7 +193,7 @@ ModelConfig parse_config_v4(const json& j, const std::string& where) {
   c.max_position_embeddings = r.i64("max_position_embeddings", 1048576, false, 1);
   c.rope_theta = r.f64("rope_theta", 10000.0);
   v.compress_rope_theta = r.f64("compress_rope_theta", 160000.0);
-  parse_ropes(j, where, c);
+  parse_ropes(j, where, c, used);
   TREX_USER_CHECK(c.rope_theta > 1.0 && v.compress_rope_theta > 1.0, kFixHint, where,
                   ": rope_theta and compress_rope_theta must be > 1");
   c.rope_interleave = true;
@@ -200,7 +201,7 @@ ModelConfig parse_config_v4(const json& j, const std::string& where) {
   c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
   c.initializer_range = r.f64("initializer_range", 0.02);
   c.num_nextn_predict_layers = r.i64("num_nextn_predict_layers", 1, false, 0);
-  parse_layer_types(j, where, c);
+  parse_layer_types(j, where, c, used);
   const std::string act = r.str("hidden_act", "silu");
   TREX_USER_CHECK(act == "silu", "set hidden_act = \"silu\"", where, ": hidden_act '", act, "' is not supported");
   TREX_USER_CHECK(!r.boolean("attention_bias", false) && !r.boolean("mlp_bias", false),

@@ -131,6 +131,11 @@ GenerateResult generate(Decoder& dec, const std::vector<int32_t>& prompt, const 
   std::vector<double> prob(V);
   for (int64_t s = 0; s < sp.max_tokens && dec.len() < dec.max_len(); ++s) {
     const std::vector<float>& lg = *logits;
+    for (int64_t v = 0; v < V; ++v)
+      TREX_USER_CHECK(std::isfinite(lg[v]), "check the checkpoint's weights (values too large overflow); try "
+                      "--precision fp32",
+                      "generation: the logits at position ", dec.len() - 1, " hold ", lg[v], " (token ", v,
+                      "): the model's output is not a number, nothing sensible can be sampled");
     int32_t next = 0;
     if (sp.temperature == 0.f) {
       next = (int32_t)(std::max_element(lg.begin(), lg.end()) - lg.begin());
@@ -173,6 +178,15 @@ GenerateResult generate(Decoder& dec, const std::vector<int32_t>& prompt, const 
   }
   r.text = decode(r.tokens);
   return r;
+}
+
+int64_t generation_budget(const ModelConfig& c, int64_t prompt_len, int64_t max_tokens, bool* capped) {
+  TREX_USER_CHECK(max_tokens >= 1, "use --max-tokens >= 1", "--max-tokens ", max_tokens, " must be >= 1");
+  const int64_t limit = c.max_position_embeddings;
+  TREX_USER_CHECK(prompt_len < limit, "shorten the prompt", "the prompt has ", prompt_len,
+                  " tokens; the model's max_position_embeddings is ", limit, ", which leaves no room to generate");
+  *capped = prompt_len + max_tokens > limit;
+  return *capped ? limit - prompt_len : max_tokens;
 }
 
 }  // namespace trex::model

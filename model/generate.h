@@ -46,9 +46,17 @@ struct GenerateResult {
   std::string finish;           // "eos" | "stop" | "length"
 };
 
-// decode: tokens -> text (for stop strings and the result); eos_ids end generation.
+// decode: tokens -> text (for stop strings and the result); eos_ids end generation. Logits that
+// hold a NaN or Inf are a UserError (greedy argmax over NaN would pick token 0 and the output
+// would silently be empty or garbage).
 GenerateResult generate(Decoder& dec, const std::vector<int32_t>& prompt, const SampleParams& sp,
                         const std::function<std::string(const std::vector<int32_t>&)>& decode,
                         const std::vector<int32_t>& eos_ids);
+
+// The tokens a generation may add after a prompt of prompt_len tokens: max_tokens, capped so that
+// prompt + generation stays within the model's max_position_embeddings (positions past it were
+// never trained, and the KV cache grows with them). *capped: whether the cap applied. A prompt
+// that alone fills max_position_embeddings is a UserError.
+int64_t generation_budget(const ModelConfig& c, int64_t prompt_len, int64_t max_tokens, bool* capped);
 
 }  // namespace trex::model

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include "core/error.h"
 
 namespace trex::train {
@@ -170,14 +169,26 @@ std::vector<Sample> read_cpt_file(const std::string& path, const EncodeFn& encod
       count(docs.back(), st);
     }
   } else {
-    std::stringstream ss;
-    ss << f.rdbuf();
-    std::string text = ss.str();
-    ++st.lines;
-    if (!text.empty()) {
-      docs.push_back(cpt_document(text, encode, eos_id));
-      count(docs.back(), st);
+    // Plain text: one document per block of lines, blocks separated by blank (or whitespace-only)
+    // lines; the lines of a block keep their newlines between them.
+    std::string line, block;
+    auto flush = [&] {
+      if (!block.empty()) {
+        docs.push_back(cpt_document(block, encode, eos_id));
+        count(docs.back(), st);
+      }
+      block.clear();
+    };
+    while (std::getline(f, line)) {
+      ++st.lines;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) {
+        flush();
+        continue;
+      }
+      if (!block.empty()) block += '\n';
+      block += line;
     }
+    flush();
   }
   TREX_USER_CHECK(!docs.empty(), "give a file with at least one document", path,
                   ": no usable documents (", st.skipped_malformed, " malformed lines)");

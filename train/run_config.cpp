@@ -1,11 +1,14 @@
 #include "train/run_config.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
-#include <map>
-#include <tuple>
+#include <set>
+#include <type_traits>
 #include "core/error.h"
 #include "core/log.h"
+#include "core/suggest.h"
 #include "io/toml_json.h"
 #include "train/layout.h"
 
@@ -20,18 +23,6 @@ kern::Prec parse_precision(const std::string& s, const std::string& where) {
 }
 
 namespace {
-
-using Setter = std::function<void(const json&, const std::string& key)>;
-
-struct Section {
-  std::map<std::string, Setter> keys;
-};
-
-std::string allowed_keys(const Section& s) {
-  std::string a;
-  for (auto& [k, v] : s.keys) a += (a.empty() ? "" : ", ") + k;
-  return a;
-}
 
 struct Ctx {
   std::string where;
@@ -52,14 +43,14 @@ struct Ctx {
     TREX_USER_CHECK(v.is_boolean(), "use true or false", where, ": ", key, " must be true or false");
     return v.get<bool>();
   }
-  std::string str(const json& v, const std::string& key, std::initializer_list<const char*> allowed = {}) const {
+  std::string str(const json& v, const std::string& key, const std::vector<std::string>& allowed = {}) const {
     TREX_USER_CHECK(v.is_string(), "use a string", where, ": ", key, " must be a string, got ", v.dump());
     std::string s = v.get<std::string>();
-    if (allowed.size() == 0) return s;
+    if (allowed.empty()) return s;
     std::string list;
-    for (const char* a : allowed) {
+    for (const std::string& a : allowed) {
       if (s == a) return s;
-      list += (list.empty() ? "" : ", ") + std::string(a);
+      list += (list.empty() ? "" : ", ") + a;
     }
     TREX_USER_FAIL("allowed: " + list, where, ": ", key, " = '", s, "' is not allowed");
   }
@@ -71,6 +62,317 @@ struct Ctx {
     return out;
   }
 };
+
+// One key of the run config: how the parser checks it, what docs/CONFIG.md says of it, and how
+// it is stored. The parser and `trex config reference` both read this table.
+enum class Kind { Int, Num, Bool, Str, Choice, Paths, Custom };
+struct KeySpec {
+  std::string key;
+  Kind kind = Kind::Str;
+  std::string doc;
+  std::function<void(RunConfig&, const json&)> set;  // the value as checked (Paths: a list)
+  std::function<json(const RunConfig&)> get;         // the value stored (of RunConfig{}: the default)
+  double lo = 0, hi = 1e300;                          // Int, Num
+  std::vector<std::string> choices;                   // Choice
+  std::string type;                                   // Custom: the type as documented
+  std::function<json(const Ctx&, const json&, const std::string&)> check;  // Custom
+};
+KeySpec key_spec(const char* key, Kind kind, const char* doc, std::function<void(RunConfig&, const json&)> set,
+                 std::function<json(const RunConfig&)> get) {
+  KeySpec k;
+  k.key = key, k.kind = kind, k.doc = doc, k.set = std::move(set), k.get = std::move(get);
+  return k;
+}
+
+struct SectionSpec {
+  std::string name, doc;
+  std::vector<KeySpec> keys;
+};
+
+template <class T>
+json stored(const T& x) {
+  if constexpr (std::is_same_v<T, float>) {  // 0.1f as 0.1, not 0.10000000149...
+    char b[32];
+    std::snprintf(b, sizeof b, "%.7g", x);
+    return json(std::strtod(b, nullptr));
+  } else {
+    return json(x);
+  }
+}
+
+// A key stored in field f of section s of the RunConfig.
+template <class S, class T>
+KeySpec field(const char* key, Kind kind, S RunConfig::*s, T S::*f, const char* doc, double lo = 0, double hi = 1e300,
+              std::vector<std::string> choices = {}) {
+  KeySpec k = key_spec(key, kind, doc, [s, f](RunConfig& r, const json& v) { (r.*s).*f = v.get<T>(); },
+                       [s, f](const RunConfig& r) { return stored((r.*s).*f); });
+  k.lo = lo, k.hi = hi, k.choices = std::move(choices);
+  return k;
+}
+
+// A key whose stored form differs from what the file says (enums, nested structs).
+KeySpec mapped(const char* key, Kind kind, const char* doc, std::function<void(RunConfig&, const json&)> set,
+               std::function<json(const RunConfig&)> get, double lo = 0, double hi = 1e300,
+               std::vector<std::string> choices = {}) {
+  KeySpec k = key_spec(key, kind, doc, std::move(set), std::move(get));
+  k.lo = lo, k.hi = hi, k.choices = std::move(choices);
+  return k;
+}
+
+const char* precision_name(kern::Prec p) { return p == kern::Prec::F32 ? "fp32" : "bf16"; }
+const char* schedule_name(Schedule s) {
+  switch (s) {
+    case Schedule::Constant: return "constant";
+    case Schedule::Linear: return "linear";
+    case Schedule::Cosine: return "cosine";
+    case Schedule::Wsd: return "wsd";
+  }
+  return "?";
+}
+
+const std::vector<SectionSpec>& sections() {
+  using R = RunConfig;
+  static const std::vector<SectionSpec> S = {
+      {"data", "What to train on and how it becomes token sequences (docs/DATA.md).",
+       {
+           field("mode", Kind::Choice, &R::data, &DataConfig::mode,
+                 "cpt: continued pretraining on documents, every token a target; sft: chats, loss on the "
+                 "assistant replies",
+                 0, 0, {"cpt", "sft"}),
+           field("train", Kind::Paths, &R::data, &DataConfig::train,
+                 "training files: .jsonl, or plain text (cpt: one document per blank-line separated block)"),
+           field("eval", Kind::Paths, &R::data, &DataConfig::eval,
+                 "held-out files for the eval loss (same formats as train); empty: see eval_fraction"),
+           field("eval_fraction", Kind::Num, &R::data, &DataConfig::eval_fraction,
+                 "with no eval files: this share of the training documents is held out for the eval loss "
+                 "(0 = no eval; needs at least 2 documents)",
+                 0, 0.9),
+           field("seq_len", Kind::Int, &R::data, &DataConfig::seq_len,
+                 "tokens per packed training sequence (documents are packed greedily; longer CPT documents "
+                 "are cut into seq_len pieces)",
+                 2),
+           field("chat_template", Kind::Choice, &R::data, &DataConfig::chat_template,
+                 "sft: how chats are rendered to tokens (docs/DATA.md lists each template's special tokens)", 0, 0,
+                 {"deepseek", "chatml"}),
+           field("train_on_prompt", Kind::Bool, &R::data, &DataConfig::train_on_prompt,
+                 "sft: also train on the system and user turns (default: assistant replies only)"),
+           mapped("overflow", Kind::Choice,
+                  "sft: a chat longer than seq_len is truncated (keeps its start) or dropped (counted)",
+                  [](R& r, const json& v) {
+                    r.data.overflow = v == "drop" ? OverflowPolicy::Drop : OverflowPolicy::Truncate;
+                  },
+                  [](const R& r) { return json(r.data.overflow == OverflowPolicy::Drop ? "drop" : "truncate"); },
+                  0, 0, {"truncate", "drop"}),
+           field("tokenizer", Kind::Str, &R::data, &DataConfig::tokenizer,
+                 "tokenizer.json, or a directory holding it (\"\": <model.path>/tokenizer.json)"),
+           field("eos_token", Kind::Str, &R::data, &DataConfig::eos_token,
+                 "the token appended to every document and used as padding (\"\": the first of "
+                 "<｜end▁of▁sentence｜>, </s>, <|endoftext|>, <|im_end|>, <eos> the tokenizer has)"),
+           field("cache_dir", Kind::Str, &R::data, &DataConfig::cache_dir,
+                 "pre-tokenized document cache: a directory, \"auto\" ($TREX_CACHE_DIR/tokens, else "
+                 "$XDG_CACHE_HOME/trex/tokens, else ~/.cache/trex/tokens) or \"none\""),
+       }},
+      {"train", "The training loop.",
+       {
+           field("batch_size", Kind::Int, &R::train, &TrainConfig::batch_size,
+                 "sequences per micro-batch (per data-parallel rank)", 1),
+           field("grad_accum", Kind::Int, &R::train, &TrainConfig::grad_accum,
+                 "micro-batches accumulated into one optimizer step", 1),
+           field("steps", Kind::Int, &R::train, &TrainConfig::steps, "optimizer steps of the run (counted from 0, "
+                 "also when resuming)", 1),
+           field("threads", Kind::Int, &R::train, &TrainConfig::threads,
+                 "compute threads per process (0: TREX_THREADS, else all cores)", 0),
+           field("seed", Kind::Int, &R::train, &TrainConfig::seed,
+                 "seed of the data order, initialization of fresh models and the eval split", 0),
+           field("eval_every", Kind::Int, &R::train, &TrainConfig::eval_every,
+                 "eval loss every this many steps and at the last step (0 = never)", 0),
+           field("eval_batches", Kind::Int, &R::train, &TrainConfig::eval_batches,
+                 "batches the eval loss averages over", 1),
+           mapped("precision", Kind::Choice, "compute precision of the matmuls (master weights and optimizer "
+                  "state are always f32)",
+                  [](R& r, const json& v) { r.train.precision = parse_precision(v.get<std::string>(), "precision"); },
+                  [](const R& r) { return json(precision_name(r.train.precision)); }, 0, 0, {"fp32", "bf16"}),
+           field("bias_update_gamma", Kind::Num, &R::train, &TrainConfig::bias_update_gamma,
+                 "speed of the aux-loss-free router bias update (noaux_tc routing; 0 = frozen biases)", 0, 1),
+           field("aux_loss_alpha", Kind::Num, &R::train, &TrainConfig::aux_loss_alpha,
+                 "weight of the sequence-wise expert balance loss (0 = off)", 0, 10),
+           mapped("recompute", Kind::Choice,
+                  "full: keep only each layer's input and replay its forward before the backward (less "
+                  "memory, same gradients)",
+                  [](R& r, const json& v) {
+                    r.train.recompute = v == "full" ? model::Recompute::Full : model::Recompute::None;
+                  },
+                  [](const R& r) { return json(r.train.recompute == model::Recompute::Full ? "full" : "none"); },
+                  0, 0, {"none", "full"}),
+           field("mtp_loss_weight", Kind::Num, &R::train, &TrainConfig::mtp_loss_weight,
+                 "DeepSeek-V4: > 0 trains the config's MTP blocks, loss += weight x MTP cross-entropy", 0, 10),
+           field("max_skipped_steps", Kind::Int, &R::train, &TrainConfig::max_skipped_steps,
+                 "stop the run after this many steps in a row skipped for a NaN / Inf loss or gradient", 1),
+           field("memory_check", Kind::Bool, &R::train, &TrainConfig::memory_check,
+                 "refuse a run whose memory estimate exceeds the machine's memory"),
+           field("exit_signal_save", Kind::Bool, &R::train, &TrainConfig::exit_signal_save,
+                 "SIGTERM / SIGINT finish the current step, write a checkpoint and exit with code 75 (a second "
+                 "signal exits at once); false: the signals end the process as usual"),
+       }},
+      {"optim", "AdamW and the learning-rate schedule.",
+       {
+           mapped("lr", Kind::Num, "peak learning rate", [](R& r, const json& v) { r.optim.schedule.lr = v; },
+                  [](const R& r) { return json(r.optim.schedule.lr); }, 0, 10),
+           mapped("min_lr", Kind::Num, "learning rate at the end of the decay",
+                  [](R& r, const json& v) { r.optim.schedule.min_lr = v; },
+                  [](const R& r) { return json(r.optim.schedule.min_lr); }, 0, 10),
+           mapped("schedule", Kind::Choice,
+                  "after the warmup: constant, linear or cosine decay to min_lr, or wsd (warmup-stable-decay: "
+                  "constant, then a linear decay over the last decay_fraction of the steps)",
+                  [](R& r, const json& v) { r.optim.schedule.kind = parse_schedule(v.get<std::string>(), "schedule"); },
+                  [](const R& r) { return json(schedule_name(r.optim.schedule.kind)); }, 0, 0,
+                  {"constant", "linear", "cosine", "wsd"}),
+           mapped("warmup_steps", Kind::Int, "steps of linear warmup from 0",
+                  [](R& r, const json& v) { r.optim.schedule.warmup_steps = v; },
+                  [](const R& r) { return json(r.optim.schedule.warmup_steps); }, 0),
+           mapped("decay_fraction", Kind::Num, "wsd: share of the steps spent decaying at the end",
+                  [](R& r, const json& v) { r.optim.schedule.decay_fraction = v; },
+                  [](const R& r) { return json(r.optim.schedule.decay_fraction); }, 0, 1),
+           field("weight_decay", Kind::Num, &R::optim, &OptimConfig::weight_decay, "decoupled weight decay", 0, 10),
+           field("beta1", Kind::Num, &R::optim, &OptimConfig::beta1, "AdamW first-moment decay", 0, 0.999999),
+           field("beta2", Kind::Num, &R::optim, &OptimConfig::beta2, "AdamW second-moment decay", 0, 0.999999),
+           field("eps", Kind::Num, &R::optim, &OptimConfig::eps, "AdamW epsilon", 0, 1),
+           field("clip_grad_norm", Kind::Num, &R::optim, &OptimConfig::clip_grad_norm,
+                 "clip the global gradient norm to this (0 = no clipping)", 0),
+       }},
+      {"parallel", "Data, tensor, pipeline and expert parallelism over MPI ranks (docs/PARALLEL.md).",
+       {
+           field("dp", Kind::Int, &R::parallel, &ParallelConfig::dp,
+                 "data-parallel size (0: the number of ranks / (tp x pp))", 0),
+           field("tp", Kind::Int, &R::parallel, &ParallelConfig::tp,
+                 "tensor-parallel size: splits the attention heads and dense MLPs", 1),
+           field("pp", Kind::Int, &R::parallel, &ParallelConfig::pp,
+                 "pipeline-parallel size: splits the layers into stages (1F1B schedule)", 1),
+           field("ep", Kind::Int, &R::parallel, &ParallelConfig::ep,
+                 "expert-parallel size (divides dp): the routed experts are split over ep ranks", 1),
+           [] {
+             KeySpec k = key_spec(
+                 "pp_layers", Kind::Custom, "decoder layers per pipeline stage, one count per stage ([]: an even split)",
+                 [](R& r, const json& v) { r.parallel.pp_layers = v.get<std::vector<int64_t>>(); },
+                 [](const R& r) { return json(r.parallel.pp_layers); });
+             k.type = "list of integers >= 0";
+             k.check = [](const Ctx& c, const json& v, const std::string& key) {
+               TREX_USER_CHECK(v.is_array(), "use a list of layer counts, one per pipeline stage, e.g. [3, 4, 3]",
+                               c.where, ": ", key, " must be a list of integers");
+               json out = json::array();
+               for (const json& e : v) out.push_back(c.i64(e, key, 0));
+               return out;
+             };
+             return k;
+           }(),
+           field("bucket_size", Kind::Int, &R::parallel, &ParallelConfig::bucket_size,
+                 "slab elements per gradient bucket (0: one bucket)", 0),
+           field("overlap", Kind::Bool, &R::parallel, &ParallelConfig::overlap,
+                 "reduce-scatter each gradient bucket as soon as the backward completes it"),
+           field("overlap_params", Kind::Bool, &R::parallel, &ParallelConfig::overlap_params,
+                 "with overlap: the parameter all-gather runs on into the next forward"),
+           field("sequence_parallel", Kind::Bool, &R::parallel, &ParallelConfig::sequence_parallel,
+                 "with tp > 1: norms, MoE layers, embedding and head on each tp rank's share of the tokens "
+                 "(needs data.seq_len >= tp)"),
+           field("watchdog_s", Kind::Num, &R::parallel, &ParallelConfig::watchdog_s,
+                 "more than one rank: no finished step for this many seconds ends the job with an error (0 = off)",
+                 0),
+           [] {
+             KeySpec k = key_spec("zero_stage", Kind::Custom,
+                                  "1: optimizer state sharded over dp; 2: gradients sharded too (not with pp > 1)",
+                                  [](R& r, const json& v) { r.parallel.zero_stage = v.get<int64_t>(); },
+                                  [](const R& r) { return json(r.parallel.zero_stage); });
+             k.type = "1 or 2";
+             k.check = [](const Ctx& c, const json& v, const std::string& key) {
+               TREX_USER_CHECK(v.is_number_integer() && (v.get<int64_t>() == 1 || v.get<int64_t>() == 2),
+                               "allowed values: 1 (sharded optimizer state), 2 (gradients sharded too)", c.where,
+                               ": ", key, " must be 1 or 2, got ", v.dump());
+               return v;
+             };
+             return k;
+           }(),
+       }},
+      {"checkpoint", "Checkpoints (RUN_DIR/checkpoints/step-NNNNNNNN/, each written atomically) and resuming.",
+       {
+           field("run_dir", Kind::Str, &R::checkpoint, &CheckpointConfig::run_dir,
+                 "the run directory: checkpoints/step-NNNNNNNN/, metrics.jsonl and config.resolved.json go here "
+                 "(torchtitan's job.dump_folder, Hugging Face's output_dir)"),
+           [] {
+             KeySpec k = mapped(
+                 "dir", Kind::Str, "deprecated name of run_dir (a warning says so; setting both is an error)",
+                 [](R& r, const json& v) {
+                   r.checkpoint.run_dir = v.get<std::string>();
+                   TREX_LOG_WARN("checkpoint.dir is deprecated; name it checkpoint.run_dir (same meaning: the run "
+                                 "directory, holding checkpoints/, metrics.jsonl and config.resolved.json)");
+                 },
+                 [](const R& r) { return json(r.checkpoint.run_dir); });
+             return k;
+           }(),
+           field("every", Kind::Int, &R::checkpoint, &CheckpointConfig::every,
+                 "save every this many steps (0: only at the end; the last step is always saved)", 0),
+           field("keep", Kind::Int, &R::checkpoint, &CheckpointConfig::keep, "newest checkpoints kept", 1),
+           field("resume", Kind::Str, &R::checkpoint, &CheckpointConfig::resume,
+                 "none, auto (the newest checkpoint under run_dir that verifies, if any) or a checkpoint directory"),
+       }},
+      {"log", "Progress output and diagnostics.",
+       {
+           field("every", Kind::Int, &R::log, &LogConfig::every, "print a progress line every this many steps", 1),
+           field("progress", Kind::Choice, &R::log, &LogConfig::progress,
+                 "bar: one updating line; lines: a line per report (auto: bar on a terminal)", 0, 0,
+                 {"auto", "bar", "lines"}),
+           field("spike_window", Kind::Int, &R::log, &LogConfig::spike_window,
+                 "recent losses the loss-spike detector compares against", 2),
+           field("spike_z", Kind::Num, &R::log, &LogConfig::spike_z,
+                 "a loss above window mean + spike_z x std is reported as a spike (0 = off)", 0, 1000),
+           field("trace", Kind::Str, &R::log, &LogConfig::trace,
+                 "Chrome / Perfetto trace file of the first trace_steps steps (\"\" = off)"),
+           field("trace_steps", Kind::Int, &R::log, &LogConfig::trace_steps, "steps the trace covers", 1),
+       }},
+  };
+  return S;
+}
+
+std::string type_of(const KeySpec& k) {
+  auto num = [](double x) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", x);
+    return std::string(b);
+  };
+  switch (k.kind) {
+    case Kind::Int: return "integer >= " + num(k.lo);
+    case Kind::Num: return k.hi >= 1e300 ? "number >= " + num(k.lo) : "number in [" + num(k.lo) + ", " + num(k.hi) + "]";
+    case Kind::Bool: return "true or false";
+    case Kind::Str: return "string";
+    case Kind::Paths: return "path or list of paths";
+    case Kind::Choice: {
+      std::string t = "one of ";
+      for (size_t i = 0; i < k.choices.size(); ++i) t += (i ? ", " : "") + ("\"" + k.choices[i] + "\"");
+      return t;
+    }
+    case Kind::Custom: return k.type;
+  }
+  return "?";
+}
+
+// The value of key k as written in the file, checked (Paths: always a list).
+json checked(const Ctx& c, const KeySpec& k, const json& v, const std::string& key) {
+  switch (k.kind) {
+    case Kind::Int: return c.i64(v, key, (int64_t)k.lo);
+    case Kind::Num: return c.f64(v, key, k.lo, k.hi);
+    case Kind::Bool: return c.boolean(v, key);
+    case Kind::Str: return c.str(v, key);
+    case Kind::Choice: return c.str(v, key, k.choices);
+    case Kind::Paths: return c.files(v, key);
+    case Kind::Custom: return k.check(c, v, key);
+  }
+  return v;
+}
+
+std::string allowed_keys(const SectionSpec& s) {
+  std::string a;
+  for (const KeySpec& k : s.keys) a += (a.empty() ? "" : ", ") + k.key;
+  return a;
+}
 
 void apply_override(json& j, const std::string& ov) {
   size_t eq = ov.find('='), dot = ov.find('.');
@@ -86,6 +388,20 @@ void apply_override(json& j, const std::string& ov) {
   j[sec][key] = v;
 }
 
+// [model] inline: every key must be one a supported config class knows (a typo would otherwise
+// leave the default in place); known keys trex does not use are listed (info).
+void check_inline_model_keys(const json& mj, const std::string& where) {
+  const std::vector<std::string>& known = model::known_config_keys();
+  for (auto& [k, v] : mj.items()) {
+    if (std::find(known.begin(), known.end(), k) != known.end()) continue;
+    const std::string near = nearest_name(k, known);
+    TREX_USER_FAIL((near.empty() ? std::string("remove it") : "did you mean '" + near + "'?") +
+                       " ([model] holds the Hugging Face config.json keys of DeepSeek-V3 / Kimi-K2 / DeepSeek-V4; "
+                       "docs/CONFIG.md lists them)",
+                   where, ": unknown key model.", k);
+  }
+}
+
 }  // namespace
 
 RunConfig parse_run_config(json j, const std::string& where, const std::vector<std::string>& overrides) {
@@ -97,130 +413,30 @@ RunConfig parse_run_config(json j, const std::string& where, const std::vector<s
   TREX_USER_CHECK(j.contains("model") && j["model"].is_object(), "add a [model] section (path = checkpoint dir, or "
                   "Hugging Face config.json keys)", where, ": missing [model]");
 
-  std::map<std::string, Section> S;
-  S["data"].keys = {
-      {"mode", [&](const json& v, const std::string& k) { r.data.mode = c.str(v, k, {"cpt", "sft"}); }},
-      {"train", [&](const json& v, const std::string& k) { r.data.train = c.files(v, k); }},
-      {"eval", [&](const json& v, const std::string& k) { r.data.eval = c.files(v, k); }},
-      {"eval_fraction", [&](const json& v, const std::string& k) { r.data.eval_fraction = c.f64(v, k, 0, 0.9); }},
-      {"seq_len", [&](const json& v, const std::string& k) { r.data.seq_len = c.i64(v, k, 2); }},
-      {"chat_template", [&](const json& v, const std::string& k) {
-         r.data.chat_template = c.str(v, k, {"deepseek", "chatml"});
-       }},
-      {"train_on_prompt", [&](const json& v, const std::string& k) { r.data.train_on_prompt = c.boolean(v, k); }},
-      {"overflow", [&](const json& v, const std::string& k) {
-         r.data.overflow = c.str(v, k, {"truncate", "drop"}) == "drop" ? OverflowPolicy::Drop : OverflowPolicy::Truncate;
-       }},
-      {"tokenizer", [&](const json& v, const std::string& k) { r.data.tokenizer = c.str(v, k); }},
-      {"eos_token", [&](const json& v, const std::string& k) { r.data.eos_token = c.str(v, k); }},
-      {"cache_dir", [&](const json& v, const std::string& k) { r.data.cache_dir = c.str(v, k); }},
-  };
-  S["train"].keys = {
-      {"batch_size", [&](const json& v, const std::string& k) { r.train.batch_size = c.i64(v, k, 1); }},
-      {"grad_accum", [&](const json& v, const std::string& k) { r.train.grad_accum = c.i64(v, k, 1); }},
-      {"steps", [&](const json& v, const std::string& k) { r.train.steps = c.i64(v, k, 1); }},
-      {"threads", [&](const json& v, const std::string& k) { r.train.threads = c.i64(v, k, 0); }},
-      {"seed", [&](const json& v, const std::string& k) { r.train.seed = (uint64_t)c.i64(v, k, 0); }},
-      {"eval_every", [&](const json& v, const std::string& k) { r.train.eval_every = c.i64(v, k, 0); }},
-      {"eval_batches", [&](const json& v, const std::string& k) { r.train.eval_batches = c.i64(v, k, 1); }},
-      {"precision", [&](const json& v, const std::string& k) {
-         r.train.precision = parse_precision(c.str(v, k, {"fp32", "bf16"}), where);
-       }},
-      {"bias_update_gamma", [&](const json& v, const std::string& k) {
-         r.train.bias_update_gamma = (float)c.f64(v, k, 0, 1);
-       }},
-      {"aux_loss_alpha", [&](const json& v, const std::string& k) { r.train.aux_loss_alpha = c.f64(v, k, 0, 10); }},
-      {"recompute", [&](const json& v, const std::string& k) {
-         r.train.recompute = c.str(v, k, {"none", "full"}) == "full" ? model::Recompute::Full : model::Recompute::None;
-       }},
-      {"mtp_loss_weight", [&](const json& v, const std::string& k) { r.train.mtp_loss_weight = c.f64(v, k, 0, 10); }},
-      {"max_skipped_steps", [&](const json& v, const std::string& k) { r.train.max_skipped_steps = c.i64(v, k, 1); }},
-      {"memory_check", [&](const json& v, const std::string& k) { r.train.memory_check = c.boolean(v, k); }},
-      // SIGTERM / SIGINT finish the current step, write a checkpoint and exit with code 75 (a second
-      // signal exits at once); false: the signals end the process as usual.
-      {"exit_signal_save", [&](const json& v, const std::string& k) { r.train.exit_signal_save = c.boolean(v, k); }},
-  };
-  S["optim"].keys = {
-      {"lr", [&](const json& v, const std::string& k) { r.optim.schedule.lr = c.f64(v, k, 0, 10); }},
-      {"min_lr", [&](const json& v, const std::string& k) { r.optim.schedule.min_lr = c.f64(v, k, 0, 10); }},
-      {"schedule", [&](const json& v, const std::string& k) {
-         r.optim.schedule.kind = parse_schedule(c.str(v, k, {"constant", "linear", "cosine", "wsd"}), where);
-       }},
-      {"warmup_steps", [&](const json& v, const std::string& k) { r.optim.schedule.warmup_steps = c.i64(v, k, 0); }},
-      {"decay_fraction", [&](const json& v, const std::string& k) {
-         r.optim.schedule.decay_fraction = c.f64(v, k, 0, 1);
-       }},
-      {"weight_decay", [&](const json& v, const std::string& k) { r.optim.weight_decay = (float)c.f64(v, k, 0, 10); }},
-      {"beta1", [&](const json& v, const std::string& k) { r.optim.beta1 = (float)c.f64(v, k, 0, 0.999999); }},
-      {"beta2", [&](const json& v, const std::string& k) { r.optim.beta2 = (float)c.f64(v, k, 0, 0.999999); }},
-      {"eps", [&](const json& v, const std::string& k) { r.optim.eps = (float)c.f64(v, k, 0, 1); }},
-      {"clip_grad_norm", [&](const json& v, const std::string& k) { r.optim.clip_grad_norm = (float)c.f64(v, k, 0); }},
-  };
-  S["parallel"].keys = {
-      {"dp", [&](const json& v, const std::string& k) { r.parallel.dp = c.i64(v, k, 0); }},
-      {"tp", [&](const json& v, const std::string& k) { r.parallel.tp = c.i64(v, k, 1); }},
-      {"pp", [&](const json& v, const std::string& k) { r.parallel.pp = c.i64(v, k, 1); }},
-      {"ep", [&](const json& v, const std::string& k) { r.parallel.ep = c.i64(v, k, 1); }},
-      {"pp_layers",
-       [&](const json& v, const std::string& k) {
-         TREX_USER_CHECK(v.is_array(), "use a list of layer counts, one per pipeline stage, e.g. [3, 4, 3]", c.where,
-                         ": ", k, " must be a list of integers");
-         r.parallel.pp_layers.clear();
-         for (const json& e : v) r.parallel.pp_layers.push_back(c.i64(e, k, 0));
-       }},
-      {"bucket_size", [&](const json& v, const std::string& k) { r.parallel.bucket_size = c.i64(v, k, 0); }},
-      {"overlap", [&](const json& v, const std::string& k) { r.parallel.overlap = c.boolean(v, k); }},
-      {"overlap_params", [&](const json& v, const std::string& k) { r.parallel.overlap_params = c.boolean(v, k); }},
-      {"sequence_parallel",
-       [&](const json& v, const std::string& k) { r.parallel.sequence_parallel = c.boolean(v, k); }},
-      {"watchdog_s", [&](const json& v, const std::string& k) { r.parallel.watchdog_s = c.f64(v, k, 0); }},
-      {"zero_stage",
-       [&](const json& v, const std::string& k) {
-         TREX_USER_CHECK(v.is_number_integer() && (v.get<int64_t>() == 1 || v.get<int64_t>() == 2),
-                         "allowed values: 1 (sharded optimizer state), 2 (gradients sharded too)", c.where, ": ", k,
-                         " must be 1 or 2, got ", v.dump());
-         r.parallel.zero_stage = v.get<int64_t>();
-       }},
-  };
-  S["checkpoint"].keys = {
-      // The run directory: checkpoints/step-NNNNNNNN/, metrics.jsonl, config.resolved.json (torchtitan's
-      // job.dump_folder, Hugging Face's output_dir).
-      {"run_dir", [&](const json& v, const std::string& k) { r.checkpoint.run_dir = c.str(v, k); }},
-      // Deprecated alias of run_dir (a warning names the new key).
-      {"dir", [&](const json& v, const std::string& k) {
-         TREX_USER_CHECK(!j["checkpoint"].contains("run_dir"), "keep checkpoint.run_dir only (dir is its old name)",
-                         where, ": both checkpoint.dir and checkpoint.run_dir are set");
-         r.checkpoint.run_dir = c.str(v, k);
-         TREX_LOG_WARN(where, ": checkpoint.dir is deprecated; name it checkpoint.run_dir (same meaning: the run "
-                       "directory, holding checkpoints/, metrics.jsonl and config.resolved.json)");
-       }},
-      {"every", [&](const json& v, const std::string& k) { r.checkpoint.every = c.i64(v, k, 0); }},
-      {"keep", [&](const json& v, const std::string& k) { r.checkpoint.keep = c.i64(v, k, 1); }},
-      {"resume", [&](const json& v, const std::string& k) { r.checkpoint.resume = c.str(v, k); }},
-  };
-  S["log"].keys = {
-      {"every", [&](const json& v, const std::string& k) { r.log.every = c.i64(v, k, 1); }},
-      {"progress", [&](const json& v, const std::string& k) { r.log.progress = c.str(v, k, {"auto", "bar", "lines"}); }},
-      {"spike_window", [&](const json& v, const std::string& k) { r.log.spike_window = c.i64(v, k, 2); }},
-      {"spike_z", [&](const json& v, const std::string& k) { r.log.spike_z = c.f64(v, k, 0, 1000); }},
-      {"trace", [&](const json& v, const std::string& k) { r.log.trace = c.str(v, k); }},
-      {"trace_steps", [&](const json& v, const std::string& k) { r.log.trace_steps = c.i64(v, k, 1); }},
-  };
-
+  const std::vector<SectionSpec>& S = sections();
   for (auto& [sec, body] : j.items()) {
     if (sec == "model") continue;
-    auto it = S.find(sec);
+    auto it = std::find_if(S.begin(), S.end(), [&](const SectionSpec& s) { return s.name == sec; });
     if (it == S.end()) {
       std::string all = "model";
-      for (auto& [n, s] : S) all += ", " + n;
+      for (const SectionSpec& s : S) all += ", " + s.name;
       TREX_USER_FAIL("allowed sections: " + all, where, ": unknown section [", sec, "]");
     }
     TREX_USER_CHECK(body.is_object(), "a section is a table", where, ": [", sec, "] is not a table");
+    TREX_USER_CHECK(sec != "checkpoint" || !(body.contains("dir") && body.contains("run_dir")),
+                    "keep checkpoint.run_dir only (dir is its old name)", where,
+                    ": both checkpoint.dir and checkpoint.run_dir are set");
     for (auto& [k, v] : body.items()) {
-      auto kt = it->second.keys.find(k);
-      TREX_USER_CHECK(kt != it->second.keys.end(), "allowed keys in [" + sec + "]: " + allowed_keys(it->second), where,
-                      ": unknown key ", sec, ".", k);
-      kt->second(v, sec + "." + k);
+      auto kt = std::find_if(it->keys.begin(), it->keys.end(), [&](const KeySpec& s) { return s.key == k; });
+      if (kt == it->keys.end()) {
+        std::vector<std::string> names;
+        for (const KeySpec& s : it->keys) names.push_back(s.key);
+        const std::string near = nearest_name(k, names);
+        TREX_USER_FAIL((near.empty() ? std::string() : "did you mean '" + near + "'? ") + "allowed keys in [" + sec +
+                           "]: " + allowed_keys(*it),
+                       where, ": unknown key ", sec, ".", k);
+      }
+      kt->set(r, checked(c, *kt, v, sec + "." + k));
     }
   }
 
@@ -228,15 +444,90 @@ RunConfig parse_run_config(json j, const std::string& where, const std::vector<s
   if (mj.contains("path")) {
     TREX_USER_CHECK(mj["path"].is_string(), "model.path must be a string", where, ": bad model.path");
     r.model_path = mj["path"].get<std::string>();
+    // The checkpoint's config.json describes its weights: no inline key overrides it (a key next
+    // to path would otherwise be silently ignored).
+    for (auto& [k, v] : mj.items())
+      TREX_USER_CHECK(k == "path",
+                      "remove model." + k + ": with model.path, [model] takes no other key (to change the "
+                      "model, edit config.json in a copy of the checkpoint; docs/CONFIG.md)",
+                      where, ": model.", k, " is set next to model.path, whose config.json defines the model");
     std::string cfg = r.model_path;
     if (cfg.size() < 5 || cfg.compare(cfg.size() - 5, 5, ".json") != 0) cfg += "/config.json";
     r.model = model::load_config_json(cfg);
     if (r.data.tokenizer.empty()) r.data.tokenizer = r.model_path + "/tokenizer.json";
   } else {
-    r.model = model::parse_config(mj, where + " [model]");
+    check_inline_model_keys(mj, where);
+    std::set<std::string> used;
+    r.model = model::parse_config(mj, where + " [model]", &used);
+    std::string unused;
+    for (const std::string& k : model::not_used(mj, used)) unused += (unused.empty() ? "" : ", ") + k;
+    if (!unused.empty()) TREX_LOG_INFO(where, ": [model] keys trex does not use (ignored): ", unused);
   }
   r.optim.schedule.total_steps = r.train.steps;
   return r;
+}
+
+std::string run_config_reference() {
+  auto cell = [](std::string s) {  // a Markdown table cell
+    std::string o;
+    for (char ch : s) o += ch == '|' ? std::string("\\|") : std::string(1, ch);
+    return o;
+  };
+  std::string md =
+      "# Run config reference\n\n"
+      "<!-- Generated by `trex config reference` from the table the parser reads (train/run_config.cpp).\n"
+      "     Do not edit by hand: change the table, then `trex config reference > docs/CONFIG.md`.\n"
+      "     The config_reference test fails when this file and the binary differ. -->\n\n"
+      "`trex train --config run.toml` reads a TOML file with the sections below. Every key except the\n"
+      "model's is optional. An unknown section or key, a wrong type or an out-of-range value is an error\n"
+      "that names the file and the key (and the nearest known key, for a typo).\n"
+      "`--set section.key=value` overrides any key from the command line; the value is read as JSON\n"
+      "when it parses and as a string otherwise (`--set data.train='[\"a.jsonl\", \"b.jsonl\"]'`,\n"
+      "`--set optim.schedule=wsd`). `--resume` and `--trace` of `trex train` set checkpoint.resume and\n"
+      "log.trace.\n\n"
+      "```toml\n"
+      "[model]\npath = \"base/checkpoints/step-00000250\"   # or the config.json keys inline\n\n"
+      "[data]\nmode = \"sft\"\ntrain = [\"chats.jsonl\"]\neval_fraction = 0.02\nseq_len = 1024\n\n"
+      "[train]\nbatch_size = 4\nsteps = 1000\n\n"
+      "[optim]\nlr = 1e-5\nwarmup_steps = 50\n\n"
+      "[checkpoint]\ndir = \"runs/sft\"\nevery = 200\n"
+      "```\n\n"
+      "## [model]\n\n"
+      "The model to train, in one of two forms:\n\n"
+      "- `path = \"DIR\"`: a checkpoint directory (config.json + safetensors; a trex checkpoint or a\n"
+      "  Hugging Face one), or a config.json file (weights start from random init). The weights and\n"
+      "  `DIR/tokenizer.json` (the default data.tokenizer) come from there. With `path`, the table takes\n"
+      "  no other key: the checkpoint's config.json describes its weights and no inline key overrides\n"
+      "  it; to change the model, edit config.json in a copy of the checkpoint.\n"
+      "- the keys of a Hugging Face config.json inline (a fresh model, random init). `model_type` is\n"
+      "  `deepseek_v3` (the default; also DeepSeek-R1, V3.1, Kimi-K2, Moonlight), `kimi_k2` or\n"
+      "  `deepseek_v4`.\n\n"
+      "A key that no supported config class knows is an error that names the nearest known key. Known\n"
+      "keys trex does not use are listed once at start (an info line), for inline keys and for a\n"
+      "checkpoint's config.json alike.\n\n"
+      "Keys trex reads (which of them a model needs depends on model_type; the DeepSeek-V3 and V4\n"
+      "Hugging Face configs document their meaning):\n\n";
+  auto key_list = [](const std::vector<std::string>& keys) {
+    std::vector<std::string> k = keys;
+    std::sort(k.begin(), k.end());
+    std::string out;
+    for (const std::string& x : k) out += (out.empty() ? "`" : ", `") + x + "`";
+    return out + "\n\n";
+  };
+  md += key_list(model::read_config_keys());
+  md += "Keys known to the Hugging Face classes that trex does not use (accepted and listed at start,\n"
+        "file metadata such as `architectures` excepted; `aux_loss_alpha` here is Hugging Face's: trex's\n"
+        "balance loss is [train] aux_loss_alpha):\n\n";
+  md += key_list(model::ignored_config_keys());
+  for (const SectionSpec& s : sections()) {
+    md += "## [" + s.name + "]\n\n" + s.doc + "\n\n| key | type | default | meaning |\n|---|---|---|---|\n";
+    const RunConfig defaults;
+    for (const KeySpec& k : s.keys)
+      md += "| `" + k.key + "` | " + cell(type_of(k)) + " | `" + cell(k.get(defaults).dump()) + "` | " + cell(k.doc) +
+            " |\n";
+    md += "\n";
+  }
+  return md;
 }
 
 parallel::ParallelDims resolve_parallel(const RunConfig& rc, int world_size) {

@@ -1,7 +1,8 @@
 // A trex run config (TOML) with sections [model] [data] [train] [optim] [parallel] [checkpoint]
-// [log]. [model] holds Hugging Face config.json keys inline, or `path` to a checkpoint directory.
-// `--set section.key=value` overrides any key. Unknown sections and keys, wrong types and
-// out-of-range values are errors that name the file, the key and what is allowed.
+// [log]. [model] holds Hugging Face config.json keys inline, or only `path` to a checkpoint
+// directory. `--set section.key=value` overrides any key. Unknown sections and keys (with the
+// nearest known key), wrong types and out-of-range values are errors that name the file, the key
+// and what is allowed. One table in run_config.cpp drives the parser and docs/CONFIG.md.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -107,5 +108,8 @@ parallel::ParallelDims resolve_parallel(const RunConfig& rc, int world_size);
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
 RunConfig parse_run_config(nlohmann::json j, const std::string& where, const std::vector<std::string>& overrides = {});
 kern::Prec parse_precision(const std::string& s, const std::string& where);
+// docs/CONFIG.md: every section and key with its type, default and meaning, from the table the
+// parser reads (`trex config reference` prints it).
+std::string run_config_reference();
 
 }  // namespace trex::train

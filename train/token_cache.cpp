@@ -22,7 +22,7 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int kVersion = 1;
+constexpr int kVersion = 2;  // 2: plain-text CPT files are one document per blank-line separated block
 
 struct Fnv {
   uint64_t h = 1469598103934665603ull;
@@ -89,8 +89,11 @@ TokenDocs tokenize(const std::vector<std::string>& files, const DocsSpec& spec, 
 
 void write_entry(const std::string& entry, const TokenDocs& docs, const json& meta) {
   const std::string tmp = entry + ".tmp." + std::to_string(::getpid());
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  TREX_USER_CHECK(!ec, "set data.cache_dir to a writable directory, or \"none\"", tmp,
+                  ": cannot create the token cache entry: ", ec.message());
   std::vector<int32_t> ids;
   std::vector<uint8_t> loss;
   std::vector<int64_t> off = {0};
@@ -112,7 +115,6 @@ void write_entry(const std::string& entry, const TokenDocs& docs, const json& me
     fs::remove_all(tmp, ec);
     throw;
   }
-  std::error_code ec;
   fs::rename(tmp, entry, ec);
   if (ec) {  // another process wrote the same entry first: theirs is as good as ours
     fs::remove_all(tmp, ec);

@@ -131,6 +131,24 @@ TEST(Data, CptJsonlAndText) {
   EXPECT_EQ(read_cpt_file(q, toy_encode, 2, st2).at(0).ids.size(), 6u);
 }
 
+// Plain text follows the documented boundary: one document per blank-line separated block (lines
+// holding only spaces or tabs count as blank; several blank lines are one boundary). Before, the
+// whole file was one document, so eval_fraction held nothing out.
+TEST(Data, PlainTextIsOneDocumentPerBlankLineSeparatedBlock) {
+  std::string q = write_file("trex_cpt_blocks.txt", "\nab\ncd\n\n  \t\n\nef\n\ngh");
+  DataStats st;
+  auto docs = read_cpt_file(q, toy_encode, 2, st);
+  ASSERT_EQ(docs.size(), 3u);
+  EXPECT_EQ(docs[0].ids, (std::vector<int32_t>{'a' + 10, 'b' + 10, '\n' + 10, 'c' + 10, 'd' + 10, 2}));
+  EXPECT_EQ(docs[1].ids, (std::vector<int32_t>{'e' + 10, 'f' + 10, 2}));
+  EXPECT_EQ(docs[2].ids, (std::vector<int32_t>{'g' + 10, 'h' + 10, 2}));
+  EXPECT_EQ(st.samples, 3);
+  // Only blank lines: no document, an error.
+  std::string blank = write_file("trex_cpt_blank.txt", "\n \n\n");
+  DataStats st2;
+  EXPECT_THROW(read_cpt_file(blank, toy_encode, 2, st2), UserError);
+}
+
 TEST(Data, EpochOrderIsADeterministicPermutation) {
   auto a = epoch_order(50, 7, 0), b = epoch_order(50, 7, 0), c = epoch_order(50, 7, 1);
   EXPECT_EQ(a, b);

@@ -136,3 +136,23 @@ TEST(TokenizerTrain, BadOptionsAreUserErrors) {
   EXPECT_THROW(train_bpe_files({(d.path / "missing.txt").string()}, o, d.path.string()), UserError);
   EXPECT_THROW(train_bpe_files({}, o, d.path.string()), UserError);
 }
+
+// An empty training file used to give a tokenizer of bytes only, with no word of warning.
+TEST(TokenizerTrain, EmptyFilesAreAUserError) {
+  TmpDir d;
+  const std::string empty = (d.path / "empty.txt").string(), blank = (d.path / "blank.txt").string();
+  std::ofstream(empty).close();
+  std::ofstream(blank) << "\n\n";
+  BpeTrainOptions o;
+  o.vocab_size = 300;
+  for (const std::string& f : {empty, blank}) {
+    try {
+      train_bpe_files({f}, o, (d.path / "out").string());
+      ADD_FAILURE() << f << ": no error";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("no text to train on"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_FALSE(std::filesystem::exists(d.path / "out" / "tokenizer.json"));
+}
