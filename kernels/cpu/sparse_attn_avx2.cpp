@@ -40,7 +40,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
-#include "kernels/cpu/exp2_avx2.h"
+#include "kernels/cpu/simd_avx2.h"
 #include "kernels/cpu/kernel_scratch.h"
 
 namespace trex::kern::cpu {
@@ -58,13 +58,10 @@ inline int block_rows(int D) { return std::clamp(4096 / std::max(D, 1) / 8 * 8, 
 constexpr int kKBMax = 128;
 
 inline int64_t round8(int64_t n) { return (n + 7) & ~int64_t{7}; }
-// Lanes i < n set (n in [0, 8]).
-inline __m256i tail_mask(int n) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
+using avx2::tail_mask;
 
 // Softmax in log2 units: 2^x clamped to [-127, 127] (2^-127 comes out as 0; a NaN score stays
-// NaN, as in the reference), kernels/cpu/exp2_avx2.h.
+// NaN, as in the reference), kernels/cpu/simd_avx2.h.
 using avx2::exp2_ps;
 
 // A panel in column chunks: P [K, N] (N a multiple of 8) stored as chunks of kCC columns, chunk
@@ -283,25 +280,6 @@ void gemm_keygrad(int M, int D, int K, const float* A, int64_t lda, const float*
 }
 
 // ---- packing ----------------------------------------------------------------------------------
-// In-register 8 x 8 transpose: r[c] lane i <- r[i] lane c.
-inline void transpose8_regs(__m256 r[8]) {
-  __m256 t[8], s[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 2; ++i) {
-    s[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
-    s[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
-    s[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
-    s[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[i] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x20);
-    r[i + 4] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x31);
-  }
-}
-
 // Columns col0 .. col0 + round8(H) of a panel [D, N] (col0 and N multiples of 8):
 // P(d, col0 + h) = s src[h D + d] for d < D, h < round8(H) (zero for h >= H).
 void pack_heads_transposed(const float* src, int H, int D, float s, float* P, int col0, int N) {
@@ -317,7 +295,7 @@ void pack_heads_transposed(const float* src, int H, int D, float s, float* P, in
       for (int i = 0; i < 8; ++i)  // row h0 + i of src (zero past H), columns d0 .. d0 + nd
         r[i] = i < nh ? _mm256_mul_ps(vs, _mm256_maskload_ps(src + (h0 + i) * D + d0, m))
                       : _mm256_setzero_ps();
-      transpose8_regs(r);
+      avx2::transpose8(r);
       for (int c = 0; c < nd; ++c) _mm256_storeu_ps(base + static_cast<int64_t>(d0 + c) * w, r[c]);
     }
   }
@@ -335,7 +313,7 @@ void unpack_transposed(const float* XT, int64_t ldx, int H, int D, const float* 
       for (int i = 0; i < 8; ++i)  // row d0 + i of XT, scaled per column (head)
         r[i] = i < nd ? _mm256_mul_ps(vs, _mm256_loadu_ps(XT + (d0 + i) * ldx + h0))
                       : _mm256_setzero_ps();
-      transpose8_regs(r);
+      avx2::transpose8(r);
       for (int h = 0; h < nh; ++h) {
         float* y = dst + static_cast<int64_t>(h0 + h) * D + d0;
         if (nd == 8) {
@@ -369,9 +347,7 @@ inline float dot(const float* a, const float* b, int D) {
     const __m256i m = tail_mask(std::min(8, D - d));
     acc = _mm256_fmadd_ps(_mm256_maskload_ps(a + d, m), _mm256_maskload_ps(b + d, m), acc);
   }
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+  return avx2::hsum(acc);
 }
 
 // ---- one query ----------------------------------------------------------------------------------

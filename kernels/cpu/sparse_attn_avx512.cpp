@@ -25,13 +25,6 @@
 // own partial [M, D] in the workspace (only the row range the chunk touches is zeroed), and the
 // partials are added to dkv row by row in chunk order; dsink likewise through per-chunk partials.
 #include "kernels/cpu/sparse_attn_avx512.h"
-// GCC 12 reports the _mm512_undefined_ps() idiom inside its own intrinsics as (maybe-)
-// uninitialized; the warnings point into the header, so silencing them there is enough.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
 
 #include <algorithm>
 #include <array>
@@ -45,6 +38,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "kernels/cpu/kernel_scratch.h"
+#include "kernels/cpu/simd_avx512.h"
 
 namespace trex::kern::cpu {
 namespace {
@@ -55,27 +49,13 @@ constexpr int kCC = 64;   // column chunk of a panel (16 kNV)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-// log2 units: exp2 of anything below is 0 in fp32. Clamp with max(floor, x): vmaxps returns its
-// second operand when either is NaN, so a NaN score stays NaN (as in the reference).
-constexpr float kExpFloor = -200.f;
 
 inline int64_t round16(int64_t n) { return (n + 15) & ~int64_t{15}; }
-inline __mmask16 tail_mask(int w) { return w >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << w) - 1); }
-
-// 2^x for x in [kExpFloor, ~0]: x = n + f, f in [-1/2, 1/2], 2^f by a degree-6 polynomial
-// (Cephes exp2f coefficients, max relative error ~1e-7), scaled by 2^n with vscalefps.
-inline __m512 exp2_ps(__m512 x) {
-  __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
+// Softmax in log2 units: exp2_ps clamps x below at -200 (2^-200 is 0 in fp32) and keeps a NaN
+// score NaN (as in the reference), kernels/cpu/simd_avx512.h.
+using avx512::exp2_ps;
+using avx512::tail_mask;
+using avx512::transpose16;
 
 // A panel in column chunks: P [K, N] (N a multiple of 16) stored as chunks of kCC columns, chunk
 // c (columns kCC c .. kCC c + w, w = min(kCC, N - kCC c)) at P + kCC c K with row stride w, so a
@@ -312,35 +292,6 @@ void gemm_keygrad(int M, int D, int K, const float* A, int64_t lda, const float*
 }
 
 // ---- packing ----------------------------------------------------------------------------------
-// In-register 16 x 16 transpose: r[c] lane i <- r[i] lane c.
-inline void transpose16_regs(__m512 r[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 8; ++i) {  // per 128-bit lane: (a0 b0 a1 b1), (a2 b2 a3 b3)
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {  // lane l of r[4i+k]: rows 4i..4i+3 of column 4l+k
-    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]),
-                  c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
-    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
-    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
-    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
-  }
-  for (int k = 0; k < 4; ++k) {
-    t[k] = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x88);
-    t[k + 4] = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xDD);
-    t[k + 8] = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0x88);
-    t[k + 12] = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0xDD);
-  }
-  for (int k = 0; k < 4; ++k) {
-    r[k] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0x88);
-    r[k + 8] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0xDD);
-    r[k + 4] = _mm512_shuffle_f32x4(t[k + 4], t[k + 12], 0x88);
-    r[k + 12] = _mm512_shuffle_f32x4(t[k + 4], t[k + 12], 0xDD);
-  }
-}
-
 // Columns col0 .. col0 + Hp of a panel [D, N] (col0 and N multiples of 16):
 // P(d, col0 + h) = s src[h D + d] for d < D, h < Hp = round16(H) (zero for h >= H).
 void pack_heads_transposed(const float* src, int H, int D, float s, float* P, int col0, int N) {
@@ -356,7 +307,7 @@ void pack_heads_transposed(const float* src, int H, int D, float s, float* P, in
         r[i] = i < nh ? _mm512_mul_ps(vs,
                                       _mm512_maskz_loadu_ps(tail_mask(nd), src + (h0 + i) * D + d0))
                       : _mm512_setzero_ps();
-      transpose16_regs(r);
+      transpose16(r);
       for (int c = 0; c < nd; ++c) _mm512_storeu_ps(base + static_cast<int64_t>(d0 + c) * w, r[c]);
     }
   }
@@ -373,7 +324,7 @@ void unpack_transposed(const float* XT, int64_t ldx, int H, int D, const float* 
       for (int i = 0; i < 16; ++i)  // row d0 + i of XT, scaled per column (head)
         r[i] = i < nd ? _mm512_mul_ps(vs, _mm512_loadu_ps(XT + (d0 + i) * ldx + h0))
                       : _mm512_setzero_ps();
-      transpose16_regs(r);
+      transpose16(r);
       for (int h = 0; h < nh; ++h)
         _mm512_mask_storeu_ps(dst + static_cast<int64_t>(h0 + h) * D + d0, tail_mask(nd), r[h]);
     }
@@ -430,7 +381,6 @@ void fwd_query(const SparseAttnShape& sh, const float* qi, const float* kv, cons
     m2[h] = has ? sink[h] * kLog2e : kNegInf;
     l[h] = has ? 1.f : 0.f;
   }
-  const __m512 floor = _mm512_set1_ps(kExpFloor);
   for (int64_t j0 = 0; j0 < n; j0 += kKB) {
     const int nb = static_cast<int>(std::min<int64_t>(kKB, n - j0));
     const int32_t* rb = rows + j0;
@@ -442,11 +392,11 @@ void fwd_query(const SparseAttnShape& sh, const float* qi, const float* kv, cons
       __m512 sum = _mm512_setzero_ps();
       for (int j = 0; j < nb; ++j) {
         float* s = S + j * Hp + h0;
-        const __m512 p = exp2_ps(_mm512_max_ps(floor, _mm512_sub_ps(_mm512_load_ps(s), mn)));
+        const __m512 p = exp2_ps(_mm512_sub_ps(_mm512_load_ps(s), mn));
         _mm512_store_ps(s, p);
         sum = _mm512_add_ps(sum, p);
       }
-      const __m512 al = exp2_ps(_mm512_max_ps(floor, _mm512_sub_ps(mo, mn)));
+      const __m512 al = exp2_ps(_mm512_sub_ps(mo, mn));
       _mm512_store_ps(m2 + h0, mn);
       _mm512_store_ps(l + h0, _mm512_fmadd_ps(_mm512_load_ps(l + h0), al, sum));
       _mm512_store_ps(alpha + h0, al);
@@ -498,7 +448,7 @@ void bwd_query(const SparseAttnShape& sh, const float* qi, const float* kv, cons
   pack_rows_panel(nullptr, Hp - H, D, QdO, H, W);
   pack_rows_panel(dOi, H, D, QdO, Hp, W);
   pack_rows_panel(nullptr, Hp - H, D, QdO, Hp + H, W);
-  const __m512 vscale = _mm512_set1_ps(sh.scale), floor = _mm512_set1_ps(kExpFloor);
+  const __m512 vscale = _mm512_set1_ps(sh.scale);
   for (int64_t j0 = 0; j0 < n; j0 += kKB) {
     const int nb = static_cast<int>(std::min<int64_t>(kKB, n - j0));
     const int32_t* rb = rows + j0;
@@ -508,7 +458,7 @@ void bwd_query(const SparseAttnShape& sh, const float* qi, const float* kv, cons
       const __m512 l2 = _mm512_load_ps(lse2 + h0), dl = _mm512_load_ps(delta + h0);
       for (int j = 0; j < nb; ++j) {
         float* s = SP + static_cast<int64_t>(j) * W + h0;
-        const __m512 p = exp2_ps(_mm512_max_ps(floor, _mm512_sub_ps(_mm512_load_ps(s), l2)));
+        const __m512 p = exp2_ps(_mm512_sub_ps(_mm512_load_ps(s), l2));
         const __m512 ds =
             _mm512_mul_ps(_mm512_mul_ps(p, _mm512_sub_ps(_mm512_load_ps(s + Hp), dl)), vscale);
         _mm512_store_ps(s, ds);
