@@ -1,8 +1,9 @@
-// Shared by the flash-attention kernels (attention_avx512.cpp, attention_avx2.cpp): which tiles
-// a (b, h) visits, and how a call is spread over threads. Work items are (b, h) pairs, cut into
-// parts of their query (forward) or key (backward) blocks only when B x H alone does not give
-// every thread enough items. A backward cut into key-block parts makes dq a sum over the parts:
-// each part writes its own partial, added up at the end.
+// Shared by the flash-attention kernels (kernels/cpu/attention_tiles.h, instantiated by
+// attention_avx512.cpp and attention_avx2.cpp): which tiles a (b, h) visits, and how a call is
+// spread over threads. Work items are (b, h) pairs, cut into parts of their query (forward) or key
+// (backward) blocks only when B x H alone does not give every thread enough items. A backward cut
+// into key-block parts makes dq a sum over the parts: each part writes its own partial, added up
+// at the end.
 #pragma once
 #include <cstdint>
 #include <cstdlib>

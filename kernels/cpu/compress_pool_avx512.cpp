@@ -16,32 +16,16 @@
 #include <limits>
 #include "core/parallel.h"
 #include "kernels/compress_pool.h"
+#include "kernels/cpu/simd_avx512.h"
 
 namespace trex::kern::cpu {
 namespace {
 
 constexpr int64_t kBlock = 512;  // channels per work item (at most; stack buffers of 3 x 2 KiB)
 
-// exp(x) to ~2 ulp: x = n*ln2 + r, |r| <= ln2/2, degree-6 polynomial, scaled by 2^n with scalef.
-// Clamping to [-110, 100] keeps n finite (exp underflows to 0 / overflows to inf as it should);
-// the operand order of max/min keeps NaN (-inf - -inf = NaN stays NaN, as in the reference).
-inline __m512 exp512(__m512 x) {
-  x = _mm512_min_ps(_mm512_set1_ps(100.f), _mm512_max_ps(_mm512_set1_ps(-110.f), x));
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.f / 720);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
-}
+using avx512::exp_ps;  // e^x, kernels/cpu/simd_avx512.h
 
-inline __mmask16 tail_mask(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u); }
+using avx512::tail_mask;
 
 struct Geo {
   int64_t T, m, hd, C, nw;  // C = c * hd
@@ -97,7 +81,7 @@ inline void rows_step(const Win& k, const Series& s, int64_t r0) {
       __m512 sm = _mm512_load_ps(k.sm + o), ac = _mm512_load_ps(k.ac + o);
 #pragma GCC unroll 4
       for (int j = 0; j < R; ++j) {
-        const __m512 e = exp512(_mm512_sub_ps(l[j], m));
+        const __m512 e = exp_ps(_mm512_sub_ps(l[j], m));
         sm = _mm512_add_ps(sm, e);
         ac = _mm512_fmadd_ps(e, _mm512_maskz_loadu_ps(mk, k.kv + s.base + (r0 + j) * C + o), ac);
       }
@@ -109,7 +93,7 @@ inline void rows_step(const Win& k, const Series& s, int64_t r0) {
       for (int j = 0; j < R; ++j) {
         const int64_t off = s.base + (r0 + j) * C + o;
         float* pt = k.part + (r0 + j) * C + s.col + o;
-        const __m512 e = exp512(_mm512_sub_ps(l[j], m));
+        const __m512 e = exp_ps(_mm512_sub_ps(l[j], m));
         const __m512 dv = _mm512_mul_ps(e, gi);  // p * dout
         const __m512 dl = _mm512_mul_ps(dv, _mm512_sub_ps(_mm512_maskz_loadu_ps(mk, k.kv + off), out));
         _mm512_mask_storeu_ps(k.dkv + off, mk, dv);

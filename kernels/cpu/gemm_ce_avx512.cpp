@@ -7,30 +7,13 @@
 #include <cmath>
 #include <limits>
 #include "kernels/cpu/gemm_avx512.h"
+#include "kernels/cpu/simd_avx512.h"
 
 namespace trex::kern::cpu {
 namespace {
 
-// exp(x) to ~2 ulp: x = n*ln2 + r, |r| <= ln2/2, degree-6 polynomial, scaled by 2^n with scalef.
-// Clamping to [-110, 100] keeps n finite (exp underflows to 0 / overflows to inf as it should);
-// the operand order of max/min keeps NaN.
-inline __m512 exp512(__m512 x) {
-  x = _mm512_min_ps(_mm512_set1_ps(100.f), _mm512_max_ps(_mm512_set1_ps(-110.f), x));
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.f / 720);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
-}
-
-inline __mmask16 tail_mask(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
+using avx512::exp_ps;  // e^x, kernels/cpu/simd_avx512.h
+using avx512::tail_mask;
 
 }  // namespace
 
@@ -48,12 +31,12 @@ void ce_chunk_stats_avx512(const float* logits, int64_t ld, int64_t rows, int64_
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
     j = 0;
     for (; j + 32 <= cols; j += 32) {
-      a0 = _mm512_add_ps(a0, exp512(_mm512_sub_ps(_mm512_loadu_ps(l + j), vmn)));
-      a1 = _mm512_add_ps(a1, exp512(_mm512_sub_ps(_mm512_loadu_ps(l + j + 16), vmn)));
+      a0 = _mm512_add_ps(a0, exp_ps(_mm512_sub_ps(_mm512_loadu_ps(l + j), vmn)));
+      a1 = _mm512_add_ps(a1, exp_ps(_mm512_sub_ps(_mm512_loadu_ps(l + j + 16), vmn)));
     }
     for (; j < cols; j += 16) {
       __mmask16 k = cols - j >= 16 ? __mmask16(0xffff) : tail_mask(cols - j);
-      __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, l + j), vmn));
+      __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, l + j), vmn));
       a0 = _mm512_add_ps(a0, _mm512_maskz_mov_ps(k, e));
     }
     float cs = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
@@ -76,10 +59,10 @@ void ce_chunk_softmax_avx512(float* logits, int64_t ld, int64_t rows, int64_t co
     __m512 vl = _mm512_set1_ps(lse[r]), vg = _mm512_set1_ps(g[r]);
     int64_t j = 0;
     for (; j + 16 <= cols; j += 16)
-      _mm512_storeu_ps(l + j, _mm512_mul_ps(exp512(_mm512_sub_ps(_mm512_loadu_ps(l + j), vl)), vg));
+      _mm512_storeu_ps(l + j, _mm512_mul_ps(exp_ps(_mm512_sub_ps(_mm512_loadu_ps(l + j), vl)), vg));
     if (j < cols) {
       __mmask16 k = tail_mask(cols - j);
-      __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, l + j), vl));
+      __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, l + j), vl));
       _mm512_mask_storeu_ps(l + j, k, _mm512_mul_ps(e, vg));
     }
   }

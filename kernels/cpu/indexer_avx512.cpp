@@ -18,11 +18,12 @@
 #include <cstring>
 #include <limits>
 #include "core/parallel.h"
+#include "kernels/cpu/simd_avx512.h"
 
 namespace trex::kern::cpu {
 namespace {
 
-inline __mmask16 tail_mask(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u); }
+using avx512::tail_mask;
 
 constexpr int64_t kPanel = 32;  // key entries per packed panel (2 vectors)
 constexpr int kHeads = 8;       // heads per micro-kernel call

@@ -1,6 +1,8 @@
 #include "kernels/cpu/kernel_scratch.h"
 
 #include <immintrin.h>
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include "core/error.h"
 
@@ -15,9 +17,17 @@ struct Scratch {
   float* get(size_t n) {
     if (n > cap) {
       std::free(p);
-      const size_t bytes = (n * sizeof(float) + 63) & ~size_t{63};
-      p = static_cast<float*>(std::aligned_alloc(64, bytes));
+      // From 4 MiB on, whole 2 MiB huge pages where the OS allows: the packed panels of a (b, h)
+      // are walked row by row, and 4 KiB pages make that hard on the TLB.
+      constexpr size_t kHuge = size_t{2} << 20;
+      size_t bytes = (n * sizeof(float) + 63) & ~size_t{63};
+      const bool huge = bytes >= 2 * kHuge;
+      if (huge) bytes = (bytes + kHuge - 1) & ~(kHuge - 1);
+      p = static_cast<float*>(std::aligned_alloc(huge ? kHuge : 64, bytes));
       TREX_CHECK(p, "attention kernel: cannot allocate ", bytes, " bytes of per-thread scratch");
+#ifdef MADV_HUGEPAGE
+      if (huge) madvise(p, bytes, MADV_HUGEPAGE);  // a hint; failure is harmless
+#endif
       cap = n;
     }
     return p;

@@ -1,14 +1,14 @@
 // Per-thread scratch and denormal flushing shared by the attention kernels
-// (kernels/cpu/sparse_attn_avx512.cpp, kernels/cpu/sparse_attn_avx2.cpp,
-// kernels/cpu/attention_avx2.cpp). Defined in a file built for baseline x86-64 (kernel_scratch.cpp:
-// no ISA suffix), so every kernel links one ISA-neutral copy.
+// (kernels/cpu/attention_tiles.h, kernels/cpu/sparse_attn_tiles.h). Defined in a file built for
+// baseline x86-64 (kernel_scratch.cpp: no ISA suffix), so every kernel links one ISA-neutral copy.
 #pragma once
 #include <cstddef>
 
 namespace trex::kern::cpu {
 
-// The calling thread's scratch of at least n floats, 64-byte aligned: it grows to the largest
-// request and is reused (contents undefined), valid until the thread's next call. Throws
+// The calling thread's scratch of at least n floats, 64-byte aligned (2 MiB aligned and advised
+// as huge pages from 4 MiB on): it grows to the largest request and is reused (contents
+// undefined), valid until the thread's next call. Throws
 // trex::Error when the allocation fails.
 float* thread_scratch(size_t n);
 

@@ -16,24 +16,15 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "kernels/cpu/simd_avx2.h"
 
 namespace trex::kern::cpu {
 namespace {
 
 constexpr int64_t kChunks = 64;  // max row chunks for the dw partials (scratch: kChunks x d)
 
-// Lanes i < n set (n in [0, 8]).
-inline __m256i tail_mask(int64_t n) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
-// Horizontal sum of 8 lanes (fixed order).
-inline float hsum(__m256 v) {
-  __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  b = _mm_add_ps(b, _mm_movehl_ps(b, b));
-  b = _mm_add_ss(b, _mm_movehdup_ps(b));
-  return _mm_cvtss_f32(b);
-}
+using avx2::hsum;  // fixed order
+using avx2::tail_mask;
 
 // sum_j x[j]^2 over one row of length d.
 inline float row_sumsq(const float* x, int64_t d) {

@@ -9,22 +9,15 @@
 #include <cmath>
 #include <vector>
 #include "core/parallel.h"
+#include "kernels/cpu/simd_avx512.h"
 
 namespace trex::kern::cpu {
 namespace {
 
 constexpr int64_t kChunks = 64;  // max row chunks for the dw partials (scratch: kChunks x d)
 
-inline __mmask16 tail_mask(int64_t rem) { return static_cast<__mmask16>((1u << rem) - 1u); }
-
-// Horizontal sum of 16 lanes (fixed order).
-inline float hsum(__m512 v) {
-  __m256 a = _mm256_add_ps(_mm512_extractf32x8_ps(v, 0), _mm512_extractf32x8_ps(v, 1));
-  __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  b = _mm_add_ps(b, _mm_movehl_ps(b, b));
-  b = _mm_add_ss(b, _mm_movehdup_ps(b));
-  return _mm_cvtss_f32(b);
-}
+using avx512::hsum;  // fixed order
+using avx512::tail_mask;
 
 // sum_j x[j]^2 over one row of length d.
 inline float row_sumsq(const float* x, int64_t d) {

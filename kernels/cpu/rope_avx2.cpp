@@ -14,14 +14,12 @@
 #include <algorithm>
 
 #include "core/parallel.h"
+#include "kernels/cpu/simd_avx2.h"
 
 namespace trex::kern::cpu {
 namespace {
 
-// Lanes i < n set (n clamped to [0, 8]).
-inline __m256i tail_mask(int n) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
+using avx2::tail_mask;
 
 // One interleaved vector (4 pairs): (a, b) -> (a*c - b*s, b*c + a*s) with c, s duplicated.
 inline __m256 rot_inter(__m256 v, __m256 c, __m256 s) {

@@ -2,11 +2,7 @@
 // vectors. Rows are split across threads; each row runs 8 columns at a time, the last partial
 // vector with vmaskmovps loads (zeros in the masked lanes) and stores (nothing written past the
 // row). Elementwise, so the result does not depend on the thread count.
-// exp is the AVX-512 kernel's: the Cephes expf polynomial (about 1 ulp) on x clamped to
-// [-104, 89], times 2^n. AVX2 has no vscalefps, so 2^n (n in [-150, 128]) is applied as two
-// exact powers 2^(n>>1) and 2^(n - (n>>1)), each in the normal range: p * 2^(n>>1) is exact and
-// the second product rounds once, which is what vscalefps does (exact 0 / inf at the ends of the
-// range, the same bits as the AVX-512 exp). A NaN x stays NaN.
+// exp is avx2::exp_ps (kernels/cpu/simd_avx2.h): the same bits as the AVX-512 kernel's exp.
 #include "kernels/cpu/swiglu_avx2.h"
 
 #include <immintrin.h>
@@ -14,44 +10,19 @@
 #include <algorithm>
 
 #include "core/parallel.h"
+#include "kernels/cpu/simd_avx2.h"
 
 namespace trex::kern::cpu {
 namespace {
 
-// 2^k for integer k in [-126, 127], built in the exponent field.
-inline __m256 pow2i(__m256i k) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23));
-}
-
-inline __m256 exp256(__m256 x) {
-  // Clamp the range. min/max return their second operand when either is NaN: x goes second.
-  x = _mm256_max_ps(_mm256_set1_ps(-104.0f), _mm256_min_ps(_mm256_set1_ps(89.0f), x));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  // n is an integer in [-150, 128] (NaN: garbage exponent bits, but p is NaN then).
-  const __m256i ni = _mm256_cvtps_epi32(n);
-  const __m256i n1 = _mm256_srai_epi32(ni, 1);
-  return _mm256_mul_ps(_mm256_mul_ps(p, pow2i(n1)), pow2i(_mm256_sub_epi32(ni, n1)));
-}
+using avx2::exp_ps;  // e^x, the same bits as avx512::exp_ps
 
 inline __m256 sigmoid256(__m256 g) {
   const __m256 one = _mm256_set1_ps(1.0f);
-  return _mm256_div_ps(one, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+  return _mm256_div_ps(one, _mm256_add_ps(one, exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), g))));
 }
 
-// Lanes i < n set (n in [0, 8]).
-inline __m256i tail_mask(int64_t n) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
+using avx2::tail_mask;
 
 // h = g * sigmoid(g) * u for one vector, the clamp first (operand order keeps NaN: min/max
 // return the second operand on NaN).
