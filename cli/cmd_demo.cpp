@@ -114,8 +114,19 @@ void add_demo(CLI::App& app) {
                     "trex demo: need --n >= 20, --vocab >= 300 and at least one step per stage");
     const std::string out = fs::absolute(o->out).lexically_normal().string();
     const std::string data = out + "/data", tokdir = out + "/tokenizer", cpt = out + "/cpt", sft = out + "/sft";
-    fs::remove_all(out);  // the demo always starts from scratch
+    // The demo always starts from scratch, but removes only a folder it made itself (its marker
+    // file inside) or an empty one: `--out .` or `--out ~` must never delete a user's files.
+    const fs::path marker = fs::path(out) / ".trex-demo";
+    if (fs::exists(out)) {
+      TREX_USER_CHECK(fs::is_directory(out) && (fs::is_empty(out) || fs::exists(marker)),
+                      "give --out a new or empty folder (or one an earlier trex demo wrote)", "trex demo: ", out,
+                      " exists and was not written by trex demo; it is left as it is");
+      fs::remove_all(out);
+    }
     fs::create_directories(out);
+    std::FILE* mf = std::fopen(marker.c_str(), "w");
+    TREX_USER_CHECK(mf, "give --out a folder you may write to", "trex demo: cannot write ", marker.string());
+    std::fclose(mf);
     std::printf("trex demo: OR data -> tokenizer -> CPT -> SFT -> generate -> plots, everything under %s\n",
                 out.c_str());
 

@@ -114,14 +114,23 @@ class ModelSource final : public orx::OutputSource {
         tok_(io::Tokenizer::load(tokenizer.empty() ? dir : tokenizer)),
         tmpl_(train::ChatTemplate::by_name(tmpl)),
         max_tokens_(max_tokens) {
+    model::verify_weights(dir);  // a trex checkpoint's files against its manifest
     model::load_hf_weights(m_, dir);
     eos_ = stop_ids(tok_, tmpl_);
   }
   std::string output(const orx::Problem& p, size_t) override {
     const std::vector<int32_t> ids = chat_prompt_ids(tok_, tmpl_, orx::eval_prompt(p.question));
-    model::Decoder dec(m_, (int64_t)ids.size() + max_tokens_);
+    // Within max_position_embeddings (a prompt that alone fills it is a UserError naming it).
+    bool capped = false;
+    const int64_t budget = model::generation_budget(cfg_, (int64_t)ids.size(), max_tokens_, &capped);
+    if (capped && !warned_cap_) {
+      TREX_LOG_WARN("or eval --model: --max-tokens ", max_tokens_, " runs past max_position_embeddings (",
+                    cfg_.max_position_embeddings, ") for some prompts; their generation is capped there");
+      warned_cap_ = true;
+    }
+    model::Decoder dec(m_, (int64_t)ids.size() + budget);
     model::SampleParams sp;
-    sp.max_tokens = max_tokens_;
+    sp.max_tokens = budget;
     return model::generate(dec, ids, sp, [&](const std::vector<int32_t>& t) { return tok_.decode(t, true); }, eos_)
         .text;
   }
@@ -132,6 +141,7 @@ class ModelSource final : public orx::OutputSource {
   io::Tokenizer tok_;
   train::ChatTemplate tmpl_;
   int64_t max_tokens_;
+  bool warned_cap_ = false;
   std::vector<int32_t> eos_;
 };
 

@@ -138,7 +138,7 @@ struct Env {
   const MoeDispatcher* dispatcher = nullptr;  // where the routed rows go (Model::moe_dispatcher)
   int64_t slab_first = 0;                     // the first expert of the weight slab
   Model* model = nullptr;              // tensor parallel: the slice and Model::tp_block_*
-  SeqShard sh;                         // sequence parallel: this rank's token rows (else all)
+  SeqShard sh = {};                    // sequence parallel: this rank's token rows (else all)
   int64_t N() const { return sh.rows; }  // token rows of every per-token array here
 };
 

@@ -51,7 +51,7 @@ struct MoeIn {
   // batch (rows < 0: all B T of them) and seq_sum sums the aux loss's [B, E] selection counts over
   // the shards (a collective of the tp group); the aux loss returned is this shard's part.
   int64_t n0 = 0, rows = -1;
-  std::function<void(double*, size_t)> seq_sum;
+  std::function<void(double*, size_t)> seq_sum = {};
   int64_t tokens() const { return rows >= 0 ? rows : B * T; }
 };
 

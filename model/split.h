@@ -9,7 +9,7 @@ namespace trex::model {
 
 struct Split {
   int tp = 1, ep = 1, pp = 1;
-  std::vector<int> pp_layers;  // optional: layers per stage, size pp, summing to num_hidden_layers
+  std::vector<int> pp_layers = {};  // optional: layers per stage, size pp, summing to num_hidden_layers
 };
 
 // Throws trex::UserError naming the field(s), the values and what to do when:

@@ -143,6 +143,10 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
     std::vector<DocSpan> keep;
     for (size_t i = 0; i < train_docs.size(); ++i) (is_eval[i] ? eval_docs : keep).push_back(train_docs[i]);
     train_docs.swap(keep);
+  } else if (rc.data.eval_fraction > 0 && root) {
+    TREX_LOG_WARN("data.eval_fraction = ", rc.data.eval_fraction, " but the training data hold ", train_docs.size(),
+                  " document(s): no eval split (plain text: separate documents by a blank line, docs/DATA.md; or "
+                  "give data.eval files)");
   }
   res.data_from_cache = hit;
   const bool cpt = rc.data.mode == "cpt";

@@ -7,7 +7,8 @@
 #   - generate --output with --prompt writes the file; --max-tokens past max_position_embeddings
 #     is capped with a warning naming --max-tokens and the limit;
 #   - tokenizer train on an empty file;
-#   - convert / demo --out under /proc: the path and the operation named.
+#   - convert / demo --out under /proc: the path and the operation named;
+#   - demo --out on a folder it did not write (e.g. `--out .`): refused, the folder left as it was.
 #
 #   tests/cli/user_errors.sh TREX_BINARY
 #
@@ -119,16 +120,24 @@ PY
 
 # A NaN weight: grad and generate refuse the checkpoint and name the tensor (before: grad printed
 # {"loss": nan} and exited 0; generate printed nothing and exited 0).
+# The checkpoint's manifest goes (a checkpoint from elsewhere has none; with it the checksum would
+# name the damaged file first, tests/faults/corrupt_resume.sh).
 cp -r "$CK" nan
+rm -f nan/manifest.json
 poke nan/model.safetensors 64 0000c07f 1
 expect 2 "NaN / Inf values" "$TREX" grad --model nan --batch batch.json --out nan_grads.safetensors
 grep -qF "tensor '" err.txt || fail "no tensor named: $(cat err.txt)"
 [ ! -e nan_grads.safetensors ] || fail "grad wrote gradients of a NaN checkpoint"
 expect 2 "NaN / Inf values" "$TREX" generate --model nan --prompt hi
+# The same damage with the manifest in place: the checksum names the file before any weight is read.
+cp -r "$CK" nan_manifest
+poke nan_manifest/model.safetensors 64 0000c07f 1
+expect 2 "the file is damaged" "$TREX" generate --model nan_manifest --prompt hi
 
 # Finite weights so large that the bf16 forward overflows to a NaN loss: grad says so, writes
 # nothing (before: {"loss": nan} and exit 0).
 cp -r "$CK" huge
+rm -f huge/manifest.json
 poke huge/model.safetensors 0 ffff7f7f all
 expect 2 "not a number" "$TREX" grad --model huge --batch batch.json --precision bf16 --out huge_grads.safetensors
 [ ! -e huge_grads.safetensors ] || fail "grad wrote gradients for a NaN loss"
@@ -141,6 +150,11 @@ expect 2 "no text to train on" "$TREX" tokenizer train --files empty.txt --vocab
 expect 2 "/proc/trex_nowhere" "$TREX" convert --model "$CK" --out /proc/trex_nowhere
 expect 2 "/proc/trex_nowhere/demo" "$TREX" demo --out /proc/trex_nowhere/demo
 grep -qF "cannot create directories" err.txt || fail "the operation is not named: $(cat err.txt)"
+
+# demo starts from scratch, but never by deleting a folder it did not write.
+mkdir -p mine && echo keep > mine/notes.txt
+expect 2 "was not written by trex demo" "$TREX" demo --out mine
+[ "$(cat mine/notes.txt)" = keep ] || fail "demo --out removed a user's file"
 
 cd /
 rm -rf "$WORK"

@@ -18,52 +18,9 @@ cd "$WORK"
 RANDOM=$SEED
 STEPS=120
 
-# Data: the repository's prose, as plain text (CPT). Tokenizer: a committed 3,000-id BPE.
-cat "$ROOT/README.md" "$ROOT"/docs/*.md > data.txt
-cat > run.toml <<TOML
-[model]
-model_type = "deepseek_v3"
-vocab_size = 3001
-hidden_size = 48
-num_hidden_layers = 3
-first_k_dense_replace = 1
-intermediate_size = 80
-moe_intermediate_size = 24
-n_routed_experts = 6
-n_shared_experts = 1
-num_experts_per_tok = 2
-num_attention_heads = 3
-q_lora_rank = 24
-kv_lora_rank = 20
-qk_nope_head_dim = 10
-qk_rope_head_dim = 6
-v_head_dim = 10
-initializer_range = 0.05
-
-[data]
-train = ["data.txt"]
-tokenizer = "$ROOT/tests/data/tokenizer/trex_trained.json"
-mode = "cpt"
-seq_len = 96
-cache_dir = "none"
-
-[train]
-batch_size = 2
-steps = $STEPS
-threads = 1
-precision = "bf16"
-
-[optim]
-lr = 3e-3
-warmup_steps = 4
-
-[checkpoint]
-every = 2
-keep = 2
-
-[log]
-progress = "lines"
-TOML
+# Data and run config: tests/faults/tiny_run.sh.
+source "$ROOT/tests/faults/tiny_run.sh"
+tiny_run $STEPS 2 2
 
 "$TREX" train --config run.toml --set checkpoint.run_dir=\"straight\" > straight.log 2>&1
 
