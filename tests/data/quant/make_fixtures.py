@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerates the FP8 / FP4 dequantization fixtures read by tests/unit/test_quant.cpp.
 
-    /work/main/.venv/bin/python tests/data/quant/make_fixtures.py
+    .venv/bin/python tests/data/quant/make_fixtures.py
 
 Quantization follows the reference code paths (ported here to numpy float32 arithmetic, which is
 IEEE-exact; see docs/QUANT.md for the sources):

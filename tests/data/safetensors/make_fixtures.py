@@ -5,7 +5,7 @@ Written with the reference implementation (PyPI `safetensors`, Rust core) and, f
 checkpoint, `huggingface_hub.save_torch_state_dict`, so the C++ reader is tested against files
 produced by the tools people actually use, and the C++ writer is compared byte for byte.
 
-    /work/main/.venv/bin/python tests/data/safetensors/make_fixtures.py
+    .venv/bin/python tests/data/safetensors/make_fixtures.py
 
 Everything is deterministic (no RNG); total size is a few KB. If you change a value here,
 change the matching expectation in the test.

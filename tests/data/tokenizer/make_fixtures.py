@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fixtures for tests/unit/test_tokenizer*.cpp: a varied corpus and PyPI `tokenizers` ids for it.
 
-    /work/main/.venv/bin/python tests/data/tokenizer/make_fixtures.py [--trex BUILD/trex] [--new-corpus]
+    .venv/bin/python tests/data/tokenizer/make_fixtures.py [--trex BUILD/trex] [--new-corpus]
 
 Writes (all committed, so the C++ tests need no Python):
   corpus.bin.gz              >= 10,000 records (bytes): prose, code, CJK, other scripts, emoji, numbers,

@@ -2,7 +2,7 @@
 """Generates io/tokenizer_unicode.cpp: what Oniguruma (inside PyPI tokenizers) knows about Unicode
 that PCRE2 10.42 (Debian 12) does not.
 
-    /work/main/.venv/bin/python tests/data/tokenizer/make_unicode_table.py > io/tokenizer_unicode.cpp
+    .venv/bin/python tests/data/tokenizer/make_unicode_table.py > io/tokenizer_unicode.cpp
 
 PyPI tokenizers compiles tokenizer.json regexes with Oniguruma, whose tables are Unicode 16.0; PCRE2
 10.42's are Unicode 14.0 (the same version as Python 3.11's unicodedata, which stands in for PCRE2 here).
