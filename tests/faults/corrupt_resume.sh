@@ -21,18 +21,6 @@ MORE=14
 source "$ROOT/tests/faults/tiny_run.sh"
 tiny_run 10 2 3
 
-fail() {
-  echo "FAIL: $*"
-  echo "work files kept in $WORK"
-  exit 1
-}
-losses() { python3 -c '
-import json, sys
-d = {}
-for line in open(sys.argv[1]):
-    j = json.loads(line)
-    d[j["step"]] = repr(j["loss"])
-for s in sorted(d): print(s, d[s])' "$1"; }
 
 "$TREX" train --config run.toml --set checkpoint.run_dir=\"damaged\" > first.log 2>&1 || fail "the first run failed"
 ck10=damaged/checkpoints/step-00000010

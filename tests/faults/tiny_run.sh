@@ -1,7 +1,29 @@
-# Sourced by the fault tests: tiny_run STEPS EVERY KEEP writes data.txt (the repository's prose as
-# plain-text CPT) and run.toml (a tiny DeepSeek-V3-shaped MoE, the committed 3,000-id BPE, bf16, one
-# thread) into the current directory; checkpoints every EVERY steps, the newest KEEP kept. ROOT: the
-# repository root.
+# Sourced by the fault tests (ROOT: the repository root; WORK: the test's work directory).
+#   tiny_run STEPS EVERY KEEP  writes data.txt (the repository's prose as plain-text CPT) and
+#       run.toml (a tiny DeepSeek-V3-shaped MoE, the committed 3,000-id BPE, bf16, one thread) into
+#       the current directory; checkpoints every EVERY steps, the newest KEEP kept.
+#   losses FILE [cut-ok]  the loss of each step of a metrics.jsonl, "step loss" lines in step
+#       order; a resumed run appends, so the last entry of a step wins. cut-ok: skip a line that is
+#       not JSON (one cut by SIGKILL); without it such a line fails.
+#   fail MESSAGE  prints it and where the work files are kept, exits 1.
+
+fail() {
+  echo "FAIL: $*"
+  echo "work files kept in $WORK"
+  exit 1
+}
+
+losses() { python3 -c '
+import json, sys
+d = {}
+for line in open(sys.argv[1]):
+    try: j = json.loads(line)
+    except ValueError:
+        if sys.argv[2] == "cut-ok": continue
+        raise
+    d[j["step"]] = repr(j["loss"])
+for s in sorted(d): print(s, d[s])' "$1" "${2:-}"; }
+
 tiny_run() {
   local steps=$1 every=$2 keep=$3
   cat "$ROOT/README.md" "$ROOT"/docs/*.md > data.txt

@@ -21,6 +21,7 @@
 #include "model/checkpoint.h"
 #include "tests/run_config_error.h"
 #include "tests/unit/test_util.h"
+#include "tests/unit/tiny_trainee.h"
 #include "train/checkpoint.h"
 #include "train/loop.h"
 #include "train/run_config.h"
@@ -183,27 +184,7 @@ TEST(Checksum, ManifestNamesTheDamagedFile) {
 
 // ---- training checkpoints -------------------------------------------------------------------
 
-model::ModelConfig config() {
-  nlohmann::json j = {{"vocab_size", 97}, {"hidden_size", 40}, {"num_hidden_layers", 2},
-                      {"num_attention_heads", 2}, {"q_lora_rank", 14}, {"kv_lora_rank", 10},
-                      {"qk_nope_head_dim", 6}, {"qk_rope_head_dim", 4}, {"v_head_dim", 6},
-                      {"intermediate_size", 36}, {"moe_intermediate_size", 12}, {"n_routed_experts", 3},
-                      {"n_shared_experts", 1}, {"num_experts_per_tok", 2}, {"first_k_dense_replace", 1}};
-  return model::parse_config(j, "durable test config");
-}
-
-struct Trainee {
-  model::Model m;
-  train::AdamW opt;
-  explicit Trainee(uint64_t seed) : m(config(), kern::Prec::F32), opt(m, {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f}) {
-    m.init_random(seed);
-  }
-  void step() {
-    std::vector<int32_t> ids(14), tg(14);
-    for (int i = 0; i < 14; ++i) ids[i] = (i * 7) % 97, tg[i] = (i * 11 + 3) % 97;
-    train::trainer_step(m, opt, {{2, 7, ids.data(), tg.data(), nullptr, nullptr}}, 1e-3f, 1e-3f);
-  }
-};
+using test::Trainee;
 
 TEST(CheckpointIntegrity, StepPath) {
   EXPECT_EQ(train::checkpoint_name(42), "step-00000042");
