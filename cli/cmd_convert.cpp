@@ -38,8 +38,7 @@ void add_convert(CLI::App& app) {
     TREX_USER_CHECK(!o->quantize || o->layout == "original", "add --layout original", "--quantize writes the "
                     "DeepSeek-V4 original layout");
     model::Model m(cfg, kern::Prec::F32);
-    model::verify_weights(o->model);  // a damaged trex checkpoint is named, not converted
-    model::load_hf_weights(m, o->model);
+    model::load_hf_weights(m, o->model);  // a damaged trex checkpoint is named, not converted
     if (o->layout == "hf") model::save_hf_checkpoint(m, o->out, dt);
     else model::save_v4_original(m, o->out, dt, o->quantize);
     std::printf("{\"layout\": \"%s\", \"dtype\": \"%s\", \"quantized\": %s, \"params\": %lld}\n", o->layout.c_str(),

@@ -57,7 +57,6 @@ void add_generate(CLI::App& app) {
                     ": cannot open for writing: ", std::strerror(errno));
     std::unique_ptr<FILE, int (*)(FILE*)> out_guard(out == stdout ? nullptr : out, &std::fclose);
     model::ModelConfig cfg = model::load_config_json(o->model + "/config.json");
-    model::verify_weights(o->model);  // a trex checkpoint's files against its manifest
     model::Model m(cfg, train::parse_precision(o->precision, "--precision"));
     model::load_hf_weights(m, o->model);
     const std::string tok_path = o->tokenizer.empty() ? o->model : o->tokenizer;

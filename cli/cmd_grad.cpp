@@ -75,7 +75,6 @@ void add_grad(CLI::App& app) {
                       ", ", T2, "], input_ids [", B, ", ", T, "]");
     std::vector<int32_t> targets = model::shift_labels(labels, B, T);
     model::Model m(cfg, prec, {o->aux_alpha, o->mtp_weight});
-    model::verify_weights(o->model);  // a trex checkpoint's files against its manifest
     model::load_hf_weights(m, o->model);
     model::Batch b{B, T, ids.data(), targets.data(), nullptr, nullptr};
     model::LossParts lp = m.forward_backward(b, 1.f);

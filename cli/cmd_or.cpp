@@ -114,7 +114,6 @@ class ModelSource final : public orx::OutputSource {
         tok_(io::Tokenizer::load(tokenizer.empty() ? dir : tokenizer)),
         tmpl_(train::ChatTemplate::by_name(tmpl)),
         max_tokens_(max_tokens) {
-    model::verify_weights(dir);  // a trex checkpoint's files against its manifest
     model::load_hf_weights(m_, dir);
     eos_ = stop_ids(tok_, tmpl_);
   }

@@ -122,7 +122,8 @@ void verify_weights(const std::string& dir) {
                       [](const std::string& f) { return f != "optimizer.safetensors"; });
 }
 
-void load_hf_weights(Model& m, const std::string& dir) {
+void load_hf_weights(Model& m, const std::string& dir, bool verify) {
+  if (verify) verify_weights(dir);
   io::SafetensorsDir ck = io::SafetensorsDir::open(dir);
   if (m.cfg.is_v4() && ck.find("embed.weight")) return load_v4_original(m, dir);
   io::QuantConfig qc = quant_config_of(dir);

@@ -37,9 +37,11 @@ void write_config(const std::string& dir, const std::string& text);
 void make_output_dir(const std::string& dir);
 }  // namespace detail
 
-// Reads weights (and router biases) from a checkpoint directory into the model. A NaN or Inf
-// value is a UserError naming the tensor (check_finite_weights).
-void load_hf_weights(Model& m, const std::string& dir);
+// Reads weights (and router biases) from a checkpoint directory into the model. verify: first
+// check a trex checkpoint's weight files against its manifest (verify_weights; false when the
+// caller has checked the whole checkpoint already). A NaN or Inf value is a UserError naming the
+// tensor (check_finite_weights).
+void load_hf_weights(Model& m, const std::string& dir, bool verify = true);
 // A trex checkpoint's weight files (all but optimizer.safetensors) against its manifest.json
 // (io/checksum.h); UserError naming a damaged file. Directories without a manifest pass.
 void verify_weights(const std::string& dir);

@@ -84,8 +84,6 @@ class MoeDispatcher {
   // experts while the rows are in flight (their saved activations allocated before the exchange's
   // scratch); false: it runs them after the routed experts, reusing the routed experts' scratch.
   virtual bool in_flight() const = 0;
-  // The time blocked in communication since construction (ms).
-  virtual double wait_ms() const { return 0; }
 };
 
 // Every routed expert on this rank.
@@ -113,7 +111,6 @@ class AllToAllDispatcher final : public MoeDispatcher {
   const float* saved_inputs(const MoeRoute& r, const Dispatch& D, const float* x, int64_t d,
                             StackArena& A) const override;
   bool in_flight() const override { return true; }
-  double wait_ms() const override { return ep_.wait_ms; }
 
  private:
   const ExpertParallel& ep_;

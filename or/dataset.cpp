@@ -2,10 +2,10 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/timer.h"
+#include "io/atomic_file.h"
 
 namespace trex::orx {
 
@@ -188,31 +188,25 @@ DatasetReport write_dataset(const GenOptions& opts, const std::string& dir) {
                     dir, ": ", ec.message());
   }
   std::vector<Instance> all = generate(opts, rep.gen);
-  auto open = [&](const char* name) {
-    std::ofstream f(std::filesystem::path(dir) / name);
-    TREX_USER_CHECK(f.good(), "check that the output folder is writable", "cannot write ", (std::filesystem::path(dir) / name).string());
-    return f;
-  };
-  // Every write checked once at the end (a full disk sets the stream's fail bit).
-  auto close = [&](std::ofstream& f, const char* name) {
-    f.flush();
-    TREX_USER_CHECK(f.good(), "free disk space or choose another --out", "writing ",
-                    (std::filesystem::path(dir) / name).string(), " failed (disk full or I/O error)");
-  };
-  std::ofstream cpt = open("cpt.jsonl"), sft = open("sft.jsonl"), test = open("test.jsonl");
+  // Each file written atomically and durably (io/atomic_file.h: a full disk or an unwritable folder
+  // is a UserError naming the file and the operation).
+  const std::filesystem::path out(dir);
+  std::string cpt, sft, test;
   int64_t ntrain = 0, ntest = 0;
   for (const Instance& in : all) {
     if (in.split == "train") {
       const SftTask task = (SftTask)(ntrain % 3);
-      cpt << nlohmann::ordered_json{{"text", cpt_document(in)}}.dump() << "\n";
-      sft << sft_record(in, task, ntrain).dump() << "\n";
+      cpt += nlohmann::ordered_json{{"text", cpt_document(in)}}.dump() + "\n";
+      sft += sft_record(in, task, ntrain).dump() + "\n";
       ++rep.per_task[task_name(task)];
       ++ntrain;
     } else {
-      test << test_record(in, ntest++).dump() << "\n";
+      test += test_record(in, ntest++).dump() + "\n";
     }
   }
-  close(cpt, "cpt.jsonl"), close(sft, "sft.jsonl"), close(test, "test.jsonl");
+  io::write_file_atomic((out / "cpt.jsonl").string(), cpt);
+  io::write_file_atomic((out / "sft.jsonl").string(), sft);
+  io::write_file_atomic((out / "test.jsonl").string(), test);
   rep.n_cpt = rep.n_sft = ntrain;
   rep.n_test = ntest;
   rep.total_seconds = (now_ms() - t0) / 1000.0;
@@ -237,9 +231,7 @@ DatasetReport write_dataset(const GenOptions& opts, const std::string& dir) {
   st["generate_seconds"] = rep.gen.seconds;
   st["solve_seconds"] = rep.gen.solve_seconds;
   st["total_seconds"] = rep.total_seconds;
-  std::ofstream stats = open("stats.json");
-  stats << st.dump(2) << "\n";
-  close(stats, "stats.json");
+  io::write_file_atomic((out / "stats.json").string(), st.dump(2) + "\n");
   return rep;
 }
 

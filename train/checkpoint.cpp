@@ -178,7 +178,7 @@ TrainState load_checkpoint(const std::string& dir, model::Model& m, AdamW& opt, 
   TREX_USER_CHECK(c.num_params() == m.cfg.num_params() && c.num_hidden_layers == m.cfg.num_hidden_layers,
                   "resume with the model config the run was started with", dir,
                   ": checkpoint model does not match the configured model");
-  model::load_hf_weights(m, dir);
+  model::load_hf_weights(m, dir, false);  // verify_checkpoint covered every file when asked
   io::SafetensorsFile f = io::SafetensorsFile::open(dir + "/optimizer.safetensors");
   // The optimizer's pieces of each parameter (all of it on one rank; a ZeRO-1 shard's parts).
   std::vector<std::vector<const AdamWPiece*>> of_entry(m.layout.entries.size());

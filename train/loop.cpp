@@ -162,7 +162,6 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   model::Model m(rc.model, rc.train.precision, {rc.train.aux_loss_alpha, rc.train.mtp_loss_weight, rc.train.recompute},
                  expert_shard_of(dims, rank, rc.model), stage_shard_of(dims, rank, rc.model), tp_shard_of(dims, rank));
   if (!rc.model_path.empty()) {
-    model::verify_weights(rc.model_path);  // a trex checkpoint's manifest; the optimizer state is not read
     model::load_hf_weights(m, rc.model_path);
   } else {
     m.init_random(rc.train.seed);
