@@ -32,6 +32,7 @@
 #include "plan/calibration.h"
 #include "plan/measure.h"
 #include "plan/planner.h"
+#include "train/device.h"
 #include "train/layout.h"
 #include "train/run_config.h"
 #include "train/preflight.h"
@@ -192,7 +193,7 @@ void add_bench(CLI::App& app) {
 
   auto* step = bench->add_subcommand("step", "train N steps of a config's model and report speed and MFU");
   struct Opts {
-    std::string config, calibration, trace;
+    std::string config, calibration, trace, device;
     std::vector<std::string> sets;
     int steps = 0, warmup = 1;
     double peak_gflops = 0;
@@ -201,6 +202,7 @@ void add_bench(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   step->add_option("--config", o->config, "trex TOML run config ([model] + [train])")->required();
   step->add_option("--set", o->sets, "override a config value, KEY=VALUE (repeatable), e.g. parallel.ep=2");
+  step->add_option("--device", o->device, "cpu | cuda | cuda:N (overrides train.device)");
   step->add_option("--steps", o->steps, "measured steps (default train.steps)");
   step->add_option("--warmup", o->warmup, "steps run before measuring (default 1)");
   step->add_option("--peak-gflops", o->peak_gflops,
@@ -215,7 +217,10 @@ void add_bench(CLI::App& app) {
   step->callback([o] {
     MaybeMpi mpi;
     const int R = mpi.size(), rank = mpi.rank();
-    train::RunConfig rc = train::load_run_config(o->config, o->sets);
+    std::vector<std::string> sets = o->sets;
+    if (!o->device.empty()) sets.push_back("train.device=" + o->device);
+    train::RunConfig rc = train::load_run_config(o->config, sets);
+    const std::unique_ptr<kern::Backend> device = train::open_device(rc.train.device, "train.device");
     const parallel::ParallelDims dims = train::resolve_parallel(rc, R);  // dp = the ranks / tp; ep, tp as set
     int threads = init_threads((int)rc.train.threads);
     const int steps = o->steps > 0 ? o->steps : (int)rc.train.steps;
@@ -223,6 +228,7 @@ void add_bench(CLI::App& app) {
                    train::expert_shard_of(dims, rank, rc.model),  // ep > 1: this rank's experts only
                    train::stage_shard_of(dims, rank, rc.model),   // pp > 1: this rank's stage only
                    train::tp_shard_of(dims, rank));                // tp > 1: this rank's slice only
+    if (device) m.use_backend(*device);
     if (!rc.model_path.empty()) model::load_hf_weights(m, rc.model_path);
     else m.init_random(rc.train.seed);
     const float lr = (float)rc.optim.schedule.lr;

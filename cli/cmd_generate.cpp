@@ -17,6 +17,7 @@
 #include "core/parallel.h"
 #include "model/checkpoint.h"
 #include "model/generate.h"
+#include "train/device.h"
 #include "train/data.h"
 
 namespace trex::cli {
@@ -24,7 +25,7 @@ namespace trex::cli {
 void add_generate(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "generate text from a checkpoint (KV cache; greedy or sampling)");
   struct Opts {
-    std::string model, tokenizer, prompt, input, output, tmpl = "deepseek", precision = "fp32";
+    std::string model, tokenizer, prompt, input, output, tmpl = "deepseek", precision = "fp32", device = "cpu";
     int64_t max_tokens = 128;
     float temperature = 0.f, top_p = 1.f;
     uint64_t seed = 0;
@@ -46,9 +47,11 @@ void add_generate(CLI::App& app) {
   cmd->add_flag("--chat", o->chat, "wrap the prompt as a user turn of the chat template");
   cmd->add_option("--template", o->tmpl, "chat template: deepseek | chatml");
   cmd->add_option("--precision", o->precision, "fp32 or bf16");
+  cmd->add_option("--device", o->device, "cpu | cuda | cuda:N");
   cmd->add_option("--threads", o->threads, "threads");
   cmd->callback([o] {
     init_threads(o->threads);
+    const std::unique_ptr<kern::Backend> device = train::open_device(o->device, "--device");
     TREX_USER_CHECK(o->prompt.empty() != o->input.empty(), "give exactly one of --prompt and --input",
                     "trex generate: need --prompt TEXT or --input FILE.jsonl");
     // The output file first: a bad --output fails before the model is loaded.
@@ -58,6 +61,7 @@ void add_generate(CLI::App& app) {
     std::unique_ptr<FILE, int (*)(FILE*)> out_guard(out == stdout ? nullptr : out, &std::fclose);
     model::ModelConfig cfg = model::load_config_json(o->model + "/config.json");
     model::Model m(cfg, train::parse_precision(o->precision, "--precision"));
+    if (device) m.use_backend(*device);
     model::load_hf_weights(m, o->model);
     const std::string tok_path = o->tokenizer.empty() ? o->model : o->tokenizer;
     io::Tokenizer tok = io::Tokenizer::load(tok_path);

@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "core/parallel.h"
 #include "model/checkpoint.h"
+#include "train/device.h"
 #include "train/run_config.h"
 
 namespace trex::cli {
@@ -43,7 +44,7 @@ std::vector<int32_t> read_rows(const nlohmann::json& j, const char* key, const s
 void add_grad(CLI::App& app) {
   auto* cmd = app.add_subcommand("grad", "one forward+backward of a checkpoint on a batch; writes all gradients");
   struct Opts {
-    std::string model, batch, out, precision = "fp32";
+    std::string model, batch, out, precision = "fp32", device = "cpu";
     int threads = 0;
     double aux_alpha = 0, mtp_weight = 0;
   };
@@ -52,12 +53,14 @@ void add_grad(CLI::App& app) {
   cmd->add_option("--batch", o->batch, "JSON file {\"input_ids\": [[...]], \"labels\": [[...]]}")->required();
   cmd->add_option("--out", o->out, "output gradients (.safetensors)")->required();
   cmd->add_option("--precision", o->precision, "fp32 or bf16");
+  cmd->add_option("--device", o->device, "cpu | cuda | cuda:N");
   cmd->add_option("--threads", o->threads, "threads (default TREX_THREADS or all cores)");
   cmd->add_option("--aux-loss-alpha", o->aux_alpha, "sequence-wise aux loss coefficient (default 0 = off)");
   cmd->add_option("--mtp-loss-weight", o->mtp_weight, "DeepSeek-V4: train the MTP blocks with this loss weight (default 0 = off)");
   cmd->callback([o] {
     init_threads(o->threads);
     kern::Prec prec = train::parse_precision(o->precision, "--precision");
+    const std::unique_ptr<kern::Backend> device = train::open_device(o->device, "--device");
     model::ModelConfig cfg = model::load_config_json(o->model + "/config.json");
     std::ifstream f(o->batch);
     TREX_USER_CHECK(f.good(), "check the --batch path", o->batch, ": cannot open");
@@ -75,6 +78,7 @@ void add_grad(CLI::App& app) {
                       ", ", T2, "], input_ids [", B, ", ", T, "]");
     std::vector<int32_t> targets = model::shift_labels(labels, B, T);
     model::Model m(cfg, prec, {o->aux_alpha, o->mtp_weight});
+    if (device) m.use_backend(*device);
     model::load_hf_weights(m, o->model);
     model::Batch b{B, T, ids.data(), targets.data(), nullptr, nullptr};
     model::LossParts lp = m.forward_backward(b, 1.f);

@@ -12,6 +12,7 @@
 #include "cli/tokenizer_fns.h"
 #include "core/log.h"
 #include "parallel/comm_mpi.h"
+#include "train/device.h"
 #include "train/loop.h"
 #include "train/stop_signal.h"
 
@@ -20,7 +21,7 @@ namespace trex::cli {
 void add_train(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "continued pretraining or SFT from a TOML run config");
   struct Opts {
-    std::string config, resume, trace;
+    std::string config, resume, trace, device;
     std::vector<std::string> sets;
   };
   auto o = std::make_shared<Opts>();
@@ -28,6 +29,7 @@ void add_train(CLI::App& app) {
                   "TOML run config ([model] [data] [train] [optim] [parallel] [checkpoint] [log])")
       ->required();
   cmd->add_option("--set", o->sets, "override: section.key=value (repeatable)");
+  cmd->add_option("--device", o->device, "cpu | cuda | cuda:N (overrides train.device)");
   cmd->add_option("--resume", o->resume, "auto | none | checkpoint directory (overrides checkpoint.resume)");
   cmd->add_option("--trace", o->trace, "Chrome trace (Perfetto) of the first log.trace_steps steps: compute and "
                                       "communication tracks per rank (overrides log.trace)");
@@ -35,6 +37,7 @@ void add_train(CLI::App& app) {
     std::vector<std::string> sets = o->sets;
     if (!o->resume.empty()) sets.push_back("checkpoint.resume=" + o->resume);
     if (!o->trace.empty()) sets.push_back("log.trace=" + o->trace);
+    if (!o->device.empty()) sets.push_back("train.device=" + o->device);
     train::RunConfig rc = train::load_run_config(o->config, sets);
     TREX_USER_CHECK(!rc.data.tokenizer.empty(), "set data.tokenizer (or model.path with a tokenizer.json)",
                     o->config, ": no tokenizer given");

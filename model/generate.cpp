@@ -43,7 +43,7 @@ const std::vector<float>& Decoder::feed(const int32_t* ids, int64_t n) {
   const int64_t d = c.hidden_size, H = c.num_attention_heads, dqk = c.qk_head_dim(), dv = c.v_head_dim;
   StackArena& A = m_.acts;
   A.reset();
-  Ctx ctx{m_.prec, &A, nullptr};
+  Ctx ctx{m_.prec, &A, nullptr, &m_.backend()};
   const float* P = m_.P();
   const bf16* Pb = m_.Pb();
   const float eps = (float)c.rms_norm_eps;
@@ -60,7 +60,7 @@ const std::vector<float>& Decoder::feed(const int32_t* ids, int64_t n) {
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerParams& lp = L.layers[l];
     auto mk = A.mark();
-    kern::rmsnorm_fwd(x, n, d, P + lp.in_norm, eps, h, nullptr);
+    ctx.k().rmsnorm_fwd(x, n, d, P + lp.in_norm, eps, h, nullptr);
     AttnIn ai{&c, &lp, P, Pb, nullptr, &rope, pos, nullptr, 1, n};
     MlaSaved s;
     mla_project(ctx, ai, h, s);
@@ -94,7 +94,7 @@ const std::vector<float>& Decoder::feed(const int32_t* ids, int64_t n) {
     });
     linear_fwd(ctx, o, n, H * dv, {P + lp.o, Pb ? Pb + lp.o : nullptr}, d, t);
     for (int64_t i = 0; i < n * d; ++i) x[i] += t[i];
-    kern::rmsnorm_fwd(x, n, d, P + lp.post_norm, eps, h, nullptr);
+    ctx.k().rmsnorm_fwd(x, n, d, P + lp.post_norm, eps, h, nullptr);
     if (c.is_moe_layer(l)) {
       MoeIn mi{&c, &lp, P, Pb, nullptr, m_.buffers.data() + lp.bias, 1, n, 0.0, 1.f};
       mi.dispatcher = &m_.moe_dispatcher();
@@ -109,7 +109,7 @@ const std::vector<float>& Decoder::feed(const int32_t* ids, int64_t n) {
     A.release(mk);
   }
   // Last token: final norm and the LM head.
-  kern::rmsnorm_fwd(x + (n - 1) * d, 1, d, P + L.final_norm, eps, h, nullptr);
+  ctx.k().rmsnorm_fwd(x + (n - 1) * d, 1, d, P + L.final_norm, eps, h, nullptr);
   linear_fwd(ctx, h, 1, d, {P + L.head, Pb ? Pb + L.head : nullptr}, c.vocab_size, logits_.data());
   len_ += n;
   return logits_;

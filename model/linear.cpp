@@ -40,13 +40,13 @@ void linear_fwd(const Ctx& c, const float* x, int64_t N, int64_t in, W w, int64_
   if (N == 0) return;
   const int64_t ldw = w.ld ? w.ld : in, ly = ldy ? ldy : out;
   if (c.prec == kern::Prec::F32 || !w.b) {
-    kern::gemm_f32(false, true, N, out, in, 1.f, x, in, w.f, ldw, beta, y, ly);
+    c.k().gemm(kern::Prec::F32, kern::Prec::F32, false, true, N, out, in, 1.f, x, in, w.f, ldw, beta, y, ly);
     return;
   }
   auto m = c.ws->mark();
   bf16* xb = c.ws->alloc<bf16>(N * in);
   to_bf16(x, xb, N * in);
-  kern::gemm_bf16(false, true, N, out, in, 1.f, xb, in, w.b, ldw, beta, y, ly);
+  c.k().gemm(kern::Prec::BF16, kern::Prec::BF16, false, true, N, out, in, 1.f, xb, in, w.b, ldw, beta, y, ly);
   c.ws->release(m);
 }
 
@@ -55,17 +55,17 @@ void linear_bwd(const Ctx& c, const float* dy, const float* x, int64_t N, int64_
   if (N == 0) return;
   const int64_t ldw = w.ld ? w.ld : in, ly = ldy ? ldy : out;
   if (c.prec == kern::Prec::F32 || !w.b) {
-    if (dx) kern::gemm_f32(false, false, N, in, out, 1.f, dy, ly, w.f, ldw, dx_accum ? 1.f : 0.f, dx, in);
-    if (dW) kern::gemm_f32(true, false, out, in, N, 1.f, dy, ly, x, in, 1.f, dW, ldw);
+    if (dx) c.k().gemm(kern::Prec::F32, kern::Prec::F32, false, false, N, in, out, 1.f, dy, ly, w.f, ldw, dx_accum ? 1.f : 0.f, dx, in);
+    if (dW) c.k().gemm(kern::Prec::F32, kern::Prec::F32, true, false, out, in, N, 1.f, dy, ly, x, in, 1.f, dW, ldw);
     return;
   }
   auto m = c.ws->mark();
   bf16* dyb = bf16_rows(c, dy, N, out, ly);
-  if (dx) kern::gemm_bf16(false, false, N, in, out, 1.f, dyb, out, w.b, ldw, dx_accum ? 1.f : 0.f, dx, in);
+  if (dx) c.k().gemm(kern::Prec::BF16, kern::Prec::BF16, false, false, N, in, out, 1.f, dyb, out, w.b, ldw, dx_accum ? 1.f : 0.f, dx, in);
   if (dW) {
     bf16* xb = c.ws->alloc<bf16>(N * in);
     to_bf16(x, xb, N * in);
-    kern::gemm_bf16(true, false, out, in, N, 1.f, dyb, out, xb, in, 1.f, dW, ldw);
+    c.k().gemm(kern::Prec::BF16, kern::Prec::BF16, true, false, out, in, N, 1.f, dyb, out, xb, in, 1.f, dW, ldw);
   }
   c.ws->release(m);
 }

@@ -7,14 +7,24 @@
 #include "core/dtype.h"
 #include "core/profile.h"
 #include "core/stack_arena.h"
+#include "core/error.h"
+#include "kernels/backend.h"
 #include "kernels/gemm.h"
 
 namespace trex::model {
 
+// What a module's forward / backward runs with: the precision, scratch, an optional profiler and
+// the backend (kernels/backend.h) whose kernel table does the math. The model owns the backend
+// (Model::backend()); every Ctx a model builds points at it.
 struct Ctx {
   kern::Prec prec = kern::Prec::F32;
   StackArena* ws = nullptr;  // scratch for bf16 copies and temporaries
   Profiler* prof = nullptr;  // optional timing of named regions
+  kern::Backend* be = nullptr;
+  kern::Backend& k() const {
+    TREX_CHECK(be, "model::Ctx without a backend");
+    return *be;
+  }
 };
 
 // Weight pointers of one matrix: f32 master and (in bf16 mode) its bf16 shadow. ld is the row

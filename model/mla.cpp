@@ -61,13 +61,13 @@ void mla_project(const Ctx& c, const AttnIn& in, const float* x, MlaSaved& s) {
     s.qa_rstd = A.alloc<float>(N);
     s.qan = A.alloc<float>(N * rq);
     linear_fwd(c, x, N, d, wt(in, p.q_a), rq, s.qa);
-    kern::rmsnorm_fwd(s.qa, N, rq, in.P + p.q_a_norm, kLatentNormEps, s.qan, s.qa_rstd);
+    c.k().rmsnorm_fwd(s.qa, N, rq, in.P + p.q_a_norm, kLatentNormEps, s.qan, s.qa_rstd);
     linear_fwd(c, s.qan, N, rq, q_rows(in, hs, dqk, rq), H * dqk, s.Q);
   } else {
     linear_fwd(c, x, N, d, q_rows(in, hs, dqk, d), H * dqk, s.Q);
   }
   if (dr)
-    kern::rope_apply(s.Q + dn, N, (int)H, H * dqk, dqk, (int)dr, in.pos, in.rope->cos, in.rope->sin, layout(*in.rope),
+    c.k().rope_apply(s.Q + dn, N, (int)H, H * dqk, dqk, (int)dr, in.pos, in.rope->cos, in.rope->sin, layout(*in.rope),
                      false);
 
   // Latent and shared rope key (kva is a temporary split into the two saved parts).
@@ -85,8 +85,8 @@ void mla_project(const Ctx& c, const AttnIn& in, const float* x, MlaSaved& s) {
     }
     A.release(mk);
   }
-  kern::rmsnorm_fwd(s.lat, N, r, in.P + p.kv_a_norm, kLatentNormEps, s.latn, s.lat_rstd);
-  if (dr) kern::rope_apply(kpe, N, 1, dr, dr, (int)dr, in.pos, in.rope->cos, in.rope->sin, layout(*in.rope), false);
+  c.k().rmsnorm_fwd(s.lat, N, r, in.P + p.kv_a_norm, kLatentNormEps, s.latn, s.lat_rstd);
+  if (dr) c.k().rope_apply(kpe, N, 1, dr, dr, (int)dr, in.pos, in.rope->cos, in.rope->sin, layout(*in.rope), false);
 
   // Per-head keys and values from the latent.
   s.K = A.alloc<float>(N * H * dqk);
@@ -122,7 +122,7 @@ void mla_forward(const Ctx& c, const AttnIn& in, const float* x, float* out, Mla
   kern::AttnShape sh{(int)in.B, (int)in.T, (int)H, (int)dqk, (int)dv, in.rope->softmax_scale, 0};
   {
     ProfScope ps(c.prof, "fwd.mla.attn_core");
-    kern::attention_fwd(sh, s.Q, s.K, s.V, s.O, s.lse, in.seg);
+    c.k().attention_fwd(sh, s.Q, s.K, s.V, s.O, s.lse, in.seg);
   }
   // o_proj [d, H dv]: the columns of the local heads (row-parallel; out is a partial sum), at row
   // stride Hs dv (the whole tensor's, or the held slice's).
@@ -151,7 +151,7 @@ void mla_backward(const Ctx& c, const AttnIn& in, const MlaSaved& s, const float
   kern::AttnShape sh{(int)in.B, (int)in.T, (int)H, (int)dqk, (int)dv, in.rope->softmax_scale, 0};
   {
     ProfScope ps(c.prof, "bwd.mla.attn_core");
-    kern::attention_bwd(sh, s.Q, s.K, s.V, s.O, s.lse, dO, dQ, dK, dV, in.seg);
+    c.k().attention_bwd(sh, s.Q, s.K, s.V, s.O, s.lse, dO, dQ, dK, dV, in.seg);
   }
 
   // Back into the latent: dkv [N, H, dn+dv], dk_pe [N, dr] summed over heads.
@@ -171,24 +171,24 @@ void mla_backward(const Ctx& c, const AttnIn& in, const MlaSaved& s, const float
     }
   });
   if (dr)
-    kern::rope_apply(dkva + r, N, 1, r + dr, dr, (int)dr, in.pos, in.rope->cos, in.rope->sin, layout(*in.rope), true);
+    c.k().rope_apply(dkva + r, N, 1, r + dr, dr, (int)dr, in.pos, in.rope->cos, in.rope->sin, layout(*in.rope), true);
   float* dlatn = A.alloc<float>(N * r);
   const int64_t kvb = p.kv_b + hs.s0 * (dn + dv) * r;  // kv_b rows of the local heads
   linear_bwd(c, dkv, s.latn, N, r, wt(in, kvb), H * (dn + dv), dlatn, false, G + kvb);
   float* dlat = A.alloc<float>(N * r);
-  kern::rmsnorm_bwd(dlatn, s.lat, N, r, in.P + p.kv_a_norm, s.lat_rstd, dlat, G + p.kv_a_norm);
+  c.k().rmsnorm_bwd(dlatn, s.lat, N, r, in.P + p.kv_a_norm, s.lat_rstd, dlat, G + p.kv_a_norm);
   for (int64_t n = 0; n < N; ++n) std::memcpy(dkva + n * (r + dr), dlat + n * r, r * sizeof(float));
   linear_bwd(c, dkva, s.x, N, d, wt(in, p.kv_a), r + dr, dx, false, G + p.kv_a);
 
   // Queries: undo RoPE on the gradient (the rotation's adjoint is the inverse rotation).
   if (dr)
-    kern::rope_apply(dQ + dn, N, (int)H, H * dqk, dqk, (int)dr, in.pos, in.rope->cos, in.rope->sin, layout(*in.rope),
+    c.k().rope_apply(dQ + dn, N, (int)H, H * dqk, dqk, (int)dr, in.pos, in.rope->cos, in.rope->sin, layout(*in.rope),
                      true);
   if (rq) {
     float* dqan = A.alloc<float>(N * rq);
     linear_bwd(c, dQ, s.qan, N, rq, q_rows(in, hs, dqk, rq), H * dqk, dqan, false, G + p.q_b + hs.s0 * dqk * rq);
     float* dqa = A.alloc<float>(N * rq);
-    kern::rmsnorm_bwd(dqan, s.qa, N, rq, in.P + p.q_a_norm, s.qa_rstd, dqa, G + p.q_a_norm);
+    c.k().rmsnorm_bwd(dqan, s.qa, N, rq, in.P + p.q_a_norm, s.qa_rstd, dqa, G + p.q_a_norm);
     linear_bwd(c, dqa, s.x, N, d, wt(in, p.q_a), rq, dx, true, G + p.q_a);
   } else {
     linear_bwd(c, dQ, s.x, N, d, q_rows(in, hs, dqk, d), H * dqk, dx, true, G + p.q + hs.s0 * dqk * d);

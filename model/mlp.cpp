@@ -47,7 +47,7 @@ void mlp_forward_saved(const Ctx& c, const MlpW& w, const float* x, int64_t N, f
     linear_fwd(c, x, N, w.d, w.gu, w.F, s.gu, 0.f, 2 * w.F);
     linear_fwd(c, x, N, w.d, up_rows(w.gu, w.up_off), w.F, s.gu + w.F, 0.f, 2 * w.F);
   }
-  kern::swiglu_fwd(s.gu, N, w.F, w.limit, s.h);
+  c.k().swiglu_fwd(s.gu, N, w.F, w.limit, s.h);
   linear_fwd(c, s.h, N, w.F, w.down, w.d, y, beta);
 }
 
@@ -57,7 +57,7 @@ void mlp_backward(const Ctx& c, const MlpW& w, const MlpSaved& s, int64_t N, con
   float* dh = c.ws->alloc<float>(N * w.F);
   linear_bwd(c, dy, s.h, N, w.F, w.down, w.d, dh, false, w.ddown);
   float* dgu = c.ws->alloc<float>(N * 2 * w.F);
-  kern::swiglu_bwd(dh, s.gu, N, w.F, w.limit, dgu);
+  c.k().swiglu_bwd(dh, s.gu, N, w.F, w.limit, dgu);
   if (!w.up_off || w.up_off == w.F * w.d) {
     linear_bwd(c, dgu, s.x, N, w.d, w.gu, 2 * w.F, dx, dx_accum, w.dgu);
   } else {

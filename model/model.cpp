@@ -48,6 +48,13 @@ struct LayerSaved {
 
 }  // namespace
 
+void Model::use_backend(kern::Backend& b) {
+  TREX_USER_CHECK(b.host_addressable(), "train on device \"cpu\"",
+                  "the model's training step does not run on the ", b.name(),
+                  " backend yet: its parameters, activations, routing and row copies live in host memory");
+  be_ = &b;
+}
+
 Model::Model(const ModelConfig& c, kern::Prec p, TrainOptions o, ExpertShard shard, StageShard stage, TpShard tp)
     : cfg(with_mtp(c, o.mtp_loss_weight > 0 ? c.num_nextn_predict_layers : 0)),
       layout(build_layout(cfg, shard, stage, tp)),
@@ -338,7 +345,7 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
   const bool count_stats = !io || io->count;
   const int64_t l0 = st.l0, l1 = stage_end();
   acts.reset();
-  Ctx c{prec, &acts, prof};
+  Ctx c{prec, &acts, prof, be_};
   float* P = this->P();
   float* G = this->G();
   const bf16* Pb = this->Pb();
@@ -395,12 +402,12 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
   // holds them).
   auto layer_forward = [&](int64_t l, float* x, LayerSaved& s, bool count, bool replaying = false) -> float* {
     Profiler* pr = replaying ? nullptr : prof;
-    const Ctx cx{prec, &acts, pr};
+    const Ctx cx{prec, &acts, pr, be_};
     const LayerParams& lp = layout.layers[l];
     s.h_in = x;
     s.n1 = acts.alloc<float>(Nl * d);
     s.rstd1 = acts.alloc<float>(Nl);
-    kern::rmsnorm_fwd(x, Nl, d, P + lp.in_norm, eps, s.n1, s.rstd1);
+    cx.k().rmsnorm_fwd(x, Nl, d, P + lp.in_norm, eps, s.n1, s.rstd1);
     AttnIn ai{&cfg, &lp, P, Pb, G, &rope_, pos, b.seg, B, T, tp_.slice};
     s.h_mid = acts.alloc<float>(Nl * d);
     {
@@ -413,7 +420,7 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
     for (int64_t i = 0; i < Nl * d; ++i) s.h_mid[i] += x[i];
     s.n2 = acts.alloc<float>(Nl * d);
     s.rstd2 = acts.alloc<float>(Nl);
-    kern::rmsnorm_fwd(s.h_mid, Nl, d, P + lp.post_norm, eps, s.n2, s.rstd2);
+    cx.k().rmsnorm_fwd(s.h_mid, Nl, d, P + lp.post_norm, eps, s.n2, s.rstd2);
     float* h_out = acts.alloc<float>(Nl * d);
     if (cfg.is_moe_layer(l)) {
       ProfScope ps(pr, "fwd.moe");
@@ -462,7 +469,7 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
     if (layout.head == layout.embed) need(kGradGroupEmbed);  // tied
     float* hf = acts.alloc<float>(Nl * d);
     float* rstdf = acts.alloc<float>(Nl);
-    kern::rmsnorm_fwd(x, Nl, d, P + layout.final_norm, eps, hf, rstdf);
+    c.k().rmsnorm_fwd(x, Nl, d, P + layout.final_norm, eps, hf, rstdf);
     float* dhf = backward ? acts.alloc<float>(Nl * d) : nullptr;
     kern::CeArgs ce{};
     ce.prec = prec;
@@ -484,7 +491,7 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
     double ce_sum;
     {
       ProfScope ps(prof, backward ? "head_ce.fwd+bwd" : "head_ce.fwd");
-      ce_sum = kern::lm_head_ce(ce, &nv);
+      ce_sum = c.k().lm_head_ce(ce, &nv);
     }
     out.ce = n_valid ? ce_sum / (double)n_valid : 0.0;
     out.loss = out.ce + out.aux;
@@ -492,7 +499,7 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
 
     // Backward.
     dx = acts.alloc<float>(Nl * d);
-    kern::rmsnorm_bwd(dhf, x, Nl, d, P + layout.final_norm, rstdf, dx, G + layout.final_norm);
+    c.k().rmsnorm_bwd(dhf, x, Nl, d, P + layout.final_norm, rstdf, dx, G + layout.final_norm);
     if (grad_ready) grad_ready(kGradGroupHead);
   }
   float* tmp = acts.alloc<float>(Nl * d);
@@ -518,7 +525,7 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
       mlp_backward(c, w, s.mlp, N, dy, dn, false);
       tp_block_out(sh, dn, tmp, d);  // the column-parallel input's gradient: sum of the parts
     }
-    kern::rmsnorm_bwd(tmp, s.h_mid, Nl, d, P + lp.post_norm, s.rstd2, tmp2, G + lp.post_norm);
+    c.k().rmsnorm_bwd(tmp, s.h_mid, Nl, d, P + lp.post_norm, s.rstd2, tmp2, G + lp.post_norm);
     for (int64_t i = 0; i < Nl * d; ++i) dx[i] += tmp2[i];
     // h_mid = h_in + mla(norm1(h_in))
     AttnIn ai{&cfg, &lp, P, Pb, G, &rope_, pos, b.seg, B, T, tp_.slice};
@@ -529,7 +536,7 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
       mla_backward(c, ai, s.att, dy, dn);
       tp_block_out(sh, dn, tmp, d);
     }
-    kern::rmsnorm_bwd(tmp, s.h_in, Nl, d, P + lp.in_norm, s.rstd1, tmp2, G + lp.in_norm);
+    c.k().rmsnorm_bwd(tmp, s.h_in, Nl, d, P + lp.in_norm, s.rstd1, tmp2, G + lp.in_norm);
     for (int64_t i = 0; i < Nl * d; ++i) dx[i] += tmp2[i];
     acts.release(mk);
     if (grad_ready) grad_ready(l);

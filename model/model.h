@@ -211,6 +211,12 @@ class Model {
   void tp_block_out(const SeqShard& s, float* full, float* out, int64_t w);
   // RoPE tables and softmax scale covering positions [0, max_pos) (grown on demand).
   const RopeTable& rope_table(int64_t max_pos);
+  // The backend whose kernel table the modules call (kernels/backend.h): a CPU backend the model
+  // owns, unless use_backend names another (owned by the caller, outliving the model). The model
+  // keeps parameters, activations and its host-side steps (routing, row copies, residual adds) in
+  // host memory for now, so use_backend refuses a backend whose memory the host cannot address.
+  kern::Backend& backend() const { return *be_; }
+  void use_backend(kern::Backend& b);
 
  private:
   // io: the pipeline stage's inputs and outputs (null without pipeline parallelism).
@@ -242,6 +248,8 @@ class Model {
   std::unique_ptr<AllToAllDispatcher> a2a_dispatcher_;  // reads ep_
   TensorParallel tp_;
   PipelineStage stage_;
+  std::unique_ptr<kern::Backend> own_be_ = kern::make_cpu_backend();
+  kern::Backend* be_ = own_be_.get();
 };
 
 }  // namespace trex::model

@@ -180,7 +180,7 @@ float* layer_forward(Env& e, int64_t l, float* X, V4LayerSaved& s, double* aux) 
                    s.ha.mix, s.ha.rstd);
   s.n1 = A.alloc<float>(N * d);
   s.rstd1 = A.alloc<float>(N);
-  kern::rmsnorm_fwd(s.ha.y, N, d, P + lp.in_norm, eps, s.n1, s.rstd1);
+  e.ctx.k().rmsnorm_fwd(s.ha.y, N, d, P + lp.in_norm, eps, s.n1, s.rstd1);
   s.a = A.alloc<float>(N * d);
   {
     ProfScope ps(e.ctx.prof, "fwd.attn");
@@ -200,7 +200,7 @@ float* layer_forward(Env& e, int64_t l, float* X, V4LayerSaved& s, double* aux) 
                    s.hf.mix, s.hf.rstd);
   s.n2 = A.alloc<float>(N * d);
   s.rstd2 = A.alloc<float>(N);
-  kern::rmsnorm_fwd(s.hf.y, N, d, P + lp.post_norm, eps, s.n2, s.rstd2);
+  e.ctx.k().rmsnorm_fwd(s.hf.y, N, d, P + lp.post_norm, eps, s.n2, s.rstd2);
   s.f = A.alloc<float>(N * d);
   {
     ProfScope ps(e.ctx.prof, "fwd.moe");
@@ -251,7 +251,7 @@ void layer_backward(Env& e, int64_t l, V4LayerSaved& s, float* dX, const BwdScra
     ProfScope ps(e.ctx.prof, "bwd.moe");
     moe_backward(e.ctx, moe_in(e, l), s.moe, w.df, w.dnorm);
   }
-  kern::rmsnorm_bwd(w.dnorm, s.hf.y, N, d, P + lp.post_norm, s.rstd2, w.dy, G + lp.post_norm);
+  e.ctx.k().rmsnorm_bwd(w.dnorm, s.hf.y, N, d, P + lp.post_norm, s.rstd2, w.dy, G + lp.post_norm);
   kern::hc_pre_bwd(e.hs, s.X_mid, P + q.ffn_hc_fn, P + q.ffn_hc_base, P + q.ffn_hc_scale, s.hf.mix, s.hf.rstd, w.dy,
                    w.dpost, w.dcomb, w.dX2, G + q.ffn_hc_fn, G + q.ffn_hc_base, G + q.ffn_hc_scale, w.hc_work);
   kern::hc_post_bwd(e.hs, s.X_in, s.a, s.ha.post, s.ha.comb, w.dX2, dX, w.df, w.dpost, w.dcomb);
@@ -266,7 +266,7 @@ void layer_backward(Env& e, int64_t l, V4LayerSaved& s, float* dX, const BwdScra
       v4_attn_backward(e.ctx, attn_in(e, l), s.att, w.df, w.dnorm);
     }
   }
-  kern::rmsnorm_bwd(w.dnorm, s.ha.y, N, d, P + lp.in_norm, s.rstd1, w.dy, G + lp.in_norm);
+  e.ctx.k().rmsnorm_bwd(w.dnorm, s.ha.y, N, d, P + lp.in_norm, s.rstd1, w.dy, G + lp.in_norm);
   kern::hc_pre_bwd(e.hs, s.X_in, P + q.attn_hc_fn, P + q.attn_hc_base, P + q.attn_hc_scale, s.ha.mix, s.ha.rstd, w.dy,
                    w.dpost, w.dcomb, dX, G + q.attn_hc_fn, G + q.attn_hc_base, G + q.attn_hc_scale, w.hc_work);
 }
@@ -288,7 +288,7 @@ double head_forward(Env& e, Head& h, const int32_t* targets, float ce_scale, ker
   kern::hc_head_fwd(e.hs, h.X, e.P + h.fn, e.P + h.base, e.P + h.scale, h.yh, h.mix, h.rstdh);
   float* hf = A.alloc<float>(N * d);
   h.rstdf = A.alloc<float>(N);
-  kern::rmsnorm_fwd(h.yh, N, d, e.P + h.norm, (float)e.c.rms_norm_eps, hf, h.rstdf);
+  e.ctx.k().rmsnorm_fwd(h.yh, N, d, e.P + h.norm, (float)e.c.rms_norm_eps, hf, h.rstdf);
   h.dhf = e.G ? A.alloc<float>(N * d) : nullptr;
   kern::CeArgs ce{};
   ce.prec = prec;
@@ -308,7 +308,7 @@ double head_forward(Env& e, Head& h, const int32_t* targets, float ce_scale, ker
   ce.workspace = A.alloc<float>(kern::lm_head_ce_workspace_floats(ce));
   int64_t nv = 0;
   ProfScope ps(e.ctx.prof, e.G ? "head_ce.fwd+bwd" : "head_ce.fwd");
-  return kern::lm_head_ce(ce, &nv);
+  return e.ctx.k().lm_head_ce(ce, &nv);
 }
 
 // -> dX [N, n, d] (overwrite)
@@ -317,7 +317,7 @@ void head_backward(Env& e, const Head& h, float* dX) {
   const int64_t N = e.N(), d = e.c.hidden_size;
   auto mk = A.mark();
   float* dyh = A.alloc<float>(N * d);
-  kern::rmsnorm_bwd(h.dhf, h.yh, N, d, e.P + h.norm, h.rstdf, dyh, e.G + h.norm);
+  e.ctx.k().rmsnorm_bwd(h.dhf, h.yh, N, d, e.P + h.norm, h.rstdf, dyh, e.G + h.norm);
   float* work = A.alloc<float>(std::max<size_t>(kern::hc_head_bwd_workspace_floats(e.hs), 1));
   kern::hc_head_bwd(e.hs, h.X, e.P + h.fn, e.P + h.base, e.P + h.scale, h.mix, h.rstdh, dyh, dX, e.G + h.fn,
                     e.G + h.base, e.G + h.scale, work);
@@ -366,7 +366,7 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
   // Every per-token array below has Nl rows; the attention sees all N (tp_block_in / out).
   const SeqShard sh = seq_shard_of(N);
   const int64_t Nl = sh.rows, n0 = sh.n0;
-  Env e{c, layout, b, Ctx{prec, &acts, prof}, P(), backward ? G() : nullptr, Pb(), buffers.data(), v4_cos_, v4_sin_,
+  Env e{c, layout, b, Ctx{prec, &acts, prof, be_}, P(), backward ? G() : nullptr, Pb(), buffers.data(), v4_cos_, v4_sin_,
         &load_, kern::HcShape{Nl, (int)n, d, (int)v.hc_sinkhorn_iters, (float)v.hc_eps, (float)c.rms_norm_eps},
         opt.aux_loss_alpha, grad_scale, std::vector<int32_t*>(layout.layers.size(), nullptr)};
   e.dispatcher = &moe_dispatcher();
@@ -498,10 +498,10 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
     for (int64_t i = 0; i < Nl; ++i) std::memcpy(m.e + i * d, P + layout.embed + (int64_t)m.ids[i] * d, d * 4);
     m.en = A.alloc<float>(Nl * d);
     m.e_rstd = A.alloc<float>(Nl);
-    kern::rmsnorm_fwd(m.e, Nl, d, P + t.enorm, eps, m.en, m.e_rstd);
+    e.ctx.k().rmsnorm_fwd(m.e, Nl, d, P + t.enorm, eps, m.en, m.e_rstd);
     m.hn = A.alloc<float>(Nl * n * d);
     m.h_rstd = A.alloc<float>(Nl * n);
-    kern::rmsnorm_fwd(Xprev, Nl * n, d, P + t.hnorm, eps, m.hn, m.h_rstd);
+    e.ctx.k().rmsnorm_fwd(Xprev, Nl * n, d, P + t.hnorm, eps, m.hn, m.h_rstd);
     m.ep = A.alloc<float>(Nl * d);
     linear_fwd(e.ctx, m.en, Nl, d, W{P + t.e_proj, Pb() ? Pb() + t.e_proj : nullptr}, d, m.ep);
     m.X = A.alloc<float>(Nl * n * d);
@@ -543,10 +543,10 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
     float* den = A.alloc<float>(Nl * d);
     linear_bwd(e.ctx, dep, m.en, Nl, d, W{P + t.e_proj, Pb() ? Pb() + t.e_proj : nullptr}, d, den, false, G + t.e_proj);
     float* de = A.alloc<float>(Nl * d);
-    kern::rmsnorm_bwd(den, m.e, Nl, d, P + t.enorm, m.e_rstd, de, G + t.enorm);
+    e.ctx.k().rmsnorm_bwd(den, m.e, Nl, d, P + t.enorm, m.e_rstd, de, G + t.enorm);
     embed_backward(G + layout.embed, m.ids, de, Nl, d, 1);
     const float* Xp = k ? ms[k - 1].head.X : X;
-    kern::rmsnorm_bwd(dhn, Xp, Nl * n, d, P + t.hnorm, m.h_rstd, dprev, G + t.hnorm);
+    e.ctx.k().rmsnorm_bwd(dhn, Xp, Nl * n, d, P + t.hnorm, m.h_rstd, dprev, G + t.hnorm);
     A.release(mk);
     if (grad_ready) grad_ready(Lm + k);
   }
@@ -569,7 +569,7 @@ void Model::v4_last_logits(const int32_t* ids, int64_t T, float* logits) {
   StackArena& A = acts;
   v4_tables(T);
   const Batch b{1, T, ids, nullptr, nullptr, nullptr};
-  Env e{c, layout, b, Ctx{prec, &acts, prof}, P(), nullptr, Pb(), buffers.data(), v4_cos_, v4_sin_, &load_,
+  Env e{c, layout, b, Ctx{prec, &acts, prof, be_}, P(), nullptr, Pb(), buffers.data(), v4_cos_, v4_sin_, &load_,
         kern::HcShape{T, (int)n, d, (int)v.hc_sinkhorn_iters, (float)v.hc_eps, (float)c.rms_norm_eps},
         opt.aux_loss_alpha, 0.f, std::vector<int32_t*>(layout.layers.size(), nullptr)};
   e.sh = seq_shard(T, 0, 1);  // one row, every token here (no tensor parallelism)
@@ -588,13 +588,13 @@ void Model::v4_last_logits(const int32_t* ids, int64_t T, float* logits) {
   kern::hc_head_fwd(h1, X + (T - 1) * n * d, P() + layout.hc_head_fn, P() + layout.hc_head_base,
                     P() + layout.hc_head_scale, y, mix, &rstd);
   float* hf = A.alloc<float>(d);
-  kern::rmsnorm_fwd(y, 1, d, P() + layout.final_norm, (float)c.rms_norm_eps, hf, nullptr);
+  e.ctx.k().rmsnorm_fwd(y, 1, d, P() + layout.final_norm, (float)c.rms_norm_eps, hf, nullptr);
   if (prec == kern::Prec::BF16) {
     bf16* hb = A.alloc<bf16>(d);
     to_bf16(hf, hb, d);
-    kern::gemm_bf16(false, true, 1, V, d, 1.f, hb, d, Pb() + layout.head, d, 0.f, logits, V);
+    e.ctx.k().gemm(kern::Prec::BF16, kern::Prec::BF16, false, true, 1, V, d, 1.f, hb, d, Pb() + layout.head, d, 0.f, logits, V);
   } else {
-    kern::gemm_f32(false, true, 1, V, d, 1.f, hf, d, P() + layout.head, d, 0.f, logits, V);
+    e.ctx.k().gemm(kern::Prec::F32, kern::Prec::F32, false, true, 1, V, d, 1.f, hf, d, P() + layout.head, d, 0.f, logits, V);
   }
 }
 

@@ -29,7 +29,7 @@ void over_experts(const Ctx& c, const std::vector<int64_t>& off, bool ta, bool t
     const int64_t r0 = off[e], M = off[e + 1] - r0;
     if (M) g.push_back(make((int64_t)e, r0, M));
   }
-  kern::grouped_gemm(c.prec, ta, tb, 1.f, beta, g.data(), (int)g.size());
+  c.k().grouped_gemm(c.prec, ta, tb, 1.f, beta, g.data(), (int)g.size());
 }
 
 size_t elem(const Ctx& c) { return c.prec == kern::Prec::BF16 ? 2 : 4; }
@@ -88,7 +88,7 @@ void experts_fwd(const Ctx& c, const MoeIn& in, const std::vector<int64_t>& off,
   StackArena& A = *c.ws;
   auto mk = A.mark();
   expert_gemm_fwd(c, off, gemm_input(c, xs, R * d), w.gu, 2 * F, d, gu);
-  kern::swiglu_fwd(gu, R, F, in.swiglu_limit, h);
+  c.k().swiglu_fwd(gu, R, F, in.swiglu_limit, h);
   expert_gemm_fwd(c, off, gemm_input(c, h, R * F), w.down, d, F, y);
   A.release(mk);
 }
@@ -106,7 +106,7 @@ void experts_bwd(const Ctx& c, const MoeIn& in, const std::vector<int64_t>& off,
   expert_gemm_dx(c, off, dyin, w.down, d, F, dh);
   expert_gemm_dw(c, off, dyin, gemm_input(c, h, R * F), d, F, w.ddown);
   float* dgu = A.alloc<float>(R * 2 * F);
-  kern::swiglu_bwd(dh, gu, R, F, in.swiglu_limit, dgu);
+  c.k().swiglu_bwd(dh, gu, R, F, in.swiglu_limit, dgu);
   const void* dguin = gemm_input(c, dgu, R * 2 * F);
   expert_gemm_dx(c, off, dguin, w.gu, 2 * F, d, dxs);
   expert_gemm_dw(c, off, dguin, gemm_input(c, xs, R * d), 2 * F, d, w.dgu);
@@ -131,7 +131,7 @@ double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, Mo
   s.route.probs = A.alloc<float>(R);
   {
     ProfScope ps(c.prof, "fwd.moe.route");
-    kern::gemm_f32(false, true, N, E, d, 1.f, x, d, in.P + p.router, d, 0.f, s.route.scores, E);
+    c.k().gemm(kern::Prec::F32, kern::Prec::F32, false, true, N, E, d, 1.f, x, d, in.P + p.router, d, 0.f, s.route.scores, E);
     router_select(m, s.route.scores, in.hash_idx ? nullptr : in.bias, N, s.route, in.hash_idx);
   }
   double aux = in.aux_alpha > 0 ? seq_aux_loss(m, s.route, in.B, in.T, in.aux_alpha, 1.f, nullptr, in.n0, N, in.seq_sum) : 0.0;
@@ -249,8 +249,8 @@ void moe_backward(const Ctx& c, const MoeIn& in, const MoeSaved& s, const float*
   router_probs_backward(m, s.route, dprobs, N, dsc);
   if (in.aux_alpha > 0) seq_aux_loss(m, s.route, in.B, in.T, in.aux_alpha, in.aux_grad_scale, dsc, in.n0, N, in.seq_sum);
   router_scores_backward(m, s.route.scores, dsc, N, dsc);
-  kern::gemm_f32(false, false, N, d, E, 1.f, dsc, E, in.P + p.router, d, 1.f, dx, d);
-  kern::gemm_f32(true, false, E, d, N, 1.f, dsc, E, s.x, d, 1.f, in.G + p.router, d);
+  c.k().gemm(kern::Prec::F32, kern::Prec::F32, false, false, N, d, E, 1.f, dsc, E, in.P + p.router, d, 1.f, dx, d);
+  c.k().gemm(kern::Prec::F32, kern::Prec::F32, true, false, E, d, N, 1.f, dsc, E, s.x, d, 1.f, in.G + p.router, d);
   A.release(mk);
 }
 

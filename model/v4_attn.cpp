@@ -115,7 +115,7 @@ void indexer_select(const Ctx& c, const V4AttnIn& in, const float* x, const floa
     linear_fwd(c, x, N, d, wt(in, p.i_gate), 2 * dI, ig);
     float* pool = A.alloc<float>(B * nw * dI);
     kern::compress_pool_fwd(B, T, m, dI, 2, ikv, ig, in.P + p.i_pb, pool);
-    kern::rmsnorm_fwd(pool, B * nw, dI, in.P + p.i_norm, (float)cf.rms_norm_eps, ik, nullptr);
+    c.k().rmsnorm_fwd(pool, B * nw, dI, in.P + p.i_norm, (float)cf.rms_norm_eps, ik, nullptr);
     rope_heads(ik, B * nw, 1, dI, rd, cpos, in.ccos, in.csin, false);
   }
   float* iq = A.alloc<float>(N * nI * dI);
@@ -156,14 +156,14 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   s.qa_rstd = A.alloc<float>(N);
   s.qres = A.alloc<float>(N * qr);
   linear_fwd(c, x, N, d, wt(in, p.q_a), qr, s.qa);
-  kern::rmsnorm_fwd(s.qa, N, qr, in.P + p.q_a_norm, eps, s.qres, s.qa_rstd);
+  c.k().rmsnorm_fwd(s.qa, N, qr, in.P + p.q_a_norm, eps, s.qres, s.qa_rstd);
   s.qb = A.alloc<float>(N * H * hd);
   s.q_rstd = A.alloc<float>(N * H);
   s.Q = A.alloc<float>(N * H * hd);
   linear_fwd(c, s.qres, N, qr, wt(in, p.q_b + sl.sh0 * hd * qr), H * hd, s.qb);
   {
     auto mk = A.mark();
-    kern::rmsnorm_fwd(s.qb, N * H, hd, ones(A, hd), eps, s.Q, s.q_rstd);
+    c.k().rmsnorm_fwd(s.qb, N * H, hd, ones(A, hd), eps, s.Q, s.q_rstd);
     A.release(mk);
   }
   rope_heads(s.Q, N, (int)H, hd, rd, tpos, in.cos, in.sin, false);
@@ -176,7 +176,7 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   s.kvp = A.alloc<float>(N * hd);
   s.kv_rstd = A.alloc<float>(N);
   linear_fwd(c, x, N, d, wt(in, p.kv), hd, s.kvp);
-  kern::rmsnorm_fwd(s.kvp, N, hd, in.P + p.kv_norm, eps, s.KV, s.kv_rstd);
+  c.k().rmsnorm_fwd(s.kvp, N, hd, in.P + p.kv_norm, eps, s.KV, s.kv_rstd);
   rope_heads(s.KV, N, 1, hd, rd, tpos, in.cos, in.sin, false);
   int32_t* cpos = A.alloc<int32_t>(std::max<int64_t>(B * nw, 1));
   for (int64_t i = 0; i < B * nw; ++i) cpos[i] = (int32_t)((i % nw) * m);
@@ -192,7 +192,7 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
       ProfScope ps(c.prof, "fwd.attn.compress_pool");
       kern::compress_pool_fwd(B, T, m, hd, cc, s.ckv, s.cgate, in.P + p.c_pb, s.cpool);
       float* C = s.KV + N * hd;
-      kern::rmsnorm_fwd(s.cpool, B * nw, hd, in.P + p.c_norm, eps, C, s.c_rstd);
+      c.k().rmsnorm_fwd(s.cpool, B * nw, hd, in.P + p.c_norm, eps, C, s.c_rstd);
       rope_heads(C, B * nw, 1, hd, rd, cpos, in.ccos, in.csin, false);
     }
   }
@@ -296,7 +296,7 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
   // Sliding KV rows -> kv_norm -> kv_proj.
   rope_heads(dKV, N, 1, hd, rd, tpos, in.cos, in.sin, true);
   float* dkvp = A.alloc<float>(N * hd);
-  kern::rmsnorm_bwd(dKV, s.kvp, N, hd, in.P + p.kv_norm, s.kv_rstd, dkvp, gr(in, p.kv_norm));
+  c.k().rmsnorm_bwd(dKV, s.kvp, N, hd, in.P + p.kv_norm, s.kv_rstd, dkvp, gr(in, p.kv_norm));
   linear_bwd(c, dkvp, s.x, N, d, wt(in, p.kv), hd, dx, false, gr(in, p.kv));
 
   // Compressed entries -> kv_norm -> pooling -> kv_proj / gate_proj.
@@ -307,7 +307,7 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
     float* dC = dKV + N * hd;
     rope_heads(dC, B * nw, 1, hd, rd, cpos, in.ccos, in.csin, true);
     float* dpool = A.alloc<float>(B * nw * hd);
-    kern::rmsnorm_bwd(dC, s.cpool, B * nw, hd, in.P + p.c_norm, s.c_rstd, dpool, gr(in, p.c_norm));
+    c.k().rmsnorm_bwd(dC, s.cpool, B * nw, hd, in.P + p.c_norm, s.c_rstd, dpool, gr(in, p.c_norm));
     float* dckv = A.alloc<float>(N * cc * hd);
     float* dcg = A.alloc<float>(N * cc * hd);
     float* dpb = in.G ? in.G + p.c_pb : A.alloc_zero<float>(m * cc * hd);
@@ -328,14 +328,14 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
   {
     auto mw = A.mark();
     float* dw = A.alloc_zero<float>(hd);
-    kern::rmsnorm_bwd(dQ, s.qb, N * H, hd, ones(A, hd), s.q_rstd, dqb, dw);
+    c.k().rmsnorm_bwd(dQ, s.qb, N * H, hd, ones(A, hd), s.q_rstd, dqb, dw);
     A.release(mw);
   }
   float* dqres = A.alloc<float>(N * qr);
   const int64_t qb = p.q_b + sl.sh0 * hd * qr;  // q_b rows of the local heads
   linear_bwd(c, dqb, s.qres, N, qr, wt(in, qb), H * hd, dqres, false, gr(in, qb));
   float* dqa = A.alloc<float>(N * qr);
-  kern::rmsnorm_bwd(dqres, s.qa, N, qr, in.P + p.q_a_norm, s.qa_rstd, dqa, gr(in, p.q_a_norm));
+  c.k().rmsnorm_bwd(dqres, s.qa, N, qr, in.P + p.q_a_norm, s.qa_rstd, dqa, gr(in, p.q_a_norm));
   linear_bwd(c, dqa, s.x, N, d, wt(in, p.q_a), qr, dx, true, gr(in, p.q_a));
   A.release(mk);
 }

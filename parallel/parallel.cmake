@@ -6,7 +6,8 @@
 # file.
 
 find_package(MPI REQUIRED COMPONENTS CXX)
-option(TREX_CUDA "Build the CUDA backend: the NCCL communicator (parallel/comm_nccl.cu)" OFF)
+# TREX_CUDA is declared in CMakeLists.txt (ON where nvcc exists); kernels/cuda/cuda.cmake has
+# enabled the CUDA language and found the toolkit.
 
 # Library sources: every parallel/*.cpp (MPI only; no CUDA).
 file(GLOB TREX_PARALLEL_SRC CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/parallel/*.cpp)
@@ -16,17 +17,6 @@ target_link_libraries(trex PUBLIC MPI::MPI_CXX)
 target_compile_definitions(trex PUBLIC OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1)
 
 if(TREX_CUDA)
-  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-    set(CMAKE_CUDA_ARCHITECTURES 80 90)  # A100, H100 / H200
-  endif()
-  enable_language(CUDA)
-  find_package(CUDAToolkit REQUIRED)
-  # CXX_STANDARD 20 + REQUIRED makes CMake ask for the CUDA20 dialect, whose nvcc flag CMake < 3.26
-  # does not know (error "requires the language dialect CUDA20"): tell it.
-  if(NOT DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
-    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
-    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
-  endif()
   find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/include /usr/include)
   find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/lib /usr/lib/x86_64-linux-gnu)
   if(NOT NCCL_INCLUDE_DIR OR NOT NCCL_LIBRARY)

@@ -302,7 +302,7 @@ double DataParallel::finish_grads(bool inject_nan) {
   for (Region& r : regions_)
     for (int b = 0; b < r.layout.num_buckets(); ++b) {
       std::span<float> g = r.sync->grad_shard(b);
-      ss += kern::sum_squares(g.data(), (int64_t)g.size());
+      ss += m_.backend().sum_squares(g.data(), (int64_t)g.size());
     }
   all_reduce_timed(&ss, 1);  // over every rank, tp ranks included: each holds its own shards
   return std::sqrt(ss);

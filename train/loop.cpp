@@ -18,6 +18,7 @@
 #include "kernels/peak.h"
 #include "model/checkpoint.h"
 #include "train/checkpoint.h"
+#include "train/device.h"
 #include "train/layout.h"
 #include "train/loss_spikes.h"
 #include "train/metrics.h"
@@ -110,8 +111,10 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   res.dp = dp_size;
   const int threads = init_threads((int)rc.train.threads);
   const std::string run_dir = rc.checkpoint.run_dir;
-  // Start-up checks, before any data is read or memory allocated: the run directory takes a
-  // write, and the run's memory estimate fits this machine (train/preflight.h).
+  // Start-up checks, before any data is read or memory allocated: the device can run the step
+  // (train/device.h), the run directory takes a write, and the run's memory estimate fits this
+  // machine (train/preflight.h).
+  const std::unique_ptr<kern::Backend> device = open_device(rc.train.device, "train.device");
   if (root) check_run_dir_writable(run_dir);
   res.memory_estimate = check_memory(rc, dims.world()).total();
   // Rank 0 reads (and caches) the data first; the others then read the token cache.
@@ -161,6 +164,7 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   // experts, its stage's tensors and its tp rank's slice of the attention and dense MLPs.
   model::Model m(rc.model, rc.train.precision, {rc.train.aux_loss_alpha, rc.train.mtp_loss_weight, rc.train.recompute},
                  expert_shard_of(dims, rank, rc.model), stage_shard_of(dims, rank, rc.model), tp_shard_of(dims, rank));
+  if (device) m.use_backend(*device);
   if (!rc.model_path.empty()) {
     model::load_hf_weights(m, rc.model_path);
   } else {

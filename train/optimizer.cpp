@@ -46,7 +46,7 @@ void AdamW::init(const model::Model& m, std::span<const SlabRange> owned) {
 
 double grad_norm(const model::Model& m) {
   double ss = 0;
-  for (const model::ParamEntry& e : m.layout.entries) ss += kern::sum_squares(m.G() + e.offset, e.shape.numel());
+  for (const model::ParamEntry& e : m.layout.entries) ss += m.backend().sum_squares(m.G() + e.offset, e.shape.numel());
   return std::sqrt(ss);
 }
 
@@ -71,7 +71,7 @@ bool AdamW::apply(model::Model& m, float lr, double norm) {
   for (const AdamWPiece& e : pieces_) {
     if (e.frozen) continue;
     kern::AdamWParams p{lr, cfg.beta1, cfg.beta2, cfg.eps, e.decay ? cfg.weight_decay : 0.f, t_, scale};
-    kern::adamw_step(p, m.P() + e.off, m.G() + e.off, M + e.state, Vv + e.state, e.n, Pb ? Pb + e.off : nullptr);
+    m.backend().adamw_step(p, m.P() + e.off, m.G() + e.off, M + e.state, Vv + e.state, e.n, Pb ? Pb + e.off : nullptr);
   }
   return true;
 }

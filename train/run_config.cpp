@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/suggest.h"
+#include "train/device.h"
 #include "io/toml_json.h"
 #include "train/layout.h"
 
@@ -192,6 +193,12 @@ const std::vector<SectionSpec>& sections() {
                   "state are always f32)",
                   [](R& r, const json& v) { r.train.precision = parse_precision(v.get<std::string>(), "precision"); },
                   [](const R& r) { return json(precision_name(r.train.precision)); }, 0, 0, {"fp32", "bf16"}),
+           mapped("device", Kind::Str,
+                  "where the step computes: cpu, cuda (the first CUDA device) or cuda:N. The CUDA backend's "
+                  "kernels are built and checked (trex_cuda_ops); the training step does not run on it yet, so "
+                  "cuda is refused when the run starts, naming why",
+                  [](R& r, const json& v) { r.train.device = parse_device(v.get<std::string>(), "train.device"); },
+                  [](const R& r) { return json(r.train.device); }),
            field("bias_update_gamma", Kind::Num, &R::train, &TrainConfig::bias_update_gamma,
                  "speed of the aux-loss-free router bias update (noaux_tc routing; 0 = frozen biases)", 0, 1),
            field("aux_loss_alpha", Kind::Num, &R::train, &TrainConfig::aux_loss_alpha,

@@ -35,6 +35,7 @@ struct TrainConfig {
   int64_t batch_size = 1, grad_accum = 1, steps = 10, threads = 0, eval_every = 0, eval_batches = 4;
   uint64_t seed = 1234;
   kern::Prec precision = kern::Prec::BF16;
+  std::string device = "cpu";  // "cpu" | "cuda" | "cuda:N" (train/device.h)
   float bias_update_gamma = 0.001f;
   double aux_loss_alpha = 0.0;
   double mtp_loss_weight = 0.0;  // DeepSeek-V4: > 0 trains the config's MTP blocks (loss += weight x MTP CE)

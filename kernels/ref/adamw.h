@@ -6,6 +6,7 @@
 #include <cstdint>
 #include "core/dtype.h"
 #include "kernels/adamw.h"
+#include "kernels/hd/adamw.h"
 
 namespace trex::kern::ref {
 
@@ -26,23 +27,17 @@ struct AdamWScalars {
     eps = static_cast<T>(hp.eps);
     gscale = static_cast<T>(hp.grad_scale);
   }
+  hd::AdamWConsts<T> consts() const { return {decay, lerp_w, b2, c2, neg_step, bc2_sqrt, eps, gscale, lerp_small}; }
 };
 
 // p, g, m, v: [n] (in place)  p_bf16: [n] or null (only for T = float)
 template <class T>
 void adamw_step(const AdamWParams& hp, T* p, const T* g, T* m, T* v, int64_t n, bf16* p_bf16 = nullptr) {
   const AdamWScalars<T> s(hp);
+  const hd::AdamWConsts<T> c = s.consts();
   for (int64_t i = 0; i < n; ++i) {
-    const T gi = g[i] * s.gscale;
-    T pi = p[i] * s.decay;
-    const T mi = s.lerp_small ? m[i] + s.lerp_w * (gi - m[i]) : gi - (gi - m[i]) * (T(1) - s.lerp_w);
-    const T vi = v[i] * s.b2 + s.c2 * gi * gi;
-    const T denom = std::sqrt(vi) / s.bc2_sqrt + s.eps;
-    pi = pi + s.neg_step * mi / denom;
-    p[i] = pi;
-    m[i] = mi;
-    v[i] = vi;
-    if (p_bf16) p_bf16[i] = f32_to_bf16(static_cast<float>(pi));
+    hd::adamw_update(c, p[i], g[i], m[i], v[i]);
+    if (p_bf16) p_bf16[i] = f32_to_bf16(static_cast<float>(p[i]));
   }
 }
 

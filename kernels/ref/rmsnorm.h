@@ -7,6 +7,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include "kernels/hd/rmsnorm.h"
 
 namespace trex::kern::ref {
 
@@ -18,9 +19,9 @@ void rmsnorm_fwd(const T* x, int64_t N, int64_t d, const T* w, T eps, T* y, T* r
     T* yr = y + n * d;
     T ss = 0;
     for (int64_t j = 0; j < d; ++j) ss += xr[j] * xr[j];
-    T r = T(1) / std::sqrt(ss / static_cast<T>(d) + eps);
+    T r = hd::rms_rstd(ss, d, eps);
     if (rstd) rstd[n] = r;
-    for (int64_t j = 0; j < d; ++j) yr[j] = w[j] * (xr[j] * r);
+    for (int64_t j = 0; j < d; ++j) yr[j] = hd::rms_y(xr[j], w[j], r);
   }
 }
 
@@ -36,9 +37,8 @@ void rmsnorm_bwd(const T* dy, const T* x, int64_t N, int64_t d, const T* w, cons
     for (int64_t j = 0; j < d; ++j) s += dyr[j] * w[j] * (xr[j] * r);
     const T m = s / static_cast<T>(d);
     for (int64_t j = 0; j < d; ++j) {
-      T xh = xr[j] * r;
-      dxr[j] = r * (dyr[j] * w[j] - xh * m);
-      dw[j] += dyr[j] * xh;
+      dxr[j] = hd::rms_dx(dyr[j], xr[j], w[j], r, m);
+      dw[j] += dyr[j] * (xr[j] * r);
     }
   }
 }

@@ -4,6 +4,7 @@
 //   a' = a*c - b*s,  b' = b*c + a*s            (in place)
 #pragma once
 #include <cstdint>
+#include "kernels/hd/rope.h"
 #include "kernels/rope.h"
 
 namespace trex::kern::ref {
@@ -20,12 +21,9 @@ void rope_apply(T* x, int64_t N, int H, int64_t stride_tok, int64_t stride_head,
     for (int h = 0; h < H; ++h) {
       T* xp = x + n * stride_tok + h * stride_head;
       for (int i = 0; i < half; ++i) {
-        T* pa = layout == RopeLayout::Interleaved ? xp + 2 * i : xp + i;
-        T* pb = layout == RopeLayout::Interleaved ? xp + 2 * i + 1 : xp + i + half;
-        const T c = cr[i], s = inverse ? -sr[i] : sr[i];
-        const T a = *pa, b = *pb;
-        *pa = a * c - b * s;
-        *pb = b * c + a * s;
+        int ia, ib;
+        hd::rope_pair(layout == RopeLayout::Interleaved, i, D, ia, ib);
+        hd::rope_rotate(xp[ia], xp[ib], cr[i], sr[i], inverse);
       }
     }
   }

@@ -6,6 +6,7 @@
 #   - generate with a tokenizer larger than the model's vocabulary: both sizes named;
 #   - generate --output with --prompt writes the file; --max-tokens past max_position_embeddings
 #     is capped with a warning naming --max-tokens and the limit;
+#   - --device: an unknown name, and cuda where it cannot run, refused with the reason;
 #   - tokenizer train on an empty file;
 #   - convert / demo --out under /proc: the path and the operation named;
 #   - demo --out on a folder it did not write (e.g. `--out .`): refused, the folder left as it was.
@@ -141,6 +142,17 @@ rm -f huge/manifest.json
 poke huge/model.safetensors 0 ffff7f7f all
 expect 2 "not a number" "$TREX" grad --model huge --batch batch.json --precision bf16 --out huge_grads.safetensors
 [ ! -e huge_grads.safetensors ] || fail "grad wrote gradients for a NaN loss"
+
+# Devices: an unknown name is refused by every command that takes --device; cuda without a usable
+# CUDA device (no GPU here, or a build without the CUDA backend) names train.device / --device and
+# why. (On a GPU machine the step is refused as well: it does not run on the CUDA backend yet.)
+expect 2 'unknown device "tpu"' "$TREX" train --config run.toml --device tpu
+expect 2 'unknown device "cuda:x"' "$TREX" grad --model "$CK" --batch batch.json --out g.safetensors --device cuda:x
+expect 2 'train.device = "cuda"' "$TREX" train --config run.toml --device cuda
+expect 2 '--device = "cuda"' "$TREX" generate --model "$CK" --prompt hi --device cuda
+expect 2 'train.device = "cuda:1"' "$TREX" bench step --config run.toml --device cuda:1
+expect 0 "" "$TREX" grad --model "$CK" --batch batch.json --out grads_cpu.safetensors --device cpu
+cmp grads.safetensors grads_cpu.safetensors || fail "grad --device cpu differs from the default"
 
 # tokenizer train on an empty file.
 : > empty.txt

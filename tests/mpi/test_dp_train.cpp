@@ -432,7 +432,13 @@ TEST(DpTrain, Zero2MatchesZero1AndSingleRank) {
       if (r > l2) l2 = r, at = e.name;
       elem = std::max(elem, d / std::max(mx, 1e-6));
     }
-    EXPECT_LT(l2, 1e-5) << at;
+    // 5e-5: measured worst 7.5e-6 on AVX2 and 1.53e-5 on AVX-512 (dp 3, V3, one bucket, a routed
+    // expert's gate_proj, the same before and after the backend seam), while the gradient shard,
+    // losses and norms above agree to 1e-6. After 3 AdamW steps an expert's weights carry the
+    // per-element normalization of its few tokens' gradients (and a router score near a tie can
+    // pick another expert for a token when the summation order changes); a shard that went missing
+    // or was reduced twice moves a tensor by O(1).
+    EXPECT_LT(l2, 5e-5) << at;
     if (w.rank() == 0)
       std::printf("[zero2 vs zero1] dp=%d %s: gradient shard %.1e, losses %.1e, grad norms %.1e, params: worst L2 "
                   "%.2e (%s), worst element %.2e (of its tensor's max)\n",

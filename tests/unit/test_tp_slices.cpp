@@ -140,7 +140,7 @@ json mla_cfg() {
 Pass run_mla(model::Model& m, int64_t l, TpSlice tp, int64_t B, int64_t T, const int32_t* seg,
              const std::vector<float>& x, const std::vector<float>& dout, bool backward = true) {
   StackArena A(size_t(1) << 20);
-  model::Ctx c{m.prec, &A};
+  model::Ctx c{m.prec, &A, nullptr, &m.backend()};
   const int64_t N = B * T, d = m.cfg.hidden_size;
   std::vector<int32_t> pos(N);
   for (int64_t i = 0; i < N; ++i) pos[i] = (int32_t)(i % T);
@@ -240,7 +240,7 @@ struct V4Tables {
 Pass run_v4(model::Model& m, int64_t l, TpSlice tp, int64_t B, int64_t T, const int32_t* seg, const V4Tables& tb,
             const std::vector<float>& x, const std::vector<float>& dout, bool backward = true) {
   StackArena A(size_t(1) << 20);
-  model::Ctx c{m.prec, &A};
+  model::Ctx c{m.prec, &A, nullptr, &m.backend()};
   const int64_t N = B * T, d = m.cfg.hidden_size;
   const int k = m.cfg.v4.attn[l] == model::AttnKind::Sliding ? 0 : 1;
   model::V4AttnIn ai{&m.cfg, &m.layout.v4[l], l, m.P(), m.Pb(), m.G(), tb.cos[k].data(), tb.sin[k].data(),
@@ -324,7 +324,8 @@ TEST(TpSlice, MlpColumns) {
   for (float limit : {0.f, 0.7f}) {
     auto run = [&](TpSlice tp) {
       StackArena A(size_t(1) << 20);
-      model::Ctx c{kern::Prec::F32, &A};
+      const auto cpu = kern::make_cpu_backend();
+      model::Ctx c{kern::Prec::F32, &A, nullptr, cpu.get()};
       Pass p{std::vector<float>(N * d), std::vector<float>(N * d), std::vector<float>(L.total, 0.f)};
       model::MlpW mw = model::mlp_weights_tp(P.data(), nullptr, p.grad.data(), 0, 2 * F * d, d, F, tp);
       mw.limit = limit;

@@ -4,6 +4,11 @@
 with the shapes of a trex TOML run config and prints one JSON line with the step time.
 
   .venv/bin/python tools/peer/peer_bench.py configs/bench-v3.toml --steps 6 --threads 16 --mode eager
+  python3 tools/peer/peer_bench.py configs/bench-gpu-v3.toml --device cuda --peak-tflops 700 --mode compile
+
+With --device cuda the model, batch and optimizer live on the GPU (autocast to bf16 there), the step
+time is read after a device synchronize, and --peak-tflops gives the MFU against that peak (model
+FLOPs per token as trex counts them: model::ModelConfig::train_flops_per_token, DeepSeek-V3 only).
 """
 import argparse
 import json
@@ -28,6 +33,9 @@ def parse_args():
     ap.add_argument("--batch-size", type=int, default=None, help="override [train].batch_size")
     ap.add_argument("--seq-len", type=int, default=None, help="override [data].seq_len")
     ap.add_argument("--clip", type=float, default=1.0, help="global grad-norm clip (0: none)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model trains (default cpu)")
+    ap.add_argument("--peak-tflops", type=float, default=0.0,
+                    help="measured bf16 peak of the device in TFLOP/s; adds model FLOPs and MFU to the output")
     ap.add_argument("--experts-impl", default=None,
                     help="transformers experts implementation (default: transformers' own, grouped_mm)")
     return ap.parse_args()
@@ -59,6 +67,25 @@ def build_config(model_tbl):
         else:
             kw["rope_parameters"] = dict(rope_type="default", rope_theta=theta)
     return DeepseekV3Config(**kw)
+
+
+def v3_flops_per_token(m, seq):
+    """model::ModelConfig::train_flops_per_token for DeepSeek-V3 fields: 6 x active matmul
+    parameters (LM head, attention, dense or top-k + shared experts, router) + causal attention."""
+    d, H = m["hidden_size"], m["num_attention_heads"]
+    nope, rope, dv = m["qk_nope_head_dim"], m["qk_rope_head_dim"], m["v_head_dim"]
+    dqk, rq, r = nope + rope, m.get("q_lora_rank") or 0, m["kv_lora_rank"]
+    attn = (d * rq + rq * H * dqk if rq else d * H * dqk) + d * (r + rope) + r * H * (nope + dv) + H * dv * d
+    shared = m.get("n_shared_experts", 0) * m["moe_intermediate_size"]
+    total = m["vocab_size"] * d
+    L, k_dense = m["num_hidden_layers"], m.get("first_k_dense_replace", 0)
+    for layer in range(L):
+        total += attn
+        if m.get("n_routed_experts") and layer >= k_dense:
+            total += m["num_experts_per_tok"] * 3 * d * m["moe_intermediate_size"] + 3 * d * shared + m["n_routed_experts"] * d
+        else:
+            total += 3 * d * m["intermediate_size"]
+    return 6.0 * total + 6.0 * H * (dqk + dv) * ((seq + 1) / 2.0) * L
 
 
 def main():
@@ -93,7 +120,9 @@ def main():
         config._experts_implementation = args.experts_impl
     torch.manual_seed(seed)
     v4 = config.model_type == "deepseek_v4"
-    model = (DeepseekV4ForCausalLM if v4 else DeepseekV3ForCausalLM)(config).float()
+    dev = torch.device(args.device)
+    with dev:  # parameters are created (and initialized) on the device
+        model = (DeepseekV4ForCausalLM if v4 else DeepseekV3ForCausalLM)(config).float()
     if v4:  # HF initializes tid2eid to zeros (all tokens -> expert 0); give hash layers K random experts as trex does
         with torch.no_grad():
             for mod in model.modules():
@@ -108,11 +137,13 @@ def main():
     fwd = torch.compile(model) if args.mode == "compile" else model
 
     g = torch.Generator().manual_seed(seed + 1)
-    ids = torch.randint(0, config.vocab_size, (batch, seq), generator=g)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=(precision == "bf16"))
+    ids = torch.randint(0, config.vocab_size, (batch, seq), generator=g).to(dev)
+    autocast = torch.autocast(args.device, dtype=torch.bfloat16, enabled=(precision == "bf16"))
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
 
     times, losses = [], []
     for step in range(args.steps):
+        sync()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         with autocast:
@@ -122,12 +153,24 @@ def main():
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         opt.step()
         losses.append(loss.item())               # syncs; part of the step, as in a real loop
+        sync()
         times.append((time.perf_counter() - t0) * 1e3)
         print(f"step {step}: {times[-1]:.1f} ms loss {losses[-1]:.4f}", file=sys.stderr)
 
     timed = times[warmup:]
     med = statistics.median(timed)
+    extra = {}
+    if not v4:
+        fpt = v3_flops_per_token(cfg_toml["model"], seq)
+        extra["model_tflop_per_step"] = round(fpt * batch * seq / 1e12, 4)
+        if args.peak_tflops > 0:
+            extra["peak_tflops"] = args.peak_tflops
+            extra["mfu"] = round(fpt * batch * seq / (med / 1e3) / (args.peak_tflops * 1e12), 4)
+    if args.device == "cuda":
+        extra["gpu"] = torch.cuda.get_device_name()
+        extra["peak_gpu_mem_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     print(json.dumps({
+        "device": args.device, **extra,
         "impl": f"pytorch-{args.mode}", "torch": torch.__version__,
         "transformers": __import__("transformers").__version__,
         "threads": threads, "batch": batch, "seq": seq, "precision": precision,

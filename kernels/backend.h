@@ -1,0 +1,131 @@
+// The backend seam (docs/DESIGN.md, "Backends"): one object per process, chosen at start, that
+// owns the device's memory, copies to and from the host, streams and events, and the kernel
+// table. The CPU backend (kernels/backend_cpu.cpp) runs the kern:: functions on host memory;
+// the CUDA backend (kernels/cuda/) runs cuBLASLt and trex's CUDA kernels on device memory. A
+// third accelerator is a new folder implementing this class, nothing else.
+//
+// Kernel table: every method has the signature and the semantics of the kern:: function of the
+// same name (its header states shapes, overwrite / accumulate rules and precision), except that
+// every pointer is memory of this backend (alloc()). Work is enqueued in order on the current
+// stream (set_stream; the backend's default stream at start) and is complete for the host only
+// after sync() / synchronize(), or a method that returns a value to the host (sum_squares,
+// lm_head_ce), which waits for it.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include "kernels/adamw.h"
+#include "kernels/attention.h"
+#include "kernels/gemm.h"
+#include "kernels/lm_head_ce.h"
+#include "kernels/rope.h"
+
+namespace trex::kern {
+
+struct StreamImpl;
+struct EventImpl;
+using Stream = StreamImpl*;  // null: the backend's default stream
+using Event = EventImpl*;
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;   // "cpu", "cuda"
+  virtual std::string describe() const = 0;  // e.g. "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)"
+  // True when host code may read and write this backend's memory directly (the CPU backend).
+  virtual bool host_addressable() const = 0;
+
+  // --- memory ---------------------------------------------------------------------------------
+  // bytes of device memory, 256-byte aligned; throws trex::Error naming the size and what is free.
+  virtual void* alloc(size_t bytes) = 0;
+  virtual void release(void* p) = 0;
+  virtual void to_device(void* dst, const void* host_src, size_t bytes) = 0;  // ordered on the stream
+  virtual void to_host(void* host_dst, const void* src, size_t bytes) = 0;    // waits for the copy
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;            // device to device
+  virtual void zero(void* p, size_t bytes) = 0;
+
+  // --- streams and events ---------------------------------------------------------------------
+  virtual Stream new_stream() = 0;
+  virtual void delete_stream(Stream s) = 0;
+  virtual void set_stream(Stream s) = 0;  // where the following work is enqueued
+  virtual Stream stream() const = 0;
+  virtual Event record() = 0;             // an event after the work enqueued so far on stream()
+  virtual void wait(Event e) = 0;         // stream() waits (on the device) for e
+  virtual void sync(Event e) = 0;         // the host waits for e
+  virtual void delete_event(Event e) = 0;
+  virtual void synchronize() = 0;         // the host waits for all work of this backend
+
+  // --- kernel table ---------------------------------------------------------------------------
+  virtual void gemm(Prec pa, Prec pb, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+                    int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc) = 0;
+  // groups: a HOST array of descriptors whose A, B, C point into this backend's memory.
+  virtual void grouped_gemm(Prec prec, bool ta, bool tb, float alpha, float beta, const GemmGroup* groups,
+                            int n_groups) = 0;
+  virtual void rmsnorm_fwd(const float* x, int64_t N, int64_t d, const float* w, float eps, float* y,
+                           float* rstd) = 0;
+  virtual void rmsnorm_bwd(const float* dy, const float* x, int64_t N, int64_t d, const float* w, const float* rstd,
+                           float* dx, float* dw) = 0;
+  virtual void swiglu_fwd(const float* gu, int64_t N, int64_t F, float limit, float* h) = 0;
+  virtual void swiglu_bwd(const float* dh, const float* gu, int64_t N, int64_t F, float limit, float* dgu) = 0;
+  virtual void rope_apply(float* x, int64_t N, int H, int64_t stride_tok, int64_t stride_head, int D,
+                          const int32_t* pos, const float* cos, const float* sin, RopeLayout layout,
+                          bool inverse) = 0;
+  virtual void adamw_step(const AdamWParams& hp, float* p, const float* g, float* m, float* v, int64_t n,
+                          bf16* p_bf16) = 0;
+  virtual double sum_squares(const float* x, int64_t n) = 0;
+  virtual void attention_fwd(const AttnShape& sh, const float* q, const float* k, const float* v, float* o,
+                             float* lse, const int32_t* seg) = 0;
+  virtual void attention_bwd(const AttnShape& sh, const float* q, const float* k, const float* v, const float* o,
+                             const float* lse, const float* dO, float* dq, float* dk, float* dv,
+                             const int32_t* seg) = 0;
+  // args' pointers (workspace too, when set) are this backend's memory.
+  virtual double lm_head_ce(const CeArgs& args, int64_t* n_valid) = 0;
+};
+
+// "cpu" or "cuda" (-> the first CUDA device, or "cuda:N"). Throws trex::Error naming the value
+// and why it cannot be used: unknown name, trex built without CUDA, no CUDA device.
+std::unique_ptr<Backend> make_backend(std::string_view device);
+std::unique_ptr<Backend> make_cpu_backend();
+// Defined by kernels/cuda/backend_cuda.cu, or by kernels/backend_nocuda.cpp in a build without
+// CUDA. cuda_available() says whether make_cuda_backend can succeed, and if not, why.
+std::unique_ptr<Backend> make_cuda_backend(int device);
+bool cuda_available(std::string* why);
+bool cuda_compiled();
+
+// Owns n elements of T in a backend's memory.
+template <class T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Backend& be, size_t n) : be_(&be), n_(n), p_(n ? static_cast<T*>(be.alloc(n * sizeof(T))) : nullptr) {}
+  ~DeviceBuffer() { reset(); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : be_(o.be_), n_(o.n_), p_(o.p_) { o.p_ = nullptr; o.n_ = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      be_ = o.be_, n_ = o.n_, p_ = o.p_;
+      o.p_ = nullptr, o.n_ = 0;
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  T* get() const { return p_; }
+  size_t size() const { return n_; }
+  void upload(const T* host) { if (n_) be_->to_device(p_, host, n_ * sizeof(T)); }
+  void download(T* host) const { if (n_) be_->to_host(host, p_, n_ * sizeof(T)); }
+  void reset() {
+    if (p_) be_->release(p_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+
+ private:
+  Backend* be_ = nullptr;
+  size_t n_ = 0;
+  T* p_ = nullptr;
+};
+
+}  // namespace trex::kern

@@ -1,0 +1,114 @@
+// The CPU backend: host memory and the kern:: functions. Its kernels run on the calling thread
+// (with the thread pool) and are complete when they return, so streams and events are tokens
+// that order nothing.
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include "core/cpu.h"
+#include "core/error.h"
+#include "kernels/backend.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/swiglu.h"
+
+namespace trex::kern {
+
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  const char* name() const override { return "cpu"; }
+  std::string describe() const override { return std::string("cpu (") + isa_name(cpu_isa()) + ")"; }
+  bool host_addressable() const override { return true; }
+
+  void* alloc(size_t bytes) override {
+    const size_t n = (bytes + 255) / 256 * 256;
+    void* p = std::aligned_alloc(256, n ? n : 256);
+    if (!p) throw Error("cpu backend: cannot allocate " + std::to_string(bytes) + " bytes of host memory");
+    return p;
+  }
+  void release(void* p) override { std::free(p); }
+  void to_device(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void copy(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
+  void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
+
+  Stream new_stream() override { return reinterpret_cast<Stream>(++next_token_); }
+  void delete_stream(Stream) override {}
+  void set_stream(Stream s) override { stream_ = s; }
+  Stream stream() const override { return stream_; }
+  Event record() override { return reinterpret_cast<Event>(++next_token_); }
+  void wait(Event) override {}
+  void sync(Event) override {}
+  void delete_event(Event) override {}
+  void synchronize() override {}
+
+  void gemm(Prec pa, Prec pb, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+            int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc) override {
+    gemm_mixed(pa, pb, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+  void grouped_gemm(Prec prec, bool ta, bool tb, float alpha, float beta, const GemmGroup* groups,
+                    int n_groups) override {
+    kern::grouped_gemm(prec, ta, tb, alpha, beta, groups, n_groups);
+  }
+  void rmsnorm_fwd(const float* x, int64_t N, int64_t d, const float* w, float eps, float* y, float* rstd) override {
+    kern::rmsnorm_fwd(x, N, d, w, eps, y, rstd);
+  }
+  void rmsnorm_bwd(const float* dy, const float* x, int64_t N, int64_t d, const float* w, const float* rstd,
+                   float* dx, float* dw) override {
+    kern::rmsnorm_bwd(dy, x, N, d, w, rstd, dx, dw);
+  }
+  void swiglu_fwd(const float* gu, int64_t N, int64_t F, float limit, float* h) override {
+    kern::swiglu_fwd(gu, N, F, limit, h);
+  }
+  void swiglu_bwd(const float* dh, const float* gu, int64_t N, int64_t F, float limit, float* dgu) override {
+    kern::swiglu_bwd(dh, gu, N, F, limit, dgu);
+  }
+  void rope_apply(float* x, int64_t N, int H, int64_t stride_tok, int64_t stride_head, int D, const int32_t* pos,
+                  const float* cos, const float* sin, RopeLayout layout, bool inverse) override {
+    kern::rope_apply(x, N, H, stride_tok, stride_head, D, pos, cos, sin, layout, inverse);
+  }
+  void adamw_step(const AdamWParams& hp, float* p, const float* g, float* m, float* v, int64_t n,
+                  bf16* p_bf16) override {
+    kern::adamw_step(hp, p, g, m, v, n, p_bf16);
+  }
+  double sum_squares(const float* x, int64_t n) override { return kern::sum_squares(x, n); }
+  void attention_fwd(const AttnShape& sh, const float* q, const float* k, const float* v, float* o, float* lse,
+                     const int32_t* seg) override {
+    kern::attention_fwd(sh, q, k, v, o, lse, seg);
+  }
+  void attention_bwd(const AttnShape& sh, const float* q, const float* k, const float* v, const float* o,
+                     const float* lse, const float* dO, float* dq, float* dk, float* dv,
+                     const int32_t* seg) override {
+    kern::attention_bwd(sh, q, k, v, o, lse, dO, dq, dk, dv, seg);
+  }
+  double lm_head_ce(const CeArgs& args, int64_t* n_valid) override { return kern::lm_head_ce(args, n_valid); }
+
+ private:
+  Stream stream_ = nullptr;
+  uintptr_t next_token_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+std::unique_ptr<Backend> make_backend(std::string_view device) {
+  if (device == "cpu") return make_cpu_backend();
+  if (device == "cuda" || device.starts_with("cuda:")) {
+    int idx = 0;
+    if (device.size() > 5) {
+      const std::string n(device.substr(5));
+      char* end = nullptr;
+      const long v = std::strtol(n.c_str(), &end, 10);
+      if (n.empty() || *end || v < 0 || v > 1023)
+        throw Error("device '" + std::string(device) + "': expected cuda or cuda:N with N a device index");
+      idx = static_cast<int>(v);
+    }
+    std::string why;
+    if (!cuda_available(&why)) throw Error("device '" + std::string(device) + "' cannot be used: " + why);
+    return make_cuda_backend(idx);
+  }
+  throw Error("device '" + std::string(device) + "' is not known: use cpu or cuda (cuda:N for device N)");
+}
+
+}  // namespace trex::kern

@@ -1,0 +1,313 @@
+// Causal softmax attention on CUDA (kernels/attention.h: [B,T,H,D] layout, Dqk != Dv, packed
+// documents through seg, sliding window), forward and backward, flash style: no T x T matrix,
+// online softmax (kernels/hd/softmax.h's rule), f32 throughout.
+// Layout of the work: a block of 4 warps takes 4 consecutive rows (queries in forward and dq,
+// keys in dk/dv); the other side streams through shared memory in tiles of 32 rows, one row per
+// lane for the scores, then each lane owns the output dims lane, lane + 32, ... Every output is
+// written by exactly one warp: no atomics, results independent of the launch order.
+// Backward (FlashAttention-2): Dt = rowsum(dO * O); p = exp(scale q.k - lse); dp = dO.v;
+// ds = p (dp - Dt); dq = scale sum_s ds k; dk = scale sum_t ds q; dv = sum_t p dO.
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/reduce.cuh"
+
+namespace trex::kern::cuda {
+
+namespace {
+
+constexpr int kRows = 4;      // rows (warps) per block
+constexpr int kTile = 32;     // streamed rows per tile
+constexpr int kMaxD = 512;    // largest head dim (Dqk and Dv)
+constexpr int kPer = kMaxD / 32;
+
+struct Geo {
+  int B, T, H, Dqk, Dv;
+  float scale;
+  int window;
+  const int32_t* seg;
+};
+
+__device__ __forceinline__ bool visible(const Geo& g, int b, int t, int s) {
+  if (s > t) return false;
+  if (g.window > 0 && s <= t - g.window) return false;
+  if (g.seg && g.seg[int64_t(b) * g.T + s] != g.seg[int64_t(b) * g.T + t]) return false;
+  return true;
+}
+
+__device__ __forceinline__ int64_t row_off(const Geo& g, int b, int t, int h, int D) {
+  return ((int64_t(b) * g.T + t) * g.H + h) * D;
+}
+
+// Loads `rows` rows [r0, r0 + rows) of head h (D wide, at row stride ld in smem) into smem.
+__device__ void load_tile(const Geo& g, const float* src, int b, int h, int r0, int D, float* dst, int ld) {
+  for (int i = threadIdx.x; i < kTile * D; i += blockDim.x) {
+    const int r = i / D, d = i % D, t = r0 + r;
+    dst[r * ld + d] = t < g.T ? src[row_off(g, b, t, h, D) + d] : 0.f;
+  }
+}
+
+__global__ void attn_fwd_k(Geo g, const float* __restrict__ q, const float* __restrict__ k,
+                           const float* __restrict__ v, float* __restrict__ o, float* __restrict__ lse) {
+  extern __shared__ float sm[];
+  const int lq = g.Dqk + 1, lv = g.Dv + 1;
+  float* Ks = sm;                     // [kTile, lq]
+  float* Vs = Ks + kTile * lq;        // [kTile, lv]
+  float* Qs = Vs + kTile * lv;        // [kRows, Dqk]
+  const int b = blockIdx.z, h = blockIdx.y, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int t0 = blockIdx.x * kRows, t = t0 + w;
+  const bool live = t < g.T;
+  for (int i = threadIdx.x; i < kRows * g.Dqk; i += blockDim.x) {
+    const int r = i / g.Dqk, d = i % g.Dqk;
+    Qs[i] = t0 + r < g.T ? q[row_off(g, b, t0 + r, h, g.Dqk) + d] : 0.f;
+  }
+  float acc[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) acc[i] = 0.f;
+  float m = -INFINITY, l = 0.f;
+  const int t_last = min(g.T - 1, t0 + kRows - 1);
+  int s_begin = 0;
+  if (g.window > 0) s_begin = max(0, t0 - g.window + 1);
+  s_begin -= s_begin % kTile;
+  for (int s0 = s_begin; s0 <= t_last; s0 += kTile) {
+    __syncthreads();
+    load_tile(g, k, b, h, s0, g.Dqk, Ks, lq);
+    load_tile(g, v, b, h, s0, g.Dv, Vs, lv);
+    __syncthreads();
+    if (!live) continue;
+    const int s = s0 + lane;
+    float sc = -INFINITY;
+    if (s < g.T && visible(g, b, t, s)) {
+      float dot = 0.f;
+      for (int d = 0; d < g.Dqk; ++d) dot += Qs[w * g.Dqk + d] * Ks[lane * lq + d];
+      sc = g.scale * dot;
+    }
+    const float mt = warp_max(sc), mn = max(m, mt);
+    if (mn == -INFINITY) continue;
+    const float p = sc == -INFINITY ? 0.f : expf(sc - mn);
+    const float corr = m == -INFINITY ? 0.f : expf(m - mn);
+    l = l * corr + warp_sum(p);
+    m = mn;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) acc[i] *= corr;
+    for (int j = 0; j < kTile; ++j) {
+      const float pj = __shfl_sync(0xffffffffu, p, j);
+      if (pj == 0.f) continue;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int d = lane + 32 * i;
+        if (d < g.Dv) acc[i] += pj * Vs[j * lv + d];
+      }
+    }
+  }
+  if (!live) return;
+  const float inv = l > 0.f ? 1.f / l : 0.f;
+  float* orow = o + row_off(g, b, t, h, g.Dv);
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int d = lane + 32 * i;
+    if (d < g.Dv) orow[d] = acc[i] * inv;
+  }
+  if (lane == 0) lse[(int64_t(b) * g.H + h) * g.T + t] = l > 0.f ? m + logf(l) : -INFINITY;
+}
+
+// Dt[b,h,t] = sum_d dO * O (one warp per row).
+__global__ void attn_rowdot_k(Geo g, const float* __restrict__ o, const float* __restrict__ dO, float* __restrict__ Dt) {
+  const int64_t row = blockIdx.x * int64_t(kRows) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= int64_t(g.B) * g.T * g.H) return;
+  const float* a = o + row * g.Dv;
+  const float* c = dO + row * g.Dv;
+  float s = 0.f;
+  for (int d = lane; d < g.Dv; d += 32) s += a[d] * c[d];
+  s = warp_sum(s);
+  if (lane == 0) {
+    const int h = static_cast<int>(row % g.H);
+    const int64_t bt = row / g.H;
+    const int b = static_cast<int>(bt / g.T), t = static_cast<int>(bt % g.T);
+    Dt[(int64_t(b) * g.H + h) * g.T + t] = s;
+  }
+}
+
+// dq: a warp per query row, key tiles streamed.
+__global__ void attn_dq_k(Geo g, const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                          const float* __restrict__ lse, const float* __restrict__ Dt, const float* __restrict__ dO,
+                          float* __restrict__ dq) {
+  extern __shared__ float sm[];
+  const int lq = g.Dqk + 1, lv = g.Dv + 1;
+  float* Ks = sm;
+  float* Vs = Ks + kTile * lq;
+  float* Qs = Vs + kTile * lv;   // [kRows, Dqk]
+  float* Gs = Qs + kRows * g.Dqk;  // [kRows, Dv]  dO rows
+  const int b = blockIdx.z, h = blockIdx.y, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int t0 = blockIdx.x * kRows, t = t0 + w;
+  const bool live = t < g.T;
+  for (int i = threadIdx.x; i < kRows * g.Dqk; i += blockDim.x) {
+    const int r = i / g.Dqk, d = i % g.Dqk;
+    Qs[i] = t0 + r < g.T ? q[row_off(g, b, t0 + r, h, g.Dqk) + d] : 0.f;
+  }
+  for (int i = threadIdx.x; i < kRows * g.Dv; i += blockDim.x) {
+    const int r = i / g.Dv, d = i % g.Dv;
+    Gs[i] = t0 + r < g.T ? dO[row_off(g, b, t0 + r, h, g.Dv) + d] : 0.f;
+  }
+  const float L = live ? lse[(int64_t(b) * g.H + h) * g.T + t] : 0.f;
+  const float Dr = live ? Dt[(int64_t(b) * g.H + h) * g.T + t] : 0.f;
+  float acc[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) acc[i] = 0.f;
+  const int t_last = min(g.T - 1, t0 + kRows - 1);
+  int s_begin = 0;
+  if (g.window > 0) s_begin = max(0, t0 - g.window + 1);
+  s_begin -= s_begin % kTile;
+  for (int s0 = s_begin; s0 <= t_last; s0 += kTile) {
+    __syncthreads();
+    load_tile(g, k, b, h, s0, g.Dqk, Ks, lq);
+    load_tile(g, v, b, h, s0, g.Dv, Vs, lv);
+    __syncthreads();
+    if (!live) continue;
+    const int s = s0 + lane;
+    float ds = 0.f;
+    if (s < g.T && visible(g, b, t, s) && L != -INFINITY) {
+      float dot = 0.f, dp = 0.f;
+      for (int d = 0; d < g.Dqk; ++d) dot += Qs[w * g.Dqk + d] * Ks[lane * lq + d];
+      for (int d = 0; d < g.Dv; ++d) dp += Gs[w * g.Dv + d] * Vs[lane * lv + d];
+      const float p = expf(g.scale * dot - L);
+      ds = p * (dp - Dr);
+    }
+    for (int j = 0; j < kTile; ++j) {
+      const float dj = __shfl_sync(0xffffffffu, ds, j);
+      if (dj == 0.f) continue;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int d = lane + 32 * i;
+        if (d < g.Dqk) acc[i] += dj * Ks[j * lq + d];
+      }
+    }
+  }
+  if (!live) return;
+  float* out = dq + row_off(g, b, t, h, g.Dqk);
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int d = lane + 32 * i;
+    if (d < g.Dqk) out[d] = g.scale * acc[i];
+  }
+}
+
+// dk, dv: a warp per key row, query tiles streamed.
+__global__ void attn_dkv_k(Geo g, const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                           const float* __restrict__ lse, const float* __restrict__ Dt, const float* __restrict__ dO,
+                           float* __restrict__ dk, float* __restrict__ dv) {
+  extern __shared__ float sm[];
+  const int lq = g.Dqk + 1, lv = g.Dv + 1;
+  float* Qs = sm;                  // [kTile, lq]
+  float* Gs = Qs + kTile * lq;     // [kTile, lv]  dO
+  float* Ks = Gs + kTile * lv;     // [kRows, Dqk]
+  float* Vs = Ks + kRows * g.Dqk;  // [kRows, Dv]
+  float* Ls = Vs + kRows * g.Dv;   // [kTile] lse
+  float* Ds = Ls + kTile;          // [kTile] Dt
+  const int b = blockIdx.z, h = blockIdx.y, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int s_first = blockIdx.x * kRows, s = s_first + w;
+  const bool live = s < g.T;
+  for (int i = threadIdx.x; i < kRows * g.Dqk; i += blockDim.x) {
+    const int r = i / g.Dqk, d = i % g.Dqk;
+    Ks[i] = s_first + r < g.T ? k[row_off(g, b, s_first + r, h, g.Dqk) + d] : 0.f;
+  }
+  for (int i = threadIdx.x; i < kRows * g.Dv; i += blockDim.x) {
+    const int r = i / g.Dv, d = i % g.Dv;
+    Vs[i] = s_first + r < g.T ? v[row_off(g, b, s_first + r, h, g.Dv) + d] : 0.f;
+  }
+  float ak[kPer], av[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) ak[i] = av[i] = 0.f;
+  int t_end = g.T;
+  if (g.window > 0) t_end = min(g.T, s_first + kRows - 1 + g.window);
+  for (int tb = s_first - s_first % kTile; tb < t_end; tb += kTile) {
+    __syncthreads();
+    load_tile(g, q, b, h, tb, g.Dqk, Qs, lq);
+    load_tile(g, dO, b, h, tb, g.Dv, Gs, lv);
+    if (threadIdx.x < kTile) {
+      const int t = tb + threadIdx.x;
+      const int64_t li = (int64_t(b) * g.H + h) * g.T + t;
+      Ls[threadIdx.x] = t < g.T ? lse[li] : -INFINITY;
+      Ds[threadIdx.x] = t < g.T ? Dt[li] : 0.f;
+    }
+    __syncthreads();
+    if (!live) continue;
+    const int t = tb + lane;
+    float p = 0.f, ds = 0.f;
+    if (t < g.T && visible(g, b, t, s) && Ls[lane] != -INFINITY) {
+      float dot = 0.f, dp = 0.f;
+      for (int d = 0; d < g.Dqk; ++d) dot += Qs[lane * lq + d] * Ks[w * g.Dqk + d];
+      for (int d = 0; d < g.Dv; ++d) dp += Gs[lane * lv + d] * Vs[w * g.Dv + d];
+      p = expf(g.scale * dot - Ls[lane]);
+      ds = p * (dp - Ds[lane]);
+    }
+    for (int j = 0; j < kTile; ++j) {
+      const float pj = __shfl_sync(0xffffffffu, p, j), dj = __shfl_sync(0xffffffffu, ds, j);
+      if (pj == 0.f && dj == 0.f) continue;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int d = lane + 32 * i;
+        if (d < g.Dv) av[i] += pj * Gs[j * lv + d];
+        if (d < g.Dqk) ak[i] += dj * Qs[j * lq + d];
+      }
+    }
+  }
+  if (!live) return;
+  float* ok = dk + row_off(g, b, s, h, g.Dqk);
+  float* ov = dv + row_off(g, b, s, h, g.Dv);
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int d = lane + 32 * i;
+    if (d < g.Dqk) ok[d] = g.scale * ak[i];
+    if (d < g.Dv) ov[d] = av[i];
+  }
+}
+
+Geo geo(const AttnShape& sh, const int32_t* seg) {
+  if (sh.Dqk > kMaxD || sh.Dv > kMaxD || sh.Dqk < 1 || sh.Dv < 1)
+    throw Error("cuda attention: head dims Dqk=" + std::to_string(sh.Dqk) + " Dv=" + std::to_string(sh.Dv) +
+                " are outside 1.." + std::to_string(kMaxD));
+  return {sh.B, sh.T, sh.H, sh.Dqk, sh.Dv, sh.scale, sh.window, seg};
+}
+
+template <class K>
+void set_smem(K kernel, size_t bytes) {
+  if (bytes > 48 * 1024)
+    TREX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+}  // namespace
+
+void attention_fwd(const Ctx& c, const AttnShape& sh, const float* q, const float* k, const float* v, float* o,
+                   float* lse, const int32_t* seg) {
+  if (sh.B <= 0 || sh.T <= 0 || sh.H <= 0) return;
+  const Geo g = geo(sh, seg);
+  const size_t smem = (kTile * (g.Dqk + 1) + kTile * (g.Dv + 1) + kRows * g.Dqk) * sizeof(float);
+  set_smem(attn_fwd_k, smem);
+  const dim3 grid((g.T + kRows - 1) / kRows, g.H, g.B);
+  attn_fwd_k<<<grid, kRows * 32, smem, c.stream>>>(g, q, k, v, o, lse);
+  TREX_CUDA_LAUNCHED("attention_fwd");
+}
+
+void attention_bwd(const Ctx& c, const AttnShape& sh, const float* q, const float* k, const float* v, const float* o,
+                   const float* lse, const float* dO, float* dq, float* dk, float* dv, const int32_t* seg) {
+  if (sh.B <= 0 || sh.T <= 0 || sh.H <= 0) return;
+  const Geo g = geo(sh, seg);
+  const int64_t rows = int64_t(g.B) * g.T * g.H;
+  Scratch Dt(c, rows * sizeof(float));
+  attn_rowdot_k<<<static_cast<unsigned>((rows + kRows - 1) / kRows), kRows * 32, 0, c.stream>>>(g, o, dO,
+                                                                                                 Dt.as<float>());
+  TREX_CUDA_LAUNCHED("attention_bwd rowdot");
+  const dim3 grid((g.T + kRows - 1) / kRows, g.H, g.B);
+  const size_t smem_q =
+      (kTile * (g.Dqk + 1) + kTile * (g.Dv + 1) + kRows * g.Dqk + kRows * g.Dv) * sizeof(float);
+  set_smem(attn_dq_k, smem_q);
+  attn_dq_k<<<grid, kRows * 32, smem_q, c.stream>>>(g, q, k, v, lse, Dt.as<float>(), dO, dq);
+  TREX_CUDA_LAUNCHED("attention_bwd dq");
+  const size_t smem_kv = smem_q + 2 * kTile * sizeof(float);
+  set_smem(attn_dkv_k, smem_kv);
+  attn_dkv_k<<<grid, kRows * 32, smem_kv, c.stream>>>(g, q, k, v, lse, Dt.as<float>(), dO, dk, dv);
+  TREX_CUDA_LAUNCHED("attention_bwd dk dv");
+}
+
+}  // namespace trex::kern::cuda

@@ -1,0 +1,175 @@
+// CudaBackend: device memory (cudaMalloc), copies, streams and events, and the kernel table of
+// kernels/cuda/ops.h. One object per process and device; the cuBLASLt handle and its workspace
+// live here.
+#include <cstdio>
+#include <string>
+#include "kernels/backend.h"
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/ops.h"
+
+namespace trex::kern {
+
+namespace {
+
+cudaStream_t cs(Stream s) { return reinterpret_cast<cudaStream_t>(s); }
+cudaEvent_t ce(Event e) { return reinterpret_cast<cudaEvent_t>(e); }
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {
+    int n = 0;
+    TREX_CUDA_CHECK(cudaGetDeviceCount(&n));
+    if (device < 0 || device >= n)
+      throw Error("device 'cuda:" + std::to_string(device) + "': this machine has " + std::to_string(n) +
+                  " CUDA device(s) (0.." + std::to_string(n - 1) + ")");
+    TREX_CUDA_CHECK(cudaSetDevice(device));
+    TREX_CUDA_CHECK(cudaGetDeviceProperties(&prop_, device));
+    TREX_CUDA_CHECK(cudaStreamCreateWithFlags(&default_stream_, cudaStreamNonBlocking));
+    TREX_CUBLAS_CHECK(cublasLtCreate(&ctx_.lt));
+    ctx_.lt_ws_bytes = size_t(64) << 20;
+    TREX_CUDA_CHECK(cudaMalloc(&ctx_.lt_ws, ctx_.lt_ws_bytes));
+    ctx_.stream = default_stream_;
+  }
+  ~CudaBackend() override {
+    cudaStreamSynchronize(default_stream_);
+    cudaFree(ctx_.lt_ws);
+    cublasLtDestroy(ctx_.lt);
+    cudaStreamDestroy(default_stream_);
+  }
+
+  const char* name() const override { return "cuda"; }
+  std::string describe() const override {
+    char mem[32];
+    std::snprintf(mem, sizeof mem, "%.1f", prop_.totalGlobalMem / double(1 << 30));
+    return std::string(prop_.name) + " (sm_" + std::to_string(prop_.major) + std::to_string(prop_.minor) + ", " +
+           std::to_string(prop_.multiProcessorCount) + " SMs, " + mem + " GiB)";
+  }
+  bool host_addressable() const override { return false; }
+
+  void* alloc(size_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      throw Error("cuda: cannot allocate " + std::to_string(bytes) + " bytes on " + prop_.name + " (" +
+                  std::to_string(free_b >> 20) + " MiB free of " + std::to_string(total_b >> 20) +
+                  " MiB): " + cudaGetErrorString(e));
+    }
+    return p;
+  }
+  void release(void* p) override { TREX_CUDA_CHECK(cudaFree(p)); }
+  void to_device(void* dst, const void* src, size_t bytes) override {
+    TREX_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx_.stream));
+    // The host buffer may be pageable and reused by the caller at once: wait for the copy.
+    TREX_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+  }
+  void to_host(void* dst, const void* src, size_t bytes) override {
+    TREX_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ctx_.stream));
+    TREX_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    TREX_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx_.stream));
+  }
+  void zero(void* p, size_t bytes) override { TREX_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, ctx_.stream)); }
+
+  Stream new_stream() override {
+    cudaStream_t s;
+    TREX_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return reinterpret_cast<Stream>(s);
+  }
+  void delete_stream(Stream s) override {
+    if (s && cs(s) != default_stream_) TREX_CUDA_CHECK(cudaStreamDestroy(cs(s)));
+  }
+  void set_stream(Stream s) override { ctx_.stream = s ? cs(s) : default_stream_; }
+  Stream stream() const override { return reinterpret_cast<Stream>(ctx_.stream); }
+  Event record() override {
+    cudaEvent_t e;
+    TREX_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    TREX_CUDA_CHECK(cudaEventRecord(e, ctx_.stream));
+    return reinterpret_cast<Event>(e);
+  }
+  void wait(Event e) override { TREX_CUDA_CHECK(cudaStreamWaitEvent(ctx_.stream, ce(e), 0)); }
+  void sync(Event e) override { TREX_CUDA_CHECK(cudaEventSynchronize(ce(e))); }
+  void delete_event(Event e) override { TREX_CUDA_CHECK(cudaEventDestroy(ce(e))); }
+  void synchronize() override { TREX_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+  void gemm(Prec pa, Prec pb, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+            int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc) override {
+    cuda::gemm(ctx_, pa, pb, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+  void grouped_gemm(Prec prec, bool ta, bool tb, float alpha, float beta, const GemmGroup* groups,
+                    int n_groups) override {
+    cuda::grouped_gemm(ctx_, prec, ta, tb, alpha, beta, groups, n_groups);
+  }
+  void rmsnorm_fwd(const float* x, int64_t N, int64_t d, const float* w, float eps, float* y, float* rstd) override {
+    cuda::rmsnorm_fwd(ctx_, x, N, d, w, eps, y, rstd);
+  }
+  void rmsnorm_bwd(const float* dy, const float* x, int64_t N, int64_t d, const float* w, const float* rstd,
+                   float* dx, float* dw) override {
+    cuda::rmsnorm_bwd(ctx_, dy, x, N, d, w, rstd, dx, dw);
+  }
+  void swiglu_fwd(const float* gu, int64_t N, int64_t F, float limit, float* h) override {
+    cuda::swiglu_fwd(ctx_, gu, N, F, limit, h);
+  }
+  void swiglu_bwd(const float* dh, const float* gu, int64_t N, int64_t F, float limit, float* dgu) override {
+    cuda::swiglu_bwd(ctx_, dh, gu, N, F, limit, dgu);
+  }
+  void rope_apply(float* x, int64_t N, int H, int64_t stride_tok, int64_t stride_head, int D, const int32_t* pos,
+                  const float* cos, const float* sin, RopeLayout layout, bool inverse) override {
+    cuda::rope_apply(ctx_, x, N, H, stride_tok, stride_head, D, pos, cos, sin, layout, inverse);
+  }
+  void adamw_step(const AdamWParams& hp, float* p, const float* g, float* m, float* v, int64_t n,
+                  bf16* p_bf16) override {
+    cuda::adamw_step(ctx_, hp, p, g, m, v, n, p_bf16);
+  }
+  double sum_squares(const float* x, int64_t n) override { return cuda::sum_squares(ctx_, x, n); }
+  void attention_fwd(const AttnShape& sh, const float* q, const float* k, const float* v, float* o, float* lse,
+                     const int32_t* seg) override {
+    cuda::attention_fwd(ctx_, sh, q, k, v, o, lse, seg);
+  }
+  void attention_bwd(const AttnShape& sh, const float* q, const float* k, const float* v, const float* o,
+                     const float* lse, const float* dO, float* dq, float* dk, float* dv,
+                     const int32_t* seg) override {
+    cuda::attention_bwd(ctx_, sh, q, k, v, o, lse, dO, dq, dk, dv, seg);
+  }
+  double lm_head_ce(const CeArgs& args, int64_t* n_valid) override { return cuda::lm_head_ce(ctx_, args, n_valid); }
+
+ private:
+  int device_;
+  cudaDeviceProp prop_{};
+  cudaStream_t default_stream_ = nullptr;
+  cuda::Ctx ctx_;
+};
+
+}  // namespace
+
+namespace cuda {
+
+Scratch::Scratch(const Ctx& c, size_t bytes) : s_(c.stream) {
+  if (bytes) TREX_CUDA_CHECK(cudaMallocAsync(&p_, bytes, s_));
+}
+Scratch::~Scratch() {
+  if (p_) cudaFreeAsync(p_, s_);
+}
+
+}  // namespace cuda
+
+bool cuda_compiled() { return true; }
+
+bool cuda_available(std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    if (why)
+      *why = std::string("no CUDA device (") + (e != cudaSuccess ? cudaGetErrorString(e) : "none found") + ")";
+    return false;
+  }
+  return true;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<CudaBackend>(device); }
+
+}  // namespace trex::kern

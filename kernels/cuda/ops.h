@@ -1,0 +1,61 @@
+// The CUDA kernel table behind CudaBackend (kernels/cuda/backend_cuda.cu). Each function has the
+// semantics of the kern:: function of the same name (kernels/*.h); every pointer is device
+// memory, and the work is enqueued on ctx.stream (nothing waits unless the function returns a
+// value to the host).
+#pragma once
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <cstdint>
+#include "kernels/adamw.h"
+#include "kernels/attention.h"
+#include "kernels/gemm.h"
+#include "kernels/lm_head_ce.h"
+#include "kernels/rope.h"
+
+namespace trex::kern::cuda {
+
+struct Ctx {
+  cudaStream_t stream = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  void* lt_ws = nullptr;  // cuBLASLt workspace
+  size_t lt_ws_bytes = 0;
+};
+
+void gemm(const Ctx& c, Prec pa, Prec pb, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+          const void* A, int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void grouped_gemm(const Ctx& c, Prec prec, bool ta, bool tb, float alpha, float beta, const GemmGroup* groups,
+                  int n_groups);
+
+void rmsnorm_fwd(const Ctx& c, const float* x, int64_t N, int64_t d, const float* w, float eps, float* y, float* rstd);
+void rmsnorm_bwd(const Ctx& c, const float* dy, const float* x, int64_t N, int64_t d, const float* w,
+                 const float* rstd, float* dx, float* dw);
+void swiglu_fwd(const Ctx& c, const float* gu, int64_t N, int64_t F, float limit, float* h);
+void swiglu_bwd(const Ctx& c, const float* dh, const float* gu, int64_t N, int64_t F, float limit, float* dgu);
+void rope_apply(const Ctx& c, float* x, int64_t N, int H, int64_t stride_tok, int64_t stride_head, int D,
+                const int32_t* pos, const float* cos, const float* sin, RopeLayout layout, bool inverse);
+void adamw_step(const Ctx& c, const AdamWParams& hp, float* p, const float* g, float* m, float* v, int64_t n,
+                bf16* p_bf16);
+double sum_squares(const Ctx& c, const float* x, int64_t n);
+void attention_fwd(const Ctx& c, const AttnShape& sh, const float* q, const float* k, const float* v, float* o,
+                   float* lse, const int32_t* seg);
+void attention_bwd(const Ctx& c, const AttnShape& sh, const float* q, const float* k, const float* v, const float* o,
+                   const float* lse, const float* dO, float* dq, float* dk, float* dv, const int32_t* seg);
+double lm_head_ce(const Ctx& c, const CeArgs& args, int64_t* n_valid);
+
+// Device scratch ordered on ctx.stream (the stream-ordered allocator): freed when it goes out of
+// scope, after the work enqueued so far.
+class Scratch {
+ public:
+  Scratch(const Ctx& c, size_t bytes);
+  ~Scratch();
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  template <class T>
+  T* as() const { return static_cast<T*>(p_); }
+
+ private:
+  cudaStream_t s_;
+  void* p_ = nullptr;
+};
+
+}  // namespace trex::kern::cuda

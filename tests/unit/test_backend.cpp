@@ -1,0 +1,202 @@
+// The backend seam (kernels/backend.h): the CPU backend's memory and kernel table equal the kern::
+// functions bit for bit; device names are checked; a model on a wrapped CPU backend computes the
+// same loss and gradients as on its own, and a model refuses a backend whose memory the host
+// cannot address; the CUDA backend is either usable here or says why not.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+#include "core/error.h"
+#include "core/rng.h"
+#include "kernels/backend.h"
+#include "kernels/rmsnorm.h"
+#include "model/model.h"
+#include "tests/tiny_configs.h"
+#include "train/device.h"
+
+namespace {
+using namespace trex;
+
+std::vector<float> randn(size_t n, uint64_t seed) {
+  Rng r(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(r.normal());
+  return v;
+}
+
+TEST(Backend, CpuMemoryAndCopies) {
+  auto be = kern::make_backend("cpu");
+  EXPECT_STREQ(be->name(), "cpu");
+  EXPECT_TRUE(be->host_addressable());
+  const std::vector<float> x = randn(1000, 1);
+  kern::DeviceBuffer<float> a(*be, x.size()), b(*be, x.size());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a.get()) % 256, 0u);
+  a.upload(x.data());
+  be->copy(b.get(), a.get(), x.size() * sizeof(float));
+  std::vector<float> y(x.size());
+  b.download(y.data());
+  EXPECT_EQ(0, std::memcmp(x.data(), y.data(), x.size() * sizeof(float)));
+  be->zero(b.get(), 10 * sizeof(float));
+  b.download(y.data());
+  EXPECT_EQ(y[9], 0.f);
+  EXPECT_EQ(y[10], x[10]);
+  kern::DeviceBuffer<float> c = std::move(b);
+  EXPECT_EQ(b.get(), nullptr);
+  EXPECT_EQ(c.size(), x.size());
+  const kern::Event e = be->record();
+  be->wait(e);
+  be->sync(e);
+  be->delete_event(e);
+  be->synchronize();
+}
+
+TEST(Backend, CpuKernelTableIsTheKernFunctions) {
+  auto be = kern::make_cpu_backend();
+  const int64_t N = 7, d = 33;
+  const std::vector<float> x = randn(N * d, 2), w = randn(d, 3);
+  std::vector<float> y1(N * d), y2(N * d), r1(N), r2(N);
+  kern::rmsnorm_fwd(x.data(), N, d, w.data(), 1e-6f, y1.data(), r1.data());
+  be->rmsnorm_fwd(x.data(), N, d, w.data(), 1e-6f, y2.data(), r2.data());
+  EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * 4));
+  std::vector<float> c1(N * N), c2(N * N);
+  kern::gemm_f32(false, true, N, N, d, 1.f, x.data(), d, x.data(), d, 0.f, c1.data(), N);
+  be->gemm(kern::Prec::F32, kern::Prec::F32, false, true, N, N, d, 1.f, x.data(), d, x.data(), d, 0.f, c2.data(), N);
+  EXPECT_EQ(0, std::memcmp(c1.data(), c2.data(), c1.size() * 4));
+  EXPECT_EQ(be->sum_squares(x.data(), N * d), kern::sum_squares(x.data(), N * d));
+}
+
+TEST(Backend, DeviceNames) {
+  EXPECT_EQ(train::parse_device("cpu", "w"), "cpu");
+  EXPECT_EQ(train::parse_device("cuda:12", "w"), "cuda:12");
+  for (const char* bad : {"", "gpu", "cuda:", "cuda:-1", "cuda:1x", "CPU", "cuda:12345"})
+    EXPECT_THROW(train::parse_device(bad, "train.device"), UserError) << bad;
+  EXPECT_THROW(kern::make_backend("tpu"), Error);
+  EXPECT_EQ(train::open_device("cpu", "w"), nullptr);
+}
+
+// Either a CUDA device is here and the backend opens, or make_backend says why it cannot; the
+// training step is refused on it in both cases (it does not run on the CUDA backend yet).
+TEST(Backend, CudaUsableOrSaysWhy) {
+  std::string why;
+  if (kern::cuda_available(&why)) {
+    auto be = kern::make_backend("cuda");
+    EXPECT_STREQ(be->name(), "cuda");
+    EXPECT_FALSE(be->host_addressable());
+  } else {
+    EXPECT_FALSE(why.empty());
+    try {
+      kern::make_backend("cuda");
+      ADD_FAILURE() << "make_backend(cuda) succeeded without a device";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  }
+  try {
+    train::open_device("cuda", "train.device");
+    ADD_FAILURE() << "open_device(cuda) succeeded";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("train.device = \"cuda\""), std::string::npos) << e.what();
+  }
+}
+
+// A CPU backend behind the interface, optionally claiming device memory the host cannot address.
+class Wrapped final : public kern::Backend {
+ public:
+  explicit Wrapped(bool host) : host_(host), in_(kern::make_cpu_backend()) {}
+  int calls = 0;
+  const char* name() const override { return "wrapped"; }
+  std::string describe() const override { return "wrapped cpu"; }
+  bool host_addressable() const override { return host_; }
+  void* alloc(size_t n) override { return in_->alloc(n); }
+  void release(void* p) override { in_->release(p); }
+  void to_device(void* d, const void* s, size_t n) override { in_->to_device(d, s, n); }
+  void to_host(void* d, const void* s, size_t n) override { in_->to_host(d, s, n); }
+  void copy(void* d, const void* s, size_t n) override { in_->copy(d, s, n); }
+  void zero(void* p, size_t n) override { in_->zero(p, n); }
+  kern::Stream new_stream() override { return in_->new_stream(); }
+  void delete_stream(kern::Stream s) override { in_->delete_stream(s); }
+  void set_stream(kern::Stream s) override { in_->set_stream(s); }
+  kern::Stream stream() const override { return in_->stream(); }
+  kern::Event record() override { return in_->record(); }
+  void wait(kern::Event e) override { in_->wait(e); }
+  void sync(kern::Event e) override { in_->sync(e); }
+  void delete_event(kern::Event e) override { in_->delete_event(e); }
+  void synchronize() override { in_->synchronize(); }
+  void gemm(kern::Prec pa, kern::Prec pb, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al, const void* A,
+            int64_t lda, const void* B, int64_t ldb, float be, float* C, int64_t ldc) override {
+    ++calls;
+    in_->gemm(pa, pb, ta, tb, M, N, K, al, A, lda, B, ldb, be, C, ldc);
+  }
+  void grouped_gemm(kern::Prec p, bool ta, bool tb, float al, float be, const kern::GemmGroup* g, int n) override {
+    ++calls;
+    in_->grouped_gemm(p, ta, tb, al, be, g, n);
+  }
+  void rmsnorm_fwd(const float* x, int64_t N, int64_t d, const float* w, float eps, float* y, float* r) override {
+    ++calls;
+    in_->rmsnorm_fwd(x, N, d, w, eps, y, r);
+  }
+  void rmsnorm_bwd(const float* dy, const float* x, int64_t N, int64_t d, const float* w, const float* r, float* dx,
+                   float* dw) override {
+    ++calls;
+    in_->rmsnorm_bwd(dy, x, N, d, w, r, dx, dw);
+  }
+  void swiglu_fwd(const float* gu, int64_t N, int64_t F, float l, float* h) override { in_->swiglu_fwd(gu, N, F, l, h); }
+  void swiglu_bwd(const float* dh, const float* gu, int64_t N, int64_t F, float l, float* dgu) override {
+    in_->swiglu_bwd(dh, gu, N, F, l, dgu);
+  }
+  void rope_apply(float* x, int64_t N, int H, int64_t st, int64_t sh, int D, const int32_t* pos, const float* c,
+                  const float* s, kern::RopeLayout lay, bool inv) override {
+    in_->rope_apply(x, N, H, st, sh, D, pos, c, s, lay, inv);
+  }
+  void adamw_step(const kern::AdamWParams& hp, float* p, const float* g, float* m, float* v, int64_t n,
+                  bf16* pb) override {
+    in_->adamw_step(hp, p, g, m, v, n, pb);
+  }
+  double sum_squares(const float* x, int64_t n) override { return in_->sum_squares(x, n); }
+  void attention_fwd(const kern::AttnShape& sh, const float* q, const float* k, const float* v, float* o, float* l,
+                     const int32_t* seg) override {
+    ++calls;
+    in_->attention_fwd(sh, q, k, v, o, l, seg);
+  }
+  void attention_bwd(const kern::AttnShape& sh, const float* q, const float* k, const float* v, const float* o,
+                     const float* l, const float* dO, float* dq, float* dk, float* dv, const int32_t* seg) override {
+    ++calls;
+    in_->attention_bwd(sh, q, k, v, o, l, dO, dq, dk, dv, seg);
+  }
+  double lm_head_ce(const kern::CeArgs& a, int64_t* nv) override {
+    ++calls;
+    return in_->lm_head_ce(a, nv);
+  }
+
+ private:
+  bool host_;
+  std::unique_ptr<kern::Backend> in_;
+};
+
+// The model's modules compute through the backend it is given: the same loss and gradients,
+// bit for bit, and every GEMM, norm, attention and head call went through it.
+TEST(Backend, ModelComputesThroughItsBackend) {
+  const model::ModelConfig cfg = model::parse_config(trex::testing::tiny_v3(), "tiny_v3");
+  const int64_t B = 2, T = 9;
+  std::vector<int32_t> ids(B * T), tg(B * T);
+  for (int64_t i = 0; i < B * T; ++i) ids[i] = (int32_t)((i * 7 + 3) % cfg.vocab_size), tg[i] = (int32_t)((i * 5 + 1) % cfg.vocab_size);
+  const model::Batch b{B, T, ids.data(), tg.data(), nullptr, nullptr};
+  model::Model a(cfg, kern::Prec::F32), m(cfg, kern::Prec::F32);
+  a.init_random(5);
+  m.init_random(5);
+  Wrapped w(true);
+  m.use_backend(w);
+  const double la = a.forward_backward(b).loss, lm = m.forward_backward(b).loss;
+  EXPECT_EQ(la, lm);
+  EXPECT_EQ(0, std::memcmp(a.G(), m.G(), a.layout.total * sizeof(float)));
+  EXPECT_GT(w.calls, 10);
+  Wrapped dev(false);
+  EXPECT_THROW(m.use_backend(dev), UserError);
+}
+
+TEST(Backend, CtxWithoutBackendIsAnError) {
+  model::Ctx c;
+  EXPECT_THROW(c.k(), Error);
+}
+
+}  // namespace

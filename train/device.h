@@ -1,0 +1,20 @@
+// The device a run computes on (train.device, --device on train / grad / bench / generate):
+// "cpu", "cuda" (the first CUDA device) or "cuda:N". The composition root creates the backend
+// (kernels/backend.h) once and hands it to the model; everything below calls the backend.
+#pragma once
+#include <memory>
+#include <string>
+#include "kernels/backend.h"
+
+namespace trex::train {
+
+// Checks the spelling: "cpu", "cuda" or "cuda:N"; else a UserError naming `where`.
+std::string parse_device(const std::string& s, const std::string& where);
+
+// Opens the backend of `device` before anything is loaded: null for "cpu" (a model computes on
+// its own CPU backend), else the backend, to give to Model::use_backend and keep alive as long as
+// the model. Refused with a UserError naming `where` and the reason: a build without CUDA, no
+// CUDA device, or a backend the model's training step does not run on yet.
+std::unique_ptr<kern::Backend> open_device(const std::string& device, const std::string& where);
+
+}  // namespace trex::train
