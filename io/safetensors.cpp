@@ -276,7 +276,26 @@ const TensorInfo* SafetensorsDir::find(const std::string& name,
   if (it == where_.end()) return nullptr;
   const SafetensorsFile& f = files_[it->second];
   if (file) *file = &f;
-  return f.find(name);
+  return f.find(stored_name(name));
+}
+
+std::string SafetensorsDir::stored_name(const std::string& name) const {
+  auto it = stored_.find(name);
+  return it == stored_.end() ? name : it->second;
+}
+
+void SafetensorsDir::rename(const std::function<std::string(const std::string&)>& to) {
+  std::map<std::string, uint32_t> where;
+  std::map<std::string, std::string> stored;
+  for (const auto& [name, file] : where_) {
+    const std::string from = stored_name(name), n = to(from);
+    auto [it, fresh] = where.emplace(n, file);
+    TREX_USER_CHECK(fresh, "a checkpoint holds each tensor once", "checkpoint '", dir_, "': tensors '",
+                    stored[n].empty() ? n : stored[n], "' and '", from, "' are both '", n, "' under this model's names");
+    if (n != from) stored[n] = from;
+  }
+  where_ = std::move(where);
+  stored_ = std::move(stored);
 }
 
 std::vector<std::string> SafetensorsDir::names() const {
@@ -291,7 +310,7 @@ void SafetensorsDir::read_f32(const std::string& name, float* out, int64_t n) co
   TREX_USER_CHECK(it != where_.end(),
                   "check the tensor name against the checkpoint (model config mismatch?)",
                   "checkpoint '", dir_, "': no tensor '", name, "'");
-  files_[it->second].read_f32(name, out, n);
+  files_[it->second].read_f32(stored_name(name), out, n);
 }
 
 }  // namespace trex::io

@@ -21,6 +21,7 @@
 // in HashMap order; we emit them sorted).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <unordered_map>
@@ -106,12 +107,18 @@ class SafetensorsDir {
   const std::vector<SafetensorsFile>& files() const { return files_; }
   const std::string& dir() const { return dir_; }
   bool sharded() const { return sharded_; }
+  // Looks every tensor up under to(stored name) from now on (a checkpoint written under another
+  // naming, read under the one a loader asks for). Two stored names that map to the same name
+  // are a UserError naming both. stored_name() gives a tensor's name in its file.
+  void rename(const std::function<std::string(const std::string&)>& to);
+  std::string stored_name(const std::string& name) const;
 
  private:
   std::string dir_;
   bool sharded_ = false;
   std::vector<SafetensorsFile> files_;
-  std::map<std::string, uint32_t> where_;  // tensor name -> index into files_
+  std::map<std::string, uint32_t> where_;        // tensor name -> index into files_
+  std::map<std::string, std::string> stored_;    // after rename(): tensor name -> name in its file
 };
 
 struct TensorToWrite {

@@ -125,7 +125,9 @@ void verify_weights(const std::string& dir) {
 void load_hf_weights(Model& m, const std::string& dir, bool verify) {
   if (verify) verify_weights(dir);
   io::SafetensorsDir ck = io::SafetensorsDir::open(dir);
-  if (m.cfg.is_v4() && ck.find("embed.weight")) return load_v4_original(m, dir);
+  // DeepSeek-V4 under the original release's names, or under the names transformers'
+  // save_pretrained writes (which are close to them): the original-layout loader reads both.
+  if (m.cfg.is_v4() && (ck.find("embed.weight") || v4_saved_naming(ck.names()))) return load_v4_original(m, dir);
   io::QuantConfig qc = quant_config_of(dir);
   io::QuantizedTensorReader q(ck, qc);
   std::set<std::string> used;

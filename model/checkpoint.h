@@ -74,6 +74,14 @@ std::string config_to_json_v4(const ModelConfig& c);
 std::string v4_original_name(const std::string& hf_name);  // non-expert tensors and buffers
 std::string v4_hf_name(const std::string& original_name);  // transformers' renames, in order
 void load_v4_original(Model& m, const std::string& dir);   // load_hf_weights calls it when it sees embed.weight
+// DeepSeek-V4 as transformers' save_pretrained writes it: the in-memory names with the
+// conversion mapping's rules reversed behind the model. prefix (model.layers.N.attn.wq_a.weight,
+// model.layers.N.ffn.experts.E.w1.weight, head.weight; the anchored rules ^embed, ^hc_head_* do
+// not match behind the prefix: model.embed_tokens.weight, model.hc_head.hc_fn). Whether ck's
+// names are that naming, and the original release name of one of them (the mapping's rules
+// forward, then trex's original names): load_v4_original reads such a checkpoint through it.
+bool v4_saved_naming(const std::vector<std::string>& names);
+std::string v4_original_of_saved(const std::string& saved_name);
 // quantize: FP8 (e4m3, ue8m0 128x128) for the attention / indexer-query / shared-expert matrices
 // and FP4 (e2m1, ue8m0 per 32) for routed experts, as the release ships them; others in dtype.
 void save_v4_original(const Model& m, const std::string& dir, DType dtype, bool quantize,

@@ -138,8 +138,22 @@ bool held_by_another_stage(const ParamLayout& L, const std::string& n) {
 
 }  // namespace
 
+bool v4_saved_naming(const std::vector<std::string>& names) {
+  for (const std::string& n : names)
+    if (n.rfind("model.layers.", 0) == 0 &&
+        (n.find(".attn.") != std::string::npos || n.find(".ffn.") != std::string::npos))
+      return true;
+  return false;
+}
+
+std::string v4_original_of_saved(const std::string& saved) {
+  const std::string s = saved.rfind("model.", 0) == 0 ? saved.substr(6) : saved;
+  return v4_original_name(v4_hf_name(s));
+}
+
 void load_v4_original(Model& m, const std::string& dir) {
   io::SafetensorsDir ck = io::SafetensorsDir::open(dir);
+  if (v4_saved_naming(ck.names())) ck.rename(v4_original_of_saved);
   io::QuantConfig qc = detail::quant_config_of(dir);
   io::QuantizedTensorReader q(ck, qc);
   const int64_t E = m.cfg.n_routed_experts, F = m.cfg.moe_intermediate_size, d = m.cfg.hidden_size;
@@ -200,7 +214,10 @@ void load_v4_original(Model& m, const std::string& dir) {
       ++mtp;
       continue;
     }
-    if (++unknown <= 5) TREX_LOG_WARN(dir, ": unexpected tensor '", n, "' ignored");
+    if (++unknown <= 5) {
+      const std::string st = ck.stored_name(n);
+      TREX_LOG_WARN(dir, ": unexpected tensor '", st, "'", st == n ? "" : " (original name '" + n + "')", " ignored");
+    }
   }
   if (mtp) TREX_LOG_INFO(dir, ": skipped ", mtp, " MTP tensors (mtp.*)");
   TREX_USER_CHECK(unknown == 0, "the checkpoint does not match config.json", dir, ": ", unknown,
