@@ -82,9 +82,14 @@ void load_v4_original(Model& m, const std::string& dir);   // load_hf_weights ca
 // forward, then trex's original names): load_v4_original reads such a checkpoint through it.
 bool v4_saved_naming(const std::vector<std::string>& names);
 std::string v4_original_of_saved(const std::string& saved_name);
+// The save_pretrained name of an original-layout name (MTP blocks, which transformers does not
+// have, keep their mtp.K. names).
+std::string v4_saved_name(const std::string& original_name);
 // quantize: FP8 (e4m3, ue8m0 128x128) for the attention / indexer-query / shared-expert matrices
 // and FP4 (e2m1, ue8m0 per 32) for routed experts, as the release ships them; others in dtype.
+// saved_names: the same tensors under the names transformers' save_pretrained writes
+// (v4_saved_name; not with quantize).
 void save_v4_original(const Model& m, const std::string& dir, DType dtype, bool quantize,
-                      uint64_t max_shard_bytes = 5ull << 30);
+                      uint64_t max_shard_bytes = 5ull << 30, bool saved_names = false);
 
 }  // namespace trex::model

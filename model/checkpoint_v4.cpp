@@ -151,6 +151,19 @@ std::string v4_original_of_saved(const std::string& saved) {
   return v4_original_name(v4_hf_name(s));
 }
 
+std::string v4_saved_name(const std::string& n) {
+  if (n.rfind("mtp.", 0) == 0 || n == "head.weight") return n;  // ^head\.weight: written as is
+  // The mapping's anchored rules (^embed\.weight, ^hc_head_*) do not match behind model.: their
+  // in-memory names stay.
+  if (n == "embed.weight") return "model.embed_tokens.weight";
+  if (n.rfind("hc_head_", 0) == 0) return "model.hc_head.hc_" + n.substr(8);
+  // The attention's kv_norm: in memory self_attn.kv_norm, which the reversed rule
+  // .norm. -> .kv_norm. writes as attn.norm.
+  std::string s = "model." + n;
+  if (const size_t p = s.find(".attn.kv_norm."); p != std::string::npos) s.replace(p, 14, ".attn.norm.");
+  return s;
+}
+
 void load_v4_original(Model& m, const std::string& dir) {
   io::SafetensorsDir ck = io::SafetensorsDir::open(dir);
   if (v4_saved_naming(ck.names())) ck.rename(v4_original_of_saved);
@@ -226,7 +239,9 @@ void load_v4_original(Model& m, const std::string& dir) {
   m.refresh_bf16();
 }
 
-void save_v4_original(const Model& m, const std::string& dir, DType dtype, bool quantize, uint64_t max_shard_bytes) {
+void save_v4_original(const Model& m, const std::string& dir, DType dtype, bool quantize, uint64_t max_shard_bytes,
+                      bool saved_names) {
+  TREX_CHECK(!(quantize && saved_names), "save_v4_original: quantized weights are written in the release layout only");
   TREX_CHECK(!m.layout.sharded(), "save_v4_original: the model holds an expert shard or a pipeline stage only");
   detail::TensorList tl(dtype);
   detail::make_output_dir(dir);
@@ -268,6 +283,8 @@ void save_v4_original(const Model& m, const std::string& dir, DType dtype, bool 
   }
   for (const BufferEntry& b : m.layout.buffers) tl.add_buffer(v4_original_name(b.name), b, m.buffers.data());
   for (const io::QuantizedTensor& t : qts) tl.ts.push_back(t.to_write());
+  if (saved_names)
+    for (io::TensorToWrite& t : tl.ts) t.name = v4_saved_name(t.name);
   io::write_safetensors_dir(dir, tl.ts, max_shard_bytes);
   nlohmann::ordered_json j = nlohmann::ordered_json::parse(config_to_json_v4(m.cfg));
   if (quantize) {

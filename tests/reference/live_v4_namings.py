@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Live round trip of DeepSeek-V4 checkpoint namings through the installed transformers:
 
-  DeepseekV4ForCausalLM.save_pretrained -> trex grad (loss) -> trex convert (hf and original
-  layouts) -> DeepseekV4ForCausalLM.from_pretrained of each -> the same logits.
+  DeepseekV4ForCausalLM.save_pretrained -> trex grad (loss) -> trex convert (hf, original and
+  transformers layouts) -> DeepseekV4ForCausalLM.from_pretrained of each -> the same logits; the
+  transformers layout holds exactly the names save_pretrained wrote.
 
 save_pretrained writes transformers' third naming (model.layers.N.attn.wq_a.weight, per-expert
 ffn.experts.E.w1, head.weight, model.embed_tokens.weight, model.hc_head.hc_fn). Passes when trex's
@@ -79,7 +80,7 @@ def main():
     ok &= e <= 1e-5
     print(f"{'ok  ' if e <= 1e-5 else 'FAIL'} trex loss on the save_pretrained naming: {loss:.7f} vs transformers "
           f"{ref_loss:.7f} (rel {e:.1e})")
-    for layout in ("hf", "original"):
+    for layout in ("hf", "original", "transformers"):
         dst = os.path.join(a.out, layout)
         r = subprocess.run([a.trex, "convert", "--model", saved, "--out", dst, "--layout", layout, "--dtype", "f32"],
                            capture_output=True, text=True)
@@ -87,6 +88,13 @@ def main():
             print(f"FAIL trex convert --layout {layout}: {r.stderr.strip()}")
             ok = False
             continue
+        if layout == "transformers":  # the very names save_pretrained wrote
+            from safetensors import safe_open
+            names = lambda d: sorted(k for f in os.listdir(d) if f.endswith(".safetensors")
+                                     for k in safe_open(os.path.join(d, f), "pt").keys())
+            same = names(dst) == names(saved)
+            ok &= same
+            print(f"{'ok  ' if same else 'FAIL'} trex convert --layout transformers writes save_pretrained's names")
         back = DeepseekV4ForCausalLM.from_pretrained(dst, attn_implementation="eager", experts_implementation="eager",
                                                      dtype=torch.float32).eval()
         with torch.no_grad():

@@ -4,6 +4,7 @@
 // place is refused with both names.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -71,6 +72,18 @@ TEST(V4Namings, SavePretrainedNamingLoadsTheSameWeights) {
     model::load_hf_weights(b, dir, /*verify=*/false);
     EXPECT_EQ(0, std::memcmp(a.P(), b.P(), a.layout.total * sizeof(float))) << dir;
     EXPECT_EQ(a.buffers, b.buffers) << dir;
+  }
+  // trex convert --layout transformers: exactly the names above, and the same weights back.
+  {
+    const std::string dir = root + "/written";
+    model::save_v4_original(a, dir, DType::F32, false, 5ull << 30, /*saved_names=*/true);
+    std::vector<std::string> want;
+    for (const std::string& n : io::SafetensorsDir::open(root + "/original").names()) want.push_back(saved_name(n, false));
+    std::sort(want.begin(), want.end());
+    EXPECT_EQ(io::SafetensorsDir::open(dir).names(), want);
+    model::Model b(cfg, kern::Prec::F32);
+    model::load_hf_weights(b, dir, false);
+    EXPECT_EQ(0, std::memcmp(a.P(), b.P(), a.layout.total * sizeof(float)));
   }
   // Both spellings of one tensor in one checkpoint: refused, naming both.
   const std::string dup = root + "/dup";
