@@ -44,7 +44,12 @@ class CpuBackend final : public Backend {
 
   void gemm(Prec pa, Prec pb, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
             int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc) override {
-    gemm_mixed(pa, pb, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (pa == Prec::F32 && pb == Prec::F32)
+      gemm_f32(ta, tb, M, N, K, alpha, static_cast<const float*>(A), lda, static_cast<const float*>(B), ldb, beta, C, ldc);
+    else if (pa == Prec::BF16 && pb == Prec::BF16)
+      gemm_bf16(ta, tb, M, N, K, alpha, static_cast<const bf16*>(A), lda, static_cast<const bf16*>(B), ldb, beta, C, ldc);
+    else
+      gemm_mixed(pa, pb, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
   void grouped_gemm(Prec prec, bool ta, bool tb, float alpha, float beta, const GemmGroup* groups,
                     int n_groups) override {
