@@ -19,6 +19,7 @@
 #include "kernels/cpu/attention_avx2.h"
 #include "kernels/cpu/attention_blas.h"
 #include "kernels/ref/attention.h"
+#include "tests/ops/attention_cases.h"
 #include "tests/ops/harness.h"
 
 namespace {
@@ -26,12 +27,6 @@ namespace {
 using trex::Rng;
 using trex::kern::AttnShape;
 using namespace trex::ops;
-
-struct Cfg {
-  int B, T, H, Dqk, Dv, window;
-  bool seg;
-  int threads = 0;  // > 0: run the kernel under test with this many threads
-};
 
 // The implementation under test: the dispatched one (AVX-512, AVX2, or GEMM-based), or the
 // GEMM-based / AVX2 one called directly (so each is tested on every machine that can run it).
@@ -62,38 +57,6 @@ const Impl kImpls[] = {
      has_avx2_fma}};
 const Impl& kAvx2 = kImpls[2];
 
-std::string cfg_name(const char* op, const Cfg& c) {
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "%s B=%d T=%d H=%d Dqk=%d Dv=%d%s%s%s", op, c.B, c.T, c.H, c.Dqk,
-                c.Dv, c.window > 0 ? (" win=" + std::to_string(c.window)).c_str() : "",
-                c.seg ? " seg" : "",
-                c.threads > 0 ? (" threads=" + std::to_string(c.threads)).c_str() : "");
-  return buf;
-}
-
-AttnShape shape_of(const Cfg& c) {
-  // 1/sqrt(Dqk) times a YaRN-like factor.
-  return AttnShape{c.B,     c.T, c.H, c.Dqk, c.Dv, 1.1f / std::sqrt(static_cast<float>(c.Dqk)),
-                   c.window};
-}
-
-// 2-3 documents per batch row at random boundaries (ids increase along the row).
-std::vector<int32_t> make_seg(const Cfg& c, Rng& r) {
-  std::vector<int32_t> s(static_cast<size_t>(c.B) * c.T);
-  for (int b = 0; b < c.B; ++b) {
-    int ndoc = 2 + static_cast<int>(r.next_u64() % 2);
-    std::vector<int> cut;
-    for (int i = 1; i < ndoc; ++i)
-      cut.push_back(1 + static_cast<int>(r.next_u64() % std::max(c.T - 1, 1)));
-    for (int t = 0; t < c.T; ++t) {
-      int id = 0;
-      for (int x : cut) id += t >= x;
-      s[static_cast<size_t>(b) * c.T + t] = 10 * b + id;
-    }
-  }
-  return s;
-}
-
 template <class T>
 std::vector<double> to_double(const T* p, size_t n) {
   return std::vector<double>(p, p + n);
@@ -107,19 +70,19 @@ bool check(const std::string& name, const char* what, const float* got,
                 guard_ok ? "NaN/Inf mismatch" : "guard overwritten");
 }
 
-bool run_test(const Impl& im, const Cfg& c) {
+bool run_test(const Impl& im, const AttnCfg& c) {
   if (!im.usable()) {
-    std::printf("skip %-48s (CPU lacks AVX2 + FMA)\n", cfg_name(im.tag, c).c_str());
+    std::printf("skip %-48s (CPU lacks AVX2 + FMA)\n", attn_cfg_name(im.tag, c).c_str());
     return true;
   }
-  const AttnShape sh = shape_of(c);
+  const AttnShape sh = attn_shape_of(c);
   const size_t nq = size_t(c.B) * c.T * c.H * c.Dqk, nv = size_t(c.B) * c.T * c.H * c.Dv,
                nl = size_t(c.B) * c.H * c.T;
   Rng r(1234 + c.T * 7 + c.Dqk);
   std::vector<float> q(nq), k(nq), v(nv), dO(nv);
   fill_normal(q.data(), nq, r), fill_normal(k.data(), nq, r), fill_normal(v.data(), nv, r);
   fill_normal(dO.data(), nv, r);
-  std::vector<int32_t> seg = c.seg ? make_seg(c, r) : std::vector<int32_t>();
+  std::vector<int32_t> seg = c.seg ? attn_make_seg(c, r) : std::vector<int32_t>();
   const int32_t* sp = c.seg ? seg.data() : nullptr;
 
   Guarded<float> o(nv), lse(nl), dq(nq, 7.0f), dk(nq, 7.0f), dv(nv, 7.0f);
@@ -137,8 +100,8 @@ bool run_test(const Impl& im, const Cfg& c) {
   trex::kern::ref::attention_bwd<double>(sh, qd.data(), kd.data(), vd.data(), od.data(),
                                          lsed.data(), dOd.data(), dqd.data(), dkd.data(),
                                          dvd.data(), sp);
-  const std::string nf = cfg_name((std::string(im.tag) + "_fwd").c_str(), c),
-                    nb = cfg_name((std::string(im.tag) + "_bwd").c_str(), c);
+  const std::string nf = attn_cfg_name((std::string(im.tag) + "_fwd").c_str(), c),
+                    nb = attn_cfg_name((std::string(im.tag) + "_bwd").c_str(), c);
   bool ok = true;
   ok &= check(nf, "o", o.data(), od, o.guard_ok(), 1e-10);
   ok &= check(nf, "lse", lse.data(), lsed, lse.guard_ok(), 1e-12);
@@ -149,15 +112,15 @@ bool run_test(const Impl& im, const Cfg& c) {
 }
 
 // f(q, k, v) = sum(o * R) in double; its gradient is the reference backward with dO = R.
-bool run_grad(const Cfg& c) {
-  const AttnShape sh = shape_of(c);
+bool run_grad(const AttnCfg& c) {
+  const AttnShape sh = attn_shape_of(c);
   const size_t nq = size_t(c.B) * c.T * c.H * c.Dqk, nv = size_t(c.B) * c.T * c.H * c.Dv,
                nl = size_t(c.B) * c.H * c.T;
   Rng r(99 + c.T);
   std::vector<double> q(nq), k(nq), v(nv), R(nv), o(nv), lse(nl), dq(nq), dk(nq), dv(nv);
   fill_normal(q.data(), nq, r), fill_normal(k.data(), nq, r), fill_normal(v.data(), nv, r);
   fill_normal(R.data(), nv, r);
-  std::vector<int32_t> seg = c.seg ? make_seg(c, r) : std::vector<int32_t>();
+  std::vector<int32_t> seg = c.seg ? attn_make_seg(c, r) : std::vector<int32_t>();
   const int32_t* sp = c.seg ? seg.data() : nullptr;
   auto f = [&] {
     trex::kern::ref::attention_fwd<double>(sh, q.data(), k.data(), v.data(), o.data(), lse.data(),
@@ -169,7 +132,7 @@ bool run_grad(const Cfg& c) {
   f();
   trex::kern::ref::attention_bwd<double>(sh, q.data(), k.data(), v.data(), o.data(), lse.data(),
                                          R.data(), dq.data(), dk.data(), dv.data(), sp);
-  const std::string n = cfg_name("attn_grad", c);
+  const std::string n = attn_cfg_name("attn_grad", c);
   bool ok = true;
   ok &= report(n, "dq", fd_check(q, f, dq), 1e-6);
   ok &= report(n, "dk", fd_check(k, f, dk), 1e-6);
@@ -177,16 +140,16 @@ bool run_grad(const Cfg& c) {
   return ok;
 }
 
-void run_perf(const Impl& im, const Cfg& c) {
+void run_perf(const Impl& im, const AttnCfg& c) {
   if (!im.usable()) return;
-  const AttnShape sh = shape_of(c);
+  const AttnShape sh = attn_shape_of(c);
   const size_t nq = size_t(c.B) * c.T * c.H * c.Dqk, nv = size_t(c.B) * c.T * c.H * c.Dv,
                nl = size_t(c.B) * c.H * c.T;
   Rng r(5);
   std::vector<float> q(nq), k(nq), v(nv), dO(nv), o(nv), lse(nl), dq(nq), dk(nq), dv(nv);
   fill_normal(q.data(), nq, r), fill_normal(k.data(), nq, r), fill_normal(v.data(), nv, r);
   fill_normal(dO.data(), nv, r);
-  std::vector<int32_t> seg = c.seg ? make_seg(c, r) : std::vector<int32_t>();
+  std::vector<int32_t> seg = c.seg ? attn_make_seg(c, r) : std::vector<int32_t>();
   const int32_t* sp = c.seg ? seg.data() : nullptr;
   // Causal flops (the attended half of T x T, or T x window): fwd 2 (Dqk + Dv) per score, bwd 2.5x.
   double pairs = 0;
@@ -200,46 +163,39 @@ void run_perf(const Impl& im, const Cfg& c) {
       },
       3);
   std::printf("perf %-48s fwd %8.2f ms %7.1f GFLOP/s   bwd %8.2f ms %7.1f GFLOP/s\n",
-              cfg_name(im.tag, c).c_str(), tf, ffwd / tf * 1e-6, tb, fbwd / tb * 1e-6);
+              attn_cfg_name(im.tag, c).c_str(), tf, ffwd / tf * 1e-6, tb, fbwd / tb * 1e-6);
 }
 
 }  // namespace
 
 TREX_OP_CASES(attention_cases) {
-  const Cfg tests[] = {
-      {1, 1, 1, 16, 16, 0, false},      {2, 7, 3, 40, 24, 0, false},
-      {1, 130, 1, 72, 56, 0, false},    {2, 129, 3, 64, 64, 0, true},
-      {1, 200, 2, 192, 128, 50, false}, {3, 65, 5, 17, 33, 0, true},
-      {2, 300, 1, 40, 24, 70, true},    {1, 1000, 2, 48, 32, 0, true},
-      {1, 257, 3, 192, 128, 0, false},  {2, 64, 2, 16, 16, 3, false},
-  };
   for (const Impl& im : kImpls)
-    for (const Cfg& c : tests)
-      cases.push_back({cfg_name(im.tag, c), [&im, c] { return run_test(im, c); }, nullptr, nullptr});
+    for (const AttnCfg& c : kAttnTests)
+      cases.push_back({attn_cfg_name(im.tag, c), [&im, c] { return run_test(im, c); }, nullptr, nullptr});
   // AVX2 kernel: T on and around the 64-row tile edges, odd H, Dqk != Dv, windows smaller than,
   // equal to and larger than a tile and not multiples of 8, documents, each at 1, 2, 3 threads.
-  const Cfg avx2[] = {
+  const AttnCfg avx2[] = {
       {1, 1, 3, 96, 64, 0, false},    {3, 7, 1, 96, 64, 0, true},     {1, 63, 3, 24, 40, 0, false},
       {2, 65, 3, 96, 64, 0, true},    {1, 128, 1, 96, 64, 64, false}, {1, 130, 5, 33, 17, 65, true},
       {1, 257, 3, 96, 64, 0, false},  {1, 257, 1, 96, 64, 9, true},   {2, 200, 1, 8, 8, 1, false},
       {1, 320, 2, 40, 72, 130, false}, {2, 70, 2, 5, 3, 0, true},
   };
-  for (const Cfg& c0 : avx2)
+  for (const AttnCfg& c0 : avx2)
     for (int th = 1; th <= 3; ++th) {
-      Cfg c = c0;
+      AttnCfg c = c0;
       c.threads = th;
-      cases.push_back({cfg_name(kAvx2.tag, c), [c] { return run_test(kAvx2, c); }, nullptr, nullptr});
+      cases.push_back({attn_cfg_name(kAvx2.tag, c), [c] { return run_test(kAvx2, c); }, nullptr, nullptr});
     }
-  const Cfg grads[] = {
+  const AttnCfg grads[] = {
       {2, 7, 2, 5, 3, 0, false},
       {2, 9, 1, 4, 6, 0, true},
       {1, 9, 3, 3, 3, 3, false},
       {2, 8, 1, 5, 4, 4, true},
   };
-  for (const Cfg& c : grads)
-    cases.push_back({cfg_name("attn", c), nullptr, [c] { return run_grad(c); }, nullptr});
-  const Cfg perfs[] = {{1, 2048, 16, 192, 128, 0, false}, {1, 2048, 8, 96, 64, 0, false}};
+  for (const AttnCfg& c : grads)
+    cases.push_back({attn_cfg_name("attn", c), nullptr, [c] { return run_grad(c); }, nullptr});
+  const AttnCfg perfs[] = {{1, 2048, 16, 192, 128, 0, false}, {1, 2048, 8, 96, 64, 0, false}};
   for (const Impl& im : kImpls)
-    for (const Cfg& c : perfs)
-      cases.push_back({cfg_name(im.tag, c), nullptr, nullptr, [&im, c] { run_perf(im, c); }});
+    for (const AttnCfg& c : perfs)
+      cases.push_back({attn_cfg_name(im.tag, c), nullptr, nullptr, [&im, c] { run_perf(im, c); }});
 }

@@ -13,6 +13,7 @@
 #include "kernels/ref/rmsnorm.h"
 #include "kernels/rmsnorm.h"
 #include "tests/ops/harness.h"
+#include "tests/ops/rmsnorm_cases.h"
 
 namespace {
 using namespace trex;
@@ -43,17 +44,11 @@ bool rms_skipped(const RmsImpl& im, const std::string& name) {
 // Forward and backward of an implementation against the float reference. nan_row >= 0 puts
 // a NaN into that row of x.
 bool rms_test(const RmsImpl& im, int64_t N, int64_t d, int64_t nan_row, double scale = 2.0) {
-  std::string name = std::string(im.tag) + " N=" + std::to_string(N) + " d=" + std::to_string(d) +
-                     (nan_row >= 0 ? " nan" : "") + (scale < 0.1 ? " small x" : "");
+  const std::string name = rms_case_name(im.tag, N, d, nan_row, scale);
   if (rms_skipped(im, name)) return true;
-  Rng r(1000 + N * 7 + d);
+  const RmsInputs in = rms_inputs(N, d, nan_row, scale);
+  const std::vector<float>&x = in.x, &w = in.w, &dy = in.dy, &dw0 = in.dw0;
   const size_t nd = static_cast<size_t>(N * d);
-  std::vector<float> x(nd), w(d), dy(nd), dw0(d);
-  fill_normal(x.data(), nd, r, scale);  // small scale: mean(x^2) ~ eps, eps matters
-  for (auto& v : w) v = static_cast<float>(1.0 + 0.3 * r.normal());
-  fill_normal(dy.data(), nd, r);
-  fill_normal(dw0.data(), d, r);
-  if (nan_row >= 0) x[nan_row * d + d / 2] = std::numeric_limits<float>::quiet_NaN();
   const float eps = 1e-6f;
 
   Guarded<float> y(nd), rs(N), dx(nd), dw(d);
@@ -148,9 +143,8 @@ void rms_perf(const RmsImpl& im, int64_t N, int64_t d) {
 }  // namespace
 
 TREX_OP_CASES(rmsnorm_cases) {
-  const int64_t shapes[][2] = {{1, 37}, {5, 16}, {3, 129}, {37, 1000}, {200, 64}, {129, 7168}, {70, 7}, {65, 8}};
   for (const RmsImpl& im : kRmsImpls) {
-    for (auto& s : shapes) {
+    for (auto& s : kRmsShapes) {
       int64_t N = s[0], d = s[1];
       cases.push_back({im.tag, [=, &im] { return rms_test(im, N, d, -1); }, nullptr, nullptr});
     }

@@ -7,43 +7,13 @@
 #include <string>
 #include <vector>
 #include "kernels/ref/attention.h"
+#include "tests/ops/attention_cases.h"
 #include "tests/ops_cuda/device.h"
 
 namespace {
 using namespace trex;
 using namespace trex::ops;
 using kern::AttnShape;
-
-struct Cfg {
-  int B, T, H, Dqk, Dv, window;
-  bool seg;
-};
-
-std::string cfg_name(const char* op, const Cfg& c) {
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "%s B=%d T=%d H=%d Dqk=%d Dv=%d%s%s", op, c.B, c.T, c.H, c.Dqk, c.Dv,
-                c.window > 0 ? (" win=" + std::to_string(c.window)).c_str() : "", c.seg ? " seg" : "");
-  return buf;
-}
-
-AttnShape shape_of(const Cfg& c) {
-  return AttnShape{c.B, c.T, c.H, c.Dqk, c.Dv, 1.1f / std::sqrt(static_cast<float>(c.Dqk)), c.window};
-}
-
-std::vector<int32_t> make_seg(const Cfg& c, Rng& r) {
-  std::vector<int32_t> s(static_cast<size_t>(c.B) * c.T);
-  for (int b = 0; b < c.B; ++b) {
-    const int ndoc = 2 + static_cast<int>(r.next_u64() % 2);
-    std::vector<int> cut;
-    for (int i = 1; i < ndoc; ++i) cut.push_back(1 + static_cast<int>(r.next_u64() % std::max(c.T - 1, 1)));
-    for (int t = 0; t < c.T; ++t) {
-      int id = 0;
-      for (int x : cut) id += t >= x;
-      s[static_cast<size_t>(b) * c.T + t] = 10 * b + id;
-    }
-  }
-  return s;
-}
 
 bool check(const std::string& name, const char* what, const Guarded<float>& got, const std::vector<double>& want,
            double tol) {
@@ -52,14 +22,14 @@ bool check(const std::string& name, const char* what, const Guarded<float>& got,
   return report(name, what, e, tol, got.guard_ok() && !nan_mis, "NaN/Inf mismatch or guard overwritten");
 }
 
-bool run_test(const Cfg& c) {
-  const AttnShape sh = shape_of(c);
+bool run_test(const AttnCfg& c) {
+  const AttnShape sh = attn_shape_of(c);
   const size_t nq = size_t(c.B) * c.T * c.H * c.Dqk, nv = size_t(c.B) * c.T * c.H * c.Dv, nl = size_t(c.B) * c.H * c.T;
   Rng r(1234 + c.T * 7 + c.Dqk);
   std::vector<float> q(nq), k(nq), v(nv), dO(nv);
   fill_normal(q.data(), nq, r), fill_normal(k.data(), nq, r), fill_normal(v.data(), nv, r);
   fill_normal(dO.data(), nv, r);
-  std::vector<int32_t> seg = c.seg ? make_seg(c, r) : std::vector<int32_t>(1);
+  std::vector<int32_t> seg = c.seg ? attn_make_seg(c, r) : std::vector<int32_t>(1);
   const int32_t* sp = c.seg ? seg.data() : nullptr;
   Guarded<float> o(nv), lse(nl), dq(nq, 7.0f), dk(nq, 7.0f), dv(nv, 7.0f);
   auto Q = upload(q), K = upload(k), V = upload(v), DO = upload(dO);
@@ -74,7 +44,7 @@ bool run_test(const Cfg& c) {
   kern::ref::attention_fwd<double>(sh, qd.data(), kd.data(), vd.data(), od.data(), lsed.data(), sp);
   kern::ref::attention_bwd<double>(sh, qd.data(), kd.data(), vd.data(), od.data(), lsed.data(), dOd.data(), dqd.data(),
                                    dkd.data(), dvd.data(), sp);
-  const std::string nf = cfg_name("cuda attn_fwd", c), nb = cfg_name("cuda attn_bwd", c);
+  const std::string nf = attn_cfg_name("cuda attn_fwd", c), nb = attn_cfg_name("cuda attn_bwd", c);
   bool ok = true;
   ok &= check(nf, "o", o, od, 1e-10);
   ok &= check(nf, "lse", lse, lsed, 1e-12);
@@ -84,8 +54,8 @@ bool run_test(const Cfg& c) {
   return ok;
 }
 
-void run_perf(const Cfg& c) {
-  const AttnShape sh = shape_of(c);
+void run_perf(const AttnCfg& c) {
+  const AttnShape sh = attn_shape_of(c);
   const size_t nq = size_t(c.B) * c.T * c.H * c.Dqk, nv = size_t(c.B) * c.T * c.H * c.Dv, nl = size_t(c.B) * c.H * c.T;
   Rng r(5);
   std::vector<float> q(nq), k(nq), v(nv);
@@ -98,21 +68,19 @@ void run_perf(const Cfg& c) {
   }, 3);
   const double pairs = double(c.B) * c.H * c.T * (c.T + 1) / 2.0;  // causal (query, key) pairs
   const double ffwd = 2.0 * pairs * (c.Dqk + c.Dv), fbwd = 2.0 * pairs * (2.0 * c.Dqk + 3.0 * c.Dv);
-  std::printf("perf %-48s fwd %8.2f ms %7.1f GFLOP/s   bwd %8.2f ms %7.1f GFLOP/s\n", cfg_name("cuda attn", c).c_str(),
+  std::printf("perf %-48s fwd %8.2f ms %7.1f GFLOP/s   bwd %8.2f ms %7.1f GFLOP/s\n", attn_cfg_name("cuda attn", c).c_str(),
               tf, ffwd / tf * 1e-6, tb, fbwd / tb * 1e-6);
 }
 
 }  // namespace
 
 TREX_OP_CASES(cuda_attention_cases) {
-  const Cfg tests[] = {
-      {1, 1, 1, 16, 16, 0, false},      {2, 7, 3, 40, 24, 0, false},    {1, 130, 1, 72, 56, 0, false},
-      {2, 129, 3, 64, 64, 0, true},     {1, 200, 2, 192, 128, 50, false}, {3, 65, 5, 17, 33, 0, true},
-      {2, 300, 1, 40, 24, 70, true},    {1, 1000, 2, 48, 32, 0, true},  {1, 257, 3, 192, 128, 0, false},
-      {2, 64, 2, 16, 16, 3, false},     {1, 33, 1, 512, 512, 0, false}, {2, 70, 2, 5, 3, 0, true},
-      {1, 130, 5, 33, 17, 65, true},    {1, 320, 2, 40, 72, 130, false},
-  };
-  for (const Cfg& c : tests) cases.push_back({cfg_name("cuda attn", c), [c] { return run_test(c); }, nullptr, nullptr});
-  const Cfg perfs[] = {{1, 4096, 16, 192, 128, 0, false}, {1, 2048, 16, 192, 128, 0, false}};
-  for (const Cfg& c : perfs) cases.push_back({cfg_name("cuda attn", c), nullptr, nullptr, [c] { run_perf(c); }});
+  // trex_ops's shapes, then the CUDA kernel's own edges: the largest head dims (shared memory
+  // past 48 KiB), tiny dims, windows across its 32-key tiles.
+  const AttnCfg extra[] = {{1, 33, 1, 512, 512, 0, false}, {2, 70, 2, 5, 3, 0, true}, {1, 130, 5, 33, 17, 65, true},
+                       {1, 320, 2, 40, 72, 130, false}};
+  for (const AttnCfg& c : kAttnTests) cases.push_back({attn_cfg_name("cuda attn", c), [c] { return run_test(c); }, nullptr, nullptr});
+  for (const AttnCfg& c : extra) cases.push_back({attn_cfg_name("cuda attn", c), [c] { return run_test(c); }, nullptr, nullptr});
+  const AttnCfg perfs[] = {{1, 4096, 16, 192, 128, 0, false}, {1, 2048, 16, 192, 128, 0, false}};
+  for (const AttnCfg& c : perfs) cases.push_back({attn_cfg_name("cuda attn", c), nullptr, nullptr, [c] { run_perf(c); }});
 }

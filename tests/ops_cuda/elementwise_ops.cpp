@@ -10,6 +10,7 @@
 #include "kernels/ref/rmsnorm.h"
 #include "kernels/ref/rope.h"
 #include "kernels/ref/swiglu.h"
+#include "tests/ops/rmsnorm_cases.h"
 #include "tests/ops_cuda/device.h"
 
 namespace {
@@ -19,16 +20,10 @@ using namespace trex::ops;
 std::vector<double> dbl(const std::vector<float>& x) { return {x.begin(), x.end()}; }
 
 bool rms_case(int64_t N, int64_t d, int64_t nan_row, double scale) {
-  const std::string name = "cuda rmsnorm N=" + std::to_string(N) + " d=" + std::to_string(d) +
-                           (nan_row >= 0 ? " nan" : "") + (scale < 0.1 ? " small x" : "");
-  Rng r(1000 + N * 7 + d);
+  const std::string name = rms_case_name("cuda rmsnorm", N, d, nan_row, scale);
+  const RmsInputs in = rms_inputs(N, d, nan_row, scale);
+  const std::vector<float>&x = in.x, &w = in.w, &dy = in.dy, &dw0 = in.dw0;
   const size_t nd = N * d;
-  std::vector<float> x(nd), w(d), dy(nd), dw0(d);
-  fill_normal(x.data(), nd, r, scale);
-  for (auto& v : w) v = static_cast<float>(1.0 + 0.3 * r.normal());
-  fill_normal(dy.data(), nd, r);
-  fill_normal(dw0.data(), d, r);
-  if (nan_row >= 0) x[nan_row * d + d / 2] = std::numeric_limits<float>::quiet_NaN();
   const float eps = 1e-6f;
   Guarded<float> y(nd), rs(N), dx(nd), dw(d);
   for (int64_t j = 0; j < d; ++j) dw[j] = dw0[j];
@@ -171,6 +166,14 @@ void perf_swiglu(int64_t N, int64_t F) {
 }  // namespace
 
 TREX_OP_CASES(cuda_elementwise_cases) {
+  // trex_ops's shapes and its NaN / small-x cases, then shapes of the CUDA kernel's own edges
+  // (d = 1, a row shorter and longer than its 256 threads, DeepSeek-V3's hidden size).
+  for (auto& s : kRmsShapes) {
+    const int64_t N = s[0], d = s[1];
+    cases.push_back({"cuda rmsnorm", [N, d] { return rms_case(N, d, -1, 2.0); }, nullptr, nullptr});
+  }
+  cases.push_back({"cuda rmsnorm nan", [] { return rms_case(9, 100, 4, 2.0); }, nullptr, nullptr});
+  cases.push_back({"cuda rmsnorm small x", [] { return rms_case(17, 300, -1, 1e-3); }, nullptr, nullptr});
   for (auto [N, d] : {std::pair<int64_t, int64_t>{1, 1}, {3, 7}, {17, 1000}, {129, 4096}, {5, 7168}, {300, 333}}) {
     cases.push_back({"cuda rmsnorm N=" + std::to_string(N) + " d=" + std::to_string(d),
                      [N, d] { return rms_case(N, d, -1, 2.0) && rms_case(N, d, -1, 1e-3); }, nullptr, nullptr});

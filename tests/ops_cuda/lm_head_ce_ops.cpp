@@ -10,6 +10,7 @@
 #include <vector>
 #include "core/dtype.h"
 #include "kernels/ref/lm_head_ce.h"
+#include "tests/ops/lm_head_ce_cases.h"
 #include "tests/ops_cuda/device.h"
 
 namespace {
@@ -22,22 +23,10 @@ bool ce_case(Prec prec, int64_t N, int64_t d, int64_t V, int64_t chunk, bool gra
   const std::string name = std::string("cuda lm_head_ce ") + (bf ? "bf16" : "f32") + " N=" + std::to_string(N) +
                            " d=" + std::to_string(d) + " V=" + std::to_string(V) + " chunk=" + std::to_string(chunk) +
                            (grads ? " grad" : " fwd") + (nan_row >= 0 ? " nan" : "");
-  Rng r(3 + N * 5 + d * 7 + V);
-  std::vector<float> h(N * d), W(V * d), dW0(V * d);
-  fill_normal(h.data(), h.size(), r, 1.0);
-  fill_normal(W.data(), W.size(), r, 2.0 / std::sqrt(static_cast<double>(d)));
-  fill_normal(dW0.data(), dW0.size(), r);
-  std::vector<int32_t> y(N);
-  for (auto& v : y) v = r.uniform() < 0.2 ? -100 : static_cast<int32_t>(r.next_u64() % V);
-  if (nan_row >= 0) {
-    y[nan_row] = 0;
-    h[nan_row * d] = std::numeric_limits<float>::quiet_NaN();
-  }
-  std::vector<bf16> hb(h.size()), Wb(W.size());
-  if (bf) {
-    for (size_t i = 0; i < h.size(); ++i) hb[i] = f32_to_bf16(h[i]), h[i] = bf16_to_f32(hb[i]);
-    for (size_t i = 0; i < W.size(); ++i) Wb[i] = f32_to_bf16(W[i]), W[i] = bf16_to_f32(Wb[i]);
-  }
+  const CeInputs in = ce_inputs(prec, N, d, V, nan_row);
+  const std::vector<float>&h = in.h, &W = in.W, &dW0 = in.dW0;
+  const std::vector<bf16>&hb = in.hb, &Wb = in.Wb;
+  const std::vector<int32_t>& y = in.y;
   const float gs = 1.f / static_cast<float>(std::max<int64_t>(N, 1));
   Guarded<float> dh(N * d, std::numeric_limits<float>::quiet_NaN()), dW(V * d);
   for (size_t i = 0; i < dW0.size(); ++i) dW[i] = dW0[i];
@@ -117,11 +106,8 @@ void ce_perf(Prec prec, int64_t N, int64_t d, int64_t V) {
 }  // namespace
 
 TREX_OP_CASES(cuda_lm_head_ce_cases) {
-  struct S { int64_t N, d, V, chunk; };
-  const S shapes[] = {{1, 7, 5, 0},      {5, 16, 1, 0},      {37, 64, 1000, 300}, {129, 33, 1000, 0},
-                      {64, 100, 4099, 0}, {300, 48, 777, 128}, {17, 129, 1000, 1}};
   for (Prec p : {Prec::F32, Prec::BF16})
-    for (const S& s : shapes)
+    for (const CeShape& s : kCeShapes)
       for (bool g : {false, true})
         cases.push_back({"cuda lm_head_ce", [=] { return ce_case(p, s.N, s.d, s.V, s.chunk, g); }, nullptr, nullptr});
   cases.push_back({"cuda lm_head_ce nan", [] { return ce_case(Prec::F32, 9, 16, 50, 16, true, 4); }, nullptr, nullptr});
