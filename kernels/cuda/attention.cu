@@ -38,12 +38,20 @@ __device__ __forceinline__ int64_t row_off(const Geo& g, int b, int t, int h, in
   return ((int64_t(b) * g.T + t) * g.H + h) * D;
 }
 
-// Loads `rows` rows [r0, r0 + rows) of head h (D wide, at row stride ld in smem) into smem.
-__device__ void load_tile(const Geo& g, const float* src, int b, int h, int r0, int D, float* dst, int ld) {
-  for (int i = threadIdx.x; i < kTile * D; i += blockDim.x) {
+// Rows [r0, r0 + n) of head h, D wide, into smem at row stride ld (zeros past T).
+__device__ void load_rows(const Geo& g, const float* src, int b, int h, int r0, int n, int D, float* dst, int ld) {
+  for (int i = threadIdx.x; i < n * D; i += blockDim.x) {
     const int r = i / D, d = i % D, t = r0 + r;
     dst[r * ld + d] = t < g.T ? src[row_off(g, b, t, h, D) + d] : 0.f;
   }
+}
+
+// The keys that query rows [t0, t0 + kRows) can see start in the tile at *first (a multiple of
+// kTile; the sliding window's lower edge) and end at *last.
+__device__ void key_range(const Geo& g, int t0, int* first, int* last) {
+  *last = min(g.T - 1, t0 + kRows - 1);
+  const int s = g.window > 0 ? max(0, t0 - g.window + 1) : 0;
+  *first = s - s % kTile;
 }
 
 __global__ void attn_fwd_k(Geo g, const float* __restrict__ q, const float* __restrict__ k,
@@ -56,22 +64,17 @@ __global__ void attn_fwd_k(Geo g, const float* __restrict__ q, const float* __re
   const int b = blockIdx.z, h = blockIdx.y, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int t0 = blockIdx.x * kRows, t = t0 + w;
   const bool live = t < g.T;
-  for (int i = threadIdx.x; i < kRows * g.Dqk; i += blockDim.x) {
-    const int r = i / g.Dqk, d = i % g.Dqk;
-    Qs[i] = t0 + r < g.T ? q[row_off(g, b, t0 + r, h, g.Dqk) + d] : 0.f;
-  }
+  load_rows(g, q, b, h, t0, kRows, g.Dqk, Qs, g.Dqk);
   float acc[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) acc[i] = 0.f;
   float m = -INFINITY, l = 0.f;
-  const int t_last = min(g.T - 1, t0 + kRows - 1);
-  int s_begin = 0;
-  if (g.window > 0) s_begin = max(0, t0 - g.window + 1);
-  s_begin -= s_begin % kTile;
+  int s_begin, t_last;
+  key_range(g, t0, &s_begin, &t_last);
   for (int s0 = s_begin; s0 <= t_last; s0 += kTile) {
     __syncthreads();
-    load_tile(g, k, b, h, s0, g.Dqk, Ks, lq);
-    load_tile(g, v, b, h, s0, g.Dv, Vs, lv);
+    load_rows(g, k, b, h, s0, kTile, g.Dqk, Ks, lq);
+    load_rows(g, v, b, h, s0, kTile, g.Dv, Vs, lv);
     __syncthreads();
     if (!live) continue;
     const int s = s0 + lane;
@@ -141,27 +144,19 @@ __global__ void attn_dq_k(Geo g, const float* __restrict__ q, const float* __res
   const int b = blockIdx.z, h = blockIdx.y, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int t0 = blockIdx.x * kRows, t = t0 + w;
   const bool live = t < g.T;
-  for (int i = threadIdx.x; i < kRows * g.Dqk; i += blockDim.x) {
-    const int r = i / g.Dqk, d = i % g.Dqk;
-    Qs[i] = t0 + r < g.T ? q[row_off(g, b, t0 + r, h, g.Dqk) + d] : 0.f;
-  }
-  for (int i = threadIdx.x; i < kRows * g.Dv; i += blockDim.x) {
-    const int r = i / g.Dv, d = i % g.Dv;
-    Gs[i] = t0 + r < g.T ? dO[row_off(g, b, t0 + r, h, g.Dv) + d] : 0.f;
-  }
+  load_rows(g, q, b, h, t0, kRows, g.Dqk, Qs, g.Dqk);
+  load_rows(g, dO, b, h, t0, kRows, g.Dv, Gs, g.Dv);
   const float L = live ? lse[(int64_t(b) * g.H + h) * g.T + t] : 0.f;
   const float Dr = live ? Dt[(int64_t(b) * g.H + h) * g.T + t] : 0.f;
   float acc[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) acc[i] = 0.f;
-  const int t_last = min(g.T - 1, t0 + kRows - 1);
-  int s_begin = 0;
-  if (g.window > 0) s_begin = max(0, t0 - g.window + 1);
-  s_begin -= s_begin % kTile;
+  int s_begin, t_last;
+  key_range(g, t0, &s_begin, &t_last);
   for (int s0 = s_begin; s0 <= t_last; s0 += kTile) {
     __syncthreads();
-    load_tile(g, k, b, h, s0, g.Dqk, Ks, lq);
-    load_tile(g, v, b, h, s0, g.Dv, Vs, lv);
+    load_rows(g, k, b, h, s0, kTile, g.Dqk, Ks, lq);
+    load_rows(g, v, b, h, s0, kTile, g.Dv, Vs, lv);
     __syncthreads();
     if (!live) continue;
     const int s = s0 + lane;
@@ -207,14 +202,8 @@ __global__ void attn_dkv_k(Geo g, const float* __restrict__ q, const float* __re
   const int b = blockIdx.z, h = blockIdx.y, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int s_first = blockIdx.x * kRows, s = s_first + w;
   const bool live = s < g.T;
-  for (int i = threadIdx.x; i < kRows * g.Dqk; i += blockDim.x) {
-    const int r = i / g.Dqk, d = i % g.Dqk;
-    Ks[i] = s_first + r < g.T ? k[row_off(g, b, s_first + r, h, g.Dqk) + d] : 0.f;
-  }
-  for (int i = threadIdx.x; i < kRows * g.Dv; i += blockDim.x) {
-    const int r = i / g.Dv, d = i % g.Dv;
-    Vs[i] = s_first + r < g.T ? v[row_off(g, b, s_first + r, h, g.Dv) + d] : 0.f;
-  }
+  load_rows(g, k, b, h, s_first, kRows, g.Dqk, Ks, g.Dqk);
+  load_rows(g, v, b, h, s_first, kRows, g.Dv, Vs, g.Dv);
   float ak[kPer], av[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) ak[i] = av[i] = 0.f;
@@ -222,8 +211,8 @@ __global__ void attn_dkv_k(Geo g, const float* __restrict__ q, const float* __re
   if (g.window > 0) t_end = min(g.T, s_first + kRows - 1 + g.window);
   for (int tb = s_first - s_first % kTile; tb < t_end; tb += kTile) {
     __syncthreads();
-    load_tile(g, q, b, h, tb, g.Dqk, Qs, lq);
-    load_tile(g, dO, b, h, tb, g.Dv, Gs, lv);
+    load_rows(g, q, b, h, tb, kTile, g.Dqk, Qs, lq);
+    load_rows(g, dO, b, h, tb, kTile, g.Dv, Gs, lv);
     if (threadIdx.x < kTile) {
       const int t = tb + threadIdx.x;
       const int64_t li = (int64_t(b) * g.H + h) * g.T + t;
