@@ -18,10 +18,17 @@ namespace {
 constexpr int32_t kIgnore = -100;
 constexpr int kThreads = 256;
 
+// What the host reads back at the end: the loss sum, the valid rows, a bad label seen.
+struct Totals {
+  double loss;
+  int64_t valid;
+  int bad;
+};
+
 // state (m, s) of each row merged with the chunk's logits L [rows, C]; tgt[r] = the label's logit
-// when it falls in this chunk; bad[0] = 1 on a label outside [0, V) that is not -100.
+// when it falls in this chunk; tot->bad = 1 on a label outside [0, V) that is not -100.
 __global__ void ce_stats_k(const float* __restrict__ L, int64_t C, int64_t v0, int64_t V, const int32_t* __restrict__ y,
-                           float* __restrict__ m, float* __restrict__ s, float* __restrict__ tgt, int* bad) {
+                           float* __restrict__ m, float* __restrict__ s, float* __restrict__ tgt, Totals* tot) {
   const int64_t r = blockIdx.x;
   const float* lr = L + r * C;
   hd::Lse<float> st = hd::lse_empty<float>();
@@ -36,7 +43,7 @@ __global__ void ce_stats_k(const float* __restrict__ L, int64_t C, int64_t v0, i
     m[r] = acc.m;
     s[r] = acc.s;
     const int32_t lab = y[r];
-    if (lab != kIgnore && (lab < 0 || lab >= V)) atomicExch(bad, 1);
+    if (lab != kIgnore && (lab < 0 || lab >= V)) atomicExch(&tot->bad, 1);
     if (lab >= v0 && lab < v0 + C) tgt[r] = lr[lab - v0];
   }
 }
@@ -44,7 +51,7 @@ __global__ void ce_stats_k(const float* __restrict__ L, int64_t C, int64_t v0, i
 // loss[r] = lse - target for valid rows (0 otherwise); lse[r] kept for pass 2.
 __global__ void ce_finish_k(int64_t rows, const int32_t* __restrict__ y, const float* __restrict__ m,
                             const float* __restrict__ s, const float* __restrict__ tgt, float* __restrict__ lse,
-                            double* __restrict__ loss, int64_t* __restrict__ valid) {
+                            Totals* tot) {
   double acc = 0;
   long long cnt = 0;
   for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
@@ -58,8 +65,8 @@ __global__ void ce_finish_k(int64_t rows, const int32_t* __restrict__ y, const f
   acc = block_sum(acc);
   cnt = block_sum(cnt);
   if (threadIdx.x == 0) {
-    *loss += acc;
-    *valid += cnt;
+    tot->loss += acc;
+    tot->valid += cnt;
   }
 }
 
@@ -104,15 +111,13 @@ double lm_head_ce(const Ctx& c, const CeArgs& a, int64_t* n_valid) {
   const bool one_chunk = C == a.V;
 
   Scratch L(c, RB * C * sizeof(float)), P(c, RB * C * (bf ? 2 : 4));
-  Scratch st(c, RB * 4 * sizeof(float) + 16 + sizeof(double) + sizeof(int64_t));
-  float* m = st.as<float>();
+  Scratch st(c, RB * 4 * sizeof(float)), tt(c, sizeof(Totals));
+  float* m = st.as<float>();  // per row of a block: running max, sum, target logit, lse
   float* s = m + RB;
   float* tgt = s + RB;
   float* lse = tgt + RB;
-  double* loss = reinterpret_cast<double*>(lse + RB + 2);  // 8-byte aligned: 4 RB floats + 8 bytes
-  int64_t* valid = reinterpret_cast<int64_t*>(loss + 1);
-  int* bad = reinterpret_cast<int*>(lse + RB);
-  TREX_CUDA_CHECK(cudaMemsetAsync(lse + RB, 0, 8 + sizeof(double) + sizeof(int64_t), c.stream));
+  Totals* tot = tt.as<Totals>();
+  TREX_CUDA_CHECK(cudaMemsetAsync(tot, 0, sizeof(Totals), c.stream));
 
   for (int64_t r0 = 0; r0 < a.N; r0 += RB) {
     const int64_t rows = std::min(RB, a.N - r0);
@@ -125,10 +130,10 @@ double lm_head_ce(const Ctx& c, const CeArgs& a, int64_t* n_valid) {
       const int64_t cw = std::min(C, a.V - v0);
       gemm(c, p, p, false, true, rows, cw, a.d, 1.f, Hr, a.d, static_cast<const char*>(W) + v0 * a.d * es, a.d, 0.f,
            L.as<float>(), cw);
-      ce_stats_k<<<static_cast<unsigned>(rows), kThreads, 0, c.stream>>>(L.as<float>(), cw, v0, a.V, y, m, s, tgt, bad);
+      ce_stats_k<<<static_cast<unsigned>(rows), kThreads, 0, c.stream>>>(L.as<float>(), cw, v0, a.V, y, m, s, tgt, tot);
       TREX_CUDA_LAUNCHED("lm_head_ce stats");
     }
-    ce_finish_k<<<1, 1024, 0, c.stream>>>(rows, y, m, s, tgt, lse, loss, valid);
+    ce_finish_k<<<1, 1024, 0, c.stream>>>(rows, y, m, s, tgt, lse, tot);
     TREX_CUDA_LAUNCHED("lm_head_ce finish");
     if (!a.dh) continue;
     for (int64_t v0 = 0; v0 < a.V; v0 += C) {
@@ -144,16 +149,12 @@ double lm_head_ce(const Ctx& c, const CeArgs& a, int64_t* n_valid) {
       gemm(c, p, p, true, false, cw, a.d, rows, 1.f, P.as<void>(), cw, Hr, a.d, 1.f, a.dW + v0 * a.d, a.d);
     }
   }
-  double total = 0;
-  int64_t nv = 0;
-  int flag = 0;
-  TREX_CUDA_CHECK(cudaMemcpyAsync(&total, loss, sizeof total, cudaMemcpyDeviceToHost, c.stream));
-  TREX_CUDA_CHECK(cudaMemcpyAsync(&nv, valid, sizeof nv, cudaMemcpyDeviceToHost, c.stream));
-  TREX_CUDA_CHECK(cudaMemcpyAsync(&flag, bad, sizeof flag, cudaMemcpyDeviceToHost, c.stream));
+  Totals h{};
+  TREX_CUDA_CHECK(cudaMemcpyAsync(&h, tot, sizeof h, cudaMemcpyDeviceToHost, c.stream));
   TREX_CUDA_CHECK(cudaStreamSynchronize(c.stream));
-  if (flag) throw Error("cuda lm_head_ce: a label outside [0, " + std::to_string(a.V) + ") that is not -100");
-  if (n_valid) *n_valid = nv;
-  return total;
+  if (h.bad) throw Error("cuda lm_head_ce: a label outside [0, " + std::to_string(a.V) + ") that is not -100");
+  if (n_valid) *n_valid = h.valid;
+  return h.loss;
 }
 
 }  // namespace trex::kern::cuda
