@@ -84,6 +84,9 @@ class Backend {
   virtual double lm_head_ce(const CeArgs& args, int64_t* n_valid) = 0;
 };
 
+// The spelling of a device: "cpu" (*cuda_index = -1), "cuda" (0) or "cuda:N" (N in 0..1023).
+// False for anything else.
+bool parse_device_name(std::string_view device, int* cuda_index);
 // "cpu" or "cuda" (-> the first CUDA device, or "cuda:N"). Throws trex::Error naming the value
 // and why it cannot be used: unknown name, trex built without CUDA, no CUDA device.
 std::unique_ptr<Backend> make_backend(std::string_view device);

@@ -97,23 +97,32 @@ class CpuBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
 
-std::unique_ptr<Backend> make_backend(std::string_view device) {
-  if (device == "cpu") return make_cpu_backend();
-  if (device == "cuda" || device.starts_with("cuda:")) {
-    int idx = 0;
-    if (device.size() > 5) {
-      const std::string n(device.substr(5));
-      char* end = nullptr;
-      const long v = std::strtol(n.c_str(), &end, 10);
-      if (n.empty() || *end || v < 0 || v > 1023)
-        throw Error("device '" + std::string(device) + "': expected cuda or cuda:N with N a device index");
-      idx = static_cast<int>(v);
+bool parse_device_name(std::string_view device, int* cuda_index) {
+  int idx = -1;
+  if (device == "cuda") {
+    idx = 0;
+  } else if (device.starts_with("cuda:") && device.size() > 5 && device.size() <= 9) {
+    idx = 0;
+    for (char ch : device.substr(5)) {
+      if (ch < '0' || ch > '9') return false;
+      idx = idx * 10 + (ch - '0');
     }
-    std::string why;
-    if (!cuda_available(&why)) throw Error("device '" + std::string(device) + "' cannot be used: " + why);
-    return make_cuda_backend(idx);
+    if (idx > 1023) return false;
+  } else if (device != "cpu") {
+    return false;
   }
-  throw Error("device '" + std::string(device) + "' is not known: use cpu or cuda (cuda:N for device N)");
+  if (cuda_index) *cuda_index = idx;
+  return true;
+}
+
+std::unique_ptr<Backend> make_backend(std::string_view device) {
+  int idx = -1;
+  if (!parse_device_name(device, &idx))
+    throw Error("device '" + std::string(device) + "' is not known: use cpu or cuda (cuda:N for device N)");
+  if (idx < 0) return make_cpu_backend();
+  std::string why;
+  if (!cuda_available(&why)) throw Error("device '" + std::string(device) + "' cannot be used: " + why);
+  return make_cuda_backend(idx);
 }
 
 }  // namespace trex::kern

@@ -48,10 +48,15 @@ struct LayerSaved {
 
 }  // namespace
 
-void Model::use_backend(kern::Backend& b) {
+void Model::check_backend(const kern::Backend& b) {
   TREX_USER_CHECK(b.host_addressable(), "train on device \"cpu\"",
                   "the model's training step does not run on the ", b.name(),
-                  " backend yet: its parameters, activations, routing and row copies live in host memory");
+                  " backend yet (its kernels do: trex_cuda_ops): its parameters, activations, routing and row "
+                  "copies live in host memory");
+}
+
+void Model::use_backend(kern::Backend& b) {
+  check_backend(b);
   be_ = &b;
 }
 

@@ -216,7 +216,9 @@ class Model {
   // keeps parameters, activations and its host-side steps (routing, row copies, residual adds) in
   // host memory for now, so use_backend refuses a backend whose memory the host cannot address.
   kern::Backend& backend() const { return *be_; }
-  void use_backend(kern::Backend& b);
+  void use_backend(kern::Backend& b);  // check_backend, then b
+  // A UserError unless a model can compute on b (for now: its memory is host-addressable).
+  static void check_backend(const kern::Backend& b);
 
  private:
   // io: the pipeline stage's inputs and outputs (null without pipeline parallelism).

@@ -1,16 +1,13 @@
 #include "train/device.h"
 
 #include "core/error.h"
+#include "model/model.h"
 
 namespace trex::train {
 
 std::string parse_device(const std::string& s, const std::string& where) {
-  bool ok = s == "cpu" || s == "cuda";
-  if (!ok && s.rfind("cuda:", 0) == 0 && s.size() > 5) {
-    ok = s.size() <= 9;
-    for (size_t i = 5; i < s.size(); ++i) ok &= s[i] >= '0' && s[i] <= '9';
-  }
-  TREX_USER_CHECK(ok, "use cpu, cuda, or cuda:N for CUDA device N", where, ": unknown device \"", s, "\"");
+  TREX_USER_CHECK(kern::parse_device_name(s, nullptr), "use cpu, cuda, or cuda:N for CUDA device N (N < 1024)", where,
+                  ": unknown device \"", s, "\"");
   return s;
 }
 
@@ -25,11 +22,12 @@ std::unique_ptr<kern::Backend> open_device(const std::string& device, const std:
   } catch (const std::exception& e) {
     TREX_USER_FAIL("use device \"cpu\"", where, " = \"", device, "\": ", e.what());
   }
-  // The same condition as model::Model::use_backend, asked before the run loads anything.
-  TREX_USER_CHECK(be->host_addressable(), "use device \"cpu\"", where, " = \"", device, "\" (", be->describe(),
-                  "): the training step does not run on the ", be->name(),
-                  " backend yet (its kernels do: trex_cuda_ops); the model's parameters, activations, routing "
-                  "and row copies live in host memory");
+  // Model::use_backend's condition, asked before the run loads anything.
+  try {
+    model::Model::check_backend(*be);
+  } catch (const UserError& e) {
+    TREX_USER_FAIL(e.hint, where, " = \"", device, "\" (", be->describe(), "): ", e.what());
+  }
   return be;
 }
 
