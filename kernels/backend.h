@@ -91,11 +91,10 @@ bool parse_device_name(std::string_view device, int* cuda_index);
 // and why it cannot be used: unknown name, trex built without CUDA, no CUDA device.
 std::unique_ptr<Backend> make_backend(std::string_view device);
 std::unique_ptr<Backend> make_cpu_backend();
-// Defined by kernels/cuda/backend_cuda.cu, or by kernels/backend_nocuda.cpp in a build without
-// CUDA. cuda_available() says whether make_cuda_backend can succeed, and if not, why.
+// Defined by kernels/cuda/backend_cuda.cu, or by kernels/nocuda/backend_nocuda.cpp in a build
+// without CUDA. cuda_available() says whether make_cuda_backend can succeed, and if not, why.
 std::unique_ptr<Backend> make_cuda_backend(int device);
 bool cuda_available(std::string* why);
-bool cuda_compiled();
 
 // Owns n elements of T in a backend's memory.
 template <class T>

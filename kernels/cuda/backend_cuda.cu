@@ -156,8 +156,6 @@ Scratch::~Scratch() {
 
 }  // namespace cuda
 
-bool cuda_compiled() { return true; }
-
 bool cuda_available(std::string* why) {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);

@@ -9,6 +9,7 @@
 #include <cuda_bf16.h>
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/reduce.cuh"
 
 namespace trex::kern::cuda {
 
@@ -26,8 +27,6 @@ __global__ void scale_rows(float* C, int64_t M, int64_t N, int64_t ldc, float be
     c = beta == 0.f ? 0.f : beta * c;
   }
 }
-
-int blocks_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + 255) / 256, 65535)); }
 
 // Elements a stored operand spans: rows x ld, the last row only to its used columns.
 int64_t span(int64_t rows, int64_t cols, int64_t ld) { return rows ? (rows - 1) * ld + cols : 0; }
@@ -79,7 +78,7 @@ void gemm(const Ctx& c, Prec pa, Prec pb, bool ta, bool tb, int64_t M, int64_t N
           const void* A, int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
-    scale_rows<<<blocks_for(M * N), 256, 0, c.stream>>>(C, M, N, ldc, beta);
+    scale_rows<<<grid_for(M * N), 256, 0, c.stream>>>(C, M, N, ldc, beta);
     TREX_CUDA_LAUNCHED("scale_rows");
     return;
   }
@@ -91,7 +90,7 @@ void gemm(const Ctx& c, Prec pa, Prec pb, bool ta, bool tb, int64_t M, int64_t N
   const bool widen_a = pa == Prec::BF16;
   const int64_t n = widen_a ? span(ta ? K : M, ta ? M : K, lda) : span(tb ? N : K, tb ? K : N, ldb);
   Scratch w(c, n * sizeof(float));
-  widen_bf16<<<blocks_for(n), 256, 0, c.stream>>>(
+  widen_bf16<<<grid_for(n), 256, 0, c.stream>>>(
       static_cast<const __nv_bfloat16*>(widen_a ? A : B), w.as<float>(), n);
   TREX_CUDA_LAUNCHED("widen_bf16");
   lt_gemm(c, false, ta, tb, M, N, K, alpha, widen_a ? w.as<float>() : A, lda, widen_a ? B : w.as<float>(), ldb, beta,

@@ -1,5 +1,6 @@
-// Block-wide sum for the CUDA kernels: warp shuffles, then one value per warp through shared
-// memory. The order of additions depends only on blockDim, so results are deterministic.
+// Shared pieces of the CUDA kernels: warp and block sums (warp shuffles, then one value per warp
+// through shared memory; the order of additions depends only on blockDim, so results are
+// deterministic) and the grid size of a grid-stride loop (grid_for).
 #pragma once
 #include <cuda_runtime.h>
 

@@ -4,8 +4,6 @@
 
 namespace trex::kern {
 
-bool cuda_compiled() { return false; }
-
 bool cuda_available(std::string* why) {
   if (why) *why = "this trex was built without the CUDA backend (configure with -DTREX_CUDA=ON where nvcc exists)";
   return false;
