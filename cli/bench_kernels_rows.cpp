@@ -9,6 +9,7 @@
 #include "core/rng.h"
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
+#include "kernels/rows.h"
 #include "kernels/compress_pool.h"
 #include "kernels/gemm.h"
 #include "kernels/hyper_conn.h"
@@ -502,15 +503,15 @@ void moe_glue(Plan& p, const Run& r, const std::string& w) {
       if (v == 0)
         return [=] {
           sort();
-          model::moe_gather(x, row_token, R, d, xs);
+          kern::gather_rows(x, row_token, R, d, xs);
         };
       float* out = b.f(N * d, 3);
       float* dp = b.f(R);
       auto pv = std::make_shared<std::vector<float>>(probs);
-      if (v == 1) return [=] { model::moe_combine(xs, pv->data(), slot_row, N, K, d, out); };
+      if (v == 1) return [=] { kern::moe_combine(xs, pv->data(), slot_row, N, K, d, out); };
       float* dy = b.f(R * d);
-      if (v == 2) return [=] { model::moe_combine_bwd(x, xs, pv->data(), slot_row, N, K, d, dy, dp); };
-      return [=] { model::moe_dispatch_bwd(xs, slot_row, N, K, d, out); };
+      if (v == 2) return [=] { kern::moe_combine_bwd(x, xs, pv->data(), slot_row, N, K, d, dy, dp); };
+      return [=] { kern::moe_dispatch_bwd(xs, slot_row, N, K, d, out); };
     };
     if (v == 0) p.add(o, w);  // dispatch's gather runs again in backward (without the sort)
     p.add(std::move(o), w);

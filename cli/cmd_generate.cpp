@@ -52,6 +52,9 @@ void add_generate(CLI::App& app) {
   cmd->callback([o] {
     init_threads(o->threads);
     const std::unique_ptr<kern::Backend> device = train::open_device(o->device, "--device");
+    TREX_USER_CHECK(!device || device->host_addressable(), "generate with --device cpu",
+                    "--device ", o->device, ": generation (its KV cache and sampling) runs on the CPU only for now; "
+                    "the training step runs on ", device ? device->name() : "", " (trex train, grad, bench step)");
     TREX_USER_CHECK(o->prompt.empty() != o->input.empty(), "give exactly one of --prompt and --input",
                     "trex generate: need --prompt TEXT or --input FILE.jsonl");
     // The output file first: a bad --output fails before the model is loaded.

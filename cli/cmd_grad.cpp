@@ -86,6 +86,7 @@ void add_grad(CLI::App& app) {
                     "batch; try --precision fp32",
                     o->model, ": the loss on ", o->batch, " is ", lp.loss, " (cross-entropy ", lp.ce,
                     "): not a number, so no gradients were written to ", o->out);
+    m.grads_to_host();
     model::save_gradients(m, o->out);
     std::printf("{\"loss\": %.9g, \"ce\": %.9g, \"mtp\": %.9g, \"n_valid\": %lld, \"tokens\": %lld}\n", lp.loss, lp.ce, lp.mtp,
                 (long long)lp.n_valid, (long long)(B * T));

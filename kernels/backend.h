@@ -21,6 +21,7 @@
 #include "kernels/gemm.h"
 #include "kernels/lm_head_ce.h"
 #include "kernels/rope.h"
+#include "kernels/rows.h"
 
 namespace trex::kern {
 
@@ -82,6 +83,20 @@ class Backend {
                              const int32_t* seg) = 0;
   // args' pointers (workspace too, when set) are this backend's memory.
   virtual double lm_head_ce(const CeArgs& args, int64_t* n_valid) = 0;
+  // Row operations (kernels/rows.h).
+  virtual void copy_rows(void* dst, int64_t ldd, const void* src, int64_t lds, int64_t row_bytes, int64_t rows) = 0;
+  virtual void add(float* y, const float* x, int64_t n) = 0;
+  virtual void to_bf16(const float* x, int64_t ldx, int64_t rows, int64_t cols, bf16* y) = 0;
+  virtual void gather_rows(const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst) = 0;
+  virtual void scatter_add_rows(const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst) = 0;
+  virtual void sum_heads(const float* x, int64_t N, int64_t H, int64_t ldn, int64_t ldh, int64_t w, float* y,
+                         int64_t ldy) = 0;
+  virtual void moe_combine(const float* y, const float* probs, const int32_t* slot_row, int64_t N, int64_t K,
+                           int64_t d, float* out) = 0;
+  virtual void moe_combine_bwd(const float* dout, const float* y, const float* probs, const int32_t* slot_row,
+                               int64_t N, int64_t K, int64_t d, float* dy, float* dprobs) = 0;
+  virtual void moe_dispatch_bwd(const float* dxs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d,
+                                float* dx) = 0;
 };
 
 // The spelling of a device: "cpu" (*cuda_index = -1), "cuda" (0) or "cuda:N" (N in 0..1023).

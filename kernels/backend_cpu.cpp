@@ -87,6 +87,35 @@ class CpuBackend final : public Backend {
     kern::attention_bwd(sh, q, k, v, o, lse, dO, dq, dk, dv, seg);
   }
   double lm_head_ce(const CeArgs& args, int64_t* n_valid) override { return kern::lm_head_ce(args, n_valid); }
+  void copy_rows(void* dst, int64_t ldd, const void* src, int64_t lds, int64_t row_bytes, int64_t rows) override {
+    kern::copy_rows(dst, ldd, src, lds, row_bytes, rows);
+  }
+  void add(float* y, const float* x, int64_t n) override { kern::add(y, x, n); }
+  void to_bf16(const float* x, int64_t ldx, int64_t rows, int64_t cols, bf16* y) override {
+    kern::to_bf16(x, ldx, rows, cols, y);
+  }
+  void gather_rows(const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst) override {
+    kern::gather_rows(src, idx, R, d, dst);
+  }
+  void scatter_add_rows(const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst) override {
+    kern::scatter_add_rows(src, idx, R, d, dst);
+  }
+  void sum_heads(const float* x, int64_t N, int64_t H, int64_t ldn, int64_t ldh, int64_t w, float* y,
+                 int64_t ldy) override {
+    kern::sum_heads(x, N, H, ldn, ldh, w, y, ldy);
+  }
+  void moe_combine(const float* y, const float* probs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d,
+                   float* out) override {
+    kern::moe_combine(y, probs, slot_row, N, K, d, out);
+  }
+  void moe_combine_bwd(const float* dout, const float* y, const float* probs, const int32_t* slot_row, int64_t N,
+                       int64_t K, int64_t d, float* dy, float* dprobs) override {
+    kern::moe_combine_bwd(dout, y, probs, slot_row, N, K, d, dy, dprobs);
+  }
+  void moe_dispatch_bwd(const float* dxs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d,
+                        float* dx) override {
+    kern::moe_dispatch_bwd(dxs, slot_row, N, K, d, dx);
+  }
 
  private:
   Stream stream_ = nullptr;

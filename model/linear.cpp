@@ -13,7 +13,7 @@ void to_bf16(const float* x, bf16* y, int64_t n) {
 const void* gemm_input(const Ctx& c, const float* x, int64_t n) {
   if (c.prec == kern::Prec::F32) return x;
   bf16* b = c.ws->alloc<bf16>(n);
-  to_bf16(x, b, n);
+  c.k().to_bf16(x, n, 1, n, b);
   return b;
 }
 
@@ -22,14 +22,7 @@ namespace {
 // n rows of `cols` floats at row stride ld -> a packed bf16 copy [n, cols] from c.ws.
 bf16* bf16_rows(const Ctx& c, const float* x, int64_t n, int64_t cols, int64_t ld) {
   bf16* b = c.ws->alloc<bf16>(n * cols);
-  if (ld == cols) {
-    to_bf16(x, b, n * cols);
-    return b;
-  }
-  parallel_for(n, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t j = 0; j < cols; ++j) b[r * cols + j] = f32_to_bf16(x[r * ld + j]);
-  });
+  c.k().to_bf16(x, ld, n, cols, b);
   return b;
 }
 
@@ -44,8 +37,7 @@ void linear_fwd(const Ctx& c, const float* x, int64_t N, int64_t in, W w, int64_
     return;
   }
   auto m = c.ws->mark();
-  bf16* xb = c.ws->alloc<bf16>(N * in);
-  to_bf16(x, xb, N * in);
+  bf16* xb = bf16_rows(c, x, N, in, in);
   c.k().gemm(kern::Prec::BF16, kern::Prec::BF16, false, true, N, out, in, 1.f, xb, in, w.b, ldw, beta, y, ly);
   c.ws->release(m);
 }
@@ -63,8 +55,7 @@ void linear_bwd(const Ctx& c, const float* dy, const float* x, int64_t N, int64_
   bf16* dyb = bf16_rows(c, dy, N, out, ly);
   if (dx) c.k().gemm(kern::Prec::BF16, kern::Prec::BF16, false, false, N, in, out, 1.f, dyb, out, w.b, ldw, dx_accum ? 1.f : 0.f, dx, in);
   if (dW) {
-    bf16* xb = c.ws->alloc<bf16>(N * in);
-    to_bf16(x, xb, N * in);
+    bf16* xb = bf16_rows(c, x, N, in, in);
     c.k().gemm(kern::Prec::BF16, kern::Prec::BF16, true, false, out, in, N, 1.f, dyb, out, xb, in, 1.f, dW, ldw);
   }
   c.ws->release(m);

@@ -15,15 +15,36 @@ namespace trex::model {
 
 // What a module's forward / backward runs with: the precision, scratch, an optional profiler and
 // the backend (kernels/backend.h) whose kernel table does the math. The model owns the backend
-// (Model::backend()); every Ctx a model builds points at it.
+// (Model::backend()); every Ctx a model builds points at it. Activations and ws are the backend's
+// memory; what the host computes itself (routing, the sort by expert) lives in hs, and host() /
+// device() move arrays between the two (no copy where the host can address the backend's memory).
 struct Ctx {
   kern::Prec prec = kern::Prec::F32;
-  StackArena* ws = nullptr;  // scratch for bf16 copies and temporaries
+  StackArena* ws = nullptr;  // scratch for bf16 copies and temporaries (backend memory)
   Profiler* prof = nullptr;  // optional timing of named regions
   kern::Backend* be = nullptr;
+  StackArena* hs = nullptr;  // host scratch; null: ws (a backend the host can address)
   kern::Backend& k() const {
     TREX_CHECK(be, "model::Ctx without a backend");
     return *be;
+  }
+  bool host_memory() const { return k().host_addressable(); }
+  StackArena& host_ws() const { return hs ? *hs : *ws; }
+  // x [n] of backend memory readable by the host: x itself, or a copy in hs (waits for the work so far).
+  template <class T>
+  T* host(const T* x, int64_t n) const {
+    if (host_memory()) return const_cast<T*>(x);
+    T* h = hs->alloc<T>((size_t)n);
+    if (n) k().to_host(h, x, (size_t)n * sizeof(T));
+    return h;
+  }
+  // x [n] of host memory as backend memory: x itself, or a copy in ws.
+  template <class T>
+  T* device(const T* x, int64_t n) const {
+    if (host_memory()) return const_cast<T*>(x);
+    T* d = ws->alloc<T>((size_t)n);
+    if (n) k().to_device(d, x, (size_t)n * sizeof(T));
+    return d;
   }
 };
 
@@ -55,7 +76,7 @@ void linear_fwd(const Ctx&, const float* x, int64_t N, int64_t in, W w, int64_t 
 void linear_bwd(const Ctx&, const float* dy, const float* x, int64_t N, int64_t in, W w, int64_t out, float* dx,
                 bool dx_accum, float* dW, int64_t ldy = 0);
 
-// Converts n floats to bf16 (round to nearest even), threaded.
+// Converts n floats to bf16 (round to nearest even), threaded (host memory).
 void to_bf16(const float* x, bf16* y, int64_t n);
 
 // A GEMM operand of n floats: x itself (F32), or a bf16 copy from c.ws (BF16 mode).

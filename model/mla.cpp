@@ -79,10 +79,9 @@ void mla_project(const Ctx& c, const AttnIn& in, const float* x, MlaSaved& s) {
     auto mk = A.mark();
     float* kva = A.alloc<float>(N * (r + dr));
     linear_fwd(c, x, N, d, wt(in, p.kv_a), r + dr, kva);
-    for (int64_t n = 0; n < N; ++n) {
-      std::memcpy(s.lat + n * r, kva + n * (r + dr), r * sizeof(float));
-      std::memcpy(kpe + n * dr, kva + n * (r + dr) + r, dr * sizeof(float));
-    }
+    const int64_t f = sizeof(float);
+    c.k().copy_rows(s.lat, r * f, kva, (r + dr) * f, r * f, N);
+    if (dr) c.k().copy_rows(kpe, dr * f, kva + r, (r + dr) * f, dr * f, N);
     A.release(mk);
   }
   c.k().rmsnorm_fwd(s.lat, N, r, in.P + p.kv_a_norm, kLatentNormEps, s.latn, s.lat_rstd);
@@ -95,16 +94,12 @@ void mla_project(const Ctx& c, const AttnIn& in, const float* x, MlaSaved& s) {
     auto mk2 = A.mark();
     float* kv = A.alloc<float>(N * H * (dn + dv));
     linear_fwd(c, s.latn, N, r, wt(in, p.kv_b + hs.s0 * (dn + dv) * r), H * (dn + dv), kv);
-    parallel_for(N, 64, [&](int64_t b, int64_t e) {
-      for (int64_t n = b; n < e; ++n)
-        for (int64_t h = 0; h < H; ++h) {
-          const float* src = kv + (n * H + h) * (dn + dv);
-          float* k = s.K + (n * H + h) * dqk;
-          std::memcpy(k, src, dn * sizeof(float));
-          std::memcpy(k + dn, kpe + n * dr, dr * sizeof(float));
-          std::memcpy(s.V + (n * H + h) * dv, src + dn, dv * sizeof(float));
-        }
-    });
+    // K [N, H, dn | dr] = the head's nope part | the shared rope key; V [N, H, dv].
+    const int64_t f = sizeof(float);
+    c.k().copy_rows(s.K, dqk * f, kv, (dn + dv) * f, dn * f, N * H);
+    c.k().copy_rows(s.V, dv * f, kv + dn, (dn + dv) * f, dv * f, N * H);
+    if (dr)
+      for (int64_t h = 0; h < H; ++h) c.k().copy_rows(s.K + h * dqk + dn, H * dqk * f, kpe, dr * f, dr * f, N);
     A.release(mk2);
   }
 }
@@ -157,19 +152,10 @@ void mla_backward(const Ctx& c, const AttnIn& in, const MlaSaved& s, const float
   // Back into the latent: dkv [N, H, dn+dv], dk_pe [N, dr] summed over heads.
   float* dkv = A.alloc<float>(N * H * (dn + dv));
   float* dkva = A.alloc<float>(N * (r + dr));
-  parallel_for(N, 64, [&](int64_t b, int64_t e) {
-    for (int64_t n = b; n < e; ++n) {
-      float* dpe = dkva + n * (r + dr) + r;
-      for (int64_t j = 0; j < dr; ++j) dpe[j] = 0.f;
-      for (int64_t h = 0; h < H; ++h) {
-        const float* dk = dK + (n * H + h) * dqk;
-        float* dst = dkv + (n * H + h) * (dn + dv);
-        std::memcpy(dst, dk, dn * sizeof(float));
-        std::memcpy(dst + dn, dV + (n * H + h) * dv, dv * sizeof(float));
-        for (int64_t j = 0; j < dr; ++j) dpe[j] += dk[dn + j];
-      }
-    }
-  });
+  const int64_t f = sizeof(float);
+  c.k().copy_rows(dkv, (dn + dv) * f, dK, dqk * f, dn * f, N * H);
+  c.k().copy_rows(dkv + dn, (dn + dv) * f, dV, dv * f, dv * f, N * H);
+  if (dr) c.k().sum_heads(dK + dn, N, H, H * dqk, dqk, dr, dkva + r, r + dr);
   if (dr)
     c.k().rope_apply(dkva + r, N, 1, r + dr, dr, (int)dr, in.pos, in.rope->cos, in.rope->sin, layout(*in.rope), true);
   float* dlatn = A.alloc<float>(N * r);
@@ -177,7 +163,7 @@ void mla_backward(const Ctx& c, const AttnIn& in, const MlaSaved& s, const float
   linear_bwd(c, dkv, s.latn, N, r, wt(in, kvb), H * (dn + dv), dlatn, false, G + kvb);
   float* dlat = A.alloc<float>(N * r);
   c.k().rmsnorm_bwd(dlatn, s.lat, N, r, in.P + p.kv_a_norm, s.lat_rstd, dlat, G + p.kv_a_norm);
-  for (int64_t n = 0; n < N; ++n) std::memcpy(dkva + n * (r + dr), dlat + n * r, r * sizeof(float));
+  c.k().copy_rows(dkva, (r + dr) * f, dlat, r * f, r * f, N);
   linear_bwd(c, dkva, s.x, N, d, wt(in, p.kv_a), r + dr, dx, false, G + p.kv_a);
 
   // Queries: undo RoPE on the gradient (the rotation's adjoint is the inverse rotation).

@@ -48,16 +48,59 @@ struct LayerSaved {
 
 }  // namespace
 
-void Model::check_backend(const kern::Backend& b) {
-  TREX_USER_CHECK(b.host_addressable(), "train on device \"cpu\"",
-                  "the model's training step does not run on the ", b.name(),
-                  " backend yet (its kernels do: trex_cuda_ops): its parameters, activations, routing and row "
-                  "copies live in host memory");
+void Model::check_backend(const kern::Backend& b, const ModelConfig& c) {
+  if (b.host_addressable()) return;
+  TREX_USER_CHECK(!c.is_v4(), "train DeepSeek-V4 on device \"cpu\"",
+                  "model_type ", c.model_type, " does not run on the ", b.name(),
+                  " backend yet: its hyper-connections, compressors, indexer and sparse attention are host code "
+                  "(DeepSeek-V3-family models do run there)");
 }
 
 void Model::use_backend(kern::Backend& b) {
-  check_backend(b);
+  check_backend(b, cfg);
+  TREX_USER_CHECK(b.host_addressable() || (!ep_.on() && !tp_.on() && !stage_.on() && !layout.sharded()),
+                  "run this layout on device \"cpu\", or one process without ep, tp or pp",
+                  "expert, tensor and pipeline parallelism do not run on the ", b.name(), " backend yet");
   be_ = &b;
+  dparams_.reset(), dgrads_.reset(), drope_.reset(), dparams_bf16_.reset();
+  rope_dev_ = {};
+  if (b.host_addressable()) {
+    acts.use_source(nullptr);
+    return;
+  }
+  acts.use_source(std::make_shared<BlockSource>(
+      BlockSource{[&b](size_t n) { return b.alloc(n); }, [&b](void* p) { b.release(p); }}));
+  dparams_ = kern::DeviceBuffer<float>(b, (size_t)layout.total);
+  dgrads_ = kern::DeviceBuffer<float>(b, (size_t)layout.total);
+  if (!params_bf16.empty()) dparams_bf16_ = kern::DeviceBuffer<bf16>(b, (size_t)layout.total);
+  b.zero(dgrads_.get(), (size_t)layout.total * sizeof(float));
+  params_to_device();
+  if (!cfg.is_v4()) upload_rope();
+}
+
+void Model::params_to_device() {
+  if (!on_device()) return;
+  dparams_.upload(P());
+  if (!params_bf16.empty()) dparams_bf16_.upload(params_bf16.data());
+}
+
+void Model::params_to_host() {
+  if (!on_device()) return;
+  dparams_.download(P());
+  if (!params_bf16.empty()) dparams_bf16_.download(params_bf16.data());
+}
+
+void Model::grads_to_host() {
+  if (on_device()) dgrads_.download(G());
+}
+
+void Model::upload_rope() {
+  drope_ = kern::DeviceBuffer<float>(*be_, cos_.size() + sin_.size());
+  be_->to_device(drope_.get(), cos_.data(), cos_.size() * sizeof(float));
+  be_->to_device(drope_.get() + cos_.size(), sin_.data(), sin_.size() * sizeof(float));
+  rope_dev_ = rope_;
+  rope_dev_.cos = drope_.get();
+  rope_dev_.sin = drope_.get() + cos_.size();
 }
 
 Model::Model(const ModelConfig& c, kern::Prec p, TrainOptions o, ExpertShard shard, StageShard stage, TpShard tp)
@@ -92,7 +135,10 @@ Model::Model(const ModelConfig& c, kern::Prec p, TrainOptions o, ExpertShard sha
   rope_.softmax_scale = (float)(std::pow((double)cfg.qk_head_dim(), -0.5) * kern::yarn_softmax_mscale(rp));
 }
 
-void Model::zero_grads() { grads.zero(); }
+void Model::zero_grads() {
+  grads.zero();
+  if (on_device()) be_->zero(dgrads_.get(), (size_t)layout.total * sizeof(float));
+}
 
 void Model::set_expert_parallel(parallel::Communicator* ep_comm) {
   ep_ = {};
@@ -162,6 +208,7 @@ void Model::tp_sum(double* x, int64_t n) const {
 
 void Model::refresh_bf16() {
   if (!params_bf16.empty()) to_bf16(P(), params_bf16.data(), layout.total);
+  params_to_device();
 }
 
 void Model::reset_load() { std::fill(load_.v.begin(), load_.v.end(), 0); }
@@ -231,6 +278,7 @@ const RopeTable& Model::rope_table(int64_t maxpos) {
     sin_.assign(maxpos * half, 0.f);
     kern::rope_tables(rope_params(cfg), maxpos, cos_.data(), sin_.data());
     rope_.cos = cos_.data(), rope_.sin = sin_.data(), rope_.max_pos = maxpos;
+    if (on_device()) upload_rope();
   }
   return rope_;
 }
@@ -350,38 +398,43 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
   const bool count_stats = !io || io->count;
   const int64_t l0 = st.l0, l1 = stage_end();
   acts.reset();
-  Ctx c{prec, &acts, prof, be_};
-  float* P = this->P();
-  float* G = this->G();
-  const bf16* Pb = this->Pb();
+  host_acts_.reset();
+  // Parameters, gradients and activations in the backend's memory; the host keeps the batch, the
+  // positions and the routing (Ctx::host / device move them).
+  Ctx c{prec, &acts, prof, be_, be_->host_addressable() ? nullptr : &host_acts_};
+  float* P = dev_P();
+  float* G = dev_G();
+  const bf16* Pb = dev_Pb();
   const float eps = (float)cfg.rms_norm_eps;
   // Sequence parallel: this rank's token rows [n0, n0 + Nl); everything else: all N of them.
   const SeqShard sh = seq_shard_of(N);
   const int64_t Nl = sh.rows, n0 = sh.n0;
 
   // Positions (grow the RoPE table if a position exceeds it).
-  int32_t* pos = acts.alloc<int32_t>(N);
+  int32_t* pos_h = c.host_ws().alloc<int32_t>(N);
   int64_t maxpos = 0;
   for (int64_t i = 0; i < N; ++i) {
-    pos[i] = b.pos ? b.pos[i] : (int32_t)(i % T);
-    TREX_USER_CHECK(pos[i] >= 0, "position ids must be >= 0", "position id ", pos[i], " at ", i);
-    maxpos = std::max<int64_t>(maxpos, pos[i] + 1);
+    pos_h[i] = b.pos ? b.pos[i] : (int32_t)(i % T);
+    TREX_USER_CHECK(pos_h[i] >= 0, "position ids must be >= 0", "position id ", pos_h[i], " at ", i);
+    maxpos = std::max<int64_t>(maxpos, pos_h[i] + 1);
   }
   rope_table(maxpos);
+  const RopeTable& rope = rope_dev_.cos ? rope_dev_ : rope_;  // the tables in the backend's memory
+  const int32_t* pos = c.device(pos_h, N);
+  const int32_t* seg = b.seg ? c.device(b.seg, N) : nullptr;
 
   auto need = [&](int64_t g) {
     if (params_needed) params_needed(g);
   };
   // Embedding (pipeline stages after the first: the previous stage's output). x: [Nl, d]
   float* x = acts.alloc<float>(Nl * d);
+  const int32_t* ids = nullptr;  // [Nl] this rank's token ids (backend memory)
   if (st.first) {
     need(kGradGroupEmbed);
-    parallel_for(Nl, 64, [&](int64_t s, int64_t e) {
-      for (int64_t n = s; n < e; ++n)
-        std::memcpy(x + n * d, P + layout.embed + (int64_t)b.input_ids[n0 + n] * d, d * 4);
-    });
+    ids = c.device(b.input_ids + n0, Nl);
+    c.k().gather_rows(P + layout.embed, ids, Nl, d, x);
   } else {
-    std::memcpy(x, io->x_in, Nl * d * sizeof(float));
+    be_->to_device(x, io->x_in, Nl * d * sizeof(float));
   }
 
   std::vector<LayerSaved> sv(cfg.num_hidden_layers);
@@ -407,13 +460,13 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
   // holds them).
   auto layer_forward = [&](int64_t l, float* x, LayerSaved& s, bool count, bool replaying = false) -> float* {
     Profiler* pr = replaying ? nullptr : prof;
-    const Ctx cx{prec, &acts, pr, be_};
+    const Ctx cx{prec, &acts, pr, be_, c.hs};
     const LayerParams& lp = layout.layers[l];
     s.h_in = x;
     s.n1 = acts.alloc<float>(Nl * d);
     s.rstd1 = acts.alloc<float>(Nl);
     cx.k().rmsnorm_fwd(x, Nl, d, P + lp.in_norm, eps, s.n1, s.rstd1);
-    AttnIn ai{&cfg, &lp, P, Pb, G, &rope_, pos, b.seg, B, T, tp_.slice};
+    AttnIn ai{&cfg, &lp, P, Pb, G, &rope, pos, seg, B, T, tp_.slice};
     s.h_mid = acts.alloc<float>(Nl * d);
     {
       ProfScope ps(pr, "fwd.mla");
@@ -422,7 +475,7 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
       mla_forward(cx, ai, in, h, s.att);
       tp_block_out(sh, h, s.h_mid, d);  // row-parallel o_proj: sum of the heads' parts
     }
-    for (int64_t i = 0; i < Nl * d; ++i) s.h_mid[i] += x[i];
+    cx.k().add(s.h_mid, x, Nl * d);
     s.n2 = acts.alloc<float>(Nl * d);
     s.rstd2 = acts.alloc<float>(Nl);
     cx.k().rmsnorm_fwd(s.h_mid, Nl, d, P + lp.post_norm, eps, s.n2, s.rstd2);
@@ -439,7 +492,7 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
       mlp_forward(cx, w, in, N, h, 0.f, s.mlp);
       tp_block_out(sh, h, h_out, d);
     }
-    for (int64_t i = 0; i < Nl * d; ++i) h_out[i] += s.h_mid[i];
+    cx.k().add(h_out, s.h_mid, Nl * d);
     return h_out;
   };
   // Full recompute: a layer keeps only its input; its activations are dropped after the forward
@@ -454,7 +507,7 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
     }
     float* kept = acts.alloc<float>(Nl * d);
     const auto mk = acts.mark();
-    std::memcpy(kept, layer_forward(l, x, sv[l], count_stats), Nl * d * sizeof(float));
+    c.k().copy(kept, layer_forward(l, x, sv[l], count_stats), Nl * d * sizeof(float));
     acts.release(mk);
     x = kept;
   }
@@ -462,11 +515,11 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
   float* dx = nullptr;  // [Nl, d] gradient of the last layer's output
   if (!st.last) {       // a pipeline stage before the last: x goes to the next stage, dy comes back
     if (!backward) {
-      std::memcpy(io->x_out, x, Nl * d * sizeof(float));
+      be_->to_host(io->x_out, x, Nl * d * sizeof(float));
       return out;
     }
     dx = acts.alloc<float>(Nl * d);
-    std::memcpy(dx, io->dy, Nl * d * sizeof(float));
+    be_->to_device(dx, io->dy, Nl * d * sizeof(float));
   } else {
     // Final norm + LM head fused with cross-entropy (on this rank's rows; the CE is divided by
     // the whole micro-batch's target count).
@@ -483,11 +536,11 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
     ce.W = P + layout.head;
     if (prec == kern::Prec::BF16) {
       bf16* hb = acts.alloc<bf16>(Nl * d);
-      to_bf16(hf, hb, Nl * d);
+      c.k().to_bf16(hf, d, Nl, d, hb);
       ce.h_b = hb;
       ce.W_b = Pb + layout.head;
     }
-    ce.labels = b.targets + n0;
+    ce.labels = c.device(b.targets + n0, Nl);
     ce.grad_scale = n_valid ? grad_scale / (float)n_valid : 0.f;
     ce.dh = dhf;
     ce.dW = backward ? G + layout.head : nullptr;
@@ -531,9 +584,9 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
       tp_block_out(sh, dn, tmp, d);  // the column-parallel input's gradient: sum of the parts
     }
     c.k().rmsnorm_bwd(tmp, s.h_mid, Nl, d, P + lp.post_norm, s.rstd2, tmp2, G + lp.post_norm);
-    for (int64_t i = 0; i < Nl * d; ++i) dx[i] += tmp2[i];
+    c.k().add(dx, tmp2, Nl * d);
     // h_mid = h_in + mla(norm1(h_in))
-    AttnIn ai{&cfg, &lp, P, Pb, G, &rope_, pos, b.seg, B, T, tp_.slice};
+    AttnIn ai{&cfg, &lp, P, Pb, G, &rope, pos, seg, B, T, tp_.slice};
     {
       ProfScope ps(prof, "bwd.mla");
       const float* dy = tp_block_in(sh, dx, d);
@@ -542,24 +595,17 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
       tp_block_out(sh, dn, tmp, d);
     }
     c.k().rmsnorm_bwd(tmp, s.h_in, Nl, d, P + lp.in_norm, s.rstd1, tmp2, G + lp.in_norm);
-    for (int64_t i = 0; i < Nl * d; ++i) dx[i] += tmp2[i];
+    c.k().add(dx, tmp2, Nl * d);
     acts.release(mk);
     if (grad_ready) grad_ready(l);
   }
   if (!st.first) {  // the gradient of the previous stage's output
-    std::memcpy(io->dx_in, dx, Nl * d * sizeof(float));
+    be_->to_host(io->dx_in, dx, Nl * d * sizeof(float));
     if (grad_ready && owns_grad_group(kGradGroupEmbed)) grad_ready(kGradGroupEmbed);  // tied head
     return out;
   }
-  // Embedding: columns split across threads so every row update is race-free and ordered.
-  float* dE = G + layout.embed;
-  parallel_for(d, 16, [&](int64_t c0, int64_t c1) {
-    for (int64_t n = 0; n < Nl; ++n) {
-      float* row = dE + (int64_t)b.input_ids[n0 + n] * d;
-      const float* g = dx + n * d;
-      for (int64_t j = c0; j < c1; ++j) row[j] += g[j];
-    }
-  });
+  // Embedding: every row's updates in token order.
+  c.k().scatter_add_rows(dx, ids, Nl, d, G + layout.embed);
   if (grad_ready) grad_ready(kGradGroupEmbed);
   return out;
 }

@@ -212,13 +212,30 @@ class Model {
   // RoPE tables and softmax scale covering positions [0, max_pos) (grown on demand).
   const RopeTable& rope_table(int64_t max_pos);
   // The backend whose kernel table the modules call (kernels/backend.h): a CPU backend the model
-  // owns, unless use_backend names another (owned by the caller, outliving the model). The model
-  // keeps parameters, activations and its host-side steps (routing, row copies, residual adds) in
-  // host memory for now, so use_backend refuses a backend whose memory the host cannot address.
+  // owns, unless use_backend names another (owned by the caller, outliving the model).
+  // On a backend the host cannot address (a GPU) the model also keeps its parameters, gradients,
+  // bf16 shadow, RoPE tables and activations in the backend's memory; the host keeps the batch, the
+  // routing and the expert sort of each MoE layer, and P(), G(), params_bf16 stay the host copies
+  // that checkpoints, initialization and communication use. refresh_bf16() (called by every writer
+  // of P(): loading, init, the host optimizer) uploads P() and its shadow; grads_to_host() and
+  // params_to_host() bring the backend's copies back. On the CPU backend there is one copy and
+  // these are no-ops.
   kern::Backend& backend() const { return *be_; }
-  void use_backend(kern::Backend& b);  // check_backend, then b
-  // A UserError unless a model can compute on b (for now: its memory is host-addressable).
-  static void check_backend(const kern::Backend& b);
+  // check_backend, then b; on a device backend, the device copies of P() (as it is now) and of
+  // zero gradients.
+  void use_backend(kern::Backend& b);
+  // A UserError unless a model of cfg can compute on b: on a backend the host cannot address, only
+  // DeepSeek-V3-family models (not V4) for now.
+  static void check_backend(const kern::Backend& b, const ModelConfig& cfg);
+  bool on_device() const { return !be_->host_addressable(); }
+  // The slabs the step computes on: the backend's copies (the host's on the CPU backend).
+  float* dev_P() const { return on_device() ? dparams_.get() : P(); }
+  float* dev_G() const { return on_device() ? dgrads_.get() : G(); }
+  const bf16* dev_Pb() const { return on_device() ? dparams_bf16_.get() : Pb(); }
+  bf16* dev_Pb_mut() { return on_device() ? dparams_bf16_.get() : (params_bf16.empty() ? nullptr : params_bf16.data()); }
+  void params_to_device();  // P() and params_bf16 -> the backend's copies
+  void params_to_host();    // the backend's parameters -> P() and params_bf16
+  void grads_to_host();     // the backend's gradients -> G()
 
  private:
   // io: the pipeline stage's inputs and outputs (null without pipeline parallelism).
@@ -252,6 +269,12 @@ class Model {
   PipelineStage stage_;
   std::unique_ptr<kern::Backend> own_be_ = kern::make_cpu_backend();
   kern::Backend* be_ = own_be_.get();
+  // On a device backend (see backend()): the device slabs, RoPE tables and host scratch of a step.
+  kern::DeviceBuffer<float> dparams_, dgrads_, drope_;
+  kern::DeviceBuffer<bf16> dparams_bf16_;
+  RopeTable rope_dev_;  // rope_ with cos / sin in drope_ (cos null: not on a device)
+  StackArena host_acts_{size_t(8) << 20};
+  void upload_rope();
 };
 
 }  // namespace trex::model

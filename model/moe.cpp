@@ -125,13 +125,15 @@ double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, Mo
   StackArena& A = *c.ws;
   s.x = x;
 
-  // Route (f32 gate).
-  s.route.scores = A.alloc<float>(N * E);
-  s.route.idx = A.alloc<int32_t>(R);
-  s.route.probs = A.alloc<float>(R);
+  // Route (f32 gate): the logits on the backend, the selection on the host.
+  StackArena& H = c.host_ws();
   {
     ProfScope ps(c.prof, "fwd.moe.route");
-    c.k().gemm(kern::Prec::F32, kern::Prec::F32, false, true, N, E, d, 1.f, x, d, in.P + p.router, d, 0.f, s.route.scores, E);
+    float* logits = A.alloc<float>(N * E);
+    c.k().gemm(kern::Prec::F32, kern::Prec::F32, false, true, N, E, d, 1.f, x, d, in.P + p.router, d, 0.f, logits, E);
+    s.route.scores = c.host(logits, N * E);
+    s.route.idx = H.alloc<int32_t>(R);
+    s.route.probs = H.alloc<float>(R);
     router_select(m, s.route.scores, in.hash_idx ? nullptr : in.bias, N, s.route, in.hash_idx);
   }
   double aux = in.aux_alpha > 0 ? seq_aux_loss(m, s.route, in.B, in.T, in.aux_alpha, 1.f, nullptr, in.n0, N, in.seq_sum) : 0.0;
@@ -139,9 +141,12 @@ double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, Mo
   // Dispatch: counting sort of (token, slot) pairs by expert (stable in token order), the plan of
   // the rows computed here, then the sorted rows out while the shared experts run.
   Dispatch& D = s.disp;
-  D.row_token = A.alloc<int32_t>(R);
-  D.slot_row = A.alloc<int32_t>(R);
+  D.row_token = H.alloc<int32_t>(R);
+  D.slot_row = H.alloc<int32_t>(R);
   moe_sort(s.route.idx, N, K, E, D.offsets, D.row_token, D.slot_row, load);
+  D.row_token_dev = c.device(D.row_token, R);
+  D.slot_row_dev = c.device(D.slot_row, R);
+  s.probs_dev = c.device(s.route.probs, R);
   MoeRoute& r = s.local;
   {
     ProfScope ps(c.prof, "fwd.moe.dispatch");
@@ -156,7 +161,7 @@ double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, Mo
   const bool overlap = disp.in_flight();
   auto shared_fwd = [&] {
     ProfScope ps(c.prof, "fwd.moe.shared");
-    if (m.n_shared_experts == 0) std::memset(out, 0, N * d * sizeof(float));
+    if (m.n_shared_experts == 0) c.k().zero(out, N * d * sizeof(float));
     else if (overlap) mlp_forward_saved(c, shared_w(in), x, N, out, 0.f, s.shared);
     else mlp_forward(c, shared_w(in), x, N, out, 0.f, s.shared);
   };
@@ -166,7 +171,7 @@ double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, Mo
   MoeExchange xin;
   {
     ProfScope ps(c.prof, "fwd.moe.dispatch");
-    moe_gather(x, D.row_token, R, d, xs);
+    c.k().gather_rows(x, D.row_token_dev, R, d, xs);
     xin = disp.dispatch(r, xs, r.inputs, d, A);
   }
   if (overlap) shared_fwd();
@@ -187,7 +192,7 @@ double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, Mo
   if (!overlap) shared_fwd();
   {
     ProfScope ps(c.prof, "fwd.moe.combine");
-    moe_combine(s.y, s.route.probs, D.slot_row, N, K, d, out);  // the routed outputs in slot order per token
+    c.k().moe_combine(s.y, s.probs_dev, D.slot_row_dev, N, K, d, out);  // the routed outputs in slot order per token
   }
   return aux;
 }
@@ -211,13 +216,13 @@ void moe_backward(const Ctx& c, const MoeIn& in, const MoeSaved& s, const float*
   auto shared_bwd = [&] {  // writes dx: while dy is in flight, else after the routed experts
     ProfScope ps(c.prof, "bwd.moe.shared");
     if (m.n_shared_experts > 0) mlp_backward(c, shared_w(in), s.shared, N, dout, dx, false);
-    else std::memset(dx, 0, N * d * sizeof(float));
+    else c.k().zero(dx, N * d * sizeof(float));
   };
   auto mk2 = A.mark();
   MoeExchange dyx;
   {
     ProfScope ps(c.prof, "bwd.moe.combine");
-    moe_combine_bwd(dout, s.y, s.route.probs, D.slot_row, N, K, d, dy, dprobs);
+    c.k().moe_combine_bwd(dout, s.y, s.probs_dev, D.slot_row_dev, N, K, d, dy, dprobs);
     dyx = disp.dispatch(r, dy, nullptr, d, A);  // dy out along the dispatch route
   }
   if (overlap) shared_bwd();
@@ -230,6 +235,11 @@ void moe_backward(const Ctx& c, const MoeIn& in, const MoeSaved& s, const float*
   {
     ProfScope ps(c.prof, "bwd.moe.experts");
     const float* xl = disp.saved_inputs(r, D, s.x, d, A);
+    if (!xl) {
+      float* xs = A.alloc<float>(r.rows * d);
+      c.k().gather_rows(s.x, D.row_token_dev, r.rows, d, xs);
+      xl = xs;
+    }
     experts_bwd(c, in, r.offsets, r.first, xl, s.gu, s.h, dyx.local, dxl);
   }
   {
@@ -240,17 +250,19 @@ void moe_backward(const Ctx& c, const MoeIn& in, const MoeSaved& s, const float*
   if (!overlap) shared_bwd();
   {
     ProfScope ps(c.prof, "bwd.moe.dispatch");
-    moe_dispatch_bwd(dxs, D.slot_row, N, K, d, dx);  // the dispatch's adjoint: back to tokens, fixed slot order
+    c.k().moe_dispatch_bwd(dxs, D.slot_row_dev, N, K, d, dx);  // the dispatch's adjoint: back to tokens, fixed slot order
   }
 
   // Router: probs (and the aux loss) -> scores -> logits -> x and the gate weight (f32).
   ProfScope ps(c.prof, "bwd.moe.route");
-  float* dsc = A.alloc_zero<float>(N * E);
-  router_probs_backward(m, s.route, dprobs, N, dsc);
+  // (The scores' gradient on the host, where the selection ran.)
+  float* dsc = c.host_ws().alloc_zero<float>(N * E);
+  router_probs_backward(m, s.route, c.host(dprobs, R), N, dsc);
   if (in.aux_alpha > 0) seq_aux_loss(m, s.route, in.B, in.T, in.aux_alpha, in.aux_grad_scale, dsc, in.n0, N, in.seq_sum);
   router_scores_backward(m, s.route.scores, dsc, N, dsc);
-  c.k().gemm(kern::Prec::F32, kern::Prec::F32, false, false, N, d, E, 1.f, dsc, E, in.P + p.router, d, 1.f, dx, d);
-  c.k().gemm(kern::Prec::F32, kern::Prec::F32, true, false, E, d, N, 1.f, dsc, E, s.x, d, 1.f, in.G + p.router, d);
+  const float* dlogits = c.device(dsc, N * E);
+  c.k().gemm(kern::Prec::F32, kern::Prec::F32, false, false, N, d, E, 1.f, dlogits, E, in.P + p.router, d, 1.f, dx, d);
+  c.k().gemm(kern::Prec::F32, kern::Prec::F32, true, false, E, d, N, 1.f, dlogits, E, s.x, d, 1.f, in.G + p.router, d);
   A.release(mk);
 }
 

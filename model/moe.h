@@ -24,7 +24,8 @@ namespace trex::model {
 
 struct MoeSaved {
   const float* x = nullptr;  // [N, d]
-  RouterOut route;
+  RouterOut route;                   // host memory (the selection runs on the host)
+  const float* probs_dev = nullptr;  // route.probs in the backend's memory
   Dispatch disp;
   MoeRoute local;       // the rows computed here (the dispatcher's plan)
   float* gu = nullptr;  // [Rl, 2F] local rows

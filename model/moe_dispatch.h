@@ -25,8 +25,10 @@ namespace trex::model {
 // The dispatch handle of a layer: this rank's rows sorted by expert.
 struct Dispatch {
   std::vector<int64_t> offsets;  // [E + 1] first sorted row of each expert
-  int32_t* row_token = nullptr;  // [N*K] token of each sorted row
-  int32_t* slot_row = nullptr;   // [N*K] sorted row of token n's k-th slot (n*K + k)
+  int32_t* row_token = nullptr;  // [N*K] token of each sorted row (host memory)
+  int32_t* slot_row = nullptr;   // [N*K] sorted row of token n's k-th slot (n*K + k) (host memory)
+  const int32_t* row_token_dev = nullptr;  // the same two in the backend's memory (model::Ctx::device)
+  const int32_t* slot_row_dev = nullptr;
 };
 
 // The expert-parallel group of this rank. comm == null: every expert here.
@@ -76,8 +78,8 @@ class MoeDispatcher {
   // Moves local rows [Rl, w] (from output_rows) back to sorted [R, w]; x: the layer's exchange of
   // this direction (its receive buffer is reused). Blocking.
   virtual void combine(const MoeRoute& r, MoeExchange& x, const float* local, float* sorted, int64_t w) const = 0;
-  // The forward's local input rows [Rl, d] for the weight gradients: r.inputs, or gathered again
-  // from x [N, d] by D into scratch from A.
+  // The forward's local input rows [Rl, d] for the weight gradients: r.inputs, or null when the
+  // caller gathers them again from x [N, d] by D (kern::gather_rows).
   virtual const float* saved_inputs(const MoeRoute& r, const Dispatch& D, const float* x, int64_t d,
                                     StackArena& A) const = 0;
   // True when dispatch and combine move rows between ranks: the layer then runs its shared
@@ -116,22 +118,11 @@ class AllToAllDispatcher final : public MoeDispatcher {
   const ExpertParallel& ep_;
 };
 
-// The row operations of a layer around its experts (R = N K rows; also timed alone by
-// trex bench kernels, cli/bench_kernels_rows.cpp).
 // Counting sort of the (token, slot) pairs by expert idx [R], stable in token order: offsets
 // [E + 1], row_token [R], slot_row [R] (Dispatch); load [E] (if set) += the rows of each expert.
+// (Host memory. The row operations around the experts, gather, combine and their adjoints, are
+// the backend's: kernels/rows.h.)
 void moe_sort(const int32_t* idx, int64_t N, int64_t K, int64_t E, std::vector<int64_t>& offsets,
               int32_t* row_token, int32_t* slot_row, int64_t* load);
-// xs [R, d] = x [row_token[r]] (the token of every sorted row).
-void moe_gather(const float* x, const int32_t* row_token, int64_t R, int64_t d, float* xs);
-// out [N, d] += sum_k probs[n K + k] y[slot_row[n K + k]] (slot order per token).
-void moe_combine(const float* y, const float* probs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d,
-                 float* out);
-// The combine's adjoint: dy[slot_row[n K + k]] = probs[n K + k] dout[n] and
-// dprobs[n K + k] = dout[n] . y[slot_row[n K + k]].
-void moe_combine_bwd(const float* dout, const float* y, const float* probs, const int32_t* slot_row, int64_t N,
-                     int64_t K, int64_t d, float* dy, float* dprobs);
-// The dispatch's adjoint: dx [N, d] += sum_k dxs[slot_row[n K + k]] (fixed slot order).
-void moe_dispatch_bwd(const float* dxs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d, float* dx);
 
 }  // namespace trex::model

@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
-# The GPU check of the CUDA backend, one run on one NVIDIA GPU from a fresh machine (about 5 of
-# its 8 minutes on an H200). Builds kernels/cuda and its op harness there (TREX_CUDA_ONLY: no
-# oneDNN, CBC or MPI needed), then
-#   1. trex_cuda_ops test: every CUDA kernel against the CPU reference, trex_ops's cases and bounds;
+# The GPU check of the CUDA backend, one run on one NVIDIA GPU from a fresh machine (under 8
+# minutes on an H200). The binaries come from .gpu/bundle.tar.xz when it is there (made on the
+# build machine by scripts/gpu_bundle.sh: trex and trex_cuda_ops with their libraries and loader,
+# so nothing is built on the GPU machine); else kernels/cuda and its op harness are built there
+# (TREX_CUDA_ONLY: no oneDNN, CBC or MPI) and the parts that need trex are skipped. Then
+#   1. trex_cuda_ops test: every CUDA kernel against the CPU reference, trex_ops's cases and bounds
+#      (compute-sanitizer memcheck on small cases);
 #   2. trex_cuda_ops perf: the cuBLASLt bf16 rate (the MFU peak), the expert grouped GEMM against one
 #      dense GEMM of the same FLOPs, attention, RMSNorm, SwiGLU, LM head + CE;
-#   3. the PyTorch + transformers peer on configs/bench-gpu-v3.toml (hidden 2048, 64 experts,
-#      sequence 4096), eager and torch.compile, MFU against the peak measured in 2.
+#   3. trex grad --device cuda against --device cpu on the committed DeepSeek-V3 parity checkpoints
+#      (tests/reference/data/v3_*): fp32 loss 1e-5 and every gradient 1e-5 relative, bf16 reported;
+#      a DeepSeek-V4 checkpoint is refused on cuda with its reason;
+#   4. trex bench step --device cuda on configs/bench-v3.toml and configs/bench-gpu-v3.toml (hidden
+#      2048, 64 experts, sequence 4096), MFU against the peak measured in 2;
+#   5. the PyTorch + transformers peer on configs/bench-gpu-v3.toml, eager and torch.compile.
 # usage: scripts/gpu_check.sh OUT_DIR        (results: OUT_DIR/summary.md and one file per part)
-# Needs nvcc, CMake, ninja, python3 with torch + transformers. Exit 0 when every part passed.
+# Needs python3 with torch, transformers and safetensors; nvcc, CMake and ninja without a bundle.
+# Exit 0 when every part passed.
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR}
 mkdir -p "$OUT"
@@ -29,16 +37,45 @@ note() { echo "[gpu_check $(( $(date +%s) - t_start ))s] $*"; }
 } > "$OUT/machine.txt"
 cat "$OUT/machine.txt"
 
-note "build ($BUILD, TREX_CUDA_ONLY=ON)"
-if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTREX_CUDA_ONLY=ON \
-         -DCMAKE_CUDA_ARCHITECTURES=90 && cmake --build "$BUILD" -j "$JOBS"; } > "$OUT/build.log" 2>&1; then
-  tail -40 "$OUT/build.log"
-  echo "FAIL: build (see $OUT/build.log)"
-  exit 1
+# The bundle's binaries run through its own loader and libraries, with CUDA's runtime and
+# cuBLASLt from this machine.
+TREX=()
+OPS=()
+if [ -f .gpu/bundle.tar.xz ]; then
+  note "bundle .gpu/bundle.tar.xz (commit $(tar -xJOf .gpu/bundle.tar.xz bundle/commit 2>/dev/null))"
+  BDIR=$(mktemp -d)
+  tar -C "$BDIR" -xJf .gpu/bundle.tar.xz
+  CUDA_LIBS=""
+  for lib in libcudart.so.13 libcublasLt.so.13 libcuda.so.1; do
+    p=$(ldconfig -p 2>/dev/null | awk -v l="$lib" '$1 == l {print $NF; exit}')
+    [ -n "$p" ] || p=$(find /usr/local/cuda*/lib64 /usr/local/nvidia /usr/lib/x86_64-linux-gnu \
+                         "$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null)/nvidia" \
+                         -name "$lib" 2>/dev/null | head -1)
+    [ -n "$p" ] && CUDA_LIBS="$CUDA_LIBS:$(dirname "$p")"
+  done
+  LIBPATH="$BDIR/bundle/lib$CUDA_LIBS"
+  echo "library path: $LIBPATH" >> "$OUT/machine.txt"
+  TREX=("$BDIR/bundle/lib/ld.so" --library-path "$LIBPATH" "$BDIR/bundle/trex")
+  OPS=("$BDIR/bundle/lib/ld.so" --library-path "$LIBPATH" "$BDIR/bundle/trex_cuda_ops")
+  if ! "${TREX[@]}" --help > "$OUT/bundle_check.txt" 2>&1; then
+    echo "the bundle's trex does not start here:"; tail -5 "$OUT/bundle_check.txt"
+    TREX=()
+    OPS=()
+  fi
+fi
+if [ ${#OPS[@]} -eq 0 ]; then
+  note "build ($BUILD, TREX_CUDA_ONLY=ON)"
+  if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTREX_CUDA_ONLY=ON \
+           -DCMAKE_CUDA_ARCHITECTURES=90 && cmake --build "$BUILD" -j "$JOBS"; } > "$OUT/build.log" 2>&1; then
+    tail -40 "$OUT/build.log"
+    echo "FAIL: build (see $OUT/build.log)"
+    exit 1
+  fi
+  OPS=("$BUILD/trex_cuda_ops")
 fi
 
 note "trex_cuda_ops test"
-"$BUILD/trex_cuda_ops" test > "$OUT/ops_test.txt" 2>&1
+"${OPS[@]}" test > "$OUT/ops_test.txt" 2>&1
 rc=$?
 grep -E "^FAIL|^error" "$OUT/ops_test.txt" | head -30
 tail -1 "$OUT/ops_test.txt"
@@ -47,22 +84,60 @@ tail -1 "$OUT/ops_test.txt"
 # Memory and race checkers on a few small cases (where compute-sanitizer works: not under gVisor).
 if command -v compute-sanitizer >/dev/null; then
   note "compute-sanitizer memcheck + racecheck (small cases)"
-  for tool in memcheck racecheck; do
-    timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/trex_cuda_ops" test "T=7 " \
-      > "$OUT/sanitizer_$tool.txt" 2>&1
+  for filt in "T=7 " "cuda moe combine" "cuda gather"; do
+    f="$OUT/sanitizer_memcheck_${filt// /_}.txt"
+    timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 "${OPS[@]}" test "$filt" > "$f" 2>&1
     rc=$?
-    echo "compute-sanitizer $tool: exit $rc ($(grep -c '^ok' "$OUT/sanitizer_$tool.txt") checks)"
-    [ $rc -eq 0 ] || { tail -20 "$OUT/sanitizer_$tool.txt"; [ $rc -eq 9 ] && status=1; }
+    echo "compute-sanitizer memcheck '$filt': exit $rc ($(grep -c '^ok' "$f") checks)"
+    [ $rc -eq 0 ] || { tail -20 "$f"; [ $rc -eq 9 ] && status=1; }
   done
 fi
 
 note "trex_cuda_ops perf"
-"$BUILD/trex_cuda_ops" perf > "$OUT/ops_perf.txt" 2>&1 || status=1
+"${OPS[@]}" perf > "$OUT/ops_perf.txt" 2>&1 || status=1
 cat "$OUT/ops_perf.txt"
 PEAK=$(awk '/perf cuda gemm bf16->f32 M=8192 N=8192 K=8192/ {print $(NF-1)}' "$OUT/ops_perf.txt")
 PEAK=${PEAK:-0}
 
-for mode in eager compile; do
+if [ ${#TREX[@]} -gt 0 ]; then
+  note "trex grad --device cuda against --device cpu (V3 parity checkpoints)"
+  : > "$OUT/grad_parity.txt"
+  for dir in tests/reference/data/v3_*; do
+    c=$(basename "$dir")
+    for prec in fp32 bf16; do
+      tol=1e-5; ltol=1e-5
+      [ $prec = bf16 ] && tol=5e-2 && ltol=1e-2
+      for d in cpu cuda; do
+        timeout 60 "${TREX[@]}" grad --model "$dir/model" --batch "$dir/batch.json" --precision $prec --device $d \
+          --out "$OUT/grad_${c}_${prec}_$d.safetensors" > "$OUT/grad_${c}_${prec}_$d.json" 2> "$OUT/grad_${c}_${prec}_$d.log"
+      done
+      python3 tools/gpu/compare_grads.py "$OUT/grad_${c}_${prec}_cuda.safetensors" "$OUT/grad_${c}_${prec}_cpu.safetensors" \
+        --loss-a "$OUT/grad_${c}_${prec}_cuda.json" --loss-b "$OUT/grad_${c}_${prec}_cpu.json" --tol $tol \
+        --loss-tol $ltol --label "$c $prec cuda vs cpu" >> "$OUT/grad_parity.txt" 2>&1 ||
+        { [ $prec = fp32 ] && status=1; tail -3 "$OUT/grad_${c}_${prec}_cuda.log"; }
+    done
+  done
+  "${TREX[@]}" grad --model tests/reference/data/v4_mtp/model --batch tests/reference/data/v4_mtp/batch.json \
+    --device cuda --out "$OUT/grad_v4.safetensors" > /dev/null 2> "$OUT/grad_v4_refused.log"
+  rc=$?
+  echo "V4 on cuda: exit $rc: $(head -1 "$OUT/grad_v4_refused.log")" >> "$OUT/grad_parity.txt"
+  [ $rc -eq 2 ] || status=1
+  grep -E "^ok|^FAIL|^V4" "$OUT/grad_parity.txt"
+
+  for cfg in bench-v3 bench-gpu-v3; do
+    note "trex bench step --device cuda on configs/$cfg.toml"
+    timeout 150 "${TREX[@]}" bench step --config "configs/$cfg.toml" --device cuda --steps 4 --warmup 1 \
+      --peak-gflops "$(python3 -c "print(float('$PEAK') * 1000)")" > "$OUT/trex_step_$cfg.json" 2> "$OUT/trex_step_$cfg.log" ||
+      { echo "trex bench step $cfg failed:"; tail -5 "$OUT/trex_step_$cfg.log"; status=1; }
+    tail -1 "$OUT/trex_step_$cfg.json"
+  done
+else
+  echo "trex grad / bench step on cuda: skipped (no bundle: run scripts/gpu_bundle.sh on the build machine)" |
+    tee "$OUT/grad_parity.txt"
+fi
+
+# PEERS: the PyTorch modes to run (default both).
+for mode in ${PEERS:-eager compile}; do
   note "PyTorch peer ($mode) on configs/bench-gpu-v3.toml, peak $PEAK TFLOP/s"
   PYTHONUNBUFFERED=1 timeout 300 python3 tools/peer/peer_bench.py configs/bench-gpu-v3.toml --device cuda \
     --mode "$mode" --steps 8 --peak-tflops "$PEAK" > "$OUT/peer_$mode.json" 2> "$OUT/peer_$mode.log" || {
@@ -83,10 +158,24 @@ done
   echo
   sed 's/^/    /' "$OUT/ops_perf.txt"
   echo
-  echo "## PyTorch peer, configs/bench-gpu-v3.toml (bf16 autocast, AdamW, batch 1 x 4096)"
+  echo "## trex grad, cuda against cpu (tools/gpu/compare_grads.py)"
   echo
-  echo "| mode | step ms (median) | tokens/s | MFU vs measured peak | peak GPU memory GB |"
+  sed 's/^/    /' "$OUT/grad_parity.txt"
+  echo
+  echo "## Training step, configs/bench-gpu-v3.toml (bf16, AdamW, batch 1 x 4096) and bench-v3"
+  echo
+  echo "| who | step ms (median) | tokens/s | MFU vs measured peak | peak GPU memory GB |"
   echo "| --- | --- | --- | --- | --- |"
+  for cfg in bench-v3 bench-gpu-v3; do
+    python3 - "$OUT/trex_step_$cfg.json" "$cfg" <<'PY' || echo "| trex $2 | failed | | | |"
+import json, sys
+try:
+    r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+    print(f"| trex cuda, {sys.argv[2]} | {r.get('step_ms_median', r.get('ms_median'))} | {r.get('tokens_per_s')} | {r.get('mfu')} | |")
+except Exception as e:
+    print(f"| trex cuda, {sys.argv[2]} | failed ({type(e).__name__}) | | | |")
+PY
+  done
   for mode in eager compile; do
     python3 - "$OUT/peer_$mode.json" "$mode" <<'PY' || echo "| $2 | failed | | | |"
 import json, sys
@@ -98,8 +187,6 @@ except Exception as e:
 PY
   done
   echo
-  echo "Not in this check yet: trex's own training step on the GPU (the model and trainer do not run on"
-  echo "the backend seam yet), parity dumps and trex grad with --device cuda."
 } > "$OUT/summary.md"
 note "done, status $status"
 cat "$OUT/summary.md" | tail -12

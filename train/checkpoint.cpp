@@ -226,6 +226,7 @@ TrainState load_checkpoint(const std::string& dir, model::Model& m, AdamW& opt, 
   } catch (const std::exception& e) {
     TREX_USER_FAIL("the checkpoint is damaged; resume from an older one", dir, "/trainer_state.json: ", e.what());
   }
+  opt.host_state_changed();  // (the parameters went to the device with load_hf_weights)
   return st;
 }
 

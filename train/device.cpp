@@ -1,7 +1,6 @@
 #include "train/device.h"
 
 #include "core/error.h"
-#include "model/model.h"
 
 namespace trex::train {
 
@@ -21,12 +20,6 @@ std::unique_ptr<kern::Backend> open_device(const std::string& device, const std:
     throw;
   } catch (const std::exception& e) {
     TREX_USER_FAIL("use device \"cpu\"", where, " = \"", device, "\": ", e.what());
-  }
-  // Model::use_backend's condition, asked before the run loads anything.
-  try {
-    model::Model::check_backend(*be);
-  } catch (const UserError& e) {
-    TREX_USER_FAIL(e.hint, where, " = \"", device, "\" (", be->describe(), "): ", e.what());
   }
   return be;
 }

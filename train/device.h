@@ -14,7 +14,7 @@ std::string parse_device(const std::string& s, const std::string& where);
 // Opens the backend of `device` before anything is loaded: null for "cpu" (a model computes on
 // its own CPU backend), else the backend, to give to Model::use_backend and keep alive as long as
 // the model. Refused with a UserError naming `where` and the reason: a build without CUDA, no
-// CUDA device, or a backend the model's training step does not run on yet.
+// CUDA device. (Whether a model runs on it is Model::use_backend's check.)
 std::unique_ptr<kern::Backend> open_device(const std::string& device, const std::string& where);
 
 }  // namespace trex::train

@@ -17,6 +17,9 @@ ParallelRun make_parallel_run(parallel::Communicator& world, const parallel::Par
   TREX_CHECK(world.size() == dims.world(), "make_parallel_run: ", dims.str(), " on ", world.size(), " ranks");
   ParallelRun r;
   if (world.size() == 1) return r;
+  TREX_USER_CHECK(m.backend().host_addressable(), "run one process per job on device \"" + std::string(m.backend().name()) +
+                  "\", or train on device \"cpu\"", "data, expert, tensor and pipeline parallelism do not run on the ",
+                  m.backend().name(), " backend yet (", world.size(), " ranks)");
   r.groups = parallel::make_process_groups(world, dims);
   if (dims.ep > 1) m.set_expert_parallel(r.groups.ep.get());
   if (dims.tp > 1) m.set_tensor_parallel(r.groups.tp.get(), o.sequence_parallel);

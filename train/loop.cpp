@@ -365,6 +365,7 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
     if ((rc.checkpoint.every > 0 && state.step % rc.checkpoint.every == 0) || state.step == rc.train.steps || stopping) {
       if (!state.extra.is_object()) state.extra = nlohmann::json::object();
       state.extra["loss_window"] = spikes.state();
+      if (!dp) m.params_to_host(), opt1->state_to_host();  // a device backend's copies (no-ops on the CPU)
       res.last_checkpoint = dp ? save_checkpoint(run_dir, *dp, state, (int)rc.checkpoint.keep)
                                : save_checkpoint(run_dir, m, *opt1, state, (int)rc.checkpoint.keep);
       if (log_owner) log_owner->sync();

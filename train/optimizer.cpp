@@ -46,7 +46,7 @@ void AdamW::init(const model::Model& m, std::span<const SlabRange> owned) {
 
 double grad_norm(const model::Model& m) {
   double ss = 0;
-  for (const model::ParamEntry& e : m.layout.entries) ss += m.backend().sum_squares(m.G() + e.offset, e.shape.numel());
+  for (const model::ParamEntry& e : m.layout.entries) ss += m.backend().sum_squares(m.dev_G() + e.offset, e.shape.numel());
   return std::sqrt(ss);
 }
 
@@ -67,13 +67,28 @@ bool AdamW::apply(model::Model& m, float lr, double norm) {
   ++t_;
   float* M = M1();
   float* Vv = M2();
-  bf16* Pb = m.params_bf16.empty() ? nullptr : m.params_bf16.data();
+  kern::Backend& be = m.backend();
+  if (m.on_device()) {  // the moments in the backend's memory, sent there when the host's changed
+    const size_t n = (size_t)state_elems_;
+    if (dm1_.size() != n || dev_stale_) {
+      dm1_ = kern::DeviceBuffer<float>(be, n), dm2_ = kern::DeviceBuffer<float>(be, n);
+      dm1_.upload(M), dm2_.upload(Vv);
+      dev_stale_ = false;
+    }
+    M = dm1_.get(), Vv = dm2_.get();
+  }
+  bf16* Pb = m.dev_Pb_mut();
   for (const AdamWPiece& e : pieces_) {
     if (e.frozen) continue;
     kern::AdamWParams p{lr, cfg.beta1, cfg.beta2, cfg.eps, e.decay ? cfg.weight_decay : 0.f, t_, scale};
-    m.backend().adamw_step(p, m.P() + e.off, m.G() + e.off, M + e.state, Vv + e.state, e.n, Pb ? Pb + e.off : nullptr);
+    be.adamw_step(p, m.dev_P() + e.off, m.dev_G() + e.off, M + e.state, Vv + e.state, e.n, Pb ? Pb + e.off : nullptr);
   }
   return true;
+}
+
+void AdamW::state_to_host() {
+  if (dm1_.size() == 0 || dev_stale_) return;  // the host's copies are the newest
+  dm1_.download(M1()), dm2_.download(M2());
 }
 
 }  // namespace trex::train

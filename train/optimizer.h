@@ -11,6 +11,7 @@
 #include <span>
 #include <vector>
 #include "core/arena.h"
+#include "kernels/backend.h"
 #include "model/model.h"
 
 namespace trex::train {
@@ -56,13 +57,21 @@ class AdamW {
   int64_t state_elems() const { return state_elems_; }
   const std::vector<SlabRange>& owned() const { return owned_; }
   const std::vector<AdamWPiece>& pieces() const { return pieces_; }  // in slab-range order
+  // The host copies of the moments (checkpoints, ZeRO gathers). A model on a device backend
+  // (model::Model::on_device) is updated with copies in the backend's memory: state_to_host()
+  // brings them back before the host reads M1() / M2(); host_state_changed() after the host wrote
+  // them (a resume) sends them again at the next update.
   float* M1() const { return reinterpret_cast<float*>(m1.base()); }
   float* M2() const { return reinterpret_cast<float*>(m2.base()); }
+  void state_to_host();
+  void host_state_changed() { dev_stale_ = true; }
 
   AdamWConfig cfg;
   Arena m1, m2;  // first and second moments, f32 [state_elems()]
 
  private:
+  kern::DeviceBuffer<float> dm1_, dm2_;  // on a device backend
+  bool dev_stale_ = true;
   void init(const model::Model& m, std::span<const SlabRange> owned);
   int64_t t_ = 0;
   bool owns_all_ = false;

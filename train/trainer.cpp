@@ -81,7 +81,10 @@ StepStats step(model::Model& m, AdamW& opt, DataParallel* dp, const std::vector<
       dp->gather_params();
     }
   } else {
-    if (inject_nan && m.layout.total > 0) m.G()[m.layout.entries.front().offset] = std::nanf("");
+    if (inject_nan && m.layout.total > 0) {
+      const float nan = std::nanf("");
+      m.backend().to_device(m.dev_G() + m.layout.entries.front().offset, &nan, sizeof nan);
+    }
     if (!std::isfinite(st.loss)) {  // no update (AdamW::step also refuses a non-finite norm)
       st.grad_norm = grad_norm(m);
       st.skipped = true;
@@ -94,6 +97,7 @@ StepStats step(model::Model& m, AdamW& opt, DataParallel* dp, const std::vector<
   if (st.skipped) {
     m.reset_load();
     st.comm_ms = dp ? (dp->exposed_wait_s() - comm0) * 1e3 : 0;
+    m.backend().synchronize();  // a device's queued work belongs to this step
     st.ms = now_ms() - t0;
     return st;
   }
@@ -108,6 +112,7 @@ StepStats step(model::Model& m, AdamW& opt, DataParallel* dp, const std::vector<
   }
   m.update_router_bias(load, gamma);
   st.comm_ms = dp ? (dp->exposed_wait_s() - comm0) * 1e3 : 0;
+  m.backend().synchronize();
   st.ms = now_ms() - t0;
   return st;
 }

@@ -135,6 +135,35 @@ class CudaBackend final : public Backend {
     cuda::attention_bwd(ctx_, sh, q, k, v, o, lse, dO, dq, dk, dv, seg);
   }
   double lm_head_ce(const CeArgs& args, int64_t* n_valid) override { return cuda::lm_head_ce(ctx_, args, n_valid); }
+  void copy_rows(void* dst, int64_t ldd, const void* src, int64_t lds, int64_t row_bytes, int64_t rows) override {
+    cuda::copy_rows(ctx_, dst, ldd, src, lds, row_bytes, rows);
+  }
+  void add(float* y, const float* x, int64_t n) override { cuda::add(ctx_, y, x, n); }
+  void to_bf16(const float* x, int64_t ldx, int64_t rows, int64_t cols, bf16* y) override {
+    cuda::to_bf16(ctx_, x, ldx, rows, cols, y);
+  }
+  void gather_rows(const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst) override {
+    cuda::gather_rows(ctx_, src, idx, R, d, dst);
+  }
+  void scatter_add_rows(const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst) override {
+    cuda::scatter_add_rows(ctx_, src, idx, R, d, dst);
+  }
+  void sum_heads(const float* x, int64_t N, int64_t H, int64_t ldn, int64_t ldh, int64_t w, float* y,
+                 int64_t ldy) override {
+    cuda::sum_heads(ctx_, x, N, H, ldn, ldh, w, y, ldy);
+  }
+  void moe_combine(const float* y, const float* probs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d,
+                   float* out) override {
+    cuda::moe_combine(ctx_, y, probs, slot_row, N, K, d, out);
+  }
+  void moe_combine_bwd(const float* dout, const float* y, const float* probs, const int32_t* slot_row, int64_t N,
+                       int64_t K, int64_t d, float* dy, float* dprobs) override {
+    cuda::moe_combine_bwd(ctx_, dout, y, probs, slot_row, N, K, d, dy, dprobs);
+  }
+  void moe_dispatch_bwd(const float* dxs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d,
+                        float* dx) override {
+    cuda::moe_dispatch_bwd(ctx_, dxs, slot_row, N, K, d, dx);
+  }
 
  private:
   int device_;

@@ -41,6 +41,20 @@ void attention_fwd(const Ctx& c, const AttnShape& sh, const float* q, const floa
 void attention_bwd(const Ctx& c, const AttnShape& sh, const float* q, const float* k, const float* v, const float* o,
                    const float* lse, const float* dO, float* dq, float* dk, float* dv, const int32_t* seg);
 double lm_head_ce(const Ctx& c, const CeArgs& args, int64_t* n_valid);
+// Row operations (kernels/rows.h, kernels/cuda/rows.cu).
+void copy_rows(const Ctx& c, void* dst, int64_t ldd, const void* src, int64_t lds, int64_t row_bytes, int64_t rows);
+void add(const Ctx& c, float* y, const float* x, int64_t n);
+void to_bf16(const Ctx& c, const float* x, int64_t ldx, int64_t rows, int64_t cols, bf16* y);
+void gather_rows(const Ctx& c, const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst);
+void scatter_add_rows(const Ctx& c, const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst);
+void sum_heads(const Ctx& c, const float* x, int64_t N, int64_t H, int64_t ldn, int64_t ldh, int64_t w, float* y,
+               int64_t ldy);
+void moe_combine(const Ctx& c, const float* y, const float* probs, const int32_t* slot_row, int64_t N, int64_t K,
+                 int64_t d, float* out);
+void moe_combine_bwd(const Ctx& c, const float* dout, const float* y, const float* probs, const int32_t* slot_row,
+                     int64_t N, int64_t K, int64_t d, float* dy, float* dprobs);
+void moe_dispatch_bwd(const Ctx& c, const float* dxs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d,
+                      float* dx);
 
 // Device scratch ordered on ctx.stream (the stream-ordered allocator): freed when it goes out of
 // scope, after the work enqueued so far.

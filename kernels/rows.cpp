@@ -1,0 +1,116 @@
+#include "kernels/rows.h"
+
+#include <cstring>
+#include "core/parallel.h"
+
+namespace trex::kern {
+
+void copy_rows(void* dst, int64_t ldd, const void* src, int64_t lds, int64_t row_bytes, int64_t rows) {
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  if (ldd == row_bytes && lds == row_bytes) {
+    std::memcpy(d, s, (size_t)(row_bytes * rows));
+    return;
+  }
+  parallel_for(rows, 64, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) std::memcpy(d + r * ldd, s + r * lds, (size_t)row_bytes);
+  });
+}
+
+void add(float* y, const float* x, int64_t n) {
+  parallel_for(n, 1 << 14, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) y[i] += x[i];
+  });
+}
+
+void to_bf16(const float* x, int64_t ldx, int64_t rows, int64_t cols, bf16* y) {
+  if (ldx == cols) {
+    parallel_for(rows * cols, 1 << 16, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) y[i] = f32_to_bf16(x[i]);
+    });
+    return;
+  }
+  parallel_for(rows, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t j = 0; j < cols; ++j) y[r * cols + j] = f32_to_bf16(x[r * ldx + j]);
+  });
+}
+
+void gather_rows(const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst) {
+  parallel_for(R, 256, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) std::memcpy(dst + r * d, src + (int64_t)idx[r] * d, d * sizeof(float));
+  });
+}
+
+void scatter_add_rows(const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst) {
+  // Columns split across threads: every element's sum runs over r in order on one thread.
+  parallel_for(d, 16, [&](int64_t c0, int64_t c1) {
+    for (int64_t r = 0; r < R; ++r) {
+      float* row = dst + (int64_t)idx[r] * d;
+      const float* g = src + r * d;
+      for (int64_t j = c0; j < c1; ++j) row[j] += g[j];
+    }
+  });
+}
+
+void sum_heads(const float* x, int64_t N, int64_t H, int64_t ldn, int64_t ldh, int64_t w, float* y, int64_t ldy) {
+  parallel_for(N, 64, [&](int64_t b, int64_t e) {
+    for (int64_t n = b; n < e; ++n) {
+      float* o = y + n * ldy;
+      for (int64_t j = 0; j < w; ++j) o[j] = 0.f;
+      for (int64_t h = 0; h < H; ++h) {
+        const float* src = x + n * ldn + h * ldh;
+        for (int64_t j = 0; j < w; ++j) o[j] += src[j];
+      }
+    }
+  });
+}
+
+void moe_combine(const float* y, const float* probs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d,
+                 float* out) {
+  parallel_for(N, 16, [&](int64_t b, int64_t e) {
+    for (int64_t n = b; n < e; ++n) {
+      float* o = out + n * d;
+      for (int64_t k = 0; k < K; ++k) {
+        const float w = probs[n * K + k];
+        const float* yr = y + (int64_t)slot_row[n * K + k] * d;
+        for (int64_t j = 0; j < d; ++j) o[j] += w * yr[j];
+      }
+    }
+  });
+}
+
+void moe_combine_bwd(const float* dout, const float* y, const float* probs, const int32_t* slot_row, int64_t N,
+                     int64_t K, int64_t d, float* dy, float* dprobs) {
+  parallel_for(N, 16, [&](int64_t b, int64_t e) {
+    for (int64_t n = b; n < e; ++n) {
+      const float* g = dout + n * d;
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t row = slot_row[n * K + k];
+        const float w = probs[n * K + k];
+        const float* yr = y + row * d;
+        float* dyr = dy + row * d;
+        double dot = 0;
+        for (int64_t j = 0; j < d; ++j) {
+          dyr[j] = w * g[j];
+          dot += (double)g[j] * yr[j];
+        }
+        dprobs[n * K + k] = (float)dot;
+      }
+    }
+  });
+}
+
+void moe_dispatch_bwd(const float* dxs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d, float* dx) {
+  parallel_for(N, 16, [&](int64_t b, int64_t e) {
+    for (int64_t n = b; n < e; ++n) {
+      float* o = dx + n * d;
+      for (int64_t k = 0; k < K; ++k) {
+        const float* g = dxs + (int64_t)slot_row[n * K + k] * d;
+        for (int64_t j = 0; j < d; ++j) o[j] += g[j];
+      }
+    }
+  });
+}
+
+}  // namespace trex::kern
