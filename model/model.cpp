@@ -136,8 +136,9 @@ Model::Model(const ModelConfig& c, kern::Prec p, TrainOptions o, ExpertShard sha
 }
 
 void Model::zero_grads() {
-  grads.zero();
+  // On a device only the device's copy: G() is what the last grads_to_host() brought back.
   if (on_device()) be_->zero(dgrads_.get(), (size_t)layout.total * sizeof(float));
+  else grads.zero();
 }
 
 void Model::set_expert_parallel(parallel::Communicator* ep_comm) {

@@ -15,6 +15,9 @@
 #      2048, 64 experts, sequence 4096), MFU against the peak measured in 2;
 #   5. the PyTorch + transformers peer on configs/bench-gpu-v3.toml, eager and torch.compile.
 # usage: scripts/gpu_check.sh OUT_DIR        (results: OUT_DIR/summary.md and one file per part)
+# A shorter run (each default in brackets): SANITIZER=0 [1], PERF_FILTER=TEXT (perf cases whose
+# name contains it) [all], GRAD_PRECS="fp32" [fp32 bf16], BENCH_CONFIGS="bench-gpu-v3"
+# [bench-v3 bench-gpu-v3], PEERS="eager" [eager compile].
 # Needs python3 with torch, transformers and safetensors; nvcc, CMake and ninja without a bundle.
 # Exit 0 when every part passed.
 set -uo pipefail
@@ -29,7 +32,8 @@ note() { echo "[gpu_check $(( $(date +%s) - t_start ))s] $*"; }
 
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (+ uncommitted changes)')"
+  echo "checkout: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (+ uncommitted changes)')"
+  [ -f .gpu/bundle.tar.xz ] && echo "bundle built from: $(tar -xJOf .gpu/bundle.tar.xz bundle/commit 2>/dev/null)"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
   nvcc --version | tail -1 | sed 's/^/nvcc: /'
   python3 -c 'import torch, transformers; print("torch:", torch.__version__, "transformers:", transformers.__version__)' 2>&1
@@ -80,9 +84,13 @@ rc=$?
 grep -E "^FAIL|^error" "$OUT/ops_test.txt" | head -30
 tail -1 "$OUT/ops_test.txt"
 [ $rc -eq 0 ] || status=1
+# Attention has two CUDA paths (kernels/cuda/attention.cu); the cases above take the GEMM one.
+TREX_CUDA_ATTENTION=flash "${OPS[@]}" test "cuda attn" > "$OUT/ops_test_flash.txt" 2>&1 || status=1
+grep -E "^FAIL|^error" "$OUT/ops_test_flash.txt" | head -10
+echo "flash attention path: $(tail -1 "$OUT/ops_test_flash.txt")"
 
 # Memory and race checkers on a few small cases (where compute-sanitizer works: not under gVisor).
-if command -v compute-sanitizer >/dev/null; then
+if [ "${SANITIZER:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
   note "compute-sanitizer memcheck + racecheck (small cases)"
   for filt in "T=7 " "cuda moe combine" "cuda gather"; do
     f="$OUT/sanitizer_memcheck_${filt// /_}.txt"
@@ -94,9 +102,12 @@ if command -v compute-sanitizer >/dev/null; then
 fi
 
 note "trex_cuda_ops perf"
-"${OPS[@]}" perf > "$OUT/ops_perf.txt" 2>&1 || status=1
+"${OPS[@]}" perf "${PERF_FILTER:-}" > "$OUT/ops_perf.txt" 2>&1 || status=1
+TREX_CUDA_ATTENTION=flash "${OPS[@]}" perf "cuda attn" 2>&1 | sed -n 's/^perf cuda attn/perf cuda attn (flash path)/p' \
+  >> "$OUT/ops_perf.txt"
+[ -n "${PERF_FILTER:-}" ] && "${OPS[@]}" perf "cuda gemm perf" 2>&1 | grep "^perf" >> "$OUT/ops_perf.txt"
 cat "$OUT/ops_perf.txt"
-PEAK=$(awk '/perf cuda gemm bf16->f32 M=8192 N=8192 K=8192/ {print $(NF-1)}' "$OUT/ops_perf.txt")
+PEAK=$(awk '/perf cuda gemm bf16->f32 M=8192 N=8192 K=8192/ {print $(NF-1)}' "$OUT/ops_perf.txt" | tail -1)
 PEAK=${PEAK:-0}
 
 if [ ${#TREX[@]} -gt 0 ]; then
@@ -104,7 +115,7 @@ if [ ${#TREX[@]} -gt 0 ]; then
   : > "$OUT/grad_parity.txt"
   for dir in tests/reference/data/v3_*; do
     c=$(basename "$dir")
-    for prec in fp32 bf16; do
+    for prec in ${GRAD_PRECS:-fp32 bf16}; do
       tol=1e-5; ltol=1e-5
       [ $prec = bf16 ] && tol=5e-2 && ltol=1e-2
       for d in cpu cuda; do
@@ -120,11 +131,11 @@ if [ ${#TREX[@]} -gt 0 ]; then
   "${TREX[@]}" grad --model tests/reference/data/v4_mtp/model --batch tests/reference/data/v4_mtp/batch.json \
     --device cuda --out "$OUT/grad_v4.safetensors" > /dev/null 2> "$OUT/grad_v4_refused.log"
   rc=$?
-  echo "V4 on cuda: exit $rc: $(head -1 "$OUT/grad_v4_refused.log")" >> "$OUT/grad_parity.txt"
+  echo "V4 on cuda: exit $rc: $(grep -m1 '^error' "$OUT/grad_v4_refused.log")" >> "$OUT/grad_parity.txt"
   [ $rc -eq 2 ] || status=1
   grep -E "^ok|^FAIL|^V4" "$OUT/grad_parity.txt"
 
-  for cfg in bench-v3 bench-gpu-v3; do
+  for cfg in ${BENCH_CONFIGS:-bench-v3 bench-gpu-v3}; do
     note "trex bench step --device cuda on configs/$cfg.toml"
     timeout 150 "${TREX[@]}" bench step --config "configs/$cfg.toml" --device cuda --steps 4 --warmup 1 \
       --peak-gflops "$(python3 -c "print(float('$PEAK') * 1000)")" > "$OUT/trex_step_$cfg.json" 2> "$OUT/trex_step_$cfg.log" ||
@@ -166,7 +177,7 @@ done
   echo
   echo "| who | step ms (median) | tokens/s | MFU vs measured peak | peak GPU memory GB |"
   echo "| --- | --- | --- | --- | --- |"
-  for cfg in bench-v3 bench-gpu-v3; do
+  for cfg in ${BENCH_CONFIGS:-bench-v3 bench-gpu-v3}; do
     python3 - "$OUT/trex_step_$cfg.json" "$cfg" <<'PY' || echo "| trex $2 | failed | | | |"
 import json, sys
 try:
@@ -176,7 +187,7 @@ except Exception as e:
     print(f"| trex cuda, {sys.argv[2]} | failed ({type(e).__name__}) | | | |")
 PY
   done
-  for mode in eager compile; do
+  for mode in ${PEERS:-eager compile}; do
     python3 - "$OUT/peer_$mode.json" "$mode" <<'PY' || echo "| $2 | failed | | | |"
 import json, sys
 try:

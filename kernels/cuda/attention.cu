@@ -7,6 +7,15 @@
 // written by exactly one warp: no atomics, results independent of the launch order.
 // Backward (FlashAttention-2): Dt = rowsum(dO * O); p = exp(scale q.k - lse); dp = dO.v;
 // ds = p (dp - Dt); dq = scale sum_s ds k; dk = scale sum_t ds q; dv = sum_t p dO.
+// A second path computes the same through cuBLASLt, one head at a time with its T x T scores in
+// scratch (2 T^2 floats): S = scale Q K^T, the masked softmax rows (P, lse), O = P V; backward
+// P from lse, dP = dO V^T, dV = P^T dO, dS = P (dP - Dt), dQ = scale dS K, dK = scale dS^T Q.
+// Every GEMM is f32 with f32 compute (no TF32), so the results agree with the flash path to
+// rounding. It is used while T <= 16384 (the scratch stays under 2 GiB); TREX_CUDA_ATTENTION =
+// flash | gemm forces one (the op harness runs both).
+#include <cmath>
+#include <cstdlib>
+#include <string>
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
@@ -265,11 +274,120 @@ void set_smem(K kernel, size_t bytes) {
     TREX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
+// --- The GEMM path ---------------------------------------------------------------------------
+
+template <class T>
+__device__ T block_max(T v) {
+  __shared__ T part[32];
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) part[wid] = v;
+  __syncthreads();
+  T m = lane < nw ? part[lane] : T(-INFINITY);
+  return warp_max(m);
+}
+
+// Row t of head (b, h): the scaled scores S [T, T] -> P (0 where the key is not visible) and
+// lse[b, h, t] (-inf and a zero row when no key is visible). One block per row.
+__global__ void softmax_rows_k(Geo g, int b, int h, float* __restrict__ S, float* __restrict__ lse) {
+  const int t = blockIdx.x;
+  float* row = S + int64_t(t) * g.T;
+  float m = -INFINITY;
+  for (int s = threadIdx.x; s <= t; s += blockDim.x)
+    if (visible(g, b, t, s)) m = fmaxf(m, row[s]);
+  m = block_max(m);
+  float l = 0.f;
+  if (m != -INFINITY)
+    for (int s = threadIdx.x; s <= t; s += blockDim.x)
+      if (visible(g, b, t, s)) l += expf(row[s] - m);
+  l = block_sum(l);
+  for (int s = threadIdx.x; s < g.T; s += blockDim.x)
+    row[s] = (m != -INFINITY && visible(g, b, t, s)) ? expf(row[s] - m) / l : 0.f;
+  if (threadIdx.x == 0) lse[(int64_t(b) * g.H + h) * g.T + t] = m == -INFINITY ? -INFINITY : m + logf(l);
+}
+
+// Backward: S -> P = exp(S - lse) where visible (in place).
+__global__ void probs_from_lse_k(Geo g, int b, int h, float* __restrict__ S, const float* __restrict__ lse) {
+  const int64_t n = int64_t(g.T) * g.T;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int t = static_cast<int>(i / g.T), s = static_cast<int>(i % g.T);
+    const float L = lse[(int64_t(b) * g.H + h) * g.T + t];
+    S[i] = (L != -INFINITY && visible(g, b, t, s)) ? expf(S[i] - L) : 0.f;
+  }
+}
+
+// dS = P (dP - Dt[t]) (into dP).
+__global__ void dscores_k(Geo g, int b, int h, const float* __restrict__ P, float* __restrict__ dP,
+                          const float* __restrict__ Dt) {
+  const int64_t n = int64_t(g.T) * g.T;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int t = static_cast<int>(i / g.T);
+    dP[i] = P[i] * (dP[i] - Dt[(int64_t(b) * g.H + h) * g.T + t]);
+  }
+}
+
+bool use_gemm_path(const AttnShape& sh) {
+  const char* e = std::getenv("TREX_CUDA_ATTENTION");
+  if (e && std::string(e) == "flash") return false;
+  if (e && std::string(e) == "gemm") return true;
+  return sh.T <= 16384;
+}
+
+// Head (b, h)'s rows of a [B, T, H, D] tensor: its first element and row stride.
+struct HeadView {
+  int64_t off, ld;
+};
+HeadView head(const Geo& g, int b, int h, int D) { return {(int64_t(b) * g.T * g.H + h) * D, int64_t(g.H) * D}; }
+
+void attention_fwd_gemm(const Ctx& c, const Geo& g, const float* q, const float* k, const float* v, float* o,
+                        float* lse) {
+  Scratch S(c, size_t(g.T) * g.T * sizeof(float));
+  for (int b = 0; b < g.B; ++b)
+    for (int h = 0; h < g.H; ++h) {
+      const HeadView hq = head(g, b, h, g.Dqk), hv = head(g, b, h, g.Dv);
+      gemm(c, Prec::F32, Prec::F32, false, true, g.T, g.T, g.Dqk, g.scale, q + hq.off, hq.ld, k + hq.off, hq.ld, 0.f,
+           S.as<float>(), g.T);
+      softmax_rows_k<<<g.T, 256, 0, c.stream>>>(g, b, h, S.as<float>(), lse);
+      TREX_CUDA_LAUNCHED("attention_fwd softmax");
+      gemm(c, Prec::F32, Prec::F32, false, false, g.T, g.Dv, g.T, 1.f, S.as<float>(), g.T, v + hv.off, hv.ld, 0.f,
+           o + hv.off, hv.ld);
+    }
+}
+
+void attention_bwd_gemm(const Ctx& c, const Geo& g, const float* q, const float* k, const float* v,
+                        const float* lse, const float* Dt, const float* dO, float* dq, float* dk, float* dv) {
+  const size_t tt = size_t(g.T) * g.T;
+  Scratch P(c, tt * sizeof(float)), dP(c, tt * sizeof(float));
+  for (int b = 0; b < g.B; ++b)
+    for (int h = 0; h < g.H; ++h) {
+      const HeadView hq = head(g, b, h, g.Dqk), hv = head(g, b, h, g.Dv);
+      gemm(c, Prec::F32, Prec::F32, false, true, g.T, g.T, g.Dqk, g.scale, q + hq.off, hq.ld, k + hq.off, hq.ld, 0.f,
+           P.as<float>(), g.T);
+      probs_from_lse_k<<<grid_for(int64_t(tt)), 256, 0, c.stream>>>(g, b, h, P.as<float>(), lse);
+      TREX_CUDA_LAUNCHED("attention_bwd probs");
+      gemm(c, Prec::F32, Prec::F32, false, true, g.T, g.T, g.Dv, 1.f, dO + hv.off, hv.ld, v + hv.off, hv.ld, 0.f,
+           dP.as<float>(), g.T);
+      gemm(c, Prec::F32, Prec::F32, true, false, g.T, g.Dv, g.T, 1.f, P.as<float>(), g.T, dO + hv.off, hv.ld, 0.f,
+           dv + hv.off, hv.ld);
+      dscores_k<<<grid_for(int64_t(tt)), 256, 0, c.stream>>>(g, b, h, P.as<float>(), dP.as<float>(), Dt);
+      TREX_CUDA_LAUNCHED("attention_bwd dscores");
+      gemm(c, Prec::F32, Prec::F32, false, false, g.T, g.Dqk, g.T, g.scale, dP.as<float>(), g.T, k + hq.off, hq.ld,
+           0.f, dq + hq.off, hq.ld);
+      gemm(c, Prec::F32, Prec::F32, true, false, g.T, g.Dqk, g.T, g.scale, dP.as<float>(), g.T, q + hq.off, hq.ld,
+           0.f, dk + hq.off, hq.ld);
+    }
+}
+
 }  // namespace
 
 void attention_fwd(const Ctx& c, const AttnShape& sh, const float* q, const float* k, const float* v, float* o,
                    float* lse, const int32_t* seg) {
   if (sh.B <= 0 || sh.T <= 0 || sh.H <= 0) return;
+  if (use_gemm_path(sh)) {
+    attention_fwd_gemm(c, {sh.B, sh.T, sh.H, sh.Dqk, sh.Dv, sh.scale, sh.window, seg}, q, k, v, o, lse);
+    return;
+  }
   const Geo g = geo(sh, seg);
   const size_t smem = (kTile * (g.Dqk + 1) + kTile * (g.Dv + 1) + kRows * g.Dqk) * sizeof(float);
   set_smem(attn_fwd_k, smem);
@@ -281,12 +399,17 @@ void attention_fwd(const Ctx& c, const AttnShape& sh, const float* q, const floa
 void attention_bwd(const Ctx& c, const AttnShape& sh, const float* q, const float* k, const float* v, const float* o,
                    const float* lse, const float* dO, float* dq, float* dk, float* dv, const int32_t* seg) {
   if (sh.B <= 0 || sh.T <= 0 || sh.H <= 0) return;
-  const Geo g = geo(sh, seg);
+  const bool gemm_path = use_gemm_path(sh);
+  const Geo g = gemm_path ? Geo{sh.B, sh.T, sh.H, sh.Dqk, sh.Dv, sh.scale, sh.window, seg} : geo(sh, seg);
   const int64_t rows = int64_t(g.B) * g.T * g.H;
   Scratch Dt(c, rows * sizeof(float));
   attn_rowdot_k<<<static_cast<unsigned>((rows + kRows - 1) / kRows), kRows * 32, 0, c.stream>>>(g, o, dO,
                                                                                                  Dt.as<float>());
   TREX_CUDA_LAUNCHED("attention_bwd rowdot");
+  if (gemm_path) {
+    attention_bwd_gemm(c, g, q, k, v, lse, Dt.as<float>(), dO, dq, dk, dv);
+    return;
+  }
   const dim3 grid((g.T + kRows - 1) / kRows, g.H, g.B);
   const size_t smem_q =
       (kTile * (g.Dqk + 1) + kTile * (g.Dv + 1) + kRows * g.Dqk + kRows * g.Dv) * sizeof(float);
