@@ -31,8 +31,9 @@ run() {
 
 cat "$ROOT/README.md" "$ROOT"/docs/*.md > corpus.txt
 "$TREX" tokenizer train --files corpus.txt --vocab-size 300 --out tok \
-  --special-tokens "<｜begin▁of▁sentence｜>" "<｜end▁of▁sentence｜>" --bos "<｜begin▁of▁sentence｜>" > /dev/null
-for i in 1 2 3 4 5 6; do
+  --special-tokens "<｜begin▁of▁sentence｜>" "<｜end▁of▁sentence｜>" "<｜User｜>" "<｜Assistant｜>" \
+  --bos "<｜begin▁of▁sentence｜>" > /dev/null
+for i in $(seq 1 40); do
   echo "{\"messages\": [{\"role\": \"user\", \"content\": \"What is $i + $i?\"}, {\"role\": \"assistant\", \"content\": \"$((i + i))\"}]}"
 done > chats.jsonl
 
@@ -137,7 +138,14 @@ run "$TREX" generate --model "$SK" --prompt "the model" --max-tokens 5 --output 
 grep -q '"output"' gen.jsonl || fail "generate wrote no result: $(cat gen.jsonl)"
 
 run "$TREX" plan --model "$SK/config.json" --cluster cpu-this --devices 1 --json
-grep -q '"deepseek_v2"\|deepseek_v3' out.txt || fail "plan output names no model family: $(head -c 300 out.txt)"
+python3 - "$SK" out.txt <<'PY' || fail "plan counts other parameters than the checkpoint holds"
+import json, math, struct, sys
+with open(sys.argv[1] + "/model.safetensors", "rb") as f:
+    hdr = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+n = sum(math.prod(v["shape"]) for k, v in hdr.items() if k != "__metadata__")
+plan = json.load(open(sys.argv[2]))
+assert plan["total_params"] == n, (plan["total_params"], n)
+PY
 
 # norm_topk_prob = true: transformers and DeepSeek's release code disagree; refused, field named.
 set +e
