@@ -151,7 +151,7 @@ def init_model(cfg, seed, router_gain=2.0):
                 p.normal_(generator=g).mul_(1.5 / math.sqrt(d) if cfg.tie_word_embeddings else 1.0)
             else:
                 gain = router_gain if name.endswith("mlp.gate.weight") else 1.0
-                p.normal_(generator=g).mul_(gain / math.sqrt(p.shape[-1]))
+                p.normal_(generator=g).mul_(gain / math.sqrt(max(p.shape[-1], 1)))  # [d, 0]: n_shared_experts 0
     return model
 
 
@@ -253,7 +253,8 @@ def forward_loss(model, batch, alpha):
 def grads_by_checkpoint_name(model):
     g = {n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
          for n, p in model.named_parameters()}
-    return v3.to_checkpoint_names(g, model.config)
+    g = v3.to_checkpoint_names(g, model.config)
+    return {k: v for k, v in g.items() if v.numel() > 0}   # n_shared_experts 0: trex has no such tensors
 
 
 def reference_grads(model, batch, alpha):
@@ -374,7 +375,7 @@ def random_spec(rng):
                  q_lora_rank=rc([None, ri(9, 33)]), kv_lora_rank=2 * ri(4, 14),
                  qk_nope_head_dim=2 * ri(1, 7), qk_rope_head_dim=2 * ri(1, 5), v_head_dim=ri(3, 15),
                  intermediate_size=ri(19, 61), moe_intermediate_size=ri(7, 23), n_routed_experts=E,
-                 n_shared_experts=ri(1, 3), num_experts_per_tok=K, topk_method=method,
+                 n_shared_experts=ri(0, 3), num_experts_per_tok=K, topk_method=method,
                  norm_topk_prob=False, routed_scaling_factor=rc([1.0, 1.7, 16.0]),
                  max_position_embeddings=int(16 * factor) if yarn else 64,
                  tie_word_embeddings=rc([True, False]),

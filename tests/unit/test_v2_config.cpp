@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/rng.h"
+#include "io/safetensors.h"
 #include "model/checkpoint.h"
 #include "model/model.h"
 #include "tests/tiny_configs.h"
@@ -169,6 +170,32 @@ TEST(V2Config, LayoutHasNoRouterBiasAndConfigRoundTrips) {
   const json lj = json::parse(model::config_to_json(lite));
   EXPECT_TRUE(lj["n_group"].is_null());
   EXPECT_EQ(model::config_to_json(model::parse_config(lj, "saved")), model::config_to_json(lite));
+}
+
+// n_shared_experts = 0: transformers still builds the shared-expert MLP (width 0) and
+// save_pretrained writes its empty tensors; they load as nothing. Other unknown tensors still fail.
+TEST(V2Config, EmptySharedExpertTensorsOfSavePretrainedLoad) {
+  json j = trex::testing::tiny_v2();
+  j["n_shared_experts"] = 0;
+  const model::ModelConfig c = model::parse_config(j, "tiny");
+  model::Model m(c, kern::Prec::F32, {});
+  m.init_random(4);
+  test::TmpDir d("trex_v2_noshared");
+  model::save_hf_checkpoint(m, d.str(), DType::F32);  // config.json
+  const std::vector<float> zeros(40, 0.f);
+  auto write = [&](const std::string& extra, const Shape& s) {
+    std::vector<io::TensorToWrite> ts;
+    for (const model::ParamEntry& e : m.layout.entries) ts.push_back({e.name, DType::F32, e.shape, m.P() + e.offset});
+    ts.push_back({extra, DType::F32, s, zeros.data()});
+    io::write_safetensors(d.file("model.safetensors"), ts);
+  };
+  const std::string sh = "model.layers.1.mlp.shared_experts.";
+  write(sh + "down_proj.weight", Shape{40, 0});
+  model::Model m2(c, kern::Prec::F32, {});
+  model::load_hf_weights(m2, d.str());
+  EXPECT_EQ(0, std::memcmp(m.P(), m2.P(), sizeof(float) * (size_t)m.layout.total));
+  write(sh + "up_proj.weight", Shape{1, 40});  // not empty: not this model's
+  EXPECT_THROW(model::load_hf_weights(m2, d.str()), UserError);
 }
 
 // The gradient along a random direction of each tensor against a central finite difference.
