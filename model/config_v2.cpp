@@ -5,8 +5,8 @@
 // - router: scores = softmax(logits) always; greedy = top-k of the scores; group_limited_greedy =
 //   the topk_group groups with the largest single score, then top-k inside them; combine weights
 //   = the selected scores x routed_scaling_factor, never normalized (transformers ignores
-//   norm_topk_prob; DeepSeek's release code normalizes instead of scaling when it is true, so a
-//   true value is refused rather than guessed at);
+//   norm_topk_prob; DeepSeek's release code normalizes instead of scaling when it is true and
+//   top_k > 1, so that is refused rather than guessed at);
 // - RoPE: complex pairs (2i, 2i+1) of q_pe / k_pe rotated in place. V3's interleaved layout
 //   rotates the same pairs and writes them de-interleaved, for q and k alike; q.k is the same, so
 //   V2 runs trex's rope_interleave = true path;
@@ -59,18 +59,22 @@ const json& v2_defaults() {
 
 ModelConfig parse_config_v2(const json& j, const std::string& where, std::set<std::string>* used) {
   Reader r{j, where, used};
-  const char* v2 = "; transformers' DeepseekV2 computes it this way for every V2 release";
   // What V2 cannot express, or where transformers and DeepSeek's release code disagree.
   const std::string sf = r.str("scoring_func", "softmax");
   TREX_USER_CHECK(sf == "softmax", "set scoring_func = \"softmax\" (or remove it)", where, ": scoring_func '", sf,
-                  "' is not supported for model_type deepseek_v2 (its router is always softmax", v2, ")");
+                  "' is not supported for model_type deepseek_v2 (its router is softmax, in transformers and in "
+                  "DeepSeek's release code)");
   const std::string tm = r.str("topk_method", "greedy");
   TREX_USER_CHECK(tm == "greedy" || tm == "group_limited_greedy",
-                  "allowed for deepseek_v2: greedy, group_limited_greedy", where, ": topk_method '", tm, "' is not supported for model_type deepseek_v2");
-  TREX_USER_CHECK(!r.boolean("norm_topk_prob", false), "set norm_topk_prob = false (every V2 release does)", where,
-                  ": norm_topk_prob = true is not supported for model_type deepseek_v2: transformers ignores it "
-                  "(weights = scores x routed_scaling_factor) while DeepSeek's release code normalizes the weights "
-                  "and does not scale them; the two disagree");
+                  "allowed for deepseek_v2: greedy, group_limited_greedy", where, ": topk_method '", tm,
+                  "' is not supported for model_type deepseek_v2");
+  // With one expert per token both scale (the release normalizes only when top_k > 1).
+  const bool norm = r.boolean("norm_topk_prob", false);
+  TREX_USER_CHECK(!norm || (r.has("num_experts_per_tok") && r.i64("num_experts_per_tok", 0) == 1),
+                  "set norm_topk_prob = false (every V2 release does)", where,
+                  ": norm_topk_prob = true is not supported for model_type deepseek_v2 with more than one expert per "
+                  "token: transformers ignores it (weights = scores x routed_scaling_factor) while DeepSeek's release "
+                  "code normalizes the weights and does not scale them; the two disagree");
   TREX_USER_CHECK(!r.boolean("mlp_bias", false), "set mlp_bias = false", where,
                   ": mlp_bias = true is not supported (DeepSeek-V2 releases have no MLP biases)");
   TREX_USER_CHECK(!r.boolean("attention_bias", false), "set attention_bias = false", where,

@@ -142,6 +142,12 @@ TEST(V2Config, WhatTrexCannotComputeIdenticallyIsRefused) {
     EXPECT_TRUE(has(e, b.says)) << b.key << ": " << e;
     EXPECT_TRUE(has(e, "config.json")) << e;
   }
+  // With one expert per token transformers and the release code both scale: accepted.
+  json one = lite_release();
+  one["norm_topk_prob"] = true;
+  one["num_experts_per_tok"] = 1;
+  EXPECT_EQ(parse_error(one), "");
+  EXPECT_FALSE(model::parse_config(one, "config.json").norm_topk_prob);
 }
 
 TEST(V2Config, LayoutHasNoRouterBiasAndConfigRoundTrips) {
