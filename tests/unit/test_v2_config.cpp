@@ -2,10 +2,12 @@
 // transformers' save_pretrained and DeepSeek's releases write reads into the V3 fields with V2's
 // router (softmax, greedy / group_limited_greedy, scaled and never normalized weights); keys left
 // out take DeepseekV2Config's defaults; what trex cannot compute as transformers does is refused
-// naming the field; the layout has no router bias; config.json round-trips; and the model's
-// gradient agrees with finite differences on configs the PyTorch dumps do not cover.
+// naming the field; the layout has no router bias; config.json round-trips (save_pretrained's empty
+// shared-expert tensors too); the KV-cache decoder scores as the training forward; and the
+// model's gradient agrees with finite differences on configs the PyTorch dumps do not cover.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -15,6 +17,7 @@
 #include "core/rng.h"
 #include "io/safetensors.h"
 #include "model/checkpoint.h"
+#include "model/generate.h"
 #include "model/model.h"
 #include "tests/tiny_configs.h"
 #include "tests/unit/test_util.h"
@@ -202,6 +205,32 @@ TEST(V2Config, EmptySharedExpertTensorsOfSavePretrainedLoad) {
   EXPECT_EQ(0, std::memcmp(m.P(), m2.P(), sizeof(float) * (size_t)m.layout.total));
   write(sh + "up_proj.weight", Shape{1, 40});  // not empty: not this model's
   EXPECT_THROW(model::load_hf_weights(m2, d.str()), UserError);
+}
+
+// Generation's KV-cache decoder (no router bias to read) scores a sequence as the training forward
+// does, with YaRN.
+TEST(V2Config, CachedDecodingMatchesTheTrainingForward) {
+  init_threads();
+  json j = trex::testing::tiny_v2();
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 2.0},
+                          {"original_max_position_embeddings", 8}, {"mscale", 0.707}, {"mscale_all_dim", 0.707}};
+  model::Model m(model::parse_config(j, "tiny"), kern::Prec::F32);
+  m.init_random(21);
+  Rng r(4);
+  const int64_t T = 13, V = m.cfg.vocab_size;
+  std::vector<int32_t> ids(T), tg(T, -100);
+  for (auto& v : ids) v = (int32_t)(r.next_u64() % V);
+  for (int64_t i = 0; i + 1 < T; ++i) tg[i] = ids[i + 1];
+  const double ref = m.forward({1, T, ids.data(), tg.data(), nullptr, nullptr}).ce * (T - 1);
+  auto log_softmax_at = [](const std::vector<float>& lg, int32_t t) {
+    double mx = *std::max_element(lg.begin(), lg.end()), s = 0;
+    for (float v : lg) s += std::exp(v - mx);
+    return lg[t] - mx - std::log(s);
+  };
+  model::Decoder dec(m, T);
+  double nll = 0;
+  for (int64_t i = 0; i + 1 < T; ++i) nll -= log_softmax_at(dec.feed(&ids[i], 1), ids[i + 1]);
+  EXPECT_NEAR(nll, ref, 1e-4 * ref);
 }
 
 // The gradient along a random direction of each tensor against a central finite difference.
