@@ -179,6 +179,11 @@ void load_hf_weights(Model& m, const std::string& dir, bool verify) {
       continue;
     }
     if (n.find("rotary_emb.inv_freq") != std::string::npos) continue;
+    // transformers builds DeepSeek-V2's shared-expert MLP even for n_shared_experts = 0 and saves
+    // its empty tensors ([0, d], [d, 0]); they hold nothing.
+    if (m.cfg.n_shared_experts == 0 && n.find(".mlp.shared_experts.") != std::string::npos &&
+        ck.find(n)->shape.numel() == 0)
+      continue;
     if (++unknown <= 5) TREX_LOG_WARN(dir, ": unexpected tensor '", n, "' ignored");
   }
   if (skipped_mtp) TREX_LOG_INFO(dir, ": skipped ", skipped_mtp, " tensors of layers >= num_hidden_layers (MTP)");
@@ -190,6 +195,7 @@ void load_hf_weights(Model& m, const std::string& dir, bool verify) {
 
 std::string config_to_json(const ModelConfig& c) {
   if (c.is_v4()) return config_to_json_v4(c);
+  if (c.is_v2()) return config_to_json_v2(c);
   nlohmann::ordered_json j;
   j["architectures"] = {"DeepseekV3ForCausalLM"};
   j["model_type"] = "deepseek_v3";

@@ -66,8 +66,10 @@ ModelConfig parse_config(const json& j, const std::string& where, std::set<std::
   ModelConfig c;
   c.model_type = r.str("model_type", "deepseek_v3");
   if (c.model_type == "deepseek_v4") return parse_config_v4(j, where, used);
+  if (c.model_type == "deepseek_v2") return parse_config_v2(j, where, used);
   TREX_USER_CHECK(c.model_type == "deepseek_v3" || c.model_type == "kimi_k2",
-                  "this build trains model_type deepseek_v3 (also R1, V3.1, Kimi-K2, Moonlight) and deepseek_v4", where,
+                  "this build trains model_type deepseek_v3 (also R1, V3.1, Kimi-K2, Moonlight), deepseek_v2 (also "
+                  "V2-Lite, V2.5) and deepseek_v4", where,
                   ": model_type '", c.model_type, "' is not supported");
   c.vocab_size = r.i64("vocab_size", 0, true, 1);
   c.hidden_size = r.i64("hidden_size", 0, true, 1);
@@ -170,7 +172,7 @@ const std::vector<std::string>& read_config_keys() {
       "model_type", "moe_intermediate_size", "moe_layer_freq", "n_group", "n_routed_experts", "n_shared_experts",
       "norm_topk_prob", "num_attention_heads", "num_experts_per_tok", "num_hash_layers", "num_hidden_layers",
       "num_key_value_heads", "num_nextn_predict_layers", "o_groups", "o_lora_rank", "output_router_logits",
-      "partial_rotary_factor", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "rms_norm_eps",
+      "partial_rotary_factor", "q_lora_rank", "qk_head_dim", "qk_nope_head_dim", "qk_rope_head_dim", "rms_norm_eps",
       "rope_interleave", "rope_parameters", "rope_scaling", "rope_theta", "routed_scaling_factor", "scoring_func",
       "sliding_window", "swiglu_limit", "tie_word_embeddings", "topk_group", "topk_method", "v_head_dim",
       "vocab_size"};

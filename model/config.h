@@ -77,6 +77,7 @@ struct ModelConfig {
   // Derived.
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   bool is_v4() const { return model_type == "deepseek_v4"; }
+  bool is_v2() const { return model_type == "deepseek_v2"; }  // no e_score_correction_bias
   bool is_moe_layer(int64_t l) const { return n_routed_experts > 0 && l >= first_k_dense_replace; }
   // Some layer has a dense SwiGLU MLP (V3 first_k_dense_replace layers; V4 has none).
   bool has_dense_mlp() const { return !is_v4() && (n_routed_experts == 0 || first_k_dense_replace > 0); }
@@ -100,6 +101,12 @@ ModelConfig with_mtp(const ModelConfig& c, int64_t n);
 ModelConfig parse_config(const nlohmann::json& j, const std::string& where, std::set<std::string>* used = nullptr);
 ModelConfig parse_config_v4(const nlohmann::json& j, const std::string& where,  // model/config_v4.cpp
                             std::set<std::string>* used = nullptr);
+// DeepSeek-V2 / V2-Lite / V2.5 (model/config_v2.cpp): transformers' DeepseekV2Config keys and
+// defaults, read into the V3 fields (softmax router, no router bias); what V2 computes
+// differently is refused there naming the field.
+ModelConfig parse_config_v2(const nlohmann::json& j, const std::string& where, std::set<std::string>* used = nullptr);
+// Its config.json as transformers' save_pretrained writes it (DeepseekV2ForCausalLM).
+std::string config_to_json_v2(const ModelConfig& c);
 // Top-level config.json keys: those the DeepSeek-V3 / Kimi-K2 / DeepSeek-V4 parsers look at, those
 // the Hugging Face classes know and trex does not use (bos_token_id, use_cache, architectures,
 // quantization_config: read by the weight loader), and both. A [model] key of a run config

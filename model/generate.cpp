@@ -96,7 +96,7 @@ const std::vector<float>& Decoder::feed(const int32_t* ids, int64_t n) {
     for (int64_t i = 0; i < n * d; ++i) x[i] += t[i];
     ctx.k().rmsnorm_fwd(x, n, d, P + lp.post_norm, eps, h, nullptr);
     if (c.is_moe_layer(l)) {
-      MoeIn mi{&c, &lp, P, Pb, nullptr, m_.buffers.data() + lp.bias, 1, n, 0.0, 1.f};
+      MoeIn mi{&c, &lp, P, Pb, nullptr, lp.bias >= 0 ? m_.buffers.data() + lp.bias : nullptr, 1, n, 0.0, 1.f};
       mi.dispatcher = &m_.moe_dispatcher();
       MoeSaved ms;
       moe_forward(ctx, mi, h, t, ms, nullptr);

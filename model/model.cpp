@@ -444,7 +444,8 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
   for (int64_t i = 0; i < N; ++i) n_valid += b.targets[i] != -100;
   out.n_valid = st.last ? n_valid : 0;
   auto moe_in = [&](const LayerParams& lp) {
-    MoeIn mi{&cfg, &lp, P, Pb, G, buffers.data() + lp.bias, B, T, opt.aux_loss_alpha, grad_scale};
+    const float* bias = lp.bias >= 0 ? buffers.data() + lp.bias : nullptr;  // DeepSeek-V2: none
+    MoeIn mi{&cfg, &lp, P, Pb, G, bias, B, T, opt.aux_loss_alpha, grad_scale};
     mi.dispatcher = &moe_dispatcher();
     mi.slab_first = ep_.slab_first;
     if (sh.on()) {

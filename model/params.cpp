@@ -100,7 +100,8 @@ ParamLayout build_layout(const ModelConfig& c, ExpertShard shard, StageShard sta
     LayerParams& p = L.layers[l];
     const std::string pre = "model.layers." + std::to_string(l) + ".";
     if (!L.holds_layer(l)) {  // another stage's layer: its buffers only (every rank keeps them all)
-      if (c.is_moe_layer(l)) p.bias = b.buffer(pre + "mlp.gate.e_score_correction_bias", c.n_routed_experts);
+      if (c.is_moe_layer(l) && !c.is_v2())
+        p.bias = b.buffer(pre + "mlp.gate.e_score_correction_bias", c.n_routed_experts);
       continue;
     }
     const std::string at = pre + "self_attn.";
@@ -145,7 +146,7 @@ ParamLayout build_layout(const ModelConfig& c, ExpertShard shard, StageShard sta
     if (sharded) moe_layers.push_back(l);
     else add_experts(l);
     if (c.n_shared_experts > 0) swiglu_pair(mlp + "shared_experts.", c.shared_intermediate(), p.sh_gu, p.sh_down);
-    p.bias = b.buffer(mlp + "gate.e_score_correction_bias", E);
+    if (!c.is_v2()) p.bias = b.buffer(mlp + "gate.e_score_correction_bias", E);  // V2 routers have none
   }
   if (!L.stage_sharded() || L.stage.last) {
     L.final_norm = b.add("model.norm.weight", {d}, false);

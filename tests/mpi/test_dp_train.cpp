@@ -50,6 +50,12 @@ TEST(DpTrain, V3MatchesSingleRankOneBucketNoOverlap) {
   parity(su, DpOptions{0, false}, 3, 1, 3, 9);
 }
 
+// DeepSeek-V2: plain q_proj, group-limited softmax router without a bias, two shared experts.
+TEST(DpTrain, V2MatchesSingleRank) {
+  Case su{tiny_v2(), 0.01, 0};
+  parity(su, DpOptions{997, true}, 4, 2, 2, 11);
+}
+
 TEST(DpTrain, V4MatchesSingleRankWithMtp) {
   Case su{tiny_v4(), 0.0, 0.3};
   parity(su, DpOptions{1500, true}, 3, 2, 1, 13);

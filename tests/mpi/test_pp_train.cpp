@@ -40,6 +40,13 @@ TEST(PpTrain, V3TenStepsNoOverlap) {
   parity(su, DpOptions{0, false}, 10, 2, 2, 9, 1, 1, pp_for(n));
 }
 
+// DeepSeek-V2 (no router biases: a stage holds none of other stages' layers either).
+TEST(PpTrain, V2MatchesSingleRank) {
+  const int n = parallel::test_world().size();
+  Case su{tiny_v2(), 0.01, 0};
+  parity(su, DpOptions{997, true}, 4, 5, 2, 11, 1, 1, pp_for(n));
+}
+
 // The MTP block, the hc_head and the embedding it reads live on the last stage; with full
 // activation recompute inside the stages' replayed forwards.
 TEST(PpTrain, V4MatchesSingleRankWithMtp) {

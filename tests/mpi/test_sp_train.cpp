@@ -169,6 +169,16 @@ TEST(SpTrain, V3TenStepsNoOverlap) {
   parity(tp_case(tp_v3(), 0.01, 0), sp_options(0, false), 10, 1, 2, 13, 1, tp_for(n));
 }
 
+// DeepSeek-V2 (plain q_proj, group-limited softmax router without a bias): the aux loss's expert
+// counts are summed over the shards of a sequence.
+TEST(SpTrain, V2MatchesSingleRank) {
+  const int n = parallel::test_world().size();
+  json m = tiny_v2();
+  m["num_attention_heads"] = 6;
+  m["intermediate_size"] = 54;
+  parity(tp_case(m, 0.01, 0), sp_options(997, true), 4, 2, 3, 7, 1, tp_for(n));
+}
+
 // Full recompute: the replayed forwards repeat the gathers and reduce-scatters. lr 1e-3: at
 // 3e-3 this tiny V4's loss rises and any change of summation order grows ~10x a step (the grad
 // norm of plain tp differs by 2e-8, 6e-7, 9e-6 in steps 1-3; sequence parallel's by 5e-7, 1e-6,

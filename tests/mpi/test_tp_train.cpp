@@ -30,6 +30,16 @@ TEST(TpTrain, V3TenStepsNoOverlap) {
   parity(su, DpOptions{0, false}, 10, 1, 2, 9, 1, tp_for(n));
 }
 
+// DeepSeek-V2: q_proj (no q_lora) split by heads, 6 heads, dense width 54.
+TEST(TpTrain, V2MatchesSingleRank) {
+  const int n = parallel::test_world().size();
+  json m = tiny_v2();
+  m["num_attention_heads"] = 6;
+  m["intermediate_size"] = 54;
+  Case su = tp_case(m, 0.01, 0);
+  parity(su, DpOptions{997, true}, 4, 2, 2, 11, 1, tp_for(n));
+}
+
 // With full activation recompute: the replayed forwards repeat the tp all-reduces.
 TEST(TpTrain, V4MatchesSingleRankWithMtp) {
   const int n = parallel::test_world().size();

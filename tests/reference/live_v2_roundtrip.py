@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Live round trip of DeepSeek-V2 checkpoints through the installed transformers:
+
+  DeepseekV2ForCausalLM.save_pretrained -> trex grad (loss) -> trex convert (f32 and bf16) ->
+  DeepseekV2ForCausalLM.from_pretrained -> the same logits; the converted checkpoint holds exactly
+  the names save_pretrained wrote (per-expert experts.E.gate_proj / up_proj / down_proj, no router
+  bias) and its config.json loads as a DeepseekV2Config with the same routing fields.
+
+Three configs with odd sizes: V2-Lite-like (q_lora_rank null, greedy, 3 shared experts, tied
+embeddings), V2 / V2.5-like (q_lora, group_limited_greedy, routed_scaling_factor 16, YaRN), and no
+shared experts (transformers saves an empty shared-expert MLP; trex loads it as nothing and does
+not write it).
+Passes when trex's loss equals transformers' to 1e-5 relative and the f32 round trip's logits equal
+the saved model's to 1e-5 relative (bf16: 2e-2). Needs the reference environment (make pyref) and
+a built trex.
+
+  .venv/bin/python tests/reference/live_v2_roundtrip.py --trex build/trex [--out out/v2_roundtrip]
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import warnings
+
+import torch
+from safetensors import safe_open
+from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
+from transformers import logging as hf_logging
+
+hf_logging.set_verbosity_error()
+warnings.filterwarnings("ignore", message="Initializing zero-element tensors is a no-op")
+hf_logging.disable_progress_bar()
+
+# kv_lora_rank and qk_nope_head_dim even: transformers' fp32 V2 RoPE views them as complex pairs
+# (tests/reference/make_dumps_v2.py).
+CONFIGS = {
+    "v2_lite": dict(vocab_size=71, hidden_size=35, num_hidden_layers=3, num_attention_heads=5, q_lora_rank=None,
+                    kv_lora_rank=12, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=7, intermediate_size=41,
+                    moe_intermediate_size=9, n_routed_experts=7, n_shared_experts=3, num_experts_per_tok=2,
+                    first_k_dense_replace=1, topk_method="greedy", routed_scaling_factor=1.0,
+                    tie_word_embeddings=True, max_position_embeddings=64),
+    "v2_5": dict(vocab_size=83, hidden_size=39, num_hidden_layers=3, num_attention_heads=3, q_lora_rank=17,
+                 kv_lora_rank=10, qk_nope_head_dim=8, qk_rope_head_dim=6, v_head_dim=5, intermediate_size=43,
+                 moe_intermediate_size=11, n_routed_experts=10, n_shared_experts=2, num_experts_per_tok=3,
+                 n_group=5, topk_group=2, first_k_dense_replace=1, topk_method="group_limited_greedy",
+                 routed_scaling_factor=16.0, max_position_embeddings=64,
+                 rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                      original_max_position_embeddings=16, beta_fast=32, beta_slow=1,
+                                      mscale=0.707, mscale_all_dim=0.707)),
+    # n_shared_experts 0: transformers still builds (and saves) an empty shared-expert MLP.
+    "v2_noshared": dict(vocab_size=67, hidden_size=27, num_hidden_layers=2, num_attention_heads=3, q_lora_rank=None,
+                        kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=5, intermediate_size=31,
+                        moe_intermediate_size=7, n_routed_experts=5, n_shared_experts=0, num_experts_per_tok=2,
+                        first_k_dense_replace=1, routed_scaling_factor=1.0, max_position_embeddings=64),
+}
+IDS = [[1, 5, 9, 13, 2, 40, 33, 7, 8, 21, 3, 17, 60, 0, 44], [4, 4, 19, 23, 1, 0, 66, 12, 30, 2, 9, 9, 50, 6, 11]]
+ROUTING = ("topk_method", "n_group", "topk_group", "routed_scaling_factor", "norm_topk_prob", "q_lora_rank",
+           "n_shared_experts", "first_k_dense_replace", "tie_word_embeddings", "rope_parameters")
+
+
+def rel(a, b):
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def names(d):  # leaving out empty tensors (n_shared_experts 0), which trex does not write
+    out = []
+    for f in os.listdir(d):
+        if f.endswith(".safetensors"):
+            with safe_open(os.path.join(d, f), "pt") as st:
+                out += [k for k in st.keys() if st.get_slice(k).get_shape().count(0) == 0]
+    return sorted(out)
+
+
+def one(name, kw, trex, out, seed):
+    ok = True
+    torch.manual_seed(seed)
+    cfg = DeepseekV2Config(**kw)
+    cfg._attn_implementation = "eager"
+    cfg._experts_implementation = "eager"
+    m = DeepseekV2ForCausalLM(cfg).float().eval()
+    with torch.no_grad():  # off the constant initial values (norms 1), routers spread out
+        for p in m.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    saved = os.path.join(out, name, "saved")
+    m.save_pretrained(saved)
+    ids = torch.tensor(IDS)
+    with torch.no_grad():
+        o = m(ids, labels=ids)
+    ref_logits, ref_loss = o.logits, float(o.loss)
+    batch = os.path.join(out, name, "batch.json")
+    with open(batch, "w") as f:
+        json.dump({"input_ids": IDS, "labels": IDS}, f)
+    r = subprocess.run([trex, "grad", "--model", saved, "--batch", batch, "--out", os.path.join(out, name, "g.safetensors")],
+                       capture_output=True, text=True)
+    if r.returncode:
+        print(f"FAIL {name}: trex grad on the save_pretrained checkpoint: {r.stderr.strip()}")
+        return False
+    loss = json.loads(r.stdout.strip().splitlines()[-1])["loss"]
+    e = abs(loss - ref_loss) / abs(ref_loss)
+    ok &= e <= 1e-5
+    print(f"{'ok  ' if e <= 1e-5 else 'FAIL'} {name}: trex loss on the save_pretrained checkpoint {loss:.7f} vs "
+          f"transformers {ref_loss:.7f} (rel {e:.1e})")
+    for dtype, tol in (("f32", 1e-5), ("bf16", 2e-2)):
+        dst = os.path.join(out, name, dtype)
+        r = subprocess.run([trex, "convert", "--model", saved, "--out", dst, "--dtype", dtype], capture_output=True,
+                           text=True)
+        if r.returncode:
+            print(f"FAIL {name}: trex convert --dtype {dtype}: {r.stderr.strip()}")
+            ok = False
+            continue
+        same = names(dst) == names(saved)
+        ok &= same
+        print(f"{'ok  ' if same else 'FAIL'} {name}: trex convert --dtype {dtype} writes save_pretrained's names")
+        back = DeepseekV2ForCausalLM.from_pretrained(dst, attn_implementation="eager", experts_implementation="eager",
+                                                     dtype=torch.float32).eval()
+        diff = [k for k in ROUTING if getattr(back.config, k) != getattr(m.config, k)
+                and not (k in ("n_group", "topk_group") and cfg.topk_method == "greedy")]
+        ok &= not diff
+        print(f"{'ok  ' if not diff else 'FAIL'} {name}: the converted config.json reads back the same "
+              f"{', '.join(ROUTING)}" + (f" (differs: {diff})" if diff else ""))
+        with torch.no_grad():
+            e = rel(back(ids).logits, ref_logits)
+        ok &= e <= tol
+        print(f"{'ok  ' if e <= tol else 'FAIL'} {name}: save_pretrained -> trex convert --dtype {dtype} -> "
+              f"from_pretrained: logits rel {e:.1e}")
+    return ok
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trex", default="build/trex")
+    ap.add_argument("--out", default="out/v2_roundtrip")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    shutil.rmtree(a.out, ignore_errors=True)
+    ok = True
+    for name, kw in CONFIGS.items():
+        ok &= one(name, kw, a.trex, a.out, a.seed)
+    print("transformers", __import__("transformers").__version__, "torch", torch.__version__)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
