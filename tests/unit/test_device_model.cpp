@@ -9,12 +9,14 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <vector>
 #include "core/error.h"
 #include "kernels/backend.h"
 #include "model/model.h"
 #include "tests/tiny_configs.h"
+#include "train/checkpoint.h"
 #include "train/optimizer.h"
 
 namespace {
@@ -189,8 +191,9 @@ TEST_P(DeviceModel, StepsEqualTheCpuBitForBit) {
   }
   m.params_to_host();
   EXPECT_EQ(0, std::memcmp(a.P(), m.P(), a.layout.total * sizeof(float)));
-  if (k.prec == kern::Prec::BF16)
+  if (k.prec == kern::Prec::BF16) {
     EXPECT_EQ(0, std::memcmp(a.params_bf16.data(), m.params_bf16.data(), a.params_bf16.size() * sizeof(bf16)));
+  }
   om.state_to_host();
   EXPECT_EQ(0, std::memcmp(oa.M1(), om.M1(), oa.state_elems() * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(oa.M2(), om.M2(), oa.state_elems() * sizeof(float)));
@@ -204,6 +207,41 @@ INSTANTIATE_TEST_SUITE_P(Cases, DeviceModel,
                          ::testing::Values(Case{kern::Prec::F32, model::Recompute::None, 0.0, false},
                                            Case{kern::Prec::BF16, model::Recompute::None, 0.01, true},
                                            Case{kern::Prec::F32, model::Recompute::Full, 0.01, true}));
+
+// A checkpoint written from the device (its copies brought back first, as the trainer does) and
+// resumed onto the device continues exactly as the CPU run that never stopped.
+TEST(DeviceModelResume, CheckpointAndResumeContinueTheCpuRun) {
+  Fenced dev;
+  const model::ModelConfig cfg = model::parse_config(trex::testing::tiny_v3(), "tiny_v3");
+  model::Model a(cfg, kern::Prec::BF16), m(cfg, kern::Prec::BF16), r(cfg, kern::Prec::BF16);
+  m.use_backend(dev);
+  r.use_backend(dev);
+  for (model::Model* x : {&a, &m}) x->init_random(21);
+  const train::AdamWConfig oc{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
+  train::AdamW oa(a, oc), om(m, oc), orr(r, oc);
+  const int64_t B = 2, T = 9, N = B * T;
+  std::vector<int32_t> ids(N), tg(N);
+  auto step = [&](model::Model& x, train::AdamW& o, int s) {
+    for (int64_t i = 0; i < N; ++i)
+      ids[i] = (int32_t)((i * 3 + s * 7) % cfg.vocab_size), tg[i] = (int32_t)((i * 11 + s) % cfg.vocab_size);
+    x.zero_grads();
+    const double loss = x.forward_backward({B, T, ids.data(), tg.data(), nullptr, nullptr}).loss;
+    o.step(x, 1e-2f);
+    return loss;
+  };
+  for (int s = 0; s < 2; ++s) ASSERT_EQ(step(a, oa, s), step(m, om, s));
+  m.params_to_host(), om.state_to_host();
+  const std::string run_dir = ::testing::TempDir() + "trex_device_resume";
+  std::filesystem::remove_all(run_dir);
+  train::TrainState st;
+  st.step = 2;
+  const std::string ck = train::save_checkpoint(run_dir, m, om, st, 2);
+  train::load_checkpoint(ck, r, orr);
+  for (int s = 2; s < 4; ++s) ASSERT_EQ(step(a, oa, s), step(r, orr, s)) << "step " << s;
+  r.params_to_host();
+  EXPECT_EQ(0, std::memcmp(a.P(), r.P(), a.layout.total * sizeof(float)));
+  std::filesystem::remove_all(run_dir);
+}
 
 // The fence is real: a host read of the backend's memory between calls faults.
 TEST(DeviceModelLimits, HostReadOfFencedMemoryFaults) {
