@@ -141,7 +141,13 @@ void Model::zero_grads() {
   else grads.zero();
 }
 
+void Model::refuse_on_device(const char* what) const {
+  TREX_USER_CHECK(!on_device(), "run this layout on device \"cpu\", or one process without ep, tp or pp",
+                  what, " does not run on the ", be_->name(), " backend yet");
+}
+
 void Model::set_expert_parallel(parallel::Communicator* ep_comm) {
+  if (ep_comm && ep_comm->size() > 1) refuse_on_device("expert parallelism");
   ep_ = {};
   a2a_dispatcher_.reset();
   if (!ep_comm || ep_comm->size() == 1) {
@@ -177,6 +183,7 @@ bool tp_partial_grad(const std::string& name) {
 }
 
 void Model::set_tensor_parallel(parallel::Communicator* tp_comm, bool sequence_parallel) {
+  if (tp_comm && tp_comm->size() > 1) refuse_on_device("tensor parallelism");
   tp_ = {};
   if (!tp_comm || tp_comm->size() == 1) {
     TREX_CHECK(!layout.tp_sharded(), "set_tensor_parallel: this model holds tensor-parallel slice ", layout.tp.rank,
@@ -294,6 +301,7 @@ LossParts Model::forward(const Batch& b) {
 }
 
 void Model::set_pipeline_stage(PipelineStage s) {
+  if (!(s.first && s.last)) refuse_on_device("pipeline parallelism");
   const int64_t L = cfg.num_hidden_layers;
   if (s.l1 < 0) s.l1 = L;
   TREX_CHECK(0 <= s.l0 && s.l0 <= s.l1 && s.l1 <= L, "set_pipeline_stage: layers [", s.l0, ", ", s.l1,

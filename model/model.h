@@ -275,6 +275,7 @@ class Model {
   RopeTable rope_dev_;  // rope_ with cos / sin in drope_ (cos null: not on a device)
   StackArena host_acts_{size_t(8) << 20};
   void upload_rope();
+  void refuse_on_device(const char* what) const;  // a UserError on a device backend
 };
 
 }  // namespace trex::model

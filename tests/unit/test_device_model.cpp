@@ -261,6 +261,9 @@ TEST(DeviceModelLimits, RefusesWhatItCannotRun) {
   const model::ModelConfig c3 = model::parse_config(trex::testing::tiny_v3(), "tiny_v3");
   model::Model sharded(c3, kern::Prec::F32, {}, model::ExpertShard{1, 1});
   EXPECT_THROW(sharded.use_backend(dev), UserError);
+  model::Model whole(c3, kern::Prec::F32);
+  whole.use_backend(dev);
+  EXPECT_THROW(whole.set_pipeline_stage({0, 1, true, false}), UserError);
 }
 
 }  // namespace
