@@ -54,6 +54,7 @@ struct WeightsView {
   const ParamLayout& layout;  // not expert-sharded
   const float* P;             // [layout.total]
   const float* buffers;       // [layout.buffers_total]
+  const std::vector<KeptTensor>* kept = nullptr;  // written as they are (Model::kept)
 };
 // Writes config.json and model.safetensors (sharded above max_shard_bytes) into dir.
 // dtype F32 or BF16 for the weights; router biases are always F32 as in DeepSeek's releases.

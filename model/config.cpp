@@ -91,7 +91,9 @@ ModelConfig parse_config(const json& j, const std::string& where, std::set<std::
   int64_t freq = r.i64("moe_layer_freq", 1, false, 1);
   TREX_USER_CHECK(freq == 1, "set moe_layer_freq = 1", where, ": moe_layer_freq ", freq,
                   " is not supported (DeepSeek-V3 uses 1)");
-  if (c.n_routed_experts > 0 && c.first_k_dense_replace < c.num_hidden_layers) {
+  // MoE fields: some layer has routed experts (MTP layers num_hidden_layers + k included).
+  const int64_t nextn = r.i64("num_nextn_predict_layers", 0, false, 0);
+  if (c.n_routed_experts > 0 && c.first_k_dense_replace < c.num_hidden_layers + nextn) {
     c.moe_intermediate_size = r.i64("moe_intermediate_size", 0, true, 1);
     c.n_shared_experts = r.i64("n_shared_experts", 0, false, 0);
     c.num_experts_per_tok = r.i64("num_experts_per_tok", 0, true, 1);
@@ -138,7 +140,7 @@ ModelConfig parse_config(const json& j, const std::string& where, std::set<std::
                   ": attention dropout is not supported");
   if (c.num_nextn_predict_layers > 0)
     TREX_LOG_INFO(where, ": num_nextn_predict_layers = ", c.num_nextn_predict_layers,
-                  "; V3 MTP layers are not trained by this build and are skipped on load");
+                  "; the MTP layers are trained with [train] mtp_loss_weight > 0, else kept unchanged (saved back)");
   return c;
 }
 

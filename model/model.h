@@ -36,7 +36,7 @@ struct LossParts {
   double loss = 0;  // ce + aux + mtp_loss_weight * mtp
   double ce = 0;    // mean over valid targets
   double aux = 0;   // sequence-wise balance loss (0 when off)
-  double mtp = 0;   // DeepSeek-V4 MTP: mean over depths of each depth's mean CE (0 when off)
+  double mtp = 0;   // MTP (V3, V4): mean over depths of each depth's mean CE (0 when off)
   int64_t n_valid = 0;
 };
 
@@ -100,8 +100,16 @@ struct ExpertLoad {
 
 struct TrainOptions {
   double aux_loss_alpha = 0;   // sequence-wise aux loss coefficient
-  double mtp_loss_weight = 0;  // > 0: train the config's MTP blocks (V4), loss += weight * mtp
+  double mtp_loss_weight = 0;  // > 0: train the config's MTP blocks / layers (V3, V4), loss += weight * mtp
   Recompute recompute = Recompute::None;
+};
+
+// A checkpoint tensor the model does not compute with but writes back when saved (f32): the
+// DeepSeek-V3 MTP layers of a run that does not train them (model/checkpoint.cpp).
+struct KeptTensor {
+  std::string name;
+  Shape shape;
+  std::vector<float> v;
 };
 
 class Model {
@@ -143,6 +151,7 @@ class Model {
   Arena params, grads;          // f32 [layout.total]
   std::vector<bf16> params_bf16;  // [layout.total] in bf16 mode, empty otherwise
   std::vector<float> buffers;     // [layout.buffers_total] router biases
+  std::vector<KeptTensor> kept;   // tensors loaded and saved unchanged (V3 MTP layers not trained)
   StackArena acts;                // activations and scratch, reset every step
   Profiler* prof = nullptr;       // optional: timing of named regions (owned by the caller)
   // Optional hook for data parallelism (train/dist.cpp starts the gradient reduction early; the

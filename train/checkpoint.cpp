@@ -92,7 +92,7 @@ std::string save_checkpoint(const std::string& run_dir, const model::Model& m, c
                             int64_t optimizer_step, const TrainState& st, int keep) {
   TREX_CHECK(!m.layout.sharded(), "save_checkpoint: the model holds an expert shard or a pipeline stage only ",
              "(train/dist.h save_checkpoint gathers the shards)");
-  return save_checkpoint(run_dir, model::WeightsView{m.cfg, m.layout, m.P(), m.buffers.data()}, M1, M2,
+  return save_checkpoint(run_dir, model::WeightsView{m.cfg, m.layout, m.P(), m.buffers.data(), &m.kept}, M1, M2,
                          optimizer_step, st, keep);
 }
 
@@ -174,7 +174,7 @@ TrainState load_checkpoint(const std::string& dir, model::Model& m, AdamW& opt, 
   if (verify) verify_checkpoint(dir);
   // With the MTP blocks the run trains (config.json lists them in num_nextn_predict_layers).
   const model::ModelConfig c =
-      model::with_mtp(model::load_config_json(dir + "/config.json"), m.cfg.is_v4() ? m.cfg.v4.mtp_layers : 0);
+      model::with_mtp(model::load_config_json(dir + "/config.json"), m.cfg.is_v4() ? m.cfg.v4.mtp_layers : m.cfg.v3_mtp_layers);
   TREX_USER_CHECK(c.num_params() == m.cfg.num_params() && c.num_hidden_layers == m.cfg.num_hidden_layers,
                   "resume with the model config the run was started with", dir,
                   ": checkpoint model does not match the configured model");

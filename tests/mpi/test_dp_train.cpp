@@ -50,6 +50,12 @@ TEST(DpTrain, V3MatchesSingleRankOneBucketNoOverlap) {
   parity(su, DpOptions{0, false}, 3, 1, 3, 9);
 }
 
+// DeepSeek-V3 MTP layers (model/mtp_v3.h), two depths, the aux loss on their MoE too.
+TEST(DpTrain, V3MatchesSingleRankWithMtp) {
+  Case su{tiny_v3_mtp(2), 0.01, 0.3};
+  parity(su, DpOptions{997, true}, 3, 2, 2, 11);
+}
+
 TEST(DpTrain, V4MatchesSingleRankWithMtp) {
   Case su{tiny_v4(), 0.0, 0.3};
   parity(su, DpOptions{1500, true}, 3, 2, 1, 13);

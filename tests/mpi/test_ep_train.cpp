@@ -32,6 +32,11 @@ TEST(EpTrain, V3MatchesSingleRank) {
   parity(su, DpOptions{997, true}, 4, 2, 2, 11, ep_for(parallel::test_world().size()));
 }
 
+TEST(EpTrain, V3MatchesSingleRankWithMtp) {
+  Case su{six_experts(tiny_v3_mtp()), 0.01, 0.3};
+  parity(su, DpOptions{997, true}, 3, 2, 2, 11, ep_for(parallel::test_world().size()));
+}
+
 TEST(EpTrain, V4MatchesSingleRankWithMtp) {
   Case su{six_experts(tiny_v4()), 0.0, 0.3};
   parity(su, DpOptions{1500, true}, 3, 2, 1, 13, ep_for(parallel::test_world().size()));

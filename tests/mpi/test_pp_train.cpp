@@ -40,6 +40,14 @@ TEST(PpTrain, V3TenStepsNoOverlap) {
   parity(su, DpOptions{0, false}, 10, 2, 2, 9, 1, 1, pp_for(n));
 }
 
+// DeepSeek-V3's MTP layer and the embedding it reads live on the last stage; with full recompute.
+TEST(PpTrain, V3MatchesSingleRankWithMtp) {
+  const int n = parallel::test_world().size();
+  Case su{tiny_v3_mtp(), 0.01, 0.3};
+  su.recompute = model::Recompute::Full;
+  parity(su, DpOptions{997, true}, 3, 4, 1, 13, 1, 1, pp_for(n));
+}
+
 // The MTP block, the hc_head and the embedding it reads live on the last stage; with full
 // activation recompute inside the stages' replayed forwards.
 TEST(PpTrain, V4MatchesSingleRankWithMtp) {

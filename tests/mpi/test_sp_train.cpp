@@ -173,6 +173,13 @@ TEST(SpTrain, V3TenStepsNoOverlap) {
 // 3e-3 this tiny V4's loss rises and any change of summation order grows ~10x a step (the grad
 // norm of plain tp differs by 2e-8, 6e-7, 9e-6 in steps 1-3; sequence parallel's by 5e-7, 1e-6,
 // 1.05e-5), which measures AdamW's amplification, not the parallel layer.
+TEST(SpTrain, V3MatchesSingleRankWithMtp) {
+  const int n = parallel::test_world().size();
+  json m = tp_v3();
+  m["num_nextn_predict_layers"] = 2;
+  parity(tp_case(m, 0.01, 0.3), sp_options(997, true), 3, 2, 3, 7, 1, tp_for(n));
+}
+
 TEST(SpTrain, V4MatchesSingleRankWithMtp) {
   const int n = parallel::test_world().size();
   Case su = tp_case(tp_v4(), 0.01, 0.3);

@@ -30,6 +30,14 @@ TEST(TpTrain, V3TenStepsNoOverlap) {
   parity(su, DpOptions{0, false}, 10, 1, 2, 9, 1, tp_for(n));
 }
 
+// DeepSeek-V3 MTP layer: its attention split like a main layer's, eh_proj and shared_head whole.
+TEST(TpTrain, V3MatchesSingleRankWithMtp) {
+  const int n = parallel::test_world().size();
+  json m = tp_v3();
+  m["num_nextn_predict_layers"] = 1;
+  parity(tp_case(m, 0.01, 0.3), DpOptions{997, true}, 3, 2, 2, 11, 1, tp_for(n));
+}
+
 // With full activation recompute: the replayed forwards repeat the tp all-reduces.
 TEST(TpTrain, V4MatchesSingleRankWithMtp) {
   const int n = parallel::test_world().size();
