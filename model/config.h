@@ -86,7 +86,8 @@ struct ModelConfig {
   bool has_dense_mlp() const { return !is_v4() && (n_routed_experts == 0 || first_k_dense_replace > 0); }
   int64_t shared_intermediate() const { return moe_intermediate_size * n_shared_experts; }
 
-  // Parameter counts (all, and active per token: top-k routed experts + shared).
+  // Parameter counts (all, and active per token: top-k routed experts + shared), MTP layers or
+  // blocks included when instantiated (with_mtp).
   int64_t num_params() const;
   int64_t num_active_params() const;
   // Training FLOPs per token for a sequence of T tokens: 6 x active matmul params (embedding

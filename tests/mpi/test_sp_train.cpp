@@ -136,13 +136,14 @@ TEST(SpTrain, ActivationEstimateMatchesTheArena) {
   dims.dp = w.size() / tp, dims.tp = tp;
   parallel::ProcessGroups groups = parallel::make_process_groups(w, dims);
   const int tp_rank = groups.tp->rank();
-  for (const json& mj : {tp_v3(), tp_v4()})
+  json v3_mtp = tp_v3();  // DeepSeek-V3 MTP layers (two depths)
+  v3_mtp["num_nextn_predict_layers"] = 2;
+  for (const json& mj : {tp_v3(), tp_v4(), v3_mtp})
     for (auto [B, T] : {std::pair<int64_t, int64_t>{2, 12}, {3, 7}, {2, 11}})  // 24, 21, 22 tokens
       for (kern::Prec prec : {kern::Prec::BF16, kern::Prec::F32})
         for (model::Recompute rec : {model::Recompute::None, model::Recompute::Full})
           for (bool sp : {false, true}) {
-            const bool v4 = mj["model_type"] == "deepseek_v4";
-            const double mtp = v4 ? 0.3 : 0.0;
+            const double mtp = mj.value("num_nextn_predict_layers", 0) > 0 ? 0.3 : 0.0;
             const model::ModelConfig cfg = model::parse_config(mj, "tiny");
             model::Model m(cfg, prec, {0.01, mtp, rec});
             m.init_random(3);
