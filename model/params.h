@@ -72,7 +72,7 @@ struct ExpertShard {
 
 // The part of the model a pipeline stage holds (pipeline memory sharding): decoder layers [l0, l1);
 // the first stage also the embedding; the last also the final norm, the LM head (V4: hc_head) and
-// V4's MTP blocks, and the embedding too when the head is tied to it or MTP blocks read it (the
+// the MTP blocks (V4) or layers (V3), and the embedding too when the head is tied to it or MTP blocks read it (the
 // embedding is then "shared": it sits alone at the start of the slab, [0, ParamLayout::shared_end),
 // a multiple of region_align, so the first and the last stage can reduce it together). The other
 // tensors do not exist in the layout (their offsets stay -1). Buffers (router biases, hash tables)
