@@ -11,6 +11,7 @@
 #include "io/checksum.h"
 #include "io/safetensors.h"
 #include "model/checkpoint.h"
+#include "model/mtp_v3.h"
 
 namespace trex::train {
 
@@ -184,9 +185,16 @@ TrainState load_checkpoint(const std::string& dir, model::Model& m, AdamW& opt, 
   std::vector<std::vector<const AdamWPiece*>> of_entry(m.layout.entries.size());
   for (const AdamWPiece& p : opt.pieces()) of_entry[p.entry].push_back(&p);
   std::vector<float> tmp, local;
+  int64_t fresh_moments = 0;
   for (size_t i = 0; i < m.layout.entries.size(); ++i) {
     const model::ParamEntry& e = m.layout.entries[i];
     const int64_t n = e.shape.numel();
+    // MTP tensors a run starts training on resume (the checkpoint's run kept them, mtp_loss_weight
+    // = 0): no moments in the file; theirs start at 0.
+    if (!f.find("exp_avg." + e.name) && model::v3_layer_of(e.name) >= m.cfg.num_hidden_layers) {
+      ++fresh_moments;
+      continue;
+    }
     // An expert-parallel shard's rows of a merged [E, ...] expert tensor, a tensor-parallel slice:
     // read whole, keep this entry's part.
     const int64_t n_file = e.whole_numel();
@@ -210,6 +218,9 @@ TrainState load_checkpoint(const std::string& dir, model::Model& m, AdamW& opt, 
         std::copy(src + (p->off - e.offset), src + (p->off - e.offset + p->n), M + p->state);
     }
   }
+  if (fresh_moments)
+    TREX_LOG_INFO(dir, ": ", fresh_moments, " tensors of the MTP layers have no optimizer moments (the run that wrote "
+                  "the checkpoint did not train them); their moments start at 0");
   nlohmann::json js;
   try {
     js = nlohmann::json::parse(std::ifstream(dir + "/trainer_state.json"));

@@ -187,6 +187,23 @@ TEST(MtpV3, WeightZeroKeepsTheLayersUnchanged) {
   model::save_hf_checkpoint(m2, bf2.str(), DType::BF16, 20000);
   expect_same_tensors(bf.str(), bf2.str());
   expect_same_tensors(bf2.str(), bf.str());
+  // A run checkpoint of the weight-0 run resumes into a run that trains the MTP layer: the layer's
+  // weights are the checkpoint's, its optimizer moments (absent from the file) start at 0.
+  train::AdamW opt(m, {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f});
+  test::TmpDir run("trex_mtp_run0");
+  train::TrainState st;
+  st.step = 1;
+  const std::string dir = train::save_checkpoint(run.str(), m, opt, st);
+  expect_same_tensors(std::string(kCase) + "/model", dir);
+  model::Model on(cfg, kern::Prec::F32, {0.01, 0.3});
+  train::AdamW opt_on(on, {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f});
+  EXPECT_EQ(train::load_checkpoint(dir, on, opt_on).step, 1);
+  for (const model::KeptTensor& k : m.kept) {
+    const model::ParamEntry* e = on.layout.find(k.name);
+    if (!e) continue;  // the router bias (a buffer), the embedding copy
+    EXPECT_EQ(0, std::memcmp(on.P() + e->offset, k.v.data(), k.v.size() * sizeof(float))) << k.name;
+  }
+  EXPECT_GT(train::trainer_step(on, opt_on, {b}, 1e-2f, 0.f).mtp, 0.0);
 }
 
 // Training the MTP layer: a checkpoint written after the steps holds every tensor the release
