@@ -152,7 +152,12 @@ TEST(MtpV3, FiniteDifferenceTwoDepthsPacked) {
   fd_check(j, 2, 17, true, 0.01, 0.7);
 }
 
-TEST(MtpV3, FiniteDifferenceOneDepth) { fd_check(trex::testing::tiny_v3_mtp(1), 2, 13, false, 0.0, 0.4); }
+// One depth with a tied LM head (shared_head.head stays a tensor of its own).
+TEST(MtpV3, FiniteDifferenceOneDepthTiedHead) {
+  json j = trex::testing::tiny_v3_mtp(1);
+  j["tie_word_embeddings"] = true;
+  fd_check(j, 2, 13, false, 0.0, 0.4);
+}
 
 // mtp_loss_weight = 0 on a checkpoint with an MTP layer: the model, loss and gradients are those
 // of the config without it, bit for bit; the MTP tensors come back unchanged from a save (f32 and
