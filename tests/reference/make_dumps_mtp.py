@@ -24,6 +24,7 @@ import json
 import math
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -392,7 +393,6 @@ def check(args):
         model = load_model(os.path.join(d, "model"))
         loss, _, _, _, _, _, grads = reference_grads(model, batch, tr["aux_loss_alpha"], tr["mtp_loss_weight"])
         out = os.path.join(work, name + ".grads.safetensors")
-        import subprocess
         cmd = [args.trex, "grad", "--model", os.path.join(d, "model"), "--batch", os.path.join(d, "batch.json"),
                "--precision", "fp32", "--out", out, "--mtp-loss-weight", repr(tr["mtp_loss_weight"])]
         if tr["aux_loss_alpha"] > 0:
