@@ -56,7 +56,7 @@ void add_grad(CLI::App& app) {
   cmd->add_option("--device", o->device, "cpu | cuda | cuda:N");
   cmd->add_option("--threads", o->threads, "threads (default TREX_THREADS or all cores)");
   cmd->add_option("--aux-loss-alpha", o->aux_alpha, "sequence-wise aux loss coefficient (default 0 = off)");
-  cmd->add_option("--mtp-loss-weight", o->mtp_weight, "DeepSeek-V4: train the MTP blocks with this loss weight (default 0 = off)");
+  cmd->add_option("--mtp-loss-weight", o->mtp_weight, "DeepSeek-V3 / V4: train the MTP layers / blocks with this loss weight (default 0 = off)");
   cmd->callback([o] {
     init_threads(o->threads);
     kern::Prec prec = train::parse_precision(o->precision, "--precision");

@@ -10,6 +10,7 @@
 #include "io/checksum.h"
 #include "io/quant.h"
 #include "io/safetensors.h"
+#include "model/mtp_v3.h"
 
 namespace trex::model {
 
@@ -131,18 +132,28 @@ void load_hf_weights(Model& m, const std::string& dir, bool verify) {
   io::QuantConfig qc = quant_config_of(dir);
   io::QuantizedTensorReader q(ck, qc);
   std::set<std::string> used;
+  const int64_t Lm = m.cfg.num_hidden_layers;
   const bool fresh_mtp = m.cfg.v4.mtp_layers > 0 && !has_mtp_tensors(ck);
   if (fresh_mtp) {
     TREX_LOG_WARN(dir, ": no MTP tensors (mtp.*; transformers drops them); the MTP blocks start from random init");
     m.init_mtp_random(0x5eed);
   }
+  // DeepSeek-V3 MTP layers the run trains but the checkpoint lacks (transformers drops them).
+  const bool fresh_mtp3 = m.cfg.v3_mtp_layers > 0 && !ck.find("model.layers." + std::to_string(Lm) + ".eh_proj.weight");
+  if (fresh_mtp3) {
+    TREX_LOG_WARN(dir, ": no MTP layer tensors (model.layers.", Lm, ".eh_proj.weight and the rest); the MTP layers "
+                  "start from random init, shared_head.head from lm_head");
+  }
+  auto fresh = [&](const std::string& name) {
+    return (fresh_mtp && name.rfind("mtp.", 0) == 0) || (fresh_mtp3 && v3_layer_of(name) >= Lm);
+  };
   std::set<std::string> elsewhere;  // a sharded model's: the whole model's tensors other ranks hold
   if (m.layout.sharded())
     for (const ParamEntry& w : build_layout(m.cfg).entries)
       if (!m.layout.find(w.name)) elsewhere.insert(w.name);
   std::vector<float> whole;
   for (const ParamEntry& e : m.layout.entries) {
-    if (fresh_mtp && e.name.rfind("mtp.", 0) == 0) continue;
+    if (fresh(e.name)) continue;
     used.insert(e.name);
     if (!e.sliced()) {
       read_tensor(ck, q, e.name, e.shape, m.P() + e.offset);
@@ -154,7 +165,7 @@ void load_hf_weights(Model& m, const std::string& dir, bool verify) {
     e.take_from_whole(whole.data(), m.P() + e.offset);
   }
   for (const BufferEntry& b : m.layout.buffers) {
-    if (fresh_mtp && b.name.rfind("mtp.", 0) == 0) continue;
+    if (fresh(b.name)) continue;
     if (ck.find(b.name) && b.cols > 0) {
       read_id_table(ck, b, m.cfg.n_routed_experts, m.buffers.data() + b.offset);
       used.insert(b.name);
@@ -168,12 +179,25 @@ void load_hf_weights(Model& m, const std::string& dir, bool verify) {
       TREX_LOG_WARN(dir, ": '", b.name, "' absent; router bias starts at 0");
     }
   }
+  if (fresh_mtp3) init_mtp_v3_random(m, 0x5eed);  // after lm_head, which shared_head.head starts from
   int64_t skipped_mtp = 0, unknown = 0;
+  // DeepSeek-V3 MTP layers of a run that does not train them: kept (f32) and written back on save.
+  const bool keep_mtp3 = !m.cfg.is_v4() && m.cfg.v3_mtp_layers == 0;
+  m.kept.clear();
   for (const std::string& n : ck.names()) {
     if (used.count(n)) continue;
     if (m.cfg.tie_word_embeddings && n == "lm_head.weight") continue;
     if (q.is_scale(n)) continue;  // block scales of quantized weights, consumed above
     if (elsewhere.count(n)) continue;  // another expert-parallel rank's expert, another stage's tensor
+    if (keep_mtp3 && layer_of(n) >= Lm && layer_of(n) < Lm + m.cfg.num_nextn_predict_layers) {
+      KeptTensor& k = m.kept.emplace_back();
+      k.name = n;
+      k.shape = q.shape(n);
+      k.v.resize((size_t)k.shape.numel());
+      q.read_f32(n, k.v.data(), k.shape.numel());
+      continue;
+    }
+    if (v3_mtp_embed_alias(n, Lm)) continue;  // the MTP layer's copy of the embedding (shared; written back on save)
     if (layer_of(n) >= m.cfg.num_hidden_layers || n.rfind("mtp.", 0) == 0 || n.rfind("model.mtp.", 0) == 0) {
       ++skipped_mtp;
       continue;
@@ -187,6 +211,9 @@ void load_hf_weights(Model& m, const std::string& dir, bool verify) {
     if (++unknown <= 5) TREX_LOG_WARN(dir, ": unexpected tensor '", n, "' ignored");
   }
   if (skipped_mtp) TREX_LOG_INFO(dir, ": skipped ", skipped_mtp, " tensors of layers >= num_hidden_layers (MTP)");
+  if (!m.kept.empty())
+    TREX_LOG_INFO(dir, ": kept ", m.kept.size(), " tensors of the MTP layers unchanged (not trained: [train] "
+                  "mtp_loss_weight = 0); a save writes them back");
   TREX_USER_CHECK(unknown == 0, "the checkpoint does not match config.json", dir, ": ", unknown,
                   " tensors do not belong to this model config");
   check_finite_weights(m, dir);
@@ -242,14 +269,14 @@ std::string config_to_json(const ModelConfig& c) {
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["attention_bias"] = false;
   j["initializer_range"] = c.initializer_range;
-  j["num_nextn_predict_layers"] = 0;
+  j["num_nextn_predict_layers"] = c.num_nextn_predict_layers;
   return j.dump(2);
 }
 
 void save_hf_checkpoint(const Model& m, const std::string& dir, DType dtype, uint64_t max_shard_bytes) {
   TREX_CHECK(!m.layout.sharded(), "save_hf_checkpoint: the model holds an expert shard or a pipeline stage only ",
              "(gather it: train/dist.h save_checkpoint)");
-  save_hf_checkpoint(WeightsView{m.cfg, m.layout, m.P(), m.buffers.data()}, dir, dtype, max_shard_bytes);
+  save_hf_checkpoint(WeightsView{m.cfg, m.layout, m.P(), m.buffers.data(), &m.kept}, dir, dtype, max_shard_bytes);
 }
 
 void save_hf_checkpoint(const WeightsView& w, const std::string& dir, DType dtype, uint64_t max_shard_bytes) {
@@ -258,6 +285,19 @@ void save_hf_checkpoint(const WeightsView& w, const std::string& dir, DType dtyp
   make_output_dir(dir);
   for (const ParamEntry& e : w.layout.entries) tl.add(e.name, e.shape, w.P + e.offset);
   for (const BufferEntry& b : w.layout.buffers) tl.add_buffer(b.name, b, w.buffers);
+  // DeepSeek-V3 MTP layers: the embedding copy the release keeps in each (model/mtp_v3.h); or the
+  // layers themselves, kept unchanged by a run that does not train them.
+  if (w.layout.embed >= 0)
+    for (int64_t k = 0; k < w.cfg.v3_mtp_layers; ++k)
+      tl.add("model.layers." + std::to_string(w.cfg.num_hidden_layers + k) + ".embed_tokens.weight",
+             Shape{w.cfg.vocab_size, w.cfg.hidden_size}, w.P + w.layout.embed);
+  if (w.kept)
+    for (const KeptTensor& k : *w.kept) {
+      if (k.name.find("e_score_correction_bias") != std::string::npos)  // f32, as the main layers' biases
+        tl.ts.push_back({k.name, DType::F32, k.shape, k.v.data()});
+      else
+        tl.add(k.name, k.shape, k.v.data());
+    }
   io::write_safetensors_dir(dir, tl.ts, max_shard_bytes);
   write_config(dir, config_to_json(w.cfg));
 }

@@ -2,7 +2,9 @@
 // shards + model.safetensors.index.json), tensors under their checkpoint names. Loading checks
 // every expected tensor's presence, shape and dtype and names the file and tensor on error.
 // FP8 checkpoints (DeepSeek-V3/R1 e4m3 + 128x128 scale_inv blocks, per config.json's
-// quantization_config) are dequantized on load (io/quant.h).
+// quantization_config) are dequantized on load (io/quant.h). DeepSeek-V3 MTP layers
+// (model.layers.<num_hidden_layers + k>.*, model/mtp_v3.h) load into the model when it trains them,
+// else into Model::kept; a save writes both back (docs/MTP.md).
 #pragma once
 #include <deque>
 #include <string>
@@ -54,6 +56,7 @@ struct WeightsView {
   const ParamLayout& layout;  // not expert-sharded
   const float* P;             // [layout.total]
   const float* buffers;       // [layout.buffers_total]
+  const std::vector<KeptTensor>* kept = nullptr;  // written as they are (Model::kept)
 };
 // Writes config.json and model.safetensors (sharded above max_shard_bytes) into dir.
 // dtype F32 or BF16 for the weights; router biases are always F32 as in DeepSeek's releases.

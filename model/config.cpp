@@ -93,7 +93,9 @@ ModelConfig parse_config(const json& j, const std::string& where, std::set<std::
   int64_t freq = r.i64("moe_layer_freq", 1, false, 1);
   TREX_USER_CHECK(freq == 1, "set moe_layer_freq = 1", where, ": moe_layer_freq ", freq,
                   " is not supported (DeepSeek-V3 uses 1)");
-  if (c.n_routed_experts > 0 && c.first_k_dense_replace < c.num_hidden_layers) {
+  // MoE fields: some layer has routed experts (MTP layers num_hidden_layers + k included).
+  const int64_t nextn = r.i64("num_nextn_predict_layers", 0, false, 0);
+  if (c.n_routed_experts > 0 && c.first_k_dense_replace < c.num_hidden_layers + nextn) {
     c.moe_intermediate_size = r.i64("moe_intermediate_size", 0, true, 1);
     c.n_shared_experts = r.i64("n_shared_experts", 0, false, 0);
     c.num_experts_per_tok = r.i64("num_experts_per_tok", 0, true, 1);
@@ -140,7 +142,7 @@ ModelConfig parse_config(const json& j, const std::string& where, std::set<std::
                   ": attention dropout is not supported");
   if (c.num_nextn_predict_layers > 0)
     TREX_LOG_INFO(where, ": num_nextn_predict_layers = ", c.num_nextn_predict_layers,
-                  "; V3 MTP layers are not trained by this build and are skipped on load");
+                  "; the MTP layers are trained with [train] mtp_loss_weight > 0, else kept unchanged (saved back)");
   return c;
 }
 
@@ -228,7 +230,10 @@ int64_t ModelConfig::num_params() const {
                  d * (kv_lora_rank + qk_rope_head_dim) + kv_lora_rank +
                  kv_lora_rank * H * (qk_nope_head_dim + v_head_dim) + H * v_head_dim * d + 2 * d;
   int64_t total = vocab_size * d * (tie_word_embeddings ? 1 : 2) + d;
-  for (int64_t l = 0; l < num_hidden_layers; ++l) {
+  // MTP layers (v3_mtp_layers, model/mtp_v3.h): a decoder layer each, plus enorm, hnorm, eh_proj,
+  // shared_head.norm and shared_head.head.
+  total += v3_mtp_layers * (3 * d + 2 * d * d + vocab_size * d);
+  for (int64_t l = 0; l < num_hidden_layers + v3_mtp_layers; ++l) {
     total += attn;
     if (is_moe_layer(l))
       total += n_routed_experts * 3 * d * moe_intermediate_size + 3 * d * shared_intermediate() +
@@ -246,7 +251,8 @@ int64_t ModelConfig::num_active_params() const {
                  d * (kv_lora_rank + qk_rope_head_dim) + kv_lora_rank * H * (qk_nope_head_dim + v_head_dim) +
                  H * v_head_dim * d;
   int64_t total = vocab_size * d;  // LM head (the embedding lookup is not a matmul)
-  for (int64_t l = 0; l < num_hidden_layers; ++l) {
+  total += v3_mtp_layers * (2 * d * d + vocab_size * d);  // MTP layers: eh_proj, shared_head.head
+  for (int64_t l = 0; l < num_hidden_layers + v3_mtp_layers; ++l) {
     total += attn;
     if (is_moe_layer(l))
       total += num_experts_per_tok * 3 * d * moe_intermediate_size + 3 * d * shared_intermediate() +
@@ -261,7 +267,8 @@ double ModelConfig::train_flops_per_token(int64_t T) const {
   if (is_v4()) return 6.0 * static_cast<double>(num_active_params()) + v4_attn_flops_per_token(*this, T);
   // Causal attention: per token on average (T+1)/2 keys; QK^T and PV: 2*H*(dqk+dv) FLOPs per
   // key forward, x3 for forward + backward.
-  double attn = 6.0 * num_attention_heads * (qk_head_dim() + v_head_dim) * ((T + 1) / 2.0) * num_hidden_layers;
+  double attn = 6.0 * num_attention_heads * (qk_head_dim() + v_head_dim) * ((T + 1) / 2.0) *
+                (num_hidden_layers + v3_mtp_layers);
   return 6.0 * static_cast<double>(num_active_params()) + attn;
 }
 

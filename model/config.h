@@ -71,7 +71,11 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   int64_t max_position_embeddings = 4096;
   double initializer_range = 0.02;
-  int64_t num_nextn_predict_layers = 0;  // MTP weights are skipped on load (not trained yet)
+  int64_t num_nextn_predict_layers = 0;  // MTP layers of the checkpoint (trained with mtp_loss_weight > 0)
+  // DeepSeek-V3 MTP layers trex instantiates (0, or num_nextn_predict_layers when the run trains
+  // them: see with_mtp): decoder layers num_hidden_layers + k with their own enorm, hnorm,
+  // eh_proj and shared_head (model/mtp_v3.h). V4 keeps its count in v4.mtp_layers.
+  int64_t v3_mtp_layers = 0;
   V4Config v4;                           // used when is_v4()
 
   // Derived.
@@ -83,7 +87,8 @@ struct ModelConfig {
   bool has_dense_mlp() const { return !is_v4() && (n_routed_experts == 0 || first_k_dense_replace > 0); }
   int64_t shared_intermediate() const { return moe_intermediate_size * n_shared_experts; }
 
-  // Parameter counts (all, and active per token: top-k routed experts + shared).
+  // Parameter counts (all, and active per token: top-k routed experts + shared), MTP layers or
+  // blocks included when instantiated (with_mtp).
   int64_t num_params() const;
   int64_t num_active_params() const;
   // Training FLOPs per token for a sequence of T tokens: 6 x active matmul params (embedding
@@ -92,8 +97,8 @@ struct ModelConfig {
   double train_flops_per_token(int64_t T) const;
 };
 
-// The config with its MTP blocks instantiated (DeepSeek-V4, num_nextn_predict_layers > 0);
-// unchanged for V3 or when n == 0.
+// The config with n MTP blocks instantiated (n <= num_nextn_predict_layers): DeepSeek-V4's
+// (v4.mtp_layers) or DeepSeek-V3's (v3_mtp_layers); unchanged when n == 0.
 ModelConfig with_mtp(const ModelConfig& c, int64_t n);
 
 // Parses a config object; `where` names the source (file path) in error messages.

@@ -212,11 +212,15 @@ ModelConfig parse_config_v4(const json& j, const std::string& where, std::set<st
 }
 
 ModelConfig with_mtp(const ModelConfig& c, int64_t n) {
-  if (!c.is_v4() || n == 0) return c;
+  if (n == 0) return c;
   TREX_USER_CHECK(n <= c.num_nextn_predict_layers, "set num_nextn_predict_layers in the model config",
                   "the run trains ", n, " MTP blocks but the model config has num_nextn_predict_layers = ",
                   c.num_nextn_predict_layers);
   ModelConfig m = c;
+  if (!c.is_v4()) {  // DeepSeek-V3: decoder layers num_hidden_layers + k (model/mtp_v3.h)
+    m.v3_mtp_layers = n;
+    return m;
+  }
   m.v4.mtp_layers = n;
   m.v4.attn.resize(c.num_hidden_layers, AttnKind::Sliding);
   m.v4.hash.resize(c.num_hidden_layers, 0);

@@ -10,6 +10,7 @@
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "model/linear.h"
+#include "model/mtp_v3.h"
 #include "model/split.h"
 #include "parallel/comm.h"
 
@@ -107,8 +108,8 @@ Model::Model(const ModelConfig& c, kern::Prec p, TrainOptions o, ExpertShard sha
     : cfg(with_mtp(c, o.mtp_loss_weight > 0 ? c.num_nextn_predict_layers : 0)),
       layout(build_layout(cfg, shard, stage, tp)),
       prec(p), opt(o) {
-  TREX_USER_CHECK(o.mtp_loss_weight <= 0 || (c.is_v4() && c.num_nextn_predict_layers > 0),
-                  "set mtp_loss_weight = 0, or use a DeepSeek-V4 config with num_nextn_predict_layers > 0",
+  TREX_USER_CHECK(o.mtp_loss_weight <= 0 || c.num_nextn_predict_layers > 0,
+                  "set mtp_loss_weight = 0, or use a config with num_nextn_predict_layers > 0",
                   "MTP training needs MTP blocks: model_type ", c.model_type, ", num_nextn_predict_layers ",
                   c.num_nextn_predict_layers);
   params.reserve("params", layout.total * sizeof(float));
@@ -446,7 +447,7 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
     be_->to_device(x, io->x_in, Nl * d * sizeof(float));
   }
 
-  std::vector<LayerSaved> sv(cfg.num_hidden_layers);
+  std::vector<LayerSaved> sv(layout.layers.size());  // main layers, then MTP layers
   LossParts out;
   int64_t n_valid = 0;  // of the whole micro-batch (the CE is its mean)
   for (int64_t i = 0; i < N; ++i) n_valid += b.targets[i] != -100;
@@ -522,6 +523,8 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
     x = kept;
   }
   out.loss = out.aux;
+  MtpV3In mtp_in;
+  std::vector<MtpV3Saved> mtp_saved;
   float* dx = nullptr;  // [Nl, d] gradient of the last layer's output
   if (!st.last) {       // a pipeline stage before the last: x goes to the next stage, dy comes back
     if (!backward) {
@@ -562,7 +565,22 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
       ce_sum = c.k().lm_head_ce(ce, &nv);
     }
     out.ce = n_valid ? ce_sum / (double)n_valid : 0.0;
-    out.loss = out.ce + out.aux;
+    if (cfg.v3_mtp_layers > 0) {  // MTP layers on the main model's last hidden states (model/mtp_v3.h)
+      need(kGradGroupEmbed);
+      for (int64_t l = cfg.num_hidden_layers; l < (int64_t)layout.layers.size(); ++l) need(l);
+      mtp_in = MtpV3In{&cfg, &layout, c, P, Pb, G, &b, n0, Nl, grad_scale, opt.mtp_loss_weight, backward};
+      out.mtp = mtp_v3_forward(mtp_in, x, mtp_saved, [&](int64_t l, float* xin) -> float* {
+        need(l);
+        ProfSpan span(prof, [&] { return layer_region(l, "fwd"); });
+        if (!replay) return layer_forward(l, xin, sv[l], count_stats);
+        float* keep = acts.alloc<float>(Nl * d);
+        const auto mk = acts.mark();
+        c.k().copy(keep, layer_forward(l, xin, sv[l], count_stats), Nl * d * sizeof(float));
+        acts.release(mk);
+        return keep;
+      });
+    }
+    out.loss = out.ce + out.aux + opt.mtp_loss_weight * out.mtp;
     if (!backward) return out;
 
     // Backward.
@@ -572,7 +590,8 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
   }
   float* tmp = acts.alloc<float>(Nl * d);
   float* tmp2 = acts.alloc<float>(Nl * d);
-  for (int64_t l = l1 - 1; l >= l0; --l) {
+  // Decoder layer l's backward: dx, the gradient of its output, becomes that of its input.
+  auto layer_backward = [&](int64_t l, float* dx) {
     const LayerParams& lp = layout.layers[l];
     LayerSaved& s = sv[l];
     const auto mk = acts.mark();
@@ -607,6 +626,10 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
     c.k().rmsnorm_bwd(tmp, s.h_in, Nl, d, P + lp.in_norm, s.rstd1, tmp2, G + lp.in_norm);
     c.k().add(dx, tmp2, Nl * d);
     acts.release(mk);
+  };
+  if (st.last && cfg.v3_mtp_layers > 0) mtp_v3_backward(mtp_in, mtp_saved, layer_backward, dx, grad_ready);
+  for (int64_t l = l1 - 1; l >= l0; --l) {
+    layer_backward(l, dx);
     if (grad_ready) grad_ready(l);
   }
   if (!st.first) {  // the gradient of the previous stage's output

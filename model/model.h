@@ -1,7 +1,8 @@
 // A DeepSeek-V3-family (or DeepSeek-V4, model/model_v4.cpp) causal LM on one rank: parameter / gradient / bf16-shadow slabs, the
 // activation arena, and the training step's forward and backward (embedding -> L x [RMSNorm,
 // MLA, residual, RMSNorm, dense MLP or MoE, residual] -> RMSNorm -> LM head fused with
-// cross-entropy). Gradients accumulate over calls until zero_grads().
+// cross-entropy; with mtp_loss_weight > 0 the MTP layers, model/mtp_v3.h). Gradients accumulate
+// over calls until zero_grads().
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -36,7 +37,7 @@ struct LossParts {
   double loss = 0;  // ce + aux + mtp_loss_weight * mtp
   double ce = 0;    // mean over valid targets
   double aux = 0;   // sequence-wise balance loss (0 when off)
-  double mtp = 0;   // DeepSeek-V4 MTP: mean over depths of each depth's mean CE (0 when off)
+  double mtp = 0;   // MTP (V3, V4): mean over depths of each depth's mean CE (0 when off)
   int64_t n_valid = 0;
 };
 
@@ -68,8 +69,8 @@ struct TensorParallel {
 bool tp_partial_grad(const std::string& name);
 
 // Pipeline parallel: the part of the model one pp stage runs. Decoder layers [l0, l1); the first
-// stage also the embedding, the last also the final norm, the LM head with the loss and (V4) the
-// MTP blocks. A model built with the matching StageShard holds only those tensors; a whole model
+// stage also the embedding, the last also the final norm, the LM head with the loss and the MTP
+// blocks or layers. A model built with the matching StageShard holds only those tensors; a whole model
 // keeps every tensor, and the gradients of the other stages' tensors stay 0 here (the
 // data-parallel reduction over every rank sums them in).
 struct PipelineStage {
@@ -100,8 +101,16 @@ struct ExpertLoad {
 
 struct TrainOptions {
   double aux_loss_alpha = 0;   // sequence-wise aux loss coefficient
-  double mtp_loss_weight = 0;  // > 0: train the config's MTP blocks (V4), loss += weight * mtp
+  double mtp_loss_weight = 0;  // > 0: train the config's MTP blocks / layers (V3, V4), loss += weight * mtp
   Recompute recompute = Recompute::None;
+};
+
+// A checkpoint tensor the model does not compute with but writes back when saved (f32): the
+// DeepSeek-V3 MTP layers of a run that does not train them (model/checkpoint.cpp).
+struct KeptTensor {
+  std::string name;
+  Shape shape;
+  std::vector<float> v;
 };
 
 class Model {
@@ -143,12 +152,13 @@ class Model {
   Arena params, grads;          // f32 [layout.total]
   std::vector<bf16> params_bf16;  // [layout.total] in bf16 mode, empty otherwise
   std::vector<float> buffers;     // [layout.buffers_total] router biases
+  std::vector<KeptTensor> kept;   // tensors loaded and saved unchanged (V3 MTP layers not trained)
   StackArena acts;                // activations and scratch, reset every step
   Profiler* prof = nullptr;       // optional: timing of named regions (owned by the caller)
   // Optional hook for data parallelism (train/dist.cpp starts the gradient reduction early; the
   // model knows nothing of communication). When set, forward_backward calls grad_ready(g) as soon
   // as the gradients of parameter group g are final for this call: g = l after decoder layer l's
-  // backward (DeepSeek-V4: MTP block k, its extras included, is l = num_hidden_layers + k),
+  // backward (an MTP block (V4) or layer (V3) k, its extras included, is l = num_hidden_layers + k),
   // kGradGroupHead after the final norm and the LM head (V4: and hc_head), kGradGroupEmbed last
   // (the embedding; also the LM head when tied). Called on the calling thread, between kernels.
   std::function<void(int64_t)> grad_ready;
@@ -156,8 +166,8 @@ class Model {
   // Optional hook for data parallelism (train/dist.cpp lets the parameter all-gather of the last
   // optimizer step run on into the forward): forward and forward_backward call params_needed(g)
   // before the forward first reads the parameters of group g (grad_ready numbering): the
-  // embedding, each layer, the head (V4: and hc_head), each V4 MTP block (which also reads the
-  // embedding and the head). Called on the calling thread, between kernels.
+  // embedding, each layer, the head (V4: and hc_head), each MTP block or layer (which also reads
+  // the embedding; V4's also the head). Called on the calling thread, between kernels.
   std::function<void(int64_t)> params_needed;
   // Expert parallel (model/moe.h): this rank computes routed experts [first, first + E / ep) for
   // the tokens of every rank of ep_comm; forward and forward_backward become collectives over it

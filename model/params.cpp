@@ -51,7 +51,7 @@ bool apply_tp_shard(const ModelConfig& c, const TpShard& t, ParamLayout& L) {
 }
 
 bool embedding_shared(const ModelConfig& c, const StageShard& s) {
-  return s.on() && (c.tie_word_embeddings || (c.is_v4() && c.v4.mtp_layers > 0));
+  return s.on() && (c.tie_word_embeddings || (c.is_v4() && c.v4.mtp_layers > 0) || c.v3_mtp_layers > 0);
 }
 
 bool stage_holds_embedding(const ModelConfig& c, const StageShard& s) {
@@ -95,14 +95,14 @@ ParamLayout build_layout(const ModelConfig& c, ExpertShard shard, StageShard sta
   };
   if (stage_holds_embedding(c, L.stage)) L.embed = b.add("model.embed_tokens.weight", {c.vocab_size, d}, true);
   if (embedding_shared(c, L.stage) && L.embed >= 0) b.end_shared_region(stage.region_align);
-  L.layers.resize(c.num_hidden_layers);
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+  // Decoder layer l (l >= num_hidden_layers: MTP layer l - num_hidden_layers, its body).
+  auto add_layer = [&](int64_t l) {
     LayerParams& p = L.layers[l];
     const std::string pre = "model.layers." + std::to_string(l) + ".";
     if (!L.holds_layer(l)) {  // another stage's layer: its buffers only (every rank keeps them all)
       if (c.is_moe_layer(l) && !c.is_v2())
         p.bias = b.buffer(pre + "mlp.gate.e_score_correction_bias", c.n_routed_experts);
-      continue;
+      return;
     }
     const std::string at = pre + "self_attn.";
     p.in_norm = b.add(pre + "input_layernorm.weight", {d}, false);
@@ -139,7 +139,7 @@ ParamLayout build_layout(const ModelConfig& c, ExpertShard shard, StageShard sta
         L.entries.back().rows_first = f0, L.entries.back().rows_total = F;
         p.mlp_down = b.add_tp_slice(mlp + "down_proj.weight", {d, F}, true, false);
       });
-      continue;
+      return;
     }
     const int64_t E = c.n_routed_experts;
     p.router = b.add(mlp + "gate.weight", {E, d}, true);
@@ -147,10 +147,29 @@ ParamLayout build_layout(const ModelConfig& c, ExpertShard shard, StageShard sta
     else add_experts(l);
     if (c.n_shared_experts > 0) swiglu_pair(mlp + "shared_experts.", c.shared_intermediate(), p.sh_gu, p.sh_down);
     if (!c.is_v2()) p.bias = b.buffer(mlp + "gate.e_score_correction_bias", E);  // V2 routers have none
-  }
+  };
+  const int64_t Lm = c.num_hidden_layers, D = c.v3_mtp_layers;
+  L.layers.resize(Lm + D);
+  for (int64_t l = 0; l < Lm; ++l) add_layer(l);
   if (!L.stage_sharded() || L.stage.last) {
     L.final_norm = b.add("model.norm.weight", {d}, false);
     L.head = c.tie_word_embeddings ? L.embed : b.add("lm_head.weight", {c.vocab_size, d}, true);
+  }
+  // MTP layers (model/mtp_v3.h) after the head, so the main model's tensors keep the offsets and the
+  // random-init order they have without them.
+  L.mtp3.resize(D);
+  for (int64_t k = 0; k < D; ++k) {
+    const int64_t l = Lm + k;
+    if (L.holds_layer(l)) {
+      const std::string pre = "model.layers." + std::to_string(l) + ".";
+      V3MtpParams& t = L.mtp3[k];
+      t.enorm = b.add(pre + "enorm.weight", {d}, false);
+      t.hnorm = b.add(pre + "hnorm.weight", {d}, false);
+      t.eh_proj = b.add(pre + "eh_proj.weight", {d, 2 * d}, true);
+      t.head_norm = b.add(pre + "shared_head.norm.weight", {d}, false);
+      t.head = b.add(pre + "shared_head.head.weight", {c.vocab_size, d}, true);
+    }
+    add_layer(l);
   }
   b.tp_region(tp.region_align);
   if (sharded) {

@@ -72,7 +72,7 @@ struct ExpertShard {
 
 // The part of the model a pipeline stage holds (pipeline memory sharding): decoder layers [l0, l1);
 // the first stage also the embedding; the last also the final norm, the LM head (V4: hc_head) and
-// V4's MTP blocks, and the embedding too when the head is tied to it or MTP blocks read it (the
+// the MTP blocks (V4) or layers (V3), and the embedding too when the head is tied to it or MTP blocks read it (the
 // embedding is then "shared": it sits alone at the start of the slab, [0, ParamLayout::shared_end),
 // a multiple of region_align, so the first and the last stage can reduce it together). The other
 // tensors do not exist in the layout (their offsets stay -1). Buffers (router biases, hash tables)
@@ -129,6 +129,13 @@ struct V4MtpParams {
   int64_t hc_fn = -1, hc_base = -1, hc_scale = -1;  // [n, n d], [n], [1]
 };
 
+// A DeepSeek-V3 MTP layer's own tensors (its attention / MLP live in layers[L + k]).
+struct V3MtpParams {
+  int64_t enorm = -1, hnorm = -1;          // [d]
+  int64_t eh_proj = -1;                    // [d, 2d]: columns [0, d) take enorm(emb), [d, 2d) hnorm(h)
+  int64_t head_norm = -1, head = -1;       // shared_head.norm [d], shared_head.head [vocab, d]
+};
+
 struct BufferEntry {
   std::string name;
   int64_t offset;
@@ -146,6 +153,7 @@ struct ParamLayout {
   int64_t buffers_total = 0;
   std::vector<V4LayerParams> v4;     // DeepSeek-V4 only (main layers, then MTP blocks)
   std::vector<V4MtpParams> mtp;      // DeepSeek-V4 MTP blocks
+  std::vector<V3MtpParams> mtp3;     // DeepSeek-V3 MTP layers (held by the last stage; -1 elsewhere)
   int64_t hc_head_fn = -1, hc_head_base = -1, hc_head_scale = -1;  // V4: [n, n d], [n], [1]
   // Routed experts held: [expert_first, expert_first + expert_count). expert_begin >= 0 (sharded
   // layouts only): the slab offset where the expert region starts (it runs to total).
@@ -163,13 +171,13 @@ struct ParamLayout {
   int64_t tp_begin = -1;
   bool tp_sharded() const { return tp_begin >= 0; }
   bool sharded() const { return expert_sharded() || stage_sharded() || tp_sharded(); }
-  // Whether the layout holds decoder layer l's tensors (V4 MTP block k: l = num_hidden_layers + k,
-  // held by the last stage).
+  // Whether the layout holds decoder layer l's tensors (an MTP block or layer k: l =
+  // num_hidden_layers + k, held by the last stage).
   bool holds_layer(int64_t l) const {
     if (!stage_sharded()) return true;
     return (l >= stage.l0 && l < stage.l1) || (l >= num_main_layers && stage.last);
   }
-  int64_t num_main_layers = 0;  // num_hidden_layers (layers beyond it are V4 MTP blocks)
+  int64_t num_main_layers = 0;  // num_hidden_layers (layers beyond it are MTP blocks / layers)
 
   const ParamEntry* find(const std::string& name) const {
     auto it = index.find(name);
@@ -192,7 +200,7 @@ bool apply_tp_shard(const ModelConfig& c, const TpShard& tp, ParamLayout& L);
 // stage-sharded.
 bool apply_stage_shard(const ModelConfig& c, const StageShard& stage, ParamLayout& L);
 // Whether a stage holds the embedding (the first stage; the last too when it is shared) and
-// whether the embedding is shared by two stages: tied to the head, or read by V4 MTP blocks.
+// whether the embedding is shared by two stages: tied to the head, or read by MTP blocks / layers.
 bool stage_holds_embedding(const ModelConfig& c, const StageShard& s);
 bool embedding_shared(const ModelConfig& c, const StageShard& s);
 // Checks shard against c and fills L.expert_first / expert_count; true when the layout is sharded

@@ -30,6 +30,13 @@ inline nlohmann::json tiny_v2() {
           {"routed_scaling_factor", 1.5}, {"initializer_range", 0.1}, {"max_position_embeddings", 64}};
 }
 
+// tiny_v3 with n DeepSeek-V3 MTP layers (model/mtp_v3.h), trained with mtp_loss_weight > 0.
+inline nlohmann::json tiny_v3_mtp(int n = 1) {
+  nlohmann::json j = tiny_v3();
+  j["num_nextn_predict_layers"] = n;
+  return j;
+}
+
 // hidden 22, 3 heads of 10 in 3 output groups, CSA (rate 3) / HCA (rate 7) / sliding (window 5)
 // layers, hash routing in the first, hc_mult 3, one MTP block.
 inline nlohmann::json tiny_v4() {

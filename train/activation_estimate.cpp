@@ -259,40 +259,58 @@ struct StepWalk {
     mlp_forward(N, c.intermediate_size / tp, tp > 1);
     sp_pad(d);
   }
+  void v3_forward_kept(int64_t l) {
+    if (!replay) return v3_layer_forward(l);
+    f32(Nl * d);  // the kept input of the next layer
+    const auto m = A.mark();
+    v3_layer_forward(l);
+    A.release(m);
+  }
+  void v3_layer_backward(int64_t l) {
+    const auto m = A.mark();
+    if (replay) v3_layer_forward(l);
+    if (c.is_moe_layer(l)) {
+      moe_backward();
+    } else {
+      block_in(d), block_out_buf(d);
+      mlp_backward(N, c.intermediate_size / tp, tp > 1);
+      sp_pad(d);
+    }
+    block_in(d), block_out_buf(d);
+    mla_backward();
+    sp_pad(d);
+    A.release(m);
+  }
+  void v3_head() {
+    f32(Nl * d), f32(Nl), f32(Nl * d);  // norm out, rstd, dh
+    if (bf) b16(Nl * d);
+    f32((int64_t)ce_workspace());
+  }
   void run_v3() {
+    const int64_t Lm = c.num_hidden_layers, D = last ? c.v3_mtp_layers : 0;
     i32(N);       // positions
     f32(Nl * d);  // embedding (a later stage: the previous stage's output)
-    for (int64_t l = l0; l < l1; ++l) {
-      if (!replay) {
-        v3_layer_forward(l);
-        continue;
-      }
-      f32(Nl * d);  // the kept input of the next layer
-      const auto m = A.mark();
-      v3_layer_forward(l);
-      A.release(m);
-    }
-    if (last) {
-      f32(Nl * d), f32(Nl), f32(Nl * d);  // final norm out, rstd, dh
-      if (bf) b16(Nl * d);
-      f32((int64_t)ce_workspace());
+    for (int64_t l = l0; l < l1; ++l) v3_forward_kept(l);
+    if (last) v3_head();
+    for (int64_t k = 0; k < D; ++k) {  // model/mtp_v3.cpp
+      i32(Nl), i32(Nl);                                 // ids, tg
+      f32(Nl * d), f32(Nl * d), f32(Nl * d), f32(Nl), f32(Nl);  // e, en, hn, e_rstd, h_rstd
+      f32(Nl * 2 * d), f32(Nl * d);                     // cat, x
+      linear_fwd(Nl, 2 * d);
+      v3_forward_kept(Lm + k);
+      v3_head();
     }
     f32(Nl * d), f32(Nl * d), f32(Nl * d);  // dx (a stage before the last: dy), tmp, tmp2
-    for (int64_t l = l1 - 1; l >= l0; --l) {
+    if (D) f32(Nl * d), f32(Nl * d);       // MTP dh, dprev
+    for (int64_t k = D - 1; k >= 0; --k) {
       const auto m = A.mark();
-      if (replay) v3_layer_forward(l);
-      if (c.is_moe_layer(l)) {
-        moe_backward();
-      } else {
-        block_in(d), block_out_buf(d);
-        mlp_backward(N, c.intermediate_size / tp, tp > 1);
-        sp_pad(d);
-      }
-      block_in(d), block_out_buf(d);
-      mla_backward();
-      sp_pad(d);
+      v3_layer_backward(Lm + k);
+      f32(Nl * 2 * d);  // dcat
+      linear_bwd(Nl, 2 * d, d);
+      f32(Nl * d), f32(Nl * d), f32(Nl * d);  // den, dhn, de
       A.release(m);
     }
+    for (int64_t l = l1 - 1; l >= l0; --l) v3_layer_backward(l);
   }
 
   // model/v4_attn.cpp (H, G: this rank's heads and output groups).

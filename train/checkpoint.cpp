@@ -11,6 +11,7 @@
 #include "io/checksum.h"
 #include "io/safetensors.h"
 #include "model/checkpoint.h"
+#include "model/mtp_v3.h"
 
 namespace trex::train {
 
@@ -92,7 +93,7 @@ std::string save_checkpoint(const std::string& run_dir, const model::Model& m, c
                             int64_t optimizer_step, const TrainState& st, int keep) {
   TREX_CHECK(!m.layout.sharded(), "save_checkpoint: the model holds an expert shard or a pipeline stage only ",
              "(train/dist.h save_checkpoint gathers the shards)");
-  return save_checkpoint(run_dir, model::WeightsView{m.cfg, m.layout, m.P(), m.buffers.data()}, M1, M2,
+  return save_checkpoint(run_dir, model::WeightsView{m.cfg, m.layout, m.P(), m.buffers.data(), &m.kept}, M1, M2,
                          optimizer_step, st, keep);
 }
 
@@ -174,7 +175,7 @@ TrainState load_checkpoint(const std::string& dir, model::Model& m, AdamW& opt, 
   if (verify) verify_checkpoint(dir);
   // With the MTP blocks the run trains (config.json lists them in num_nextn_predict_layers).
   const model::ModelConfig c =
-      model::with_mtp(model::load_config_json(dir + "/config.json"), m.cfg.is_v4() ? m.cfg.v4.mtp_layers : 0);
+      model::with_mtp(model::load_config_json(dir + "/config.json"), m.cfg.is_v4() ? m.cfg.v4.mtp_layers : m.cfg.v3_mtp_layers);
   TREX_USER_CHECK(c.num_params() == m.cfg.num_params() && c.num_hidden_layers == m.cfg.num_hidden_layers,
                   "resume with the model config the run was started with", dir,
                   ": checkpoint model does not match the configured model");
@@ -184,9 +185,16 @@ TrainState load_checkpoint(const std::string& dir, model::Model& m, AdamW& opt, 
   std::vector<std::vector<const AdamWPiece*>> of_entry(m.layout.entries.size());
   for (const AdamWPiece& p : opt.pieces()) of_entry[p.entry].push_back(&p);
   std::vector<float> tmp, local;
+  int64_t fresh_moments = 0;
   for (size_t i = 0; i < m.layout.entries.size(); ++i) {
     const model::ParamEntry& e = m.layout.entries[i];
     const int64_t n = e.shape.numel();
+    // MTP tensors a run starts training on resume (the checkpoint's run kept them, mtp_loss_weight
+    // = 0): no moments in the file; theirs start at 0.
+    if (!f.find("exp_avg." + e.name) && model::v3_layer_of(e.name) >= m.cfg.num_hidden_layers) {
+      ++fresh_moments;
+      continue;
+    }
     // An expert-parallel shard's rows of a merged [E, ...] expert tensor, a tensor-parallel slice:
     // read whole, keep this entry's part.
     const int64_t n_file = e.whole_numel();
@@ -210,6 +218,9 @@ TrainState load_checkpoint(const std::string& dir, model::Model& m, AdamW& opt, 
         std::copy(src + (p->off - e.offset), src + (p->off - e.offset + p->n), M + p->state);
     }
   }
+  if (fresh_moments)
+    TREX_LOG_INFO(dir, ": ", fresh_moments, " tensors of the MTP layers have no optimizer moments (the run that wrote "
+                  "the checkpoint did not train them); their moments start at 0");
   nlohmann::json js;
   try {
     js = nlohmann::json::parse(std::ifstream(dir + "/trainer_state.json"));

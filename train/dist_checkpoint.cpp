@@ -148,7 +148,7 @@ std::string save_checkpoint(const std::string& run_dir, DataParallel& dp, const 
   std::string dir;
   if (dp.rank() == 0) {
     const model::Model& m = dp.model();
-    dir = save_checkpoint(run_dir, model::WeightsView{m.cfg, g.layout, g.params, m.buffers.data()},
+    dir = save_checkpoint(run_dir, model::WeightsView{m.cfg, g.layout, g.params, m.buffers.data(), &m.kept},
                           g.m1.data(), g.m2.data(), dp.opt().steps(), state, keep);
   }
   dp.comm().barrier();  // the checkpoint is complete before any rank goes on (or resumes from it)

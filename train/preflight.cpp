@@ -44,7 +44,7 @@ double read_number(const char* path) {
 
 MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks) {
   // The model as the run builds it: with its MTP blocks when they are trained (model/model.cpp).
-  const bool mtp = rc.model.is_v4() && rc.model.num_nextn_predict_layers > 0 && rc.train.mtp_loss_weight > 0;
+  const bool mtp = rc.model.num_nextn_predict_layers > 0 && rc.train.mtp_loss_weight > 0;
   const model::ModelConfig& c = rc.model;
   const model::ModelConfig run_cfg = model::with_mtp(c, mtp ? c.num_nextn_predict_layers : 0);
   const double P = (double)run_cfg.num_params();
@@ -112,7 +112,7 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks) {
   l.mbs = rc.train.batch_size;
   l.gbs = rc.train.batch_size * l.dp;
   l.seq = rc.data.seq_len;
-  l.mtp = mtp;
+  l.mtp = mtp && c.is_v4();  // (the planner models V4's MTP blocks; V3's are in P and the arena above)
   l.recompute = rc.train.recompute == model::Recompute::Full ? plan::Recompute::Full : plan::Recompute::None;
   const plan::MemoryReport r = plan::plan_memory(a, s, l);
   e.buffers = r.peak().buffers;

@@ -212,7 +212,7 @@ const std::vector<SectionSpec>& sections() {
                   [](const R& r) { return json(r.train.recompute == model::Recompute::Full ? "full" : "none"); },
                   0, 0, {"none", "full"}),
            field("mtp_loss_weight", Kind::Num, &R::train, &TrainConfig::mtp_loss_weight,
-                 "DeepSeek-V4: > 0 trains the config's MTP blocks, loss += weight x MTP cross-entropy", 0, 10),
+                 "DeepSeek-V3 / V4: > 0 trains the config's MTP layers (num_nextn_predict_layers), loss += weight x mean MTP cross-entropy; 0 keeps V3 MTP layers unchanged", 0, 10),
            field("max_skipped_steps", Kind::Int, &R::train, &TrainConfig::max_skipped_steps,
                  "stop the run after this many steps in a row skipped for a NaN / Inf loss or gradient", 1),
            field("memory_check", Kind::Bool, &R::train, &TrainConfig::memory_check,

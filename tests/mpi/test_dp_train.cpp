@@ -56,6 +56,12 @@ TEST(DpTrain, V2MatchesSingleRank) {
   parity(su, DpOptions{997, true}, 4, 2, 2, 11);
 }
 
+// DeepSeek-V3 MTP layers (model/mtp_v3.h), two depths, the aux loss on their MoE too.
+TEST(DpTrain, V3MatchesSingleRankWithMtp) {
+  Case su{tiny_v3_mtp(2), 0.01, 0.3};
+  parity(su, DpOptions{997, true}, 3, 2, 2, 11);
+}
+
 TEST(DpTrain, V4MatchesSingleRankWithMtp) {
   Case su{tiny_v4(), 0.0, 0.3};
   parity(su, DpOptions{1500, true}, 3, 2, 1, 13);
@@ -162,12 +168,20 @@ TEST(DpTrain, NanStepIsSkippedOnEveryRank) {
 // gathers them; loading keeps each rank's).
 // pp > 1: pipeline stages of the world's ranks, each holding its stage's tensors only.
 // tp > 1: tensor parallel, each rank holding its tp slice of the attention and dense MLP only.
-static void checkpoints_move_between_layouts(int zero_stage, int ep = 1, int pp = 1, int tp = 1) {
+// mtp: with a trained DeepSeek-V3 MTP layer (on the last stage under pp; its tensors gathered into
+// the checkpoint and read back by every layout).
+static void checkpoints_move_between_layouts(int zero_stage, int ep = 1, int pp = 1, int tp = 1, bool mtp = false) {
   init_threads(1);
   parallel::Communicator& w = parallel::test_world();
   json model = tp > 1 ? tp_v3() : tiny_v3();
   if (ep > 1) model["n_routed_experts"] = 6;
-  Case su = tp > 1 ? tp_case(model, 0.01, 0) : Case{model, 0.01, 0};
+  if (mtp) model["num_nextn_predict_layers"] = 1;
+  const double mtp_w = mtp ? 0.3 : 0.0;
+  Case su = tp > 1 ? tp_case(model, 0.01, mtp_w) : Case{model, 0.01, mtp_w};
+  // With MTP at lr 3e-3 the first step's summation-order noise, amplified by AdamW, moves the
+  // second step's moments 1.7e-5 of their largest apart under tp (TpTrain.GradientsSumToTheSingleRank
+  // has the gradients equal); lr 1e-3 as the other MTP parity runs.
+  if (mtp) su.lr = su.ocfg.lr = 1e-3f;
   parallel::ParallelDims dims;
   dims.dp = w.size() / (pp * tp), dims.ep = ep, dims.pp = pp, dims.tp = tp;
   train::validate_layout(dims, w.size(), su.cfg());
@@ -280,6 +294,23 @@ TEST(PpTrain, ShardedCheckpointsMoveBetweenLayouts) {
 TEST(TpTrain, ShardedCheckpointsMoveBetweenLayouts) {
   const int n = parallel::test_world().size();
   checkpoints_move_between_layouts(1, 1, 1, tp_for(n));
+}
+
+// The same with a DeepSeek-V3 MTP layer: dp (ZeRO-2), ep, pp (the MTP layer on the last stage), tp.
+TEST(DpTrain, CheckpointsMoveBetweenLayoutsWithMtp) { checkpoints_move_between_layouts(2, 1, 1, 1, true); }
+TEST(EpTrain, ShardedCheckpointsMoveBetweenLayoutsWithMtp) {
+  const int n = parallel::test_world().size();
+  if (6 % n != 0) GTEST_SKIP() << "6 experts over " << n << " ranks";
+  checkpoints_move_between_layouts(1, n, 1, 1, true);
+}
+TEST(PpTrain, ShardedCheckpointsMoveBetweenLayoutsWithMtp) {
+  const int n = parallel::test_world().size();
+  if (n > 4) GTEST_SKIP() << "at most 3 stages of the 3-layer model";
+  checkpoints_move_between_layouts(1, n == 4 ? 2 : 1, n == 4 ? 2 : n, 1, true);
+}
+TEST(TpTrain, ShardedCheckpointsMoveBetweenLayoutsWithMtp) {
+  const int n = parallel::test_world().size();
+  checkpoints_move_between_layouts(1, 1, 1, tp_for(n), true);
 }
 
 TEST(DpTrain, DataMappingEqualsTheBiggerBatch) {

@@ -47,6 +47,14 @@ TEST(PpTrain, V2MatchesSingleRank) {
   parity(su, DpOptions{997, true}, 4, 5, 2, 11, 1, 1, pp_for(n));
 }
 
+// DeepSeek-V3's MTP layer and the embedding it reads live on the last stage; with full recompute.
+TEST(PpTrain, V3MatchesSingleRankWithMtp) {
+  const int n = parallel::test_world().size();
+  Case su{tiny_v3_mtp(), 0.01, 0.3};
+  su.recompute = model::Recompute::Full;
+  parity(su, DpOptions{997, true}, 3, 4, 1, 13, 1, 1, pp_for(n));
+}
+
 // The MTP block, the hc_head and the embedding it reads live on the last stage; with full
 // activation recompute inside the stages' replayed forwards.
 TEST(PpTrain, V4MatchesSingleRankWithMtp) {

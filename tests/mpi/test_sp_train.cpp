@@ -74,10 +74,12 @@ TEST(SpTrain, GradientsSumToTheSingleRank) {
   init_threads(1);
   parallel::Communicator& w = parallel::test_world();
   const int tp = tp_for(w.size());
-  for (const json& mj : {tp_v3(), tp_v4()})
+  json v3_mtp = tp_v3();  // DeepSeek-V3 MTP layers (two depths)
+  v3_mtp["num_nextn_predict_layers"] = 2;
+  for (const json& mj : {tp_v3(), tp_v4(), v3_mtp})
     for (auto [B, T] : {std::pair<int64_t, int64_t>{2, 13}, {3, 7}}) {
-      const bool v4 = mj["model_type"] == "deepseek_v4";
-      Case su{mj, 0.01, v4 ? 0.3 : 0.0};
+      const bool mtp = mj.value("num_nextn_predict_layers", 0) > 0;
+      Case su{mj, 0.01, mtp ? 0.3 : 0.0};
       const model::ModelConfig cfg = su.cfg();
       const Global g = make_global(1, 1, 1, B, T, cfg.vocab_size, 23);
       auto ref = su.make(3);
@@ -134,13 +136,14 @@ TEST(SpTrain, ActivationEstimateMatchesTheArena) {
   dims.dp = w.size() / tp, dims.tp = tp;
   parallel::ProcessGroups groups = parallel::make_process_groups(w, dims);
   const int tp_rank = groups.tp->rank();
-  for (const json& mj : {tp_v3(), tp_v4()})
+  json v3_mtp = tp_v3();  // DeepSeek-V3 MTP layers (two depths)
+  v3_mtp["num_nextn_predict_layers"] = 2;
+  for (const json& mj : {tp_v3(), tp_v4(), v3_mtp})
     for (auto [B, T] : {std::pair<int64_t, int64_t>{2, 12}, {3, 7}, {2, 11}})  // 24, 21, 22 tokens
       for (kern::Prec prec : {kern::Prec::BF16, kern::Prec::F32})
         for (model::Recompute rec : {model::Recompute::None, model::Recompute::Full})
           for (bool sp : {false, true}) {
-            const bool v4 = mj["model_type"] == "deepseek_v4";
-            const double mtp = v4 ? 0.3 : 0.0;
+            const double mtp = mj.value("num_nextn_predict_layers", 0) > 0 ? 0.3 : 0.0;
             const model::ModelConfig cfg = model::parse_config(mj, "tiny");
             model::Model m(cfg, prec, {0.01, mtp, rec});
             m.init_random(3);
@@ -183,6 +186,17 @@ TEST(SpTrain, V2MatchesSingleRank) {
 // 3e-3 this tiny V4's loss rises and any change of summation order grows ~10x a step (the grad
 // norm of plain tp differs by 2e-8, 6e-7, 9e-6 in steps 1-3; sequence parallel's by 5e-7, 1e-6,
 // 1.05e-5), which measures AdamW's amplification, not the parallel layer.
+// Two depths; lr 1e-3 for the reason V4MatchesSingleRankWithMtp gives (at 3e-3 the embedding, which
+// three losses feed, ends 1.9e-5 apart in L2 after 3 steps).
+TEST(SpTrain, V3MatchesSingleRankWithMtp) {
+  const int n = parallel::test_world().size();
+  json m = tp_v3();
+  m["num_nextn_predict_layers"] = 2;
+  Case su = tp_case(m, 0.01, 0.3);
+  su.lr = su.ocfg.lr = 1e-3f;
+  parity(su, sp_options(997, true), 3, 2, 3, 7, 1, tp_for(n));
+}
+
 TEST(SpTrain, V4MatchesSingleRankWithMtp) {
   const int n = parallel::test_world().size();
   Case su = tp_case(tp_v4(), 0.01, 0.3);

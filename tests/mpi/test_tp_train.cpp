@@ -40,6 +40,14 @@ TEST(TpTrain, V2MatchesSingleRank) {
   parity(su, DpOptions{997, true}, 4, 2, 2, 11, 1, tp_for(n));
 }
 
+// DeepSeek-V3 MTP layer: its attention split like a main layer's, eh_proj and shared_head whole.
+TEST(TpTrain, V3MatchesSingleRankWithMtp) {
+  const int n = parallel::test_world().size();
+  json m = tp_v3();
+  m["num_nextn_predict_layers"] = 1;
+  parity(tp_case(m, 0.01, 0.3), DpOptions{997, true}, 3, 2, 2, 11, 1, tp_for(n));
+}
+
 // With full activation recompute: the replayed forwards repeat the tp all-reduces.
 TEST(TpTrain, V4MatchesSingleRankWithMtp) {
   const int n = parallel::test_world().size();
@@ -67,8 +75,10 @@ TEST(TpTrain, GradientsSumToTheSingleRank) {
   init_threads(1);
   parallel::Communicator& w = parallel::test_world();
   const int tp = tp_for(w.size());
-  for (const json& mj : {tp_v3(), tp_v4()}) {
-    Case su{mj, 0.01, mj["model_type"] == "deepseek_v4" ? 0.3 : 0.0};
+  json v3_mtp = tp_v3();  // DeepSeek-V3 MTP layers (two depths)
+  v3_mtp["num_nextn_predict_layers"] = 2;
+  for (const json& mj : {tp_v3(), tp_v4(), v3_mtp}) {
+    Case su{mj, 0.01, mj.value("num_nextn_predict_layers", 0) > 0 ? 0.3 : 0.0};
     const model::ModelConfig cfg = su.cfg();
     const Global g = make_global(1, 1, 1, 2, 13, cfg.vocab_size, 23);
     auto ref = su.make(3);

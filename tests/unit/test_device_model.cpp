@@ -1,7 +1,8 @@
 // A DeepSeek-V3-family model on a backend the host cannot address (model/model.h, backend()):
 // "Fenced" is the CPU backend with every allocation in its own mapping that is readable and
 // writable only while a backend call runs (PROT_NONE between calls). A training step on it must
-// give the plain CPU model's losses, gradients, parameters and optimizer moments bit for bit; a
+// give the plain CPU model's losses, gradients, parameters and optimizer moments bit for bit (V3
+// MTP layers included); a
 // host read or write of parameters, gradients or activations outside the backend faults, and the
 // test crashes. This is the device path of the CUDA backend with the CPU's kernels.
 #include <gtest/gtest.h>
@@ -151,6 +152,7 @@ struct Case {
   model::Recompute recompute;
   double aux;
   bool packed;  // positions and documents of packed rows
+  int mtp = 0;  // DeepSeek-V3 MTP layers trained (model/mtp_v3.h)
 };
 
 class DeviceModel : public ::testing::TestWithParam<Case> {};
@@ -158,9 +160,9 @@ class DeviceModel : public ::testing::TestWithParam<Case> {};
 // Three AdamW steps of the same batches on the CPU backend and on the fenced one.
 TEST_P(DeviceModel, StepsEqualTheCpuBitForBit) {
   const Case k = GetParam();
-  nlohmann::json j = trex::testing::tiny_v3();
+  nlohmann::json j = k.mtp ? trex::testing::tiny_v3_mtp(k.mtp) : trex::testing::tiny_v3();
   const model::ModelConfig cfg = model::parse_config(j, "tiny_v3");
-  const model::TrainOptions opt{k.aux, 0, k.recompute};
+  const model::TrainOptions opt{k.aux, k.mtp ? 0.3 : 0.0, k.recompute};
   Fenced dev;  // outlives the model and the optimizer that hold its memory
   model::Model a(cfg, k.prec, opt), m(cfg, k.prec, opt);
   m.use_backend(dev);  // before the weights, as the commands do: refresh_bf16 sends them
@@ -206,7 +208,8 @@ TEST_P(DeviceModel, StepsEqualTheCpuBitForBit) {
 INSTANTIATE_TEST_SUITE_P(Cases, DeviceModel,
                          ::testing::Values(Case{kern::Prec::F32, model::Recompute::None, 0.0, false},
                                            Case{kern::Prec::BF16, model::Recompute::None, 0.01, true},
-                                           Case{kern::Prec::F32, model::Recompute::Full, 0.01, true}));
+                                           Case{kern::Prec::F32, model::Recompute::Full, 0.01, true},
+                                           Case{kern::Prec::BF16, model::Recompute::None, 0.01, true, 2}));
 
 // A checkpoint written from the device (its copies brought back first, as the trainer does) and
 // resumed onto the device continues exactly as the CPU run that never stopped.

@@ -29,7 +29,7 @@ namespace {
 
 struct Shape {
   int64_t B, T;
-  double mtp;  // mtp_loss_weight (V4)
+  double mtp;  // mtp_loss_weight
 };
 
 // One forward_backward; returns the measured arena peak. seg: two documents a row.
@@ -181,6 +181,14 @@ json v4_blocks() {
 TEST(MemoryEstimate, TinyV3) {
   expect_estimate_matches(v3_a(), {2, 13, 0});
   expect_estimate_matches(v3_b(), {3, 37, 0});
+}
+
+// DeepSeek-V3 MTP layers (model/mtp_v3.h): two depths, the second one's layer MoE.
+TEST(MemoryEstimate, TinyV3WithMtp) {
+  json m = v3_a();
+  m["num_nextn_predict_layers"] = 2;
+  expect_estimate_matches(m, {2, 13, 0.3});
+  expect_estimate_matches(m, {3, 37, 0.3});
 }
 
 TEST(MemoryEstimate, TinyV4WithMtp) {

@@ -1,0 +1,280 @@
+// DeepSeek-V3 MTP layers (model/mtp_v3.h) beyond the PyTorch dumps (tests/reference/data/v3_mtp_*):
+// the layout under the release's names, the gradients of every tensor against a central finite
+// difference of the loss (two depths, a dense and a MoE MTP layer, packed rows), mtp_loss_weight = 0
+// keeping today's model bit for bit while the MTP tensors survive load -> save unchanged, and a
+// checkpoint written after training holding every model.layers.<L>.* tensor and resuming.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include "core/parallel.h"
+#include "core/rng.h"
+#include "io/safetensors.h"
+#include "model/checkpoint.h"
+#include "model/model.h"
+#include "model/mtp_v3.h"
+#include "train/checkpoint.h"
+#include "train/trainer.h"
+#include "tests/tiny_configs.h"
+#include "tests/unit/test_util.h"
+
+using namespace trex;
+using nlohmann::json;
+
+namespace {
+
+const char* kCase = "tests/reference/data/v3_mtp_softmax";
+
+model::ModelConfig cfg_of(const json& j) { return model::parse_config(j, "test config"); }
+
+struct Data {
+  int64_t B, T;
+  std::vector<int32_t> ids, tg, seg;
+  model::Batch batch(bool packed) const { return {B, T, ids.data(), tg.data(), nullptr, packed ? seg.data() : nullptr}; }
+};
+
+Data make_data(int64_t B, int64_t T, int64_t V, uint64_t seed) {
+  Rng r(seed);
+  Data d{B, T, {}, {}, {}};
+  for (int64_t i = 0; i < B * T; ++i) {
+    d.ids.push_back((int32_t)(r.next_u64() % V));
+    d.tg.push_back(i % 5 == 3 ? -100 : (int32_t)(r.next_u64() % V));
+    d.seg.push_back((int32_t)((i % T) < T / 2 + 1 ? 0 : 1));  // two documents per row
+  }
+  return d;
+}
+
+double loss_at(model::Model& m, const model::Batch& b, const std::vector<float>& p0, const std::vector<float>& v,
+               double t) {
+  float* P = m.P();
+  for (size_t i = 0; i < p0.size(); ++i) P[i] = p0[i] + (float)(t * v[i]);
+  return m.forward(b).loss;
+}
+
+// Central difference of the loss along a random unit direction inside each tensor vs the gradient.
+void fd_check(const json& j, int64_t B, int64_t T, bool packed, double aux, double w) {
+  init_threads();
+  model::ModelConfig cfg = cfg_of(j);
+  model::Model m(cfg, kern::Prec::F32, {aux, w});
+  m.init_random(7);
+  trex::testing::perturb_vectors(m, 3);
+  Data data = make_data(B, T, cfg.vocab_size, 11);
+  model::Batch b = data.batch(packed);
+  m.zero_grads();
+  model::LossParts lp = m.forward_backward(b, 1.f);
+  ASSERT_TRUE(std::isfinite(lp.loss));
+  ASSERT_GT(lp.mtp, 0);
+  const int64_t n = m.layout.total;
+  std::vector<float> p0(m.P(), m.P() + n), g(m.G(), m.G() + n);
+  Rng r(5);
+  const double t = 3e-3;
+  int checked = 0, kinks = 0, mtp_tensors = 0;
+  for (const model::ParamEntry& e : m.layout.entries) {
+    std::vector<float> v(n, 0.f);
+    double gv = 0, vv = 0;
+    for (int64_t i = e.offset; i < e.offset + e.shape.numel(); ++i) vv += (v[i] = (float)r.normal()) * v[i];
+    for (int64_t i = e.offset; i < e.offset + e.shape.numel(); ++i) {
+      v[i] = (float)(v[i] / std::sqrt(vv));
+      gv += (double)g[i] * v[i];
+    }
+    const double fd = (loss_at(m, b, p0, v, t) - loss_at(m, b, p0, v, -t)) / (2 * t);
+    const double tol = 3e-2 * std::abs(gv) + 2e-3;
+    if (std::abs(fd - gv) > tol) {  // an expert choice flipped inside [-t, t]: one-sided, smaller steps
+      const double l0 = loss_at(m, b, p0, v, 0);
+      const double fr = (loss_at(m, b, p0, v, t / 8) - l0) / (t / 8), fl = (l0 - loss_at(m, b, p0, v, -t / 8)) / (t / 8);
+      if (std::abs(fr - gv) <= 4 * tol || std::abs(fl - gv) <= 4 * tol) {
+        ++kinks;
+        continue;
+      }
+    }
+    EXPECT_NEAR(fd, gv, tol) << e.name;
+    ++checked;
+    mtp_tensors += model::v3_layer_of(e.name) >= cfg.num_hidden_layers;
+  }
+  std::printf("[v3 mtp fd] %d tensors checked (%d of the MTP layers), %d at a kink checked one-sided\n", checked,
+              mtp_tensors, kinks);
+  EXPECT_GT(mtp_tensors, 10);
+  EXPECT_LE(kinks, checked / 4);
+}
+
+// Every tensor of a's checkpoint is in b's with the same dtype, shape and bytes.
+void expect_same_tensors(const std::string& a_dir, const std::string& b_dir) {
+  io::SafetensorsDir a = io::SafetensorsDir::open(a_dir), b = io::SafetensorsDir::open(b_dir);
+  for (const std::string& n : a.names()) {
+    const io::SafetensorsFile *fa, *fb;
+    const io::TensorInfo* ta = a.find(n, &fa);
+    const io::TensorInfo* tb = b.find(n, &fb);
+    ASSERT_TRUE(tb) << n << " missing in " << b_dir;
+    ASSERT_EQ(ta->dtype, tb->dtype) << n;
+    ASSERT_TRUE(ta->shape == tb->shape) << n;
+    EXPECT_EQ(0, std::memcmp(fa->data(*ta), fb->data(*tb), ta->nbytes)) << n;
+  }
+}
+
+}  // namespace
+
+TEST(MtpV3, LayoutUnderTheReleaseNames) {
+  const model::ModelConfig cfg = cfg_of(trex::testing::tiny_v3_mtp());
+  json j0 = trex::testing::tiny_v3();
+  const model::Model plain(cfg_of(j0), kern::Prec::F32), off(cfg, kern::Prec::F32), on(cfg, kern::Prec::F32, {0, 0.3});
+  // mtp_loss_weight = 0: the layout of the model without MTP layers, tensor for tensor.
+  ASSERT_EQ(off.layout.entries.size(), plain.layout.entries.size());
+  EXPECT_EQ(off.layout.total, plain.layout.total);
+  for (size_t i = 0; i < off.layout.entries.size(); ++i) {
+    EXPECT_EQ(off.layout.entries[i].name, plain.layout.entries[i].name);
+    EXPECT_EQ(off.layout.entries[i].offset, plain.layout.entries[i].offset);
+  }
+  const int64_t d = cfg.hidden_size, V = cfg.vocab_size;
+  ASSERT_EQ(on.layout.layers.size(), 4u);
+  ASSERT_EQ(on.layout.mtp3.size(), 1u);
+  for (auto [name, shape] : std::vector<std::pair<std::string, Shape>>{
+           {"enorm.weight", {d}}, {"hnorm.weight", {d}}, {"eh_proj.weight", {d, 2 * d}},
+           {"shared_head.norm.weight", {d}}, {"shared_head.head.weight", {V, d}},
+           {"self_attn.kv_b_proj.weight", on.layout.find("model.layers.2.self_attn.kv_b_proj.weight")->shape},
+           {"mlp.experts.4.down_proj.weight", {d, cfg.moe_intermediate_size}}}) {
+    const model::ParamEntry* e = on.layout.find("model.layers.3." + name);
+    ASSERT_TRUE(e) << name;
+    EXPECT_TRUE(e->shape == shape) << name;
+  }
+  // The main model's tensors keep their offsets; the MTP layer comes after the head.
+  for (const model::ParamEntry& e : off.layout.entries) EXPECT_EQ(on.layout.find(e.name)->offset, e.offset) << e.name;
+  EXPECT_FALSE(on.layout.find("model.layers.3.embed_tokens.weight"));  // shared: model.embed_tokens
+  EXPECT_EQ(model::v3_layer_of("model.layers.61.eh_proj.weight"), 61);
+  EXPECT_TRUE(model::v3_mtp_embed_alias("model.layers.61.embed_tokens.weight", 61));
+  EXPECT_FALSE(model::v3_mtp_embed_alias("model.embed_tokens.weight", 61));
+}
+
+// Two depths; first_k_dense_replace 4 makes MTP layer 3 dense and MTP layer 4 MoE.
+TEST(MtpV3, FiniteDifferenceTwoDepthsPacked) {
+  json j = trex::testing::tiny_v3_mtp(2);
+  j["first_k_dense_replace"] = 4;
+  fd_check(j, 2, 17, true, 0.01, 0.7);
+}
+
+// One depth with a tied LM head (shared_head.head stays a tensor of its own).
+TEST(MtpV3, FiniteDifferenceOneDepthTiedHead) {
+  json j = trex::testing::tiny_v3_mtp(1);
+  j["tie_word_embeddings"] = true;
+  fd_check(j, 2, 13, false, 0.0, 0.4);
+}
+
+// mtp_loss_weight = 0 on a checkpoint with an MTP layer: the model, loss and gradients are those
+// of the config without it, bit for bit; the MTP tensors come back unchanged from a save (f32 and
+// the bf16 round trip), and `trex convert` goes through the same save.
+TEST(MtpV3, WeightZeroKeepsTheLayersUnchanged) {
+  init_threads();
+  const model::ModelConfig cfg = model::load_config_json(std::string(kCase) + "/model/config.json");
+  ASSERT_EQ(cfg.num_nextn_predict_layers, 1);
+  model::ModelConfig c0 = cfg;
+  c0.num_nextn_predict_layers = 0;
+  model::Model m(cfg, kern::Prec::F32, {0.01, 0.0}), ref(c0, kern::Prec::F32, {0.01, 0.0});
+  model::load_hf_weights(m, std::string(kCase) + "/model");
+  model::load_hf_weights(ref, std::string(kCase) + "/model");
+  EXPECT_TRUE(ref.kept.empty());
+  EXPECT_GT(m.kept.size(), 20u);
+  for (const model::KeptTensor& k : m.kept) EXPECT_EQ(model::v3_layer_of(k.name), 2) << k.name;
+  std::vector<int32_t> ids(22), tg(22);
+  for (int i = 0; i < 22; ++i) ids[i] = (i * 7 + 3) % 83, tg[i] = i % 6 == 5 ? -100 : (i * 5 + 1) % 83;
+  const model::Batch b{2, 11, ids.data(), tg.data(), nullptr, nullptr};
+  const model::LossParts a = m.forward_backward(b, 1.f), r = ref.forward_backward(b, 1.f);
+  EXPECT_EQ(a.loss, r.loss);
+  EXPECT_EQ(a.mtp, 0.0);
+  ASSERT_EQ(m.layout.total, ref.layout.total);
+  EXPECT_EQ(0, std::memcmp(m.G(), ref.G(), m.layout.total * sizeof(float)));
+  test::TmpDir f32("trex_mtp_f32"), bf("trex_mtp_bf"), bf2("trex_mtp_bf2");
+  model::save_hf_checkpoint(m, f32.str(), DType::F32);
+  expect_same_tensors(std::string(kCase) + "/model", f32.str());
+  EXPECT_EQ(model::load_config_json(f32.file("config.json")).num_nextn_predict_layers, 1);
+  model::save_hf_checkpoint(m, bf.str(), DType::BF16, 20000);
+  model::Model m2(cfg, kern::Prec::F32);
+  model::load_hf_weights(m2, bf.str());
+  model::save_hf_checkpoint(m2, bf2.str(), DType::BF16, 20000);
+  expect_same_tensors(bf.str(), bf2.str());
+  expect_same_tensors(bf2.str(), bf.str());
+  // A run checkpoint of the weight-0 run resumes into a run that trains the MTP layer: the layer's
+  // weights are the checkpoint's, its optimizer moments (absent from the file) start at 0.
+  train::AdamW opt(m, {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f});
+  test::TmpDir run("trex_mtp_run0");
+  train::TrainState st;
+  st.step = 1;
+  const std::string dir = train::save_checkpoint(run.str(), m, opt, st);
+  expect_same_tensors(std::string(kCase) + "/model", dir);
+  model::Model on(cfg, kern::Prec::F32, {0.01, 0.3});
+  train::AdamW opt_on(on, {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f});
+  EXPECT_EQ(train::load_checkpoint(dir, on, opt_on).step, 1);
+  for (const model::KeptTensor& k : m.kept) {
+    const model::ParamEntry* e = on.layout.find(k.name);
+    if (!e) continue;  // the router bias (a buffer), the embedding copy
+    EXPECT_EQ(0, std::memcmp(on.P() + e->offset, k.v.data(), k.v.size() * sizeof(float))) << k.name;
+  }
+  EXPECT_GT(train::trainer_step(on, opt_on, {b}, 1e-2f, 0.f).mtp, 0.0);
+}
+
+// Training the MTP layer: a checkpoint written after the steps holds every tensor the release
+// layout has (model.layers.<L>.* included, embed_tokens as a copy of the trained embedding), the
+// MTP tensors moved, and the checkpoint resumes into a fresh model exactly.
+TEST(MtpV3, TrainedCheckpointHoldsEveryMtpTensorAndResumes) {
+  init_threads();
+  const model::ModelConfig cfg = model::load_config_json(std::string(kCase) + "/model/config.json");
+  model::Model m(cfg, kern::Prec::F32, {0.01, 0.3});
+  model::load_hf_weights(m, std::string(kCase) + "/model");
+  const std::vector<float> p0(m.P(), m.P() + m.layout.total);
+  train::AdamW opt(m, {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f});
+  std::vector<int32_t> ids(22), tg(22);
+  for (int i = 0; i < 22; ++i) ids[i] = (i * 7 + 3) % 83, tg[i] = i % 6 == 5 ? -100 : (i * 5 + 1) % 83;
+  const model::Batch b{2, 11, ids.data(), tg.data(), nullptr, nullptr};
+  for (int s = 0; s < 2; ++s) EXPECT_GT(train::trainer_step(m, opt, {b}, 1e-2f, 0.f).mtp, 0.0);
+  test::TmpDir run("trex_mtp_run");
+  train::TrainState st;
+  st.step = 2;
+  const std::string dir = train::save_checkpoint(run.str(), m, opt, st);
+  io::SafetensorsDir src = io::SafetensorsDir::open(std::string(kCase) + "/model"), out = io::SafetensorsDir::open(dir);
+  int mtp_names = 0;
+  for (const std::string& n : src.names()) {
+    EXPECT_TRUE(out.find(n)) << n << " missing after training";
+    mtp_names += model::v3_layer_of(n) == 2;
+  }
+  EXPECT_GT(mtp_names, 25);
+  EXPECT_EQ(src.names().size(), out.names().size());
+  for (const char* n : {"model.layers.2.eh_proj.weight", "model.layers.2.shared_head.head.weight",
+                        "model.layers.2.self_attn.kv_a_proj_with_mqa.weight", "model.layers.2.enorm.weight"}) {
+    const model::ParamEntry* e = m.layout.find(n);
+    ASSERT_TRUE(e) << n;
+    double moved = 0;
+    for (int64_t i = 0; i < e->shape.numel(); ++i) moved = std::max(moved, (double)std::fabs(m.P()[e->offset + i] - p0[e->offset + i]));
+    EXPECT_GT(moved, 1e-4) << n << " did not train";
+  }
+  std::vector<float> emb(cfg.vocab_size * cfg.hidden_size), alias(emb.size());
+  out.read_f32("model.embed_tokens.weight", emb.data(), emb.size());
+  out.read_f32("model.layers.2.embed_tokens.weight", alias.data(), alias.size());
+  EXPECT_EQ(emb, alias);
+  // Resume: weights, router biases and moments come back.
+  model::Model m3(cfg, kern::Prec::F32, {0.01, 0.3});
+  train::AdamW opt3(m3, {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f});
+  EXPECT_EQ(train::load_checkpoint(dir, m3, opt3).step, 2);
+  EXPECT_EQ(0, std::memcmp(m.P(), m3.P(), m.layout.total * sizeof(float)));
+  EXPECT_EQ(m.buffers, m3.buffers);
+  const double l1 = train::trainer_step(m, opt, {b}, 1e-2f, 0.f).loss, l3 = train::trainer_step(m3, opt3, {b}, 1e-2f, 0.f).loss;
+  EXPECT_EQ(l1, l3);
+}
+
+// A checkpoint without the MTP layers (what transformers writes) trained with MTP: the layers
+// start from random init, shared_head.head from lm_head, with a warning; and a weight > 0 on a
+// config without MTP layers is refused naming the field.
+TEST(MtpV3, FreshLayersFromACheckpointWithoutThem) {
+  init_threads();
+  const model::ModelConfig cfg = model::load_config_json(std::string(kCase) + "/model/config.json");
+  model::ModelConfig c0 = cfg;
+  c0.num_nextn_predict_layers = 0;
+  model::Model plain(c0, kern::Prec::F32);
+  model::load_hf_weights(plain, std::string(kCase) + "/model");
+  test::TmpDir tmp("trex_mtp_fresh");
+  model::save_hf_checkpoint(plain, tmp.str(), DType::F32);  // no model.layers.2.*
+  model::Model m(cfg, kern::Prec::F32, {0.0, 0.5});
+  model::load_hf_weights(m, tmp.str());
+  const model::V3MtpParams& t = m.layout.mtp3[0];
+  EXPECT_EQ(0, std::memcmp(m.P() + t.head, m.P() + m.layout.head, cfg.vocab_size * cfg.hidden_size * sizeof(float)));
+  EXPECT_EQ(m.P()[t.enorm], 1.f);
+  EXPECT_THROW(model::Model(c0, kern::Prec::F32, {0.0, 0.5}), UserError);
+}
