@@ -2,7 +2,7 @@
 // "Fenced" is the CPU backend with every allocation in its own mapping that is readable and
 // writable only while a backend call runs (PROT_NONE between calls). A training step on it must
 // give the plain CPU model's losses, gradients, parameters and optimizer moments bit for bit (V3
-// MTP layers included); a
+// MTP layers and DeepSeek-V2 included); a
 // host read or write of parameters, gradients or activations outside the backend faults, and the
 // test crashes. This is the device path of the CUDA backend with the CPU's kernels.
 #include <gtest/gtest.h>
@@ -153,6 +153,7 @@ struct Case {
   double aux;
   bool packed;  // positions and documents of packed rows
   int mtp = 0;  // DeepSeek-V3 MTP layers trained (model/mtp_v3.h)
+  bool v2 = false;  // DeepSeek-V2 (softmax router without a bias, no q LoRA)
 };
 
 class DeviceModel : public ::testing::TestWithParam<Case> {};
@@ -160,7 +161,7 @@ class DeviceModel : public ::testing::TestWithParam<Case> {};
 // Three AdamW steps of the same batches on the CPU backend and on the fenced one.
 TEST_P(DeviceModel, StepsEqualTheCpuBitForBit) {
   const Case k = GetParam();
-  nlohmann::json j = k.mtp ? trex::testing::tiny_v3_mtp(k.mtp) : trex::testing::tiny_v3();
+  nlohmann::json j = k.v2 ? trex::testing::tiny_v2() : k.mtp ? trex::testing::tiny_v3_mtp(k.mtp) : trex::testing::tiny_v3();
   const model::ModelConfig cfg = model::parse_config(j, "tiny_v3");
   const model::TrainOptions opt{k.aux, k.mtp ? 0.3 : 0.0, k.recompute};
   Fenced dev;  // outlives the model and the optimizer that hold its memory
@@ -209,7 +210,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, DeviceModel,
                          ::testing::Values(Case{kern::Prec::F32, model::Recompute::None, 0.0, false},
                                            Case{kern::Prec::BF16, model::Recompute::None, 0.01, true},
                                            Case{kern::Prec::F32, model::Recompute::Full, 0.01, true},
-                                           Case{kern::Prec::BF16, model::Recompute::None, 0.01, true, 2}));
+                                           Case{kern::Prec::BF16, model::Recompute::None, 0.01, true, 2},
+                                           Case{kern::Prec::F32, model::Recompute::None, 0.01, true, 0, true}));
 
 // A checkpoint written from the device (its copies brought back first, as the trainer does) and
 // resumed onto the device continues exactly as the CPU run that never stopped.
