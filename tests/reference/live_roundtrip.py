@@ -1,20 +1,22 @@
 #!/usr/bin/env python3
-"""Live round trip of DeepSeek-V2 checkpoints through the installed transformers:
+"""Live round trip of DeepSeek-V3 and DeepSeek-V2 checkpoints through the installed transformers:
 
-  DeepseekV2ForCausalLM.save_pretrained -> trex grad (loss) -> trex convert (f32 and bf16) ->
-  DeepseekV2ForCausalLM.from_pretrained -> the same logits; the converted checkpoint holds exactly
-  the names save_pretrained wrote (per-expert experts.E.gate_proj / up_proj / down_proj, no router
-  bias) and its config.json loads as a DeepseekV2Config with the same routing fields.
+  Deepseek{V3,V2}ForCausalLM.save_pretrained -> trex grad (loss) -> trex convert (f32 and bf16) ->
+  from_pretrained -> the same logits; the converted checkpoint holds exactly the names
+  save_pretrained wrote (per-expert experts.E.gate_proj / up_proj / down_proj; V3's router bias,
+  none for V2) and its config.json loads back with the same routing fields.
+(DeepSeek-V4's three namings: live_v4_namings.py.)
 
-Three configs with odd sizes: V2-Lite-like (q_lora_rank null, greedy, 3 shared experts, tied
-embeddings), V2 / V2.5-like (q_lora, group_limited_greedy, routed_scaling_factor 16, YaRN), and no
-shared experts (transformers saves an empty shared-expert MLP; trex loads it as nothing and does
-not write it).
+V3, two configs with odd sizes: groups, q_lora, YaRN; one group, no q_lora, tied embeddings (both
+sigmoid noaux_tc: transformers' V3 router computes nothing else).
+V2, three: V2-Lite-like (q_lora_rank null, greedy, 3 shared experts, tied embeddings), V2 /
+V2.5-like (q_lora, group_limited_greedy, routed_scaling_factor 16, YaRN), and no shared experts
+(transformers saves an empty shared-expert MLP; trex loads it as nothing and does not write it).
 Passes when trex's loss equals transformers' to 1e-5 relative and the f32 round trip's logits equal
 the saved model's to 1e-5 relative (bf16: 2e-2). Needs the reference environment (make pyref) and
 a built trex.
 
-  .venv/bin/python tests/reference/live_v2_roundtrip.py --trex build/trex [--out out/v2_roundtrip]
+  .venv/bin/python tests/reference/live_roundtrip.py --trex build/trex [--family v3|v2] [--out out/roundtrip]
 """
 import argparse
 import json
@@ -27,16 +29,39 @@ import warnings
 
 import torch
 from safetensors import safe_open
-from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
+from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM
 from transformers import logging as hf_logging
 
 hf_logging.set_verbosity_error()
 warnings.filterwarnings("ignore", message="Initializing zero-element tensors is a no-op")
 hf_logging.disable_progress_bar()
 
+V3_CONFIGS = {
+    "v3_sigmoid_groups": dict(vocab_size=79, hidden_size=45, num_hidden_layers=3, num_attention_heads=5,
+                              num_key_value_heads=5,
+                              q_lora_rank=19, kv_lora_rank=13, qk_nope_head_dim=7, qk_rope_head_dim=6, v_head_dim=9,
+                              intermediate_size=47, moe_intermediate_size=11, n_routed_experts=9, n_shared_experts=1,
+                              num_experts_per_tok=3, n_group=3, topk_group=2, first_k_dense_replace=1,
+                              topk_method="noaux_tc", scoring_func="sigmoid", norm_topk_prob=True,
+                              routed_scaling_factor=2.5, max_position_embeddings=64,
+                              rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=3.0,
+                                                   original_max_position_embeddings=16, beta_fast=32, beta_slow=1,
+                                                   mscale=1.0, mscale_all_dim=1.0)),
+    "v3_noqlora_tied": dict(vocab_size=73, hidden_size=33, num_hidden_layers=2, num_attention_heads=3,
+                            num_key_value_heads=3,
+                            q_lora_rank=None, kv_lora_rank=9, qk_nope_head_dim=5, qk_rope_head_dim=4, v_head_dim=7,
+                            intermediate_size=29, moe_intermediate_size=7, n_routed_experts=5, n_shared_experts=2,
+                            num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1,
+                            topk_method="noaux_tc", scoring_func="sigmoid", norm_topk_prob=False,
+                            routed_scaling_factor=1.0, tie_word_embeddings=True, max_position_embeddings=64),
+}
+# (transformers' DeepseekV3 router is always sigmoid + noaux_tc, whatever scoring_func and
+# topk_method say; trex computes them as DeepSeek's release code does, and make_dumps.py patches
+# transformers' gate to match. A round trip through transformers' own forward takes the case
+# transformers computes the same way.)
 # kv_lora_rank and qk_nope_head_dim even: transformers' fp32 V2 RoPE views them as complex pairs
 # (tests/reference/make_dumps_v2.py).
-CONFIGS = {
+V2_CONFIGS = {
     "v2_lite": dict(vocab_size=71, hidden_size=35, num_hidden_layers=3, num_attention_heads=5, q_lora_rank=None,
                     kv_lora_rank=12, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=7, intermediate_size=41,
                     moe_intermediate_size=9, n_routed_experts=7, n_shared_experts=3, num_experts_per_tok=2,
@@ -57,7 +82,7 @@ CONFIGS = {
                         first_k_dense_replace=1, routed_scaling_factor=1.0, max_position_embeddings=64),
 }
 IDS = [[1, 5, 9, 13, 2, 40, 33, 7, 8, 21, 3, 17, 60, 0, 44], [4, 4, 19, 23, 1, 0, 66, 12, 30, 2, 9, 9, 50, 6, 11]]
-ROUTING = ("topk_method", "n_group", "topk_group", "routed_scaling_factor", "norm_topk_prob", "q_lora_rank",
+ROUTING = ("topk_method", "scoring_func", "n_group", "topk_group", "routed_scaling_factor", "norm_topk_prob", "q_lora_rank",
            "n_shared_experts", "first_k_dense_replace", "tie_word_embeddings", "rope_parameters")
 
 
@@ -74,13 +99,18 @@ def names(d):  # leaving out empty tensors (n_shared_experts 0), which trex does
     return sorted(out)
 
 
-def one(name, kw, trex, out, seed):
+FAMILIES = {"v3": (DeepseekV3Config, DeepseekV3ForCausalLM, V3_CONFIGS),
+            "v2": (DeepseekV2Config, DeepseekV2ForCausalLM, V2_CONFIGS)}
+
+
+def one(family, name, kw, trex, out, seed):
     ok = True
     torch.manual_seed(seed)
-    cfg = DeepseekV2Config(**kw)
+    Config, Model, _ = FAMILIES[family]
+    cfg = Config(**kw)
     cfg._attn_implementation = "eager"
     cfg._experts_implementation = "eager"
-    m = DeepseekV2ForCausalLM(cfg).float().eval()
+    m = Model(cfg).float().eval()
     with torch.no_grad():  # off the constant initial values (norms 1), routers spread out
         for p in m.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -114,9 +144,14 @@ def one(name, kw, trex, out, seed):
         same = names(dst) == names(saved)
         ok &= same
         print(f"{'ok  ' if same else 'FAIL'} {name}: trex convert --dtype {dtype} writes save_pretrained's names")
-        back = DeepseekV2ForCausalLM.from_pretrained(dst, attn_implementation="eager", experts_implementation="eager",
+        back = Model.from_pretrained(dst, attn_implementation="eager", experts_implementation="eager",
                                                      dtype=torch.float32).eval()
-        diff = [k for k in ROUTING if getattr(back.config, k) != getattr(m.config, k)
+        # (A key the original config does not have, such as V2's scoring_func, is not compared; trex
+        # writes V3's RoPE as the releases do, rope_scaling with the legacy "type" beside "rope_type".)
+        def norm(k, v):
+            return {x: y for x, y in v.items() if x != "type"} if k == "rope_parameters" and v else v
+        diff = [k for k in ROUTING if getattr(m.config, k, None) is not None
+                and norm(k, getattr(back.config, k, None)) != norm(k, getattr(m.config, k, None))
                 and not (k in ("n_group", "topk_group") and cfg.topk_method == "greedy")]
         ok &= not diff
         print(f"{'ok  ' if not diff else 'FAIL'} {name}: the converted config.json reads back the same "
@@ -132,13 +167,17 @@ def one(name, kw, trex, out, seed):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trex", default="build/trex")
-    ap.add_argument("--out", default="out/v2_roundtrip")
+    ap.add_argument("--out", default="out/roundtrip")
+    ap.add_argument("--family", choices=["all", *FAMILIES], default="all")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     shutil.rmtree(a.out, ignore_errors=True)
     ok = True
-    for name, kw in CONFIGS.items():
-        ok &= one(name, kw, a.trex, a.out, a.seed)
+    for family, (_, _, configs) in FAMILIES.items():
+        if a.family not in ("all", family):
+            continue
+        for name, kw in configs.items():
+            ok &= one(family, name, kw, a.trex, a.out, a.seed)
     print("transformers", __import__("transformers").__version__, "torch", torch.__version__)
     return 0 if ok else 1
 
