@@ -223,6 +223,7 @@ void load_hf_weights(Model& m, const std::string& dir, bool verify) {
 std::string config_to_json(const ModelConfig& c) {
   if (c.is_v4()) return config_to_json_v4(c);
   if (c.is_v2()) return config_to_json_v2(c);
+  if (c.is_v32()) return config_to_json_v32(c);
   nlohmann::ordered_json j;
   j["architectures"] = {"DeepseekV3ForCausalLM"};
   j["model_type"] = "deepseek_v3";

@@ -67,9 +67,10 @@ ModelConfig parse_config(const json& j, const std::string& where, std::set<std::
   c.model_type = r.str("model_type", "deepseek_v3");
   if (c.model_type == "deepseek_v4") return parse_config_v4(j, where, used);
   if (c.model_type == "deepseek_v2") return parse_config_v2(j, where, used);
+  if (c.model_type == "deepseek_v32") return parse_config_v32(j, where, used);
   TREX_USER_CHECK(c.model_type == "deepseek_v3" || c.model_type == "kimi_k2",
                   "this build trains model_type deepseek_v3 (also R1, V3.1, Kimi-K2, Moonlight), deepseek_v2 (also "
-                  "V2-Lite, V2.5) and deepseek_v4", where,
+                  "V2-Lite, V2.5), deepseek_v32 (V3.2) and deepseek_v4", where,
                   ": model_type '", c.model_type, "' is not supported");
   c.vocab_size = r.i64("vocab_size", 0, true, 1);
   c.hidden_size = r.i64("hidden_size", 0, true, 1);
@@ -229,6 +230,9 @@ int64_t ModelConfig::num_params() const {
                               : d * H * qk_head_dim()) +
                  d * (kv_lora_rank + qk_rope_head_dim) + kv_lora_rank +
                  kv_lora_rank * H * (qk_nope_head_dim + v_head_dim) + H * v_head_dim * d + 2 * d;
+  if (is_v32())  // the indexer: wq_b, wk, k_norm (weight, bias), weights_proj
+    attn += v32.index_n_heads * v32.index_head_dim * q_lora_rank + v32.index_head_dim * d + 2 * v32.index_head_dim +
+            v32.index_n_heads * d;
   int64_t total = vocab_size * d * (tie_word_embeddings ? 1 : 2) + d;
   // MTP layers (v3_mtp_layers, model/mtp_v3.h): a decoder layer each, plus enorm, hnorm, eh_proj,
   // shared_head.norm and shared_head.head.

@@ -51,6 +51,12 @@ struct V4Config {
   int64_t rate(int64_t l) const { return attn[l] == AttnKind::CSA ? csa_rate : attn[l] == AttnKind::HCA ? hca_rate : 0; }
 };
 
+// The DeepSeek-V3.2 part of a config (model_type "deepseek_v32"; transformers' DeepseekV32Config):
+// the lightning indexer that picks, per query, the index_topk tokens MLA attends (DSA).
+struct V32Config {
+  int64_t index_n_heads = 0, index_head_dim = 0, index_topk = 0;
+};
+
 struct ModelConfig {
   std::string model_type = "deepseek_v3";
   int64_t vocab_size = 0, hidden_size = 0, num_hidden_layers = 0;
@@ -77,11 +83,13 @@ struct ModelConfig {
   // eh_proj and shared_head (model/mtp_v3.h). V4 keeps its count in v4.mtp_layers.
   int64_t v3_mtp_layers = 0;
   V4Config v4;                           // used when is_v4()
+  V32Config v32;                         // used when is_v32()
 
   // Derived.
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   bool is_v4() const { return model_type == "deepseek_v4"; }
   bool is_v2() const { return model_type == "deepseek_v2"; }  // no e_score_correction_bias
+  bool is_v32() const { return model_type == "deepseek_v32"; }  // MLA over the indexer's top-k tokens
   bool is_moe_layer(int64_t l) const { return n_routed_experts > 0 && l >= first_k_dense_replace; }
   // Some layer has a dense SwiGLU MLP (V3 first_k_dense_replace layers; V4 has none).
   bool has_dense_mlp() const { return !is_v4() && (n_routed_experts == 0 || first_k_dense_replace > 0); }
@@ -112,6 +120,10 @@ ModelConfig parse_config_v4(const nlohmann::json& j, const std::string& where,  
 ModelConfig parse_config_v2(const nlohmann::json& j, const std::string& where, std::set<std::string>* used = nullptr);
 // Its config.json as transformers' save_pretrained writes it (DeepseekV2ForCausalLM).
 std::string config_to_json_v2(const ModelConfig& c);
+// DeepSeek-V3.2 (model/config_v32.cpp): transformers' DeepseekV32Config keys and defaults, read
+// into the V3 fields plus v32; what trex cannot compute as transformers does is refused there.
+ModelConfig parse_config_v32(const nlohmann::json& j, const std::string& where, std::set<std::string>* used = nullptr);
+std::string config_to_json_v32(const ModelConfig& c);  // as save_pretrained writes it
 // Top-level config.json keys: those the DeepSeek-V3 / Kimi-K2 / DeepSeek-V4 parsers look at, those
 // the Hugging Face classes know and trex does not use (bos_token_id, use_cache, architectures,
 // quantization_config: read by the weight loader), and both. A [model] key of a run config

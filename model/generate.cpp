@@ -11,6 +11,7 @@
 #include "model/mla.h"
 #include "model/mlp.h"
 #include "model/moe.h"
+#include "model/v32_indexer.h"
 
 namespace trex::model {
 
@@ -22,6 +23,7 @@ Decoder::Decoder(Model& m, int64_t max_len) : m_(m), max_len_(max_len) {
   const int64_t H = c.num_attention_heads;
   K_.assign(c.num_hidden_layers, std::vector<float>(max_len * H * c.qk_head_dim()));
   V_.assign(c.num_hidden_layers, std::vector<float>(max_len * H * c.v_head_dim));
+  if (c.is_v32()) IK_.assign(c.num_hidden_layers, std::vector<float>(max_len * c.v32.index_head_dim));
 }
 
 const std::vector<float>& Decoder::feed(const int32_t* ids, int64_t n) {
@@ -68,15 +70,37 @@ const std::vector<float>& Decoder::feed(const int32_t* ids, int64_t n) {
     float* Vc = V_[l].data();
     std::memcpy(Kc + len_ * H * dqk, s.K, n * H * dqk * sizeof(float));
     std::memcpy(Vc + len_ * H * dv, s.V, n * H * dv * sizeof(float));
-    // Attention of the new tokens over the cache (causal: token i sees positions <= len + i).
+    // DeepSeek-V3.2: the indexer's keys join their cache; each new token's keys are the indexer's
+    // top-k of the positions <= its own (as the training forward selects them).
+    const bool sparse = c.is_v32();
+    int32_t* cnt = nullptr;
+    int32_t* sel = nullptr;
+    int64_t kt = 0;
+    if (sparse) {
+      const int64_t nI = c.v32.index_n_heads, dI = c.v32.index_head_dim;
+      float* IKc = IK_[l].data();
+      v32_index_keys(ctx, ai, h, n, pos, IKc + len_ * dI);
+      float* iq = A.alloc<float>(n * nI * dI);
+      float* wts = A.alloc<float>(n * nI);
+      v32_index_queries(ctx, ai, h, s.qan, n, pos, iq, wts);
+      const kern::IndexerShape ish = v32_index_shape(c, n, len_ + n);
+      kt = ish.topk;
+      cnt = A.alloc<int32_t>(n);
+      sel = A.alloc<int32_t>(n * kt);
+      float* work = A.alloc<float>(std::max<size_t>(kern::indexer_workspace_floats(ish), 1));
+      kern::indexer_topk(ish, iq, IKc, wts, pos, cnt, sel, nullptr, work);
+    }
+    // Attention of the new tokens over the cache (causal: token i sees positions <= len + i; V3.2:
+    // the selected ones of them).
     const float scale = rope.softmax_scale;
     parallel_dynamic(n * H, [&](int64_t job) {
-      const int64_t i = job / H, hh = job % H, upto = len_ + i + 1;
+      const int64_t i = job / H, hh = job % H, upto = sparse ? cnt[i] : len_ + i + 1;
+      auto key = [&](int64_t j) -> int64_t { return sparse ? sel[i * kt + j] : j; };
       const float* q = s.Q + (i * H + hh) * dqk;
       std::vector<float> w(upto);
       float mx = -INFINITY;
       for (int64_t j = 0; j < upto; ++j) {
-        const float* k = Kc + (j * H + hh) * dqk;
+        const float* k = Kc + (key(j) * H + hh) * dqk;
         float acc = 0;
         for (int64_t e = 0; e < dqk; ++e) acc += q[e] * k[e];
         w[j] = acc * scale;
@@ -88,7 +112,7 @@ const std::vector<float>& Decoder::feed(const int32_t* ids, int64_t n) {
       std::fill(out, out + dv, 0.f);
       for (int64_t j = 0; j < upto; ++j) {
         const float p = (float)(w[j] / sum);
-        const float* v = Vc + (j * H + hh) * dv;
+        const float* v = Vc + (key(j) * H + hh) * dv;
         for (int64_t e = 0; e < dv; ++e) out[e] += p * v[e];
       }
     });

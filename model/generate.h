@@ -1,4 +1,5 @@
-// Generation with a KV cache (DeepSeek-V4: without one yet, each feed recomputes the row): a
+// Generation with a KV cache (DeepSeek-V3.2: with the indexer's keys cached too; DeepSeek-V4:
+// without one yet, each feed recomputes the row): a
 // Decoder feeds tokens (a prompt chunk or one new token) through
 // the model, keeping each layer's per-head keys (after RoPE) and values, and returns the logits
 // of the last token fed. generate() adds greedy or temperature / top-p sampling, stop strings
@@ -28,6 +29,7 @@ class Decoder {
   Model& m_;
   int64_t max_len_, len_ = 0;
   std::vector<std::vector<float>> K_, V_;  // per layer [max_len, H, dqk] / [max_len, H, dv]
+  std::vector<std::vector<float>> IK_;     // DeepSeek-V3.2: per layer the indexer keys [max_len, dI]
   std::vector<int32_t> ids_;               // DeepSeek-V4: the tokens so far (no cache: recomputed each feed)
   std::vector<float> logits_;
 };

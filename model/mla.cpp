@@ -6,6 +6,7 @@
 #include "kernels/attention.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
+#include "model/v32_indexer.h"
 
 namespace trex::model {
 
@@ -112,10 +113,12 @@ void mla_forward(const Ctx& c, const AttnIn& in, const float* x, float* out, Mla
   const int64_t dqk = m.qk_head_dim(), dv = m.v_head_dim;
   StackArena& A = *c.ws;
   mla_project(c, in, x, s);
-  s.O = A.alloc<float>(N * H * dv);
-  s.lse = A.alloc<float>(N * H);
-  kern::AttnShape sh{(int)in.B, (int)in.T, (int)H, (int)dqk, (int)dv, in.rope->softmax_scale, 0};
-  {
+  if (m.is_v32()) {  // DeepSeek-V3.2: attention over the indexer's top-k tokens
+    v32_attn_forward(c, in, s);
+  } else {
+    s.O = A.alloc<float>(N * H * dv);
+    s.lse = A.alloc<float>(N * H);
+    kern::AttnShape sh{(int)in.B, (int)in.T, (int)H, (int)dqk, (int)dv, in.rope->softmax_scale, 0};
     ProfScope ps(c.prof, "fwd.mla.attn_core");
     c.k().attention_fwd(sh, s.Q, s.K, s.V, s.O, s.lse, in.seg);
   }
@@ -143,8 +146,10 @@ void mla_backward(const Ctx& c, const AttnIn& in, const MlaSaved& s, const float
   float* dQ = A.alloc<float>(N * H * dqk);
   float* dK = A.alloc<float>(N * H * dqk);
   float* dV = A.alloc<float>(N * H * dv);
-  kern::AttnShape sh{(int)in.B, (int)in.T, (int)H, (int)dqk, (int)dv, in.rope->softmax_scale, 0};
-  {
+  if (m.is_v32()) {
+    v32_attn_backward(c, in, s, dO, dQ, dK, dV);
+  } else {
+    kern::AttnShape sh{(int)in.B, (int)in.T, (int)H, (int)dqk, (int)dv, in.rope->softmax_scale, 0};
     ProfScope ps(c.prof, "bwd.mla.attn_core");
     c.k().attention_bwd(sh, s.Q, s.K, s.V, s.O, s.lse, dO, dQ, dK, dV, in.seg);
   }

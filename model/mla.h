@@ -48,6 +48,11 @@ struct MlaSaved {
   float *Q = nullptr;                     // [N, H, dqk] after RoPE
   float *lat = nullptr, *lat_rstd = nullptr, *latn = nullptr;  // [N, r] latent, rstd, normed
   float *K = nullptr, *V = nullptr, *O = nullptr, *lse = nullptr;
+  // DeepSeek-V3.2 (model/v32_indexer.h): the selected keys of each (token, head) query and the
+  // padded rows of the sparse attention ([N H, dqk + dv]).
+  int64_t* off = nullptr;
+  int32_t* idx = nullptr;
+  float *Qp = nullptr, *KVp = nullptr, *Op = nullptr;
 };
 
 // Projections only: x: [N, d] -> s.Q [N, H, dqk] (RoPE applied), s.K [N, H, dqk], s.V [N, H, dv]

@@ -55,6 +55,10 @@ void Model::check_backend(const kern::Backend& b, const ModelConfig& c) {
                   "model_type ", c.model_type, " does not run on the ", b.name(),
                   " backend yet: its hyper-connections, compressors, indexer and sparse attention are host code "
                   "(DeepSeek-V3-family models do run there)");
+  TREX_USER_CHECK(!c.is_v32(), "train DeepSeek-V3.2 on device \"cpu\"",
+                  "model_type ", c.model_type, " does not run on the ", b.name(),
+                  " backend yet: its lightning indexer and the top-k sparse attention are host code "
+                  "(DeepSeek-V3 and V2 models do run there)");
 }
 
 void Model::use_backend(kern::Backend& b) {
@@ -271,7 +275,9 @@ void Model::init_random(uint64_t seed) {
   for_each_init_target([&](const ParamEntry& e, float* w) {
     const int64_t n = e.shape.numel();
     if (e.shape.ndim == 1) {
-      for (int64_t i = 0; i < n; ++i) w[i] = 1.f;
+      // LayerNorm biases (the V3.2 indexer's k_norm) start at 0, as torch's nn.LayerNorm.
+      const bool bias = e.name.size() > 5 && e.name.compare(e.name.size() - 5, 5, ".bias") == 0;
+      for (int64_t i = 0; i < n; ++i) w[i] = bias ? 0.f : 1.f;
     } else {
       for (int64_t i = 0; i < n; ++i) w[i] = (float)(rng.normal() * cfg.initializer_range);
     }

@@ -118,6 +118,19 @@ ParamLayout build_layout(const ModelConfig& c, ExpertShard shard, StageShard sta
     b.add_split(p.kv_b, at + "kv_b_proj.weight", {H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}, true,
                 true);
     b.add_split(p.o, at + "o_proj.weight", {d, H * c.v_head_dim}, true, false);
+    if (c.is_v32()) {  // the indexer: whole on every tp rank; frozen (torch leaves its .grad None)
+      const int64_t nI = c.v32.index_n_heads, dI = c.v32.index_head_dim;
+      const std::string ix = at + "indexer.";
+      auto frozen = [&](int64_t& off, const std::string& name, Shape s, bool decay) {
+        off = b.add(name, s, decay);
+        L.entries.back().frozen = true;
+      };
+      frozen(p.ix_wq_b, ix + "wq_b.weight", {nI * dI, c.q_lora_rank}, true);
+      frozen(p.ix_wk, ix + "wk.weight", {dI, d}, true);
+      frozen(p.ix_knorm_w, ix + "k_norm.weight", {dI}, false);
+      frozen(p.ix_knorm_b, ix + "k_norm.bias", {dI}, false);
+      frozen(p.ix_w, ix + "weights_proj.weight", {nI, d}, true);
+    }
     p.post_norm = b.add(pre + "post_attention_layernorm.weight", {d}, false);
     const std::string mlp = pre + "mlp.";
     auto swiglu_pair = [&](const std::string& prefix, int64_t F, int64_t& gu, int64_t& down) {

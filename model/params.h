@@ -107,6 +107,9 @@ struct LayerParams {
   int64_t router = -1, exp_gu = -1, exp_down = -1;      // MoE: [E, d], [E, 2Fm, d], [E, d, Fm]
   int64_t sh_gu = -1, sh_down = -1;                     // shared experts: [2Fs, d], [d, Fs]
   int64_t bias = -1;                                    // e_score_correction_bias, into buffers
+  // DeepSeek-V3.2 indexer (self_attn.indexer.*; frozen: it never gets a gradient): wq_b [nI dI, rq],
+  // wk [dI, d], k_norm LayerNorm weight and bias [dI], weights_proj [nI, d].
+  int64_t ix_wq_b = -1, ix_wk = -1, ix_knorm_w = -1, ix_knorm_b = -1, ix_w = -1;
 };
 
 // DeepSeek-V4 per-layer tensors beyond LayerParams (which holds the norms and the MoE).

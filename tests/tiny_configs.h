@@ -1,4 +1,4 @@
-// Tiny DeepSeek-V3 / V2 / V4 model configs with odd sizes, shared by the unit and the MPI tests
+// Tiny DeepSeek-V3 / V2 / V3.2 / V4 model configs with odd sizes, shared by the unit and the MPI tests
 // (Hugging Face config.json fields as JSON; model::parse_config reads them), and the
 // perturbation that moves a model off its constant-initialized tensors.
 #pragma once
@@ -35,6 +35,18 @@ inline nlohmann::json tiny_v3_mtp(int n = 1) {
   nlohmann::json j = tiny_v3();
   j["num_nextn_predict_layers"] = n;
   return j;
+}
+
+// DeepSeek-V3.2: q LoRA 13, 3 heads, 6 experts in 2 groups (1 kept), top-2, a dense first layer,
+// an indexer of 5 heads of 8 (rope 4) picking 5 tokens per query.
+inline nlohmann::json tiny_v32() {
+  return {{"model_type", "deepseek_v32"}, {"vocab_size", 67}, {"hidden_size", 40}, {"num_hidden_layers", 3},
+          {"num_attention_heads", 3}, {"num_key_value_heads", 3}, {"q_lora_rank", 13}, {"kv_lora_rank", 11},
+          {"qk_nope_head_dim", 6}, {"qk_rope_head_dim", 4}, {"v_head_dim", 7}, {"intermediate_size", 50},
+          {"moe_intermediate_size", 9}, {"n_routed_experts", 6}, {"n_shared_experts", 1},
+          {"num_experts_per_tok", 2}, {"first_k_dense_replace", 1}, {"n_group", 2}, {"topk_group", 1},
+          {"routed_scaling_factor", 2.5}, {"index_n_heads", 5}, {"index_head_dim", 8}, {"index_topk", 5},
+          {"initializer_range", 0.1}, {"max_position_embeddings", 64}};
 }
 
 // hidden 22, 3 heads of 10 in 3 output groups, CSA (rate 3) / HCA (rate 7) / sliding (window 5)

@@ -62,6 +62,12 @@ TEST(DpTrain, V3MatchesSingleRankWithMtp) {
   parity(su, DpOptions{997, true}, 3, 2, 2, 11);
 }
 
+// DeepSeek-V3.2: the indexer's top-k over tokens (frozen indexer tensors: no gradient, no update).
+TEST(DpTrain, V32MatchesSingleRank) {
+  Case su{tiny_v32(), 0.01, 0};
+  parity(su, DpOptions{997, true}, 4, 2, 2, 11);
+}
+
 TEST(DpTrain, V4MatchesSingleRankWithMtp) {
   Case su{tiny_v4(), 0.0, 0.3};
   parity(su, DpOptions{1500, true}, 3, 2, 1, 13);

@@ -55,6 +55,13 @@ TEST(PpTrain, V3MatchesSingleRankWithMtp) {
   parity(su, DpOptions{997, true}, 3, 4, 1, 13, 1, 1, pp_for(n));
 }
 
+// DeepSeek-V3.2 (each stage holds its layers' indexers).
+TEST(PpTrain, V32MatchesSingleRank) {
+  const int n = parallel::test_world().size();
+  Case su{tiny_v32(), 0.01, 0};
+  parity(su, DpOptions{997, true}, 4, 5, 2, 11, 1, 1, pp_for(n));
+}
+
 // The MTP block, the hc_head and the embedding it reads live on the last stage; with full
 // activation recompute inside the stages' replayed forwards.
 TEST(PpTrain, V4MatchesSingleRankWithMtp) {

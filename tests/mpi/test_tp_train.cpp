@@ -48,6 +48,17 @@ TEST(TpTrain, V3MatchesSingleRankWithMtp) {
   parity(tp_case(m, 0.01, 0.3), DpOptions{997, true}, 3, 2, 2, 11, 1, tp_for(n));
 }
 
+// DeepSeek-V3.2: q_b split by heads (6), the indexer whole on every tp rank (the same selection).
+TEST(TpTrain, V32MatchesSingleRank) {
+  const int n = parallel::test_world().size();
+  json m = tiny_v32();
+  m["num_attention_heads"] = 6;
+  m["num_key_value_heads"] = 6;
+  m["intermediate_size"] = 54;
+  Case su = tp_case(m, 0.01, 0);
+  parity(su, DpOptions{997, true}, 4, 2, 2, 11, 1, tp_for(n));
+}
+
 // With full activation recompute: the replayed forwards repeat the tp all-reduces.
 TEST(TpTrain, V4MatchesSingleRankWithMtp) {
   const int n = parallel::test_world().size();

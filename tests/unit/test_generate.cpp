@@ -14,7 +14,7 @@ using namespace trex::model;
 
 namespace {
 
-ModelConfig config(bool yarn) {
+ModelConfig config(bool yarn, bool v32 = false) {
   nlohmann::json j = {{"vocab_size", 41}, {"hidden_size", 30}, {"num_hidden_layers", 3}, {"num_attention_heads", 3},
                       {"q_lora_rank", 14}, {"kv_lora_rank", 10}, {"qk_nope_head_dim", 6}, {"qk_rope_head_dim", 4},
                       {"v_head_dim", 5}, {"intermediate_size", 34}, {"moe_intermediate_size", 9},
@@ -24,6 +24,11 @@ ModelConfig config(bool yarn) {
   if (yarn)
     j["rope_scaling"] = {{"type", "yarn"}, {"factor", 2.0}, {"original_max_position_embeddings", 4},
                          {"mscale_all_dim", 1.0}};
+  if (v32) {  // DeepSeek-V3.2: 4 of up to 13 keys per query, picked by the indexer
+    j.update({{"model_type", "deepseek_v32"}, {"num_key_value_heads", 3}, {"index_n_heads", 5},
+              {"index_head_dim", 7}, {"index_topk", 4}, {"max_position_embeddings", 16}});
+    if (yarn) j["rope_scaling"]["mscale"] = 0.7;  // an attention factor != 1 on the indexer's rope dims too
+  }
   return parse_config(j, "generate test config");
 }
 
@@ -35,8 +40,9 @@ double log_softmax_at(const std::vector<float>& lg, int32_t t) {
 
 TEST(Generate, CachedDecodingMatchesTheTrainingForward) {
   init_threads();
-  for (bool yarn : {false, true}) {
-    Model m(config(yarn), kern::Prec::F32);
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool yarn = variant % 2, v32 = variant >= 2;
+    Model m(config(yarn, v32), kern::Prec::F32);
     m.init_random(21);
     Rng r(4);
     const int64_t T = 13;
@@ -51,7 +57,7 @@ TEST(Generate, CachedDecodingMatchesTheTrainingForward) {
       // the prefill chunk's inner positions are scored by re-running them one by one
       Decoder one(m, T);
       for (int64_t i = 0; i + 1 < prefill; ++i) nll -= log_softmax_at(one.feed(&ids[i], 1), ids[i + 1]);
-      EXPECT_NEAR(nll, ref, 1e-4 * ref) << "prefill " << prefill << " yarn " << yarn;
+      EXPECT_NEAR(nll, ref, 1e-4 * ref) << "prefill " << prefill << " yarn " << yarn << " v32 " << v32;
     }
   }
 }

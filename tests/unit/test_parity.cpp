@@ -159,15 +159,22 @@ TEST_P(Parity, TenAdamWStepsFp32AndBf16) {
   // step 4 by 0.07-0.08 against the reference while steps 0-2 stay within 5e-3. For the same
   // reason (b) has 3e-2 of room over PyTorch's drift: the K-blocking change alone moved
   // v4_rates_odd 2.5e-2 past it, the dot path v4_mtp 2.0e-2.
-  const size_t bf16_strict = c.cfg.is_v4() ? 1 : std::min<size_t>(strict, 3);
+  // DeepSeek-V3.2: as V4 for (a), the indexer's top-k gaps (~3e-4) are below what bf16 moves, and
+  // PyTorch's own bf16 runs leave its fp32 losses by 0.05-0.14 at steps 1-2; a selection that flips
+  // moves every later step, while PyTorch's drift can shrink back by chance, so (b) takes the
+  // largest PyTorch drift of the steps so far.
+  const size_t bf16_strict = c.cfg.is_v4() || c.cfg.is_v32() ? 1 : std::min<size_t>(strict, 3);
   const double drift_room = 3e-2;
+  double torch_drift_max = 0;
   for (size_t i = 0; i < l16.size(); ++i) {
     if (i < bf16_strict) {
       EXPECT_LE(std::abs(l16[i] - rb[i].get<double>()), 1e-2)
           << "bf16 step " << i << ": " << l16[i] << " vs reference bf16 " << rb[i].get<double>();
     }
-    const double torch_drift = std::max(std::abs(ra[i].get<double>() - ref[i].get<double>()),
-                                        std::abs(rb[i].get<double>() - ref[i].get<double>()));
+    const double drift_i = std::max(std::abs(ra[i].get<double>() - ref[i].get<double>()),
+                                    std::abs(rb[i].get<double>() - ref[i].get<double>()));
+    torch_drift_max = std::max(torch_drift_max, drift_i);
+    const double torch_drift = c.cfg.is_v32() ? torch_drift_max : drift_i;
     EXPECT_LE(std::abs(l16[i] - l32[i]), torch_drift + drift_room)
         << "bf16 step " << i << ": " << l16[i] << " vs fp32 " << l32[i] << " (PyTorch bf16 drift " << torch_drift
         << ")";

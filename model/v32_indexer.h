@@ -1,0 +1,42 @@
+// DeepSeek-V3.2 sparse attention (DSA; transformers' DeepseekV32Indexer + the masked eager
+// attention of DeepseekV32Attention), forward and backward. MLA (model/mla.cpp) computes Q, K, V
+// as for V3; then per query the lightning indexer picks index_topk tokens and the attention sees
+// only those:
+//   iq    = rope_half(wq_b(qan))                      [N, nI, dI]  (qan: MLA's q_a_layernorm output)
+//   ik    = rope_half(LayerNorm(wk(x)))                [N, dI]      (LayerNorm eps 1e-6, with bias)
+//   w     = weights_proj(x) * nI^-0.5                  [N, nI]
+//   score[t, s] = sum_h w[t, h] * relu(iq[t, h] . ik[s]) * dI^-0.5,  over the keys s <= t of t's document
+//   keys(t) = the top min(index_topk, count) of them (all of them when there are no more)
+//   O     = softmax over keys(t) of scale * Q[t] . K[s], times V[s]   (MLA's per-head K, V)
+// rope_half: RoPE on the first qk_rope_head_dim dims of each head in the half-split (rotate_half)
+// layout with MLA's tables (YaRN attention factor included, as transformers' cos / sin).
+// Gradients: the selection carries none (transformers runs the indexer under torch.no_grad), so
+// the indexer's weights get none (their layout entries are frozen); Q, K, V get the attention's.
+// Packed rows (seg): a document is a run of equal seg ids; the indexer ranks only its own tokens.
+// The masked attention runs on kern::sparse_attn (one shared key row set): each (token, head)
+// is a query of one head over key rows [K | V] of width dqk + dv, its own row [Q | 0], so the
+// scores are exactly q.k and the output's last dv columns are the attention output.
+#pragma once
+#include <cstdint>
+#include "kernels/indexer.h"
+#include "model/mla.h"
+
+namespace trex::model {
+
+// Indexer keys of N tokens: x [N, d] at positions pos [N] -> ik [N, dI].
+void v32_index_keys(const Ctx&, const AttnIn&, const float* x, int64_t N, const int32_t* pos, float* ik);
+// Indexer queries and head weights: qan [N, rq], x [N, d] -> iq [N, nI, dI], wts [N, nI] (not
+// scaled: v32_index_shape folds nI^-0.5 into the score scale; a positive factor on every score).
+void v32_index_queries(const Ctx&, const AttnIn&, const float* x, const float* qan, int64_t N, const int32_t* pos,
+                       float* iq, float* wts);
+// kern::indexer_topk's shape for one row of T queries over nw keys (compress rate 1: key s is
+// valid for the query at position p iff s <= p), index_topk capped at nw.
+kern::IndexerShape v32_index_shape(const ModelConfig&, int64_t T, int64_t nw);
+
+// After mla_project: selection, then the attention over it -> s.O [N, H, dv], s.lse and the key
+// lists (s.off, s.idx) and padded rows (s.Qp, s.KVp, s.Op) backward reads.
+void v32_attn_forward(const Ctx&, const AttnIn&, MlaSaved& s);
+// dO [N, H, dv] -> dQ [N, H, dqk], dK [N, H, dqk], dV [N, H, dv] (all overwritten).
+void v32_attn_backward(const Ctx&, const AttnIn&, const MlaSaved& s, const float* dO, float* dQ, float* dK, float* dV);
+
+}  // namespace trex::model
