@@ -1,4 +1,4 @@
-// Fuzz target: a Hugging Face config.json (DeepSeek-V3 / Kimi-K2, DeepSeek-V2 and DeepSeek-V4 model_type),
+// Fuzz target: a Hugging Face config.json (DeepSeek-V3 / Kimi-K2, V2, V3.2 and V4 model_type),
 // read by trex::model::load_config_json (JSON parse, then parse_config in model/config.cpp and
 // model/config_v4.cpp) from a scratch file. On success the derived figures a run prints and
 // plans with (parameter counts, FLOPs per token) are computed, and MTP blocks instantiated with

@@ -271,9 +271,19 @@ double ModelConfig::train_flops_per_token(int64_t T) const {
   if (is_v4()) return 6.0 * static_cast<double>(num_active_params()) + v4_attn_flops_per_token(*this, T);
   // Causal attention: per token on average (T+1)/2 keys; QK^T and PV: 2*H*(dqk+dv) FLOPs per
   // key forward, x3 for forward + backward.
-  double attn = 6.0 * num_attention_heads * (qk_head_dim() + v_head_dim) * ((T + 1) / 2.0) *
+  // DeepSeek-V3.2: a query attends min(t, index_topk) keys; the indexer (forward only: 2 FLOPs per
+  // parameter of its projections, 2*Hi*di per earlier token scored) adds to it.
+  double keys = (T + 1) / 2.0, index = 0;
+  if (is_v32()) {
+    const double k = (double)v32.index_topk, t = (double)T;
+    keys = (t <= k ? t * (t + 1) / 2 : k * (k + 1) / 2 + (t - k) * k) / t;
+    const double Hi = (double)v32.index_n_heads, di = (double)v32.index_head_dim;
+    index = num_hidden_layers * (2.0 * (Hi * di * q_lora_rank + di * hidden_size + Hi * hidden_size) +
+                                 2.0 * Hi * di * (T + 1) / 2.0);
+  }
+  double attn = 6.0 * num_attention_heads * (qk_head_dim() + v_head_dim) * keys *
                 (num_hidden_layers + v3_mtp_layers);
-  return 6.0 * static_cast<double>(num_active_params()) + attn;
+  return 6.0 * static_cast<double>(num_active_params()) + attn + index;
 }
 
 std::string scoring_name(ScoringFunc s) {

@@ -102,6 +102,7 @@ struct ModelConfig {
   // Training FLOPs per token for a sequence of T tokens: 6 x active matmul params (embedding
   // lookup excluded, LM head included) + the causal attention term 6 * H * (dqk + dv) * T / 2 * L.
   // DeepSeek-V4: the attention term counts the keys actually attended (v4_attn_flops_per_token).
+  // DeepSeek-V3.2: the keys attended are min(t, index_topk), plus the indexer's forward-only FLOPs.
   double train_flops_per_token(int64_t T) const;
 };
 

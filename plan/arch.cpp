@@ -46,7 +46,8 @@ double sum_min_floor(int64_t T, int64_t m, int64_t K) {
 
 double mean_attended_keys(const AttnShape& a, int64_t T) {
   TREX_CHECK(T > 0);
-  if (a.kind == AttnKind::MLA) return (T + 1) / 2.0;
+  // MLA: every earlier key; DeepSeek-V3.2 (index_topk > 0): the indexer's top-k of them.
+  if (a.kind == AttnKind::MLA) return a.index_topk > 0 ? sum_min((double)T, (double)a.index_topk) / T : (T + 1) / 2.0;
   double s = sum_min((double)T, (double)a.window);
   if (a.kind == AttnKind::CSA) s += sum_min_floor(T, a.compress_ratio, a.index_topk);
   if (a.kind == AttnKind::HCA) s += sum_floor(T, a.compress_ratio);
@@ -55,6 +56,8 @@ double mean_attended_keys(const AttnShape& a, int64_t T) {
 
 double indexer_fwd_flops(const AttnShape& a, int64_t T) {
   TREX_CHECK(T > 0);
+  // DeepSeek-V3.2: the indexer scores every earlier token.
+  if (a.kind == AttnKind::MLA) return a.index_topk > 0 ? 2.0 * a.index_heads * a.index_dim * (T + 1) / 2.0 : 0;
   if (a.kind != AttnKind::CSA) return 0;  // the indexer scores every compressed entry formed so far
   return 2.0 * a.index_heads * a.index_dim * sum_floor(T, a.compress_ratio) / (double)T;
 }
@@ -160,9 +163,24 @@ LayerCost v3_layer(const model::ModelConfig& c, int64_t l) {
     L.elem_bytes_fwd += 6 * I;
     L.elem_sel_bytes_fwd += 6 * I;
   }
-  L.dense_params = attn_mm + attn_norms + mlp_dense_params;
-  L.active_matmul_params = attn_mm + mlp_mm_active + (L.moe ? (double)c.num_experts_per_tok * 3 * d * c.moe_intermediate_size : 0);
-  L.gemm_fwd = 2 * (attn_mm + mlp_mm_active);
+  // DeepSeek-V3.2's indexer: wq_b [Hi*di, q_lora], wk [di, d], weights_proj [Hi, d] (forward only:
+  // its selection carries no gradient), k_norm weight and bias; the sparse attention keeps padded
+  // [q | 0], [k | v] and output rows per head (model/v32_indexer.h).
+  double idx_mm = 0;
+  if (c.is_v32()) {
+    const double Hi = (double)c.v32.index_n_heads, di = (double)c.v32.index_head_dim;
+    L.attn.index_topk = c.v32.index_topk;
+    L.attn.index_heads = c.v32.index_n_heads;
+    L.attn.index_dim = c.v32.index_head_dim;
+    idx_mm = ql * Hi * di + d * di + d * Hi;
+    L.fwd_only_matmul_params = idx_mm;
+    S.push_back({"attn.sparse_rows [3*H*(qk+v)] f32", 3 * H * (qk + vd), 4, false, false});
+    S.push_back({"attn.selected [H*index_topk] i32", H * (double)c.v32.index_topk, 4, false, false});
+  }
+  L.dense_params = attn_mm + idx_mm + attn_norms + (c.is_v32() ? 2.0 * c.v32.index_head_dim : 0) + mlp_dense_params;
+  L.active_matmul_params = attn_mm + idx_mm + mlp_mm_active +
+                           (L.moe ? (double)c.num_experts_per_tok * 3 * d * c.moe_intermediate_size : 0);
+  L.gemm_fwd = 2 * (attn_mm + idx_mm + mlp_mm_active);
   return L;
 }
 

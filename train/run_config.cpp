@@ -509,12 +509,13 @@ std::string run_config_reference() {
       "- the keys of a Hugging Face config.json inline (a fresh model, random init). `model_type` is\n"
       "  `deepseek_v3` (the default; also DeepSeek-R1, V3.1, Kimi-K2, Moonlight), `kimi_k2`,\n"
       "  `deepseek_v2` (DeepSeek-V2, V2-Lite, V2.5; keys left out take transformers' DeepseekV2Config\n"
-      "  defaults, `q_lora_rank = 0` stands for null: docs/V2.md) or `deepseek_v4`.\n\n"
+      "  defaults, `q_lora_rank = 0` stands for null: docs/V2.md), `deepseek_v32` (DeepSeek-V3.2; keys\n"
+      "  left out take transformers' DeepseekV32Config defaults: docs/V32.md) or `deepseek_v4`.\n\n"
       "A key that no supported config class knows is an error that names the nearest known key. Known\n"
       "keys trex does not use are listed once at start (an info line), for inline keys and for a\n"
       "checkpoint's config.json alike.\n\n"
-      "Keys trex reads (which of them a model needs depends on model_type; the DeepSeek-V3, V2 and V4\n"
-      "Hugging Face configs document their meaning):\n\n";
+      "Keys trex reads (which of them a model needs depends on model_type; the DeepSeek-V3, V2, V3.2\n"
+      "and V4 Hugging Face configs document their meaning):\n\n";
   auto key_list = [](const std::vector<std::string>& keys) {
     std::vector<std::string> k = keys;
     std::sort(k.begin(), k.end());

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -459,6 +460,22 @@ def random_spec(rng):
                 model=model, train=dict(aux_loss_alpha=rc([0.0, 0.01])))
 
 
+def convert_round_trip(trex, d, batch, work, name):
+    """trex convert --dtype f32 of a committed case loads in transformers with identical logits."""
+    out = os.path.join(work, name + ".converted")
+    p = subprocess.run([trex, "convert", "--model", os.path.join(d, "model"), "--out", out, "--dtype", "f32"],
+                       capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        print(f"{name}: trex convert failed: {(p.stderr or p.stdout).strip()[-300:]}")
+        return False
+    a, b = load_model(os.path.join(d, "model")), load_model(out)
+    a.eval(), b.eval()
+    with torch.no_grad():
+        same = torch.equal(a(input_ids=batch["ids"]).logits, b(input_ids=batch["ids"]).logits)
+    print(f"{name}: trex convert -> from_pretrained: logits {'identical' if same else 'DIFFER'}")
+    return same
+
+
 def check(args):
     rows, failed = [], []
     work = tempfile.mkdtemp(prefix="trex_check_v32_")
@@ -501,6 +518,8 @@ def check(args):
             failed.append(name)
             continue
         if not v3.compare(name, loss.item(), grads, tl, tg, rows):
+            failed.append(name)
+        if exp is not None and not convert_round_trip(args.trex, d, batch, work, name):
             failed.append(name)
     w = max([len(r[1]) for r in rows] + [10])
     print(f"{'case':<20} {'tensor':<{w}} {'ref':>12} {'trex':>12} {'rel err':>10}  ok")
