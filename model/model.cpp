@@ -515,19 +515,19 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
   // Full recompute: a layer keeps only its input; its activations are dropped after the forward
   // and rebuilt by replaying it just before its backward.
   const bool replay = opt.recompute == Recompute::Full;
-  for (int64_t l = l0; l < l1; ++l) {
+  // Layer l of the forward pass (main or MTP): its output, or under full recompute a copy of it
+  // with the layer's activations dropped.
+  auto forward_layer = [&](int64_t l, float* xin) -> float* {
     need(l);
     ProfSpan span(prof, [&] { return layer_region(l, "fwd"); });
-    if (!replay) {
-      x = layer_forward(l, x, sv[l], count_stats);
-      continue;
-    }
+    if (!replay) return layer_forward(l, xin, sv[l], count_stats);
     float* kept = acts.alloc<float>(Nl * d);
     const auto mk = acts.mark();
-    c.k().copy(kept, layer_forward(l, x, sv[l], count_stats), Nl * d * sizeof(float));
+    c.k().copy(kept, layer_forward(l, xin, sv[l], count_stats), Nl * d * sizeof(float));
     acts.release(mk);
-    x = kept;
-  }
+    return kept;
+  };
+  for (int64_t l = l0; l < l1; ++l) x = forward_layer(l, x);
   out.loss = out.aux;
   MtpV3In mtp_in;
   std::vector<MtpV3Saved> mtp_saved;
@@ -575,16 +575,7 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
       need(kGradGroupEmbed);
       for (int64_t l = cfg.num_hidden_layers; l < (int64_t)layout.layers.size(); ++l) need(l);
       mtp_in = MtpV3In{&cfg, &layout, c, P, Pb, G, &b, n0, Nl, grad_scale, opt.mtp_loss_weight, backward};
-      out.mtp = mtp_v3_forward(mtp_in, x, mtp_saved, [&](int64_t l, float* xin) -> float* {
-        need(l);
-        ProfSpan span(prof, [&] { return layer_region(l, "fwd"); });
-        if (!replay) return layer_forward(l, xin, sv[l], count_stats);
-        float* keep = acts.alloc<float>(Nl * d);
-        const auto mk = acts.mark();
-        c.k().copy(keep, layer_forward(l, xin, sv[l], count_stats), Nl * d * sizeof(float));
-        acts.release(mk);
-        return keep;
-      });
+      out.mtp = mtp_v3_forward(mtp_in, x, mtp_saved, forward_layer);
     }
     out.loss = out.ce + out.aux + opt.mtp_loss_weight * out.mtp;
     if (!backward) return out;

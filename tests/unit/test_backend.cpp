@@ -12,6 +12,7 @@
 #include "kernels/rmsnorm.h"
 #include "model/model.h"
 #include "tests/tiny_configs.h"
+#include "tests/unit/forwarding_backend.h"
 #include "train/device.h"
 
 namespace {
@@ -101,103 +102,15 @@ TEST(Backend, CudaUsableOrSaysWhy) {
 }
 
 // A CPU backend behind the interface, optionally claiming device memory the host cannot address.
-class Wrapped final : public kern::Backend {
+class Wrapped final : public trex::testing::ForwardingBackend {
  public:
-  explicit Wrapped(bool host) : host_(host), in_(kern::make_cpu_backend()) {}
-  int calls = 0;
+  explicit Wrapped(bool host) : host_(host) {}
   const char* name() const override { return "wrapped"; }
   std::string describe() const override { return "wrapped cpu"; }
   bool host_addressable() const override { return host_; }
-  void* alloc(size_t n) override { return in_->alloc(n); }
-  void release(void* p) override { in_->release(p); }
-  void to_device(void* d, const void* s, size_t n) override { in_->to_device(d, s, n); }
-  void to_host(void* d, const void* s, size_t n) override { in_->to_host(d, s, n); }
-  void copy(void* d, const void* s, size_t n) override { in_->copy(d, s, n); }
-  void zero(void* p, size_t n) override { in_->zero(p, n); }
-  kern::Stream new_stream() override { return in_->new_stream(); }
-  void delete_stream(kern::Stream s) override { in_->delete_stream(s); }
-  void set_stream(kern::Stream s) override { in_->set_stream(s); }
-  kern::Stream stream() const override { return in_->stream(); }
-  kern::Event record() override { return in_->record(); }
-  void wait(kern::Event e) override { in_->wait(e); }
-  void sync(kern::Event e) override { in_->sync(e); }
-  void delete_event(kern::Event e) override { in_->delete_event(e); }
-  void synchronize() override { in_->synchronize(); }
-  void gemm(kern::Prec pa, kern::Prec pb, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al, const void* A,
-            int64_t lda, const void* B, int64_t ldb, float be, float* C, int64_t ldc) override {
-    ++calls;
-    in_->gemm(pa, pb, ta, tb, M, N, K, al, A, lda, B, ldb, be, C, ldc);
-  }
-  void grouped_gemm(kern::Prec p, bool ta, bool tb, float al, float be, const kern::GemmGroup* g, int n) override {
-    ++calls;
-    in_->grouped_gemm(p, ta, tb, al, be, g, n);
-  }
-  void rmsnorm_fwd(const float* x, int64_t N, int64_t d, const float* w, float eps, float* y, float* r) override {
-    ++calls;
-    in_->rmsnorm_fwd(x, N, d, w, eps, y, r);
-  }
-  void rmsnorm_bwd(const float* dy, const float* x, int64_t N, int64_t d, const float* w, const float* r, float* dx,
-                   float* dw) override {
-    ++calls;
-    in_->rmsnorm_bwd(dy, x, N, d, w, r, dx, dw);
-  }
-  void swiglu_fwd(const float* gu, int64_t N, int64_t F, float l, float* h) override { in_->swiglu_fwd(gu, N, F, l, h); }
-  void swiglu_bwd(const float* dh, const float* gu, int64_t N, int64_t F, float l, float* dgu) override {
-    in_->swiglu_bwd(dh, gu, N, F, l, dgu);
-  }
-  void rope_apply(float* x, int64_t N, int H, int64_t st, int64_t sh, int D, const int32_t* pos, const float* c,
-                  const float* s, kern::RopeLayout lay, bool inv) override {
-    in_->rope_apply(x, N, H, st, sh, D, pos, c, s, lay, inv);
-  }
-  void adamw_step(const kern::AdamWParams& hp, float* p, const float* g, float* m, float* v, int64_t n,
-                  bf16* pb) override {
-    in_->adamw_step(hp, p, g, m, v, n, pb);
-  }
-  double sum_squares(const float* x, int64_t n) override { return in_->sum_squares(x, n); }
-  void attention_fwd(const kern::AttnShape& sh, const float* q, const float* k, const float* v, float* o, float* l,
-                     const int32_t* seg) override {
-    ++calls;
-    in_->attention_fwd(sh, q, k, v, o, l, seg);
-  }
-  void attention_bwd(const kern::AttnShape& sh, const float* q, const float* k, const float* v, const float* o,
-                     const float* l, const float* dO, float* dq, float* dk, float* dv, const int32_t* seg) override {
-    ++calls;
-    in_->attention_bwd(sh, q, k, v, o, l, dO, dq, dk, dv, seg);
-  }
-  double lm_head_ce(const kern::CeArgs& a, int64_t* nv) override {
-    ++calls;
-    return in_->lm_head_ce(a, nv);
-  }
-  void copy_rows(void* d, int64_t ldd, const void* s, int64_t lds, int64_t rb, int64_t rows) override {
-    in_->copy_rows(d, ldd, s, lds, rb, rows);
-  }
-  void add(float* y, const float* x, int64_t n) override { in_->add(y, x, n); }
-  void to_bf16(const float* x, int64_t ldx, int64_t r, int64_t c, bf16* y) override { in_->to_bf16(x, ldx, r, c, y); }
-  void gather_rows(const float* s, const int32_t* i, int64_t R, int64_t d, float* o) override {
-    in_->gather_rows(s, i, R, d, o);
-  }
-  void scatter_add_rows(const float* s, const int32_t* i, int64_t R, int64_t d, float* o) override {
-    in_->scatter_add_rows(s, i, R, d, o);
-  }
-  void sum_heads(const float* x, int64_t N, int64_t H, int64_t ldn, int64_t ldh, int64_t w, float* y,
-                 int64_t ldy) override {
-    in_->sum_heads(x, N, H, ldn, ldh, w, y, ldy);
-  }
-  void moe_combine(const float* y, const float* p, const int32_t* sr, int64_t N, int64_t K, int64_t d,
-                   float* o) override {
-    in_->moe_combine(y, p, sr, N, K, d, o);
-  }
-  void moe_combine_bwd(const float* g, const float* y, const float* p, const int32_t* sr, int64_t N, int64_t K,
-                       int64_t d, float* dy, float* dp) override {
-    in_->moe_combine_bwd(g, y, p, sr, N, K, d, dy, dp);
-  }
-  void moe_dispatch_bwd(const float* g, const int32_t* sr, int64_t N, int64_t K, int64_t d, float* dx) override {
-    in_->moe_dispatch_bwd(g, sr, N, K, d, dx);
-  }
 
  private:
   bool host_;
-  std::unique_ptr<kern::Backend> in_;
 };
 
 // The model's modules compute through the backend it is given: the same loss and gradients,

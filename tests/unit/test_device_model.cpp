@@ -17,18 +17,17 @@
 #include "kernels/backend.h"
 #include "model/model.h"
 #include "tests/tiny_configs.h"
+#include "tests/unit/forwarding_backend.h"
 #include "train/checkpoint.h"
 #include "train/optimizer.h"
 
 namespace {
 using namespace trex;
 
-class Fenced final : public kern::Backend {
+class Fenced final : public trex::testing::ForwardingBackend {
  public:
-  int calls = 0;
   const char* name() const override { return "fenced"; }
   std::string describe() const override { return "cpu kernels, memory fenced between calls"; }
-  bool host_addressable() const override { return false; }
   ~Fenced() override {
     for (auto& [p, n] : live_) munmap(p, n);
   }
@@ -46,105 +45,16 @@ class Fenced final : public kern::Backend {
     munmap(p, it->second);
     live_.erase(it);
   }
-  void to_device(void* d, const void* s, size_t n) override { Open o(*this); std::memcpy(d, s, n); }
-  void to_host(void* d, const void* s, size_t n) override { Open o(*this); std::memcpy(d, s, n); }
-  void copy(void* d, const void* s, size_t n) override { Open o(*this); std::memmove(d, s, n); }
-  void zero(void* p, size_t n) override { Open o(*this); std::memset(p, 0, n); }
-  kern::Stream new_stream() override { return in_->new_stream(); }
-  void delete_stream(kern::Stream s) override { in_->delete_stream(s); }
-  void set_stream(kern::Stream s) override { in_->set_stream(s); }
-  kern::Stream stream() const override { return in_->stream(); }
-  kern::Event record() override { return in_->record(); }
-  void wait(kern::Event e) override { in_->wait(e); }
-  void sync(kern::Event e) override { in_->sync(e); }
-  void delete_event(kern::Event e) override { in_->delete_event(e); }
-  void synchronize() override {}
-
-#define TREX_FENCED(call) \
-  Open open_call(*this);  \
-  ++calls;                \
-  return in_->call
-  void gemm(kern::Prec pa, kern::Prec pb, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al, const void* A,
-            int64_t lda, const void* B, int64_t ldb, float be, float* C, int64_t ldc) override {
-    TREX_FENCED(gemm(pa, pb, ta, tb, M, N, K, al, A, lda, B, ldb, be, C, ldc));
-  }
-  void grouped_gemm(kern::Prec p, bool ta, bool tb, float al, float be, const kern::GemmGroup* g, int n) override {
-    TREX_FENCED(grouped_gemm(p, ta, tb, al, be, g, n));
-  }
-  void rmsnorm_fwd(const float* x, int64_t N, int64_t d, const float* w, float eps, float* y, float* r) override {
-    TREX_FENCED(rmsnorm_fwd(x, N, d, w, eps, y, r));
-  }
-  void rmsnorm_bwd(const float* dy, const float* x, int64_t N, int64_t d, const float* w, const float* r, float* dx,
-                   float* dw) override {
-    TREX_FENCED(rmsnorm_bwd(dy, x, N, d, w, r, dx, dw));
-  }
-  void swiglu_fwd(const float* gu, int64_t N, int64_t F, float l, float* h) override {
-    TREX_FENCED(swiglu_fwd(gu, N, F, l, h));
-  }
-  void swiglu_bwd(const float* dh, const float* gu, int64_t N, int64_t F, float l, float* dgu) override {
-    TREX_FENCED(swiglu_bwd(dh, gu, N, F, l, dgu));
-  }
-  void rope_apply(float* x, int64_t N, int H, int64_t st, int64_t sh, int D, const int32_t* pos, const float* c,
-                  const float* s, kern::RopeLayout lay, bool inv) override {
-    TREX_FENCED(rope_apply(x, N, H, st, sh, D, pos, c, s, lay, inv));
-  }
-  void adamw_step(const kern::AdamWParams& hp, float* p, const float* g, float* m, float* v, int64_t n,
-                  bf16* pb) override {
-    TREX_FENCED(adamw_step(hp, p, g, m, v, n, pb));
-  }
-  double sum_squares(const float* x, int64_t n) override { TREX_FENCED(sum_squares(x, n)); }
-  void attention_fwd(const kern::AttnShape& sh, const float* q, const float* k, const float* v, float* o, float* l,
-                     const int32_t* seg) override {
-    TREX_FENCED(attention_fwd(sh, q, k, v, o, l, seg));
-  }
-  void attention_bwd(const kern::AttnShape& sh, const float* q, const float* k, const float* v, const float* o,
-                     const float* l, const float* dO, float* dq, float* dk, float* dv, const int32_t* seg) override {
-    TREX_FENCED(attention_bwd(sh, q, k, v, o, l, dO, dq, dk, dv, seg));
-  }
-  double lm_head_ce(const kern::CeArgs& a, int64_t* nv) override { TREX_FENCED(lm_head_ce(a, nv)); }
-  void copy_rows(void* d, int64_t ldd, const void* s, int64_t lds, int64_t rb, int64_t rows) override {
-    TREX_FENCED(copy_rows(d, ldd, s, lds, rb, rows));
-  }
-  void add(float* y, const float* x, int64_t n) override { TREX_FENCED(add(y, x, n)); }
-  void to_bf16(const float* x, int64_t ldx, int64_t r, int64_t c, bf16* y) override {
-    TREX_FENCED(to_bf16(x, ldx, r, c, y));
-  }
-  void gather_rows(const float* s, const int32_t* i, int64_t R, int64_t d, float* o) override {
-    TREX_FENCED(gather_rows(s, i, R, d, o));
-  }
-  void scatter_add_rows(const float* s, const int32_t* i, int64_t R, int64_t d, float* o) override {
-    TREX_FENCED(scatter_add_rows(s, i, R, d, o));
-  }
-  void sum_heads(const float* x, int64_t N, int64_t H, int64_t ldn, int64_t ldh, int64_t w, float* y,
-                 int64_t ldy) override {
-    TREX_FENCED(sum_heads(x, N, H, ldn, ldh, w, y, ldy));
-  }
-  void moe_combine(const float* y, const float* p, const int32_t* sr, int64_t N, int64_t K, int64_t d,
-                   float* o) override {
-    TREX_FENCED(moe_combine(y, p, sr, N, K, d, o));
-  }
-  void moe_combine_bwd(const float* g, const float* y, const float* p, const int32_t* sr, int64_t N, int64_t K,
-                       int64_t d, float* dy, float* dp) override {
-    TREX_FENCED(moe_combine_bwd(g, y, p, sr, N, K, d, dy, dp));
-  }
-  void moe_dispatch_bwd(const float* g, const int32_t* sr, int64_t N, int64_t K, int64_t d, float* dx) override {
-    TREX_FENCED(moe_dispatch_bwd(g, sr, N, K, d, dx));
-  }
-#undef TREX_FENCED
 
  private:
   // Every allocation readable and writable for the lifetime of one backend call.
-  struct Open {
-    Fenced& f;
-    explicit Open(Fenced& fb) : f(fb) { f.protect(PROT_READ | PROT_WRITE), f.open_ = true; }
-    ~Open() { f.protect(PROT_NONE), f.open_ = false; }
-  };
+  void enter() override { protect(PROT_READ | PROT_WRITE), open_ = true; }
+  void leave() override { protect(PROT_NONE), open_ = false; }
   void protect(int prot) {
     for (auto& [p, n] : live_) ASSERT_EQ(0, mprotect(p, n, prot));
   }
   std::map<void*, size_t> live_;
   bool open_ = false;
-  std::unique_ptr<kern::Backend> in_ = kern::make_cpu_backend();
 };
 
 struct Case {
