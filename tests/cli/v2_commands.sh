@@ -14,28 +14,8 @@
 # kept and named on failure).
 set -euo pipefail
 TREX=$(realpath "$1")
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/trex_v2_commands.XXXXXX")
-cd "$WORK"
-export TREX_THREADS=2
-
-fail() {
-  echo "FAIL: $*" >&2
-  echo "work files kept in $WORK" >&2
-  exit 1
-}
-run() {
-  "$@" > out.txt 2> err.txt || fail "$*: exit $?; stderr: $(tail -5 err.txt)"
-  echo "ok: $*"
-}
-
-cat "$ROOT/README.md" "$ROOT"/docs/*.md > corpus.txt
-"$TREX" tokenizer train --files corpus.txt --vocab-size 300 --out tok \
-  --special-tokens "<｜begin▁of▁sentence｜>" "<｜end▁of▁sentence｜>" "<｜User｜>" "<｜Assistant｜>" \
-  --bos "<｜begin▁of▁sentence｜>" > /dev/null
-for i in $(seq 1 40); do
-  echo "{\"messages\": [{\"role\": \"user\", \"content\": \"What is $i + $i?\"}, {\"role\": \"assistant\", \"content\": \"$((i + i))\"}]}"
-done > chats.jsonl
+NAME=v2_commands
+source "$(dirname "$0")/family_setup.sh"
 
 cat > cpt.toml <<TOML
 [model]
