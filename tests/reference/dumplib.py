@@ -98,6 +98,23 @@ def seq_aux_loss(gates, B, T, alpha):
     return aux, routes
 
 
+@contextlib.contextmanager
+def capture_inputs(model, final, enabled=True):
+    """Yields a dict that a forward of model fills with "kw" (the keyword arguments of the first
+    decoder layer: rope tables, positions, mask, ...) and "x" (the input of module `final`, e.g.
+    model.model.norm: the last layer's output); nothing when not enabled. For MTP depths."""
+    cap, hooks = {}, []
+    if enabled:
+        hooks.append(model.model.layers[0].register_forward_pre_hook(
+            lambda mod, a, kw: cap.__setitem__("kw", kw), with_kwargs=True))
+        hooks.append(final.register_forward_pre_hook(lambda mod, a: cap.__setitem__("x", a[0])))
+    try:
+        yield cap
+    finally:
+        for h in hooks:
+            h.remove()
+
+
 def mtp_shift(ids, labels, k):
     """ids_k [B, T] (ids[t+k], ids[t] where t+k >= T) and targets_k [B, T] (labels[t+k+1], -100 past T)."""
     T = ids.shape[1]
@@ -105,6 +122,19 @@ def mtp_shift(ids, labels, k):
     ids_k = torch.where(j < T, ids[:, j.clamp(max=T - 1)], ids)
     tg = torch.where(j + 1 < T, labels[:, (j + 1).clamp(max=T - 1)], torch.full_like(labels, -100))
     return ids_k, tg
+
+
+def group_mask(gscore, topk_group, E):
+    """Group-limited routing: gscore [N, G] -> ([N, E] bool, True for the experts of each token's
+    topk_group best groups; the smallest gap between the last kept and the first dropped group
+    score, inf when every group is kept)."""
+    G, margin = gscore.shape[1], math.inf
+    if G > topk_group:
+        gs = gscore.sort(dim=-1, descending=True)[0]
+        margin = (gs[:, topk_group - 1] - gs[:, topk_group]).min().item()
+    gidx = torch.topk(gscore, k=topk_group, dim=-1, sorted=False)[1]
+    gmask = torch.zeros_like(gscore).scatter_(1, gidx, 1)
+    return gmask.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E).bool(), margin
 
 
 # --------------------------------------------------------------------------------------------
@@ -354,7 +384,15 @@ class Family:
     moe_class = None                    # the MoE block class of a decoder layer (its .gate is the router)
     router_bias = True                  # the routers hold e_score_correction_bias (updated in training)
     config_defaults = {}                # make_config: keys added when a spec lacks them
-    release_keys = []                   # config.json of the release style: these config attributes ...
+    release_keys = ["vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
+                    "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "n_shared_experts",
+                    "n_routed_experts", "routed_scaling_factor", "kv_lora_rank", "q_lora_rank",
+                    "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim", "num_experts_per_tok",
+                    "first_k_dense_replace", "norm_topk_prob", "hidden_act", "max_position_embeddings",
+                    "initializer_range", "rms_norm_eps", "use_cache", "bos_token_id", "eos_token_id",
+                    "tie_word_embeddings", "attention_bias", "attention_dropout"]
+    # config.json of the release style: the config attributes release_keys (MLA + MoE; a family
+    # adds its own), release_extra(cfg), the rope keys, plus architectures / model_type:
     architecture = model_type = None    # ... plus architectures / model_type
     dump_logits_and_routes = True       # expected.safetensors holds logits and route.*.topk_indices
     expected_keys = ["case", "seed", "loss", "ce_loss", "aux_loss", "train", "losses", "grad_norms",

@@ -92,20 +92,15 @@ def route(self, hidden_states):
             sel = scores + self.e_score_correction_bias
             G = self.num_group
             gscore = sel.view(-1, G, E // G).topk(2, dim=-1)[0].sum(dim=-1)            # [N, G]
-            gidx = torch.topk(gscore, k=self.topk_group, dim=-1, sorted=False)[1]
-            gmask = torch.zeros_like(gscore).scatter_(1, gidx, 1)
-            smask = gmask.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E)
-            masked = sel.masked_fill(~smask.bool(), float("-inf"))
+            smask, margin = dumplib.group_mask(gscore, self.topk_group, E)
+            masked = sel.masked_fill(~smask, float("-inf"))
             idx = torch.topk(masked, k=K, dim=-1, sorted=False)[1]                   # [N, K]
-            if G > self.topk_group:
-                gs = gscore.sort(dim=-1, descending=True)[0]
-                margin = min(margin, (gs[:, self.topk_group - 1] - gs[:, self.topk_group]).min().item())
             ms = masked.sort(dim=-1, descending=True)[0]
             if K < E:
                 gap = ms[:, K - 1] - ms[:, K]
                 margin = min(margin, gap[torch.isfinite(gap)].min().item() if torch.isfinite(gap).any() else math.inf)
             # Would the older "masked_fill(..., 0.0)" convention pick different experts?
-            idx0 = torch.topk(sel.masked_fill(~smask.bool(), 0.0), k=K, dim=-1)[1]
+            idx0 = torch.topk(sel.masked_fill(~smask, 0.0), k=K, dim=-1)[1]
             zero_mask_diff = int((idx0.sort(-1)[0] != idx.sort(-1)[0]).any(-1).sum().item())
         elif self.topk_method == "greedy":
             idx = torch.topk(scores, k=K, dim=-1, sorted=False)[1]
@@ -179,14 +174,8 @@ class V3(dumplib.Family):
     model_class, config_class, moe_class = DeepseekV3ForCausalLM, DeepseekV3Config, hf_ds3.DeepseekV3MoE
     config_defaults = dict(num_nextn_predict_layers=0)
     architecture, model_type = "DeepseekV3ForCausalLM", "deepseek_v3"
-    release_keys = ["vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
-                    "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "n_shared_experts",
-                    "n_routed_experts", "routed_scaling_factor", "kv_lora_rank", "q_lora_rank",
-                    "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim", "topk_method", "n_group",
-                    "topk_group", "num_experts_per_tok", "first_k_dense_replace", "norm_topk_prob",
-                    "scoring_func", "hidden_act", "max_position_embeddings", "initializer_range",
-                    "rms_norm_eps", "use_cache", "bos_token_id", "eos_token_id", "tie_word_embeddings",
-                    "attention_bias", "attention_dropout", "num_nextn_predict_layers"]
+    release_keys = dumplib.Family.release_keys + ["topk_method", "n_group", "topk_group", "scoring_func",
+                                                  "num_nextn_predict_layers"]
 
     def configure(self, model):
         """The routers compute the config's scoring_func / topk_method (see route)."""

@@ -209,18 +209,11 @@ class Mtp:
     def forward(self, model, batch, tr):
         """Main forward (HF) + the MTP depths when mtp_loss_weight > 0; aux loss over every router run."""
         ids, labels, w = batch["ids"], batch["labels"], tr["mtp_loss_weight"]
-        cap, hooks = {}, []
-        hooks.append(model.model.layers[0].register_forward_pre_hook(
-            lambda mod, a, kw: cap.__setitem__("kw", kw), with_kwargs=True))
-        hooks.append(model.model.norm.register_forward_pre_hook(lambda mod, a: cap.__setitem__("h", a[0])))
-        try:
+        with dumplib.capture_inputs(model, model.model.norm) as cap:      # h_0 = the input of model.norm
             out = model(input_ids=ids, labels=labels, use_cache=False)
-        finally:
-            for h in hooks:
-                h.remove()
         V = out.logits.shape[-1]
         dumplib.check_ce(out.loss, out.logits, labels)
-        h, mtp_losses = cap["h"], []
+        h, mtp_losses = cap["x"], []
         for k, layer in enumerate(mtp_layers(model) if w > 0 else [], 1):
             ids_k, tg = dumplib.mtp_shift(ids, labels, k)
             assert bool((tg != -100).any()), "an MTP depth without a valid target"

@@ -74,15 +74,10 @@ def route(self, hidden_states):
     with torch.no_grad():
         sel = scores
         if self.topk_method == "group_limited_greedy":
-            G, TG = self.num_group, self.topk_group
+            G = self.num_group
             gscore = scores.view(-1, G, E // G).max(dim=-1).values                  # [N, G]
-            if G > TG:
-                gs = gscore.sort(dim=-1, descending=True)[0]
-                margin = min(margin, (gs[:, TG - 1] - gs[:, TG]).min().item())
-            gidx = torch.topk(gscore, k=TG, dim=-1, sorted=False)[1]
-            gmask = torch.zeros_like(gscore).scatter_(1, gidx, 1)
-            smask = gmask.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E)
-            sel = scores.masked_fill(~smask.bool(), 0.0)
+            smask, margin = dumplib.group_mask(gscore, self.topk_group, E)
+            sel = scores.masked_fill(~smask, 0.0)
         if K < E:
             ss = sel.sort(dim=-1, descending=True)[0]
             margin = min(margin, (ss[:, K - 1] - ss[:, K]).min().item())
@@ -143,14 +138,7 @@ class V2(dumplib.Family):
     model_class, config_class, moe_class = DeepseekV2ForCausalLM, DeepseekV2Config, hf2.DeepseekV2Moe
     router_bias = False
     architecture, model_type = "DeepseekV2ForCausalLM", "deepseek_v2"
-    release_keys = ["vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
-                    "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "n_shared_experts",
-                    "n_routed_experts", "routed_scaling_factor", "kv_lora_rank", "q_lora_rank",
-                    "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim", "topk_method",
-                    "num_experts_per_tok", "first_k_dense_replace", "norm_topk_prob", "hidden_act",
-                    "max_position_embeddings", "initializer_range", "rms_norm_eps", "use_cache",
-                    "bos_token_id", "eos_token_id", "tie_word_embeddings", "attention_bias",
-                    "attention_dropout", "pretraining_tp"]
+    release_keys = dumplib.Family.release_keys + ["topk_method", "pretraining_tp"]
     expected_keys = ["case", "seed", "loss", "ce_loss", "aux_loss", "train", "losses", "grad_norms", "loads",
                      "routing_min_margin", "losses_bf16_autocast", "losses_bf16_weights", "route_flips_bf16",
                      "versions"]

@@ -68,17 +68,12 @@ def route(self, hidden_states):
     with torch.autocast("cpu", enabled=False):
         logits, weights, idx = HF_ROUTER_FORWARD(self, hidden_states.float())
     scores = logits.sigmoid()
-    E, K, G, TG, margin = self.num_experts, self.top_k, self.num_group, self.topk_group, math.inf
+    E, K, G = self.num_experts, self.top_k, self.num_group
     with torch.no_grad():
         sel = scores + self.e_score_correction_bias
         gscore = sel.view(-1, G, E // G).topk(2, dim=-1)[0].sum(dim=-1)
-        if G > TG:
-            gs = gscore.sort(dim=-1, descending=True)[0]
-            margin = min(margin, (gs[:, TG - 1] - gs[:, TG]).min().item())
-        gidx = torch.topk(gscore, k=TG, dim=-1, sorted=False)[1]
-        gmask = torch.zeros_like(gscore).scatter_(1, gidx, 1)
-        smask = gmask.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E)
-        ms = sel.masked_fill(~smask.bool(), float("-inf")).sort(dim=-1, descending=True)[0]
+        smask, margin = dumplib.group_mask(gscore, self.topk_group, E)
+        ms = sel.masked_fill(~smask, float("-inf")).sort(dim=-1, descending=True)[0]
         if K < E:
             gap = ms[:, K - 1] - ms[:, K]
             fin = torch.isfinite(gap)
@@ -195,14 +190,8 @@ class V32(dumplib.Family):
     cases = CASES
     model_class, config_class, moe_class = DeepseekV32ForCausalLM, DeepseekV32Config, hf32.DeepseekV32MoE
     architecture, model_type = "DeepseekV32ForCausalLM", "deepseek_v32"
-    release_keys = ["vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
-                    "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "n_shared_experts",
-                    "n_routed_experts", "routed_scaling_factor", "kv_lora_rank", "q_lora_rank",
-                    "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim", "n_group", "topk_group",
-                    "num_experts_per_tok", "first_k_dense_replace", "norm_topk_prob", "hidden_act",
-                    "max_position_embeddings", "initializer_range", "rms_norm_eps", "use_cache",
-                    "bos_token_id", "eos_token_id", "tie_word_embeddings", "attention_bias",
-                    "attention_dropout", "index_topk", "index_head_dim", "index_n_heads"]
+    release_keys = dumplib.Family.release_keys + ["n_group", "topk_group", "index_topk", "index_head_dim",
+                                                  "index_n_heads"]
     expected_keys = ["case", "seed", "loss", "ce_loss", "aux_loss", "train", "losses", "grad_norms", "loads",
                      "final_bias", "routing_min_margin", "losses_bf16_autocast", "losses_bf16_weights",
                      "route_flips_bf16", "versions"]

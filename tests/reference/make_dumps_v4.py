@@ -7,6 +7,8 @@ fp32, eager attention, eager expert loop) and writes per case tests/reference/da
 {model/, batch.json, expected.safetensors, expected.json} in the format of the V3 cases
 (make_dumps.py), plus the CSA indexer selections. Every case is also checked against an
 independent float64 re-implementation of the V4 forward written from the README's semantics.
+What the dump scripts share (AdamW loop, bf16 linears, writers, --check driver, CLI) is in
+dumplib.py; the V4 seed search, dump format and float64 check are here.
 transformers has no multi-token prediction (MTP); cases with num_nextn_predict_layers > 0 use
 MTPBlock below, a port of DeepSeek's reference inference/model.py MTPBlock onto HF's classes.
 
@@ -16,36 +18,28 @@ MTPBlock below, a port of DeepSeek's reference inference/model.py MTPBlock onto 
 --check runs `trex grad [--mtp-loss-weight W]` and compares it with a float64 autograd run of the
 same weights (Float64Mode), random configs with 0-3 MTP blocks included.
 """
-import argparse
 import contextlib
 import copy
 import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 from torch.overrides import TorchFunctionMode
 from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
-from transformers import logging as hf_logging
 from transformers.models.deepseek_v4 import modeling_deepseek_v4 as hf4
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import make_dumps as v3  # noqa: E402  (make_batch, Bf16Linear, route_flips; its V3 patch is inert here)
+import dumplib  # noqa: E402
+from dumplib import MARGIN_MIN  # noqa: E402  (router top-k gap and (relative) indexer top-k gap, 10 steps)
 
-torch.set_num_threads(1)
-hf_logging.set_verbosity_error()
-hf_logging.disable_progress_bar()
-HERE = os.path.dirname(os.path.abspath(__file__))
-DATA = os.path.join(HERE, "data")
-MARGIN_MIN = 1e-4    # smallest accepted router top-k gap and (relative) indexer top-k gap, 10 steps
 PRESCREEN = 3.0      # seeds whose first forward has a margin < PRESCREEN * MARGIN_MIN are not trained
 SEED_TRIES = 4000
 CSA, HCA, SWA = "compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"
@@ -55,7 +49,7 @@ CSA, HCA, SWA = "compressed_sparse_attention", "heavily_compressed_attention", "
 # are fp32 noise, and with eps 1e-8 a 1e-7 relative change of the weights flipped router / indexer
 # selections from step 1 on (v4_rates_default). With 1e-6 such elements move by ~1e-5 instead.
 # v4_rates_odd keeps V3's 1e-8: its selections survive the same perturbation for all 10 steps.
-TRAIN_DEFAULT = dict(v3.TRAIN_DEFAULT, bias_update_gamma=0.01, eps=1e-6)
+TRAIN_DEFAULT = dict(dumplib.TRAIN_DEFAULT, bias_update_gamma=0.01, eps=1e-6)
 NOISE_FACTOR = 10.0  # --check: trex may be this many times further from float64 than torch fp32 is (min 1e-4)
 PERTURB = 1e-7       # robustness check: relative weight noise standing in for another fp32 engine
 
@@ -230,38 +224,21 @@ def mtp_blocks(model):
     return list(model.mtp) if hasattr(model, "mtp") else []
 
 
-def mtp_shift(ids, labels, k):
-    """ids_k [B, T] (ids[t+k], ids[t] where t+k >= T) and targets_k [B, T] (labels[t+k+1], -100 past T)."""
-    T = ids.shape[1]
-    j = torch.arange(T) + k
-    ids_k = torch.where(j < T, ids[:, j.clamp(max=T - 1)], ids)
-    tg = torch.where(j + 1 < T, labels[:, (j + 1).clamp(max=T - 1)], torch.full_like(labels, -100))
-    return ids_k, tg
-
-
 def forward_all(model, batch, w):
     """Main forward (HF) + the MTP depths when w > 0. Returns dict(loss, ce, mtp (mean over depths,
     unweighted; None without MTP), mtp_losses [D], logits [B, T, V], mtp_logits [D x [B, T, V]])."""
     ids, labels = batch["ids"], batch["labels"]
     blocks = mtp_blocks(model) if w > 0 else []
     assert w == 0 or blocks, "mtp_loss_weight > 0 needs num_nextn_predict_layers > 0"
-    cap, hooks = {}, []
-    if blocks:      # the main layers' kwargs (rope tables, positions, sliding mask, ids) and X_0
-        hooks.append(model.model.layers[0].register_forward_pre_hook(
-            lambda mod, a, kw: cap.__setitem__("kw", kw), with_kwargs=True))
-        hooks.append(model.model.hc_head.register_forward_pre_hook(lambda mod, a: cap.__setitem__("x", a[0])))
-    try:
+    # the main layers' kwargs (rope tables, positions, sliding mask, ids) and X_0 (entering hc_head)
+    with dumplib.capture_inputs(model, model.model.hc_head, enabled=bool(blocks)) as cap:
         out = model(input_ids=ids, labels=labels, use_cache=False)
-    finally:
-        for h in hooks:
-            h.remove()
     V = out.logits.shape[-1]
-    ce2 = F.cross_entropy(out.logits[:, :-1].reshape(-1, V).float(), labels[:, 1:].reshape(-1), ignore_index=-100)
-    assert torch.allclose(out.loss, ce2, rtol=1e-6, atol=0), (out.loss, ce2)
+    dumplib.check_ce(out.loss, out.logits, labels)
     res = dict(ce=out.loss, logits=out.logits, mtp=None, mtp_losses=[], mtp_logits=[], loss=out.loss)
     x = cap.get("x")
     for k, blk in enumerate(blocks, 1):
-        ids_k, tg = mtp_shift(ids, labels, k)
+        ids_k, tg = dumplib.mtp_shift(ids, labels, k)
         assert bool((tg != -100).any()), "an MTP depth without a valid target"
         x, lg = blk(x, model.model.embed_tokens(ids_k), model.lm_head, **cap["kw"])
         res["mtp_losses"].append(F.cross_entropy(lg.reshape(-1, V).float(), tg.reshape(-1), ignore_index=-100))
@@ -343,27 +320,12 @@ def grouped_linear_per_group(self, x):                    # x: [..., G, in_g] ->
     return torch.stack([F.linear(x[..., g, :], w[g]) for g in range(self.n_groups)], dim=-2)
 
 
-class Bf16LinearsV4(TorchFunctionMode):
-    def __init__(self, model):
-        super().__init__()
-        layers = list(model.model.layers) + mtp_blocks(model)
-        self.fp32 = {id(g.weight) for _, g, _ in moe_gates(model)}
-        self.fp32 |= {id(l.attn_hc.fn) for l in layers} | {id(l.ffn_hc.fn) for l in layers}
-        self.fp32 |= {id(model.model.hc_head.hc_fn)} | {id(b.hc_head.hc_fn) for b in mtp_blocks(model)}
-        self.head = id(model.lm_head.weight)
-        self.calls = {"bf16": 0, "fp32": 0}
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in (F.linear, torch._C._nn.linear):
-            x, w = args[0], args[1] if len(args) > 1 else kwargs["weight"]
-            if id(w) in self.fp32:
-                self.calls["fp32"] += 1
-            else:
-                assert (args[2] if len(args) > 2 else kwargs.get("bias")) is None and w.dtype == torch.float32
-                self.calls["bf16"] += 1
-                return v3.Bf16Linear.apply(x, w, id(w) != self.head)
-        return func(*args, **kwargs)
+def bf16_linears(model):
+    layers = list(model.model.layers) + mtp_blocks(model)
+    fp32 = {id(g.weight) for _, g, _ in moe_gates(model)}
+    fp32 |= {id(l.attn_hc.fn) for l in layers} | {id(l.ffn_hc.fn) for l in layers}
+    fp32 |= {id(model.model.hc_head.hc_fn)} | {id(b.hc_head.hc_fn) for b in mtp_blocks(model)}
+    return dumplib.Bf16Linears(fp32, heads={id(model.lm_head.weight)})
 
 
 @contextlib.contextmanager
@@ -371,7 +333,7 @@ def bf16_weights(model):
     saved = hf4.DeepseekV4GroupedLinear.forward
     hf4.DeepseekV4GroupedLinear.forward = grouped_linear_per_group
     try:
-        with Bf16LinearsV4(model) as mode:
+        with bf16_linears(model) as mode:
             yield mode
     finally:
         hf4.DeepseekV4GroupedLinear.forward = saved
@@ -602,7 +564,6 @@ def check_independent(model, batch, rec, w):
 # state_dict names (buffers e_score_correction_bias f32 and tid2eid int64 included).
 # --------------------------------------------------------------------------------------------
 def write_model(model, d):
-    os.makedirs(d, exist_ok=True)
     mtp = model._modules.pop("mtp", None)          # save_pretrained only writes config.json here
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -612,16 +573,12 @@ def write_model(model, d):
         if mtp is not None:
             model.mtp = mtp
     assert cj["num_nextn_predict_layers"] == len(mtp_blocks(model)), cj["num_nextn_predict_layers"]
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(cj, f, indent=2, sort_keys=True)
-    sd = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
-    save_file(sd, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    dumplib.write_checkpoint(d, cj, {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()})
 
 
 def load_model(d):
     """from_pretrained (which drops mtp.*), then the MTP blocks from the mtp.* tensors, if any."""
-    model = DeepseekV4ForCausalLM.from_pretrained(d, attn_implementation="eager",
-                                                  experts_implementation="eager", dtype=torch.float32)
+    model = dumplib.from_pretrained(DeepseekV4ForCausalLM, d)
     sd = {k[len("mtp."):]: v for k, v in load_file(os.path.join(d, "model.safetensors")).items()
           if k.startswith("mtp.")}
     if sd:
@@ -675,48 +632,44 @@ def reference_grads(model, batch, w):
 def train(model, batch, tr, prec="fp32"):
     w = tr.get("mtp_loss_weight", 0.0)
     params = [p for _, p in trained_params(model, w)]
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
-    opt = torch.optim.AdamW([dict(params=decay, weight_decay=tr["weight_decay"]),
-                             dict(params=no_decay, weight_decay=0.0)],
-                            lr=tr["lr"], betas=(tr["beta1"], tr["beta2"]), eps=tr["eps"], foreach=False)
     rec = Recorder(model)
     ctx = precision_context(model, prec)
-    losses, norms, loads, step_margins, igap, routes0, sels = [], [], [], [], math.inf, None, []
-    for _ in range(tr["steps"]):
-        opt.zero_grad(set_to_none=True)
+    loads, step_margins, routes0, sels, st = [], [], None, [], dict(igap=math.inf, snap=None)
+
+    def forward():
+        nonlocal routes0
         with ctx() as mode:
             loss = forward_all(model, batch, w)["loss"]
-        if isinstance(mode, Bf16LinearsV4):
+        if isinstance(mode, dumplib.Bf16Linears):
             D = len(mtp_blocks(model)) if w > 0 else 0
             assert mode.calls["fp32"] == 3 * (len(model.model.layers) + D) + 1 + D and mode.calls["bf16"] > 0, \
                 mode.calls
-        snap = snapshot(rec)
+        snap = st["snap"] = snapshot(rec)
         routes0 = routes0 or {n: r["idx"].clone() for n, r in snap["gates"].items()}
         sels.append([r["idx"].sort(-1)[0] for r in snap["gates"].values()] +
                     [r["topk"] for r in snap["index"].values()])
-        loss.backward()
-        norms.append(torch.nn.utils.clip_grad_norm_(params, tr["clip_grad_norm"]).item())
-        losses.append(loss.item())
-        opt.step()
-        step_loads = {}
+        return loss
+
+    def after_step():
+        snap, step_loads = st["snap"], {}
         step_margins.append([min([r["margin"] for r in snap[k].values()] + [math.inf]) for k in ("gates", "index")])
         for name, gate, is_hash in run_gates(model, w):
             r = snap["gates"][name]
             load = torch.bincount(r["idx"].flatten(), minlength=gate.num_experts).float()
             step_loads[name] = [int(x) for x in load.tolist()]
             if not is_hash:
-                with torch.no_grad():
-                    gate.e_score_correction_bias += tr["bias_update_gamma"] * torch.sign(load.mean() - load)
-        igap = min([igap] + [r["gap"] for r in snap["index"].values()])
+                dumplib.update_bias(gate, load, tr["bias_update_gamma"])
+        st["igap"] = min([st["igap"]] + [r["gap"] for r in snap["index"].values()])
         loads.append(step_loads)
+
+    losses, norms = dumplib.adamw_steps(params, tr, forward, after_step)
     rec.remove()
     final_bias = {f"{n}.e_score_correction_bias": g.e_score_correction_bias.tolist()
                   for n, g, is_hash in run_gates(model, w) if not is_hash}
     clean = next((i for i, m in enumerate(step_margins) if min(m) < MARGIN_MIN), len(step_margins))
     return dict(losses=losses, grad_norms=norms, loads=loads, final_bias=final_bias, step_margins=step_margins,
                 router_margin=min(m[0] for m in step_margins), indexer_margin=min(m[1] for m in step_margins),
-                indexer_gap=igap, clean_steps=clean, routes0=routes0, selections=sels)
+                indexer_gap=st["igap"], clean_steps=clean, routes0=routes0, selections=sels)
 
 
 def perturbed_robust_steps(spec, seed, batch, tr, base, draws=2):
@@ -741,7 +694,7 @@ def perturbed_robust_steps(spec, seed, batch, tr, base, draws=2):
 def build_case(spec, seed):
     cfg = make_config(spec["model"])
     model = init_model(cfg, seed, spec.get("router_gain", 2.0))
-    return model, v3.make_batch(cfg.vocab_size, spec["B"], spec["T"], seed)
+    return model, dumplib.make_batch(cfg.vocab_size, spec["B"], spec["T"], seed)
 
 
 def write_case(name, spec, out_root):
@@ -783,15 +736,14 @@ def write_case(name, spec, out_root):
     rec = Recorder(model)
     ind_err, clamp = check_independent(model, batch, rec, w)
     rec.remove()
-    yard = {p: train(build_case(spec, seed)[0], batch, tr, p) for p in ("bf16_autocast", "bf16_weights")}
-    flips = {p: {n: v3.route_flips(snap["gates"][n]["idx"], y["routes0"][n]) for n in snap["gates"]}
+    yard = {p: train(build_case(spec, seed)[0], batch, tr, p) for p in dumplib.YARDSTICKS}
+    flips = {p: {n: dumplib.route_flips(snap["gates"][n]["idx"], y["routes0"][n]) for n in snap["gates"]}
              for p, y in yard.items()}
     d = os.path.join(out_root, name)
     shutil.rmtree(d, ignore_errors=True)
     write_model(model, os.path.join(d, "model"))
     reload_loss = verify_checkpoint(model, os.path.join(d, "model"), batch, w)
-    with open(os.path.join(d, "batch.json"), "w") as f:
-        json.dump({"input_ids": batch["ids"].tolist(), "labels": batch["labels"].tolist()}, f)
+    dumplib.write_batch(batch, os.path.join(d, "batch.json"))
     z = torch.zeros(1, dtype=torch.float64)
     t = {"loss": loss.double().reshape(1), "ce_loss": ce.double().reshape(1), "aux_loss": z,
          "logits": res["logits"].float().contiguous()}
@@ -806,7 +758,6 @@ def write_case(name, spec, out_root):
     for iname, r in snap["index"].items():
         t[f"index.{iname}.topk"] = r["topk"].to(torch.int32).contiguous()
     t.update({f"grad.{k}": v.float().contiguous() for k, v in grads.items()})
-    save_file(t, os.path.join(d, "expected.safetensors"), metadata={"format": "pt"})
     c = model.config
     exp = {"case": name, "seed": seed, "loss": loss.item(), "ce_loss": ce.item(), "aux_loss": 0.0, **mtp,
            "train": dict(tr, aux_loss_alpha=0.0), "losses": trained["losses"], "grad_norms": trained["grad_norms"],
@@ -823,27 +774,21 @@ def write_case(name, spec, out_root):
            "losses_bf16_autocast": yard["bf16_autocast"]["losses"],
            "losses_bf16_weights": yard["bf16_weights"]["losses"],
            "route_flips_bf16": flips["bf16_weights"],
-           "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__}}
-    with open(os.path.join(d, "expected.json"), "w") as f:
-        json.dump(exp, f, indent=1)
-    size = sum(os.path.getsize(os.path.join(r, x)) for r, _, fs in os.walk(d) for x in fs)
+           "versions": dumplib.versions()}
+    size = dumplib.write_expected(d, t, exp)
     print(f"{name}: seed {seed} params {sum(p.numel() for p in model.parameters())} loss {loss.item():.6f} "
           f"(reload {reload_loss:.6f}) losses {trained['losses'][0]:.4f}->{trained['losses'][-1]:.4f} "
           f"router margin {trained['router_margin']:.2e} indexer margin {trained['indexer_margin']:.2e} "
           f"(gap {trained['indexer_gap']:.2e}) clamp {clamp} independent rel err {ind_err:.1e} "
           f"size {size / 1e3:.0f} kB time {time.time() - t0:.1f} s")
-    for p, y in yard.items():
-        dl = max(abs(a - b) for a, b in zip(y["losses"], trained["losses"]))
-        print(f"  {p}: max |loss - fp32| over {tr['steps']} steps {dl:.4f}, "
-              f"step-0 route flips {list(flips[p].values())}")
+    dumplib.print_yardsticks(yard, trained["losses"], flips)
 
 
 # --------------------------------------------------------------------------------------------
 # --check: live reference vs `trex grad [--mtp-loss-weight W]`.
 # --------------------------------------------------------------------------------------------
 def random_spec(rng):
-    ri = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=rng))
-    rc = lambda xs: xs[ri(0, len(xs) - 1)]
+    ri, rc = dumplib.drawers(rng)
     L = ri(1, 4)
     m_csa, m_hca = ri(2, 5), ri(6, 19)
     T = ri(2 * m_hca + 1, 3 * m_hca + 7)
@@ -884,29 +829,6 @@ def first_forward_margins(model, batch, w):
                [math.inf])
 
 
-def run_trex(trex, model_dir, batch_file, w, out):
-    """make_dumps.run_trex plus --mtp-loss-weight; returns (stdout JSON {loss, ce, mtp, ...}, gradients, error)."""
-    cmd = [trex, "grad", "--model", model_dir, "--batch", batch_file, "--precision", "fp32", "--out", out]
-    if w > 0:
-        cmd += ["--mtp-loss-weight", repr(w)]
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return None, None, f"cannot run {' '.join(cmd)}: {e}"
-    if p.returncode != 0:
-        return None, None, f"exit {p.returncode}: {(p.stderr or p.stdout).strip()[-300:]}"
-    res = None
-    for line in p.stdout.splitlines():
-        try:
-            j = json.loads(line)
-            res = j if isinstance(j, dict) and "loss" in j else res
-        except ValueError:
-            pass
-    if res is None:
-        return None, None, "no JSON line with \"loss\" on stdout"
-    return res, load_file(out), None
-
-
 class Float64Mode(TorchFunctionMode):
     """Keeps a model.double() run in float64: HF's V4 casts RMSNorms, hyper-connections, the HC head,
     the compressor softmaxes and the CE logits to fp32 (.float(), .to(float32), dtype=float32)."""
@@ -933,66 +855,47 @@ def load_model64(d):
     return model
 
 
-def compare64(name, ref32, ref64, trex_loss, trex_grads, rows):
-    """trex vs a float64 autograd run of the same weights (the exact answer up to float64 noise).
-    Loss rel err <= 1e-5; gradient error ||t - r64|| / max(||r64||, 1e-4 ||all r64||) <= max(1e-4,
-    NOISE_FACTOR x the same error of PyTorch's own fp32 gradient): a few gradients are ill-conditioned
-    (e.g. hc_head with hc_mult = 1, where RMSNorm(pre h) makes them eps-sized; hc scales summing
-    cancelling terms) and fp32 autograd itself is off by up to ~3e-3 there."""
-    ok = True
-    g64, g32 = ref64["grads"], ref32["grads"]
-    total = math.sqrt(sum(float(g.norm()) ** 2 for g in g64.values()))
-    floor = 1e-4 * total
-    lerr = abs(trex_loss - ref64["loss"]) / abs(ref64["loss"])
-    ok &= lerr <= 1e-5
-    rows.append((name, "loss", f"{ref64['loss']:.7g}", f"{trex_loss:.7g}", lerr, 1e-5, lerr <= 1e-5))
-    for k in sorted(set(g64) | set(trex_grads)):
-        if k not in trex_grads or k not in g64:
-            rows.append((name, k, "-" if k not in g64 else "present", "missing" if k not in trex_grads else "extra",
-                         math.inf, 0.0, False))
-            ok = False
-            continue
-        r, t = g64[k], trex_grads[k].double()
-        if r.shape != t.shape:
-            rows.append((name, k, str(tuple(r.shape)), str(tuple(t.shape)), math.inf, 0.0, False))
-            ok = False
-            continue
-        den = max(r.norm().item(), floor, 1e-30)
-        err = (t - r).norm().item() / den
-        tol = max(1e-4, NOISE_FACTOR * (g32[k].double() - r).norm().item() / den)
-        good = err <= tol and bool(torch.isfinite(t).all())
-        ok &= good
-        rows.append((name, k, f"{r.norm().item():.4g}", f"{t.norm().item():.4g}", err, tol, good))
-    return ok
+def compare64(name, grads32, ref64, trex_loss, trex_grads, rows):
+    """trex vs a float64 autograd run of the same weights (the exact answer up to float64 noise):
+    dumplib.compare against the float64 loss and gradients, each gradient's tolerance widened to
+    max(1e-4, NOISE_FACTOR x the same error of PyTorch's own fp32 gradient): a few gradients are
+    ill-conditioned (e.g. hc_head with hc_mult = 1, where RMSNorm(pre h) makes them eps-sized; hc
+    scales summing cancelling terms) and fp32 autograd itself is off by up to ~3e-3 there."""
+    g64 = ref64["grads"]
+    tol = lambda k, den: max(1e-4, NOISE_FACTOR * (grads32[k].double() - g64[k]).norm().item() / den)
+    return dumplib.compare(name, ref64["loss"], g64, trex_loss, trex_grads, rows, tol)
 
 
-def check(args):
-    rows, failed, jobs = [], [], []
-    work = tempfile.mkdtemp(prefix="trex_check_v4_")
-    for name in args.cases:
-        d = os.path.join(DATA, name)
-        exp = json.load(open(os.path.join(d, "expected.json")))
-        jobs.append((name, d, None, exp, exp["train"].get("mtp_loss_weight", 0.0)))
-    rng = torch.Generator().manual_seed(args.seed)
-    for i in range(args.random):
-        spec = random_spec(rng)
-        jobs.append((f"v4random{i}", None, spec, None, spec["train"]["mtp_loss_weight"]))
-    for name, d, spec, exp, w in jobs:
-        if spec is not None:
-            d = os.path.join(work, name)
-            while True:                            # re-seed until no near-tie in router / indexer
-                model, batch = build_case(spec, spec["seed"])
-                if first_forward_margins(model, batch, w) >= 1e-5:
-                    break
-                spec["seed"] += 1
-            write_model(model, os.path.join(d, "model"))
-            with open(os.path.join(d, "batch.json"), "w") as f:
-                json.dump({"input_ids": batch["ids"].tolist(), "labels": batch["labels"].tolist()}, f)
-            with open(os.path.join(d, "spec.json"), "w") as f:
-                json.dump(spec, f, indent=1)
-            verify_checkpoint(model, os.path.join(d, "model"), batch, w)
-        bj = json.load(open(os.path.join(d, "batch.json")))
-        batch = dict(ids=torch.tensor(bj["input_ids"]), labels=torch.tensor(bj["labels"]))
+# --------------------------------------------------------------------------------------------
+# The family: V4 overrides what dumplib.Family does for the V3-format scripts (config, init,
+# checkpoint I/O, seed search and dump format, float64 --check); dumplib keeps the --check driver
+# and the CLI.
+# --------------------------------------------------------------------------------------------
+class V4(dumplib.Family):
+    tag, random_prefix = "v4", "v4random"
+    cases = CASES
+    train_default = TRAIN_DEFAULT
+    random_spec = staticmethod(random_spec)
+
+    def build_case(self, spec, seed):
+        return build_case(spec, seed)
+
+    def first_margin(self, model, batch, tr):
+        return first_forward_margins(model, batch, tr.get("mtp_loss_weight", 0.0))
+
+    def write_model(self, model, style, d):
+        write_model(model, d)
+
+    def verify_checkpoint(self, model, style, d, batch, tr):
+        verify_checkpoint(model, d, batch, tr.get("mtp_loss_weight", 0.0))
+
+    def write_case(self, name, spec, out_root):
+        write_case(name, spec, out_root)
+
+    def check_case(self, name, d, exp, tr, args, work, rows):
+        """trex vs float64 PyTorch (compare64), plus the loss parts trex prints (ce, mtp)."""
+        w = tr.get("mtp_loss_weight", 0.0)
+        batch = dumplib.read_batch(os.path.join(d, "batch.json"))
         model = load_model(os.path.join(d, "model"))
         res, snap, grads, _ = reference_grads(model, batch, w)
         loss = res["loss"].item()
@@ -1005,55 +908,25 @@ def check(args):
             assert torch.equal(r["topk"], snap["index"][iname]["topk"]), (name, iname)
         if exp is not None and abs(loss - exp["loss"]) > 1e-5 * abs(exp["loss"]):
             print(f"warning: {name}: live loss {loss} != committed {exp['loss']}")
-        out = os.path.join(work, name + ".grads.safetensors")
-        tj, tg, err = run_trex(args.trex, os.path.join(d, "model"), os.path.join(d, "batch.json"), w, out)
+        tj, tg, err = dumplib.run_trex(args.trex, d, dumplib.trex_flags(tr),
+                                       os.path.join(work, name + ".grads.safetensors"))
         if err is not None:
             rows.append((name, "trex", "-", "-", math.inf, 0.0, False))
             print(f"{name}: trex failed: {err}")
-            failed.append(name)
-            continue
-        ok = compare64(name, dict(grads=grads), dict(loss=res64["loss"].item(), grads=grads64), float(tj["loss"]),
-                       tg, rows)
+            return False
+        ok = compare64(name, grads, dict(loss=res64["loss"].item(), grads=grads64), float(tj["loss"]), tg, rows)
         parts = [("ce", res64["ce"].item())] + ([("mtp", res64["mtp"].item())] if res64["mtp"] is not None else [])
         for key, ref in parts:                     # the loss components trex prints
             got = tj.get(key)
             e = abs(got - ref) / max(abs(ref), 1e-30) if got is not None else math.inf
             rows.append((name, key, f"{ref:.7g}", "missing" if got is None else f"{got:.7g}", e, 1e-5, e <= 1e-5))
             ok &= e <= 1e-5
-        if not ok:
-            failed.append(name)
         print(f"{name}: D {len(mtp_blocks(model))} W {w} loss {loss:.7g} trex {float(tj['loss']):.7g}, "
               f"{len(grads)} gradients, worst rel err "
-              f"{max(r[4] for r in rows if r[0] == name and r[1] not in ('loss', 'ce', 'mtp')):.2e}"
+              f"{max(r[4] for r in rows if r[0] == name and r[1] not in dumplib.SUMMARY_ROWS):.2e}"
               + ("" if ok else " FAIL"), flush=True)
-    w = max([len(r[1]) for r in rows] + [10])
-    print(f"{'case':<20} {'tensor':<{w}} {'ref (f64)':>12} {'trex':>12} {'rel err':>10} {'tol':>9}  ok")
-    for c_, k, a, b, e, tol, good in rows:
-        if args.verbose or not good or k in ("loss", "ce", "mtp", "trex") or tol > 1e-4:
-            print(f"{c_:<20} {k:<{w}} {a:>12} {b:>12} {e:>10.2e} {tol:>9.1e}  {'ok' if good else 'FAIL'}")
-    print(f"{len(jobs) - len(failed)}/{len(jobs)} cases passed" + (f"; failed: {failed}" if failed else ""))
-    if failed:
-        print(f"(inputs kept in {work})")
-    else:
-        shutil.rmtree(work, ignore_errors=True)
-    return 1 if failed else 0
-
-
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=DATA, help="dump folder (default tests/reference/data)")
-    ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
-    ap.add_argument("--check", action="store_true", help="compare live transformers with `trex grad`")
-    ap.add_argument("--trex", default="build/trex", help="trex binary for --check")
-    ap.add_argument("--random", type=int, default=0, help="--check: number of extra random configs")
-    ap.add_argument("--seed", type=int, default=12345, help="--check: seed of the random configs")
-    ap.add_argument("--verbose", action="store_true", help="--check: print every gradient row")
-    args = ap.parse_args()
-    if args.check:
-        sys.exit(check(args))
-    for name in args.cases:
-        write_case(name, CASES[name], args.out)
+        return ok
 
 
 if __name__ == "__main__":
-    main()
+    dumplib.main(V4(), __doc__)
