@@ -384,6 +384,9 @@ class Family:
     moe_class = None                    # the MoE block class of a decoder layer (its .gate is the router)
     router_bias = True                  # the routers hold e_score_correction_bias (updated in training)
     config_defaults = {}                # make_config: keys added when a spec lacks them
+    # config.json of the release style: architectures / model_type, the config attributes
+    # release_keys (MLA and MoE sizes; a family adds its own), release_extra(cfg), the rope keys.
+    architecture = model_type = None
     release_keys = ["vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
                     "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "n_shared_experts",
                     "n_routed_experts", "routed_scaling_factor", "kv_lora_rank", "q_lora_rank",
@@ -391,9 +394,6 @@ class Family:
                     "first_k_dense_replace", "norm_topk_prob", "hidden_act", "max_position_embeddings",
                     "initializer_range", "rms_norm_eps", "use_cache", "bos_token_id", "eos_token_id",
                     "tie_word_embeddings", "attention_bias", "attention_dropout"]
-    # config.json of the release style: the config attributes release_keys (MLA + MoE; a family
-    # adds its own), release_extra(cfg), the rope keys, plus architectures / model_type:
-    architecture = model_type = None    # ... plus architectures / model_type
     dump_logits_and_routes = True       # expected.safetensors holds logits and route.*.topk_indices
     expected_keys = ["case", "seed", "loss", "ce_loss", "aux_loss", "train", "losses", "grad_norms",
                      "final_bias", "loads", "routing_min_margin", "zero_mask_would_differ",
@@ -653,7 +653,9 @@ class Family:
         print(f"{name}: seed {seed} params {sum(p.numel() for p in model.parameters())} "
               f"loss {ref['loss'].item():.6f} ({parts}) "
               f"losses {trained['losses'][0]:.4f}->{trained['losses'][-1]:.4f} "
-              f"margin {trained['margin']:.2e} zero-mask-diff {trained['zero_mask_diff']} size {size / 1e3:.0f} kB")
+              f"margin {trained['margin']:.2e}"
+              + (f" zero-mask-diff {trained['zero_mask_diff']}" if "zero_mask_would_differ" in self.expected_keys else "")
+              + f" size {size / 1e3:.0f} kB")
         print_yardsticks(yard, trained["losses"], flips)
 
     # ---- --check ----
