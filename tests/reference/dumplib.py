@@ -421,25 +421,29 @@ class Family:
         torch.manual_seed(seed)
         model = self.model_class(cfg).float()
         g = torch.Generator().manual_seed(seed)
-        d = cfg.hidden_size
         with torch.no_grad():
             for name, p in model.named_parameters():
-                if p.ndim == 1:
-                    if name.endswith("k_norm.bias"):        # V3.2's indexer LayerNorm
-                        p.normal_(generator=g).mul_(0.1)
-                    else:
-                        assert name.endswith("norm.weight"), name
-                        p.normal_(generator=g).mul_(0.1).add_(1.0)
-                elif "embed_tokens" in name:
-                    p.normal_(generator=g).mul_(1.5 / math.sqrt(d) if cfg.tie_word_embeddings else 1.0)
-                else:
-                    gain = router_gain if name.endswith("mlp.gate.weight") else 1.0
-                    p.normal_(generator=g).mul_(gain / math.sqrt(max(p.shape[-1], 1)))  # [d, 0]: no shared experts
+                self.init_param(name, p, g, cfg, router_gain)
             if self.router_bias:
                 for _, gate in self.gates(model):
                     gate.e_score_correction_bias.normal_(generator=g).mul_(0.05)
         self.configure(model)
         return model
+
+    @staticmethod
+    def init_param(name, p, g, cfg, router_gain):
+        """Draws parameter `name` from generator g (init_model's rules)."""
+        if p.ndim == 1:
+            if name.endswith("k_norm.bias"):        # V3.2's indexer LayerNorm
+                p.normal_(generator=g).mul_(0.1)
+            else:
+                assert name.endswith("norm.weight"), name
+                p.normal_(generator=g).mul_(0.1).add_(1.0)
+        elif "embed_tokens" in name:
+            p.normal_(generator=g).mul_(1.5 / math.sqrt(cfg.hidden_size) if cfg.tie_word_embeddings else 1.0)
+        else:
+            gain = router_gain if name.endswith("mlp.gate.weight") else 1.0
+            p.normal_(generator=g).mul_(gain / math.sqrt(max(p.shape[-1], 1)))  # [d, 0]: no shared experts
 
     def configure(self, model):
         """Called on every built or loaded model (e.g. to set router attributes)."""

@@ -114,10 +114,15 @@ class Mtp:
                      "final_bias", "loads", "routing_min_margin", "losses_bf16_autocast", "losses_bf16_weights",
                      "versions"]
 
+    def mtp_config(self, cfg):
+        """The config the MTP layers are built with (V3: the model's; a family whose decoder layers
+        look up per-layer lists by layer_idx extends them to L + D here)."""
+        return cfg
+
     def attach_mtp(self, model):
         c = model.config
         D, L = c.num_nextn_predict_layers, c.num_hidden_layers
-        model.mtp_layers = nn.ModuleList([self.mtp_layer(c, L + k) for k in range(D)]).float()
+        model.mtp_layers = nn.ModuleList([self.mtp_layer(self.mtp_config(c), L + k) for k in range(D)]).float()
 
     def gates(self, model):
         L = model.config.num_hidden_layers
@@ -133,13 +138,10 @@ class Mtp:
         d = cfg.hidden_size
         with torch.no_grad():
             for name, p in model.mtp_layers.named_parameters():
-                if p.ndim == 1:
-                    p.normal_(generator=g).mul_(0.1).add_(1.0)
-                elif name.endswith("shared_head.head.weight"):
+                if name.endswith("shared_head.head.weight"):      # near the main head
                     p.copy_(model.lm_head.weight + 0.3 / math.sqrt(d) * torch.randn(p.shape, generator=g))
                 else:
-                    gain = router_gain if name.endswith("mlp.gate.weight") else 1.0
-                    p.normal_(generator=g).mul_(gain / math.sqrt(p.shape[-1]))
+                    self.init_param(name, p, g, cfg, router_gain)
             for _, gate in self.gates(model)[main_gates:]:
                 gate.e_score_correction_bias.normal_(generator=g).mul_(0.05)
         self.configure(model)
