@@ -554,7 +554,7 @@ class Family:
         return {}
 
     def config_json(self, cfg, style):
-        """"hf5": what transformers 5 save_pretrained writes (rope_parameters{rope_type, ...});
+        """Style "hf5": what transformers 5 save_pretrained writes (rope_parameters{rope_type, ...});
         otherwise like the release (rope_theta + rope_scaling{type: yarn} or null)."""
         if style == "hf5":
             j = json.loads(cfg.to_json_string())         # the diff-to-defaults form save_pretrained writes
