@@ -261,7 +261,11 @@ void add_bench(CLI::App& app) {
     HeapCounter& heap = heap_counter();
     size_t arena_blocks0 = 0, arena_bytes0 = 0;
     for (int s = 0; s < o->warmup + steps; ++s) {
-      if (s == o->warmup && ((o->profile && rank == 0) || tracing)) m.prof = &prof;
+      if (s == o->warmup && ((o->profile && rank == 0) || tracing)) {
+        m.prof = &prof;
+        // On a device the regions end when its work does: a synchronize at each edge.
+        if (m.on_device()) prof.fence = [&m] { m.backend().synchronize(); };
+      }
       if (s == o->warmup && profiling) {
         heap.clear();
         arena_blocks0 = m.acts.blocks();
@@ -314,6 +318,7 @@ void add_bench(CLI::App& app) {
       ov.arena_mb = (m.acts.reserved() - arena_bytes0) / 1048576.0;
       double sum = 0;
       for (double t : times) sum += t;
+      if (prof.fence) std::fprintf(stderr, "(on %s: the device synchronized at each region's edges)\n", m.backend().name());
       prof.print(stderr, (int)times.size(), sum / times.size());
       prof.print_breakdown(stderr, (int)times.size(), own_ms / times.size());
     }

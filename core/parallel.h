@@ -26,6 +26,25 @@ inline int init_threads(int n = 0) {
 
 inline int num_threads() { return omp_get_max_threads(); }
 
+// While alive (and `on`), the regions this thread opens run on it alone. For host code that is
+// small next to the work around it: on a device backend the host only routes tokens, and waking
+// a team of threads for that cost more than the work (`trex bench step --profile` on a 16-core
+// GPU host: 1.7 ms of fork / join and idle workers per region, 90% of the regions' time).
+class SerialScope {
+ public:
+  explicit SerialScope(bool on) : saved_(on ? omp_get_max_threads() : 0) {
+    if (on) omp_set_num_threads(1);
+  }
+  ~SerialScope() {
+    if (saved_ > 0) omp_set_num_threads(saved_);
+  }
+  SerialScope(const SerialScope&) = delete;
+  SerialScope& operator=(const SerialScope&) = delete;
+
+ private:
+  int saved_;
+};
+
 namespace detail {
 // The timed forms of the regions below (only under a ParStatsScope): the caller times fork to
 // join, each thread its time inside fn; `st` is captured, workers never read the thread_local.

@@ -52,6 +52,9 @@ class Profiler {
     overheads = {};
   }
   TraceLog* trace = nullptr;  // optional timeline (core/trace.h), owned by the caller
+  // Called at both edges of every region when set: on an asynchronous device, a synchronize,
+  // so that each region's time is its device work's (at the cost of the waits it adds).
+  std::function<void()> fence;
   StepOverheads overheads;    // filled by the caller (`trex bench step --profile`)
   // Prints regions sorted by name (so children follow parents), with per-step averages.
   void print(FILE* f, int steps, double step_ms) const {
@@ -163,14 +166,18 @@ inline std::string layer_region(int64_t l, const char* what) {
 
 class ProfScope {
  public:
-  ProfScope(Profiler* p, const char* name) : p_(p), name_(name), t0_(p ? now_ms() : 0) {}
+  ProfScope(Profiler* p, const char* name) : p_(p), name_(name), t0_(p ? fenced_now(p) : 0) {}
   ~ProfScope() {
-    if (p_) p_->add_span(name_, t0_, now_ms());
+    if (p_) p_->add_span(name_, t0_, fenced_now(p_));
   }
   ProfScope(const ProfScope&) = delete;
   ProfScope& operator=(const ProfScope&) = delete;
 
  private:
+  static double fenced_now(Profiler* p) {
+    if (p->fence) p->fence();
+    return now_ms();
+  }
   Profiler* p_;
   const char* name_;
   double t0_;

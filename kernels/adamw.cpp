@@ -52,4 +52,10 @@ double sum_squares(const float* x, int64_t n) {
   return ss;
 }
 
+double sum_squares_segments(const float* base, const int64_t* offsets, const int64_t* sizes, int n) {
+  double ss = 0;
+  for (int i = 0; i < n; ++i) ss += sum_squares(base + offsets[i], sizes[i]);
+  return ss;
+}
+
 }  // namespace trex::kern

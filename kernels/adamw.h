@@ -31,4 +31,9 @@ void adamw_step(const AdamWParams& hp, float* p, const float* g, float* m, float
 // order, so the result does not depend on the thread count.
 double sum_squares(const float* x, int64_t n);
 
+// The sum over segments i < n of sum_squares(base + offsets[i], sizes[i]), added in segment order
+// (offsets and sizes: host arrays). One call for a model's gradient norm, so that a device backend
+// returns it with one wait instead of one per tensor.
+double sum_squares_segments(const float* base, const int64_t* offsets, const int64_t* sizes, int n);
+
 }  // namespace trex::kern

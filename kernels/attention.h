@@ -10,6 +10,7 @@
 // OVERWRITE their outputs.
 #pragma once
 #include <cstdint>
+#include "kernels/gemm.h"
 
 namespace trex::kern {
 
@@ -17,6 +18,10 @@ struct AttnShape {
   int B, T, H, Dqk, Dv;
   float scale;     // multiplies q.k
   int window = 0;  // > 0: sliding window of this many keys (the query itself included)
+  // The precision the kernel may round its products' operands to (q, k, v, the probabilities,
+  // dO and the score gradients), accumulating in f32: BF16 lets an accelerator use its bf16
+  // matrix units, as FlashAttention does in a bf16 run; the CPU kernels compute in f32 either way.
+  Prec prec = Prec::F32;
 };
 
 // q: [B,T,H,Dqk]  k: [B,T,H,Dqk]  v: [B,T,H,Dv]  seg: [B,T] int32 document ids or null

@@ -76,6 +76,8 @@ class Backend {
   virtual void adamw_step(const AdamWParams& hp, float* p, const float* g, float* m, float* v, int64_t n,
                           bf16* p_bf16) = 0;
   virtual double sum_squares(const float* x, int64_t n) = 0;
+  // offsets, sizes: HOST arrays of n segments of base.
+  virtual double sum_squares_segments(const float* base, const int64_t* offsets, const int64_t* sizes, int n) = 0;
   virtual void attention_fwd(const AttnShape& sh, const float* q, const float* k, const float* v, float* o,
                              float* lse, const int32_t* seg) = 0;
   virtual void attention_bwd(const AttnShape& sh, const float* q, const float* k, const float* v, const float* o,

@@ -77,6 +77,9 @@ class CpuBackend final : public Backend {
     kern::adamw_step(hp, p, g, m, v, n, p_bf16);
   }
   double sum_squares(const float* x, int64_t n) override { return kern::sum_squares(x, n); }
+  double sum_squares_segments(const float* base, const int64_t* offsets, const int64_t* sizes, int n) override {
+    return kern::sum_squares_segments(base, offsets, sizes, n);
+  }
   void attention_fwd(const AttnShape& sh, const float* q, const float* k, const float* v, float* o, float* lse,
                      const int32_t* seg) override {
     kern::attention_fwd(sh, q, k, v, o, lse, seg);

@@ -118,7 +118,7 @@ void mla_forward(const Ctx& c, const AttnIn& in, const float* x, float* out, Mla
   } else {
     s.O = A.alloc<float>(N * H * dv);
     s.lse = A.alloc<float>(N * H);
-    kern::AttnShape sh{(int)in.B, (int)in.T, (int)H, (int)dqk, (int)dv, in.rope->softmax_scale, 0};
+    kern::AttnShape sh{(int)in.B, (int)in.T, (int)H, (int)dqk, (int)dv, in.rope->softmax_scale, 0, c.prec};
     ProfScope ps(c.prof, "fwd.mla.attn_core");
     c.k().attention_fwd(sh, s.Q, s.K, s.V, s.O, s.lse, in.seg);
   }
@@ -149,7 +149,7 @@ void mla_backward(const Ctx& c, const AttnIn& in, const MlaSaved& s, const float
   if (m.is_v32()) {
     v32_attn_backward(c, in, s, dO, dQ, dK, dV);
   } else {
-    kern::AttnShape sh{(int)in.B, (int)in.T, (int)H, (int)dqk, (int)dv, in.rope->softmax_scale, 0};
+    kern::AttnShape sh{(int)in.B, (int)in.T, (int)H, (int)dqk, (int)dv, in.rope->softmax_scale, 0, c.prec};
     ProfScope ps(c.prof, "bwd.mla.attn_core");
     c.k().attention_bwd(sh, s.Q, s.K, s.V, s.O, s.lse, dO, dQ, dK, dV, in.seg);
   }

@@ -343,6 +343,7 @@ LossParts Model::stage_forward_backward(const Batch& b, const StageIO& io, float
 }
 
 LossParts Model::run(const Batch& b, float grad_scale, bool backward, const StageIO* io) {
+  const SerialScope host_serial(on_device());  // the host's share of a device step: routing (core/parallel.h)
   const int64_t B = b.B, T = b.T, N = B * T, V = cfg.vocab_size;
   TREX_CHECK(B > 0 && T > 0, "empty batch");
   for (int64_t i = 0; i < N; ++i) {

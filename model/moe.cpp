@@ -87,9 +87,28 @@ void experts_fwd(const Ctx& c, const MoeIn& in, const std::vector<int64_t>& off,
   const ExpertW w = expert_w(c, in, e0);
   StackArena& A = *c.ws;
   auto mk = A.mark();
-  expert_gemm_fwd(c, off, gemm_input(c, xs, R * d), w.gu, 2 * F, d, gu);
-  c.k().swiglu_fwd(gu, R, F, in.swiglu_limit, h);
-  expert_gemm_fwd(c, off, gemm_input(c, h, R * F), w.down, d, F, y);
+  const void* xin = nullptr;
+  {
+    ProfScope ps(c.prof, "fwd.moe.experts.cast");
+    xin = gemm_input(c, xs, R * d);
+  }
+  {
+    ProfScope ps(c.prof, "fwd.moe.experts.gemm");
+    expert_gemm_fwd(c, off, xin, w.gu, 2 * F, d, gu);
+  }
+  {
+    ProfScope ps(c.prof, "fwd.moe.experts.act");
+    c.k().swiglu_fwd(gu, R, F, in.swiglu_limit, h);
+  }
+  const void* hin = nullptr;
+  {
+    ProfScope ps(c.prof, "fwd.moe.experts.cast");
+    hin = gemm_input(c, h, R * F);
+  }
+  {
+    ProfScope ps(c.prof, "fwd.moe.experts.gemm");
+    expert_gemm_fwd(c, off, hin, w.down, d, F, y);
+  }
   A.release(mk);
 }
 
@@ -102,14 +121,27 @@ void experts_bwd(const Ctx& c, const MoeIn& in, const std::vector<int64_t>& off,
   StackArena& A = *c.ws;
   auto mk = A.mark();
   float* dh = A.alloc<float>(R * F);
-  const void* dyin = gemm_input(c, dy, R * d);
-  expert_gemm_dx(c, off, dyin, w.down, d, F, dh);
-  expert_gemm_dw(c, off, dyin, gemm_input(c, h, R * F), d, F, w.ddown);
   float* dgu = A.alloc<float>(R * 2 * F);
-  c.k().swiglu_bwd(dh, gu, R, F, in.swiglu_limit, dgu);
-  const void* dguin = gemm_input(c, dgu, R * 2 * F);
+  auto cast = [&](const float* x, int64_t n) {
+    ProfScope ps(c.prof, "bwd.moe.experts.cast");
+    return gemm_input(c, x, n);
+  };
+  const void* dyin = cast(dy, R * d);
+  const void* hin = cast(h, R * F);
+  {
+    ProfScope ps(c.prof, "bwd.moe.experts.gemm");
+    expert_gemm_dx(c, off, dyin, w.down, d, F, dh);
+    expert_gemm_dw(c, off, dyin, hin, d, F, w.ddown);
+  }
+  {
+    ProfScope ps(c.prof, "bwd.moe.experts.act");
+    c.k().swiglu_bwd(dh, gu, R, F, in.swiglu_limit, dgu);
+  }
+  const void* dguin = cast(dgu, R * 2 * F);
+  const void* xin = cast(xs, R * d);
+  ProfScope ps(c.prof, "bwd.moe.experts.gemm");
   expert_gemm_dx(c, off, dguin, w.gu, 2 * F, d, dxs);
-  expert_gemm_dw(c, off, dguin, gemm_input(c, xs, R * d), 2 * F, d, w.dgu);
+  expert_gemm_dw(c, off, dguin, xin, 2 * F, d, w.dgu);
   A.release(mk);
 }
 
@@ -130,10 +162,14 @@ double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, Mo
   {
     ProfScope ps(c.prof, "fwd.moe.route");
     float* logits = A.alloc<float>(N * E);
-    c.k().gemm(kern::Prec::F32, kern::Prec::F32, false, true, N, E, d, 1.f, x, d, in.P + p.router, d, 0.f, logits, E);
-    s.route.scores = c.host(logits, N * E);
+    {
+      ProfScope ps2(c.prof, "fwd.moe.route.logits");
+      c.k().gemm(kern::Prec::F32, kern::Prec::F32, false, true, N, E, d, 1.f, x, d, in.P + p.router, d, 0.f, logits, E);
+      s.route.scores = c.host(logits, N * E);
+    }
     s.route.idx = H.alloc<int32_t>(R);
     s.route.probs = H.alloc<float>(R);
+    ProfScope ps3(c.prof, "fwd.moe.route.select");
     router_select(m, s.route.scores, in.hash_idx ? nullptr : in.bias, N, s.route, in.hash_idx);
   }
   double aux = in.aux_alpha > 0 ? seq_aux_loss(m, s.route, in.B, in.T, in.aux_alpha, 1.f, nullptr, in.n0, N, in.seq_sum) : 0.0;

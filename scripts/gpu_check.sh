@@ -17,7 +17,9 @@
 # usage: scripts/gpu_check.sh OUT_DIR        (results: OUT_DIR/summary.md and one file per part)
 # A shorter run (each default in brackets): SANITIZER=0 [1], PERF_FILTER=TEXT (perf cases whose
 # name contains it) [all], GRAD_PRECS="fp32" [fp32 bf16], BENCH_CONFIGS="bench-gpu-v3"
-# [bench-v3 bench-gpu-v3], PEERS="eager" [eager compile].
+# [bench-v3 bench-gpu-v3], PEERS="eager" [eager compile], PROFILE=0 (no step profile) [1],
+# PROFILE_ENV="VAR=value" (the profile again under that environment) [none]. An empty list runs
+# none of its part (GRAD_PRECS="" skips the gradient check).
 # Needs python3 with torch, transformers and safetensors; nvcc, CMake and ninja without a bundle.
 # Exit 0 when every part passed.
 set -uo pipefail
@@ -115,7 +117,7 @@ if [ ${#TREX[@]} -gt 0 ]; then
   : > "$OUT/grad_parity.txt"
   for dir in tests/reference/data/v3_*; do
     c=$(basename "$dir")
-    for prec in ${GRAD_PRECS:-fp32 bf16}; do
+    for prec in ${GRAD_PRECS-fp32 bf16}; do
       tol=1e-5; ltol=1e-5
       [ $prec = bf16 ] && tol=5e-2 && ltol=1e-2
       for d in cpu cuda; do
@@ -126,6 +128,15 @@ if [ ${#TREX[@]} -gt 0 ]; then
         --loss-a "$OUT/grad_${c}_${prec}_cuda.json" --loss-b "$OUT/grad_${c}_${prec}_cpu.json" --tol $tol \
         --loss-tol $ltol --label "$c $prec cuda vs cpu" >> "$OUT/grad_parity.txt" 2>&1 ||
         { [ $prec = fp32 ] && status=1; tail -3 "$OUT/grad_${c}_${prec}_cuda.log"; }
+      if [ $prec = bf16 ]; then  # the same with the attention's GEMMs in f32: what the bf16 attention adds
+        TREX_CUDA_ATTENTION=gemm timeout 60 "${TREX[@]}" grad --model "$dir/model" --batch "$dir/batch.json" \
+          --precision bf16 --device cuda --out "$OUT/grad_${c}_bf16_cuda32.safetensors" \
+          > "$OUT/grad_${c}_bf16_cuda32.json" 2> "$OUT/grad_${c}_bf16_cuda32.log"
+        python3 tools/gpu/compare_grads.py "$OUT/grad_${c}_bf16_cuda32.safetensors" "$OUT/grad_${c}_bf16_cpu.safetensors" \
+          --loss-a "$OUT/grad_${c}_bf16_cuda32.json" --loss-b "$OUT/grad_${c}_bf16_cpu.json" --tol $tol \
+          --loss-tol $ltol --label "$c bf16 cuda (f32 attention) vs cpu" >> "$OUT/grad_parity.txt" 2>&1
+      fi
+      rm -f "$OUT"/grad_${c}_${prec}_*.safetensors  # compared: keep the folder small
     done
   done
   "${TREX[@]}" grad --model tests/reference/data/v4_mtp/model --batch tests/reference/data/v4_mtp/batch.json \
@@ -135,20 +146,32 @@ if [ ${#TREX[@]} -gt 0 ]; then
   [ $rc -eq 2 ] || status=1
   grep -E "^ok|^FAIL|^V4" "$OUT/grad_parity.txt"
 
-  for cfg in ${BENCH_CONFIGS:-bench-v3 bench-gpu-v3}; do
+  for cfg in ${BENCH_CONFIGS-bench-v3 bench-gpu-v3}; do
     note "trex bench step --device cuda on configs/$cfg.toml"
     timeout 150 "${TREX[@]}" bench step --config "configs/$cfg.toml" --device cuda --steps 4 --warmup 1 \
       --peak-gflops "$(python3 -c "print(float('$PEAK') * 1000)")" > "$OUT/trex_step_$cfg.json" 2> "$OUT/trex_step_$cfg.log" ||
       { echo "trex bench step $cfg failed:"; tail -5 "$OUT/trex_step_$cfg.log"; status=1; }
     tail -1 "$OUT/trex_step_$cfg.json"
   done
+  # Where the step's time goes: --profile synchronizes the device at each region's edges.
+  if [ "${PROFILE:-1}" = 1 ]; then
+    note "trex bench step --profile --device cuda on configs/bench-gpu-v3.toml"
+    timeout 120 "${TREX[@]}" bench step --config configs/bench-gpu-v3.toml --device cuda --steps 3 --warmup 1 \
+      --profile > "$OUT/trex_profile_bench-gpu-v3.json" 2> "$OUT/trex_profile_bench-gpu-v3.txt" || status=1
+    grep -v "^\[" "$OUT/trex_profile_bench-gpu-v3.txt" | head -60
+    # PROFILE_ENV="VAR=value ...": the same profile again under those settings (an A/B in one run).
+    if [ -n "${PROFILE_ENV:-}" ]; then
+      env $PROFILE_ENV timeout 120 "${TREX[@]}" bench step --config configs/bench-gpu-v3.toml --device cuda --steps 3 \
+        --warmup 1 --profile > "$OUT/trex_profile_b_bench-gpu-v3.json" 2> "$OUT/trex_profile_b_bench-gpu-v3.txt" || status=1
+    fi
+  fi
 else
   echo "trex grad / bench step on cuda: skipped (no bundle: run scripts/gpu_bundle.sh on the build machine)" |
     tee "$OUT/grad_parity.txt"
 fi
 
 # PEERS: the PyTorch modes to run (default both).
-for mode in ${PEERS:-eager compile}; do
+for mode in ${PEERS-eager compile}; do
   note "PyTorch peer ($mode) on configs/bench-gpu-v3.toml, peak $PEAK TFLOP/s"
   PYTHONUNBUFFERED=1 timeout 300 python3 tools/peer/peer_bench.py configs/bench-gpu-v3.toml --device cuda \
     --mode "$mode" --steps 8 --peak-tflops "$PEAK" > "$OUT/peer_$mode.json" 2> "$OUT/peer_$mode.log" || {
@@ -177,7 +200,7 @@ done
   echo
   echo "| who | step ms (median) | tokens/s | MFU vs measured peak | peak GPU memory GB |"
   echo "| --- | --- | --- | --- | --- |"
-  for cfg in ${BENCH_CONFIGS:-bench-v3 bench-gpu-v3}; do
+  for cfg in ${BENCH_CONFIGS-bench-v3 bench-gpu-v3}; do
     python3 - "$OUT/trex_step_$cfg.json" "$cfg" <<'PY' || echo "| trex $2 | failed | | | |"
 import json, sys
 try:
@@ -187,7 +210,7 @@ except Exception as e:
     print(f"| trex cuda, {sys.argv[2]} | failed ({type(e).__name__}) | | | |")
 PY
   done
-  for mode in ${PEERS:-eager compile}; do
+  for mode in ${PEERS-eager compile}; do
     python3 - "$OUT/peer_$mode.json" "$mode" <<'PY' || echo "| $2 | failed | | | |"
 import json, sys
 try:

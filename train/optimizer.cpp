@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 #include "kernels/adamw.h"
 
 namespace trex::train {
@@ -45,9 +46,10 @@ void AdamW::init(const model::Model& m, std::span<const SlabRange> owned) {
 }
 
 double grad_norm(const model::Model& m) {
-  double ss = 0;
-  for (const model::ParamEntry& e : m.layout.entries) ss += m.backend().sum_squares(m.dev_G() + e.offset, e.shape.numel());
-  return std::sqrt(ss);
+  // One backend call over every tensor (a device answers with one wait, not one per tensor).
+  std::vector<int64_t> off, n;
+  for (const model::ParamEntry& e : m.layout.entries) off.push_back(e.offset), n.push_back(e.shape.numel());
+  return std::sqrt(m.backend().sum_squares_segments(m.dev_G(), off.data(), n.data(), (int)off.size()));
 }
 
 double AdamW::step(model::Model& m, float lr) {

@@ -3,6 +3,7 @@
 // sum_squares is deterministic: fixed 4096-element chunks summed in double, then the chunk
 // partials added in order by one block.
 #include <cuda_bf16.h>
+#include <algorithm>
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
@@ -61,6 +62,33 @@ double sum_squares(const Ctx& c, const float* x, int64_t n) {
   TREX_CUDA_LAUNCHED("sum_squares part");
   ss_total_k<<<1, 256, 0, c.stream>>>(part.as<double>(), chunks, out);
   TREX_CUDA_LAUNCHED("sum_squares total");
+  double r = 0;
+  TREX_CUDA_CHECK(cudaMemcpyAsync(&r, out, sizeof r, cudaMemcpyDeviceToHost, c.stream));
+  TREX_CUDA_CHECK(cudaStreamSynchronize(c.stream));
+  return r;
+}
+
+// Each segment as sum_squares does it (its chunks' partials, then its total), the totals added by
+// one block; one copy to the host at the end.
+double sum_squares_segments(const Ctx& c, const float* base, const int64_t* offsets, const int64_t* sizes, int n) {
+  if (n <= 0) return 0;
+  int64_t chunks = 0;
+  for (int i = 0; i < n; ++i) chunks += (std::max<int64_t>(sizes[i], 0) + kSsChunk - 1) / kSsChunk;
+  Scratch part(c, (chunks + n + 1) * sizeof(double));
+  double *seg = part.as<double>() + chunks, *out = seg + n;
+  int64_t c0 = 0;
+  for (int i = 0; i < n; ++i) {
+    const int64_t k = (std::max<int64_t>(sizes[i], 0) + kSsChunk - 1) / kSsChunk;
+    if (k > 0) {
+      ss_part_k<<<static_cast<unsigned>(k), 256, 0, c.stream>>>(base + offsets[i], sizes[i], part.as<double>() + c0);
+      TREX_CUDA_LAUNCHED("sum_squares_segments part");
+    }
+    ss_total_k<<<1, 256, 0, c.stream>>>(part.as<double>() + c0, k, seg + i);
+    TREX_CUDA_LAUNCHED("sum_squares_segments segment");
+    c0 += k;
+  }
+  ss_total_k<<<1, 256, 0, c.stream>>>(seg, n, out);
+  TREX_CUDA_LAUNCHED("sum_squares_segments total");
   double r = 0;
   TREX_CUDA_CHECK(cudaMemcpyAsync(&r, out, sizeof r, cudaMemcpyDeviceToHost, c.stream));
   TREX_CUDA_CHECK(cudaStreamSynchronize(c.stream));

@@ -12,10 +12,12 @@
 // P from lse, dP = dO V^T, dV = P^T dO, dS = P (dP - Dt), dQ = scale dS K, dK = scale dS^T Q.
 // Every GEMM is f32 with f32 compute (no TF32), so the results agree with the flash path to
 // rounding. It is used while T <= 16384 (the scratch stays under 2 GiB); TREX_CUDA_ATTENTION =
-// flash | gemm forces one (the op harness runs both).
+// flash | gemm forces one (the op harness runs both). A third path, for AttnShape::prec == BF16,
+// runs the GEMMs on bf16 operands (kernels/cuda/attention_bf16.cu).
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include "kernels/cuda/attention_geo.cuh"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
@@ -28,20 +30,6 @@ constexpr int kRows = 4;      // rows (warps) per block
 constexpr int kTile = 32;     // streamed rows per tile
 constexpr int kMaxD = 512;    // largest head dim (Dqk and Dv)
 constexpr int kPer = kMaxD / 32;
-
-struct Geo {
-  int B, T, H, Dqk, Dv;
-  float scale;
-  int window;
-  const int32_t* seg;
-};
-
-__device__ __forceinline__ bool visible(const Geo& g, int b, int t, int s) {
-  if (s > t) return false;
-  if (g.window > 0 && s <= t - g.window) return false;
-  if (g.seg && g.seg[int64_t(b) * g.T + s] != g.seg[int64_t(b) * g.T + t]) return false;
-  return true;
-}
 
 __device__ __forceinline__ int64_t row_off(const Geo& g, int b, int t, int h, int D) {
   return ((int64_t(b) * g.T + t) * g.H + h) * D;
@@ -276,18 +264,6 @@ void set_smem(K kernel, size_t bytes) {
 
 // --- The GEMM path ---------------------------------------------------------------------------
 
-template <class T>
-__device__ T block_max(T v) {
-  __shared__ T part[32];
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) part[wid] = v;
-  __syncthreads();
-  T m = lane < nw ? part[lane] : T(-INFINITY);
-  return warp_max(m);
-}
-
 // Row t of head (b, h): the scaled scores S [T, T] -> P (0 where the key is not visible) and
 // lse[b, h, t] (-inf and a zero row when no key is visible). One block per row.
 __global__ void softmax_rows_k(Geo g, int b, int h, float* __restrict__ S, float* __restrict__ lse) {
@@ -327,11 +303,16 @@ __global__ void dscores_k(Geo g, int b, int h, const float* __restrict__ P, floa
   }
 }
 
-bool use_gemm_path(const AttnShape& sh) {
+// Which path: TREX_CUDA_ATTENTION = flash | gemm forces an f32 one; else bf16 operands
+// (attention_bf16.cu) when the caller allows them and T <= 32768, the f32 GEMMs while
+// T <= 16384, the flash kernels beyond.
+enum class Path { Flash, Gemm, Bf16 };
+Path path_of(const AttnShape& sh) {
   const char* e = std::getenv("TREX_CUDA_ATTENTION");
-  if (e && std::string(e) == "flash") return false;
-  if (e && std::string(e) == "gemm") return true;
-  return sh.T <= 16384;
+  if (e && std::string(e) == "flash") return Path::Flash;
+  if (e && std::string(e) == "gemm") return Path::Gemm;
+  if (sh.prec == Prec::BF16 && sh.T <= 32768) return Path::Bf16;
+  return sh.T <= 16384 ? Path::Gemm : Path::Flash;
 }
 
 // Head (b, h)'s rows of a [B, T, H, D] tensor: its first element and row stride.
@@ -384,8 +365,13 @@ void attention_bwd_gemm(const Ctx& c, const Geo& g, const float* q, const float*
 void attention_fwd(const Ctx& c, const AttnShape& sh, const float* q, const float* k, const float* v, float* o,
                    float* lse, const int32_t* seg) {
   if (sh.B <= 0 || sh.T <= 0 || sh.H <= 0) return;
-  if (use_gemm_path(sh)) {
-    attention_fwd_gemm(c, {sh.B, sh.T, sh.H, sh.Dqk, sh.Dv, sh.scale, sh.window, seg}, q, k, v, o, lse);
+  const Path path = path_of(sh);
+  if (path != Path::Flash) {
+    const Geo g{sh.B, sh.T, sh.H, sh.Dqk, sh.Dv, sh.scale, sh.window, seg};
+    if (path == Path::Bf16)
+      attention_fwd_bf16(c, g, q, k, v, o, lse);
+    else
+      attention_fwd_gemm(c, g, q, k, v, o, lse);
     return;
   }
   const Geo g = geo(sh, seg);
@@ -399,14 +385,18 @@ void attention_fwd(const Ctx& c, const AttnShape& sh, const float* q, const floa
 void attention_bwd(const Ctx& c, const AttnShape& sh, const float* q, const float* k, const float* v, const float* o,
                    const float* lse, const float* dO, float* dq, float* dk, float* dv, const int32_t* seg) {
   if (sh.B <= 0 || sh.T <= 0 || sh.H <= 0) return;
-  const bool gemm_path = use_gemm_path(sh);
-  const Geo g = gemm_path ? Geo{sh.B, sh.T, sh.H, sh.Dqk, sh.Dv, sh.scale, sh.window, seg} : geo(sh, seg);
+  const Path path = path_of(sh);
+  const Geo g = path != Path::Flash ? Geo{sh.B, sh.T, sh.H, sh.Dqk, sh.Dv, sh.scale, sh.window, seg} : geo(sh, seg);
   const int64_t rows = int64_t(g.B) * g.T * g.H;
   Scratch Dt(c, rows * sizeof(float));
   attn_rowdot_k<<<static_cast<unsigned>((rows + kRows - 1) / kRows), kRows * 32, 0, c.stream>>>(g, o, dO,
                                                                                                  Dt.as<float>());
   TREX_CUDA_LAUNCHED("attention_bwd rowdot");
-  if (gemm_path) {
+  if (path == Path::Bf16) {
+    attention_bwd_bf16(c, g, q, k, v, lse, Dt.as<float>(), dO, dq, dk, dv);
+    return;
+  }
+  if (path == Path::Gemm) {
     attention_bwd_gemm(c, g, q, k, v, lse, Dt.as<float>(), dO, dq, dk, dv);
     return;
   }

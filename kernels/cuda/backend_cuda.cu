@@ -29,9 +29,17 @@ class CudaBackend final : public Backend {
     ctx_.lt_ws_bytes = size_t(64) << 20;
     TREX_CUDA_CHECK(cudaMalloc(&ctx_.lt_ws, ctx_.lt_ws_bytes));
     ctx_.stream = default_stream_;
+    ctx_.plans = &plans_;
+    // Keep freed scratch in the stream-ordered pool instead of returning it at every
+    // synchronization (the attention's scratch is GiBs, taken and freed each layer).
+    cudaMemPool_t pool;
+    TREX_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+    uint64_t keep = UINT64_MAX;
+    TREX_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(default_stream_);
+    plans_.clear();
     cudaFree(ctx_.lt_ws);
     cublasLtDestroy(ctx_.lt);
     cudaStreamDestroy(default_stream_);
@@ -124,6 +132,9 @@ class CudaBackend final : public Backend {
                   bf16* p_bf16) override {
     cuda::adamw_step(ctx_, hp, p, g, m, v, n, p_bf16);
   }
+  double sum_squares_segments(const float* base, const int64_t* offsets, const int64_t* sizes, int n) override {
+    return cuda::sum_squares_segments(ctx_, base, offsets, sizes, n);
+  }
   double sum_squares(const float* x, int64_t n) override { return cuda::sum_squares(ctx_, x, n); }
   void attention_fwd(const AttnShape& sh, const float* q, const float* k, const float* v, float* o, float* lse,
                      const int32_t* seg) override {
@@ -169,6 +180,7 @@ class CudaBackend final : public Backend {
   int device_;
   cudaDeviceProp prop_{};
   cudaStream_t default_stream_ = nullptr;
+  cuda::LtPlans plans_;
   cuda::Ctx ctx_;
 };
 

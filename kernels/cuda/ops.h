@@ -6,6 +6,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <cstdint>
+#include <unordered_map>
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
@@ -14,15 +15,53 @@
 
 namespace trex::kern::cuda {
 
+struct Ctx;
+
+// cuBLASLt plans by GEMM size class (kernels/cuda/gemm.cu): the descriptor and the algorithm of
+// each class seen, made on first use. Owned by the backend; at most kMaxPlans (then cleared).
+struct LtKey {
+  bool bf16_in, ta, tb;
+  int64_t M, N, K, lda, ldb, ldc, batch, sa, sb, sc;
+  int64_t align;  // bytes every pointer is aligned to (a power of two <= 256)
+  bool operator==(const LtKey&) const = default;
+};
+struct LtKeyHash {
+  size_t operator()(const LtKey& k) const;
+};
+struct LtPlan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+class LtPlans {
+ public:
+  static constexpr size_t kMaxPlans = 8192;
+  LtPlans() = default;
+  ~LtPlans();
+  LtPlans(const LtPlans&) = delete;
+  LtPlans& operator=(const LtPlans&) = delete;
+  const LtPlan& get(const Ctx& ctx, const LtKey& k);
+  void clear();
+  size_t size() const { return plans_.size(); }
+
+ private:
+  std::unordered_map<LtKey, LtPlan, LtKeyHash> plans_;
+};
+
 struct Ctx {
   cudaStream_t stream = nullptr;
   cublasLtHandle_t lt = nullptr;
   void* lt_ws = nullptr;  // cuBLASLt workspace
   size_t lt_ws_bytes = 0;
+  LtPlans* plans = nullptr;  // null: each GEMM plans for itself
 };
 
 void gemm(const Ctx& c, Prec pa, Prec pb, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
           const void* A, int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc);
+// Strided batches of one shape: C_i = alpha op(A_i) op(B_i) + beta C_i with A_i = A + i sa (elements
+// of the operand's type), B_i = B + i sb, C_i = C + i sc, i < batch; A and B both of prec.
+void gemm_batched(const Ctx& c, Prec prec, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                  const void* A, int64_t lda, int64_t sa, const void* B, int64_t ldb, int64_t sb, float beta, float* C,
+                  int64_t ldc, int64_t sc, int64_t batch);
 void grouped_gemm(const Ctx& c, Prec prec, bool ta, bool tb, float alpha, float beta, const GemmGroup* groups,
                   int n_groups);
 
@@ -36,6 +75,7 @@ void rope_apply(const Ctx& c, float* x, int64_t N, int H, int64_t stride_tok, in
 void adamw_step(const Ctx& c, const AdamWParams& hp, float* p, const float* g, float* m, float* v, int64_t n,
                 bf16* p_bf16);
 double sum_squares(const Ctx& c, const float* x, int64_t n);
+double sum_squares_segments(const Ctx& c, const float* base, const int64_t* offsets, const int64_t* sizes, int n);
 void attention_fwd(const Ctx& c, const AttnShape& sh, const float* q, const float* k, const float* v, float* o,
                    float* lse, const int32_t* seg);
 void attention_bwd(const Ctx& c, const AttnShape& sh, const float* q, const float* k, const float* v, const float* o,

@@ -139,6 +139,18 @@ bool adamw_case(int64_t n, int64_t step, double wd) {
   // Sum of squares of the gradient, in double, against the sequential reference.
   const double ss = dev().sum_squares(G.get(), n), ssr = kern::ref::sum_squares(g.data(), n);
   ok &= report(name, "sumsq", std::fabs(ss - ssr) / std::max(ssr, 1e-300), 1e-12);
+  // The same over segments (uneven, one empty, one past a 4096-element chunk edge).
+  std::vector<int64_t> off, sz;
+  for (int64_t o = 0, k = 1; o < n; k = (k * 1103515245 + 12345) % 2147483648) {
+    const int64_t len = std::min(n - o, 1 + k % 5003);
+    off.push_back(o), sz.push_back(len);
+    o += len + (k >> 7) % 2;  // a gap now and then
+  }
+  off.push_back(0), sz.push_back(0);
+  double segr = 0;
+  for (size_t i = 0; i < off.size(); ++i) segr += kern::ref::sum_squares(g.data() + off[i], sz[i]);
+  const double seg = dev().sum_squares_segments(G.get(), off.data(), sz.data(), (int)off.size());
+  ok &= report(name, "sumsq segments", std::fabs(seg - segr) / std::max(segr, 1e-300), 1e-12);
   return ok;
 }
 

@@ -60,6 +60,9 @@ class ForwardingBackend : public kern::Backend {
     TREX_FORWARD(adamw_step(hp, p, g, m, v, n, pb));
   }
   double sum_squares(const float* x, int64_t n) override { TREX_FORWARD(sum_squares(x, n)); }
+  double sum_squares_segments(const float* base, const int64_t* offsets, const int64_t* sizes, int n) override {
+    TREX_FORWARD(sum_squares_segments(base, offsets, sizes, n));
+  }
   void attention_fwd(const kern::AttnShape& sh, const float* q, const float* k, const float* v, float* o, float* l,
                      const int32_t* seg) override {
     TREX_FORWARD(attention_fwd(sh, q, k, v, o, l, seg));
