@@ -159,6 +159,41 @@ TEST(MtpV3, FiniteDifferenceOneDepthTiedHead) {
   fd_check(j, 2, 13, false, 0.0, 0.4);
 }
 
+// DeepSeek-V3.2 (the V3.2-Exp release ships one MTP layer): the MTP decoder layer has its own
+// lightning indexer (frozen, zero gradient, as in the main layers); two depths, a MoE MTP layer,
+// packed rows. (tests/reference/make_dumps_v32_mtp.py checks the same against transformers'
+// DeepseekV32DecoderLayer.)
+TEST(MtpV3, FiniteDifferenceV32WithIndexer) {
+  json j = trex::testing::tiny_v32();
+  j["num_nextn_predict_layers"] = 2;
+  const model::Model m(cfg_of(j), kern::Prec::F32, {0, 0.5});
+  for (const char* t : {"wq_b.weight", "wk.weight", "k_norm.weight", "k_norm.bias", "weights_proj.weight"}) {
+    const model::ParamEntry* e = m.layout.find(std::string("model.layers.3.self_attn.indexer.") + t);
+    ASSERT_TRUE(e) << t;
+    EXPECT_TRUE(e->frozen) << t;
+  }
+  EXPECT_TRUE(m.layout.find("model.layers.4.mlp.gate.weight"));
+  fd_check(j, 2, 13, true, 0.0, 0.5);
+}
+
+// save_pretrained's mlp_layer_types covers the main layers only: a first_k_dense_replace beyond it
+// (every listed layer dense) decides whether an MTP layer is dense, as in DeepSeek's release.
+TEST(MtpV3, V32MlpLayerTypesAndFirstKDenseForTheMtpLayer) {
+  json j = trex::testing::tiny_v32();
+  j["num_nextn_predict_layers"] = 2;
+  j["mlp_layer_types"] = {"dense", "dense", "dense"};
+  j["first_k_dense_replace"] = 4;
+  model::ModelConfig c = cfg_of(j);
+  EXPECT_FALSE(c.is_moe_layer(3));
+  EXPECT_TRUE(c.is_moe_layer(4));
+  j["first_k_dense_replace"] = 1;  // contradicts the list: the list decides (as transformers)
+  c = cfg_of(j);
+  EXPECT_EQ(c.first_k_dense_replace, 3);
+  j["mlp_layer_types"] = {"dense", "sparse", "sparse"};
+  j["first_k_dense_replace"] = 5;
+  EXPECT_EQ(cfg_of(j).first_k_dense_replace, 1);
+}
+
 // mtp_loss_weight = 0 on a checkpoint with an MTP layer: the model, loss and gradients are those
 // of the config without it, bit for bit; the MTP tensors come back unchanged from a save (f32 and
 // the bf16 round trip), and `trex convert` goes through the same save.
