@@ -3,12 +3,13 @@
 // shapes the step runs it, against the roofline of this machine (issue 8).
 //
 // What a step runs is enumerated here layer by layer, mirroring model/model.cpp (V3: MLA, dense
-// MLP, MoE; the MTP layers of model/mtp_v3.cpp), model/model_v4.cpp and model/v4_attn.cpp (V4: mHC, sliding / CSA / HCA attention,
-// compressors, indexer, MTP blocks), model/moe.cpp, model/linear.cpp and train/optimizer.cpp: keep
-// the walk (walk_v3, walk_v4) in step with those files. Calls of one kernel at one shape are one
-// row; calls/step counts them over the forward and backward of every layer (x grad_accum), the
-// optimizer once. MoE rows use one random top-k routing (model::router_select on random logits,
-// bias 0: not forced balanced) for every MoE layer.
+// MLP, MoE; the MTP layers of model/mtp_v3.cpp), model/model_v4.cpp and model/v4_attn.cpp (V4:
+// mHC, sliding / CSA / HCA attention, compressors, indexer, MTP blocks), model/moe.cpp,
+// model/linear.cpp and train/optimizer.cpp: keep the walk (walk_v3, walk_v4) in step with those
+// files. Calls of one kernel at one shape are one row; calls/step counts them over the forward
+// and backward of every layer (x grad_accum), the optimizer once. MoE rows use one random top-k
+// routing (model::router_select on random logits, bias 0: not forced balanced) for every MoE
+// layer.
 //
 // Per row: the median ms of repeated runs filling about --seconds (operands are allocated once, so
 // small shapes run from cache, unlike in a step); FLOPs and bytes per call from the formula at the

@@ -110,8 +110,8 @@ ModelConfig parse_config_v32(const json& j, const std::string& where, std::set<s
   // A first_k_dense_replace beyond the list (every listed layer dense) agrees with it and still
   // decides the MTP layers (num_hidden_layers + k), which the list does not cover.
   if (fkd >= 0) {
-    const bool beyond = fkd == L && k.contains("first_k_dense_replace") && k["first_k_dense_replace"].is_number_integer() &&
-                        k["first_k_dense_replace"].get<int64_t>() > L;
+    const json& given = k.contains("first_k_dense_replace") ? k["first_k_dense_replace"] : json();
+    const bool beyond = fkd == L && given.is_number_integer() && given.get<int64_t>() > L;
     if (!beyond) k["first_k_dense_replace"] = fkd;
     if (used) used->insert("first_k_dense_replace");
   }
