@@ -3,12 +3,13 @@
 // shapes the step runs it, against the roofline of this machine (issue 8).
 //
 // What a step runs is enumerated here layer by layer, mirroring model/model.cpp (V3: MLA, dense
-// MLP, MoE), model/model_v4.cpp and model/v4_attn.cpp (V4: mHC, sliding / CSA / HCA attention,
-// compressors, indexer, MTP blocks), model/moe.cpp, model/linear.cpp and train/optimizer.cpp: keep
-// the walk (walk_v3, walk_v4) in step with those files. Calls of one kernel at one shape are one
-// row; calls/step counts them over the forward and backward of every layer (x grad_accum), the
-// optimizer once. MoE rows use one random top-k routing (model::router_select on random logits,
-// bias 0: not forced balanced) for every MoE layer.
+// MLP, MoE; the MTP layers of model/mtp_v3.cpp), model/model_v4.cpp and model/v4_attn.cpp (V4:
+// mHC, sliding / CSA / HCA attention, compressors, indexer, MTP blocks), model/moe.cpp,
+// model/linear.cpp and train/optimizer.cpp: keep the walk (walk_v3, walk_v4) in step with those
+// files. Calls of one kernel at one shape are one row; calls/step counts them over the forward
+// and backward of every layer (x grad_accum), the optimizer once. MoE rows use one random top-k
+// routing (model::router_select on random logits, bias 0: not forced balanced) for every MoE
+// layer.
 //
 // Per row: the median ms of repeated runs filling about --seconds (operands are allocated once, so
 // small shapes run from cache, unlike in a step); FLOPs and bytes per call from the formula at the
@@ -161,10 +162,12 @@ void head(Plan& p, const Run& r, const std::string& w) {
   lm_head_ce(p, r, w);
 }
 
+// DeepSeek-V3 decoder layers, then the MTP layers the run trains (model/mtp_v3.h: decoder layer
+// num_hidden_layers + k - 1 of depth k, with enorm, hnorm, eh_proj and its shared_head).
 void walk_v3(Plan& p, const Run& r, float softmax_scale) {
   const model::ModelConfig& c = r.c;
   const int64_t N = r.N, d = c.hidden_size;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+  for (int64_t l = 0; l < c.num_hidden_layers + c.v3_mtp_layers; ++l) {
     rmsnorm(p, "input_norm", N, d);
     mla(p, r, softmax_scale);
     rmsnorm(p, "post_attn_norm", N, d);
@@ -172,6 +175,12 @@ void walk_v3(Plan& p, const Run& r, float softmax_scale) {
     else mlp(p, r, "mlp", c.intermediate_size, 0.f);
   }
   head(p, r, "head");
+  for (int64_t k = 0; k < c.v3_mtp_layers; ++k) {
+    rmsnorm(p, "mtp.enorm", N, d);
+    rmsnorm(p, "mtp.hnorm", N, d);
+    linear(p, r, "mtp.eh_proj", N, 2 * d, d);
+    head(p, r, "mtp.shared_head");
+  }
 }
 
 void walk_v4(Plan& p, const Run& r) {
@@ -250,9 +259,9 @@ void run(const Opts& o) {
   if (rc.parallel.ep > 1)
     std::fprintf(stderr, "[bench kernels] parallel.ep = %lld is not modelled: the rows are those of one rank that "
                  "runs every expert (ep = 1)\n", (ll)rc.parallel.ep);
-  TREX_USER_CHECK(rc.train.mtp_loss_weight <= 0 || (rc.model.is_v4() && rc.model.num_nextn_predict_layers > 0),
-                  "set mtp_loss_weight = 0, or use a DeepSeek-V4 config with num_nextn_predict_layers > 0", o.config,
-                  ": [train] mtp_loss_weight = ", rc.train.mtp_loss_weight, " needs MTP blocks");
+  TREX_USER_CHECK(rc.train.mtp_loss_weight <= 0 || rc.model.num_nextn_predict_layers > 0,
+                  "set mtp_loss_weight = 0, or use a config with num_nextn_predict_layers > 0", o.config,
+                  ": [train] mtp_loss_weight = ", rc.train.mtp_loss_weight, " needs MTP layers");
   const int threads = init_threads(o.threads > 0 ? o.threads : (int)rc.train.threads);
   // The config as the model trains it (MTP blocks when the run trains them, as model::Model).
   const model::ModelConfig cfg =

@@ -45,7 +45,7 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--seed", o->seed, "sampling seed");
   cmd->add_option("--stop", o->stop, "stop string (repeatable)");
   cmd->add_flag("--chat", o->chat, "wrap the prompt as a user turn of the chat template");
-  cmd->add_option("--template", o->tmpl, "chat template: deepseek | chatml");
+  cmd->add_option("--template", o->tmpl, "chat template: deepseek | deepseek-v2 | chatml");
   cmd->add_option("--precision", o->precision, "fp32 or bf16");
   cmd->add_option("--device", o->device, "cpu | cuda | cuda:N");
   cmd->add_option("--threads", o->threads, "threads");

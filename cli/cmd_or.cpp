@@ -157,7 +157,7 @@ void add_eval(CLI::App& parent) {
   ev->add_option("--predictions", o->predictions, "JSONL with the model outputs (field output|prediction|response|completion)");
   ev->add_option("--model", o->model, "checkpoint directory: generate the outputs zero-shot, greedy");
   ev->add_option("--tokenizer", o->tokenizer, "tokenizer.json (default: MODEL/tokenizer.json)");
-  ev->add_option("--template", o->tmpl, "chat template for --model: deepseek | chatml");
+  ev->add_option("--template", o->tmpl, "chat template for --model: deepseek | deepseek-v2 | chatml");
   ev->add_option("--max-tokens", o->max_tokens, "generation limit per problem for --model (default 512)");
   ev->add_option("--threads", o->threads, "threads");
   ev->add_option("--data", o->data, "JSONL with question/answer (or en_question/en_answer)")->required();

@@ -90,8 +90,9 @@ void run_plan(const PlanOpts& o) {
 void add_plan(CLI::App& app) {
   auto o = std::make_shared<PlanOpts>();
   auto* c = app.add_subcommand("plan", "memory, step time, MFU and cost of a run on a cluster, before launching it");
-  c->add_option("--model", o->model, "built-in name (deepseek-v3, deepseek-v4-flash, deepseek-v4-pro), config.json, "
-                                     "model directory or trex TOML run config");
+  c->add_option("--model", o->model,
+                "built-in name (deepseek-v2, deepseek-v2-lite, deepseek-v3, deepseek-v3.2, deepseek-v4-flash, "
+                "deepseek-v4-pro), config.json, model directory or trex TOML run config");
   c->add_option("--cluster", o->cluster, "built-in spec (h800, h100, h200, b200, ascend-910c, cpu-this) or TOML file");
   c->add_option("--devices", o->devices, "number of devices (GPUs, NPU dies, or ranks for cpu-this)");
   c->add_option("--layout", o->layout,

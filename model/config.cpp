@@ -1,10 +1,12 @@
 #include "model/config.h"
 
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <nlohmann/json.hpp>
 #include "core/error.h"
 #include "core/log.h"
+#include "io/safetensors.h"
 #include "model/config_reader.h"
 
 namespace trex::model {
@@ -206,6 +208,25 @@ std::vector<std::string> unused_config_keys(const json& j, const std::string& wh
   return not_used(j, used);
 }
 
+namespace {
+
+// A DeepSeek-V3-family checkpoint in dir whose first MTP layer has eh_proj but no
+// shared_head.head (some releases and conversions omit it: it is lm_head). Only the tensor names
+// of the safetensors headers are read; a directory without model.safetensors or its index (a bare
+// config.json) says no.
+bool mtp_head_omitted(const ModelConfig& c, const std::string& dir) {
+  namespace fs = std::filesystem;
+  if (c.is_v4() || c.num_nextn_predict_layers == 0 || dir.empty() || !fs::is_directory(dir)) return false;
+  std::error_code ec;
+  const fs::path d(dir);
+  if (!fs::exists(d / "model.safetensors", ec) && !fs::exists(d / "model.safetensors.index.json", ec)) return false;
+  const io::SafetensorsDir ck = io::SafetensorsDir::open(dir);
+  const std::string pre = "model.layers." + std::to_string(c.num_hidden_layers) + ".";
+  return ck.find(pre + "eh_proj.weight") && !ck.find(pre + "shared_head.head.weight");
+}
+
+}  // namespace
+
 ModelConfig load_config_json(const std::string& path) {
   std::ifstream f(path);
   TREX_USER_CHECK(f.good(), "check the --model directory", path, ": cannot open model config");
@@ -217,6 +238,9 @@ ModelConfig load_config_json(const std::string& path) {
   }
   std::set<std::string> used;
   ModelConfig c = parse_config(j, path, &used);
+  c.v3_mtp_head_tied = mtp_head_omitted(c, std::filesystem::path(path).parent_path().string());
+  if (c.v3_mtp_head_tied)
+    TREX_LOG_INFO(path, ": the MTP layer has no shared_head.head; its head is lm_head (tied; saved without it)");
   std::string unused;
   for (const std::string& k : not_used(j, used)) unused += (unused.empty() ? "" : ", ") + k;
   if (!unused.empty()) TREX_LOG_INFO(path, ": keys trex does not use (ignored): ", unused);
@@ -236,7 +260,7 @@ int64_t ModelConfig::num_params() const {
   int64_t total = vocab_size * d * (tie_word_embeddings ? 1 : 2) + d;
   // MTP layers (v3_mtp_layers, model/mtp_v3.h): a decoder layer each, plus enorm, hnorm, eh_proj,
   // shared_head.norm and shared_head.head.
-  total += v3_mtp_layers * (3 * d + 2 * d * d + vocab_size * d);
+  total += v3_mtp_layers * (3 * d + 2 * d * d + (v3_mtp_head_tied ? 0 : vocab_size * d));
   for (int64_t l = 0; l < num_hidden_layers + v3_mtp_layers; ++l) {
     total += attn;
     if (is_moe_layer(l))

@@ -82,6 +82,10 @@ struct ModelConfig {
   // them: see with_mtp): decoder layers num_hidden_layers + k with their own enorm, hnorm,
   // eh_proj and shared_head (model/mtp_v3.h). V4 keeps its count in v4.mtp_layers.
   int64_t v3_mtp_layers = 0;
+  // The checkpoint's MTP layers have no shared_head.head: it is lm_head (vLLM's reading of such
+  // checkpoints). The MTP head then uses lm_head's tensor (one tensor, both gradients), and a
+  // save writes no shared_head.head. Set by load_config_json from the checkpoint's tensor names.
+  bool v3_mtp_head_tied = false;
   V4Config v4;                           // used when is_v4()
   V32Config v32;                         // used when is_v32()
 

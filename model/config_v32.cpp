@@ -10,7 +10,9 @@
 //   rope_interleave = true;
 // - the indexer reads the q LoRA latent, so q_lora_rank must be set;
 // - the MLP of layer l is MoE iff mlp_layer_types[l] == "sparse" (default: first_k_dense_replace
-//   dense layers, then sparse); trex builds that pattern only;
+//   dense layers, then sparse); trex builds that pattern only; an MTP layer (index
+//   num_hidden_layers + k, which the list does not cover) is MoE iff its index >=
+//   first_k_dense_replace, as in DeepSeek's V3 MTP;
 // - layer_types: every layer "indexed_attention".
 // A key left out takes DeepseekV32Config's default (num_key_value_heads 128 included: transformers
 // needs it equal to num_attention_heads, as trex does).
@@ -105,8 +107,12 @@ ModelConfig parse_config_v32(const json& j, const std::string& where, std::set<s
                   "set q_lora_rank (DeepSeek-V3.2 has 1536)", where,
                   ": q_lora_rank null is not supported for model_type deepseek_v32 (its indexer projects the q LoRA "
                   "latent; transformers builds no plain q_proj)");
+  // A first_k_dense_replace beyond the list (every listed layer dense) agrees with it and still
+  // decides the MTP layers (num_hidden_layers + k), which the list does not cover.
   if (fkd >= 0) {
-    k["first_k_dense_replace"] = fkd;
+    const json& given = k.contains("first_k_dense_replace") ? k["first_k_dense_replace"] : json();
+    const bool beyond = fkd == L && given.is_number_integer() && given.get<int64_t>() > L;
+    if (!beyond) k["first_k_dense_replace"] = fkd;
     if (used) used->insert("first_k_dense_replace");
   }
   for (auto& [key, v] : v32_defaults().items())

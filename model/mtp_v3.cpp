@@ -155,7 +155,8 @@ void init_mtp_v3_random(Model& m, uint64_t seed) {
       is_mtp);
   const ParamLayout& L = m.layout;
   for (const V3MtpParams& t : L.mtp3)
-    if (t.head >= 0 && L.head >= 0) std::memcpy(m.P() + t.head, m.P() + L.head, m.cfg.vocab_size * m.cfg.hidden_size * 4);
+    if (t.head >= 0 && L.head >= 0 && t.head != L.head)  // (tied: the same tensor)
+      std::memcpy(m.P() + t.head, m.P() + L.head, m.cfg.vocab_size * m.cfg.hidden_size * 4);
   for (const BufferEntry& bf : L.buffers)
     if (is_mtp(bf.name)) std::fill(m.buffers.begin() + bf.offset, m.buffers.begin() + bf.offset + bf.size, 0.f);
   m.refresh_bf16();

@@ -180,7 +180,7 @@ ParamLayout build_layout(const ModelConfig& c, ExpertShard shard, StageShard sta
       t.hnorm = b.add(pre + "hnorm.weight", {d}, false);
       t.eh_proj = b.add(pre + "eh_proj.weight", {d, 2 * d}, true);
       t.head_norm = b.add(pre + "shared_head.norm.weight", {d}, false);
-      t.head = b.add(pre + "shared_head.head.weight", {c.vocab_size, d}, true);
+      t.head = c.v3_mtp_head_tied ? L.head : b.add(pre + "shared_head.head.weight", {c.vocab_size, d}, true);
     }
     add_layer(l);
   }

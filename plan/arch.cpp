@@ -372,6 +372,57 @@ model::ModelConfig deepseek_v3_config() {
   return c;
 }
 
+// DeepSeek-V3.2: huggingface.co/deepseek-ai/DeepSeek-V3.2-Exp/blob/main/config.json, V3's
+// values plus the lightning indexer (64 heads x 128, top-2048) under model_type deepseek_v32.
+model::ModelConfig deepseek_v32_config() {
+  json j = {{"model_type", "deepseek_v32"}, {"vocab_size", 129280}, {"hidden_size", 7168},
+            {"intermediate_size", 18432}, {"moe_intermediate_size", 2048}, {"num_hidden_layers", 61},
+            {"num_attention_heads", 128}, {"num_key_value_heads", 128}, {"n_shared_experts", 1},
+            {"n_routed_experts", 256}, {"routed_scaling_factor", 2.5}, {"kv_lora_rank", 512},
+            {"q_lora_rank", 1536}, {"qk_rope_head_dim", 64}, {"v_head_dim", 128}, {"qk_nope_head_dim", 128},
+            {"topk_method", "noaux_tc"}, {"n_group", 8}, {"topk_group", 4}, {"num_experts_per_tok", 8},
+            {"first_k_dense_replace", 3}, {"norm_topk_prob", true}, {"scoring_func", "sigmoid"},
+            {"max_position_embeddings", 163840}, {"rope_theta", 10000.0}, {"rms_norm_eps", 1e-6},
+            {"tie_word_embeddings", false}, {"index_n_heads", 64}, {"index_head_dim", 128}, {"index_topk", 2048},
+            {"rope_scaling", {{"type", "yarn"}, {"factor", 40.0}, {"beta_fast", 32.0}, {"beta_slow", 1.0},
+                              {"mscale", 1.0}, {"mscale_all_dim", 1.0}, {"original_max_position_embeddings", 4096}}}};
+  model::ModelConfig c = model::parse_config(j, "deepseek-v3.2 (built-in)");
+  c.num_nextn_predict_layers = 1;  // set after parsing: the parser logs that MTP is not trained
+  return c;
+}
+
+// DeepSeek-V2 (236B, 21B active) and V2-Lite (15.7B, 2.4B active): huggingface.co/deepseek-ai/
+// DeepSeek-V2/blob/main/config.json and DeepSeek-V2-Lite/blob/main/config.json (no MTP).
+model::ModelConfig deepseek_v2_config() {
+  json j = {{"model_type", "deepseek_v2"}, {"vocab_size", 102400}, {"hidden_size", 5120},
+            {"intermediate_size", 12288}, {"moe_intermediate_size", 1536}, {"num_hidden_layers", 60},
+            {"num_attention_heads", 128}, {"num_key_value_heads", 128}, {"n_shared_experts", 2},
+            {"n_routed_experts", 160}, {"routed_scaling_factor", 16.0}, {"kv_lora_rank", 512},
+            {"q_lora_rank", 1536}, {"qk_rope_head_dim", 64}, {"v_head_dim", 128}, {"qk_nope_head_dim", 128},
+            {"topk_method", "group_limited_greedy"}, {"n_group", 8}, {"topk_group", 3}, {"num_experts_per_tok", 6},
+            {"first_k_dense_replace", 1}, {"norm_topk_prob", false}, {"scoring_func", "softmax"},
+            {"moe_layer_freq", 1}, {"max_position_embeddings", 163840}, {"rope_theta", 10000.0},
+            {"rms_norm_eps", 1e-6}, {"tie_word_embeddings", false},
+            {"rope_scaling", {{"type", "yarn"}, {"factor", 40.0}, {"beta_fast", 32.0}, {"beta_slow", 1.0},
+                              {"mscale", 0.707}, {"mscale_all_dim", 0.707}, {"original_max_position_embeddings", 4096}}}};
+  return model::parse_config(j, "deepseek-v2 (built-in)");
+}
+
+model::ModelConfig deepseek_v2_lite_config() {
+  json j = {{"model_type", "deepseek_v2"}, {"vocab_size", 102400}, {"hidden_size", 2048},
+            {"intermediate_size", 10944}, {"moe_intermediate_size", 1408}, {"num_hidden_layers", 27},
+            {"num_attention_heads", 16}, {"num_key_value_heads", 16}, {"n_shared_experts", 2},
+            {"n_routed_experts", 64}, {"routed_scaling_factor", 1.0}, {"kv_lora_rank", 512},
+            {"q_lora_rank", nullptr}, {"qk_rope_head_dim", 64}, {"v_head_dim", 128}, {"qk_nope_head_dim", 128},
+            {"topk_method", "greedy"}, {"n_group", 1}, {"topk_group", 1}, {"num_experts_per_tok", 6},
+            {"first_k_dense_replace", 1}, {"norm_topk_prob", false}, {"scoring_func", "softmax"},
+            {"moe_layer_freq", 1}, {"max_position_embeddings", 163840}, {"rope_theta", 10000.0},
+            {"rms_norm_eps", 1e-6}, {"tie_word_embeddings", false},
+            {"rope_scaling", {{"type", "yarn"}, {"factor", 40.0}, {"beta_fast", 32.0}, {"beta_slow", 1.0},
+                              {"mscale", 0.707}, {"mscale_all_dim", 0.707}, {"original_max_position_embeddings", 4096}}}};
+  return model::parse_config(j, "deepseek-v2-lite (built-in)");
+}
+
 // DeepSeek-V4 built-ins as Hugging Face deepseek_v4 config objects. Sources:
 //  - transformers src/transformers/models/deepseek_v4/configuration_deepseek_v4.py
 //    (DeepseekV4Config defaults = V4-Flash: hidden 4096, 43 layers, 64 heads, head_dim 512,
@@ -419,7 +470,9 @@ model::ModelConfig deepseek_v4_pro_config() {
   return parse_v4_builtin(j, "deepseek-v4-pro (built-in)");
 }
 
-std::vector<std::string> builtin_model_names() { return {"deepseek-v3", "deepseek-v4-flash", "deepseek-v4-pro"}; }
+std::vector<std::string> builtin_model_names() {
+  return {"deepseek-v2", "deepseek-v2-lite", "deepseek-v3", "deepseek-v3.2", "deepseek-v4-flash", "deepseek-v4-pro"};
+}
 
 namespace {
 
@@ -441,7 +494,10 @@ ArchModel arch_from_json(const json& j, const std::string& where) {
 }  // namespace
 
 ArchModel resolve_model(const std::string& s) {
+  if (s == "deepseek-v2") return arch_from_config(deepseek_v2_config(), s);
+  if (s == "deepseek-v2-lite") return arch_from_config(deepseek_v2_lite_config(), s);
   if (s == "deepseek-v3") return arch_from_config(deepseek_v3_config(), s);
+  if (s == "deepseek-v3.2") return arch_from_config(deepseek_v32_config(), s);
   if (s == "deepseek-v4-flash") return arch_from_config(deepseek_v4_flash_config(), s);
   if (s == "deepseek-v4-pro") return arch_from_config(deepseek_v4_pro_config(), s);
   namespace fs = std::filesystem;

@@ -106,12 +106,18 @@ struct ArchModel {
 // (deepseek_v4; its MTP modules from num_nextn_predict_layers, as model::with_mtp builds them).
 ArchModel arch_from_config(const model::ModelConfig& c, const std::string& name);
 
-// Model name or path -> architecture. Names: deepseek-v3 (671B), deepseek-v4-flash,
-// deepseek-v4-pro; a path is a Hugging Face config.json or a trex TOML run config ([model]).
+// Model name or path -> architecture. Names: deepseek-v2 (236B), deepseek-v2-lite (15.7B),
+// deepseek-v3 (671B), deepseek-v3.2 (671B), deepseek-v4-flash, deepseek-v4-pro; a path is a
+// Hugging Face config.json or a trex TOML run config ([model]).
 ArchModel resolve_model(const std::string& name_or_path);
 std::vector<std::string> builtin_model_names();
 // The DeepSeek-V3 671B config.json values (huggingface.co/deepseek-ai/DeepSeek-V3).
 model::ModelConfig deepseek_v3_config();
+// DeepSeek-V3.2-Exp (deepseek_v32: V3 + the lightning indexer), DeepSeek-V2 (236B / 21B active)
+// and V2-Lite (15.7B / 2.4B active), from their released config.json values (plan/arch.cpp).
+model::ModelConfig deepseek_v32_config();
+model::ModelConfig deepseek_v2_config();
+model::ModelConfig deepseek_v2_lite_config();
 // DeepSeek-V4-Flash (284B / 13B active announced) and V4-Pro (1.6T / 49B): Hugging Face
 // deepseek_v4 config objects parsed by model::parse_config (sources in plan/arch.cpp).
 model::ModelConfig deepseek_v4_flash_config();

@@ -20,7 +20,13 @@ ChatTemplate ChatTemplate::by_name(const std::string& name) {
     t.assistant = "<|im_start|>assistant\n";
     return t;
   }
-  TREX_USER_FAIL("allowed: deepseek, chatml", "data.chat_template '", name, "' is not a known template");
+  if (name == "deepseek-v2") {  // tokenizer_config.json chat_template of DeepSeek-V2-Chat / V2.5
+    t.name = "deepseek-v2";
+    t.user = "User: ";
+    t.assistant = "Assistant:";
+    return t;
+  }
+  TREX_USER_FAIL("allowed: deepseek, deepseek-v2, chatml", "data.chat_template '", name, "' is not a known template");
 }
 
 bool parse_sft_line(std::string_view line, const std::string& where, std::vector<Message>* out, DataStats& st) {
@@ -87,6 +93,24 @@ Sample render_chat(const std::vector<Message>& msgs, const ChatTemplate& t, cons
     }
   };
   add(t.bos, false);
+  if (t.name == "deepseek-v2") {
+    // Plain-text turns, each encoded whole as the tokenizer sees the rendered chat: "{system}\n\n",
+    // "User: {user}\n\n", then "Assistant:" (context, the generation prompt) and " {reply}" + EOS
+    // (targets: what the model writes after the prompt, leading space included).
+    for (const Message& m : msgs) {
+      if (m.role == "system") {
+        add(m.content + "\n\n", train_on_prompt);
+      } else if (m.role == "user") {
+        add(t.user + m.content + "\n\n", train_on_prompt);
+      } else {
+        add(t.assistant, train_on_prompt);
+        add(" " + m.content, true);
+        add(t.eos, true);
+      }
+    }
+    if (!s.loss.empty()) s.loss[0] = 0;
+    return s;
+  }
   for (const Message& m : msgs) {
     if (m.role == "system") {
       if (t.name == "chatml") add("<|im_start|>system\n" + m.content + t.eos + "\n", train_on_prompt);

@@ -46,7 +46,9 @@ struct Message {
 };
 
 // Chat templates: "deepseek" (DeepSeek-V3: <｜begin▁of▁sentence｜>{system}<｜User｜>{user}
-// <｜Assistant｜>{assistant}<｜end▁of▁sentence｜>) and "chatml" (<|im_start|>role\n...<|im_end|>\n).
+// <｜Assistant｜>{assistant}<｜end▁of▁sentence｜>), "deepseek-v2" (DeepSeek-V2 / V2.5 chat, plain text:
+// <｜begin▁of▁sentence｜>{system}\n\nUser: {user}\n\nAssistant: {assistant}<｜end▁of▁sentence｜>, the
+// generation prompt ending in "Assistant:") and "chatml" (<|im_start|>role\n...<|im_end|>\n).
 struct ChatTemplate {
   std::string name = "deepseek";
   std::string bos = "<｜begin▁of▁sentence｜>", eos = "<｜end▁of▁sentence｜>";

@@ -154,7 +154,7 @@ const std::vector<SectionSpec>& sections() {
                  2),
            field("chat_template", Kind::Choice, &R::data, &DataConfig::chat_template,
                  "sft: how chats are rendered to tokens (docs/DATA.md lists each template's special tokens)", 0, 0,
-                 {"deepseek", "chatml"}),
+                 {"deepseek", "deepseek-v2", "chatml"}),
            field("train_on_prompt", Kind::Bool, &R::data, &DataConfig::train_on_prompt,
                  "sft: also train on the system and user turns (default: assistant replies only)"),
            mapped("overflow", Kind::Choice,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `trex bench kernels` (issue 8) on a tiny DeepSeek-V3 and a tiny DeepSeek-V4 config (odd sizes, MTP
-# on for V4): every kernel a step runs has its row with finite positive figures, calls/step match
+# on for V4; the V3 config again with its MTP layer trained): every kernel a step runs has its row with finite positive figures, calls/step match
 # the layer structure, the shares add up to 100%, --json lines parse, and a bad config is a user
 # error naming the file and the key.
 # usage: bench_kernels.sh TREX
@@ -74,6 +74,10 @@ T
 "$TREX" bench kernels --config "$W/v3.toml" --seconds 0.02 --passes 2 --json > "$W/v3.jsonl" 2> /dev/null
 "$TREX" bench kernels --config "$W/v3.toml" --seconds 0.02 --filter grouped_gemm --set data.seq_len=31 --json \
   > "$W/v3f.jsonl" 2> /dev/null
+# The V3 config with one MTP layer, trained: its decoder layer, norms, eh_proj and head are rows.
+sed 's/^n_shared_experts = 1/n_shared_experts = 1\nnum_nextn_predict_layers = 1/; s/^threads = 1/threads = 1\nmtp_loss_weight = 0.3/' \
+  "$W/v3.toml" > "$W/v3mtp.toml"
+"$TREX" bench kernels --config "$W/v3mtp.toml" --seconds 0.02 --json > "$W/v3mtp.jsonl" 2> /dev/null
 "$TREX" bench kernels --config "$W/v4.toml" --seconds 0.02 --threads 2 > "$W/v4.md" 2> "$W/v4.err"
 "$TREX" bench kernels --config "$W/v4.toml" --seconds 0.02 --threads 2 --json > "$W/v4.jsonl" 2> /dev/null
 
@@ -175,6 +179,18 @@ for cfg in ("v3", "v4"):
         full = {(r["kernel"], r["calls"]) for r in ks if r["kernel"].startswith("grouped_gemm")}
         assert {(r["kernel"], r["calls"]) for r in fk} == full and all("R=279 " in r["shape"] for r in fk), fk
         assert abs(sum(r["share_pct"] for r in fk) - 100) < 0.01
+    if cfg == "v3":  # with the MTP layer: one more decoder layer (MoE), enorm, hnorm, eh_proj, its head
+        m = [json.loads(l) for l in open(f"{w}/v3mtp.jsonl") if l.strip()]
+        mk = [r for r in m if r["record"] == "kernel"]
+
+        def mcalls(kernel, shape=None):
+            return sum(r["calls"] for r in mk if r["kernel"] == kernel and (shape is None or r["shape"] == shape))
+        assert mcalls("lm_head_ce") == 2 and mcalls("attention_fwd") == 4 and mcalls("attention_bwd") == 4, mk
+        assert mcalls("router_select") == 3 and mcalls("grouped_gemm fwd") == 6, mk
+        assert mcalls("rmsnorm_fwd", nd) == 12 and mcalls("rmsnorm_bwd", nd) == 12, mcalls("rmsnorm_fwd", nd)
+        eh = {r["kernel"]: r["shape"] for r in mk if "mtp.eh_proj" in r["where"]}  # [N, 2d] -> [N, d]
+        fwd = [s for k, s in eh.items() if k.startswith("gemm_") and k.endswith(" fwd")]
+        assert fwd == [f"{N[cfg]}x{d[cfg]}x{2 * d[cfg]}"] and len([k for k in eh if k.startswith("gemm_")]) == 3, eh
     print("OK %s: %d kernel rows, %.2f ms of kernels per step, %.1f%% of the roofline"
           % (cfg, len(ks), recs[-1]["ms_step"], recs[-1]["roofline_pct"]))
 P

@@ -48,6 +48,48 @@ TEST(Data, ChatTargetsAreAssistantTokensOnly) {
   EXPECT_EQ(std::count(all.loss.begin(), all.loss.end(), 1), 7);  // all but the first token
 }
 
+TEST(Data, DeepSeekV2ChatTemplate) {
+  // DeepSeek-V2-Chat's tokenizer_config.json: bos, "{system}\n\n", "User: {user}\n\n",
+  // "Assistant: {reply}" + eos; generation prompt "Assistant:". The reply with its leading space and
+  // the eos are the targets; "Assistant:" is context and ends the generation prompt.
+  auto bytes = [](const std::string& s) {
+    std::vector<int32_t> v;
+    for (unsigned char c : s) v.push_back(c + 10);
+    return v;
+  };
+  const ChatTemplate t = ChatTemplate::by_name("deepseek-v2");
+  std::vector<Message> msgs = {{"system", "sys"}, {"user", "hi"}, {"assistant", "yo"}, {"user", "ok"},
+                               {"assistant", "k"}};
+  Sample s = render_chat(msgs, t, toy_encode, false);
+  std::vector<int32_t> ids = {1};
+  std::vector<uint8_t> loss = {0};
+  auto add = [&](const std::vector<int32_t>& v, uint8_t target) {
+    ids.insert(ids.end(), v.begin(), v.end());
+    loss.insert(loss.end(), v.size(), target);
+  };
+  add(bytes("sys\n\n"), 0);
+  add(bytes("User: hi\n\n"), 0);
+  add(bytes("Assistant:"), 0);
+  add(bytes(" yo"), 1);
+  add({2}, 1);
+  add(bytes("User: ok\n\n"), 0);
+  add(bytes("Assistant:"), 0);
+  add(bytes(" k"), 1);
+  add({2}, 1);
+  EXPECT_EQ(s.ids, ids);
+  EXPECT_EQ(s.loss, loss);
+  // The generation prompt is the chat so far up to and including "Assistant:", as transformers'
+  // apply_chat_template(add_generation_prompt=True) renders it.
+  std::vector<int32_t> prompt = render_generation_prompt({msgs[0], msgs[1]}, t, toy_encode);
+  std::vector<int32_t> want = {1};
+  for (const char* piece : {"sys\n\n", "User: hi\n\n", "Assistant:"})
+    for (int32_t id : bytes(piece)) want.push_back(id);
+  EXPECT_EQ(prompt, want);
+  Sample all = render_chat(msgs, t, toy_encode, true);
+  EXPECT_EQ(std::count(all.loss.begin(), all.loss.end(), 1), (long)all.ids.size() - 1);
+  EXPECT_EQ(t.eos, "<｜end▁of▁sentence｜>");
+}
+
 TEST(Data, AlpacaAndMalformedLines) {
   std::vector<Message> msgs;
   DataStats st;

@@ -2,7 +2,8 @@
 // the layout under the release's names, the gradients of every tensor against a central finite
 // difference of the loss (two depths, a dense and a MoE MTP layer, packed rows), mtp_loss_weight = 0
 // keeping today's model bit for bit while the MTP tensors survive load -> save unchanged, and a
-// checkpoint written after training holding every model.layers.<L>.* tensor and resuming.
+// checkpoint written after training holding every model.layers.<L>.* tensor and resuming; a
+// checkpoint without shared_head.head loading with the MTP head tied to lm_head.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -53,9 +54,10 @@ double loss_at(model::Model& m, const model::Batch& b, const std::vector<float>&
 }
 
 // Central difference of the loss along a random unit direction inside each tensor vs the gradient.
-void fd_check(const json& j, int64_t B, int64_t T, bool packed, double aux, double w) {
+void fd_check(const json& j, int64_t B, int64_t T, bool packed, double aux, double w, bool tied_head = false) {
   init_threads();
   model::ModelConfig cfg = cfg_of(j);
+  cfg.v3_mtp_head_tied = tied_head;
   model::Model m(cfg, kern::Prec::F32, {aux, w});
   m.init_random(7);
   trex::testing::perturb_vectors(m, 3);
@@ -157,6 +159,41 @@ TEST(MtpV3, FiniteDifferenceOneDepthTiedHead) {
   json j = trex::testing::tiny_v3_mtp(1);
   j["tie_word_embeddings"] = true;
   fd_check(j, 2, 13, false, 0.0, 0.4);
+}
+
+// DeepSeek-V3.2 (the V3.2-Exp release ships one MTP layer): the MTP decoder layer has its own
+// lightning indexer (frozen, zero gradient, as in the main layers); two depths, a MoE MTP layer,
+// packed rows. (tests/reference/make_dumps_v32_mtp.py checks the same against transformers'
+// DeepseekV32DecoderLayer.)
+TEST(MtpV3, FiniteDifferenceV32WithIndexer) {
+  json j = trex::testing::tiny_v32();
+  j["num_nextn_predict_layers"] = 2;
+  const model::Model m(cfg_of(j), kern::Prec::F32, {0, 0.5});
+  for (const char* t : {"wq_b.weight", "wk.weight", "k_norm.weight", "k_norm.bias", "weights_proj.weight"}) {
+    const model::ParamEntry* e = m.layout.find(std::string("model.layers.3.self_attn.indexer.") + t);
+    ASSERT_TRUE(e) << t;
+    EXPECT_TRUE(e->frozen) << t;
+  }
+  EXPECT_TRUE(m.layout.find("model.layers.4.mlp.gate.weight"));
+  fd_check(j, 2, 13, true, 0.0, 0.5);
+}
+
+// save_pretrained's mlp_layer_types covers the main layers only: a first_k_dense_replace beyond it
+// (every listed layer dense) decides whether an MTP layer is dense, as in DeepSeek's release.
+TEST(MtpV3, V32MlpLayerTypesAndFirstKDenseForTheMtpLayer) {
+  json j = trex::testing::tiny_v32();
+  j["num_nextn_predict_layers"] = 2;
+  j["mlp_layer_types"] = {"dense", "dense", "dense"};
+  j["first_k_dense_replace"] = 4;
+  model::ModelConfig c = cfg_of(j);
+  EXPECT_FALSE(c.is_moe_layer(3));
+  EXPECT_TRUE(c.is_moe_layer(4));
+  j["first_k_dense_replace"] = 1;  // contradicts the list: the list decides (as transformers)
+  c = cfg_of(j);
+  EXPECT_EQ(c.first_k_dense_replace, 3);
+  j["mlp_layer_types"] = {"dense", "sparse", "sparse"};
+  j["first_k_dense_replace"] = 5;
+  EXPECT_EQ(cfg_of(j).first_k_dense_replace, 1);
 }
 
 // mtp_loss_weight = 0 on a checkpoint with an MTP layer: the model, loss and gradients are those
@@ -277,4 +314,83 @@ TEST(MtpV3, FreshLayersFromACheckpointWithoutThem) {
   EXPECT_EQ(0, std::memcmp(m.P() + t.head, m.P() + m.layout.head, cfg.vocab_size * cfg.hidden_size * sizeof(float)));
   EXPECT_EQ(m.P()[t.enorm], 1.f);
   EXPECT_THROW(model::Model(c0, kern::Prec::F32, {0.0, 0.5}), UserError);
+}
+
+// A checkpoint whose MTP layer has no shared_head.head (some conversions omit it; vLLM reads it as
+// lm_head): load_config_json sees that in the tensor names, the MTP head is lm_head's tensor (one
+// tensor: the loss equals the untied model's with shared_head.head = lm_head, and lm_head's
+// gradient is the sum of the two heads' gradients), a save writes it without shared_head.head, a
+// run that keeps the MTP layer (weight 0) too, and the gradients pass a finite-difference check.
+TEST(MtpV3, CheckpointWithoutSharedHeadTiesItToLmHead) {
+  init_threads();
+  const model::ModelConfig cfg = model::load_config_json(std::string(kCase) + "/model/config.json");
+  EXPECT_FALSE(cfg.v3_mtp_head_tied);
+  model::Model ref(cfg, kern::Prec::F32, {0.01, 0.3});
+  model::load_hf_weights(ref, std::string(kCase) + "/model");
+  const model::V3MtpParams& rt = ref.layout.mtp3[0];
+  const int64_t Vd = cfg.vocab_size * cfg.hidden_size;
+  std::memcpy(ref.P() + rt.head, ref.P() + ref.layout.head, Vd * sizeof(float));  // shared_head.head := lm_head
+  ref.refresh_bf16();
+  // The checkpoint without shared_head.head: a tied model with ref's tensors, saved.
+  model::ModelConfig ct = cfg;
+  ct.v3_mtp_head_tied = true;
+  model::Model w(ct, kern::Prec::F32, {0.01, 0.3});
+  for (const model::ParamEntry& e : w.layout.entries)
+    std::memcpy(w.P() + e.offset, ref.P() + ref.layout.find(e.name)->offset, e.shape.numel() * sizeof(float));
+  w.buffers = ref.buffers;
+  EXPECT_GE(ref.layout.total - w.layout.total, Vd);  // (the layout aligns its tensors)
+  test::TmpDir dir("trex_mtp_tied");
+  model::save_hf_checkpoint(w, dir.str(), DType::F32);
+  io::SafetensorsDir ck = io::SafetensorsDir::open(dir.str());
+  EXPECT_FALSE(ck.find("model.layers.2.shared_head.head.weight"));
+  EXPECT_TRUE(ck.find("model.layers.2.eh_proj.weight"));
+  // Loading it.
+  const model::ModelConfig cl = model::load_config_json(dir.file("config.json"));
+  EXPECT_TRUE(cl.v3_mtp_head_tied);
+  EXPECT_EQ(model::with_mtp(cl, 1).num_params() + Vd, model::with_mtp(cfg, 1).num_params());
+  model::Model m(cl, kern::Prec::F32, {0.01, 0.3});
+  model::load_hf_weights(m, dir.str());
+  EXPECT_EQ(m.layout.mtp3[0].head, m.layout.head);
+  EXPECT_FALSE(m.layout.find("model.layers.2.shared_head.head.weight"));
+  std::vector<int32_t> ids(22), tg(22);
+  for (int i = 0; i < 22; ++i) ids[i] = (i * 7 + 3) % 83, tg[i] = i % 6 == 5 ? -100 : (i * 5 + 1) % 83;
+  const model::Batch b{2, 11, ids.data(), tg.data(), nullptr, nullptr};
+  ref.zero_grads();
+  m.zero_grads();
+  const model::LossParts lr = ref.forward_backward(b, 1.f), lm = m.forward_backward(b, 1.f);
+  EXPECT_NEAR(lm.loss, lr.loss, 1e-6 * std::abs(lr.loss));
+  EXPECT_NEAR(lm.mtp, lr.mtp, 1e-6 * std::abs(lr.mtp));
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < Vd; ++i) {
+    const double want = (double)ref.G()[ref.layout.head + i] + ref.G()[rt.head + i];
+    num += (m.G()[m.layout.head + i] - want) * (m.G()[m.layout.head + i] - want);
+    den += want * want;
+  }
+  EXPECT_LT(std::sqrt(num / den), 1e-5);
+  for (const model::ParamEntry& e : m.layout.entries) {  // every other tensor's gradient is ref's
+    if (e.offset == m.layout.head) continue;
+    const model::ParamEntry* r = ref.layout.find(e.name);
+    double n2 = 0, d2 = 0;
+    for (int64_t i = 0; i < e.shape.numel(); ++i) {
+      const double a = m.G()[e.offset + i], c = ref.G()[r->offset + i];
+      n2 += (a - c) * (a - c), d2 += c * c;
+    }
+    EXPECT_LE(std::sqrt(n2), 1e-5 * std::sqrt(d2) + 1e-12) << e.name;
+  }
+  // Saved back without it (a trained run's save and a weight-0 run's keep alike).
+  test::TmpDir again("trex_mtp_tied2"), kept("trex_mtp_tied_kept");
+  model::save_hf_checkpoint(m, again.str(), DType::F32);
+  expect_same_tensors(dir.str(), again.str());
+  expect_same_tensors(again.str(), dir.str());
+  model::Model k(cl, kern::Prec::F32);
+  model::load_hf_weights(k, dir.str());
+  for (const model::KeptTensor& t : k.kept) EXPECT_EQ(t.name.find("shared_head.head"), std::string::npos);
+  model::save_hf_checkpoint(k, kept.str(), DType::F32);
+  expect_same_tensors(dir.str(), kept.str());
+  expect_same_tensors(kept.str(), dir.str());
+  // Finite differences through the tied head (and with a tied embedding as well).
+  json j = trex::testing::tiny_v3_mtp(2);
+  fd_check(j, 2, 13, false, 0.0, 0.6, true);
+  j["tie_word_embeddings"] = true;
+  fd_check(j, 2, 11, true, 0.0, 0.4, true);
 }

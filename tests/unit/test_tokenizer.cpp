@@ -12,6 +12,7 @@
 
 #include "core/timer.h"
 #include "io/tokenizer_text.h"
+#include "train/data.h"
 #include "tests/unit/test_tokenizer_fixtures.h"
 
 using namespace trex;
@@ -80,6 +81,35 @@ TEST(Tokenizer, DeepSeekV4RealDecodeMatchesPyPI) { check_decode("deepseek_v4_rea
 TEST(Tokenizer, TrexTrainedIdsMatchPyPI) { check_ids("trex_trained", 10000); }
 TEST(Tokenizer, Gpt2StyleIdsMatchPyPI) { check_ids("gpt2_style", 3000); }
 TEST(Tokenizer, SplitBehavioursIdsMatchPyPI) { check_ids("splits_style", 3000); }
+
+// The deepseek-v2 chat template encodes each turn on its own ("User: {user}\n\n", "Assistant:",
+// " {reply}", the end token); with DeepSeek's pre-tokenizer those pieces end where the pre-tokenizer
+// splits the whole rendered chat, so the ids are those of encoding the chat as one text, as
+// transformers' apply_chat_template(tokenize=True) does. (DeepSeek-V3's real tokenizer.json stands
+// in for V2's, which is not bundled; both split letters, punctuation and newlines apart.)
+TEST(Tokenizer, DeepSeekV2ChatTurnsEncodeAsTheWholeChat) {
+  Tokenizer tok = load_fixture("deepseek_v3_real");
+  const train::ChatTemplate t = train::ChatTemplate::by_name("deepseek-v2");
+  auto enc = [&tok](std::string_view s) { return tok.encode(s, false); };
+  const std::vector<std::vector<train::Message>> chats = {
+      {{"user", "Hello, how are you?"}, {"assistant", "I'm fine: thanks!"}},
+      {{"system", "You are a solver."}, {"user", "Minimize 3x + 2y s.t. x >= 1."},
+       {"assistant", "x = 1, y = 0; objective 3."}, {"user", "And with y >= 2?"}, {"assistant", "(7) 3 + 4"}},
+      {{"user", "  indented\ncode:\n\tx = 1"}, {"assistant", "```python\nprint(1)\n```"}},
+      {{"user", "中文问题"}, {"assistant", "答案是 42。"}}};
+  for (const auto& msgs : chats) {
+    std::string text = t.bos;
+    for (const train::Message& m : msgs) {
+      if (m.role == "system") text += m.content + "\n\n";
+      else if (m.role == "user") text += "User: " + m.content + "\n\n";
+      else text += "Assistant: " + m.content + t.eos;
+    }
+    EXPECT_EQ(train::render_chat(msgs, t, enc, false).ids, enc(text)) << escape(text);
+    std::vector<train::Message> head(msgs.begin(), msgs.end() - 1);
+    std::string prompt = text.substr(0, text.rfind("Assistant: ")) + "Assistant:";
+    EXPECT_EQ(train::render_generation_prompt(head, t, enc), enc(prompt)) << escape(prompt);
+  }
+}
 
 TEST(Tokenizer, DecodeMatchesPyPI) {
   check_decode("deepseek_v3_style");
