@@ -7,11 +7,12 @@
 # benchmarks/results/<date>-<HHMM>-decode-v4.md.
 #
 # usage: tools/bench/decode_v4.sh [--trex PATH] [--python PATH] [--out DIR] [--new N]
-#   --new N: tokens generated per cached / transformers run (default 32); the recompute runs
-#   generate N / 4 (512) and N / 16 (4096) tokens, they are slow by design.
+#   --new N: tokens generated per cached / transformers run (default 128); the recompute runs
+#   generate N / 8 (512) and N / 32 (4096) tokens, they are slow by design. One more cached run
+#   decodes 4 prompts at once (--batch 4: tokens/s of all four).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-TREX=build/trex; PY=.venv/bin/python; OUT=runs/bench-decode/$(date -u +%F-%H%M); NEW=32
+TREX=build/trex; PY=.venv/bin/python; OUT=runs/bench-decode/$(date -u +%F-%H%M); NEW=128
 while [ $# -gt 0 ]; do
   case $1 in
     --trex) TREX=$2; shift 2 ;;
@@ -37,11 +38,12 @@ row() {  # name, command...
 }
 ROWS=()
 for C in 512 4096; do
-  RN=$(( C == 512 ? NEW / 4 : NEW / 16 )); [ "$RN" -ge 1 ] || RN=1
+  RN=$(( C == 512 ? NEW / 8 : NEW / 32 )); [ "$RN" -ge 1 ] || RN=1
   cache=$(row "trex-cache-$C" "$TREX" bench decode --model "$MODEL" --context "$C" --new "$NEW" -t 1)
+  batch=$(row "trex-cache-batch4-$C" "$TREX" bench decode --model "$MODEL" --context "$C" --new "$NEW" --batch 4 -t 1)
   reco=$(row "trex-recompute-$C" "$TREX" bench decode --model "$MODEL" --context "$C" --new "$RN" --recompute -t 1)
   hf=$(row "hf-generate-$C" "$PY" tools/bench/decode_v4_hf.py --model "$MODEL" --context "$C" --new "$NEW" --threads 1)
-  ROWS+=("$C|$cache|$reco|$hf")
+  ROWS+=("$C|$cache|$batch|$reco|$hf")
 done
 MD=benchmarks/results/$STAMP-decode-v4.md
 "$PY" - "$MD" "$STAMP" "$COMMIT" "$CPU" "$0 $*" "${ROWS[@]}" <<'EOF'
@@ -50,13 +52,13 @@ md, stamp, commit, cpu, cmd, *rows = sys.argv[1:]
 out = [f"# DeepSeek-V4 decoding: trex cache vs recompute vs transformers generate", "",
        f"- machine: {cpu}, 1 thread each (OMP_NUM_THREADS=1, -t 1)", f"- date: {stamp} UTC, commit {commit}",
        f"- command: `{cmd.strip()}`", "- model: tools/bench/decode_v4_hf.py CONFIG (random init, fp32), greedy", "",
-       "| context | trex cached tok/s | trex recompute tok/s | transformers generate tok/s | cached / recompute | cached / transformers | trex prefill s | transformers prefill s |",
-       "|---|---|---|---|---|---|---|---|"]
+       "| context | trex cached tok/s | trex cached, 4 prompts at once, tok/s | trex recompute tok/s | transformers generate tok/s | cached / recompute | cached / transformers | trex prefill s | transformers prefill s |",
+       "|---|---|---|---|---|---|---|---|---|"]
 for r in rows:
-    c, a, b, h = r.split("|")
-    a, b, h = json.loads(a), json.loads(b), json.loads(h)
-    ta, tb, th = a["decode_tokens_per_s"], b["decode_tokens_per_s"], h["decode_tokens_per_s"]
-    out.append(f"| {c} | {ta:.1f} ({a['new']} tokens) | {tb:.2f} ({b['new']} tokens) | {th:.1f} ({h['new']} tokens) | "
+    c, a, a4, b, h = r.split("|")
+    a, a4, b, h = json.loads(a), json.loads(a4), json.loads(b), json.loads(h)
+    ta, t4, tb, th = a["decode_tokens_per_s"], a4["decode_tokens_per_s"], b["decode_tokens_per_s"], h["decode_tokens_per_s"]
+    out.append(f"| {c} | {ta:.1f} ({a['new']} tokens) | {t4:.1f} | {tb:.2f} ({b['new']} tokens) | {th:.1f} ({h['new']} tokens) | "
                f"{ta / tb:.0f}x | {ta / th:.2f}x | {a['prefill_s']:.2f} | {h['prefill_s']:.2f} |")
 open(md, "w").write("\n".join(out) + "\n")
 print("\n".join(out))

@@ -4,15 +4,15 @@ transformers peer: DeepseekV4ForCausalLM.generate, greedy, on the same checkpoin
   .venv/bin/python tools/bench/decode_v4_hf.py --make DIR
       writes a random-init model (CONFIG below, fp32, fixed seed) with save_pretrained
   .venv/bin/python tools/bench/decode_v4_hf.py --model DIR --context C --new N [--threads 1]
-      prints one JSON line: prefill seconds (generate of 1 token), decode seconds (generate of
-      N + 1 tokens minus that) and decode tokens/s, as `trex bench decode` prints them
+      prints one JSON line: prefill seconds (until the first token's logits), decode seconds (the
+      N one-token steps after it) and decode tokens/s, as `trex bench decode` prints them
 """
 import argparse
 import json
 import time
 
 import torch
-from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+from transformers import DeepseekV4Config, DeepseekV4ForCausalLM, LogitsProcessor, LogitsProcessorList
 
 # A small V4: every attention kind (sliding, CSA at rate 4, HCA at rate 128, as the release),
 # a 128-token window, 4 hyper-connection streams, hash and top-k MoE layers.
@@ -47,20 +47,24 @@ def bench(a):
     g = torch.Generator().manual_seed(a.seed)
     ids = torch.randint(0, m.config.vocab_size, (1, a.context), generator=g)
 
-    def run(n):
-        t = time.perf_counter()
-        with torch.no_grad():
-            out = m.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, use_cache=True,
-                             pad_token_id=0)
-        assert out.shape[1] == a.context + n
-        return time.perf_counter() - t
+    # One generate of N + 1 tokens; a logits processor stamps the time of each step's logits: the
+    # first stamp ends the prefill, the N steps after it are the decoding.
+    stamps = []
 
-    t1 = run(1)
-    tn = run(a.new + 1)
-    dec = max(tn - t1, 1e-9)
+    class Stamp(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            stamps.append(time.perf_counter())
+            return scores
+
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = m.generate(ids, max_new_tokens=a.new + 1, min_new_tokens=a.new + 1, do_sample=False, use_cache=True,
+                         pad_token_id=0, logits_processor=LogitsProcessorList([Stamp()]))
+    assert out.shape[1] == a.context + a.new + 1 and len(stamps) == a.new + 1
+    dec = stamps[-1] - stamps[0]
     print(json.dumps({"impl": "transformers generate", "transformers": __import__("transformers").__version__,
                       "torch": torch.__version__, "context": a.context, "new": a.new, "threads": a.threads,
-                      "prefill_s": round(t1, 4), "decode_s": round(dec, 4),
+                      "prefill_s": round(stamps[0] - t0, 4), "decode_s": round(dec, 4),
                       "decode_tokens_per_s": round(a.new / dec, 3)}))
 
 
