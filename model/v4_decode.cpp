@@ -202,7 +202,7 @@ void attn_decode(const Step& s, int64_t l, const float* x, float* out) {
     }
     // KV rows of this sequence: cached window [kv_base, len), new rows [len, len + n), entries.
     const int64_t cached = len - lc.kv_base, r0 = kv0[b];
-    std::memcpy(KV + r0 * hd, lc.kv.data(), cached * hd * sizeof(float));
+    if (cached) std::memcpy(KV + r0 * hd, lc.kv.data(), cached * hd * sizeof(float));
     std::memcpy(KV + (r0 + cached) * hd, KVn + i0 * hd, n * hd * sizeof(float));
     if (lc.nw) std::memcpy(KV + (r0 + cached + n) * hd, lc.C.data(), lc.nw * hd * sizeof(float));
     const int64_t e0 = r0 + cached + n;  // row of entry 0
