@@ -78,7 +78,7 @@ void Decoder::feed_v3(Seq& sq, const int32_t* ids, int64_t n, float* logits) {
   const bf16* Pb = m_.Pb();
   const float eps = (float)c.rms_norm_eps;
 
-  const RopeTable& rope = m_.rope_table(len0 + n);
+  const RopeTable& rope = m_.rope_table(max_len_);  // built once for the whole decoder, not per step
   int32_t* pos = A.alloc<int32_t>(n);
   for (int64_t i = 0; i < n; ++i) pos[i] = (int32_t)(len0 + i);
 

@@ -261,7 +261,11 @@ void v4_decode_feed(Model& m, const std::vector<V4Feed>& parts, float* logits) {
   }
   for (int64_t a = 0; a < B; ++a)
     for (int64_t b = 0; b < a; ++b) TREX_CHECK(parts[a].cache != parts[b].cache, "v4_decode_feed: a cache fed twice");
-  m.v4_rope_tables(tmax, s.cos, s.sin);
+  // Tables for a power of two of positions: one step further must not rebuild them (their rows
+  // do not depend on the length).
+  int64_t tab = 64;
+  while (tab < tmax) tab *= 2;
+  m.v4_rope_tables(tab, s.cos, s.sin);
   const int64_t N = s.N();
   const float* P = s.P;
   const float eps = (float)c.rms_norm_eps;
