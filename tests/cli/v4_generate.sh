@@ -2,7 +2,7 @@
 # Generation on a DeepSeek-V4 checkpoint (the KV cache of model/v4_decode.h: sliding window,
 # compressors' running windows and entries, indexer keys), from the command line:
 #   - trex train writes a small V4 checkpoint (one step from random init, fp32);
-#   - trex generate on it;
+#   - trex generate on it; --input with --batch 3 writes the same lines as --batch 1;
 #   - trex or eval --model with --batch 3 writes the same outputs as --batch 1 (generate_batch
 #     equals one prompt at a time);
 #   - trex bench decode, cached and --recompute, prints its JSON line.
@@ -68,6 +68,11 @@ cp tok/tokenizer.json "$CK/"
 
 run "$TREX" generate --model "$CK" --prompt "the model" --max-tokens 9 --output gen.jsonl
 grep -q '"output"' gen.jsonl || fail "generate wrote no result: $(cat gen.jsonl)"
+
+for w in "the model" "a" "trex trains DeepSeek models on" "x y z" "generation"; do echo "{\"prompt\": \"$w\"}"; done > prompts.jsonl
+run "$TREX" generate --model "$CK" --input prompts.jsonl --max-tokens 9 --output gen1.jsonl
+run "$TREX" generate --model "$CK" --input prompts.jsonl --max-tokens 9 --output gen3.jsonl --batch 3
+cmp -s gen1.jsonl gen3.jsonl || fail "generate --batch 3 wrote other lines than --batch 1: $(diff gen1.jsonl gen3.jsonl)"
 
 for i in 1 2 3 4 5; do
   echo "{\"id\": \"p$i\", \"question\": \"Maximize $i x subject to x <= $((i + 2)).\", \"answer\": $((i * (i + 2)))}"
