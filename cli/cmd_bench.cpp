@@ -145,6 +145,7 @@ void add_bench(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "measure the machine and the engine");
   bench->require_subcommand(1);
   add_bench_kernels(*bench);
+  add_bench_decode(*bench);
 
   auto* peak = bench->add_subcommand("peak", "fp32 FMA and bf16 dot-product peak, all threads");
   auto pthreads = std::make_shared<int>(0);

@@ -1,10 +1,12 @@
 // trex generate --model DIR [--tokenizer PATH] (--prompt TEXT | --input FILE.jsonl [--output FILE])
 //   [--max-tokens N] [--temperature T] [--top-p P] [--seed S] [--stop STR ...] [--chat]
 // Greedy by default. --input reads {"prompt": ...} per line (or "question") and writes
-// {"prompt", "output", "finish", "n_tokens"} per line to --output (default stdout); --prompt prints
+// {"prompt", "output", "finish", "n_tokens"} per line to --output (default stdout), --batch B of
+// them generated together (model::generate_batch: the same lines as one at a time); --prompt prints
 // the text, or with --output writes that JSON line. Prompt + generation are capped at the model's
 // max_position_embeddings (a warning names --max-tokens and the limit); a tokenizer with more ids
 // than the model's vocab_size and non-finite logits are errors.
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -26,7 +28,7 @@ void add_generate(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "generate text from a checkpoint (KV cache; greedy or sampling)");
   struct Opts {
     std::string model, tokenizer, prompt, input, output, tmpl = "deepseek", precision = "fp32", device = "cpu";
-    int64_t max_tokens = 128;
+    int64_t max_tokens = 128, batch = 1;
     float temperature = 0.f, top_p = 1.f;
     uint64_t seed = 0;
     std::vector<std::string> stop;
@@ -40,6 +42,7 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--input", o->input, "JSONL with a \"prompt\" (or \"question\") per line");
   cmd->add_option("--output", o->output, "JSONL results (default stdout; with --prompt the JSON line replaces the printed text)");
   cmd->add_option("--max-tokens", o->max_tokens, "tokens to generate at most");
+  cmd->add_option("--batch", o->batch, "--input: prompts generated together (default 1; the same results)");
   cmd->add_option("--temperature", o->temperature, "0 = greedy");
   cmd->add_option("--top-p", o->top_p, "nucleus sampling mass");
   cmd->add_option("--seed", o->seed, "sampling seed");
@@ -55,6 +58,7 @@ void add_generate(CLI::App& app) {
     TREX_USER_CHECK(!device || device->host_addressable(), "generate with --device cpu",
                     "--device ", o->device, ": generation (its KV cache and sampling) runs on the CPU only for now; "
                     "the training step runs on ", device ? device->name() : "", " (trex train, grad, bench step)");
+    TREX_USER_CHECK(o->batch >= 1, "use --batch >= 1", "trex generate: --batch ", o->batch, " must be >= 1");
     TREX_USER_CHECK(o->prompt.empty() != o->input.empty(), "give exactly one of --prompt and --input",
                     "trex generate: need --prompt TEXT or --input FILE.jsonl");
     // The output file first: a bad --output fails before the model is loaded.
@@ -78,20 +82,29 @@ void add_generate(CLI::App& app) {
     auto decode = [&](const std::vector<int32_t>& t) { return tok.decode(t, true); };
     const std::vector<int32_t> eos_ids = stop_ids(tok, tmpl);
     bool warned = false;
-    auto run = [&](const std::string& p) {
-      std::vector<int32_t> ids = encode_prompt(p);
-      bool capped = false;
-      const int64_t n = model::generation_budget(cfg, (int64_t)ids.size(), o->max_tokens, &capped);
-      if (capped && !warned) {
-        TREX_LOG_WARN("--max-tokens ", o->max_tokens, ": a prompt of ", ids.size(), " tokens plus ", o->max_tokens,
-                      " exceeds the model's max_position_embeddings (", cfg.max_position_embeddings,
-                      "); generating at most ", n, " tokens");
-        warned = true;
+    // The prompts ps generated together -> one result each.
+    auto run_batch = [&](const std::vector<std::string>& ps) {
+      std::vector<std::vector<int32_t>> ids;
+      std::vector<int64_t> budgets;
+      int64_t longest = 0;
+      for (const std::string& p : ps) {
+        ids.push_back(encode_prompt(p));
+        bool capped = false;
+        const int64_t n = model::generation_budget(cfg, (int64_t)ids.back().size(), o->max_tokens, &capped);
+        if (capped && !warned) {
+          TREX_LOG_WARN("--max-tokens ", o->max_tokens, ": a prompt of ", ids.back().size(), " tokens plus ",
+                        o->max_tokens, " exceeds the model's max_position_embeddings (", cfg.max_position_embeddings,
+                        "); generating at most ", n, " tokens");
+          warned = true;
+        }
+        budgets.push_back(n);
+        longest = std::max(longest, (int64_t)ids.back().size() + n);
       }
-      model::SampleParams sp{o->temperature, o->top_p, n, o->seed, o->stop};
-      model::Decoder dec(m, (int64_t)ids.size() + n);
-      return model::generate(dec, ids, sp, decode, eos_ids);
+      model::SampleParams sp{o->temperature, o->top_p, o->max_tokens, o->seed, o->stop};
+      model::Decoder dec(m, longest, (int64_t)ps.size());
+      return model::generate_batch(dec, ids, sp, budgets, decode, eos_ids);
     };
+    auto run = [&](const std::string& p) { return run_batch({p})[0]; };
     auto write = [&](const std::string& p, const model::GenerateResult& r) {
       nlohmann::json res = {{"prompt", p}, {"output", r.text}, {"finish", r.finish}, {"n_tokens", r.tokens.size()}};
       std::fprintf(out, "%s\n", res.dump().c_str());
@@ -106,6 +119,13 @@ void add_generate(CLI::App& app) {
     } else {
       std::ifstream in(o->input);
       TREX_USER_CHECK(in.good(), "check the --input path", o->input, ": cannot open");
+      std::vector<std::string> pending;  // read, not yet generated (up to --batch)
+      auto flush = [&] {
+        if (pending.empty()) return;
+        const std::vector<model::GenerateResult> r = run_batch(pending);
+        for (size_t k = 0; k < pending.size(); ++k) write(pending[k], r[k]);
+        pending.clear();
+      };
       std::string line;
       int64_t ln = 0;
       while (std::getline(in, line)) {
@@ -121,8 +141,10 @@ void add_generate(CLI::App& app) {
                         : j.contains("question") && j["question"].is_string() ? j["question"].get<std::string>()
                                                                                : "";
         TREX_USER_CHECK(!p.empty(), "give a \"prompt\" or \"question\" string", o->input, ":", ln, ": no prompt");
-        write(p, run(p));
+        pending.push_back(p);
+        if ((int64_t)pending.size() == o->batch) flush();
       }
+      flush();
     }
     if (out != stdout) {
       out_guard.release();

@@ -2,6 +2,8 @@
 // trex or solve FILE [--time-limit S]: solve a CPLEX LP (.lp) or MPS (.mps) file, print one JSON line
 // trex or eval  (--predictions P.jsonl | --model DIR) --data TEST.jsonl [--out RESULTS.jsonl]: Pass@1
 // See docs/OR.md.
+#include <algorithm>
+#include <map>
 #include <memory>
 #include "cli/tokenizer_fns.h"
 #include "core/parallel.h"
@@ -105,43 +107,75 @@ void add_solve(CLI::App& parent) {
 }
 
 // Zero-shot greedy generation from a checkpoint: the question wrapped in the evaluation prompt
-// (or/dataset.h: eval_prompt) as one user turn of the chat template.
+// (or/dataset.h: eval_prompt) as one user turn of the chat template. batch > 1: the problems are
+// generated `batch` at a time (model::generate_batch: the same outputs as one at a time), the
+// first request of a group generating the group.
 class ModelSource final : public orx::OutputSource {
  public:
-  ModelSource(const std::string& dir, const std::string& tokenizer, const std::string& tmpl, int64_t max_tokens)
+  ModelSource(const std::string& dir, const std::string& tokenizer, const std::string& tmpl, int64_t max_tokens,
+              const std::vector<orx::Problem>& problems, int64_t batch)
       : cfg_(model::load_config_json(dir + "/config.json")),
         m_(cfg_, kern::Prec::F32),
         tok_(io::Tokenizer::load(tokenizer.empty() ? dir : tokenizer)),
         tmpl_(train::ChatTemplate::by_name(tmpl)),
-        max_tokens_(max_tokens) {
+        max_tokens_(max_tokens),
+        problems_(problems),
+        batch_(batch) {
+    TREX_USER_CHECK(batch >= 1, "use --batch >= 1", "or eval: --batch ", batch, " must be >= 1");
     model::load_hf_weights(m_, dir);
     eos_ = stop_ids(tok_, tmpl_);
   }
-  std::string output(const orx::Problem& p, size_t) override {
-    const std::vector<int32_t> ids = chat_prompt_ids(tok_, tmpl_, orx::eval_prompt(p.question));
-    // Within max_position_embeddings (a prompt that alone fills it is a UserError naming it).
-    bool capped = false;
-    const int64_t budget = model::generation_budget(cfg_, (int64_t)ids.size(), max_tokens_, &capped);
-    if (capped && !warned_cap_) {
-      TREX_LOG_WARN("or eval --model: --max-tokens ", max_tokens_, " runs past max_position_embeddings (",
-                    cfg_.max_position_embeddings, ") for some prompts; their generation is capped there");
-      warned_cap_ = true;
+  std::string output(const orx::Problem& p, size_t i) override {
+    auto it = done_.find(i);
+    if (it == done_.end()) {
+      generate_from(i, p);
+      it = done_.find(i);
     }
-    model::Decoder dec(m_, (int64_t)ids.size() + budget);
-    model::SampleParams sp;
-    sp.max_tokens = budget;
-    return model::generate(dec, ids, sp, [&](const std::vector<int32_t>& t) { return tok_.decode(t, true); }, eos_)
-        .text;
+    std::string out = std::move(it->second);
+    done_.erase(it);
+    return out;
   }
 
  private:
+  // Generates problem i and the next batch - 1 problems with readable answers (those evaluate()
+  // asks for next).
+  void generate_from(size_t i, const orx::Problem& p) {
+    std::vector<size_t> which = {i};
+    for (size_t j = i + 1; j < problems_.size() && (int64_t)which.size() < batch_; ++j)
+      if (problems_[j].truth.kind != orx::Truth::Unreadable) which.push_back(j);
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<int64_t> budgets;
+    int64_t longest = 0;
+    for (size_t j : which) {
+      const orx::Problem& q = j == i ? p : problems_[j];
+      prompts.push_back(chat_prompt_ids(tok_, tmpl_, orx::eval_prompt(q.question)));
+      // Within max_position_embeddings (a prompt that alone fills it is a UserError naming it).
+      bool capped = false;
+      budgets.push_back(model::generation_budget(cfg_, (int64_t)prompts.back().size(), max_tokens_, &capped));
+      if (capped && !warned_cap_) {
+        TREX_LOG_WARN("or eval --model: --max-tokens ", max_tokens_, " runs past max_position_embeddings (",
+                      cfg_.max_position_embeddings, ") for some prompts; their generation is capped there");
+        warned_cap_ = true;
+      }
+      longest = std::max(longest, (int64_t)prompts.back().size() + budgets.back());
+    }
+    model::Decoder dec(m_, longest, (int64_t)which.size());
+    model::SampleParams sp;
+    std::vector<model::GenerateResult> r = model::generate_batch(
+        dec, prompts, sp, budgets, [&](const std::vector<int32_t>& t) { return tok_.decode(t, true); }, eos_);
+    for (size_t k = 0; k < which.size(); ++k) done_[which[k]] = std::move(r[k].text);
+  }
+
   model::ModelConfig cfg_;
   model::Model m_;
   io::Tokenizer tok_;
   train::ChatTemplate tmpl_;
   int64_t max_tokens_;
+  const std::vector<orx::Problem>& problems_;
+  int64_t batch_;
   bool warned_cap_ = false;
   std::vector<int32_t> eos_;
+  std::map<size_t, std::string> done_;  // generated, not yet asked for
 };
 
 void add_eval(CLI::App& parent) {
@@ -149,7 +183,7 @@ void add_eval(CLI::App& parent) {
   struct Opts {
     std::string predictions, data, out, qfield, afield, model, tokenizer, tmpl = "deepseek";
     double time_limit = 20;
-    int64_t max_tokens = 512;
+    int64_t max_tokens = 512, batch = 1;
     int threads = 0;
     bool strict_ids = false;
   };
@@ -159,6 +193,7 @@ void add_eval(CLI::App& parent) {
   ev->add_option("--tokenizer", o->tokenizer, "tokenizer.json (default: MODEL/tokenizer.json)");
   ev->add_option("--template", o->tmpl, "chat template for --model: deepseek | deepseek-v2 | chatml");
   ev->add_option("--max-tokens", o->max_tokens, "generation limit per problem for --model (default 512)");
+  ev->add_option("--batch", o->batch, "problems generated together for --model (default 1; same outputs)");
   ev->add_option("--threads", o->threads, "threads");
   ev->add_option("--data", o->data, "JSONL with question/answer (or en_question/en_answer)")->required();
   ev->add_option("--out", o->out, "write one JSON line per problem here");
@@ -177,7 +212,7 @@ void add_eval(CLI::App& parent) {
                     "trex or eval: need --predictions FILE or --model DIR");
     init_threads(o->threads);
     std::unique_ptr<orx::OutputSource> src_ptr;
-    if (!o->model.empty()) src_ptr = std::make_unique<ModelSource>(o->model, o->tokenizer, o->tmpl, o->max_tokens);
+    if (!o->model.empty()) src_ptr = std::make_unique<ModelSource>(o->model, o->tokenizer, o->tmpl, o->max_tokens, probs, o->batch);
     else {
       auto ps = std::make_unique<orx::PredictionsSource>(o->predictions);
       const orx::PredictionsSource::Match mt = ps->match(probs);

@@ -5,6 +5,7 @@
 namespace trex::cli {
 void add_grad(CLI::App& app);
 void add_bench(CLI::App& app);
+void add_bench_decode(CLI::App& bench);  // cli/cmd_bench_decode.cpp: trex bench decode
 void add_demo(CLI::App& app);
 void add_or(CLI::App& app);    // cli/cmd_or.cpp: trex or gen | solve | eval
 void add_plan(CLI::App& app);  // cli/cmd_plan.cpp: trex plan

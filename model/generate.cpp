@@ -15,30 +15,58 @@
 
 namespace trex::model {
 
-Decoder::Decoder(Model& m, int64_t max_len) : m_(m), max_len_(max_len) {
+Decoder::Decoder(Model& m, int64_t max_len, int64_t batch) : m_(m), max_len_(max_len) {
   TREX_USER_CHECK(max_len > 0, "use a positive length", "generation length ", max_len, " must be > 0");
+  TREX_USER_CHECK(batch > 0, "use a positive batch", "decoder batch ", batch, " must be > 0");
   const ModelConfig& c = m.cfg;
-  logits_.resize(c.vocab_size);
-  if (c.is_v4()) return;  // no KV cache yet: feed() recomputes the whole row (Model::v4_last_logits)
+  seqs_.resize(batch);
+  if (c.is_v4()) return;  // the V4 cache grows as tokens come (model/v4_decode.h)
   const int64_t H = c.num_attention_heads;
-  K_.assign(c.num_hidden_layers, std::vector<float>(max_len * H * c.qk_head_dim()));
-  V_.assign(c.num_hidden_layers, std::vector<float>(max_len * H * c.v_head_dim));
-  if (c.is_v32()) IK_.assign(c.num_hidden_layers, std::vector<float>(max_len * c.v32.index_head_dim));
+  for (Seq& sq : seqs_) {
+    sq.K.assign(c.num_hidden_layers, std::vector<float>(max_len * H * c.qk_head_dim()));
+    sq.V.assign(c.num_hidden_layers, std::vector<float>(max_len * H * c.v_head_dim));
+    if (c.is_v32()) sq.IK.assign(c.num_hidden_layers, std::vector<float>(max_len * c.v32.index_head_dim));
+  }
 }
 
-const std::vector<float>& Decoder::feed(const int32_t* ids, int64_t n) {
+void Decoder::reset() {
+  for (Seq& sq : seqs_) {
+    sq.len = 0;
+    sq.v4.reset();
+  }
+}
+
+const std::vector<float>& Decoder::feed(const int32_t* ids, int64_t n) { return feed_batch({{0, ids, n}}); }
+
+const std::vector<float>& Decoder::feed_batch(const std::vector<DecoderPart>& parts) {
   const ModelConfig& c = m_.cfg;
-  const ParamLayout& L = m_.layout;
-  TREX_CHECK(n > 0, "feed needs at least one token");
-  TREX_USER_CHECK(len_ + n <= max_len_, "raise the generation length limit", "prompt + generation of ", len_ + n,
-                  " tokens exceeds the decoder's ", max_len_);
+  TREX_CHECK(!parts.empty(), "feed_batch needs at least one part");
+  std::vector<char> seen(seqs_.size(), 0);
+  for (const DecoderPart& p : parts) {
+    TREX_CHECK(p.seq >= 0 && p.seq < batch() && !seen[p.seq], "feed_batch: sequence ", p.seq, " out of range or twice");
+    seen[p.seq] = 1;
+    TREX_CHECK(p.n > 0, "feed needs at least one token");
+    const int64_t len = seqs_[p.seq].len;
+    TREX_USER_CHECK(len + p.n <= max_len_, "raise the generation length limit", "prompt + generation of ", len + p.n,
+                    " tokens exceeds the decoder's ", max_len_);
+  }
+  logits_.resize(parts.size() * c.vocab_size);
   if (c.is_v4()) {
-    ids_.resize(len_);
-    ids_.insert(ids_.end(), ids, ids + n);
-    m_.v4_last_logits(ids_.data(), len_ + n, logits_.data());
-    len_ += n;
+    std::vector<V4Feed> f;
+    for (const DecoderPart& p : parts) f.push_back({&seqs_[p.seq].v4, p.ids, p.n});
+    v4_decode_feed(m_, f, logits_.data());
+    for (const DecoderPart& p : parts) seqs_[p.seq].len += p.n;
     return logits_;
   }
+  for (size_t k = 0; k < parts.size(); ++k)
+    feed_v3(seqs_[parts[k].seq], parts[k].ids, parts[k].n, logits_.data() + k * c.vocab_size);
+  return logits_;
+}
+
+void Decoder::feed_v3(Seq& sq, const int32_t* ids, int64_t n, float* logits) {
+  const ModelConfig& c = m_.cfg;
+  const ParamLayout& L = m_.layout;
+  const int64_t len0 = sq.len;
   for (int64_t i = 0; i < n; ++i)
     TREX_USER_CHECK(ids[i] >= 0 && ids[i] < c.vocab_size, "token ids must be in [0, vocab_size)", "token id ", ids[i],
                     " is outside the vocabulary (", c.vocab_size, ")");
@@ -50,9 +78,9 @@ const std::vector<float>& Decoder::feed(const int32_t* ids, int64_t n) {
   const bf16* Pb = m_.Pb();
   const float eps = (float)c.rms_norm_eps;
 
-  const RopeTable& rope = m_.rope_table(len_ + n);
+  const RopeTable& rope = m_.rope_table(max_len_);  // built once for the whole decoder, not per step
   int32_t* pos = A.alloc<int32_t>(n);
-  for (int64_t i = 0; i < n; ++i) pos[i] = (int32_t)(len_ + i);
+  for (int64_t i = 0; i < n; ++i) pos[i] = (int32_t)(len0 + i);
 
   float* x = A.alloc<float>(n * d);
   for (int64_t i = 0; i < n; ++i) std::memcpy(x + i * d, P + L.embed + (int64_t)ids[i] * d, d * sizeof(float));
@@ -66,10 +94,10 @@ const std::vector<float>& Decoder::feed(const int32_t* ids, int64_t n) {
     AttnIn ai{&c, &lp, P, Pb, nullptr, &rope, pos, nullptr, 1, n};
     MlaSaved s;
     mla_project(ctx, ai, h, s);
-    float* Kc = K_[l].data();
-    float* Vc = V_[l].data();
-    std::memcpy(Kc + len_ * H * dqk, s.K, n * H * dqk * sizeof(float));
-    std::memcpy(Vc + len_ * H * dv, s.V, n * H * dv * sizeof(float));
+    float* Kc = sq.K[l].data();
+    float* Vc = sq.V[l].data();
+    std::memcpy(Kc + len0 * H * dqk, s.K, n * H * dqk * sizeof(float));
+    std::memcpy(Vc + len0 * H * dv, s.V, n * H * dv * sizeof(float));
     // DeepSeek-V3.2: the indexer's keys join their cache; each new token's keys are the indexer's
     // top-k of the positions <= its own (as the training forward selects them).
     const bool sparse = c.is_v32();
@@ -78,12 +106,12 @@ const std::vector<float>& Decoder::feed(const int32_t* ids, int64_t n) {
     int64_t kt = 0;
     if (sparse) {
       const int64_t nI = c.v32.index_n_heads, dI = c.v32.index_head_dim;
-      float* IKc = IK_[l].data();
-      v32_index_keys(ctx, ai, h, n, pos, IKc + len_ * dI);
+      float* IKc = sq.IK[l].data();
+      v32_index_keys(ctx, ai, h, n, pos, IKc + len0 * dI);
       float* iq = A.alloc<float>(n * nI * dI);
       float* wts = A.alloc<float>(n * nI);
       v32_index_queries(ctx, ai, h, s.qan, n, pos, iq, wts);
-      const kern::IndexerShape ish = v32_index_shape(c, n, len_ + n);
+      const kern::IndexerShape ish = v32_index_shape(c, n, len0 + n);
       kt = ish.topk;
       cnt = A.alloc<int32_t>(n);
       sel = A.alloc<int32_t>(n * kt);
@@ -94,7 +122,7 @@ const std::vector<float>& Decoder::feed(const int32_t* ids, int64_t n) {
     // the selected ones of them).
     const float scale = rope.softmax_scale;
     parallel_dynamic(n * H, [&](int64_t job) {
-      const int64_t i = job / H, hh = job % H, upto = sparse ? cnt[i] : len_ + i + 1;
+      const int64_t i = job / H, hh = job % H, upto = sparse ? cnt[i] : len0 + i + 1;
       auto key = [&](int64_t j) -> int64_t { return sparse ? sel[i * kt + j] : j; };
       const float* q = s.Q + (i * H + hh) * dqk;
       std::vector<float> w(upto);
@@ -134,73 +162,110 @@ const std::vector<float>& Decoder::feed(const int32_t* ids, int64_t n) {
   }
   // Last token: final norm and the LM head.
   ctx.k().rmsnorm_fwd(x + (n - 1) * d, 1, d, P + L.final_norm, eps, h, nullptr);
-  linear_fwd(ctx, h, 1, d, {P + L.head, Pb ? Pb + L.head : nullptr}, c.vocab_size, logits_.data());
-  len_ += n;
-  return logits_;
+  linear_fwd(ctx, h, 1, d, {P + L.head, Pb ? Pb + L.head : nullptr}, c.vocab_size, logits);
+  sq.len += n;
 }
+
+namespace {
+
+// The next token from logits lg [V]: greedy, or temperature / top-p sampling with rng. idx, prob:
+// scratch [V]. pos: the position the logits belong to (for the error).
+int32_t pick(const float* lg, int64_t V, const SampleParams& sp, Rng& rng, std::vector<int32_t>& idx,
+             std::vector<double>& prob, int64_t pos) {
+  for (int64_t v = 0; v < V; ++v)
+    TREX_USER_CHECK(std::isfinite(lg[v]), "check the checkpoint's weights (values too large overflow); try "
+                    "--precision fp32",
+                    "generation: the logits at position ", pos, " hold ", lg[v], " (token ", v,
+                    "): the model's output is not a number, nothing sensible can be sampled");
+  if (sp.temperature == 0.f) return (int32_t)(std::max_element(lg, lg + V) - lg);
+  const float mx = *std::max_element(lg, lg + V);
+  double sum = 0;
+  for (int64_t v = 0; v < V; ++v) sum += (prob[v] = std::exp((lg[v] - mx) / sp.temperature));
+  std::iota(idx.begin(), idx.end(), 0);
+  std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return prob[a] > prob[b]; });
+  double keep = 0;
+  int64_t k = 0;
+  while (k < V && keep < sp.top_p * sum) keep += prob[idx[k++]];
+  double u = rng.uniform() * keep;
+  int32_t next = idx[k - 1];
+  for (int64_t i = 0; i < k; ++i) {
+    if ((u -= prob[idx[i]]) <= 0) {
+      next = idx[i];
+      break;
+    }
+  }
+  return next;
+}
+
+}  // namespace
 
 GenerateResult generate(Decoder& dec, const std::vector<int32_t>& prompt, const SampleParams& sp,
                         const std::function<std::string(const std::vector<int32_t>&)>& decode,
                         const std::vector<int32_t>& eos_ids) {
-  TREX_USER_CHECK(!prompt.empty(), "give a non-empty prompt", "generation needs at least one prompt token");
+  return generate_batch(dec, {prompt}, sp, {sp.max_tokens}, decode, eos_ids)[0];
+}
+
+std::vector<GenerateResult> generate_batch(Decoder& dec, const std::vector<std::vector<int32_t>>& prompts,
+                                           const SampleParams& sp, const std::vector<int64_t>& max_tokens,
+                                           const std::function<std::string(const std::vector<int32_t>&)>& decode,
+                                           const std::vector<int32_t>& eos_ids) {
+  const int64_t B = (int64_t)prompts.size();
+  TREX_CHECK(B >= 1 && B <= dec.batch() && (int64_t)max_tokens.size() == B, "generate_batch: ", B,
+             " prompts for a decoder of ", dec.batch(), " sequences and ", max_tokens.size(), " limits");
+  for (const std::vector<int32_t>& p : prompts)
+    TREX_USER_CHECK(!p.empty(), "give a non-empty prompt", "generation needs at least one prompt token");
   TREX_USER_CHECK(sp.temperature >= 0 && sp.top_p > 0 && sp.top_p <= 1, "temperature >= 0, 0 < top_p <= 1",
                   "bad sampling parameters: temperature ", sp.temperature, ", top_p ", sp.top_p);
   dec.reset();
-  Rng rng(sp.seed);
-  GenerateResult r;
-  r.finish = "length";
-  const std::vector<float>* logits = &dec.feed(prompt.data(), prompt.size());
-  const int64_t V = logits->size();
-  std::vector<int32_t> idx(V);
-  std::vector<double> prob(V);
-  for (int64_t s = 0; s < sp.max_tokens && dec.len() < dec.max_len(); ++s) {
-    const std::vector<float>& lg = *logits;
-    for (int64_t v = 0; v < V; ++v)
-      TREX_USER_CHECK(std::isfinite(lg[v]), "check the checkpoint's weights (values too large overflow); try "
-                      "--precision fp32",
-                      "generation: the logits at position ", dec.len() - 1, " hold ", lg[v], " (token ", v,
-                      "): the model's output is not a number, nothing sensible can be sampled");
-    int32_t next = 0;
-    if (sp.temperature == 0.f) {
-      next = (int32_t)(std::max_element(lg.begin(), lg.end()) - lg.begin());
-    } else {
-      const float mx = *std::max_element(lg.begin(), lg.end());
-      double sum = 0;
-      for (int64_t v = 0; v < V; ++v) sum += (prob[v] = std::exp((lg[v] - mx) / sp.temperature));
-      std::iota(idx.begin(), idx.end(), 0);
-      std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return prob[a] > prob[b]; });
-      double keep = 0;
-      int64_t k = 0;
-      while (k < V && keep < sp.top_p * sum) keep += prob[idx[k++]];
-      double u = rng.uniform() * keep;
-      next = idx[k - 1];
-      for (int64_t i = 0; i < k; ++i) {
-        if ((u -= prob[idx[i]]) <= 0) {
-          next = idx[i];
-          break;
-        }
-      }
-    }
-    if (std::find(eos_ids.begin(), eos_ids.end(), next) != eos_ids.end()) {
-      r.finish = "eos";
-      break;
-    }
-    r.tokens.push_back(next);
-    if (!sp.stop.empty()) {
-      std::string text = decode(r.tokens);
-      for (const std::string& st : sp.stop) {
-        size_t at = text.find(st);
-        if (at != std::string::npos) {
-          r.text = text.substr(0, at);
-          r.finish = "stop";
-          return r;
-        }
-      }
-    }
-    if (dec.len() >= dec.max_len()) break;
-    logits = &dec.feed(&next, 1);
+  std::vector<Rng> rng(B, Rng(sp.seed));
+  std::vector<GenerateResult> r(B);
+  std::vector<int32_t> next(B);
+  std::vector<DecoderPart> parts;
+  for (int64_t k = 0; k < B; ++k) {
+    r[k].finish = "length";
+    parts.push_back({k, prompts[k].data(), (int64_t)prompts[k].size()});
   }
-  r.text = decode(r.tokens);
+  std::vector<int32_t> idx;
+  std::vector<double> prob;
+  std::vector<char> done(B, 0);
+  while (!parts.empty()) {
+    const std::vector<float>& lg = dec.feed_batch(parts);
+    const int64_t V = (int64_t)lg.size() / (int64_t)parts.size();
+    idx.resize(V);
+    prob.resize(V);
+    std::vector<DecoderPart> fed = std::move(parts);
+    parts.clear();
+    for (size_t j = 0; j < fed.size(); ++j) {
+      const int64_t k = fed[j].seq;
+      GenerateResult& g = r[k];
+      // As one prompt alone: stop at the token limit or a full decoder, at eos, at a stop string.
+      if ((int64_t)g.tokens.size() >= max_tokens[k] || dec.len(k) >= dec.max_len()) continue;
+      next[k] = pick(lg.data() + j * V, V, sp, rng[k], idx, prob, dec.len(k) - 1);
+      if (std::find(eos_ids.begin(), eos_ids.end(), next[k]) != eos_ids.end()) {
+        g.finish = "eos";
+        continue;
+      }
+      g.tokens.push_back(next[k]);
+      if (!sp.stop.empty()) {
+        std::string text = decode(g.tokens);
+        bool stopped = false;
+        for (const std::string& st : sp.stop) {
+          size_t at = text.find(st);
+          if (at != std::string::npos) {
+            g.text = text.substr(0, at);
+            g.finish = "stop";
+            done[k] = stopped = true;
+            break;
+          }
+        }
+        if (stopped) continue;
+      }
+      if ((int64_t)g.tokens.size() >= max_tokens[k] || dec.len(k) >= dec.max_len()) continue;
+      parts.push_back({k, &next[k], 1});
+    }
+  }
+  for (int64_t k = 0; k < B; ++k)
+    if (!done[k]) r[k].text = decode(r[k].tokens);
   return r;
 }
 

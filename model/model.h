@@ -265,8 +265,11 @@ class Model {
   // Random init (HF rules) of the MTP blocks only: for checkpoints without MTP weights.
   void init_mtp_random(uint64_t seed);
   // DeepSeek-V4: forward of one row ids [T] (no cache: everything recomputed) -> logits [vocab]
-  // of its last token. Generation uses it until V4 has a KV cache (the compressors' state).
+  // of its last token: the reference the cached decoding (model/v4_decode.h) is tested against.
   void v4_last_logits(const int32_t* ids, int64_t T, float* logits);
+  // DeepSeek-V4: the main ([0]) and compress ([1]) RoPE tables for positions [0, T), [T, rd/2]
+  // each; valid until a later call needs longer ones (the incremental forward, model/v4_decode.h).
+  void v4_rope_tables(int64_t T, const float* cos[2], const float* sin[2]);
  private:
   std::vector<float> cos_, sin_;
   std::vector<float> v4_cos_[2], v4_sin_[2];  // V4: [0] main, [1] compress

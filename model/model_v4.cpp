@@ -598,6 +598,11 @@ void Model::v4_last_logits(const int32_t* ids, int64_t T, float* logits) {
   }
 }
 
+void Model::v4_rope_tables(int64_t T, const float* cos[2], const float* sin[2]) {
+  v4_tables(T);
+  for (int k = 0; k < 2; ++k) cos[k] = v4_cos_[k].data(), sin[k] = v4_sin_[k].data();
+}
+
 void Model::init_mtp_random(uint64_t seed) {
   // HF-style init (hf_init) of the mtp.* tensors only.
   Rng rng(seed);

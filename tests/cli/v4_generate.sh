@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Generation on a DeepSeek-V4 checkpoint (the KV cache of model/v4_decode.h: sliding window,
+# compressors' running windows and entries, indexer keys), from the command line:
+#   - trex train writes a small V4 checkpoint (one step from random init, fp32);
+#   - trex generate on it; --input with --batch 3 writes the same lines as --batch 1;
+#   - trex or eval --model with --batch 3 writes the same outputs as --batch 1 (generate_batch
+#     equals one prompt at a time);
+#   - trex bench decode, cached and --recompute, prints its JSON line.
+#
+#   tests/cli/v4_generate.sh TREX_BINARY
+#
+# Run by CTest as cli_v4_generate. Work files go to a temporary directory (removed on success,
+# kept and named on failure).
+set -euo pipefail
+TREX=$(realpath "$1")
+NAME=v4_generate
+source "$(dirname "$0")/family_setup.sh"
+
+cat > cpt.toml <<TOML
+[model]
+model_type = "deepseek_v4"
+vocab_size = 300
+hidden_size = 26
+num_hidden_layers = 3
+num_attention_heads = 3
+head_dim = 10
+partial_rotary_factor = 0.4
+q_lora_rank = 9
+o_groups = 3
+o_lora_rank = 5
+moe_intermediate_size = 7
+n_routed_experts = 5
+n_shared_experts = 1
+num_experts_per_tok = 2
+layer_types = ["compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"]
+mlp_layer_types = ["hash_moe", "moe", "moe"]
+compress_rates = { compressed_sparse_attention = 3, heavily_compressed_attention = 5 }
+sliding_window = 7
+index_n_heads = 5
+index_head_dim = 6
+index_topk = 2
+hc_mult = 3
+hc_sinkhorn_iters = 5
+max_position_embeddings = 512
+num_nextn_predict_layers = 0
+initializer_range = 0.3
+
+[data]
+train = ["corpus.txt"]
+tokenizer = "tok/tokenizer.json"
+seq_len = 32
+cache_dir = "none"
+
+[train]
+steps = 1
+batch_size = 1
+precision = "fp32"
+
+[checkpoint]
+run_dir = "cpt"
+
+[log]
+progress = "lines"
+TOML
+run "$TREX" train --config cpt.toml
+CK=cpt/checkpoints/step-00000001
+cp tok/tokenizer.json "$CK/"
+
+run "$TREX" generate --model "$CK" --prompt "the model" --max-tokens 9 --output gen.jsonl
+grep -q '"output"' gen.jsonl || fail "generate wrote no result: $(cat gen.jsonl)"
+
+for w in "the model" "a" "trex trains DeepSeek models on" "x y z" "generation"; do echo "{\"prompt\": \"$w\"}"; done > prompts.jsonl
+run "$TREX" generate --model "$CK" --input prompts.jsonl --max-tokens 9 --output gen1.jsonl
+run "$TREX" generate --model "$CK" --input prompts.jsonl --max-tokens 9 --output gen3.jsonl --batch 3
+cmp -s gen1.jsonl gen3.jsonl || fail "generate --batch 3 wrote other lines than --batch 1: $(diff gen1.jsonl gen3.jsonl)"
+
+for i in 1 2 3 4 5; do
+  echo "{\"id\": \"p$i\", \"question\": \"Maximize $i x subject to x <= $((i + 2)).\", \"answer\": $((i * (i + 2)))}"
+done > test.jsonl
+run "$TREX" or eval --model "$CK" --data test.jsonl --max-tokens 11 --batch 1 --out one.jsonl
+run "$TREX" or eval --model "$CK" --data test.jsonl --max-tokens 11 --batch 3 --out three.jsonl
+python3 - one.jsonl three.jsonl <<'PY' || fail "or eval --batch 3 wrote other outputs than --batch 1"
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert len(a) == len(b) == 5, (len(a), len(b))
+for x, y in zip(a, b):
+    assert x["id"] == y["id"] and x["output"] == y["output"], (x, y)
+PY
+
+run "$TREX" bench decode --model "$CK" --context 23 --new 6 --batch 2
+grep -q '"mode": "cache"' out.txt || fail "bench decode: $(cat out.txt)"
+run "$TREX" bench decode --model "$CK" --context 23 --new 3 --recompute
+grep -q '"mode": "recompute"' out.txt || fail "bench decode --recompute: $(cat out.txt)"
+
+cd /
+rm -rf "$WORK"
+echo "v4_generate: all ok"
