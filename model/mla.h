@@ -59,11 +59,11 @@ struct MlaSaved {
   int64_t* off = nullptr;
   int32_t* idx = nullptr;
   float *Qp = nullptr, *KVp = nullptr, *Op = nullptr;
-  // DeepSeek-V3.2 with AttnIn::ix_loss: the indexer's queries [N, nI, dI], keys [N, dI] and head
-  // weights [N, nI] (weights_proj(x), unscaled), and per attended (query, key) pair, in the order
-  // of the key lists, dKL/dscore = q - p; the layer's indexer loss (mean over queries of KL(p || q))
-  // and the main attention's mass inside the indexer's top-k (mean over queries).
-  float *ix_q = nullptr, *ix_k = nullptr, *ix_w = nullptr, *ix_dI = nullptr;
+  // DeepSeek-V3.2 with AttnIn::ix_loss: per attended (query, key) pair, in the order of the key
+  // lists, dKL/dscore = q - p (the indexer's queries and keys are recomputed, not kept); the
+  // layer's indexer loss (mean over queries of KL(p || q)) and the main attention's mass inside
+  // the indexer's top-k (mean over queries).
+  float* ix_dI = nullptr;
   double ix_loss = 0, ix_recall = 0;
 };
 

@@ -67,16 +67,11 @@ void v32_attn_forward(const Ctx& c, const AttnIn& in, MlaSaved& s) {
   int32_t* cnt = A.alloc<int32_t>(N);
   int32_t* sel = A.alloc<int32_t>(N * kt);
   int32_t* start = A.alloc<int32_t>(N);  // first token (flat index) of each query's document
-  if (in.ix_loss) {  // the indexer loss reads the indexer's queries, keys and weights again
-    s.ix_q = A.alloc<float>(N * nI * dI);
-    s.ix_w = A.alloc<float>(N * nI);
-    s.ix_k = A.alloc<float>(N * dI);
-  }
   {
     auto mk = A.mark();
-    float* iq = in.ix_loss ? s.ix_q : A.alloc<float>(N * nI * dI);
-    float* wts = in.ix_loss ? s.ix_w : A.alloc<float>(N * nI);
-    float* ik = in.ix_loss ? s.ix_k : A.alloc<float>(N * dI);
+    float* iq = A.alloc<float>(N * nI * dI);
+    float* wts = A.alloc<float>(N * nI);
+    float* ik = A.alloc<float>(N * dI);
     v32_index_queries(c, in, s.x, s.qan, N, in.pos, iq, wts);
     v32_index_keys(c, in, s.x, N, in.pos, ik);
     int32_t* iota = A.alloc<int32_t>(T);  // positions inside a document: key s is valid iff s <= t

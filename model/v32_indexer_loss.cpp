@@ -32,6 +32,20 @@ struct Lists {
   int64_t key(int64_t i, int64_t k) const { return s.idx[s.off[i * H] + k] / H; }
 };
 
+// The indexer's queries [N, nI, dI], head weights [N, nI] (unscaled) and keys [N, dI], as the
+// selection computed them (scratch in c.ws).
+struct Proj {
+  float *q, *w, *k;
+};
+Proj project(const Ctx& c, const AttnIn& in, const MlaSaved& s) {
+  const ModelConfig& m = *in.cfg;
+  const int64_t N = in.B * in.T, nI = m.v32.index_n_heads, dI = m.v32.index_head_dim;
+  Proj p{c.ws->alloc<float>(N * nI * dI), c.ws->alloc<float>(N * nI), c.ws->alloc<float>(N * dI)};
+  v32_index_queries(c, in, s.x, s.qan, N, in.pos, p.q, p.w);
+  v32_index_keys(c, in, s.x, N, in.pos, p.k);
+  return p;
+}
+
 }  // namespace
 
 void v32_index_loss_forward(const Ctx& c, const AttnIn& in, MlaSaved& s, const IndexerTopk& top) {
@@ -41,6 +55,8 @@ void v32_index_loss_forward(const Ctx& c, const AttnIn& in, MlaSaved& s, const I
   const double scale = in.rope->softmax_scale, cI = v32_index_shape(m, 1, 1).softmax_scale;
   const Lists L{s, H};
   s.ix_dI = c.ws->alloc<float>(std::max<int64_t>(L.pair(N), 1));
+  auto mk = c.ws->mark();
+  const Proj pr = project(c, in, s);
   std::vector<double> loss(N), recall(N);
   parallel_for(N, 4, [&](int64_t i0, int64_t i1) {
     std::vector<double> p, I;
@@ -55,7 +71,7 @@ void v32_index_loss_forward(const Ctx& c, const AttnIn& in, MlaSaved& s, const I
           p[k] += std::exp(scale * dot(qi + h * dqk, s.K + (j * H + h) * dqk, dqk) - (double)s.lse[i * H + h]);
         psum += p[k];
         for (int64_t h = 0; h < nI; ++h)
-          I[k] += (double)s.ix_w[i * nI + h] * std::max(0.0, dot(s.ix_q + (i * nI + h) * dI, s.ix_k + j * dI, dI));
+          I[k] += (double)pr.w[i * nI + h] * std::max(0.0, dot(pr.q + (i * nI + h) * dI, pr.k + j * dI, dI));
         I[k] *= cI;
         imax = std::max(imax, I[k]);
       }
@@ -92,6 +108,7 @@ void v32_index_loss_forward(const Ctx& c, const AttnIn& in, MlaSaved& s, const I
       }
     }
   });
+  c.ws->release(mk);
   double ls = 0, rs = 0;
   for (int64_t i = 0; i < N; ++i) ls += loss[i], rs += recall[i];
   s.ix_loss = N ? ls / (double)N : 0.0;
@@ -108,6 +125,7 @@ void v32_index_loss_backward(const Ctx& c, const AttnIn& in, const MlaSaved& s) 
   const double g0 = (double)in.ix_grad / (double)N * v32_index_shape(m, 1, 1).softmax_scale;
   StackArena& A = *c.ws;
   auto mk = A.mark();
+  const Proj pr = project(c, in, s);
   float* dw = A.alloc<float>(N * nI);
   float* dq = A.alloc<float>(N * nI * dI);
   float* dk = A.alloc<float>(N * dI);
@@ -117,18 +135,18 @@ void v32_index_loss_backward(const Ctx& c, const AttnIn& in, const MlaSaved& s) 
     for (int64_t i = i0; i < i1; ++i) {
       const float* dIi = s.ix_dI + L.pair(i);
       for (int64_t h = 0; h < nI; ++h) {
-        const float* q = s.ix_q + (i * nI + h) * dI;
+        const float* q = pr.q + (i * nI + h) * dI;
         double sw = 0;
         std::fill(acc.begin(), acc.end(), 0.0);
         for (int64_t k = 0; k < L.n(i); ++k) {
-          const float* kk = s.ix_k + L.key(i, k) * dI;
+          const float* kk = pr.k + L.key(i, k) * dI;
           const double a = dot(q, kk, dI), g = g0 * (double)dIi[k];
           if (a <= 0) continue;
           sw += g * a;
           for (int64_t e = 0; e < dI; ++e) acc[e] += g * (double)kk[e];
         }
         dw[i * nI + h] = (float)sw;
-        const double w = s.ix_w[i * nI + h];
+        const double w = pr.w[i * nI + h];
         for (int64_t e = 0; e < dI; ++e) dq[(i * nI + h) * dI + e] = (float)(w * acc[e]);
       }
     }
@@ -148,14 +166,14 @@ void v32_index_loss_backward(const Ctx& c, const AttnIn& in, const MlaSaved& s) 
     std::vector<double> acc(dI);
     for (int64_t j = j0; j < j1; ++j) {
       std::fill(acc.begin(), acc.end(), 0.0);
-      const float* kk = s.ix_k + j * dI;
+      const float* kk = pr.k + j * dI;
       for (int64_t u = koff[j]; u < koff[j + 1]; ++u) {
         const int64_t i = kq[u];
         const double g = g0 * (double)s.ix_dI[kp[u]];
         for (int64_t h = 0; h < nI; ++h) {
-          const float* q = s.ix_q + (i * nI + h) * dI;
+          const float* q = pr.q + (i * nI + h) * dI;
           if (dot(q, kk, dI) <= 0) continue;
-          const double gw = g * (double)s.ix_w[i * nI + h];
+          const double gw = g * (double)pr.w[i * nI + h];
           for (int64_t e = 0; e < dI; ++e) acc[e] += gw * (double)q[e];
         }
       }

@@ -28,10 +28,11 @@ struct IndexerTopk {
   const int32_t* start;
 };
 
-// After the attention over s.off / s.idx (s.lse set) with s.ix_q, s.ix_k, s.ix_w filled:
-// -> s.ix_dI [pairs], s.ix_loss, s.ix_recall.
+// After the attention over s.off / s.idx (s.lse set): -> s.ix_dI [pairs] (kept for the
+// backward), s.ix_loss, s.ix_recall. The indexer's queries and keys are recomputed (scratch).
 void v32_index_loss_forward(const Ctx&, const AttnIn&, MlaSaved& s, const IndexerTopk& top);
-// Gradients of in.ix_grad * loss: += into the indexer's tensors in in.G.
+// Gradients of in.ix_grad * loss: += into the indexer's tensors in in.G (the indexer's queries
+// and keys recomputed).
 void v32_index_loss_backward(const Ctx&, const AttnIn&, const MlaSaved& s);
 
 }  // namespace trex::model
