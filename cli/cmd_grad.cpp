@@ -1,7 +1,8 @@
 // trex grad --model DIR --batch FILE.json [--precision fp32|bf16] --out GRADS.safetensors
 // One forward + backward of a Hugging Face checkpoint on a batch {"input_ids": [[...]],
 // "labels": [[...]]} (labels aligned with input_ids as in transformers; -100 = ignored; absent =
-// input_ids). Prints {"loss": ...} and writes every parameter gradient under its HF name. A loss
+// input_ids). Prints {"loss": ...} (with --indexer-loss-weight: the DeepSeek-V3.2 indexer's KL
+// loss in the sum and as "indexer") and writes every parameter gradient under its HF name. A loss
 // that is NaN or Inf is an error (exit 2) and writes nothing.
 #include <cmath>
 #include <cstdio>
@@ -46,7 +47,8 @@ void add_grad(CLI::App& app) {
   struct Opts {
     std::string model, batch, out, precision = "fp32", device = "cpu";
     int threads = 0;
-    double aux_alpha = 0, mtp_weight = 0;
+    double aux_alpha = 0, mtp_weight = 0, indexer_weight = 0;
+    std::string indexer_stage = "sparse";
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("--model", o->model, "Hugging Face checkpoint directory (config.json + safetensors)")->required();
@@ -57,6 +59,10 @@ void add_grad(CLI::App& app) {
   cmd->add_option("--threads", o->threads, "threads (default TREX_THREADS or all cores)");
   cmd->add_option("--aux-loss-alpha", o->aux_alpha, "sequence-wise aux loss coefficient (default 0 = off)");
   cmd->add_option("--mtp-loss-weight", o->mtp_weight, "DeepSeek-V3 / V4: train the MTP layers / blocks with this loss weight (default 0 = off)");
+  cmd->add_option("--indexer-loss-weight", o->indexer_weight,
+                  "DeepSeek-V3.2: train the lightning indexer with its KL loss at this weight (default 0 = frozen)");
+  cmd->add_option("--indexer-stage", o->indexer_stage, "with --indexer-loss-weight > 0: sparse or dense_warmup")
+      ->check(CLI::IsMember({"sparse", "dense_warmup"}));
   cmd->callback([o] {
     init_threads(o->threads);
     kern::Prec prec = train::parse_precision(o->precision, "--precision");
@@ -77,7 +83,13 @@ void add_grad(CLI::App& app) {
       TREX_USER_CHECK(B2 == B && T2 == T, "labels must have the shape of input_ids", o->batch, ": labels are [", B2,
                       ", ", T2, "], input_ids [", B, ", ", T, "]");
     std::vector<int32_t> targets = model::shift_labels(labels, B, T);
-    model::Model m(cfg, prec, {o->aux_alpha, o->mtp_weight});
+    TREX_USER_CHECK(o->indexer_weight >= 0, "use --indexer-loss-weight >= 0", "--indexer-loss-weight ",
+                    o->indexer_weight, " is negative");
+    TREX_USER_CHECK(o->indexer_stage == "sparse" || o->indexer_weight > 0, "set --indexer-loss-weight > 0",
+                    "--indexer-stage dense_warmup trains only the indexer, whose loss weight is 0");
+    const model::IndexerStage ixs =
+        o->indexer_stage == "dense_warmup" ? model::IndexerStage::DenseWarmup : model::IndexerStage::Sparse;
+    model::Model m(cfg, prec, {o->aux_alpha, o->mtp_weight, model::Recompute::None, o->indexer_weight, ixs});
     if (device) m.use_backend(*device);
     model::load_hf_weights(m, o->model);
     model::Batch b{B, T, ids.data(), targets.data(), nullptr, nullptr};
@@ -88,8 +100,8 @@ void add_grad(CLI::App& app) {
                     "): not a number, so no gradients were written to ", o->out);
     m.grads_to_host();
     model::save_gradients(m, o->out);
-    std::printf("{\"loss\": %.9g, \"ce\": %.9g, \"mtp\": %.9g, \"n_valid\": %lld, \"tokens\": %lld}\n", lp.loss, lp.ce, lp.mtp,
-                (long long)lp.n_valid, (long long)(B * T));
+    std::printf("{\"loss\": %.9g, \"ce\": %.9g, \"mtp\": %.9g, \"indexer\": %.9g, \"n_valid\": %lld, \"tokens\": %lld}\n",
+                lp.loss, lp.ce, lp.mtp, lp.indexer, (long long)lp.n_valid, (long long)(B * T));
   });
 }
 

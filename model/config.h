@@ -16,6 +16,12 @@ namespace trex::model {
 // bitwise the same; the step runs the layers' forward twice).
 enum class Recompute { None, Full };
 
+// Stage of the lightning indexer's training (TrainOptions::indexer_stage, [train] indexer_stage;
+// DeepSeek-V3.2 report, "DeepSeek Sparse Attention"). Sparse: the attention sees the indexer's
+// top-k, every tensor trains, the indexer from its KL loss over the selected keys only. DenseWarmup:
+// the attention sees every causal key, only the indexer trains (KL over every causal key).
+enum class IndexerStage { Sparse, DenseWarmup };
+
 enum class ScoringFunc { Sigmoid, Softmax, SqrtSoftplus };
 enum class TopkMethod { NoauxTc, Greedy, GroupLimitedGreedy };
 

@@ -39,6 +39,12 @@ struct AttnIn {
   // the sliced weights touch only this rank's slice, those of q_a, kv_a and the latent norms are
   // partial sums too. The saved Q, K, V, O hold the local heads only.
   TpSlice tp{};
+  // DeepSeek-V3.2 lightning indexer loss (model/v32_indexer.h; off by default). ix_loss: the
+  // forward computes the indexer's KL loss and recall (MlaSaved::ix_*), the backward its gradient
+  // times ix_grad into the indexer's tensors. ix_dense: the dense warm-up (attention over every
+  // causal key of the query's document).
+  bool ix_loss = false, ix_dense = false;
+  float ix_grad = 0.f;
 };
 
 // Activations saved by forward for backward (allocated from the activation arena).
@@ -53,6 +59,12 @@ struct MlaSaved {
   int64_t* off = nullptr;
   int32_t* idx = nullptr;
   float *Qp = nullptr, *KVp = nullptr, *Op = nullptr;
+  // DeepSeek-V3.2 with AttnIn::ix_loss: per attended (query, key) pair, in the order of the key
+  // lists, dKL/dscore = q - p (the indexer's queries and keys are recomputed, not kept); the
+  // layer's indexer loss (mean over queries of KL(p || q)) and the main attention's mass inside
+  // the indexer's top-k (mean over queries).
+  float* ix_dI = nullptr;
+  double ix_loss = 0, ix_recall = 0;
 };
 
 // Projections only: x: [N, d] -> s.Q [N, H, dqk] (RoPE applied), s.K [N, H, dqk], s.V [N, H, dv]

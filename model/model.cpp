@@ -108,10 +108,29 @@ void Model::upload_rope() {
   rope_dev_.sin = drope_.get() + cos_.size();
 }
 
+namespace {
+
+// The layout's frozen flags for a run that trains the DeepSeek-V3.2 indexer (TrainOptions): the
+// indexer's tensors train; in the dense warm-up nothing else does.
+ParamLayout with_indexer_training(ParamLayout L, const TrainOptions& o) {
+  if (!o.indexer_loss()) return L;
+  for (ParamEntry& e : L.entries) {
+    const bool ix = e.name.find(".self_attn.indexer.") != std::string::npos;
+    e.frozen = o.dense_warmup() ? !ix : (ix ? false : e.frozen);
+  }
+  return L;
+}
+
+}  // namespace
+
 Model::Model(const ModelConfig& c, kern::Prec p, TrainOptions o, ExpertShard shard, StageShard stage, TpShard tp)
     : cfg(with_mtp(c, o.mtp_loss_weight > 0 ? c.num_nextn_predict_layers : 0)),
-      layout(build_layout(cfg, shard, stage, tp)),
+      layout(with_indexer_training(build_layout(cfg, shard, stage, tp), o)),
       prec(p), opt(o) {
+  TREX_USER_CHECK(o.indexer_loss_weight >= 0 && (!o.indexer_loss() || c.is_v32()),
+                  "set train.indexer_loss_weight = 0, or use a deepseek_v32 model",
+                  "train.indexer_loss_weight = ", o.indexer_loss_weight, " needs a DeepSeek-V3.2 lightning indexer; "
+                  "model_type ", c.model_type, " has none trex trains");
   TREX_USER_CHECK(o.mtp_loss_weight <= 0 || c.num_nextn_predict_layers > 0,
                   "set mtp_loss_weight = 0, or use a config with num_nextn_predict_layers > 0",
                   "MTP training needs MTP blocks: model_type ", c.model_type, ", num_nextn_predict_layers ",
@@ -190,6 +209,9 @@ bool tp_partial_grad(const std::string& name) {
 void Model::set_tensor_parallel(parallel::Communicator* tp_comm, bool sequence_parallel) {
   if (tp_comm && tp_comm->size() > 1) refuse_on_device("tensor parallelism");
   tp_ = {};
+  TREX_USER_CHECK(!tp_comm || tp_comm->size() == 1 || !opt.indexer_loss(), "set parallel.tp = 1, or "
+                  "train.indexer_loss_weight = 0", "the indexer loss needs every attention head's probabilities on "
+                  "one rank; parallel.tp = ", tp_comm ? tp_comm->size() : 1);
   if (!tp_comm || tp_comm->size() == 1) {
     TREX_CHECK(!layout.tp_sharded(), "set_tensor_parallel: this model holds tensor-parallel slice ", layout.tp.rank,
                " of ", layout.tp.size, " only and needs a tp group of that size");
@@ -381,7 +403,7 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward, const Stag
   tp_.wait_ms += now_ms() - t0;
   for (size_t i = 0; i < dl.size(); ++i) load_.v[i] = load0[i] + dl[i];
   out.ce = parts[0], out.aux = parts[1], out.mtp = parts[2];
-  out.loss = out.ce + out.aux + opt.mtp_loss_weight * out.mtp;
+  out.loss = out.ce + out.aux + opt.mtp_loss_weight * out.mtp + opt.indexer_loss_weight * out.indexer;
   return out;
 }
 
@@ -414,6 +436,10 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
   const PipelineStage& st = stage_;
   const bool count_stats = !io || io->count;
   const int64_t l0 = st.l0, l1 = stage_end();
+  // The DeepSeek-V3.2 indexer loss: its gradient factor; the dense warm-up trains only the
+  // indexer, so the LM loss's gradients (CE, aux, MTP) are scaled by 0.
+  const float ix_grad = (float)(grad_scale * opt.indexer_loss_weight);
+  if (opt.dense_warmup()) grad_scale = 0.f;
   acts.reset();
   host_acts_.reset();
   // Parameters, gradients and activations in the backend's memory; the host keeps the batch, the
@@ -484,7 +510,7 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
     s.n1 = acts.alloc<float>(Nl * d);
     s.rstd1 = acts.alloc<float>(Nl);
     cx.k().rmsnorm_fwd(x, Nl, d, P + lp.in_norm, eps, s.n1, s.rstd1);
-    AttnIn ai{&cfg, &lp, P, Pb, G, &rope, pos, seg, B, T, tp_.slice};
+    AttnIn ai{&cfg, &lp, P, Pb, G, &rope, pos, seg, B, T, tp_.slice, opt.indexer_loss(), opt.dense_warmup(), ix_grad};
     s.h_mid = acts.alloc<float>(Nl * d);
     {
       ProfScope ps(pr, "fwd.mla");
@@ -493,6 +519,7 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
       mla_forward(cx, ai, in, h, s.att);
       tp_block_out(sh, h, s.h_mid, d);  // row-parallel o_proj: sum of the heads' parts
     }
+    if (count && ai.ix_loss) out.indexer += s.att.ix_loss, out.indexer_recall += s.att.ix_recall;
     cx.k().add(s.h_mid, x, Nl * d);
     s.n2 = acts.alloc<float>(Nl * d);
     s.rstd2 = acts.alloc<float>(Nl);
@@ -529,11 +556,13 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
     return kept;
   };
   for (int64_t l = l0; l < l1; ++l) x = forward_layer(l, x);
+  auto indexer_parts = [&] { return opt.indexer_loss_weight * out.indexer; };  // the loss's indexer term
   out.loss = out.aux;
   MtpV3In mtp_in;
   std::vector<MtpV3Saved> mtp_saved;
   float* dx = nullptr;  // [Nl, d] gradient of the last layer's output
   if (!st.last) {       // a pipeline stage before the last: x goes to the next stage, dy comes back
+    out.loss += indexer_parts();
     if (!backward) {
       be_->to_host(io->x_out, x, Nl * d * sizeof(float));
       return out;
@@ -578,7 +607,7 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
       mtp_in = MtpV3In{&cfg, &layout, c, P, Pb, G, &b, n0, Nl, grad_scale, opt.mtp_loss_weight, backward};
       out.mtp = mtp_v3_forward(mtp_in, x, mtp_saved, forward_layer);
     }
-    out.loss = out.ce + out.aux + opt.mtp_loss_weight * out.mtp;
+    out.loss = out.ce + out.aux + opt.mtp_loss_weight * out.mtp + indexer_parts();
     if (!backward) return out;
 
     // Backward.
@@ -613,7 +642,7 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
     c.k().rmsnorm_bwd(tmp, s.h_mid, Nl, d, P + lp.post_norm, s.rstd2, tmp2, G + lp.post_norm);
     c.k().add(dx, tmp2, Nl * d);
     // h_mid = h_in + mla(norm1(h_in))
-    AttnIn ai{&cfg, &lp, P, Pb, G, &rope, pos, seg, B, T, tp_.slice};
+    AttnIn ai{&cfg, &lp, P, Pb, G, &rope, pos, seg, B, T, tp_.slice, opt.indexer_loss(), opt.dense_warmup(), ix_grad};
     {
       ProfScope ps(prof, "bwd.mla");
       const float* dy = tp_block_in(sh, dx, d);

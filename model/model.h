@@ -34,10 +34,15 @@ struct Batch {
 std::vector<int32_t> shift_labels(const std::vector<int32_t>& labels, int64_t B, int64_t T);
 
 struct LossParts {
-  double loss = 0;  // ce + aux + mtp_loss_weight * mtp
+  double loss = 0;  // ce + aux + mtp_loss_weight * mtp + indexer_loss_weight * indexer
   double ce = 0;    // mean over valid targets
   double aux = 0;   // sequence-wise balance loss (0 when off)
   double mtp = 0;   // MTP (V3, V4): mean over depths of each depth's mean CE (0 when off)
+  // DeepSeek-V3.2 with indexer_loss_weight > 0 (else 0), summed over the decoder layers run (MTP
+  // layers included): each layer's indexer KL loss (its mean over queries; loss += weight *
+  // indexer) and the main attention's mass inside the indexer's top-k (mean over queries; divide
+  // by the layers for the mean recall).
+  double indexer = 0, indexer_recall = 0;
   int64_t n_valid = 0;
 };
 
@@ -103,6 +108,12 @@ struct TrainOptions {
   double aux_loss_alpha = 0;   // sequence-wise aux loss coefficient
   double mtp_loss_weight = 0;  // > 0: train the config's MTP blocks / layers (V3, V4), loss += weight * mtp
   Recompute recompute = Recompute::None;
+  // > 0: train the DeepSeek-V3.2 lightning indexer with its KL loss (model/v32_indexer.h):
+  // loss += weight * indexer loss, the indexer's tensors unfrozen. 0: frozen, as transformers.
+  double indexer_loss_weight = 0;
+  IndexerStage indexer_stage = IndexerStage::Sparse;  // DenseWarmup: only the indexer trains
+  bool indexer_loss() const { return indexer_loss_weight > 0; }
+  bool dense_warmup() const { return indexer_loss() && indexer_stage == IndexerStage::DenseWarmup; }
 };
 
 // A checkpoint tensor the model does not compute with but writes back when saved (f32): the

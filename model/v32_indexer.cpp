@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "kernels/layernorm.h"
 #include "kernels/sparse_attn.h"
+#include "model/v32_indexer_loss.h"
 
 namespace trex::model {
 
@@ -93,16 +94,19 @@ void v32_attn_forward(const Ctx& c, const AttnIn& in, MlaSaved& s) {
     }
     A.release(mk);
   }
-  // Key lists of the N H (token, head) queries over the N H key rows (row j H + h: token j, head h).
+  // Key lists of the N H (token, head) queries over the N H key rows (row j H + h: token j, head h):
+  // the selection, or in the dense warm-up every token of the document up to the query.
+  auto nkeys = [&](int64_t i) -> int64_t { return in.ix_dense ? i - start[i] + 1 : cnt[i]; };
+  auto key = [&](int64_t i, int64_t k) -> int64_t { return start[i] + (in.ix_dense ? k : sel[i * kt + k]); };
   s.off = A.alloc<int64_t>(N * H + 1);
   s.off[0] = 0;
   for (int64_t i = 0; i < N; ++i)
-    for (int64_t h = 0; h < H; ++h) s.off[i * H + h + 1] = s.off[i * H + h] + cnt[i];
+    for (int64_t h = 0; h < H; ++h) s.off[i * H + h + 1] = s.off[i * H + h] + nkeys(i);
   s.idx = A.alloc<int32_t>(std::max<int64_t>(s.off[N * H], 1));
   for (int64_t i = 0; i < N; ++i)
     for (int64_t h = 0; h < H; ++h) {
       int32_t* o = s.idx + s.off[i * H + h];
-      for (int64_t k = 0; k < cnt[i]; ++k) o[k] = (int32_t)((start[i] + sel[i * kt + k]) * H + h);
+      for (int64_t k = 0; k < nkeys(i); ++k) o[k] = (int32_t)(key(i, k) * H + h);
     }
 
   // Padded rows: queries [Q | 0], keys [K | V]; the output's last dv columns are O.
@@ -122,6 +126,10 @@ void v32_attn_forward(const Ctx& c, const AttnIn& in, MlaSaved& s) {
     kern::sparse_attn_fwd(sh, s.Qp, s.KVp, R, s.off, s.idx, nullptr, s.Op, s.lse);
   }
   c.k().copy_rows(s.O, dv * f, s.Op + dqk, D * f, dv * f, R);
+  if (in.ix_loss) {
+    ProfScope ps(c.prof, "fwd.mla.indexer_loss");
+    v32_index_loss_forward(c, in, s, {cnt, sel, kt, start});
+  }
 }
 
 void v32_attn_backward(const Ctx& c, const AttnIn& in, const MlaSaved& s, const float* dO, float* dQ, float* dK,
@@ -148,6 +156,10 @@ void v32_attn_backward(const Ctx& c, const AttnIn& in, const MlaSaved& s, const 
   c.k().copy_rows(dK, dqk * f, dKVp, D * f, dqk * f, R);
   c.k().copy_rows(dV, dv * f, dKVp + dqk, D * f, dv * f, R);
   A.release(mk);
+  if (in.ix_loss && in.ix_grad != 0.f) {
+    ProfScope ps(c.prof, "bwd.mla.indexer_loss");
+    v32_index_loss_backward(c, in, s);
+  }
 }
 
 }  // namespace trex::model

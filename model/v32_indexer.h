@@ -12,6 +12,9 @@
 // layout with MLA's tables (YaRN attention factor included, as transformers' cos / sin).
 // Gradients: the selection carries none (transformers runs the indexer under torch.no_grad), so
 // the indexer's weights get none (their layout entries are frozen); Q, K, V get the attention's.
+// With AttnIn::ix_loss (train.indexer_loss_weight > 0) the indexer learns from its own KL loss
+// against the attention (model/v32_indexer_loss.h); AttnIn::ix_dense (the dense warm-up) makes
+// the attention see every causal key of the document instead of the selection.
 // Packed rows (seg): a document is a run of equal seg ids; the indexer ranks only its own tokens.
 // The masked attention runs on kern::sparse_attn (one shared key row set): each (token, head)
 // is a query of one head over key rows [K | V] of width dqk + dv, its own row [Q | 0], so the

@@ -61,17 +61,24 @@ StepStats step(model::Model& m, AdamW& opt, DataParallel* dp, const std::vector<
     st.ce += lp.ce * w[k];
     st.aux += lp.aux / (double)n_micro;
     st.mtp += lp.mtp * w[k];
+    st.indexer += lp.indexer * w[k];
+    st.indexer_recall += lp.indexer_recall * w[k];
     st.tokens += b.B * b.T;
     st.n_valid += nv;
   }
   if (dp) {  // loss parts and token counts of the global batch
-    double parts[3] = {st.ce, st.aux, st.mtp};
+    double parts[5] = {st.ce, st.aux, st.mtp, st.indexer, st.indexer_recall};
     int64_t toks[2] = {st.tokens, st.n_valid};
-    dp->sum(parts, 3, Count::PerStage);  // ce and mtp from the last stage, aux from every stage
+    dp->sum(parts, 5, Count::PerStage);  // ce and mtp from the last stage, aux and indexer from every stage
     dp->sum(toks, 2);
     st.ce = parts[0], st.aux = parts[1], st.mtp = parts[2], st.tokens = toks[0], st.n_valid = toks[1];
+    st.indexer = parts[3], st.indexer_recall = parts[4];
   }
-  st.loss = st.ce + st.aux + m.opt.mtp_loss_weight * st.mtp;
+  st.loss = st.ce + st.aux + m.opt.mtp_loss_weight * st.mtp + m.opt.indexer_loss_weight * st.indexer;
+  // Recall: the layers' sum -> their mean (every decoder layer has an indexer, MTP layers too).
+  if (m.opt.indexer_loss()) st.indexer_recall /= (double)(m.cfg.num_hidden_layers + m.cfg.v3_mtp_layers);
+  // The dense warm-up trains only the indexer: the router biases stay too.
+  if (m.opt.dense_warmup()) gamma = 0.f;
   if (dp) {
     ProfScope ps(prof, "step.optimizer");
     st.grad_norm = dp->finish_grads(inject_nan);  // global; the same on every rank

@@ -12,6 +12,9 @@ class DataParallel;  // train/dist.h
 
 struct StepStats {
   double loss = 0, ce = 0, aux = 0, mtp = 0, grad_norm = 0, ms = 0;  // mtp: V4 MTP CE (loss adds weight x mtp)
+  // DeepSeek-V3.2 indexer loss (train.indexer_loss_weight > 0): summed over layers (loss adds
+  // weight x indexer), and the mean over layers and queries of the attention mass in the top-k.
+  double indexer = 0, indexer_recall = 0;
   bool skipped = false;  // the loss or the gradient norm was NaN / Inf: no update was made
   int64_t tokens = 0, n_valid = 0;         // data parallel: over all ranks
   std::vector<double> load_max_over_mean;  // per MoE layer: busiest expert's load / mean load

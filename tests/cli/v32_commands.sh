@@ -4,6 +4,8 @@
 #   - trex train, CPT from a [model] table (random init), then SFT from its checkpoint;
 #   - the checkpoint is V3.2's: config.json model_type deepseek_v32 with the indexer keys, the
 #     indexer's tensors under transformers' names, unchanged by training (they get no gradient);
+#   - with train.indexer_loss_weight > 0 the indexer trains: alone in the dense warm-up (every
+#     other tensor byte for byte), with the rest in the sparse stage; metrics.jsonl reports it;
 #   - trex grad on it (zero indexer gradients), and on its `trex convert --dtype bf16` copy, whose
 #     own convert gives the same bytes (round trip);
 #   - trex generate (KV cache with the indexer's keys);
@@ -123,6 +125,35 @@ assert a.keys() == b.keys() and len(a) == 15, sorted(a)
 for k in a:
     assert a[k] == b[k], k
 PY
+
+# The indexer loss (train.indexer_loss_weight > 0), from the CPT checkpoint as sft.toml. Dense
+# warm-up: only the indexer trains, every
+# other tensor and the router biases stay byte for byte; sparse stage: the indexer trains with the
+# rest. metrics.jsonl reports indexer_loss and indexer_recall.
+run "$TREX" train --config sft.toml --set train.indexer_loss_weight=1.0 --set train.indexer_stage=dense_warmup \
+  --set checkpoint.run_dir=warm
+run "$TREX" train --config sft.toml --set train.indexer_loss_weight=0.5 --set checkpoint.run_dir=sparse
+python3 - "$CK" warm sparse <<'PY' || fail "the indexer loss runs trained the wrong tensors"
+import json, struct, sys
+def tensors(d):
+    with open(d + "/model.safetensors", "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        hdr = json.loads(f.read(n))
+        data = f.read()
+    return {k: data[v["data_offsets"][0]:v["data_offsets"][1]] for k, v in hdr.items() if k != "__metadata__"}
+base = tensors(sys.argv[1])
+for run in sys.argv[2:]:
+    t = tensors(run + "/checkpoints/step-00000002")
+    assert t.keys() == base.keys(), run
+    for k in t:
+        if ".indexer." in k:
+            assert t[k] != base[k], (run, k)
+        elif run == "warm":
+            assert t[k] == base[k], (run, k)
+    m = [json.loads(l) for l in open(run + "/metrics.jsonl")]
+    assert len(m) == 2 and all(x["indexer_loss"] > 0 and 0 < x["indexer_recall"] <= 1 + 1e-6 for x in m), m
+PY
+echo "ok: indexer loss, dense warm-up and sparse stage"
 
 echo '{"input_ids": [[5, 6, 7, 8, 9, 10, 11]], "labels": [[5, 6, 7, -100, 9, 10, 11]]}' > batch.json
 run "$TREX" grad --model "$SK" --batch batch.json --out grads.safetensors

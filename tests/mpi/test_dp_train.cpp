@@ -68,6 +68,16 @@ TEST(DpTrain, V32MatchesSingleRank) {
   parity(su, DpOptions{997, true}, 4, 2, 2, 11);
 }
 
+// DeepSeek-V3.2 with the indexer loss: sparse stage (every tensor trains, the indexer from its KL
+// loss) and dense warm-up (only the indexer; the rest, router biases included, stays).
+TEST(DpTrain, V32IndexerLossMatchesSingleRank) {
+  for (model::IndexerStage st : {model::IndexerStage::Sparse, model::IndexerStage::DenseWarmup}) {
+    Case su{tiny_v32(), 0.01, 0};
+    su.ix_weight = 0.8, su.ix_stage = st;
+    parity(su, DpOptions{997, true}, 3, 2, 2, 11);
+  }
+}
+
 TEST(DpTrain, V4MatchesSingleRankWithMtp) {
   Case su{tiny_v4(), 0.0, 0.3};
   parity(su, DpOptions{1500, true}, 3, 2, 1, 13);

@@ -62,6 +62,16 @@ TEST(PpTrain, V32MatchesSingleRank) {
   parity(su, DpOptions{997, true}, 4, 5, 2, 11, 1, 1, pp_for(n));
 }
 
+// The same with the indexer loss (sparse stage; each stage's layers add their indexer loss and
+// recall, summed over the stages), under full activation recompute.
+TEST(PpTrain, V32IndexerLossMatchesSingleRank) {
+  const int n = parallel::test_world().size();
+  Case su{tiny_v32(), 0.01, 0};
+  su.ix_weight = 0.8;
+  su.recompute = model::Recompute::Full;
+  parity(su, DpOptions{997, true}, 3, 5, 2, 11, 1, 1, pp_for(n));
+}
+
 // The MTP block, the hc_head and the embedding it reads live on the last stage; with full
 // activation recompute inside the stages' replayed forwards.
 TEST(PpTrain, V4MatchesSingleRankWithMtp) {

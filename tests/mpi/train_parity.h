@@ -74,11 +74,14 @@ struct Case {
   float lr = 3e-3f, gamma = 0.01f;
   AdamWConfig ocfg{3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
   model::Recompute recompute = model::Recompute::None;
+  double ix_weight = 0;  // DeepSeek-V3.2 indexer loss (model/v32_indexer_loss.h)
+  model::IndexerStage ix_stage = model::IndexerStage::Sparse;
   model::ModelConfig cfg() const { return model::parse_config(model, "tiny"); }
   // shard: the routed experts the model holds (expert-parallel memory sharding; default all).
   std::unique_ptr<model::Model> make(uint64_t seed, model::ExpertShard shard = {}, model::StageShard stage = {},
                                      model::TpShard tp = {}) const {
-    auto m = std::make_unique<model::Model>(cfg(), kern::Prec::F32, model::TrainOptions{aux, mtp, recompute}, shard,
+    auto m = std::make_unique<model::Model>(cfg(), kern::Prec::F32, model::TrainOptions{aux, mtp, recompute, ix_weight, ix_stage},
+                                            shard,
                                             stage, tp);
     m->init_random(seed);
     // Off the symmetric init (V4's HC bases 0, scales 1): there some gradients are exactly 0 in

@@ -57,7 +57,13 @@ struct Case {
   model::Batch batch() const { return {B, T, ids.data(), targets.data(), nullptr, nullptr}; }
   double aux_alpha() const { return expected["train"].value("aux_loss_alpha", 0.0); }
   double mtp_weight() const { return expected["train"].value("mtp_loss_weight", 0.0); }
-  model::TrainOptions opts() const { return {aux_alpha(), mtp_weight()}; }
+  // DeepSeek-V3.2 indexer-loss cases (make_dumps_idxloss.py): the weight and the stage.
+  model::TrainOptions opts() const {
+    const auto& t = expected["train"];
+    const bool dense = t.value("indexer_stage", std::string("sparse")) == "dense_warmup";
+    return {aux_alpha(), mtp_weight(), model::Recompute::None, t.value("indexer_loss_weight", 0.0),
+            dense ? model::IndexerStage::DenseWarmup : model::IndexerStage::Sparse};
+  }
 
   // Losses of the 10 training steps of the reference recipe.
   std::vector<double> train(kern::Prec prec, std::vector<float>* final_bias) const {
