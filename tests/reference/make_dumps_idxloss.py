@@ -32,15 +32,13 @@ import tempfile
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from transformers.models.deepseek_v32 import modeling_deepseek_v32 as hf32
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import make_dumps as v3  # noqa: E402
+import dumplib  # noqa: E402
 import make_dumps_v32 as v32  # noqa: E402  (patches transformers' router and indexer to record)
 
-DATA = v32.DATA
-MARGIN_MIN = v32.MARGIN_MIN
+FAM = v32.V32()   # the V3.2 family: build, init, forward (CE + aux), gradients, checkpoints, bf16
 
 CASES = {
     "v32idx_sparse_yarn": dict(   # sparse stage: top-5 of 13, YaRN, 10 experts in 2 groups
@@ -139,16 +137,22 @@ def layer_loss(layer, dense):
 
 
 def forward_loss(model, batch, alpha, weight, dense):
-    """(total, ce, aux, indexer, recall, lm): lm = ce + aux; total = lm + weight x indexer."""
+    """(total, ce, aux, indexer, recall, lm, routes): lm = ce + aux (the V3.2 family's forward);
+    total = lm + weight x indexer."""
     STATE["dense"] = dense
     try:
-        lm, ce, aux, _, routes = v32.forward_loss(model, batch, alpha)
+        res = FAM.forward(model, batch, dict(aux_loss_alpha=alpha))
     finally:
         STATE["dense"] = False
     parts = [layer_loss(l, dense) for l in model.model.layers]
     idx = sum(p[0] for p in parts)
     recall = sum(float(p[1]) for p in parts) / len(parts)
-    return lm + weight * idx.float(), ce, aux, idx, recall, lm, routes
+    return res["loss"] + weight * idx.float(), res["ce"], res["aux"], idx, recall, res["loss"], res["routes"]
+
+
+def selection_margin(model):
+    """Smallest router / indexer top-k gap of the last forward."""
+    return FAM.margin(model, {n: g.trex_record for n, g in FAM.gates(model)})
 
 
 def is_indexer(name):
@@ -161,67 +165,63 @@ def reference(model, batch, alpha, weight, dense):
     total, ce, aux, idx, recall, lm, _ = forward_loss(model, batch, alpha, weight, dense)
     # Dense warm-up: only the indexer learns (from its loss); sparse: everything, from the total.
     ((weight * idx).float() if dense else total).backward()
-    return total.detach(), ce.detach(), aux.detach(), idx.detach(), recall, v32.grads_by_checkpoint_name(model)
+    return total.detach(), ce.detach(), aux.detach(), idx.detach(), recall, FAM.grads(model)
 
 
 def train(model, batch, tr, weight, dense, prec="fp32"):
-    named = [(n, p) for n, p in model.named_parameters() if not dense or is_indexer(n)]
-    decay = [p for _, p in named if p.ndim >= 2]
-    no_decay = [p for _, p in named if p.ndim < 2]
-    opt = torch.optim.AdamW([dict(params=decay, weight_decay=tr["weight_decay"]),
-                             dict(params=no_decay, weight_decay=0.0)],
-                            lr=tr["lr"], betas=(tr["beta1"], tr["beta2"]), eps=tr["eps"], foreach=False)
-    losses, idxs, recalls, margin = [], [], [], math.inf
-    ctx = v32.precision_context(model, prec)
-    for _ in range(tr["steps"]):
-        model.zero_grad(set_to_none=True)
+    """tr["steps"] AdamW steps (dense warm-up: the indexer's tensors only, no router-bias update).
+    Returns dict(losses (total), indexer_losses, recalls, margin, final_bias)."""
+    params = [p for n, p in model.named_parameters() if not dense or is_indexer(n)]
+    ctx = FAM.precision_context(model, prec)
+    st = dict(losses=[], indexer_losses=[], recalls=[], margin=math.inf, routes=None)
+
+    def forward():
         with ctx():
-            total, _, _, idx, recall, _, routes = forward_loss(model, batch, tr["aux_loss_alpha"], weight, dense)
-        ((weight * idx).float() if dense else total).backward()
-        torch.nn.utils.clip_grad_norm_([p for _, p in named], tr["clip_grad_norm"])
-        losses.append(total.item())
-        idxs.append(idx.item())
-        recalls.append(recall)
-        opt.step()
-        margin = min(margin, v32.selection_margin(model))
+            total, _, _, idx, recall, _, st["routes"] = forward_loss(model, batch, tr["aux_loss_alpha"], weight, dense)
+        st["losses"].append(total.item())
+        st["indexer_losses"].append(idx.item())
+        st["recalls"].append(recall)
+        return (weight * idx).float() if dense else total
+
+    def after_step():
+        st["margin"] = min(st["margin"], selection_margin(model))
         if not dense:
-            for name, gate in v32.moe_gates(model):
-                load = torch.bincount(routes[name]["idx"].flatten(), minlength=gate.num_experts).float()
-                with torch.no_grad():
-                    gate.e_score_correction_bias += tr["bias_update_gamma"] * torch.sign(load.mean() - load)
-    final_bias = {f"{n}.e_score_correction_bias": g.e_score_correction_bias.tolist() for n, g in v32.moe_gates(model)}
-    return dict(losses=losses, indexer_losses=idxs, recalls=recalls, margin=margin, final_bias=final_bias)
+            for name, gate in FAM.gates(model):
+                load = torch.bincount(st["routes"][name]["idx"].flatten(), minlength=gate.num_experts).float()
+                dumplib.update_bias(gate, load, tr["bias_update_gamma"])
+
+    dumplib.adamw_steps(params, tr, forward, after_step)
+    final_bias = {f"{n}.e_score_correction_bias": g.e_score_correction_bias.tolist() for n, g in FAM.gates(model)}
+    return dict(losses=st["losses"], indexer_losses=st["indexer_losses"], recalls=st["recalls"],
+                margin=st["margin"], final_bias=final_bias)
 
 
 def write_case(name, spec, out_root):
-    tr = dict(v32.TRAIN_DEFAULT, **spec.get("train", {}))
+    tr = dict(dumplib.TRAIN_DEFAULT, **spec.get("train", {}))
     dense, weight = spec["stage"] == "dense_warmup", spec["weight"]
-    for seed in range(spec["seed"], spec["seed"] + 200):   # first seed whose selections have no near-ties
-        model, batch = v32.build_case(spec, seed)
+    for seed in range(spec["seed"], spec["seed"] + FAM.seed_tries):   # first seed whose selections have no near-ties
+        model, batch = FAM.build_case(spec, seed)
         with torch.no_grad():
             forward_loss(model, batch, tr["aux_loss_alpha"], weight, dense)
-        if v32.selection_margin(model) < MARGIN_MIN:
+        if selection_margin(model) < dumplib.MARGIN_MIN:
             continue
         total, ce, aux, idx, recall, grads = reference(model, batch, tr["aux_loss_alpha"], weight, dense)
-        trained = train(v32.build_case(spec, seed)[0], batch, tr, weight, dense)
-        if trained["margin"] < MARGIN_MIN:
+        trained = train(FAM.build_case(spec, seed)[0], batch, tr, weight, dense)
+        if trained["margin"] < dumplib.MARGIN_MIN:
             print(f"  {name}: seed {seed} has selection margin {trained['margin']:.2e}, trying next")
             continue
-        yard = {p: train(v32.build_case(spec, seed)[0], batch, tr, weight, dense, p)
-                for p in ("bf16_autocast", "bf16_weights")}
+        yard = {p: train(FAM.build_case(spec, seed)[0], batch, tr, weight, dense, p) for p in dumplib.YARDSTICKS}
         break
     else:
-        raise RuntimeError(f"{name}: no seed with selection margin >= {MARGIN_MIN}")
+        raise RuntimeError(f"{name}: no seed with selection margin >= {dumplib.MARGIN_MIN}")
     d = os.path.join(out_root, name)
     shutil.rmtree(d, ignore_errors=True)
-    v32.write_model(model, spec["style"], os.path.join(d, "model"))
-    v32.verify_checkpoint(model, os.path.join(d, "model"), batch)
-    with open(os.path.join(d, "batch.json"), "w") as f:
-        json.dump({"input_ids": batch["ids"].tolist(), "labels": batch["labels"].tolist()}, f)
+    FAM.write_model(model, spec["style"], os.path.join(d, "model"))
+    FAM.verify_checkpoint(model, spec["style"], os.path.join(d, "model"), batch, tr)
+    dumplib.write_batch(batch, os.path.join(d, "batch.json"))
     t = {"loss": total.double().reshape(1), "ce_loss": ce.double().reshape(1), "aux_loss": aux.double().reshape(1),
          "indexer_loss": idx.double().reshape(1)}
     t.update({f"grad.{k}": v.float() for k, v in grads.items()})
-    save_file(t, os.path.join(d, "expected.safetensors"), metadata={"format": "pt"})
     tr = dict(tr, indexer_loss_weight=weight, indexer_stage=spec["stage"])
     exp = {"case": name, "seed": seed, "loss": total.item(), "ce_loss": ce.item(), "aux_loss": aux.item(),
            "indexer_loss": idx.item(), "indexer_recall": recall, "train": tr, "losses": trained["losses"],
@@ -229,10 +229,8 @@ def write_case(name, spec, out_root):
            "final_bias": trained["final_bias"], "routing_min_margin": trained["margin"],
            "losses_bf16_autocast": yard["bf16_autocast"]["losses"],
            "losses_bf16_weights": yard["bf16_weights"]["losses"],
-           "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__}}
-    with open(os.path.join(d, "expected.json"), "w") as f:
-        json.dump(exp, f, indent=1)
-    size = sum(os.path.getsize(os.path.join(r, x)) for r, _, fs in os.walk(d) for x in fs)
+           "versions": dumplib.versions()}
+    size = dumplib.write_expected(d, t, exp)
     print(f"{name}: seed {seed} loss {total.item():.6f} (ce {ce.item():.6f} aux {aux.item():.6f} indexer "
           f"{idx.item():.6f} recall {recall:.4f}) losses {trained['losses'][0]:.4f}->{trained['losses'][-1]:.4f} "
           f"indexer {trained['indexer_losses'][0]:.4f}->{trained['indexer_losses'][-1]:.4f} "
@@ -242,32 +240,50 @@ def write_case(name, spec, out_root):
 # --------------------------------------------------------------------------------------------
 # --check: live reference vs `trex grad --indexer-loss-weight W --indexer-stage S`.
 # --------------------------------------------------------------------------------------------
-def run_trex(trex, d, alpha, weight, stage, out):
-    import subprocess
-    cmd = [trex, "grad", "--model", os.path.join(d, "model"), "--batch", os.path.join(d, "batch.json"),
-           "--precision", "fp32", "--out", out, "--indexer-loss-weight", repr(weight), "--indexer-stage", stage]
-    if alpha > 0:
-        cmd += ["--aux-loss-alpha", repr(alpha)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if p.returncode != 0:
-        return None, None, f"exit {p.returncode}: {(p.stderr or p.stdout).strip()[-300:]}"
-    for line in p.stdout.splitlines():
-        try:
-            j = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(j, dict) and "loss" in j:
-            from safetensors.torch import load_file
-            return j, load_file(out), None
-    return None, None, "no JSON line with \"loss\" on stdout"
+def trex_flags(tr):
+    return ["--indexer-loss-weight", repr(tr["indexer_loss_weight"]), "--indexer-stage", tr["indexer_stage"]] + \
+        dumplib.trex_flags(tr)
+
+
+def write_random_case(spec, d, tr):
+    """Re-seeds spec until its first forward (in its stage) has no near-tie, writes the case folder d."""
+    while True:
+        model, batch = FAM.build_case(spec, spec["seed"])
+        with torch.no_grad():
+            forward_loss(model, batch, tr["aux_loss_alpha"], spec["weight"], spec["stage"] == "dense_warmup")
+        if selection_margin(model) >= dumplib.CHECK_MARGIN:
+            break
+        spec["seed"] += 1
+    FAM.write_model(model, spec["style"], os.path.join(d, "model"))
+    dumplib.write_batch(batch, os.path.join(d, "batch.json"))
+    with open(os.path.join(d, "spec.json"), "w") as f:
+        json.dump(spec, f, indent=1)
+
+
+def print_rows(rows, verbose):
+    """The comparison table (loss, indexer loss and the indexer's gradients always; the rest with
+    --verbose or when failing) and per case the worst gradient error, the indexer's apart."""
+    rest = ("loss", "indexer_loss", "trex")
+    w = max([len(r[1]) for r in rows] + [12])
+    print(f"{'case':<22} {'tensor':<{w}} {'ref':>12} {'trex':>12} {'rel err':>10}  ok")
+    for c, k, a, b, e, _, good in rows:
+        if verbose or not good or k in rest or is_indexer(k):
+            print(f"{c:<22} {k:<{w}} {a:>12} {b:>12} {e:>10.2e}  {'ok' if good else 'FAIL'}")
+    for name in sorted({r[0] for r in rows}):
+        rs = [r for r in rows if r[0] == name and r[1] not in rest]
+        ix = [r for r in rs if is_indexer(r[1])]
+        if rs:
+            print(f"{name}: {len(rs)} gradients, max rel err {max(r[4] for r in rs):.2e} "
+                  f"(indexer: {max([r[4] for r in ix] + [0]):.2e})")
 
 
 def check(args):
     rows, failed, jobs = [], [], []
     work = tempfile.mkdtemp(prefix="trex_check_idxloss_")
     for name in args.cases:
-        d = os.path.join(DATA, name)
-        exp = json.load(open(os.path.join(d, "expected.json")))
+        d = os.path.join(dumplib.DATA, name)
+        with open(os.path.join(d, "expected.json")) as f:
+            exp = json.load(f)
         jobs.append((name, d, exp["train"], exp))
     rng = torch.Generator().manual_seed(args.seed)
     for i in range(args.random):
@@ -276,50 +292,28 @@ def check(args):
         spec["weight"] = [0.5, 1.0, 2.0][i % 3]
         d = os.path.join(work, f"random{i}")
         tr = dict(spec["train"], indexer_loss_weight=spec["weight"], indexer_stage=spec["stage"])
-        while True:   # re-seed until no near-tie in the selections
-            model, batch = v32.build_case(spec, spec["seed"])
-            with torch.no_grad():
-                forward_loss(model, batch, tr["aux_loss_alpha"], spec["weight"], spec["stage"] == "dense_warmup")
-            if v32.selection_margin(model) >= 1e-5:
-                break
-            spec["seed"] += 1
-        v32.write_model(model, spec["style"], os.path.join(d, "model"))
-        with open(os.path.join(d, "batch.json"), "w") as f:
-            json.dump({"input_ids": batch["ids"].tolist(), "labels": batch["labels"].tolist()}, f)
-        with open(os.path.join(d, "spec.json"), "w") as f:
-            json.dump(spec, f, indent=1)
+        write_random_case(spec, d, tr)
         jobs.append((f"random{i}", d, tr, None))
     for name, d, tr, exp in jobs:
-        bj = json.load(open(os.path.join(d, "batch.json")))
-        batch = dict(ids=torch.tensor(bj["input_ids"]), labels=torch.tensor(bj["labels"]))
-        model = v32.load_model(os.path.join(d, "model"))
+        batch = dumplib.read_batch(os.path.join(d, "batch.json"))
+        model = FAM.load_model(os.path.join(d, "model"))
         alpha, weight, stage = tr.get("aux_loss_alpha", 0.0), tr["indexer_loss_weight"], tr["indexer_stage"]
         total, _, _, idx, _, grads = reference(model, batch, alpha, weight, stage == "dense_warmup")
         if exp is not None and abs(total.item() - exp["loss"]) > 1e-5 * abs(exp["loss"]):
             print(f"warning: {name}: live loss {total.item()} != committed {exp['loss']}")
-        out = os.path.join(work, name + ".grads.safetensors")
-        tj, tg, err = run_trex(args.trex, d, alpha, weight, stage, out)
+        tj, tg, err = dumplib.run_trex(args.trex, d, trex_flags(tr), os.path.join(work, name + ".grads.safetensors"))
         if err is not None:
             print(f"{name}: trex failed: {err}")
-            rows.append((name, "trex", "-", "-", math.inf, False))
+            rows.append((name, "trex", "-", "-", math.inf, 0.0, False))
             failed.append(name)
             continue
-        ok = v3.compare(name, total.item(), grads, float(tj["loss"]), tg, rows)
+        ok = dumplib.compare(name, total.item(), grads, float(tj["loss"]), tg, rows)
         ierr = abs(float(tj["indexer"]) - idx.item()) / max(abs(idx.item()), 1e-30)
-        rows.append((name, "indexer_loss", f"{idx.item():.7g}", f"{float(tj['indexer']):.7g}", ierr, ierr <= 1e-5))
+        rows.append((name, "indexer_loss", f"{idx.item():.7g}", f"{float(tj['indexer']):.7g}", ierr, 1e-5,
+                     ierr <= 1e-5))
         if not ok or ierr > 1e-5:
             failed.append(name)
-    w = max([len(r[1]) for r in rows] + [12])
-    print(f"{'case':<22} {'tensor':<{w}} {'ref':>12} {'trex':>12} {'rel err':>10}  ok")
-    for c, k, a, b, e, good in rows:
-        if args.verbose or not good or k in ("loss", "indexer_loss", "trex") or is_indexer(k):
-            print(f"{c:<22} {k:<{w}} {a:>12} {b:>12} {e:>10.2e}  {'ok' if good else 'FAIL'}")
-    for name in sorted({r[0] for r in rows}):
-        rs = [r for r in rows if r[0] == name and r[1] not in ("loss", "indexer_loss", "trex")]
-        ix = [r for r in rs if is_indexer(r[1])]
-        if rs:
-            print(f"{name}: {len(rs)} gradients, max rel err {max(r[4] for r in rs):.2e} "
-                  f"(indexer: {max([r[4] for r in ix] + [0]):.2e})")
+    print_rows(rows, args.verbose)
     print(f"{len(jobs) - len(failed)}/{len(jobs)} cases passed" + (f"; failed: {failed}" if failed else ""))
     if failed:
         print(f"(inputs kept in {work})")
@@ -330,7 +324,7 @@ def check(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=DATA, help="dump folder (default tests/reference/data)")
+    ap.add_argument("--out", default=dumplib.DATA, help="dump folder (default tests/reference/data)")
     ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     ap.add_argument("--check", action="store_true", help="compare live transformers with `trex grad`")
     ap.add_argument("--trex", default="build/trex", help="trex binary for --check")

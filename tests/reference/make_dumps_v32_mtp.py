@@ -24,7 +24,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 
 import torch
@@ -35,10 +34,8 @@ from transformers import DeepseekV32Config, DeepseekV32ForCausalLM
 from transformers.models.deepseek_v32 import modeling_deepseek_v32 as hf32
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dumplib  # noqa: E402  (to_checkpoint_names, capture_inputs, mtp_shift, compare; one thread)
 import live_roundtrip as lr  # noqa: E402  (records the indexer's top-k gaps: lr.V32_GAP)
-import make_dumps as md  # noqa: E402  (to_checkpoint_names, compare; its V3 router patch is inert here)
-
-torch.set_num_threads(1)
 
 # Odd sizes; index_topk below T so the indexers' selections (the MTP layer's included) matter.
 CASES = {
@@ -125,7 +122,7 @@ def mtp_names(tensors, cfg):
     for name, t in tensors.items():
         k, rest = name.split(".", 2)[1:]
         out[f"model.layers.{L + int(k)}.{rest}"] = t
-    return md.to_checkpoint_names(out, cfg)
+    return dumplib.to_checkpoint_names(out, cfg)
 
 
 def write(m, d):
@@ -147,41 +144,25 @@ def write(m, d):
         json.dump(j, f, indent=2)
 
 
-def shift(ids, labels, k):
-    T = ids.shape[1]
-    j = torch.arange(T) + k
-    ids_k = torch.where(j < T, ids[:, j.clamp(max=T - 1)], ids)
-    tg = torch.where(j + 1 < T, labels[:, (j + 1).clamp(max=T - 1)], torch.full_like(labels, -100))
-    return ids_k, tg
-
-
 def loss_and_grads(m, ids, w):
     m.train()
     m.zero_grad(set_to_none=True)
-    cap, hooks = {}, []
-    hooks.append(m.model.layers[0].register_forward_pre_hook(lambda mod, a, kw: cap.__setitem__("kw", kw),
-                                                             with_kwargs=True))
-    hooks.append(m.model.norm.register_forward_pre_hook(lambda mod, a: cap.__setitem__("h", a[0])))
     lr.V32_GAP.clear()
-    try:
+    with dumplib.capture_inputs(m, m.model.norm) as cap:   # the first layer's kwargs, the last layer's output
         out = m(input_ids=ids, labels=ids, use_cache=False)
-        h, V, losses = cap["h"], m.config.vocab_size, []
+        h, V, losses = cap["x"], m.config.vocab_size, []
         for k, layer in enumerate(m.mtp_layers, 1):
-            ids_k, tg = shift(ids, ids, k)
+            ids_k, tg = dumplib.mtp_shift(ids, ids, k)
             h, lg = layer(h, m.model.embed_tokens(ids_k), **cap["kw"])
             losses.append(F.cross_entropy(lg.reshape(-1, V).float(), tg.reshape(-1), ignore_index=-100))
-    finally:
-        for hk in hooks:
-            hk.remove()
     loss = out.loss + w * torch.stack(losses).mean()
     loss.backward()
     g = {n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone() for n, p in m.named_parameters()}
-    main = md.to_checkpoint_names({k: v for k, v in g.items() if not k.startswith("mtp_layers.")}, m.config)
+    main = dumplib.to_checkpoint_names({k: v for k, v in g.items() if not k.startswith("mtp_layers.")}, m.config)
     if m.config.tie_word_embeddings:
         main.pop("lm_head.weight", None)
     main.update(mtp_names({k: v for k, v in g.items() if k.startswith("mtp_layers.")}, m.config))
     return float(loss.detach()), {k: v for k, v in main.items() if v.numel() > 0}, min(lr.V32_GAP)
-
 
 
 def one(name, spec, trex, out):
@@ -195,20 +176,17 @@ def one(name, spec, trex, out):
     if gap <= 1e-6:
         print(f"FAIL {name}: an indexer top-k rests on a tie (gap {gap:.1e}); change the seed")
         return False
-    with open(os.path.join(d, "batch.json"), "w") as f:
-        json.dump({"input_ids": ids.tolist(), "labels": ids.tolist()}, f)
-    gout = os.path.join(d, "grads.safetensors")
-    r = subprocess.run([trex, "grad", "--model", os.path.join(d, "model"), "--batch", os.path.join(d, "batch.json"),
-                        "--precision", "fp32", "--out", gout, "--mtp-loss-weight", repr(spec["w"])],
-                       capture_output=True, text=True, timeout=600)
-    if r.returncode:
-        print(f"FAIL {name}: trex grad: {(r.stderr or r.stdout).strip()[-400:]}")
+    dumplib.write_batch(dict(ids=ids, labels=ids), os.path.join(d, "batch.json"))
+    tj, tg, err = dumplib.run_trex(trex, d, ["--mtp-loss-weight", repr(spec["w"])],
+                                   os.path.join(d, "grads.safetensors"))
+    if err is not None:
+        print(f"FAIL {name}: trex grad: {err}")
         return False
-    tl = [json.loads(x)["loss"] for x in r.stdout.splitlines() if x.startswith("{")][-1]
+    tl = float(tj["loss"])
     rows = []
-    ok = md.compare(name, loss, grads, float(tl), load_file(gout), rows)
-    bad = [x for x in rows if not x[5]]
-    for c, k, a, b, e, good in bad[:10]:
+    ok = dumplib.compare(name, loss, grads, tl, tg, rows)
+    bad = [x for x in rows if not x[6]]
+    for c, k, a, b, e, _, good in bad[:10]:
         print(f"  {k:<60} {a:>12} {b:>12} {e:>10.2e}  FAIL")
     mtp = [x for x in rows if x[1].startswith(f"model.layers.{spec['model']['num_hidden_layers']}")]
     worst = max(x[4] for x in rows if x[1] != "loss")
