@@ -2,8 +2,9 @@
 """Independent PyTorch reference for trex's DeepSeek-V3.2 lightning-indexer loss (see
 tests/reference/README.md, "DeepSeek-V3.2 indexer loss cases"; docs/V32.md, "Indexer loss").
 
-The model is transformers' DeepseekV32ForCausalLM (make_dumps_v32.py's build, init and checkpoint
-writing). The loss is built here on its modules: per layer, the main attention's probabilities
+The model is transformers' DeepseekV32ForCausalLM (make_dumps_v32.py's family V32: build, init, the
+CE + aux forward, checkpoint writing; the AdamW loop and writers of dumplib.py). The loss is built
+here on its modules: per layer, the main attention's probabilities
 (transformers' eager attention, recorded, detached) summed over heads and L1-normalized over the
 attended keys A_t (the indexer's top-k in the "sparse" stage; every causal key in "dense_warmup",
 where the indexer returns every key so the attention is dense); the indexer's scores recomputed
