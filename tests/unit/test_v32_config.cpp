@@ -182,8 +182,11 @@ TEST(V32Config, IndexerGetsNoGradient) {
   for (const model::ParamEntry& e : m.layout.entries) {
     double s = 0;
     for (int64_t i = 0; i < e.shape.numel(); ++i) s += std::abs(m.G()[e.offset + i]);
-    if (e.frozen) EXPECT_EQ(s, 0.0) << e.name;
-    else if (e.name.find("q_b_proj") != std::string::npos) EXPECT_GT(s, 0.0) << e.name;
+    if (e.frozen) {
+      EXPECT_EQ(s, 0.0) << e.name;
+    } else if (e.name.find("q_b_proj") != std::string::npos) {
+      EXPECT_GT(s, 0.0) << e.name;
+    }
   }
 }
 

@@ -166,7 +166,9 @@ void fd_check(model::IndexerStage stage, int64_t B, int64_t T, bool packed, mode
     }
     EXPECT_NEAR(fd, gv, tol) << e.name;
     ++checked, indexer += ix;
-    if (ix) EXPECT_GT(std::abs(gv), 1e-6) << e.name;  // the indexer does learn
+    if (ix) {
+      EXPECT_GT(std::abs(gv), 1e-6) << e.name;  // the indexer does learn
+    }
   }
   std::printf("[v32 indexer fd] %d tensors checked (%d indexer), %d at a kink checked one-sided\n", checked, indexer,
               kinks);
