@@ -262,6 +262,9 @@ void run(const Opts& o) {
   TREX_USER_CHECK(rc.train.mtp_loss_weight <= 0 || rc.model.num_nextn_predict_layers > 0,
                   "set mtp_loss_weight = 0, or use a config with num_nextn_predict_layers > 0", o.config,
                   ": [train] mtp_loss_weight = ", rc.train.mtp_loss_weight, " needs MTP layers");
+  TREX_USER_CHECK(!rc.model.is_v32(), "time a DeepSeek-V3.2 step with `trex bench step --profile` instead", o.config,
+                  ": model_type deepseek_v32: trex bench kernels does not model the lightning indexer and the "
+                  "sparse attention over its top-k yet (its rows would be dense MLA's)");
   const int threads = init_threads(o.threads > 0 ? o.threads : (int)rc.train.threads);
   // The config as the model trains it (MTP blocks when the run trains them, as model::Model).
   const model::ModelConfig cfg =

@@ -10,7 +10,8 @@
 #     own convert gives the same bytes (round trip);
 #   - trex generate (KV cache with the indexer's keys);
 #   - trex plan --model on its config.json;
-#   - what trex cannot compute identically is refused naming the field (q_lora_rank = 0).
+#   - what trex cannot compute identically is refused naming the field (q_lora_rank = 0), and
+#     trex bench kernels, which does not model the indexer, refuses the config.
 #
 #   tests/cli/v32_commands.sh TREX_BINARY
 #
@@ -206,6 +207,15 @@ set -e
 [ "$rc" -eq 2 ] || fail "q_lora_rank = 0: exit $rc, expected 2: $(cat err.txt)"
 grep -qF "q_lora_rank" err.txt || fail "the error does not name q_lora_rank: $(cat err.txt)"
 echo "ok: q_lora_rank = 0 refused"
+
+# trex bench kernels does not model the indexer and the sparse attention: refused, not dense rows.
+set +e
+"$TREX" bench kernels --config cpt.toml --seconds 0.01 > out.txt 2> err.txt
+rc=$?
+set -e
+[ "$rc" -eq 2 ] || fail "bench kernels on V3.2: exit $rc, expected 2: $(cat err.txt)"
+grep -qF "deepseek_v32" err.txt || fail "the error does not name deepseek_v32: $(cat err.txt)"
+echo "ok: bench kernels refuses V3.2"
 
 cd /
 rm -rf "$WORK"
