@@ -18,7 +18,8 @@
 # A shorter run (each default in brackets): SANITIZER=0 [1], PERF_FILTER=TEXT (perf cases whose
 # name contains it) [all], GRAD_PRECS="fp32" [fp32 bf16], BENCH_CONFIGS="bench-gpu-v3"
 # [bench-v3 bench-gpu-v3], PEERS="eager" [eager compile], PROFILE=0 (no step profile) [1],
-# PROFILE_ENV="VAR=value" (the profile again under that environment) [none]. An empty list runs
+# PROFILE_ENV="VAR=value" (the profile again under that environment) [none], NCU=1 (kernel
+# durations of a window of one step, NCU_SKIP / NCU_COUNT launches) [0]. An empty list runs
 # none of its part (GRAD_PRECS="" skips the gradient check).
 # Needs python3 with torch, transformers and safetensors; nvcc, CMake and ninja without a bundle.
 # Exit 0 when every part passed.
@@ -159,6 +160,27 @@ if [ ${#TREX[@]} -gt 0 ]; then
     timeout 120 "${TREX[@]}" bench step --config configs/bench-gpu-v3.toml --device cuda --steps 3 --warmup 1 \
       --profile > "$OUT/trex_profile_bench-gpu-v3.json" 2> "$OUT/trex_profile_bench-gpu-v3.txt" || status=1
     grep -v "^\[" "$OUT/trex_profile_bench-gpu-v3.txt" | head -60
+    # NCU=1: every kernel's duration over a window of one step's launches (Nsight Compute, where
+    # the machine lets it read the GPU: not under gVisor), to see which kernels a region's time is.
+    if [ "${NCU:-0}" = 1 ] && command -v ncu > /dev/null; then
+      note "ncu: kernel durations, launches ${NCU_SKIP:-3000}.. of one bench-gpu-v3 step"
+      timeout 240 ncu --clock-control none --csv --metrics gpu__time_duration.sum --launch-skip "${NCU_SKIP:-3000}" \
+        --launch-count "${NCU_COUNT:-600}" "${TREX[@]}" bench step --config configs/bench-gpu-v3.toml --device cuda \
+        --steps 1 --warmup 1 > "$OUT/ncu_bench-gpu-v3.csv" 2> "$OUT/ncu_bench-gpu-v3.log" ||
+        echo "ncu failed (exit $?): $(tail -2 "$OUT/ncu_bench-gpu-v3.log")"
+      python3 - "$OUT/ncu_bench-gpu-v3.csv" <<'PY' || true
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+if rows:
+    h = rows[0]; k, v, u = h.index("Kernel Name"), h.index("Metric Value"), h.index("Metric Unit")
+    scale = {"nsecond": 1, "usecond": 1e3, "msecond": 1e6, "second": 1e9}
+    tot = collections.Counter(); cnt = collections.Counter()
+    for r in rows[1:]:
+        try: tot[r[k][:90]] += float(r[v].replace(",", "")) * scale.get(r[u], 1); cnt[r[k][:90]] += 1
+        except ValueError: pass
+    for name, ns in tot.most_common(15): print(f"{ns / 1e6:9.3f} ms {cnt[name]:6d} calls  {name}")
+PY
+    fi
     # PROFILE_ENV="VAR=value ...": the same profile again under those settings (an A/B in one run).
     if [ -n "${PROFILE_ENV:-}" ]; then
       env $PROFILE_ENV timeout 120 "${TREX[@]}" bench step --config configs/bench-gpu-v3.toml --device cuda --steps 3 \
