@@ -15,7 +15,8 @@ void router_select(const ModelConfig& c, const float* logits, const float* bias,
   const bool use_bias = c.topk_method == TopkMethod::NoauxTc && bias;
   const float ninf = -std::numeric_limits<float>::infinity();
   parallel_for(N, 16, [&](int64_t b, int64_t e) {
-    std::vector<float> sel(E), gscore(G);
+    std::vector<float> sel(E), gscore(G), top_v(K);
+    std::vector<int64_t> top_i(K);
     std::vector<char> gkeep(G);
     for (int64_t n = b; n < e; ++n) {
       const float* lg = logits + n * E;
@@ -72,10 +73,30 @@ void router_select(const ModelConfig& c, const float* logits, const float* bias,
           sum += sc[id[k]];
         }
       }
+      // K experts by repeated argmax over sel (first index among equal values; -inf never chosen;
+      // a NaN chosen when it is the first candidate). Without NaN, one pass keeps the K best in a
+      // sorted list, which picks the same experts in the same order (the repeated scans were most
+      // of the router's time).
+      bool has_nan = false;
+      for (int64_t i = 0; i < E; ++i) has_nan |= sel[i] != sel[i];
+      int64_t cnt = 0;
+      if (!fixed_idx && !has_nan) {
+        for (int64_t i = 0; i < E; ++i) {
+          const float v = sel[i];
+          if (!(v > ninf) || (cnt == K && !(v > top_v[K - 1]))) continue;
+          int64_t p = cnt < K ? cnt++ : K - 1;
+          for (; p > 0 && v > top_v[p - 1]; --p) top_v[p] = top_v[p - 1], top_i[p] = top_i[p - 1];
+          top_v[p] = v, top_i[p] = i;
+        }
+      }
       for (int64_t k = 0; k < K && !fixed_idx; ++k) {
         int64_t best = -1;
-        for (int64_t i = 0; i < E; ++i)
-          if (sel[i] != ninf && (best < 0 || sel[i] > sel[best])) best = i;
+        if (!has_nan) {
+          best = k < cnt ? top_i[k] : -1;
+        } else {
+          for (int64_t i = 0; i < E; ++i)
+            if (sel[i] != ninf && (best < 0 || sel[i] > sel[best])) best = i;
+        }
         if (best < 0) best = 0;  // unreachable: config validation guarantees K selectable experts
         sel[best] = ninf;
         id[k] = (int32_t)best;
