@@ -7,14 +7,16 @@
 #   (c) dense warm-up for WARM steps (only the indexer trains, attention dense), then (b)'s run
 #       from that checkpoint (so its sparse stage sees (a)'s and (b)'s batches, in the same order)
 # and prints a table: steps, final train loss, eval loss and the top-k recall of the attention
-# mass before and after. One thread by default, about ten minutes on one core.
+# mass before and after, and writes it with the machine, date, commit and command to
+# benchmarks/results/<date>-<HHMM>-indexer-loss.md. One thread by default, a few minutes.
 #
-#   tools/bench/indexer_loss_demo.sh [--out DIR] [--trex PATH] [--threads N] [--md FILE]
+#   tools/bench/indexer_loss_demo.sh [--out DIR] [--trex PATH] [--threads N] [--md FILE] [--seed N]
 #
 #   --out DIR   work directory (default runs/indexer-loss-demo; removed and rebuilt)
 #   --trex P    the trex binary (default build/trex)
 #   --threads N train.threads of every run (default 1)
-#   --md FILE   also write the table and the settings as markdown to FILE
+#   --md FILE   where the markdown goes (default benchmarks/results/<date>-<HHMM>-indexer-loss.md)
+#   --seed N    train.seed of every run: the initialization and the data order (default 7)
 #
 # BASE_STEPS, CPT_STEPS, WARM and PROBE_STEPS (steps) and DOCS (documents) in the environment
 # override the sizes below, e.g. for a quick try of the script itself.
@@ -34,13 +36,14 @@
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-OUT="runs/indexer-loss-demo"; TREX=""; THREADS=1; MD=""
+OUT="runs/indexer-loss-demo"; TREX=""; THREADS=1; MD=""; SEED=7; CMD="tools/bench/indexer_loss_demo.sh $*"
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
     --trex) TREX="$2"; shift 2 ;;
     --threads) THREADS="$2"; shift 2 ;;
     --md) MD="$2"; shift 2 ;;
+    --seed) SEED="$2"; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo pipefail/{/^#/p}' "$0"; exit 0 ;;
     *) echo "indexer_loss_demo.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -48,6 +51,12 @@ done
 [ -z "$TREX" ] && TREX="$REPO/build/trex"
 [ -x "$TREX" ] || { echo "indexer_loss_demo.sh: no trex binary at $TREX (build it, or pass --trex PATH)" >&2; exit 2; }
 TREX="$(cd "$(dirname "$TREX")" && pwd)/$(basename "$TREX")"
+STAMP=$(date -u +%F-%H%M)
+COMMIT=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$REPO" diff --quiet HEAD -- . 2>/dev/null || echo "+dirty")
+CPU=$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
+LOAD0=$(cut -d' ' -f1 /proc/loadavg)
+[ -z "$MD" ] && MD="$REPO/benchmarks/results/$STAMP-indexer-loss.md"
+MD="$(mkdir -p "$(dirname "$MD")" && cd "$(dirname "$MD")" && pwd)/$(basename "$MD")"
 FORTUNES=/usr/share/games/fortunes
 [ -d "$FORTUNES" ] || { echo "indexer_loss_demo.sh: needs the Debian package fortunes (apt-get install fortunes)" >&2; exit 2; }
 command -v python3 >/dev/null || { echo "indexer_loss_demo.sh: needs python3" >&2; exit 2; }
@@ -143,7 +152,7 @@ steps = $BASE_STEPS
 batch_size = $BATCH
 precision = "fp32"
 threads = $THREADS
-seed = 7
+seed = $SEED
 eval_every = $BASE_STEPS
 eval_batches = $PROBE_STEPS
 
@@ -202,9 +211,10 @@ for name in base a_weight0 b_sparse c_warmup c_then_sparse; do
 done
 
 SECS=$(( $(date +%s) - T0 ))
-python3 - "$MD" "$SECS" "$THREADS" "$BASE_STEPS" "$CPT_STEPS" "$WARM" "$SHORT" "$LONG" "$TOPK" "$BATCH" "$PROBE_STEPS" "$W" <<'PY'
+LOAD1=$(cut -d' ' -f1 /proc/loadavg)
+python3 - "$MD" "$STAMP" "$COMMIT" "$CPU" "$CMD" "$LOAD0 / $LOAD1" "$SECS" "$SEED" "$THREADS" "$BASE_STEPS" "$CPT_STEPS" "$WARM" "$SHORT" "$LONG" "$TOPK" "$BATCH" "$PROBE_STEPS" "$W" <<'PY'
 import json, sys
-md, secs, threads, base_steps, cpt_steps, warm, short, long_, topk, batch, probe_steps, w = sys.argv[1:]
+md, stamp, commit, cpu, cmd, load, secs, seed, threads, base_steps, cpt_steps, warm, short, long_, topk, batch, probe_steps, w = sys.argv[1:]
 def rows(run):
     return [json.loads(l) for l in open(f"{run}/metrics.jsonl") if '"step"' in l]
 def mean(xs):
@@ -235,13 +245,16 @@ for run, label, steps in runs:
     inrun = (f"{f(r[0]['indexer_recall'])} / {f(r[-1]['indexer_recall'])}" if "indexer_recall" in r[0]
              else "not reported (weight 0)")
     lines.append(f"| {label} | {steps} | {f(tr)} | {f(ev[-1]) if ev else ''} | {f(ce_p)} | {f(rec0)} | {f(rec_p)} | {inrun} |")
-settings = (f"A DeepSeek-V3.2 model from random weights (fp32, {threads} thread(s)), {base_steps} steps at seq_len {short}, "
+settings = (f"A DeepSeek-V3.2 model from random weights (seed {seed}, fp32, {threads} thread(s)), {base_steps} steps at seq_len {short}, "
             f"then CPT at seq_len {long_} with index_topk {topk}, batch {batch}, the same seed (same batches, same order) "
             f"in every run. Recall: the dense attention's share of mass on the indexer's top-{topk} (per head; averaged "
             f"over heads, queries and layers). Probe: {probe_steps} batches of the held-out documents at seq_len {long_}, "
-            f"indexer loss on, lr 0, weights unchanged. {secs} s in all.")
-table = "\n".join(lines)
-print("\n" + table + "\n\n" + settings)
-if md:
-    open(md, "w").write(table + "\n\n" + settings + "\n")
+            f"indexer loss on, lr 0, weights unchanged.")
+head = ["# DeepSeek-V3.2 indexer loss: CPT at a longer context with the loss off, sparse, dense warm-up then sparse", "",
+        f"- machine: {cpu}, {threads} thread(s); load average {load} (start / end)",
+        f"- date: {stamp} UTC, commit {commit}; {secs} s in all", f"- command: `{cmd.strip()}`", ""]
+text = "\n".join(head + lines + ["", settings]) + "\n"
+print("\n" + text)
+open(md, "w").write(text)
+print(f"written to {md}")
 PY
