@@ -26,10 +26,11 @@
 # last) is measured the same way by a probe: `trex train` on the held-out documents with the
 # sparse stage's loss on (weight 1), optim.lr = 0 and train.bias_update_gamma = 0, which leave every
 # weight and router bias as it was (the script checks the probe's checkpoint byte for byte); the
-# probe's mean indexer_recall over its
-# PROBE_STEPS batches is the share of the dense attention's mass (per head, averaged over heads,
-# queries and layers) on the indexer's top-k, and its CE is the held-out loss. The runs' own eval
-# loss (data.eval = the same held-out documents) is printed as well.
+# probe's mean indexer_recall over its PROBE_STEPS batches is the share of the dense attention's
+# mass (per head, averaged over heads, queries and layers) on the indexer's top-k, and its CE is
+# the held-out loss. The runs' own eval loss (data.eval = the same held-out documents) and their
+# own indexer_recall where reported (training batches; in the dense warm-up the heads' summed
+# probabilities on the top-k, docs/V32.md) are printed as well.
 #
 # Data: the Debian package `fortunes` (as recipes/or), consecutive fortunes joined into documents
 # of at least DOC_CHARS characters, so that a CPT row is one document and attention spans it.
