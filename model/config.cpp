@@ -313,6 +313,27 @@ double ModelConfig::train_flops_per_token(int64_t T) const {
 std::string scoring_name(ScoringFunc s) {
   return s == ScoringFunc::Sigmoid ? "sigmoid" : s == ScoringFunc::Softmax ? "softmax" : "sqrtsoftplus";
 }
+void mla_moe_config_keys(nlohmann::ordered_json& j, const ModelConfig& c, const char* architecture,
+                         const char* model_type) {
+  j["architectures"] = {architecture};
+  j["model_type"] = model_type;
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.intermediate_size;
+  j["moe_intermediate_size"] = c.moe_intermediate_size;
+  j["num_hidden_layers"] = c.num_hidden_layers;
+  j["num_attention_heads"] = c.num_attention_heads;
+  j["num_key_value_heads"] = c.num_attention_heads;
+  j["n_shared_experts"] = c.n_shared_experts;
+  j["n_routed_experts"] = c.n_routed_experts;
+  j["routed_scaling_factor"] = c.routed_scaling_factor;
+  j["kv_lora_rank"] = c.kv_lora_rank;
+  j["q_lora_rank"] = c.q_lora_rank ? nlohmann::ordered_json(c.q_lora_rank) : nlohmann::ordered_json(nullptr);
+  j["qk_rope_head_dim"] = c.qk_rope_head_dim;
+  j["v_head_dim"] = c.v_head_dim;
+  j["qk_nope_head_dim"] = c.qk_nope_head_dim;
+}
+
 std::string topk_method_name(TopkMethod t) {
   switch (t) {
     case TopkMethod::NoauxTc: return "noaux_tc";

@@ -158,5 +158,10 @@ std::string scoring_name(ScoringFunc);
 int64_t v4_num_params(const ModelConfig& c, bool active);
 double v4_attn_flops_per_token(const ModelConfig& c, int64_t T);
 std::string topk_method_name(TopkMethod);
+// The keys every save_pretrained config.json of the MLA + MoE families (DeepSeek-V2, V3, V3.2)
+// opens with, in that order: architectures and model_type as given, then the sizes through
+// qk_nope_head_dim (q_lora_rank null when 0). Each family's writer adds the rest in its order.
+void mla_moe_config_keys(nlohmann::ordered_json& j, const ModelConfig& c, const char* architecture,
+                         const char* model_type);
 
 }  // namespace trex::model

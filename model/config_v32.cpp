@@ -136,23 +136,7 @@ ModelConfig parse_config_v32(const json& j, const std::string& where, std::set<s
 std::string config_to_json_v32(const ModelConfig& c) {
   // The keys transformers' save_pretrained writes for DeepseekV32ForCausalLM.
   nlohmann::ordered_json j;
-  j["architectures"] = {"DeepseekV32ForCausalLM"};
-  j["model_type"] = "deepseek_v32";
-  j["vocab_size"] = c.vocab_size;
-  j["hidden_size"] = c.hidden_size;
-  j["intermediate_size"] = c.intermediate_size;
-  j["moe_intermediate_size"] = c.moe_intermediate_size;
-  j["num_hidden_layers"] = c.num_hidden_layers;
-  j["num_attention_heads"] = c.num_attention_heads;
-  j["num_key_value_heads"] = c.num_attention_heads;
-  j["n_shared_experts"] = c.n_shared_experts;
-  j["n_routed_experts"] = c.n_routed_experts;
-  j["routed_scaling_factor"] = c.routed_scaling_factor;
-  j["kv_lora_rank"] = c.kv_lora_rank;
-  j["q_lora_rank"] = c.q_lora_rank;
-  j["qk_rope_head_dim"] = c.qk_rope_head_dim;
-  j["v_head_dim"] = c.v_head_dim;
-  j["qk_nope_head_dim"] = c.qk_nope_head_dim;
+  mla_moe_config_keys(j, c, "DeepseekV32ForCausalLM", "deepseek_v32");
   j["head_dim"] = c.qk_rope_head_dim;
   j["n_group"] = c.n_group;
   j["topk_group"] = c.topk_group;

@@ -354,20 +354,27 @@ ArchModel arch_from_config(const model::ModelConfig& c, const std::string& name)
   return a;
 }
 
+namespace {
+
+// huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json
+json deepseek_v3_json() {
+  return {{"model_type", "deepseek_v3"}, {"vocab_size", 129280}, {"hidden_size", 7168},
+          {"intermediate_size", 18432}, {"moe_intermediate_size", 2048}, {"num_hidden_layers", 61},
+          {"num_attention_heads", 128}, {"num_key_value_heads", 128}, {"n_shared_experts", 1},
+          {"n_routed_experts", 256}, {"routed_scaling_factor", 2.5}, {"kv_lora_rank", 512},
+          {"q_lora_rank", 1536}, {"qk_rope_head_dim", 64}, {"v_head_dim", 128}, {"qk_nope_head_dim", 128},
+          {"topk_method", "noaux_tc"}, {"n_group", 8}, {"topk_group", 4}, {"num_experts_per_tok", 8},
+          {"first_k_dense_replace", 3}, {"norm_topk_prob", true}, {"scoring_func", "sigmoid"},
+          {"max_position_embeddings", 163840}, {"rope_theta", 10000.0}, {"rms_norm_eps", 1e-6},
+          {"tie_word_embeddings", false},
+          {"rope_scaling", {{"type", "yarn"}, {"factor", 40.0}, {"beta_fast", 32.0}, {"beta_slow", 1.0},
+                            {"mscale", 1.0}, {"mscale_all_dim", 1.0}, {"original_max_position_embeddings", 4096}}}};
+}
+
+}  // namespace
+
 model::ModelConfig deepseek_v3_config() {
-  // huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json
-  json j = {{"model_type", "deepseek_v3"}, {"vocab_size", 129280}, {"hidden_size", 7168},
-            {"intermediate_size", 18432}, {"moe_intermediate_size", 2048}, {"num_hidden_layers", 61},
-            {"num_attention_heads", 128}, {"num_key_value_heads", 128}, {"n_shared_experts", 1},
-            {"n_routed_experts", 256}, {"routed_scaling_factor", 2.5}, {"kv_lora_rank", 512},
-            {"q_lora_rank", 1536}, {"qk_rope_head_dim", 64}, {"v_head_dim", 128}, {"qk_nope_head_dim", 128},
-            {"topk_method", "noaux_tc"}, {"n_group", 8}, {"topk_group", 4}, {"num_experts_per_tok", 8},
-            {"first_k_dense_replace", 3}, {"norm_topk_prob", true}, {"scoring_func", "sigmoid"},
-            {"max_position_embeddings", 163840}, {"rope_theta", 10000.0}, {"rms_norm_eps", 1e-6},
-            {"tie_word_embeddings", false},
-            {"rope_scaling", {{"type", "yarn"}, {"factor", 40.0}, {"beta_fast", 32.0}, {"beta_slow", 1.0},
-                              {"mscale", 1.0}, {"mscale_all_dim", 1.0}, {"original_max_position_embeddings", 4096}}}};
-  model::ModelConfig c = model::parse_config(j, "deepseek-v3 (built-in)");
+  model::ModelConfig c = model::parse_config(deepseek_v3_json(), "deepseek-v3 (built-in)");
   c.num_nextn_predict_layers = 1;  // set after parsing: the parser logs that MTP is not trained
   return c;
 }
@@ -375,17 +382,11 @@ model::ModelConfig deepseek_v3_config() {
 // DeepSeek-V3.2: huggingface.co/deepseek-ai/DeepSeek-V3.2-Exp/blob/main/config.json, V3's
 // values plus the lightning indexer (64 heads x 128, top-2048) under model_type deepseek_v32.
 model::ModelConfig deepseek_v32_config() {
-  json j = {{"model_type", "deepseek_v32"}, {"vocab_size", 129280}, {"hidden_size", 7168},
-            {"intermediate_size", 18432}, {"moe_intermediate_size", 2048}, {"num_hidden_layers", 61},
-            {"num_attention_heads", 128}, {"num_key_value_heads", 128}, {"n_shared_experts", 1},
-            {"n_routed_experts", 256}, {"routed_scaling_factor", 2.5}, {"kv_lora_rank", 512},
-            {"q_lora_rank", 1536}, {"qk_rope_head_dim", 64}, {"v_head_dim", 128}, {"qk_nope_head_dim", 128},
-            {"topk_method", "noaux_tc"}, {"n_group", 8}, {"topk_group", 4}, {"num_experts_per_tok", 8},
-            {"first_k_dense_replace", 3}, {"norm_topk_prob", true}, {"scoring_func", "sigmoid"},
-            {"max_position_embeddings", 163840}, {"rope_theta", 10000.0}, {"rms_norm_eps", 1e-6},
-            {"tie_word_embeddings", false}, {"index_n_heads", 64}, {"index_head_dim", 128}, {"index_topk", 2048},
-            {"rope_scaling", {{"type", "yarn"}, {"factor", 40.0}, {"beta_fast", 32.0}, {"beta_slow", 1.0},
-                              {"mscale", 1.0}, {"mscale_all_dim", 1.0}, {"original_max_position_embeddings", 4096}}}};
+  json j = deepseek_v3_json();
+  j["model_type"] = "deepseek_v32";
+  j["index_n_heads"] = 64;
+  j["index_head_dim"] = 128;
+  j["index_topk"] = 2048;
   model::ModelConfig c = model::parse_config(j, "deepseek-v3.2 (built-in)");
   c.num_nextn_predict_layers = 1;  // set after parsing: the parser logs that MTP is not trained
   return c;
