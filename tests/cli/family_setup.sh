@@ -1,4 +1,4 @@
-# Sourced by the per-family command tests (tests/cli/v2_commands.sh, v32_commands.sh) with
+# Sourced by the command tests of tests/cli (v2_commands.sh, v32_commands.sh, v4_generate.sh) with
 # TREX (the binary) and NAME (the work directory's prefix) set: makes and enters the work directory
 # WORK, defines fail MESSAGE (prints it and where the work files are kept, exits 1) and run CMD...
 # (runs it with its output in out.txt / err.txt, failing on a non-zero exit), and writes

@@ -8,6 +8,7 @@
 #include "core/parallel.h"
 #include "core/rng.h"
 #include "model/model.h"
+#include "tests/unit/fd_check.h"
 
 using namespace trex;
 using nlohmann::json;
@@ -22,13 +23,7 @@ json base() {
           {"topk_group", 2}, {"initializer_range", 0.3}, {"max_position_embeddings", 8}};
 }
 
-// Loss along p + t*v for the direction v (parameters only).
-double loss_at(model::Model& m, const model::Batch& b, const std::vector<float>& p0, const std::vector<float>& v,
-               double t) {
-  float* P = m.P();
-  for (size_t i = 0; i < p0.size(); ++i) P[i] = p0[i] + (float)(t * v[i]);
-  return m.forward(b).loss;
-}
+using trex::testing::loss_at;
 
 void check_config(const json& j, int64_t B, int64_t T, double aux = 0.0) {
   init_threads();

@@ -18,6 +18,7 @@
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 #include "tests/tiny_configs.h"
+#include "tests/unit/fd_check.h"
 #include "tests/unit/test_util.h"
 
 using namespace trex;
@@ -29,29 +30,8 @@ const char* kCase = "tests/reference/data/v3_mtp_softmax";
 
 model::ModelConfig cfg_of(const json& j) { return model::parse_config(j, "test config"); }
 
-struct Data {
-  int64_t B, T;
-  std::vector<int32_t> ids, tg, seg;
-  model::Batch batch(bool packed) const { return {B, T, ids.data(), tg.data(), nullptr, packed ? seg.data() : nullptr}; }
-};
-
-Data make_data(int64_t B, int64_t T, int64_t V, uint64_t seed) {
-  Rng r(seed);
-  Data d{B, T, {}, {}, {}};
-  for (int64_t i = 0; i < B * T; ++i) {
-    d.ids.push_back((int32_t)(r.next_u64() % V));
-    d.tg.push_back(i % 5 == 3 ? -100 : (int32_t)(r.next_u64() % V));
-    d.seg.push_back((int32_t)((i % T) < T / 2 + 1 ? 0 : 1));  // two documents per row
-  }
-  return d;
-}
-
-double loss_at(model::Model& m, const model::Batch& b, const std::vector<float>& p0, const std::vector<float>& v,
-               double t) {
-  float* P = m.P();
-  for (size_t i = 0; i < p0.size(); ++i) P[i] = p0[i] + (float)(t * v[i]);
-  return m.forward(b).loss;
-}
+using Data = trex::testing::FdData;
+Data make_data(int64_t B, int64_t T, int64_t V, uint64_t seed) { return trex::testing::fd_data(B, T, V, seed); }
 
 // Central difference of the loss along a random unit direction inside each tensor vs the gradient.
 void fd_check(const json& j, int64_t B, int64_t T, bool packed, double aux, double w, bool tied_head = false) {
@@ -67,33 +47,11 @@ void fd_check(const json& j, int64_t B, int64_t T, bool packed, double aux, doub
   model::LossParts lp = m.forward_backward(b, 1.f);
   ASSERT_TRUE(std::isfinite(lp.loss));
   ASSERT_GT(lp.mtp, 0);
-  const int64_t n = m.layout.total;
-  std::vector<float> p0(m.P(), m.P() + n), g(m.G(), m.G() + n);
-  Rng r(5);
-  const double t = 3e-3;
-  int checked = 0, kinks = 0, mtp_tensors = 0;
-  for (const model::ParamEntry& e : m.layout.entries) {
-    std::vector<float> v(n, 0.f);
-    double gv = 0, vv = 0;
-    for (int64_t i = e.offset; i < e.offset + e.shape.numel(); ++i) vv += (v[i] = (float)r.normal()) * v[i];
-    for (int64_t i = e.offset; i < e.offset + e.shape.numel(); ++i) {
-      v[i] = (float)(v[i] / std::sqrt(vv));
-      gv += (double)g[i] * v[i];
-    }
-    const double fd = (loss_at(m, b, p0, v, t) - loss_at(m, b, p0, v, -t)) / (2 * t);
-    const double tol = 3e-2 * std::abs(gv) + 2e-3;
-    if (std::abs(fd - gv) > tol) {  // an expert choice flipped inside [-t, t]: one-sided, smaller steps
-      const double l0 = loss_at(m, b, p0, v, 0);
-      const double fr = (loss_at(m, b, p0, v, t / 8) - l0) / (t / 8), fl = (l0 - loss_at(m, b, p0, v, -t / 8)) / (t / 8);
-      if (std::abs(fr - gv) <= 4 * tol || std::abs(fl - gv) <= 4 * tol) {
-        ++kinks;
-        continue;
-      }
-    }
-    EXPECT_NEAR(fd, gv, tol) << e.name;
-    ++checked;
-    mtp_tensors += model::v3_layer_of(e.name) >= cfg.num_hidden_layers;
-  }
+  int kinks = 0;
+  const std::vector<const model::ParamEntry*> done = trex::testing::fd_check_tensors(m, b, &kinks);
+  const int checked = (int)done.size();
+  int mtp_tensors = 0;
+  for (const model::ParamEntry* e : done) mtp_tensors += model::v3_layer_of(e->name) >= cfg.num_hidden_layers;
   std::printf("[v3 mtp fd] %d tensors checked (%d of the MTP layers), %d at a kink checked one-sided\n", checked,
               mtp_tensors, kinks);
   EXPECT_GT(mtp_tensors, 10);
