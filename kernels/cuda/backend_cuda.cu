@@ -2,6 +2,7 @@
 // kernels/cuda/ops.h. One object per process and device; the cuBLASLt handle and its workspace
 // live here.
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include "kernels/backend.h"
 #include "kernels/cuda/check.h"
@@ -30,6 +31,10 @@ class CudaBackend final : public Backend {
     TREX_CUDA_CHECK(cudaMalloc(&ctx_.lt_ws, ctx_.lt_ws_bytes));
     ctx_.stream = default_stream_;
     ctx_.plans = &plans_;
+    if (const char* e = std::getenv("TREX_CUDA_GEMM_PLANS"))  // A/B runs: exact | off
+      plans_.mode = std::string(e) == "off" ? cuda::LtPlans::Mode::Off
+                    : std::string(e) == "exact" ? cuda::LtPlans::Mode::Exact
+                                                : cuda::LtPlans::Mode::Classes;
     // Keep freed scratch in the stream-ordered pool instead of returning it at every
     // synchronization (the attention's scratch is GiBs, taken and freed each layer).
     cudaMemPool_t pool;

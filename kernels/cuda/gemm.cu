@@ -9,8 +9,6 @@
 // batches of one shape in one call. Each shape's plan (descriptors, algorithm) is made once and
 // kept in the backend's LtPlans.
 #include <cuda_bf16.h>
-#include <cstdlib>
-#include <string>
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
@@ -163,10 +161,8 @@ void lt_gemm(const Ctx& ctx, bool bf16_in, bool ta, bool tb, int64_t M, int64_t 
              int64_t batch = 1, int64_t sa = 0, int64_t sb = 0, int64_t sc = 0) {
   const LtKey exact{bf16_in, ta, tb, M, N, K, lda, ldb, ldc, batch, sa, sb, sc, alignment_of(A, B, C)};
   LtKey cls = exact;
-  // TREX_CUDA_GEMM_PLANS=exact: one plan per exact size (no size classes); =off: no plan table.
-  const char* env = std::getenv("TREX_CUDA_GEMM_PLANS");
-  const std::string mode = env ? env : "";
-  if (batch == 1 && mode != "exact" && mode != "off") {  // (batched products, the attention's, come in few fixed sizes)
+  const LtPlans::Mode mode = ctx.plans ? ctx.plans->mode : LtPlans::Mode::Off;
+  if (batch == 1 && mode == LtPlans::Mode::Classes) {  // (batched products, the attention's, come in few fixed sizes)
     cls.M = size_class(M), cls.N = size_class(N), cls.K = size_class(K);
     // The class's problem must fit the leading dimensions (column-major: ld >= rows), else the
     // exact size is planned.
@@ -174,7 +170,7 @@ void lt_gemm(const Ctx& ctx, bool bf16_in, bool ta, bool tb, int64_t M, int64_t 
     if (!fits) cls = exact;
   }
   LtPlans local;  // a Ctx without a plan table: plan, use, drop
-  const LtPlan& p = (ctx.plans && mode != "off" ? *ctx.plans : local).get(ctx, cls);
+  const LtPlan& p = (mode != LtPlans::Mode::Off ? *ctx.plans : local).get(ctx, cls);
   const Layouts L(exact);
   cublasStatus_t st = cublasLtMatmul(ctx.lt, p.op, &alpha, B, L.a, A, L.b, &beta, C, L.c, C, L.c, &p.algo, ctx.lt_ws,
                                      ctx.lt_ws_bytes, ctx.stream);

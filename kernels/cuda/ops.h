@@ -35,6 +35,10 @@ struct LtPlan {
 class LtPlans {
  public:
   static constexpr size_t kMaxPlans = 8192;
+  // Classes: a plan per size class (the default); Exact: per exact size; Off: no table, every
+  // product plans for itself. The backend reads TREX_CUDA_GEMM_PLANS = exact | off once.
+  enum class Mode { Classes, Exact, Off };
+  Mode mode = Mode::Classes;
   LtPlans() = default;
   ~LtPlans();
   LtPlans(const LtPlans&) = delete;
