@@ -20,6 +20,7 @@
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
 #include "kernels/lm_head_ce.h"
+#include "kernels/router.h"
 #include "kernels/rope.h"
 #include "kernels/rows.h"
 
@@ -99,6 +100,19 @@ class Backend {
                                int64_t N, int64_t K, int64_t d, float* dy, float* dprobs) = 0;
   virtual void moe_dispatch_bwd(const float* dxs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d,
                                 float* dx) = 0;
+  // The MoE router (kernels/router.h).
+  virtual void router_select(const RouterShape& s, const float* logits, const float* bias, const int32_t* fixed_idx,
+                             float* scores, int32_t* idx, float* probs) = 0;
+  virtual void router_probs_bwd(const RouterShape& s, const float* scores, const int32_t* idx, const float* dprobs,
+                                float* dscores) = 0;
+  virtual void router_scores_bwd(const RouterShape& s, const float* scores, const float* dscores, float* dlogits) = 0;
+  // router_aux_counts over these rows (they hold every token of the sequences they touch), then
+  // router_aux_loss. dscores null: returns the loss (waits for it); else adds the gradient and
+  // returns 0 (no wait).
+  virtual double router_aux(const RouterShape& s, const float* scores, const int32_t* idx, int64_t B, int64_t T,
+                            int64_t n0, double alpha, float grad_scale, float* dscores) = 0;
+  virtual void moe_sort(const int32_t* idx, int64_t N, int64_t K, int64_t E, int64_t* offsets, int32_t* row_token,
+                        int32_t* slot_row) = 0;
 };
 
 // The spelling of a device: "cpu" (*cuda_index = -1), "cuda" (0) or "cuda:N" (N in 0..1023).

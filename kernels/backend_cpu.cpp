@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 #include "core/cpu.h"
 #include "core/error.h"
 #include "kernels/backend.h"
@@ -118,6 +119,28 @@ class CpuBackend final : public Backend {
   void moe_dispatch_bwd(const float* dxs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d,
                         float* dx) override {
     kern::moe_dispatch_bwd(dxs, slot_row, N, K, d, dx);
+  }
+  void router_select(const RouterShape& s, const float* logits, const float* bias, const int32_t* fixed_idx,
+                     float* scores, int32_t* idx, float* probs) override {
+    kern::router_select(s, logits, bias, fixed_idx, scores, idx, probs);
+  }
+  void router_probs_bwd(const RouterShape& s, const float* scores, const int32_t* idx, const float* dprobs,
+                        float* dscores) override {
+    kern::router_probs_bwd(s, scores, idx, dprobs, dscores);
+  }
+  void router_scores_bwd(const RouterShape& s, const float* scores, const float* dscores, float* dlogits) override {
+    kern::router_scores_bwd(s, scores, dscores, dlogits);
+  }
+  double router_aux(const RouterShape& s, const float* scores, const int32_t* idx, int64_t B, int64_t T, int64_t n0,
+                    double alpha, float grad_scale, float* dscores) override {
+    std::vector<double> cnt(B * s.E, 0.0);
+    kern::router_aux_counts(s, idx, T, n0, cnt.data());
+    const double loss = kern::router_aux_loss(s, scores, cnt.data(), B, T, n0, alpha, grad_scale, dscores);
+    return dscores ? 0.0 : loss;
+  }
+  void moe_sort(const int32_t* idx, int64_t N, int64_t K, int64_t E, int64_t* offsets, int32_t* row_token,
+                int32_t* slot_row) override {
+    kern::moe_sort(idx, N, K, E, offsets, row_token, slot_row);
   }
 
  private:

@@ -365,7 +365,7 @@ LossParts Model::stage_forward_backward(const Batch& b, const StageIO& io, float
 }
 
 LossParts Model::run(const Batch& b, float grad_scale, bool backward, const StageIO* io) {
-  const SerialScope host_serial(on_device());  // the host's share of a device step: routing (core/parallel.h)
+  const SerialScope host_serial(on_device());  // the host's share of a device step: batch, positions (core/parallel.h)
   const int64_t B = b.B, T = b.T, N = B * T, V = cfg.vocab_size;
   TREX_CHECK(B > 0 && T > 0, "empty batch");
   for (int64_t i = 0; i < N; ++i) {
@@ -485,8 +485,10 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
   int64_t n_valid = 0;  // of the whole micro-batch (the CE is its mean)
   for (int64_t i = 0; i < N; ++i) n_valid += b.targets[i] != -100;
   out.n_valid = st.last ? n_valid : 0;
+  // The router biases in the backend's memory (one copy per step; they change between steps).
+  const float* bufs = buffers.empty() ? nullptr : c.device(buffers.data(), (int64_t)buffers.size());
   auto moe_in = [&](const LayerParams& lp) {
-    const float* bias = lp.bias >= 0 ? buffers.data() + lp.bias : nullptr;  // DeepSeek-V2: none
+    const float* bias = lp.bias >= 0 ? bufs + lp.bias : nullptr;  // DeepSeek-V2: none
     MoeIn mi{&cfg, &lp, P, Pb, G, bias, B, T, opt.aux_loss_alpha, grad_scale};
     mi.dispatcher = &moe_dispatcher();
     mi.slab_first = ep_.slab_first;

@@ -157,32 +157,48 @@ double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, Mo
   StackArena& A = *c.ws;
   s.x = x;
 
-  // Route (f32 gate): the logits on the backend, the selection on the host.
-  StackArena& H = c.host_ws();
+  // Route (f32 gate) on the backend: the logits, the scores, each token's experts and the sort of
+  // the (token, slot) pairs by expert. The host gets the E + 1 expert offsets (the plan of the
+  // expert GEMMs) and the aux loss's value.
+  const kern::RouterShape rs = router_shape(m, N);
   {
     ProfScope ps(c.prof, "fwd.moe.route");
     float* logits = A.alloc<float>(N * E);
     {
       ProfScope ps2(c.prof, "fwd.moe.route.logits");
       c.k().gemm(kern::Prec::F32, kern::Prec::F32, false, true, N, E, d, 1.f, x, d, in.P + p.router, d, 0.f, logits, E);
-      s.route.scores = c.host(logits, N * E);
     }
-    s.route.idx = H.alloc<int32_t>(R);
-    s.route.probs = H.alloc<float>(R);
+    s.route.scores = logits;  // in place
+    s.route.idx = A.alloc<int32_t>(R);
+    s.route.probs = A.alloc<float>(R);
     ProfScope ps3(c.prof, "fwd.moe.route.select");
-    router_select(m, s.route.scores, in.hash_idx ? nullptr : in.bias, N, s.route, in.hash_idx);
+    const int32_t* fixed = in.hash_idx ? c.device(in.hash_idx, R) : nullptr;
+    c.k().router_select(rs, logits, fixed ? nullptr : in.bias, fixed, s.route.scores, s.route.idx, s.route.probs);
   }
-  double aux = in.aux_alpha > 0 ? seq_aux_loss(m, s.route, in.B, in.T, in.aux_alpha, 1.f, nullptr, in.n0, N, in.seq_sum) : 0.0;
-
-  // Dispatch: counting sort of (token, slot) pairs by expert (stable in token order), the plan of
-  // the rows computed here, then the sorted rows out while the shared experts run.
+  s.probs_dev = s.route.probs;
+  // Dispatch: counting sort of the (token, slot) pairs by expert (stable in token order), the plan
+  // of the rows computed here, then the sorted rows out while the shared experts run.
   Dispatch& D = s.disp;
-  D.row_token = H.alloc<int32_t>(R);
-  D.slot_row = H.alloc<int32_t>(R);
-  moe_sort(s.route.idx, N, K, E, D.offsets, D.row_token, D.slot_row, load);
-  D.row_token_dev = c.device(D.row_token, R);
-  D.slot_row_dev = c.device(D.slot_row, R);
-  s.probs_dev = c.device(s.route.probs, R);
+  {
+    ProfScope ps(c.prof, "fwd.moe.route.sort");
+    int32_t* row_token = A.alloc<int32_t>(R);
+    int32_t* slot_row = A.alloc<int32_t>(R);
+    int64_t* off = A.alloc<int64_t>(E + 1);
+    c.k().moe_sort(s.route.idx, N, K, E, off, row_token, slot_row);
+    D.row_token_dev = row_token, D.slot_row_dev = slot_row;
+    const int64_t* off_h = c.host(off, E + 1);
+    D.offsets.assign(off_h, off_h + E + 1);
+    if (load)
+      for (int64_t e = 0; e < E; ++e) load[e] += D.offsets[e + 1] - D.offsets[e];
+  }
+  double aux = 0;
+  if (in.aux_alpha > 0) {
+    ProfScope ps(c.prof, "fwd.moe.route.aux");
+    // Sequence parallel sums the counts over the shards on the host (a CPU-only layout).
+    TREX_CHECK(!in.seq_sum || c.host_memory(), "moe_forward: sequence parallel needs host-addressable memory");
+    aux = in.seq_sum ? seq_aux_loss(m, s.route, in.B, in.T, in.aux_alpha, 1.f, nullptr, in.n0, N, in.seq_sum)
+                     : c.k().router_aux(rs, s.route.scores, s.route.idx, in.B, in.T, in.n0, in.aux_alpha, 1.f, nullptr);
+  }
   MoeRoute& r = s.local;
   {
     ProfScope ps(c.prof, "fwd.moe.dispatch");
@@ -291,12 +307,17 @@ void moe_backward(const Ctx& c, const MoeIn& in, const MoeSaved& s, const float*
 
   // Router: probs (and the aux loss) -> scores -> logits -> x and the gate weight (f32).
   ProfScope ps(c.prof, "bwd.moe.route");
-  // (The scores' gradient on the host, where the selection ran.)
-  float* dsc = c.host_ws().alloc_zero<float>(N * E);
-  router_probs_backward(m, s.route, c.host(dprobs, R), N, dsc);
-  if (in.aux_alpha > 0) seq_aux_loss(m, s.route, in.B, in.T, in.aux_alpha, in.aux_grad_scale, dsc, in.n0, N, in.seq_sum);
-  router_scores_backward(m, s.route.scores, dsc, N, dsc);
-  const float* dlogits = c.device(dsc, N * E);
+  const kern::RouterShape rs = router_shape(m, N);
+  float* dlogits = A.alloc<float>(N * E);
+  c.k().zero(dlogits, N * E * sizeof(float));
+  c.k().router_probs_bwd(rs, s.route.scores, s.route.idx, dprobs, dlogits);
+  if (in.aux_alpha > 0) {
+    if (in.seq_sum)
+      seq_aux_loss(m, s.route, in.B, in.T, in.aux_alpha, in.aux_grad_scale, dlogits, in.n0, N, in.seq_sum);
+    else
+      c.k().router_aux(rs, s.route.scores, s.route.idx, in.B, in.T, in.n0, in.aux_alpha, in.aux_grad_scale, dlogits);
+  }
+  c.k().router_scores_bwd(rs, s.route.scores, dlogits, dlogits);
   c.k().gemm(kern::Prec::F32, kern::Prec::F32, false, false, N, d, E, 1.f, dlogits, E, in.P + p.router, d, 1.f, dx, d);
   c.k().gemm(kern::Prec::F32, kern::Prec::F32, true, false, E, d, N, 1.f, dlogits, E, s.x, d, 1.f, in.G + p.router, d);
   A.release(mk);

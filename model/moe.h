@@ -24,8 +24,8 @@ namespace trex::model {
 
 struct MoeSaved {
   const float* x = nullptr;  // [N, d]
-  RouterOut route;                   // host memory (the selection runs on the host)
-  const float* probs_dev = nullptr;  // route.probs in the backend's memory
+  RouterOut route;                   // backend memory (the router runs on the backend)
+  const float* probs_dev = nullptr;  // route.probs
   Dispatch disp;
   MoeRoute local;       // the rows computed here (the dispatcher's plan)
   float* gu = nullptr;  // [Rl, 2F] local rows
@@ -40,11 +40,11 @@ struct MoeIn {
   const float* P;
   const bf16* Pb;
   float* G;
-  const float* bias;  // [E] e_score_correction_bias
+  const float* bias;  // [E] e_score_correction_bias (backend memory)
   int64_t B, T;
   double aux_alpha = 0;   // sequence-wise aux loss coefficient (0 = off)
   float aux_grad_scale = 1.f;
-  const int32_t* hash_idx = nullptr;  // [N, K] fixed experts (DeepSeek-V4 hash layers) or null
+  const int32_t* hash_idx = nullptr;  // [N, K] fixed experts (DeepSeek-V4 hash layers) or null (host memory)
   float swiglu_limit = 0.f;           // clamp of routed and shared experts (V4), 0 = none
   const MoeDispatcher* dispatcher = nullptr;  // where the routed rows go (AllToAll: a collective)
   int64_t slab_first = 0;  // the first routed expert the weight slab holds (expert-sharded models)

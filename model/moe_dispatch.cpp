@@ -2,6 +2,7 @@
 #include <cstring>
 #include "core/error.h"
 #include "core/parallel.h"
+#include "kernels/router.h"
 #include "model/moe_dispatch.h"
 
 namespace trex::model {
@@ -34,19 +35,10 @@ const float* LocalDispatcher::saved_inputs(const MoeRoute&, const Dispatch&, con
 
 void moe_sort(const int32_t* idx, int64_t N, int64_t K, int64_t E, std::vector<int64_t>& offsets,
               int32_t* row_token, int32_t* slot_row, int64_t* load) {
-  const int64_t R = N * K;
   offsets.assign(E + 1, 0);
-  for (int64_t i = 0; i < R; ++i) offsets[idx[i] + 1]++;
-  for (int64_t e = 0; e < E; ++e) {
-    if (load) load[e] += offsets[e + 1];
-    offsets[e + 1] += offsets[e];
-  }
-  std::vector<int64_t> fill(offsets.begin(), offsets.end() - 1);
-  for (int64_t i = 0; i < R; ++i) {
-    const int64_t row = fill[idx[i]]++;
-    row_token[row] = (int32_t)(i / K);
-    slot_row[i] = (int32_t)row;
-  }
+  kern::moe_sort(idx, N, K, E, offsets.data(), row_token, slot_row);
+  if (load)
+    for (int64_t e = 0; e < E; ++e) load[e] += offsets[e + 1] - offsets[e];
 }
 
 }  // namespace trex::model

@@ -24,11 +24,9 @@ namespace trex::model {
 
 // The dispatch handle of a layer: this rank's rows sorted by expert.
 struct Dispatch {
-  std::vector<int64_t> offsets;  // [E + 1] first sorted row of each expert
-  int32_t* row_token = nullptr;  // [N*K] token of each sorted row (host memory)
-  int32_t* slot_row = nullptr;   // [N*K] sorted row of token n's k-th slot (n*K + k) (host memory)
-  const int32_t* row_token_dev = nullptr;  // the same two in the backend's memory (model::Ctx::device)
-  const int32_t* slot_row_dev = nullptr;
+  std::vector<int64_t> offsets;  // [E + 1] first sorted row of each expert (the host's copy)
+  const int32_t* row_token_dev = nullptr;  // [N*K] token of each sorted row (backend memory)
+  const int32_t* slot_row_dev = nullptr;   // [N*K] sorted row of token n's k-th slot (n*K + k) (backend memory)
 };
 
 // The expert-parallel group of this rank. comm == null: every expert here.
@@ -118,10 +116,8 @@ class AllToAllDispatcher final : public MoeDispatcher {
   const ExpertParallel& ep_;
 };
 
-// Counting sort of the (token, slot) pairs by expert idx [R], stable in token order: offsets
-// [E + 1], row_token [R], slot_row [R] (Dispatch); load [E] (if set) += the rows of each expert.
-// (Host memory. The row operations around the experts, gather, combine and their adjoints, are
-// the backend's: kernels/rows.h.)
+// kern::moe_sort (kernels/router.h) into a vector of offsets, on host memory; load [E] (if set) +=
+// the rows of each expert. (moe_forward runs the backend's moe_sort.)
 void moe_sort(const int32_t* idx, int64_t N, int64_t K, int64_t E, std::vector<int64_t>& offsets,
               int32_t* row_token, int32_t* slot_row, int64_t* load);
 

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include "kernels/router.h"
 #include "model/config.h"
 
 namespace trex::model {
@@ -15,6 +16,10 @@ struct RouterOut {
   int32_t* idx = nullptr;   // [N, K] selected experts
   float* probs = nullptr;   // [N, K] combine weights
 };
+
+// The kernel layer's description of this model's router for N tokens (kernels/router.h, where the
+// math lives; the functions below are its host entry points in model terms).
+kern::RouterShape router_shape(const ModelConfig& c, int64_t N);
 
 // scores [N, E] from logits [N, E] (in place allowed), then selection. bias: [E] or null.
 // fixed_idx: [N, K] or null: hash routing (DeepSeek-V4 tid2eid), the experts are given and the

@@ -161,7 +161,7 @@ struct StepWalk {
     const int64_t Fs = c.shared_intermediate(), Rl = std::max<int64_t>(R, 1);
     const bool moves = ep > 1;
     f32(Nl * E), i32(R), f32(R);  // scores, idx, probs
-    i32(R), i32(R);              // row_token, slot_row
+    i32(R), i32(R), i64(E + 1);  // row_token, slot_row, offsets
     if (moves) i32(Rl), f32(Rl * d);  // plan: perm, the kept inputs
     f32(R * d);                        // y
     f32(Rl * 2 * F), f32(Rl * F);      // gu, h

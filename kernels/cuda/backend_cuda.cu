@@ -180,6 +180,25 @@ class CudaBackend final : public Backend {
                         float* dx) override {
     cuda::moe_dispatch_bwd(ctx_, dxs, slot_row, N, K, d, dx);
   }
+  void router_select(const RouterShape& s, const float* logits, const float* bias, const int32_t* fixed_idx,
+                     float* scores, int32_t* idx, float* probs) override {
+    cuda::router_select(ctx_, s, logits, bias, fixed_idx, scores, idx, probs);
+  }
+  void router_probs_bwd(const RouterShape& s, const float* scores, const int32_t* idx, const float* dprobs,
+                        float* dscores) override {
+    cuda::router_probs_bwd(ctx_, s, scores, idx, dprobs, dscores);
+  }
+  void router_scores_bwd(const RouterShape& s, const float* scores, const float* dscores, float* dlogits) override {
+    cuda::router_scores_bwd(ctx_, s, scores, dscores, dlogits);
+  }
+  double router_aux(const RouterShape& s, const float* scores, const int32_t* idx, int64_t B, int64_t T, int64_t n0,
+                    double alpha, float grad_scale, float* dscores) override {
+    return cuda::router_aux(ctx_, s, scores, idx, B, T, n0, alpha, grad_scale, dscores);
+  }
+  void moe_sort(const int32_t* idx, int64_t N, int64_t K, int64_t E, int64_t* offsets, int32_t* row_token,
+                int32_t* slot_row) override {
+    cuda::moe_sort(ctx_, idx, N, K, E, offsets, row_token, slot_row);
+  }
 
  private:
   int device_;

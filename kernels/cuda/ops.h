@@ -12,6 +12,7 @@
 #include "kernels/gemm.h"
 #include "kernels/lm_head_ce.h"
 #include "kernels/rope.h"
+#include "kernels/router.h"
 
 namespace trex::kern::cuda {
 
@@ -99,6 +100,16 @@ void moe_combine_bwd(const Ctx& c, const float* dout, const float* y, const floa
                      int64_t N, int64_t K, int64_t d, float* dy, float* dprobs);
 void moe_dispatch_bwd(const Ctx& c, const float* dxs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d,
                       float* dx);
+// The MoE router (kernels/router.h, kernels/cuda/router.cu).
+void router_select(const Ctx& c, const RouterShape& s, const float* logits, const float* bias, const int32_t* fixed_idx,
+                   float* scores, int32_t* idx, float* probs);
+void router_probs_bwd(const Ctx& c, const RouterShape& s, const float* scores, const int32_t* idx, const float* dprobs,
+                      float* dscores);
+void router_scores_bwd(const Ctx& c, const RouterShape& s, const float* scores, const float* dscores, float* dlogits);
+double router_aux(const Ctx& c, const RouterShape& s, const float* scores, const int32_t* idx, int64_t B, int64_t T,
+                  int64_t n0, double alpha, float grad_scale, float* dscores);
+void moe_sort(const Ctx& c, const int32_t* idx, int64_t N, int64_t K, int64_t E, int64_t* offsets, int32_t* row_token,
+              int32_t* slot_row);
 
 // Device scratch ordered on ctx.stream (the stream-ordered allocator): freed when it goes out of
 // scope, after the work enqueued so far.

@@ -100,6 +100,24 @@ class ForwardingBackend : public kern::Backend {
   void moe_dispatch_bwd(const float* g, const int32_t* sr, int64_t N, int64_t K, int64_t d, float* dx) override {
     TREX_FORWARD(moe_dispatch_bwd(g, sr, N, K, d, dx));
   }
+  void router_select(const kern::RouterShape& s, const float* lg, const float* b, const int32_t* fx, float* sc,
+                     int32_t* id, float* pr) override {
+    TREX_FORWARD(router_select(s, lg, b, fx, sc, id, pr));
+  }
+  void router_probs_bwd(const kern::RouterShape& s, const float* sc, const int32_t* id, const float* dp,
+                        float* ds) override {
+    TREX_FORWARD(router_probs_bwd(s, sc, id, dp, ds));
+  }
+  void router_scores_bwd(const kern::RouterShape& s, const float* sc, const float* ds, float* dl) override {
+    TREX_FORWARD(router_scores_bwd(s, sc, ds, dl));
+  }
+  double router_aux(const kern::RouterShape& s, const float* sc, const int32_t* id, int64_t B, int64_t T, int64_t n0,
+                    double a, float gs, float* ds) override {
+    TREX_FORWARD(router_aux(s, sc, id, B, T, n0, a, gs, ds));
+  }
+  void moe_sort(const int32_t* id, int64_t N, int64_t K, int64_t E, int64_t* off, int32_t* rt, int32_t* sr) override {
+    TREX_FORWARD(moe_sort(id, N, K, E, off, rt, sr));
+  }
 #undef TREX_FORWARD
 
  protected:
