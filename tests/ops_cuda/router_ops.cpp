@@ -229,7 +229,7 @@ void router_perf() {
     dev().router_probs_bwd(s, sc.get(), id.get(), P.get(), ds.get());
     dev().router_scores_bwd(s, sc.get(), ds.get(), ds.get());
   });
-  std::printf("PERF %-48s select %.3f ms  sort %.3f ms  bwd %.3f ms\n", "cuda router N=4096 E=256 K=8", t_sel, t_sort,
+  std::printf("perf %-48s select %.3f ms  sort %.3f ms  bwd %.3f ms\n", "cuda router N=4096 E=256 K=8", t_sel, t_sort,
               t_bwd);
 }
 
