@@ -106,40 +106,43 @@ void add_solve(CLI::App& parent) {
   });
 }
 
-// Zero-shot greedy generation from a checkpoint: the question wrapped in the evaluation prompt
-// (or/dataset.h: eval_prompt) as one user turn of the chat template. batch > 1: the problems are
-// generated `batch` at a time (model::generate_batch: the same outputs as one at a time), the
-// first request of a group generating the group.
+// Zero-shot generation from a checkpoint: the question wrapped in the evaluation prompt
+// (or/dataset.h: eval_prompt) as one user turn of the chat template; greedy, or sampled with
+// temperature / top_p, sample j of every problem drawing from Rng(seed + j). batch > 1: the
+// problems are generated `batch` at a time (model::generate_batch: the same outputs as one at a
+// time), the first request of a group generating the group.
 class ModelSource final : public orx::OutputSource {
  public:
   ModelSource(const std::string& dir, const std::string& tokenizer, const std::string& tmpl, int64_t max_tokens,
-              const std::vector<orx::Problem>& problems, int64_t batch)
+              const std::vector<orx::Problem>& problems, int64_t batch, const model::SampleParams& sp)
       : cfg_(model::load_config_json(dir + "/config.json")),
         m_(cfg_, kern::Prec::F32),
         tok_(io::Tokenizer::load(tokenizer.empty() ? dir : tokenizer)),
         tmpl_(train::ChatTemplate::by_name(tmpl)),
         max_tokens_(max_tokens),
         problems_(problems),
-        batch_(batch) {
+        batch_(batch),
+        sp_(sp) {
     TREX_USER_CHECK(batch >= 1, "use --batch >= 1", "or eval: --batch ", batch, " must be >= 1");
     model::load_hf_weights(m_, dir);
     eos_ = stop_ids(tok_, tmpl_);
   }
-  std::string output(const orx::Problem& p, size_t i) override {
+  std::string output(const orx::Problem& p, size_t i) override { return samples(p, i, 1).front(); }
+  std::vector<std::string> samples(const orx::Problem& p, size_t i, int64_t n) override {
     auto it = done_.find(i);
     if (it == done_.end()) {
-      generate_from(i, p);
+      generate_from(i, p, n);
       it = done_.find(i);
     }
-    std::string out = std::move(it->second);
+    std::vector<std::string> out = std::move(it->second);
     done_.erase(it);
     return out;
   }
 
  private:
-  // Generates problem i and the next batch - 1 problems with readable answers (those evaluate()
-  // asks for next).
-  void generate_from(size_t i, const orx::Problem& p) {
+  // Generates n samples of problem i and of the next batch - 1 problems with readable answers
+  // (those evaluate() asks for next).
+  void generate_from(size_t i, const orx::Problem& p, int64_t n) {
     std::vector<size_t> which = {i};
     for (size_t j = i + 1; j < problems_.size() && (int64_t)which.size() < batch_; ++j)
       if (problems_[j].truth.kind != orx::Truth::Unreadable) which.push_back(j);
@@ -160,10 +163,13 @@ class ModelSource final : public orx::OutputSource {
       longest = std::max(longest, (int64_t)prompts.back().size() + budgets.back());
     }
     model::Decoder dec(m_, longest, (int64_t)which.size());
-    model::SampleParams sp;
-    std::vector<model::GenerateResult> r = model::generate_batch(
-        dec, prompts, sp, budgets, [&](const std::vector<int32_t>& t) { return tok_.decode(t, true); }, eos_);
-    for (size_t k = 0; k < which.size(); ++k) done_[which[k]] = std::move(r[k].text);
+    for (int64_t s = 0; s < n; ++s) {
+      model::SampleParams sp = sp_;
+      sp.seed = sp_.seed + (uint64_t)s;
+      std::vector<model::GenerateResult> r = model::generate_batch(
+          dec, prompts, sp, budgets, [&](const std::vector<int32_t>& t) { return tok_.decode(t, true); }, eos_);
+      for (size_t k = 0; k < which.size(); ++k) done_[which[k]].push_back(std::move(r[k].text));
+    }
   }
 
   model::ModelConfig cfg_;
@@ -175,21 +181,24 @@ class ModelSource final : public orx::OutputSource {
   int64_t batch_;
   bool warned_cap_ = false;
   std::vector<int32_t> eos_;
-  std::map<size_t, std::string> done_;  // generated, not yet asked for
+  model::SampleParams sp_;
+  std::map<size_t, std::vector<std::string>> done_;  // generated, not yet asked for
 };
 
 void add_eval(CLI::App& parent) {
   auto* ev = parent.add_subcommand("eval", "Pass@1 of model outputs: extract the LP block, solve, compare with the answer");
   struct Opts {
     std::string predictions, data, out, qfield, afield, model, tokenizer, tmpl = "deepseek";
-    double time_limit = 20;
-    int64_t max_tokens = 512, batch = 1;
+    double time_limit = 20, temperature = 0, top_p = 1;
+    int64_t max_tokens = 512, batch = 1, samples = 1;
+    uint64_t seed = 1;
+    std::vector<int64_t> ks;
     int threads = 0;
     bool strict_ids = false;
   };
   auto o = std::make_shared<Opts>();
   ev->add_option("--predictions", o->predictions, "JSONL with the model outputs (field output|prediction|response|completion)");
-  ev->add_option("--model", o->model, "checkpoint directory: generate the outputs zero-shot, greedy");
+  ev->add_option("--model", o->model, "checkpoint directory: generate the outputs zero-shot (greedy unless --temperature)");
   ev->add_option("--tokenizer", o->tokenizer, "tokenizer.json (default: MODEL/tokenizer.json)");
   ev->add_option("--template", o->tmpl, "chat template for --model: deepseek | deepseek-v2 | chatml");
   ev->add_option("--max-tokens", o->max_tokens, "generation limit per problem for --model (default 512)");
@@ -200,6 +209,13 @@ void add_eval(CLI::App& parent) {
   ev->add_option("--question-field", o->qfield, "question field name (default: question, en_question, problem, prompt)");
   ev->add_option("--answer-field", o->afield, "answer field name (default: answer, en_answer, ground_truth, label)");
   ev->add_option("--time-limit", o->time_limit, "seconds per solve (default 20)");
+  ev->add_option("--samples", o->samples,
+                 "outputs judged per problem (default 1); > 1 reports pass@k (unbiased estimator) and the majority "
+                 "vote: --predictions lists them (repeated ids or an \"outputs\" list), --model samples them");
+  ev->add_option("--k", o->ks, "k values of pass@k with --samples (1 is always reported; each <= --samples)")->delimiter(',');
+  ev->add_option("--temperature", o->temperature, "--model: sampling temperature (default 0: greedy)");
+  ev->add_option("--top-p", o->top_p, "--model: nucleus sampling share (default 1)");
+  ev->add_option("--seed", o->seed, "--model: sample j of every problem draws from seed + j (default 1)");
   ev->add_flag("--strict-ids", o->strict_ids,
                "refuse predictions that do not pair one to one with the problems (default: a warning with the counts)");
   ev->callback([o] {
@@ -207,20 +223,32 @@ void add_eval(CLI::App& parent) {
     eo.question_field = o->qfield;
     eo.answer_field = o->afield;
     eo.time_limit_s = o->time_limit;
+    eo.samples = o->samples;
+    eo.ks = o->ks;
+    TREX_USER_CHECK(o->samples >= 1, "use --samples >= 1", "or eval: --samples ", o->samples);
+    TREX_USER_CHECK(o->model.empty() || o->samples == 1 || o->temperature > 0,
+                    "give --temperature > 0 to sample, or --samples 1",
+                    "or eval --model: --samples ", o->samples, " with greedy decoding gives the same output every time");
     std::vector<orx::Problem> probs = orx::load_problems(o->data, eo);
     TREX_USER_CHECK(o->predictions.empty() != o->model.empty(), "give exactly one of --predictions and --model",
                     "trex or eval: need --predictions FILE or --model DIR");
     init_threads(o->threads);
     std::unique_ptr<orx::OutputSource> src_ptr;
-    if (!o->model.empty()) src_ptr = std::make_unique<ModelSource>(o->model, o->tokenizer, o->tmpl, o->max_tokens, probs, o->batch);
+    orx::PredictionsSource* preds = nullptr;
+    if (!o->model.empty()) {
+      model::SampleParams sp;
+      sp.temperature = (float)o->temperature, sp.top_p = (float)o->top_p, sp.seed = o->seed;
+      src_ptr = std::make_unique<ModelSource>(o->model, o->tokenizer, o->tmpl, o->max_tokens, probs, o->batch, sp);
+    }
     else {
       auto ps = std::make_unique<orx::PredictionsSource>(o->predictions);
-      const orx::PredictionsSource::Match mt = ps->match(probs);
+      const orx::PredictionsSource::Match mt = ps->match(probs, o->samples > 1);
       TREX_USER_CHECK(mt.ok() || !o->strict_ids,
                       "give one prediction per problem, with the problems' ids (or none, in the data's line order), "
                       "or drop --strict-ids to score the rest",
                       o->predictions, " vs ", o->data, ": ", mt.str());
       if (!mt.ok()) TREX_LOG_WARN(o->predictions, " vs ", o->data, ": ", mt.str());
+      preds = ps.get();
       src_ptr = std::move(ps);
     }
     orx::OutputSource& src = *src_ptr;
@@ -230,6 +258,9 @@ void add_eval(CLI::App& parent) {
       TREX_USER_CHECK(res.good(), "check that the folder exists and is writable", "cannot write ", o->out);
     }
     orx::EvalSummary s = orx::evaluate(probs, src, eo, o->out.empty() ? nullptr : &res);
+    if (preds && preds->short_samples())
+      TREX_LOG_WARN(o->predictions, ": ", preds->short_samples(), " problems have fewer than --samples ", o->samples,
+                    " outputs; the missing ones were judged as failed");
     std::fputs(orx::format_summary(s).c_str(), stdout);
     std::printf("%s\n", orx::summary_json(s).dump().c_str());
   });

@@ -6,6 +6,7 @@
 #include <fstream>
 #include "core/error.h"
 #include "core/timer.h"
+#include "or/pass_at_k.h"
 
 namespace trex::orx {
 
@@ -239,26 +240,39 @@ PredictionsSource::PredictionsSource(const std::string& path) {
     } catch (const std::exception& e) {
       TREX_USER_FAIL("each line must be one JSON object", path, ":", ln, ": invalid JSON (", e.what(), ")");
     }
-    std::string out;
-    bool got = false;
+    std::vector<std::string> outs;
     for (const char* k : {"output", "prediction", "response", "completion", "generated", "text"})
       if (j.contains(k) && j[k].is_string()) {
-        out = j[k].get<std::string>();
-        got = true;
+        outs.push_back(j[k].get<std::string>());
         break;
       }
-    TREX_USER_CHECK(got, "put the model text in an \"output\" field", path, ":", ln, ": no output field");
+    if (outs.empty())
+      for (const char* k : {"outputs", "samples", "completions", "responses", "predictions"})
+        if (j.contains(k) && j[k].is_array()) {
+          for (const nlohmann::json& o : j[k]) {
+            TREX_USER_CHECK(o.is_string(), "give the samples as a list of strings", path, ":", ln, ": field ", k,
+                            " holds a ", o.type_name(), ", not a string");
+            outs.push_back(o.get<std::string>());
+          }
+          TREX_USER_CHECK(!outs.empty(), "give at least one sample", path, ":", ln, ": field ", k, " is empty");
+          break;
+        }
+    TREX_USER_CHECK(!outs.empty(), "put the model text in an \"output\" field (or a list of samples in \"outputs\")",
+                    path, ":", ln, ": no output field");
     std::string id;
     if (j.contains("id")) {
       id = j["id"].is_string() ? j["id"].get<std::string>() : j["id"].dump();
-      by_id_[id] = out;
+      by_id_[id] = outs.front();
+      std::vector<std::string>& all = all_by_id_[id];
+      all.insert(all.end(), outs.begin(), outs.end());
     }
     line_ids_.push_back(id);
-    by_line_.push_back(out);
+    by_line_.push_back(outs.front());
+    line_outputs_.push_back(std::move(outs));
   }
 }
 
-PredictionsSource::Match PredictionsSource::match(const std::vector<Problem>& problems) const {
+PredictionsSource::Match PredictionsSource::match(const std::vector<Problem>& problems, bool repeats_are_samples) const {
   Match m;
   m.by_id = !by_id_.empty();
   m.problems = problems.size();
@@ -276,7 +290,7 @@ PredictionsSource::Match PredictionsSource::match(const std::vector<Problem>& pr
     const std::string& id = line_ids_[i];
     if (id.empty()) {
       ++m.without_id, note("prediction line " + std::to_string(i + 1) + " without id");
-    } else if (seen[id]++) {
+    } else if (seen[id]++ && !repeats_are_samples) {
       ++m.duplicate_ids, note("id " + id + " repeated");
     }
   }
@@ -310,13 +324,127 @@ std::string PredictionsSource::output(const Problem& p, size_t i) {
   return i < by_line_.size() ? by_line_[i] : std::string();
 }
 
+std::vector<std::string> OutputSource::samples(const Problem& p, size_t i, int64_t n) {
+  std::vector<std::string> r;
+  for (int64_t j = 0; j < n; ++j) r.push_back(output(p, i));
+  return r;
+}
+
+std::vector<std::string> PredictionsSource::samples(const Problem& p, size_t i, int64_t n) {
+  std::vector<std::string> r;
+  if (!all_by_id_.empty()) {
+    auto it = all_by_id_.find(p.id);
+    if (it != all_by_id_.end()) r = it->second;
+  } else if (i < line_outputs_.size()) {
+    r = line_outputs_[i];
+  }
+  if ((int64_t)r.size() < n) ++short_;
+  r.resize(n);  // the first n; missing ones are empty (fail)
+  return r;
+}
+
+namespace {
+
+void count_verdict(EvalCounts& c, const Verdict& v) {
+  ++c.outputs;
+  c.lp_found += v.lp.found;
+  c.parsed += v.parsed;
+  c.solved += v.solved;
+  c.strict += v.strict;
+  c.lenient += v.lenient;
+}
+
+nlohmann::ordered_json verdict_json(const Verdict& v) {
+  nlohmann::ordered_json j;
+  j["lp_found"] = v.lp.found;
+  j["extraction"] = v.lp.how;
+  j["parsed"] = v.parsed;
+  j["status"] = status_name(v.result.status);
+  if (v.result.status == SolveResult::Optimal) j["objective"] = v.result.objective;
+  else j["objective"] = nullptr;
+  j["message"] = v.result.message;
+  if (v.result.line) j["line"] = v.result.line;
+  j["strict"] = v.strict;
+  j["lenient"] = v.lenient;
+  return j;
+}
+
+// The k values reported with n samples: 1, the requested ones (<= n), in increasing order.
+std::vector<int64_t> report_ks(const EvalOptions& o) {
+  std::vector<int64_t> ks = {1};
+  for (int64_t k : o.ks) {
+    TREX_USER_CHECK(k >= 1 && k <= o.samples, "give each k of pass@k between 1 and --samples", "pass@", k,
+                    " needs k in [1, ", o.samples, "]");
+    ks.push_back(k);
+  }
+  std::sort(ks.begin(), ks.end());
+  ks.erase(std::unique(ks.begin(), ks.end()), ks.end());
+  return ks;
+}
+
+// samples > 1: every sample judged; pass@k from the counts of right samples; the majority answer.
+void evaluate_samples(const Problem& p, size_t i, OutputSource& src, const EvalOptions& o,
+                      const std::vector<int64_t>& ks, EvalSummary& s, std::ostream* results) {
+  const std::vector<std::string> outs = src.samples(p, i, o.samples);
+  TREX_CHECK((int64_t)outs.size() == o.samples, "evaluate: ", outs.size(), " samples for problem ", p.id, ", wanted ",
+             o.samples);
+  std::vector<Verdict> vs;
+  std::vector<SampleAnswer> answers;
+  int64_t cs = 0, cl = 0;
+  for (const std::string& out : outs) {
+    auto solver = make_cbc_solver();  // a fresh solver per output
+    vs.push_back(judge_output(out, p.truth, *solver, o.time_limit_s));
+    cs += vs.back().strict, cl += vs.back().lenient;
+    answers.push_back({vs.back().result.status, vs.back().result.objective});
+  }
+  const int64_t maj = majority_sample(answers);
+  for (EvalCounts* c : {&s.all, &s.per_category[p.category]}) {
+    ++c->n;
+    for (const Verdict& v : vs) count_verdict(*c, v);
+    for (int64_t k : ks) {
+      c->passk_strict[k] += pass_at_k(o.samples, cs, k);
+      c->passk_lenient[k] += pass_at_k(o.samples, cl, k);
+    }
+    c->maj_strict += maj >= 0 && vs[maj].strict;
+    c->maj_lenient += maj >= 0 && vs[maj].lenient;
+  }
+  if (!results) return;
+  nlohmann::ordered_json j;
+  j["id"] = p.id;
+  j["category"] = p.category;
+  if (!p.family.empty()) j["family"] = p.family;
+  j["truth"] = truth_text(p.truth);
+  j["n_strict"] = cs;
+  j["n_lenient"] = cl;
+  j["majority_sample"] = maj;  // index into samples, -1: no sample reached a verdict
+  j["majority_strict"] = maj >= 0 && vs[maj].strict;
+  j["majority_lenient"] = maj >= 0 && vs[maj].lenient;
+  nlohmann::ordered_json arr = nlohmann::ordered_json::array();
+  for (size_t k = 0; k < vs.size(); ++k) {
+    nlohmann::ordered_json x = verdict_json(vs[k]);
+    x["output"] = outs[k];
+    arr.push_back(x);
+  }
+  j["samples"] = arr;
+  *results << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+}
+
+}  // namespace
+
 EvalSummary evaluate(const std::vector<Problem>& problems, OutputSource& src, const EvalOptions& o, std::ostream* results) {
   const double t0 = now_ms();
   EvalSummary s;
+  TREX_USER_CHECK(o.samples >= 1, "use --samples >= 1", "or eval: --samples ", o.samples);
+  s.samples = o.samples;
+  const std::vector<int64_t> ks = report_ks(o);
   for (size_t i = 0; i < problems.size(); ++i) {
     const Problem& p = problems[i];
     if (p.truth.kind == Truth::Unreadable) {
       ++s.unreadable_truth;
+      continue;
+    }
+    if (o.samples > 1) {
+      evaluate_samples(p, i, src, o, ks, s, results);
       continue;
     }
     const std::string out = src.output(p, i);
@@ -324,11 +452,7 @@ EvalSummary evaluate(const std::vector<Problem>& problems, OutputSource& src, co
     const Verdict v = judge_output(out, p.truth, *solver, o.time_limit_s);
     for (EvalCounts* c : {&s.all, &s.per_category[p.category]}) {
       ++c->n;
-      c->lp_found += v.lp.found;
-      c->parsed += v.parsed;
-      c->solved += v.solved;
-      c->strict += v.strict;
-      c->lenient += v.lenient;
+      count_verdict(*c, v);
     }
     if (results) {
       nlohmann::ordered_json j;
@@ -337,16 +461,7 @@ EvalSummary evaluate(const std::vector<Problem>& problems, OutputSource& src, co
       if (!p.family.empty()) j["family"] = p.family;
       j["truth"] = truth_text(p.truth);
       j["output"] = out;
-      j["lp_found"] = v.lp.found;
-      j["extraction"] = v.lp.how;
-      j["parsed"] = v.parsed;
-      j["status"] = status_name(v.result.status);
-      if (v.result.status == SolveResult::Optimal) j["objective"] = v.result.objective;
-      else j["objective"] = nullptr;
-      j["message"] = v.result.message;
-      if (v.result.line) j["line"] = v.result.line;
-      j["strict"] = v.strict;
-      j["lenient"] = v.lenient;
+      j.update(verdict_json(v));
       *results << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     }
   }
@@ -356,20 +471,37 @@ EvalSummary evaluate(const std::vector<Problem>& problems, OutputSource& src, co
 
 namespace {
 double pct(int64_t a, int64_t n) { return n ? 100.0 * a / n : 0.0; }
-nlohmann::ordered_json counts_json(const EvalCounts& c) {
-  return {{"n", c.n},
-          {"pass1_strict", pct(c.strict, c.n)},
-          {"pass1_lenient", pct(c.lenient, c.n)},
-          {"lp_found", pct(c.lp_found, c.n)},
-          {"parsed", pct(c.parsed, c.n)},
-          {"solved", pct(c.solved, c.n)}};
+// One sample per problem: Pass@1 and the shares of outputs found / parsed / solved.
+// Several: pass@k (mean over the problems, %) for each k, the majority vote's Pass@1, and the
+// shares over all judged outputs.
+nlohmann::ordered_json counts_json(const EvalCounts& c, int64_t samples) {
+  nlohmann::ordered_json j;
+  j["n"] = c.n;
+  if (samples <= 1) {
+    j["pass1_strict"] = pct(c.strict, c.n);
+    j["pass1_lenient"] = pct(c.lenient, c.n);
+  } else {
+    j["samples"] = samples;
+    nlohmann::ordered_json pk = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : c.passk_strict)
+      pk[std::to_string(k)] = {{"strict", c.n ? 100.0 * v / c.n : 0.0},
+                               {"lenient", c.n ? 100.0 * c.passk_lenient.at(k) / c.n : 0.0}};
+    j["pass_at_k"] = pk;
+    j["majority_strict"] = pct(c.maj_strict, c.n);
+    j["majority_lenient"] = pct(c.maj_lenient, c.n);
+    j["outputs"] = c.outputs;
+  }
+  j["lp_found"] = pct(c.lp_found, c.outputs);
+  j["parsed"] = pct(c.parsed, c.outputs);
+  j["solved"] = pct(c.solved, c.outputs);
+  return j;
 }
 }  // namespace
 
 nlohmann::ordered_json summary_json(const EvalSummary& s) {
-  nlohmann::ordered_json j = counts_json(s.all);
+  nlohmann::ordered_json j = counts_json(s.all, s.samples);
   nlohmann::ordered_json per = nlohmann::ordered_json::object();
-  for (const auto& [k, c] : s.per_category) per[k] = counts_json(c);
+  for (const auto& [k, c] : s.per_category) per[k] = counts_json(c, s.samples);
   j["per_category"] = per;
   j["unreadable_truth"] = s.unreadable_truth;
   j["seconds"] = s.seconds;
@@ -378,12 +510,40 @@ nlohmann::ordered_json summary_json(const EvalSummary& s) {
 
 std::string format_summary(const EvalSummary& s) {
   std::string out;
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "%-14s %6s %9s %9s %8s %8s %8s\n", "category", "n", "strict%", "lenient%", "found%", "parsed%", "solved%");
-  out += buf;
+  char buf[512];
+  if (s.samples <= 1) {
+    std::snprintf(buf, sizeof buf, "%-14s %6s %9s %9s %8s %8s %8s\n", "category", "n", "strict%", "lenient%", "found%",
+                  "parsed%", "solved%");
+    out += buf;
+  } else {
+    std::string head = detail::cat(s.samples, " samples per problem; pass@k strict% / lenient%, then the majority vote's\n");
+    out += head;
+    std::snprintf(buf, sizeof buf, "%-14s %6s", "category", "n");
+    out += buf;
+    for (const auto& [k, v] : s.all.passk_strict) {
+      std::snprintf(buf, sizeof buf, " %15s", ("pass@" + std::to_string(k)).c_str());
+      out += buf;
+    }
+    std::snprintf(buf, sizeof buf, " %15s %8s %8s %8s\n", "majority", "found%", "parsed%", "solved%");
+    out += buf;
+  }
   auto row = [&](const std::string& name, const EvalCounts& c) {
-    std::snprintf(buf, sizeof buf, "%-14s %6lld %9.2f %9.2f %8.2f %8.2f %8.2f\n", name.c_str(), (long long)c.n, pct(c.strict, c.n), pct(c.lenient, c.n),
-                  pct(c.lp_found, c.n), pct(c.parsed, c.n), pct(c.solved, c.n));
+    if (s.samples <= 1) {
+      std::snprintf(buf, sizeof buf, "%-14s %6lld %9.2f %9.2f %8.2f %8.2f %8.2f\n", name.c_str(), (long long)c.n,
+                    pct(c.strict, c.n), pct(c.lenient, c.n), pct(c.lp_found, c.outputs), pct(c.parsed, c.outputs),
+                    pct(c.solved, c.outputs));
+      out += buf;
+      return;
+    }
+    std::snprintf(buf, sizeof buf, "%-14s %6lld", name.c_str(), (long long)c.n);
+    out += buf;
+    for (const auto& [k, v] : c.passk_strict) {
+      std::snprintf(buf, sizeof buf, " %7.2f/%7.2f", c.n ? 100.0 * v / c.n : 0.0,
+                    c.n ? 100.0 * c.passk_lenient.at(k) / c.n : 0.0);
+      out += buf;
+    }
+    std::snprintf(buf, sizeof buf, " %7.2f/%7.2f %8.2f %8.2f %8.2f\n", pct(c.maj_strict, c.n), pct(c.maj_lenient, c.n),
+                  pct(c.lp_found, c.outputs), pct(c.parsed, c.outputs), pct(c.solved, c.outputs));
     out += buf;
   };
   for (const auto& [k, c] : s.per_category) row(k, c);

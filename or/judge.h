@@ -58,6 +58,10 @@ struct EvalOptions {
   std::string question_field;  // empty: question, en_question, problem, prompt (first present)
   std::string answer_field;    // empty: answer, en_answer, ground_truth, label
   double time_limit_s = 20;
+  // Samples per problem (or/pass_at_k.h): 1 = Pass@1 of one output each; n > 1 = pass@k for each
+  // k of `ks` (k <= n; 1 is always reported) and the majority vote over the n answers.
+  int64_t samples = 1;
+  std::vector<int64_t> ks;
 };
 // One Problem per JSONL line of `path`. Lines without a question raise a UserError.
 std::vector<Problem> load_problems(const std::string& path, const EvalOptions& o);
@@ -67,14 +71,22 @@ class OutputSource {
   virtual ~OutputSource() = default;
   // The model output for problem `p` (index `i` in the data set).
   virtual std::string output(const Problem& p, size_t i) = 0;
+  // n outputs for problem `p` (evaluate() with EvalOptions::samples = n). Default: output() n times.
+  virtual std::vector<std::string> samples(const Problem& p, size_t i, int64_t n);
 };
 
 // Outputs from a JSONL file: field output | prediction | response | completion | generated |
-// text; matched to problems by "id" when both files carry ids, else by line order.
+// text (a string), or a list of strings in outputs | samples | completions | responses |
+// predictions (several samples of one problem); matched to problems by "id" when both files carry
+// ids, else by line order. Samples of a problem: its lines' outputs in file order (lines repeating an
+// id add samples), the first n used; a problem with fewer than n is judged with empty outputs for
+// the rest (fails), counted in short_samples().
 class PredictionsSource final : public OutputSource {
  public:
   explicit PredictionsSource(const std::string& path);
   std::string output(const Problem& p, size_t i) override;
+  std::vector<std::string> samples(const Problem& p, size_t i, int64_t n) override;
+  int64_t short_samples() const { return short_; }
   size_t size() const { return by_line_.size(); }
 
   // How the predictions pair with the problems of a data set. by_id: matched by "id" (any
@@ -91,21 +103,31 @@ class PredictionsSource final : public OutputSource {
     bool ok() const { return !missing && !extra && !duplicate_ids && !without_id; }
     std::string str() const;    // one line: the counts and the examples
   };
-  Match match(const std::vector<Problem>& problems) const;
+  // repeats_are_samples: lines repeating an id are further samples, not duplicates.
+  Match match(const std::vector<Problem>& problems, bool repeats_are_samples = false) const;
 
  private:
+  std::vector<std::vector<std::string>> line_outputs_;  // [lines] every output of each line
+  std::map<std::string, std::vector<std::string>> all_by_id_;  // every output of each id, in file order
+  int64_t short_ = 0;
   std::vector<std::string> by_line_;
   std::vector<std::string> line_ids_;  // [lines] the id of each prediction line ("" = none)
   std::map<std::string, std::string> by_id_;
 };
 
 struct EvalCounts {
-  int64_t n = 0, lp_found = 0, parsed = 0, solved = 0, strict = 0, lenient = 0;
+  int64_t n = 0;  // problems
+  // Judged outputs (n x samples) with an LP found, parsed, solved, strictly / leniently right.
+  int64_t outputs = 0, lp_found = 0, parsed = 0, solved = 0, strict = 0, lenient = 0;
+  // samples > 1: sums over the problems of pass@k (by k), and problems whose majority answer is right.
+  std::map<int64_t, double> passk_strict, passk_lenient;
+  int64_t maj_strict = 0, maj_lenient = 0;
 };
 struct EvalSummary {
   EvalCounts all;
   std::map<std::string, EvalCounts> per_category;
   int64_t unreadable_truth = 0;  // problems skipped because their answer could not be read
+  int64_t samples = 1;           // EvalOptions::samples
   double seconds = 0;
 };
 

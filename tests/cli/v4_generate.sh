@@ -4,7 +4,9 @@
 #   - trex train writes a small V4 checkpoint (one step from random init, fp32);
 #   - trex generate on it; --input with --batch 3 writes the same lines as --batch 1;
 #   - trex or eval --model with --batch 3 writes the same outputs as --batch 1 (generate_batch
-#     equals one prompt at a time);
+#     equals one prompt at a time), also with --samples 3 --temperature 1 (sample j of every
+#     problem from seed + j: three samples each, not all equal), and --samples without a
+#     temperature is refused;
 #   - trex bench decode, cached and --recompute, prints its JSON line.
 #
 #   tests/cli/v4_generate.sh TREX_BINARY
@@ -87,6 +89,26 @@ assert len(a) == len(b) == 5, (len(a), len(b))
 for x, y in zip(a, b):
     assert x["id"] == y["id"] and x["output"] == y["output"], (x, y)
 PY
+
+run "$TREX" or eval --model "$CK" --data test.jsonl --max-tokens 11 --batch 1 --samples 3 --k 2 --temperature 1 --out s1.jsonl
+run "$TREX" or eval --model "$CK" --data test.jsonl --max-tokens 11 --batch 3 --samples 3 --k 2 --temperature 1 --out s3.jsonl
+grep -q '"pass_at_k"' out.txt || fail "or eval --samples: no pass_at_k in the summary: $(cat out.txt)"
+python3 - s1.jsonl s3.jsonl <<'PY' || fail "or eval --samples: batch 3 differs from batch 1, or the samples are all equal"
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert len(a) == len(b) == 5, (len(a), len(b))
+distinct = 0
+for x, y in zip(a, b):
+    assert len(x["samples"]) == 3, x
+    assert [s["output"] for s in x["samples"]] == [s["output"] for s in y["samples"]], (x, y)
+    distinct += len({s["output"] for s in x["samples"]}) > 1
+assert distinct > 0, "temperature 1 gave three equal samples for every problem"
+PY
+if "$TREX" or eval --model "$CK" --data test.jsonl --max-tokens 3 --samples 2 > greedy.txt 2>&1; then
+  fail "or eval --model --samples 2 without --temperature was accepted"
+fi
+grep -q "temperature" greedy.txt || fail "or eval --samples without temperature: $(cat greedy.txt)"
 
 run "$TREX" bench decode --model "$CK" --context 23 --new 6 --batch 2
 grep -q '"mode": "cache"' out.txt || fail "bench decode: $(cat out.txt)"
