@@ -24,6 +24,7 @@ Plan evaluate_valid(const ArchModel& a, const ClusterSpec& s, int64_t devices, c
     p.activations_by_recompute[(int)r] = mx;
   }
   p.time = plan_time(a, s, l);
+  p.limits = step_limits(s, l, p.time);
   p.cost = plan_cost(s, devices, p.time.tokens_per_s, run_tokens);
   return p;
 }

@@ -83,7 +83,7 @@ ClusterSpec parse_spec_toml(const std::string& text, const std::string& where);
 // Name (built-in or "cpu-this") or path to a TOML file. `calibration` is the calibration file
 // for cpu-this ("" = default location, see plan/calibration.h).
 ClusterSpec load_spec(const std::string& name_or_path, const std::string& calibration = "");
-std::vector<std::string> builtin_spec_names();       // h800, h100, h200, b200, ascend-910c
+std::vector<std::string> builtin_spec_names();  // h800 ... cloudmatrix384 (plan/specs/*.toml)
 const char* builtin_spec_text(const std::string& name);  // the compiled-in TOML, nullptr if none
 
 }  // namespace trex::plan

@@ -283,7 +283,10 @@ StepTime plan_time(const ArchModel& a, const ClusterSpec& s, const Layout& l) {
       st.slow_rank = r;
       st.fwd = t.fwd * slow, st.bwd = t.bwd * slow, st.recompute = t.rec * slow;
       st.gemm = t.gemm, st.experts = t.experts, st.attention = t.attention, st.memory_bound = t.memory;
-      st.quant = t.quant_fwd + t.quant_bwd;
+      st.quant_fwd = t.quant_fwd, st.quant_bwd = t.quant_bwd;
+      const int dirs = 2 + (l.recompute == Recompute::Full ? 1 : 0);
+      st.ep_intra_s = dirs * t.ep_intra / (s.intra_bw * s.eff.net_intra);
+      st.ep_inter_s = dirs * t.ep_inter / (s.inter_bw * s.eff.net_inter);
       st.comm_tp = t.tp, st.comm_ep = t.ep, st.comm_pp = t.pp, st.comm_dp_mb = dp_mb;
       st.exposed_mb = exposed;
       st.t_mb = t_mb;
