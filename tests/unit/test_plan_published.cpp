@@ -53,6 +53,9 @@ const Row kGB200Bf16 = {"GB200 x256 BF16 (25.11)", "gb200-nvl72", 256,
                         "pp=4,vp=4,ep=64,gbs=4096,precision=bf16,mtp=1,recompute=selective,overlap=dp", 3139};
 const Row kGB200Mx = {"GB200 x256 MXFP8 (25.11)", "gb200-nvl72", 256,
                       "pp=8,vp=4,ep=32,gbs=4096,precision=mxfp8,mtp=1,recompute=selective,overlap=ep+dp", 4018};
+// Megatron-Core's GB200 guide, final: 970 TFLOP/s at 249.5 GFLOP per token (the 25.11 table's ratio).
+const Row kGB200Guide = {"GB200 x256 MXFP8, Megatron-Core GB200 guide", "gb200-nvl72", 256,
+                         "pp=8,vp=4,ep=32,gbs=2048,precision=mxfp8,mtp=0,recompute=selective,overlap=dp", 970e12 / 249.5e9};
 const Row kGB300Mx = {"GB300 x256 MXFP8 (25.11)", "gb300-nvl72", 256,
                       "pp=2,vp=4,ep=32,gbs=4096,precision=mxfp8,mtp=1,recompute=none,overlap=ep+dp", 4357};
 
@@ -66,7 +69,7 @@ TEST(PlanPublished, WithinFifteenPercent) {
 }
 
 TEST(PlanPublished, HostBoundRunsAreOverPredicted) {
-  for (const Row& r : {kB200Mx, kGB200Bf16, kGB200Mx, kGB300Mx}) {
+  for (const Row& r : {kB200Mx, kGB200Bf16, kGB200Mx, kGB300Mx, kGB200Guide}) {
     const double e = error_of(r);
     EXPECT_GT(e, 0.15) << r.what << ": " << e << " (now within 15%: move the row to WithinFifteenPercent)";
     EXPECT_LT(e, 0.60) << r.what << ": " << e;
