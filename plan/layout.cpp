@@ -30,7 +30,8 @@ namespace {
 
 const char* kLayoutHint =
     "layout keys: dp tp pp ep etp mbs gbs seq recompute(none|selective|full) zero(0-3) schedule(1f1b|dualpipe) "
-    "vp(>=1) precision(bf16|fp8|fp8-block|fp8-tensor|mxfp8|mxfp4) overlap(ep+tp+dp+pp|all|none) mtp(0|1) moments(f32|bf16) grads(f32|bf16) dedup(0|1) "
+    "vp(>=1) precision(bf16|fp8|fp8-block|fp8-tensor|mxfp8|mxfp4) overlap(ep+tp+dp+pp|all|none) mtp(0|1) "
+    "moments(f32|bf16) grads(f32|bf16) dedup(0|1) "
     "expert_load(>=1), e.g. dp=8,tp=2,pp=4,ep=8";
 
 int64_t to_int(const std::string& k, const std::string& v, int64_t min) {
@@ -95,7 +96,9 @@ Layout parse_layout(const std::string& s, Layout l) {
       else if (v == "fp8-tensor") l.precision = Precision::FP8Tensor;
       else if (v == "mxfp8") l.precision = Precision::MXFP8;
       else if (v == "mxfp4" || v == "nvfp4") l.precision = Precision::MXFP4;
-      else TREX_USER_FAIL(kLayoutHint, "layout: precision=", v, " must be bf16, fp8 (= fp8-block), fp8-tensor, mxfp8 or mxfp4");
+      else
+        TREX_USER_FAIL(kLayoutHint, "layout: precision=", v,
+                       " must be bf16, fp8 (= fp8-block), fp8-tensor, mxfp8 or mxfp4 (= nvfp4)");
     } else if (k == "overlap") {
       l.overlap_ep = l.overlap_tp = l.overlap_dp = l.overlap_pp = false;
       if (v == "all") l.overlap_ep = l.overlap_tp = l.overlap_dp = l.overlap_pp = true;
@@ -202,8 +205,8 @@ std::vector<std::string> layout_problems(Layout& l, const ArchModel& a, int64_t 
     if (l.schedule != Schedule::OneF1B) p.push_back(cat("vp (", l.vp, ") > 1 is interleaved 1F1B: use schedule=1f1b"));
     if (l.pp < 2) p.push_back(cat("vp (", l.vp, ") > 1 needs pp >= 2, got pp = ", l.pp));
     if (l.pp * l.vp > a.n_layers())
-      p.push_back(cat("pp*vp (", l.pp, "*", l.vp, " = ", l.pp * l.vp, ") model chunks must not exceed the decoder layers (",
-                      a.n_layers(), ")"));
+      p.push_back(cat("pp*vp (", l.pp, "*", l.vp, " = ", l.pp * l.vp,
+                      ") model chunks must not exceed the decoder layers (", a.n_layers(), ")"));
     if (l.gbs % (l.dp * l.mbs) == 0 && l.micro_batches() % l.pp != 0)
       p.push_back(cat("interleaved 1F1B (vp > 1) needs the micro-batches (", l.micro_batches(),
                       ") to be a multiple of pp (", l.pp, ")"));
