@@ -114,7 +114,6 @@ std::string why_faster(const Layout& la, const StepTime& a, const Layout& lb, co
   };
   std::stable_sort(parts.begin(), parts.end(), [](const Part& x, const Part& y) { return x.save > y.save; });
   const double total = per(b.step, tb) - per(a.step, ta);
-  if (total <= 0) return "no faster than the next";
   // In seconds of this layout's step: what each component saves (+) or costs (-).
   std::string o;
   for (const Part& p : parts) {
@@ -137,8 +136,9 @@ std::string why_faster(const Layout& la, const StepTime& a, const Layout& lb, co
     diff += "recompute=";
     diff += recompute_name(la.recompute);
   }
-  return (diff.empty() ? std::string("same shape") : diff) + num(": %.3g s", total * ta) +
-         " a step faster than the next at its batch (" + o + ")";
+  const std::string what = diff.empty() ? std::string("same shape") : diff;
+  if (total <= 1e-6 * per(a.step, ta)) return what + ": as fast as the next";
+  return what + num(": %.3g s", total * ta) + " a step faster than the next at its batch (" + o + ")";
 }
 
 }  // namespace trex::plan

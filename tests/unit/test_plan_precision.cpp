@@ -154,4 +154,10 @@ TEST(PlanPrecision, WhatLimitsTheStep) {
       EXPECT_LT(l.exposed, 0.2 * l.busy);
     }
   EXPECT_NE(g.limits.front().phase, "expert all-to-all");
+  // Why one layout beats another: the keys that differ and the step components.
+  Plan slow = v3("gb200-nvl72", 256, "pp=4,vp=4,ep=64,gbs=4096,precision=mxfp8,mtp=1,recompute=selective,overlap=dp");
+  const std::string why = why_faster(g.layout, g.time, slow.layout, slow.time);
+  EXPECT_NE(why.find("a step faster"), std::string::npos) << why;
+  EXPECT_NE(why.find("exposed communication"), std::string::npos) << why;
+  EXPECT_NE(why_faster(g.layout, g.time, g.layout, g.time).find("as fast as the next"), std::string::npos);
 }
