@@ -78,7 +78,7 @@ struct Rates {
   double gemm, experts, attention, memory;
   double sparse_attention, indexer;  // V4 attention core over key lists; CSA indexer scoring
   double optimizer;                  // bytes/s of the optimizer step
-  double head;  // the LM head GEMM stays bf16 under the fp8 recipe (DeepSeek-V3 sec. 3.3.1)
+  double head;  // bf16 GEMM rate: the LM head and router stay bf16 under every recipe (DeepSeek-V3 sec. 3.3.1)
   PrecisionModel prec;
 };
 
@@ -94,7 +94,9 @@ double quant_elems(const LayerCost& L, double expert_load) {
 // Forward time of one layer for `tokens` tokens on one device, split by class.
 void layer_fwd(const LayerCost& L, const Rates& R, double tokens, double expert_load, int64_t seq, RankTime& t,
                double& fwd) {
-  const double g = tokens * L.gemm_fwd / R.gemm;
+  // Under a low-precision recipe the router (and V4's hyper-connection mixing) stay bf16.
+  const double g = R.prec.low ? tokens * ((L.gemm_fwd - L.bf16_gemm_fwd) / R.gemm + L.bf16_gemm_fwd / R.head)
+                              : tokens * L.gemm_fwd / R.gemm;
   const double e = tokens * expert_load * L.expert_fwd / R.experts;
   const double idx = indexer_fwd_flops(L.attn, seq);
   const double core = tokens * (attn_core_fwd_flops(L.attn, seq) - idx) /
