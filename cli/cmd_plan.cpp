@@ -93,11 +93,11 @@ void add_plan(CLI::App& app) {
   c->add_option("--model", o->model,
                 "built-in name (deepseek-v2, deepseek-v2-lite, deepseek-v3, deepseek-v3.2, deepseek-v4-flash, "
                 "deepseek-v4-pro), config.json, model directory or trex TOML run config");
-  c->add_option("--cluster", o->cluster, "built-in spec (h800, h100, h200, b200, ascend-910c, cpu-this) or TOML file");
+  c->add_option("--cluster", o->cluster, "built-in spec (trex plan --list shows them; cpu-this) or TOML file");
   c->add_option("--devices", o->devices, "number of devices (GPUs, NPU dies, or ranks for cpu-this)");
   c->add_option("--layout", o->layout,
                 "dp=..,tp=..,pp=..,ep=..,etp=..,mbs=..,gbs=..,seq=..,recompute=none|selective|full,zero=0-3,"
-                "schedule=1f1b|dualpipe,precision=bf16|fp8,overlap=ep+tp+dp+pp|all|none,mtp=0|1,moments=f32|bf16,"
+                "schedule=1f1b|dualpipe,vp=..,precision=bf16|fp8|fp8-tensor|mxfp8|mxfp4,overlap=ep+tp+dp+pp|all|none,mtp=0|1,moments=f32|bf16,"
                 "grads=f32|bf16,dedup=0|1,expert_load=X (with --search: the keys given are held fixed)");
   c->add_flag("--search", o->search, "enumerate valid layouts that fit and rank them by tokens/s and by cost");
   c->add_option("--top", o->top, "layouts shown by --search (default 10)");

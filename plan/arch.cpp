@@ -181,6 +181,7 @@ LayerCost v3_layer(const model::ModelConfig& c, int64_t l) {
   L.active_matmul_params = attn_mm + idx_mm + mlp_mm_active +
                            (L.moe ? (double)c.num_experts_per_tok * 3 * d * c.moe_intermediate_size : 0);
   L.gemm_fwd = 2 * (attn_mm + idx_mm + mlp_mm_active);
+  if (L.moe) L.bf16_gemm_fwd = 2 * (double)c.n_routed_experts * d;  // the router
   return L;
 }
 
@@ -240,6 +241,7 @@ LayerCost v4_layer(const model::ModelConfig& c, model::AttnKind kind, bool hash)
   L.dense_params = attn_mm + attn_other + hc_mm + mlp_mm;
   L.active_matmul_params = attn_mm + hc_mm + mlp_mm + k * 3 * d * I;
   L.gemm_fwd = 2 * (attn_mm + hc_mm + mlp_mm);
+  L.bf16_gemm_fwd = 2 * (hc_mm + E * d);  // hyper-connection mixing and the router stay bf16
   L.expert_fwd = 2 * k * 3 * d * I;
 
   auto& S = L.saved;

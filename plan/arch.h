@@ -64,6 +64,8 @@ struct LayerCost {
   double gemm_fwd = 0;      // dense matmuls (2 x dense matmul params a token uses)
   double expert_fwd = 0;    // routed-expert grouped GEMMs (2 x top-k x 3 x d x I)
   double upproj_fwd = 0;    // part of gemm_fwd that selective recompute re-runs (MLA up-projections)
+  double bf16_gemm_fwd = 0; // part of gemm_fwd that stays bf16 under every low-precision recipe
+                            // (the router; V4's hyper-connection mixing)
   double elem_bytes_fwd = 0;      // memory-bound traffic per token (norms, RoPE, SwiGLU, router, permute)
   double elem_sel_bytes_fwd = 0;  // part of it that selective recompute re-runs
   std::vector<SavedTensor> saved;

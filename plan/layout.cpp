@@ -15,13 +15,23 @@ const char* recompute_name(Recompute r) {
   return "?";
 }
 const char* schedule_name(Schedule s) { return s == Schedule::OneF1B ? "1f1b" : "dualpipe"; }
-const char* precision_name(Precision p) { return p == Precision::BF16 ? "bf16" : "fp8"; }
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::BF16: return "bf16";
+    case Precision::FP8: return "fp8";
+    case Precision::FP8Tensor: return "fp8-tensor";
+    case Precision::MXFP8: return "mxfp8";
+    case Precision::MXFP4: return "mxfp4";
+  }
+  return "?";
+}
 
 namespace {
 
 const char* kLayoutHint =
     "layout keys: dp tp pp ep etp mbs gbs seq recompute(none|selective|full) zero(0-3) schedule(1f1b|dualpipe) "
-    "precision(bf16|fp8) overlap(ep+tp+dp+pp|all|none) mtp(0|1) moments(f32|bf16) grads(f32|bf16) dedup(0|1) "
+    "vp(>=1) precision(bf16|fp8|fp8-block|fp8-tensor|mxfp8|mxfp4) overlap(ep+tp+dp+pp|all|none) mtp(0|1) "
+    "moments(f32|bf16) grads(f32|bf16) dedup(0|1) "
     "expert_load(>=1), e.g. dp=8,tp=2,pp=4,ep=8";
 
 int64_t to_int(const std::string& k, const std::string& v, int64_t min) {
@@ -64,6 +74,7 @@ Layout parse_layout(const std::string& s, Layout l) {
     else if (k == "pp") l.pp = to_int(k, v, 1);
     else if (k == "ep") l.ep = to_int(k, v, 1);
     else if (k == "etp") l.etp = to_int(k, v, 1);
+    else if (k == "vp") l.vp = to_int(k, v, 1);
     else if (k == "mbs" || k == "micro_batch") l.mbs = to_int(k, v, 1);
     else if (k == "gbs" || k == "global_batch") l.gbs = to_int(k, v, 1);
     else if (k == "seq") l.seq = to_int(k, v, 1);
@@ -81,8 +92,13 @@ Layout parse_layout(const std::string& s, Layout l) {
       else TREX_USER_FAIL(kLayoutHint, "layout: schedule=", v, " must be 1f1b or dualpipe");
     } else if (k == "precision") {
       if (v == "bf16") l.precision = Precision::BF16;
-      else if (v == "fp8") l.precision = Precision::FP8;
-      else TREX_USER_FAIL(kLayoutHint, "layout: precision=", v, " must be bf16 or fp8");
+      else if (v == "fp8" || v == "fp8-block") l.precision = Precision::FP8;
+      else if (v == "fp8-tensor") l.precision = Precision::FP8Tensor;
+      else if (v == "mxfp8") l.precision = Precision::MXFP8;
+      else if (v == "mxfp4" || v == "nvfp4") l.precision = Precision::MXFP4;
+      else
+        TREX_USER_FAIL(kLayoutHint, "layout: precision=", v,
+                       " must be bf16, fp8 (= fp8-block), fp8-tensor, mxfp8 or mxfp4 (= nvfp4)");
     } else if (k == "overlap") {
       l.overlap_ep = l.overlap_tp = l.overlap_dp = l.overlap_pp = false;
       if (v == "all") l.overlap_ep = l.overlap_tp = l.overlap_dp = l.overlap_pp = true;
@@ -133,7 +149,7 @@ std::string layout_string(const Layout& l) {
     if (on) ov += (ov.empty() ? "" : "+") + std::string(n);
   return detail::cat("dp=", l.dp, ",tp=", l.tp, ",pp=", l.pp, ",ep=", l.ep, ",etp=", l.etp, ",mbs=", l.mbs,
                      ",gbs=", l.gbs, ",seq=", l.seq, ",recompute=", recompute_name(l.recompute), ",zero=", l.zero,
-                     ",schedule=", schedule_name(l.schedule), ",precision=", precision_name(l.precision),
+                     ",schedule=", schedule_name(l.schedule), ",vp=", l.vp, ",precision=", precision_name(l.precision),
                      ",overlap=", ov.empty() ? "none" : ov, ",mtp=", l.mtp ? 1 : 0,
                      ",moments=", l.moment_bytes == 4 ? "f32" : "bf16", ",grads=", l.grad_bytes == 4 ? "f32" : "bf16",
                      ",dedup=", l.ep_dedup ? 1 : 0, ",expert_load=", l.expert_load);
@@ -184,6 +200,16 @@ std::vector<std::string> layout_problems(Layout& l, const ArchModel& a, int64_t 
     const int64_t m = l.micro_batches();
     if (m % 2 != 0 || m < l.pp)
       p.push_back(cat("dualpipe needs an even number of micro-batches (gbs/(dp*mbs) = ", m, ") >= pp (", l.pp, ")"));
+  }
+  if (l.vp > 1) {
+    if (l.schedule != Schedule::OneF1B) p.push_back(cat("vp (", l.vp, ") > 1 is interleaved 1F1B: use schedule=1f1b"));
+    if (l.pp < 2) p.push_back(cat("vp (", l.vp, ") > 1 needs pp >= 2, got pp = ", l.pp));
+    if (l.pp * l.vp > a.n_layers())
+      p.push_back(cat("pp*vp (", l.pp, "*", l.vp, " = ", l.pp * l.vp,
+                      ") model chunks must not exceed the decoder layers (", a.n_layers(), ")"));
+    if (l.gbs % (l.dp * l.mbs) == 0 && l.micro_batches() % l.pp != 0)
+      p.push_back(cat("interleaved 1F1B (vp > 1) needs the micro-batches (", l.micro_batches(),
+                      ") to be a multiple of pp (", l.pp, ")"));
   }
   if (l.zero == 3 && l.pp > 1)
     p.push_back(cat("zero=3 with pp (", l.pp, ") > 1 is not modelled: use zero<=2 with pipeline parallel"));

@@ -12,7 +12,8 @@ namespace trex::plan {
 
 enum class Recompute { None, Selective, Full };
 enum class Schedule { OneF1B, DualPipe };
-enum class Precision { BF16, FP8 };
+// GEMM recipes (plan/precision.h): fp8 = DeepSeek-V3's 1x128 / 128x128 block scaling.
+enum class Precision { BF16, FP8, FP8Tensor, MXFP8, MXFP4 };
 const char* recompute_name(Recompute r);
 const char* schedule_name(Schedule s);
 const char* precision_name(Precision p);
@@ -27,7 +28,10 @@ struct Layout {
   Recompute recompute = Recompute::None;
   int zero = 1;     // 0 replicated, 1 optimizer state, 2 + gradients, 3 + parameters sharded over dp
   Schedule schedule = Schedule::OneF1B;
-  Precision precision = Precision::BF16;  // fp8: fp8 GEMMs, GEMM inputs cached in fp8 (DeepSeek-V3)
+  Precision precision = Precision::BF16;  // bf16 | fp8 (block) | fp8-tensor | mxfp8 | mxfp4 (plan/precision.h)
+  // Interleaved 1F1B: model chunks per pipeline rank (Megatron's virtual pipeline size); the
+  // bubble is (pp-1)/vp micro-batch times and the pipeline transfers are vp times as many.
+  int64_t vp = 1;
   bool overlap_ep = true, overlap_tp = false, overlap_dp = true, overlap_pp = false;
   // With overlap_dp: the updated parameters' all-gather runs behind the next forward (Megatron-
   // Core); false: the step waits for it (trex's data parallel today, train/dist.h).
@@ -45,7 +49,7 @@ struct Layout {
 };
 
 // Parses "dp=8,tp=2,pp=4,ep=8,mbs=1,gbs=512,seq=4096,recompute=selective,zero=1,
-// schedule=1f1b,precision=bf16,overlap=ep+dp,mtp=0,moments=f32,grads=f32,dedup=1,expert_load=1.1"
+// schedule=1f1b,vp=1,precision=bf16,overlap=ep+dp,mtp=0,moments=f32,grads=f32,dedup=1,expert_load=1.1"
 // on top of `base`; any subset of keys, any order.
 Layout parse_layout(const std::string& s, Layout base);
 std::string layout_string(const Layout& l);

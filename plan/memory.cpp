@@ -2,16 +2,18 @@
 
 #include <algorithm>
 #include "core/error.h"
+#include "plan/precision.h"
 #include "plan/timing.h"
 
 namespace trex::plan {
 
-double saved_bytes_per_token(const LayerCost& l, Recompute r, bool fp8, double expert_load, double elem_bytes) {
+double saved_bytes_per_token(const LayerCost& l, Recompute r, double cached_bytes, double expert_load,
+                             double elem_bytes) {
   if (r == Recompute::Full) return (elem_bytes > 0 ? elem_bytes : 2.0) * l.input_elems;
   double b = 0;
   for (const SavedTensor& t : l.saved) {
     if (r == Recompute::Selective && t.selective) continue;
-    const double per = (fp8 && t.fp8_ok) ? 1.0 + 4.0 / 128 : elem_bytes > 0 ? elem_bytes : (double)t.bytes;
+    const double per = (cached_bytes > 0 && t.fp8_ok) ? cached_bytes : elem_bytes > 0 ? elem_bytes : (double)t.bytes;
     b += t.elems * per * (t.routed ? expert_load : 1.0);
   }
   return b;
@@ -29,7 +31,7 @@ struct ChunkContent {
 ChunkContent chunk_content(const ArchModel& a, const ClusterSpec& s, const Layout& l, const Chunk& c) {
   ChunkContent r;
   const double eb = s.activation_bytes;
-  const bool fp8 = l.precision == Precision::FP8;
+  const double fp8 = precision_model(s, l.precision).cached_bytes;
   const double tokens = (double)l.mbs * l.seq / l.tp;
   auto add_layer = [&](const LayerCost& L) {
     r.dense += L.dense_params;
@@ -90,6 +92,8 @@ MemoryReport plan_memory(const ArchModel& a, const ClusterSpec& s, const Layout&
       work = std::max(work, cc.work);
       double inflight;
       if (l.schedule == Schedule::DualPipe) inflight = std::min<double>((l.pp + 1) / 2.0, (double)m);
+      else if (l.vp > 1)  // interleaved: warm-up of 2(pp-r-1) + (vp-1) pp chunk-micro-batches, + 1
+        inflight = std::min<double>((2.0 * (l.pp - r - 1) + (l.vp - 1.0) * l.pp + 1) / l.vp, (double)m);
       else inflight = (double)std::min<int64_t>(l.pp - r, m);
       rm.inflight += inflight;
       act += inflight * cc.act_mb;
@@ -128,7 +132,7 @@ MemoryReport plan_memory(const ArchModel& a, const ClusterSpec& s, const Layout&
       ref = &L;
       break;
     }
-  const bool fp8 = l.precision == Precision::FP8;
+  const double fp8 = precision_model(s, l.precision).cached_bytes;
   const double eb = s.activation_bytes;
   rep.act_per_token_layer[0] = saved_bytes_per_token(*ref, Recompute::None, fp8, l.expert_load, eb);
   rep.act_per_token_layer[1] = saved_bytes_per_token(*ref, Recompute::Selective, fp8, l.expert_load, eb);

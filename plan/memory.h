@@ -19,11 +19,12 @@
 
 namespace trex::plan {
 
-// Saved bytes per token of one layer (before the tp split) under a recompute mode; fp8 caches
-// GEMM/SwiGLU inputs in 1 byte + a 4-byte scale per 128 elements.
+// Saved bytes per token of one layer (before the tp split) under a recompute mode; cached_bytes > 0
+// (a low-precision recipe, PrecisionModel::cached_bytes) stores GEMM/SwiGLU inputs in that many
+// bytes (fp8 block: 1 + 4/128).
 // elem_bytes > 0: every saved element takes that many bytes instead of its bf16-run size
 // (ClusterSpec::activation_bytes: trex's CPU engine keeps activations in f32).
-double saved_bytes_per_token(const LayerCost& l, Recompute r, bool fp8, double expert_load = 1.0,
+double saved_bytes_per_token(const LayerCost& l, Recompute r, double cached_bytes, double expert_load = 1.0,
                              double elem_bytes = 0);
 
 struct RankMemory {

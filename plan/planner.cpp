@@ -24,6 +24,7 @@ Plan evaluate_valid(const ArchModel& a, const ClusterSpec& s, int64_t devices, c
     p.activations_by_recompute[(int)r] = mx;
   }
   p.time = plan_time(a, s, l);
+  p.limits = step_limits(s, l, p.time);
   p.cost = plan_cost(s, devices, p.time.tokens_per_s, run_tokens);
   return p;
 }
@@ -42,6 +43,9 @@ void add_notes(Plan& p, const ArchModel& a, const ClusterSpec& s) {
   }
   if (l.expert_load == 1.0 && a.n_experts > 0)
     p.notes.push_back("routing assumed balanced (expert_load=1); set expert_load > 1 for a skewed router");
+  if (s.mx_formats)
+    p.notes.push_back("the step is device-bound: on devices this fast, published DeepSeek-V3 runs whose software was "
+                      "launch-bound (no full CUDA graphs) ran 21-50% below such a plan (docs/PLAN.md, validation)");
 }
 
 std::vector<int64_t> divisors(int64_t n) {

@@ -6,6 +6,7 @@
 #include "plan/arch.h"
 #include "plan/cost.h"
 #include "plan/layout.h"
+#include "plan/limits.h"
 #include "plan/memory.h"
 #include "plan/spec.h"
 #include "plan/timing.h"
@@ -20,6 +21,7 @@ struct Plan {
   MemoryReport memory;
   double activations_by_recompute[3] = {0, 0, 0};  // largest rank's activation bytes: none, selective, full
   StepTime time;
+  std::vector<Limit> limits;  // what bounds each phase of the step, largest exposed first
   Cost cost;
   std::vector<std::string> notes;  // caveats: uncalibrated CPU figures, groups across nodes, no fit
 };

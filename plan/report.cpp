@@ -1,6 +1,7 @@
 #include "plan/report.h"
 
 #include <cmath>
+#include <algorithm>
 #include <cstdio>
 
 namespace trex::plan {
@@ -37,10 +38,11 @@ std::string layout_line(const Layout& l) {
   char b[512];
   std::snprintf(b, sizeof b,
                 "dp=%lld tp=%lld pp=%lld ep=%lld (edp=%lld) etp=%lld | mbs %lld, gbs %lld (%lld micro-batches), seq %lld | "
-                "recompute %s, ZeRO-%d, %s, %s, overlap %s%s",
+                "recompute %s, ZeRO-%d, %s%s, %s, overlap %s%s",
                 (long long)l.dp, (long long)l.tp, (long long)l.pp, (long long)l.ep, (long long)l.edp(), (long long)l.etp,
                 (long long)l.mbs, (long long)l.gbs, (long long)l.micro_batches(), (long long)l.seq,
-                recompute_name(l.recompute), l.zero, schedule_name(l.schedule), precision_name(l.precision),
+                recompute_name(l.recompute), l.zero, schedule_name(l.schedule),
+                (l.vp > 1 ? (" vp " + std::to_string(l.vp)).c_str() : ""), precision_name(l.precision),
                 ov.empty() ? "none" : ov.c_str(), l.mtp ? ", mtp on" : "");
   return b;
 }
@@ -88,6 +90,13 @@ std::string format_plan(const Plan& p) {
        "; dp per step " + secs(t.dp_comm) + " -> exposed " + secs(t.dp_exposed) + ")\n";
   o += "  pipeline bubble  " + secs(t.bubble) + "  " + pct(t.bubble / st) + "\n";
   o += "  optimizer        " + secs(t.optimizer) + "  " + pct(t.optimizer / st) + "\n";
+  if (t.weight_cast > 0) o += "  weight cast      " + secs(t.weight_cast) + "  " + pct(t.weight_cast / st) + "\n";
+  o += "what limits the step (per step: exposed / busy; bound by; what would help)\n";
+  for (const Limit& lim : p.limits) {
+    char b[96];
+    std::snprintf(b, sizeof b, "  %-28s %10s / %-10s ", lim.phase.c_str(), secs(lim.exposed).c_str(), secs(lim.busy).c_str());
+    o += b + lim.bound_by + "; helps: " + lim.helps + "\n";
+  }
   o += "throughput  " + si(t.tokens_per_s) + " tokens/s (" + fmt("%.1f", t.tokens_per_s / p.devices) +
        " per device), MFU " + pct(t.mfu) + " of bf16 peak" +
        (t.goodput < 1 ? " (over wall time: steady-state x goodput " + pct(t.goodput) + ")" : "") + "\n";
@@ -117,6 +126,10 @@ json plan_to_json(const Plan& p) {
                      {"activations_gb", m.activations / 1e9}, {"buffers_gb", m.buffers / 1e9},
                      {"total_gb", m.total() / 1e9}, {"inflight_micro_batches", m.inflight}});
   const Cost& c = p.cost;
+  json limits = json::array();
+  for (const Limit& lim : p.limits)
+    limits.push_back({{"phase", lim.phase}, {"busy_s", lim.busy}, {"exposed_s", lim.exposed}, {"bound_by", lim.bound_by},
+                      {"helps", lim.helps}});
   return {
       {"model", p.model},
       {"cluster", p.cluster},
@@ -128,7 +141,7 @@ json plan_to_json(const Plan& p) {
        {{"string", layout_string(l)}, {"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"ep", l.ep}, {"etp", l.etp},
         {"edp", l.edp()}, {"mbs", l.mbs}, {"gbs", l.gbs}, {"seq", l.seq}, {"micro_batches", l.micro_batches()},
         {"recompute", recompute_name(l.recompute)}, {"zero", l.zero}, {"schedule", schedule_name(l.schedule)},
-        {"precision", precision_name(l.precision)}, {"mtp", l.mtp}, {"expert_load", l.expert_load},
+        {"precision", precision_name(l.precision)}, {"vp", l.vp}, {"mtp", l.mtp}, {"expert_load", l.expert_load},
         {"overlap", {{"ep", l.overlap_ep}, {"tp", l.overlap_tp}, {"dp", l.overlap_dp}, {"pp", l.overlap_pp}}}}},
       {"memory",
        {{"fits", p.memory.fits}, {"usable_gb", p.memory.usable / 1e9}, {"peak_rank", p.memory.worst},
@@ -142,7 +155,7 @@ json plan_to_json(const Plan& p) {
         {"ranks", ranks}}},
       {"time",
        {{"step_s", t.step}, {"compute_s", t.compute}, {"exposed_comm_s", t.exposed_comm}, {"bubble_s", t.bubble},
-        {"optimizer_s", t.optimizer}, {"slow_rank", t.slow_rank},
+        {"optimizer_s", t.optimizer}, {"weight_cast_s", t.weight_cast}, {"slow_rank", t.slow_rank},
         {"per_micro_batch",
          {{"fwd_s", t.fwd}, {"bwd_s", t.bwd}, {"recompute_s", t.recompute}, {"gemm_fwd_s", t.gemm},
           {"experts_fwd_s", t.experts}, {"attention_fwd_s", t.attention}, {"memory_bound_fwd_s", t.memory_bound},
@@ -157,6 +170,7 @@ json plan_to_json(const Plan& p) {
        {{"dollars_per_hour", c.dollars_per_hour}, {"kw", c.kw}, {"tokens_per_dollar", c.tokens_per_dollar},
         {"tokens_per_kwh", c.tokens_per_kwh}, {"run_tokens", c.run_tokens}, {"run_hours", c.run_hours},
         {"run_dollars", c.run_dollars}, {"run_kwh", c.run_kwh}}},
+      {"limits", limits},
       {"notes", p.notes}};
 }
 
@@ -164,7 +178,7 @@ std::string format_search(const SearchResult& r, const ClusterSpec& s) {
   std::string o = "search: " + std::to_string(r.tried) + " layouts tried, " + std::to_string(r.valid) + " valid, " +
                   std::to_string(r.fit) + " fit in memory\n";
   if (r.by_speed.empty()) return o + "no layout fits: add devices, or allow recompute / a larger ZeRO stage\n";
-  auto table = [&](const std::vector<Plan>& v, const char* title) {
+  auto table = [&](const std::vector<Plan>& v, const char* title, bool cost) {
     o += std::string("\n") + title + "\n";
     o += "  #  devices  dp   tp  pp   ep  mbs recompute  zero  mem GB   step s   tokens/s    MFU   tokens/$  tokens/kWh\n";
     int i = 0;
@@ -179,9 +193,25 @@ std::string format_search(const SearchResult& r, const ClusterSpec& s) {
                     p.cost.powered ? si(p.cost.tokens_per_kwh).c_str() : "-");
       o += b;
     }
+    // Why each of the top layouts is where it is: against the next one in the same ranking.
+    const size_t n = std::min<size_t>(v.size(), 3);
+    for (size_t k = 0; k < n; ++k) {
+      const Plan& p = v[k];
+      const Limit* top = p.limits.empty() ? nullptr : &p.limits.front();
+      o += "  #" + std::to_string(k + 1) + " ";
+      if (cost && k + 1 < v.size())
+        o += fmt("%.3f", p.cost.priced ? p.cost.tokens_per_dollar / std::max(1e-30, v[k + 1].cost.tokens_per_dollar)
+                                       : p.cost.tokens_per_kwh / std::max(1e-30, v[k + 1].cost.tokens_per_kwh)) +
+             "x the next one's tokens per " + (p.cost.priced ? "$" : "kWh") + " (" + std::to_string(p.devices) +
+             " devices at " + si(p.time.tokens_per_s / p.devices) + " tokens/s each); ";
+      else if (k + 1 < v.size())
+        o += why_faster(p.layout, p.time, v[k + 1].layout, v[k + 1].time) + "; ";
+      if (top) o += "its step is bound by " + top->phase + " (" + top->bound_by + ")";
+      o += "\n";
+    }
   };
-  table(r.by_speed, "fastest (tokens/s)");
-  table(r.by_cost, s.price_per_device_hour > 0 ? "cheapest (tokens per $)" : "most efficient (tokens per kWh)");
+  table(r.by_speed, "fastest (tokens/s)", false);
+  table(r.by_cost, s.price_per_device_hour > 0 ? "cheapest (tokens per $)" : "most efficient (tokens per kWh)", true);
   o += "\nbest: --layout " + layout_string(r.by_speed.front().layout) + "\n";
   return o;
 }

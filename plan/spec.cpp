@@ -79,9 +79,16 @@ ClusterSpec parse_spec_toml(const std::string& text, const std::string& where) {
   if (s.name.empty()) s.name = where;
 
   Section dev{root["device"].as_table(), where, "device"};
-  dev.only({"peak_bf16_tflops", "peak_fp8_tflops", "memory_gb", "memory_bandwidth_gbs", "reserved_gb"});
+  dev.only({"peak_bf16_tflops", "peak_fp8_tflops", "peak_fp4_tflops", "mx_formats", "memory_gb",
+            "memory_bandwidth_gbs", "reserved_gb"});
   s.peak_bf16 = dev.num("peak_bf16_tflops", 0, true, 1e-6) * 1e12;
   s.peak_fp8 = dev.num("peak_fp8_tflops", 0) * 1e12;
+  s.peak_fp4 = dev.num("peak_fp4_tflops", 0) * 1e12;
+  if (const toml::node* n = dev.t ? dev.t->get("mx_formats") : nullptr) {
+    auto b = n->as_boolean();
+    TREX_USER_CHECK(b, kHint, where, ": [device] mx_formats must be true or false");
+    s.mx_formats = b->get();
+  }
   s.mem_bytes = dev.num("memory_gb", 0, true, 1e-6) * 1e9;
   s.mem_bw = dev.num("memory_bandwidth_gbs", 0, true, 1e-6) * 1e9;
   s.reserved_bytes = dev.num("reserved_gb", 0) * 1e9;
@@ -104,7 +111,8 @@ ClusterSpec parse_spec_toml(const std::string& text, const std::string& where) {
 
   Section e{root["efficiency"].as_table(), where, "efficiency"};
   e.only({"gemm", "gemm_fp8", "grouped_gemm", "grouped_gemm_fp8", "attention", "sparse_attention", "indexer",
-          "head", "optimizer", "memory", "net_intra", "net_inter", "overlap", "comm_compute_share", "goodput"});
+          "head", "optimizer", "gemm_fp4", "grouped_gemm_fp4", "memory", "net_intra", "net_inter", "overlap",
+          "comm_compute_share", "goodput"});
   Efficiency& f = s.eff;
   auto frac = [&](const char* k, double def, double min = 1e-3) {
     double v = e.num(k, def, false, min);
@@ -120,6 +128,8 @@ ClusterSpec parse_spec_toml(const std::string& text, const std::string& where) {
   f.indexer = frac("indexer", f.indexer, 0);
   f.optimizer = frac("optimizer", f.optimizer, 0);
   f.head = frac("head", f.head, 0);
+  f.gemm_fp4 = frac("gemm_fp4", f.gemm_fp4, 0);
+  f.grouped_gemm_fp4 = frac("grouped_gemm_fp4", f.grouped_gemm_fp4, 0);
   f.memory = frac("memory", f.memory);
   f.net_intra = frac("net_intra", f.net_intra);
   f.net_inter = frac("net_inter", f.net_inter);

@@ -32,6 +32,10 @@ struct Efficiency {
   double optimizer_or_memory() const { return optimizer > 0 ? optimizer : memory; }
   double sparse_attention_or_dense() const { return sparse_attention > 0 ? sparse_attention : attention; }
   double indexer_or_dense() const { return indexer > 0 ? indexer : attention; }
+  // fp4 GEMMs (precision=mxfp4), of peak_fp4; 0 = the fp8 values.
+  double gemm_fp4 = 0, grouped_gemm_fp4 = 0;
+  double gemm_fp4_or_fp8() const { return gemm_fp4 > 0 ? gemm_fp4 : gemm_fp8; }
+  double grouped_gemm_fp4_or_fp8() const { return grouped_gemm_fp4 > 0 ? grouped_gemm_fp4 : grouped_gemm_fp8; }
   double memory = 0.7;            // memory-bound ops, of memory bandwidth
   double net_intra = 0.8;         // collectives inside a node, of intra-node bandwidth
   double net_inter = 0.8;         // collectives across nodes, of inter-node bandwidth
@@ -45,6 +49,8 @@ struct ClusterSpec {
   std::string name, description, source, note;
   // Device.
   double peak_bf16 = 0, peak_fp8 = 0;  // FLOP/s, dense; peak_fp8 = 0: no fp8 matmul
+  double peak_fp4 = 0;                 // FLOP/s, dense; 0: no fp4 matmul (precision=mxfp4 refused)
+  bool mx_formats = false;             // hardware block-scaled (MX) matmul: precision=mxfp8 / mxfp4
   double mem_bytes = 0, mem_bw = 0;    // bytes, bytes/s
   double reserved_bytes = 0;
   // Bytes per saved activation element: 0 = as a bf16 GPU run stores each tensor (SavedTensor::
@@ -77,7 +83,7 @@ ClusterSpec parse_spec_toml(const std::string& text, const std::string& where);
 // Name (built-in or "cpu-this") or path to a TOML file. `calibration` is the calibration file
 // for cpu-this ("" = default location, see plan/calibration.h).
 ClusterSpec load_spec(const std::string& name_or_path, const std::string& calibration = "");
-std::vector<std::string> builtin_spec_names();       // h800, h100, h200, b200, ascend-910c
+std::vector<std::string> builtin_spec_names();  // h800 ... cloudmatrix384 (plan/specs/*.toml)
 const char* builtin_spec_text(const std::string& name);  // the compiled-in TOML, nullptr if none
 
 }  // namespace trex::plan

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include "core/error.h"
+#include "plan/precision.h"
 
 namespace trex::plan {
 
@@ -66,6 +67,7 @@ namespace {
 struct RankTime {
   double fwd = 0, bwd = 0, rec = 0, weight_grad = 0;
   double fwd_only = 0;  // forward work without a backward (the V4 CSA indexer: its selection has no gradient)
+  double quant_fwd = 0, quant_bwd = 0;  // low-precision quantize / transpose kernels, forward and backward
   double gemm = 0, experts = 0, attention = 0, memory = 0;  // forward, by class
   double tp = 0, ep = 0, pp = 0;
   double ep_inter = 0, ep_intra = 0;
@@ -76,29 +78,35 @@ struct Rates {
   double gemm, experts, attention, memory;
   double sparse_attention, indexer;  // V4 attention core over key lists; CSA indexer scoring
   double optimizer;                  // bytes/s of the optimizer step
-  double head;  // the LM head GEMM stays bf16 under the fp8 recipe (DeepSeek-V3 sec. 3.3.1)
+  double head;  // bf16 GEMM rate: the LM head and router stay bf16 under every recipe (DeepSeek-V3 sec. 3.3.1)
+  PrecisionModel prec;
 };
 
-// Forward time of one layer for `tokens` tokens on one device, split by class.
-// Under fp8 every GEMM input is quantized (read bf16, write fp8: 3 B per element in the forward;
-// the backward's transposed re-quantization and output-gradient quantization are the 2x of it).
-double fp8_quant_bytes(const LayerCost& L, double expert_load) {
-  double b = 0;
+// GEMM-input elements per token of a layer that a low-precision recipe quantizes (the tensors
+// marked fp8_ok: every linear layer's input and SwiGLU's; routed copies scaled by the load).
+double quant_elems(const LayerCost& L, double expert_load) {
+  double n = 0;
   for (const SavedTensor& t : L.saved)
-    if (t.fp8_ok) b += 3.0 * t.elems * (t.routed ? expert_load : 1.0);
-  return b;
+    if (t.fp8_ok) n += t.elems * (t.routed ? expert_load : 1.0);
+  return n;
 }
 
-void layer_fwd(const LayerCost& L, const Rates& R, double tokens, double expert_load, int64_t seq, bool fp8,
-               RankTime& t, double& fwd) {
-  const double g = tokens * L.gemm_fwd / R.gemm;
+// Forward time of one layer for `tokens` tokens on one device, split by class.
+void layer_fwd(const LayerCost& L, const Rates& R, double tokens, double expert_load, int64_t seq, RankTime& t,
+               double& fwd) {
+  // Under a low-precision recipe the router (and V4's hyper-connection mixing) stay bf16.
+  const double g = R.prec.low ? tokens * ((L.gemm_fwd - L.bf16_gemm_fwd) / R.gemm + L.bf16_gemm_fwd / R.head)
+                              : tokens * L.gemm_fwd / R.gemm;
   const double e = tokens * expert_load * L.expert_fwd / R.experts;
   const double idx = indexer_fwd_flops(L.attn, seq);
   const double core = tokens * (attn_core_fwd_flops(L.attn, seq) - idx) /
                       (L.attn.kind == AttnKind::MLA ? R.attention : R.sparse_attention);
   const double at = core + tokens * idx / R.indexer;
   t.fwd_only += tokens * idx / R.indexer + tokens * 2 * L.fwd_only_matmul_params / R.gemm;
-  const double m = tokens * (L.elem_bytes_fwd + (fp8 ? fp8_quant_bytes(L, expert_load) : 0)) / R.memory;
+  const double q = tokens * quant_elems(L, expert_load) / R.memory;
+  t.quant_fwd += q * R.prec.quant_fwd;
+  t.quant_bwd += q * R.prec.quant_bwd;
+  const double m = tokens * L.elem_bytes_fwd / R.memory + q * R.prec.quant_fwd;
   t.gemm += g;
   t.experts += e;
   t.attention += at;
@@ -107,31 +115,29 @@ void layer_fwd(const LayerCost& L, const Rates& R, double tokens, double expert_
 }
 
 Rates make_rates(const ClusterSpec& s, const Layout& l) {
-  const bool fp8 = l.precision == Precision::FP8;
-  TREX_USER_CHECK(!fp8 || s.peak_fp8 > 0, "use precision=bf16 on this device", "cluster ", s.name,
-                  " has no fp8 matmul (peak_fp8 = 0); precision=fp8 cannot run there");
+  const PrecisionModel p = precision_model(s, l.precision);
   const Efficiency& e = s.eff;
-  return {fp8 ? s.peak_fp8 * e.gemm_fp8 : s.peak_bf16 * e.gemm,
-          fp8 ? s.peak_fp8 * e.grouped_gemm_fp8 : s.peak_bf16 * e.grouped_gemm,
+  return {p.gemm_peak * p.gemm_eff,
+          p.gemm_peak * p.grouped_eff,
           s.peak_bf16 * e.attention,
           s.mem_bw * e.memory,
           s.peak_bf16 * e.sparse_attention_or_dense(),
           s.peak_bf16 * e.indexer_or_dense(),
           s.mem_bw * e.optimizer_or_memory(),
-          s.peak_bf16 * e.gemm};
+          s.peak_bf16 * e.gemm,
+          p};
 }
 
 RankTime chunk_time(const ArchModel& a, const ClusterSpec& s, const Layout& l, const Chunk& c, const Rates& R) {
   RankTime t;
   const double tokens = (double)l.mbs * l.seq / l.tp;
-  const bool fp8 = l.precision == Precision::FP8;
   const Group tp = place_group(s, l.tp, 1);
   const Group pp = place_group(s, l.pp, l.tp * l.dp);
   const int dirs = 2 + (l.recompute == Recompute::Full ? 1 : 0);  // fwd, bwd (+ replayed fwd)
   double fwd_layers = 0;
   auto layer = [&](const LayerCost& L) {
     double f = 0;
-    layer_fwd(L, R, tokens, l.expert_load, l.seq, fp8, t, f);
+    layer_fwd(L, R, tokens, l.expert_load, l.seq, t, f);
     fwd_layers += f;
     if (l.recompute == Recompute::Selective)
       t.rec += tokens * (L.upproj_fwd / R.gemm + L.elem_sel_bytes_fwd / R.memory);
@@ -140,7 +146,7 @@ RankTime chunk_time(const ArchModel& a, const ClusterSpec& s, const Layout& l, c
     if (l.tp > 1) t.tp += dirs * L.tp_collectives * ring_all_reduce(tp, (double)l.mbs * l.seq * a.hidden * 2.0);
     if (L.moe && l.ep > 1) {
       const double tok = tokens * l.expert_load;
-      A2A dis = ep_all_to_all(s, l, L, a.hidden, tok, fp8 ? 1.0 + 4.0 / 128 : 2.0);
+      A2A dis = ep_all_to_all(s, l, L, a.hidden, tok, R.prec.dispatch_bytes);
       A2A com = ep_all_to_all(s, l, L, a.hidden, tok, 2.0);
       t.ep += dirs * (dis.seconds + com.seconds);
       t.ep_inter += dis.inter_bytes + com.inter_bytes;
@@ -182,11 +188,12 @@ RankTime chunk_time(const ArchModel& a, const ClusterSpec& s, const Layout& l, c
       }
   }
   t.fwd = fwd_layers + fwd_other;
-  t.bwd = 2 * (t.fwd - t.fwd_only);
-  t.weight_grad = t.fwd - t.fwd_only;  // the weight-gradient half of the backward GEMMs
+  // Backward: twice the forward's work, except the quantize kernels, which have their own traffic.
+  t.bwd = 2 * (t.fwd - t.fwd_only - t.quant_fwd) + t.quant_bwd;
+  t.weight_grad = t.fwd - t.fwd_only - t.quant_fwd;  // the weight-gradient half of the backward GEMMs
   if (l.pp > 1) {
     const double bytes = tokens * (double)a.residual_width() * 2.0;
-    t.pp = 2 * (bytes / pp.bw + pp.lat);  // activation forward, its gradient backward
+    t.pp = 2 * l.vp * (bytes / pp.bw + pp.lat);  // activation forward, its gradient backward, per model chunk
   }
   return t;
 }
@@ -259,6 +266,7 @@ StepTime plan_time(const ArchModel& a, const ClusterSpec& s, const Layout& l) {
       t.fwd += w * c.fwd, t.bwd += w * c.bwd, t.rec += w * c.rec, t.weight_grad += w * c.weight_grad;
       t.gemm += w * c.gemm, t.experts += w * c.experts, t.attention += w * c.attention, t.memory += w * c.memory;
       t.tp += w * c.tp, t.ep += w * c.ep, t.pp += w * c.pp;
+      t.quant_fwd += w * c.quant_fwd, t.quant_bwd += w * c.quant_bwd;
       t.ep_inter += w * c.ep_inter, t.ep_intra += w * c.ep_intra;
       dense += c.dense, experts += c.expert_params;
     }
@@ -277,6 +285,10 @@ StepTime plan_time(const ArchModel& a, const ClusterSpec& s, const Layout& l) {
       st.slow_rank = r;
       st.fwd = t.fwd * slow, st.bwd = t.bwd * slow, st.recompute = t.rec * slow;
       st.gemm = t.gemm, st.experts = t.experts, st.attention = t.attention, st.memory_bound = t.memory;
+      st.quant_fwd = t.quant_fwd, st.quant_bwd = t.quant_bwd;
+      const int dirs = 2 + (l.recompute == Recompute::Full ? 1 : 0);
+      st.ep_intra_s = dirs * t.ep_intra / (s.intra_bw * s.eff.net_intra);
+      st.ep_inter_s = dirs * t.ep_inter / (s.inter_bw * s.eff.net_inter);
       st.comm_tp = t.tp, st.comm_ep = t.ep, st.comm_pp = t.pp, st.comm_dp_mb = dp_mb;
       st.exposed_mb = exposed;
       st.t_mb = t_mb;
@@ -285,7 +297,7 @@ StepTime plan_time(const ArchModel& a, const ClusterSpec& s, const Layout& l) {
       const double F = t.fwd * slow + exposed / 3, B = (t.bwd + t.rec) * slow + 2 * exposed / 3;
       const double W = t.weight_grad * slow;
       st.bubble = l.schedule == Schedule::DualPipe ? (l.pp / 2.0 - 1) * std::max(0.0, F + 2 * B - 3 * W)
-                                                   : (double)(l.pp - 1) * t_mb;
+                                                   : (double)(l.pp - 1) * t_mb / (double)l.vp;
     }
   }
   st.compute = m * (st.fwd + st.bwd + st.recompute);
@@ -311,8 +323,11 @@ StepTime plan_time(const ArchModel& a, const ClusterSpec& s, const Layout& l) {
   // AdamW over the local shard: read grad, master, 2 moments; write master, 2 moments, bf16 param.
   const double local = l.zero >= 1 ? dense_max / l.dp + exp_max / l.edp() : dense_max + exp_max;
   st.optimizer = local * (l.grad_bytes + 4 + 2 * l.moment_bytes + 4 + 2 * l.moment_bytes + 2) / R.optimizer;
+  // Low precision: the updated weights are quantized once per step (cached across the step's
+  // micro-batches): read bf16, write the row- and column-wise copies.
+  if (R.prec.low) st.weight_cast = (dense_max + exp_max) * 4.0 / R.memory;
   st.exposed_comm += st.dp_exposed;
-  st.step = m * st.t_mb + st.bubble + st.dp_exposed + st.optimizer;
+  st.step = m * st.t_mb + st.bubble + st.dp_exposed + st.optimizer + st.weight_cast;
   st.tokens_per_step = (double)l.tokens_per_step();
   st.goodput = e.goodput;
   st.tokens_per_s = st.tokens_per_step / st.step * st.goodput;

@@ -40,12 +40,15 @@ struct StepTime {
   // Per micro-batch on the slowest pipeline rank (seconds).
   double fwd = 0, bwd = 0, recompute = 0;       // compute (with the communication-share slowdown)
   double gemm = 0, experts = 0, attention = 0, memory_bound = 0;  // forward compute by class
+  double quant_fwd = 0, quant_bwd = 0;  // low-precision quantize / transpose kernels (memory_bound has the forward's)
+  double ep_intra_s = 0, ep_inter_s = 0;  // one layer-set's all-to-all bytes on each link alone, per micro-batch
   double comm_tp = 0, comm_ep = 0, comm_pp = 0, comm_dp_mb = 0;  // per micro-batch communication
   double exposed_mb = 0;                        // communication left exposed per micro-batch
   double t_mb = 0;                              // fwd + bwd + recompute + exposed
   std::vector<double> rank_t_mb;                // t_mb of every pipeline rank
   // Per step (seconds).
   double compute = 0, exposed_comm = 0, bubble = 0, optimizer = 0, step = 0;
+  double weight_cast = 0;  // low precision: quantizing the updated weights once per step
   double dp_comm = 0, dp_exposed = 0;           // gradient / parameter collectives (all ZeRO stages)
   double ep_inter_bytes_mb = 0, ep_intra_bytes_mb = 0;  // one all-to-all direction pair, per device
   // Throughput over wall time: steady-state steps x the spec's goodput.

@@ -63,7 +63,7 @@ TEST(PlanMemory, SavedBytesPerTokenByHand) {
   EXPECT_DOUBLE_EQ(saved_bytes_per_token(a.layers[2], Recompute::Full, false), 2 * d);
   // fp8 caching: GEMM / SwiGLU inputs at 1 B + a 4 B scale per 128.
   const double f = 1 + 4.0 / 128;
-  EXPECT_DOUBLE_EQ(saved_bytes_per_token(a.layers[0], Recompute::None, true),
+  EXPECT_DOUBLE_EQ(saved_bytes_per_token(a.layers[0], Recompute::None, f),
                    attn + mlp_norms + dense - (2 * d + 2 * ql + 2 * kl + 2 * H * v + 2 * d + 2 * 2 * I + 2 * I) +
                        f * (d + ql + kl + H * v + d + 2 * I + I));
 }

@@ -67,7 +67,8 @@ inter_node_gbs = 10
 TEST(PlanSpecs, BuiltinsEqualFiles) {
   if (const char* e = std::getenv("TREX_REGEN_SPECS"); e && std::string(e) == "1") regenerate_builtin_specs();
   std::vector<std::string> names = builtin_spec_names();
-  EXPECT_EQ(names, (std::vector<std::string>{"h800", "h100", "h200", "b200", "ascend-910c"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"h800", "h100", "h200", "b200", "gb200-nvl72", "gb300-nvl72", "mi300x",
+                                              "mi355x", "ascend-910c", "cloudmatrix384"}));
   for (const std::string& n : names) {
     const std::string path = "plan/specs/" + n + ".toml";
     ASSERT_TRUE(std::filesystem::exists(path)) << path << " (run from the repository root)";

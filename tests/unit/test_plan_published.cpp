@@ -1,0 +1,89 @@
+// Planner against published DeepSeek-V3 training runs of Megatron-Bridge / Megatron-Core on H100,
+// B200, GB200 NVL72 and GB300 NVL72 (docs/PLAN.md has the table, sources and the assumptions of
+// each row). Tokens per second per GPU are compared (independent of how a run counts FLOPs).
+// No efficiency was fitted to any row here: every row is held out of the fits (the only fitted
+// figures are the Hopper fp8 efficiency and the H800 goodput, on the DeepSeek-V3 report).
+//
+// Rows within 15% are held to it. Rows the planner over-predicts because the published software
+// was host-bound (no CUDA graphs yet; the Megatron GB200 guide measured 494 -> 970 TFLOP/s on the
+// same hardware from kernel fusion and CUDA graphs alone) are held to their sign and size, so
+// that a change to the model that moves them shows here.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include "plan/planner.h"
+
+using namespace trex;
+using namespace trex::plan;
+
+namespace {
+
+struct Row {
+  const char* what;
+  const char* cluster;
+  int64_t devices;
+  const char* layout;
+  double published;  // tokens/s per GPU
+};
+
+double error_of(const Row& r) {
+  ArchModel a = resolve_model("deepseek-v3");
+  Plan p = evaluate(a, load_spec(r.cluster), r.devices, parse_layout(r.layout, Layout{}));
+  return p.time.tokens_per_s / (double)r.devices / r.published - 1;
+}
+
+// Megatron-Bridge performance summary (25.09 and 25.11 containers), DeepSeek-V3, seq 4096, MBS 1,
+// MTP on; a2a overlap as the recipe of that time (off unless the MXFP8 GB200/GB300 recipes set it).
+const Row kH100Cs = {"H100 x1024 FP8 current scaling (25.09)", "h100", 1024,
+                     "tp=2,pp=8,vp=4,ep=64,gbs=8192,precision=fp8-tensor,mtp=1,recompute=selective,overlap=dp", 1297};
+const Row kH100Block = {"H100 x1024 FP8 1x128/128x128 blocks (25.09)", "h100", 1024,
+                        "tp=2,pp=8,vp=4,ep=64,gbs=8192,precision=fp8,mtp=1,recompute=selective,overlap=dp",
+                        1297.0 * 330 / 338};
+const Row kGB300Bf16 = {"GB300 x256 BF16 (25.11)", "gb300-nvl72", 256,
+                        "pp=2,vp=4,ep=32,gbs=4096,precision=bf16,mtp=1,recompute=selective,overlap=dp", 3848};
+// Megatron-Bridge PR 4226: GB200 MXFP8 with full-iteration CUDA graphs, 12.94 s per 4096 x 4096 tokens.
+const Row kGB200Graphs = {"GB200 x256 MXFP8, full CUDA graphs (PR 4226)", "gb200-nvl72", 256,
+                          "pp=4,vp=4,ep=64,gbs=4096,precision=mxfp8,mtp=1,recompute=selective,overlap=ep+dp",
+                          4096.0 * 4096 / 12.94 / 256};
+// Host-bound at publication (partial or no CUDA graphs).
+const Row kB200Mx = {"B200 x256 MXFP8 (25.11)", "b200", 256,
+                     "pp=16,ep=8,gbs=2048,precision=mxfp8,mtp=1,recompute=selective,overlap=dp", 2139};
+const Row kGB200Bf16 = {"GB200 x256 BF16 (25.11)", "gb200-nvl72", 256,
+                        "pp=4,vp=4,ep=64,gbs=4096,precision=bf16,mtp=1,recompute=selective,overlap=dp", 3139};
+const Row kGB200Mx = {"GB200 x256 MXFP8 (25.11)", "gb200-nvl72", 256,
+                      "pp=8,vp=4,ep=32,gbs=4096,precision=mxfp8,mtp=1,recompute=selective,overlap=ep+dp", 4018};
+// Megatron-Core's GB200 guide, final: 970 TFLOP/s at 249.5 GFLOP per token (the 25.11 table's ratio).
+const Row kGB200Guide = {"GB200 x256 MXFP8, Megatron-Core GB200 guide", "gb200-nvl72", 256,
+                         "pp=8,vp=4,ep=32,gbs=2048,precision=mxfp8,mtp=0,recompute=selective,overlap=dp", 970e12 / 249.5e9};
+const Row kGB300Mx = {"GB300 x256 MXFP8 (25.11)", "gb300-nvl72", 256,
+                      "pp=2,vp=4,ep=32,gbs=4096,precision=mxfp8,mtp=1,recompute=none,overlap=ep+dp", 4357};
+
+}  // namespace
+
+TEST(PlanPublished, WithinFifteenPercent) {
+  for (const Row& r : {kH100Cs, kH100Block, kGB300Bf16, kGB200Graphs}) {
+    const double e = error_of(r);
+    EXPECT_LT(std::abs(e), 0.15) << r.what << ": planner error " << e;
+  }
+}
+
+TEST(PlanPublished, HostBoundRunsAreOverPredicted) {
+  for (const Row& r : {kB200Mx, kGB200Bf16, kGB200Mx, kGB300Mx, kGB200Guide}) {
+    const double e = error_of(r);
+    EXPECT_GT(e, 0.15) << r.what << ": " << e << " (now within 15%: move the row to WithinFifteenPercent)";
+    EXPECT_LT(e, 0.60) << r.what << ": " << e;
+  }
+}
+
+// The same hardware and model: the published MXFP8 speed-up over BF16 on GB300 is 1.13x; the planner
+// (device-bound) says more, the gap being the host-bound MXFP8 stack of that release.
+TEST(PlanPublished, LowPrecisionSpeedupIsBelowThePeakRatio) {
+  ArchModel a = resolve_model("deepseek-v3");
+  ClusterSpec s = load_spec("gb300-nvl72");
+  const std::string base = "pp=2,vp=4,ep=32,gbs=4096,mtp=1,recompute=selective,overlap=ep+dp,precision=";
+  const double bf16 = evaluate(a, s, 256, parse_layout(base + "bf16", Layout{})).time.tokens_per_s;
+  const double mx = evaluate(a, s, 256, parse_layout(base + "mxfp8", Layout{})).time.tokens_per_s;
+  EXPECT_GT(mx / bf16, 1.1);
+  EXPECT_LT(mx / bf16, 1.7);  // far from the 2x of the peaks: attention, memory-bound work, communication
+}
