@@ -229,7 +229,9 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   // Rank 0 alone writes metrics.jsonl, the resolved config and the live view.
   std::unique_ptr<MetricsLog> log_owner;
   if (root) {
-    log_owner = std::make_unique<MetricsLog>(run_dir, rc.log.progress, rc.log.every, !resume_dir.empty());
+    // A resumed run cuts metrics.jsonl back to the checkpoint's step: the steps after it run again.
+    log_owner = std::make_unique<MetricsLog>(run_dir, rc.log.progress, rc.log.every,
+                                             resume_dir.empty() ? -1 : state.step);
     io::write_file_atomic(run_dir + "/config.resolved.json", rc.raw.dump(2) + "\n");
   }
   auto message = [&](const std::string& msg) {
@@ -252,6 +254,9 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
                           cache_dir.empty() || tok.file.empty() ? "" : (hit ? " (tokens from the cache)" : " (tokens cached)"), "; ", m.cfg.num_params(), " params, ",
                           threads, " threads", dp_note, resume_dir.empty() ? "" : ", resumed from " + resume_dir));
   for (const std::string& e : st.first_errors) message("  skipped: " + e);
+  if (log_owner && log_owner->dropped() > 0)
+    message(detail::cat("metrics.jsonl: ", log_owner->dropped(), " line(s) past step ", state.step,
+                        " dropped (this run writes those steps again)"));
 
   const double peak = kern::measure_peak(0.1).best_gflops() * dims.world();  // every rank's (assumed equal)
   const double fpt = m.cfg.train_flops_per_token(rc.data.seq_len);  // with the MTP blocks it trains
