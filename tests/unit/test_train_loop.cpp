@@ -95,6 +95,14 @@ TEST(TrainLoop, ConfigOverridesAndErrors) {
   EXPECT_NE(msg({"train.recompute=selective"}).find("none, full"), std::string::npos);
   EXPECT_NE(msg({"extra.key=1"}).find("[extra]"), std::string::npos);
   EXPECT_NE(msg({"nodot"}).find("section.key=value"), std::string::npos);
+  // The two fault bounds: the heartbeat's (dead peer) below the watchdog's (slow step).
+  EXPECT_EQ(msg({"parallel.peer_timeout_s=5", "parallel.watchdog_s=7"}), "");
+  EXPECT_EQ(msg({"parallel.peer_timeout_s=900", "parallel.watchdog_s=0"}), "");  // watchdog off
+  EXPECT_NE(msg({"parallel.peer_timeout_s=0"}).find("parallel.peer_timeout_s = 0 must be > 0"), std::string::npos);
+  EXPECT_NE(msg({"parallel.peer_timeout_s=-1"}).find("parallel.peer_timeout_s"), std::string::npos);
+  EXPECT_NE(msg({"parallel.peer_timeout_s=30", "parallel.watchdog_s=30"})
+                .find("parallel.peer_timeout_s = 30 must be < parallel.watchdog_s = 30"),
+            std::string::npos);
 }
 
 TEST(TrainLoop, CptAndSftLowerTheLoss) {
