@@ -30,6 +30,12 @@ bed_require() {
     echo "SKIP: network namespaces are not permitted here (ip netns add failed)"
     exit 77
   fi
+  local why
+  if ! why=$(ip netns exec "$probe" ip link set lo up 2>&1); then
+    ip netns del "$probe"
+    echo "SKIP: cannot run commands in a network namespace here (ip netns exec: $why)"
+    exit 77
+  fi
   ip netns del "$probe"
 }
 
