@@ -2,7 +2,7 @@
 # A host cut off mid-run (issue 34): `trex train` with ep 2 over two namespace hosts
 # (tests/hosts/netns_bed.sh, launched by scripts/trex-mpirun), every packet to and from host 1
 # dropped after step 5. The whole job must end within 60 s with a non-zero exit and the heartbeat's
-# error naming peer rank 1 and parallel.peer_timeout_s; then, the link restored, --resume auto
+# error naming peer rank 1 and parallel.peer_timeout_s, the rank on the cut host gone too; then, the link restored, --resume auto
 # continues from the newest checkpoint to the end, and every step's loss equals an uncut run's
 # (the checkpoint was intact, metrics.jsonl was cut back to it).
 #
@@ -40,6 +40,12 @@ secs=$((SECONDS - t0))
 ((rc != 0)) || fail "the launcher exited 0 after the cut"
 grep -Eq 'peer rank 1 \(host [^)]*\) has not answered for [0-9]+ s \(parallel.peer_timeout_s = 6' cut.log ||
   { tail -20 cut.log; fail "no heartbeat error naming peer rank 1"; }
+# The rank on the far side (its output cannot reach mpirun) must have ended by itself.
+for p in $(ip netns pids "$(bed_ns 1)"); do
+  if grep -q "trex" "/proc/$p/cmdline" 2> /dev/null && ! grep -q orted "/proc/$p/cmdline" 2> /dev/null; then
+    fail "the rank on the cut host still runs $secs s after the cut: $(tr '\0' ' ' < /proc/$p/cmdline)"
+  fi
+done
 newest=$(ls cut/checkpoints | sort | tail -1)
 echo "OK: the job ended ${secs} s after the cut (exit $rc); newest checkpoint $newest"
 
