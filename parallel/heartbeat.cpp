@@ -112,7 +112,8 @@ Heartbeat::Heartbeat(Communicator& comm, double timeout_s, std::function<void(co
     p.port = rec.port;
     for (int i = 0; i < std::min<int>(rec.naddr, kMaxAddrs); ++i) {
       p.addrs.push_back(rec.addrs[i]);
-      p.addr_text += (i ? "," : "") + addr_text(rec.addrs[i]);
+      if (i) p.addr_text += ',';
+      p.addr_text += addr_text(rec.addrs[i]);
     }
   }
   th_ = std::thread([this] { run(); });
@@ -152,8 +153,15 @@ void Heartbeat::run() {
   gone[rank_] = 1;
   double next_send = start;
   const double tick = std::clamp(timeout_s_ / 20, 0.01, 0.5);
+  double prev = start;
   while (!stop_.load()) {
     double now = now_s();
+    // This thread itself did not run for a while (the process was stopped and continued, a job
+    // suspended by its scheduler, a paused VM): the silence it sees is its own, so every peer
+    // gets a fresh timeout instead of being reported.
+    if (now - prev > std::max(timeout_s_ / 2, 4 * tick))
+      std::fill(last.begin(), last.end(), now);
+    prev = now;
     if (now >= next_send) {
       send_all(kPing);
       next_send = now + interval_s_;

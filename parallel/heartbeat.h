@@ -16,7 +16,9 @@
 // others through one all-gather on the communicator at construction (a collective). Datagrams go
 // to every address of a peer; those that land elsewhere are ignored (each carries a per-job key
 // and the destination rank), so an address a peer cannot reach costs nothing. A rank that ends
-// normally says goodbye (three datagrams) and is no longer watched.
+// normally says goodbye (three datagrams) and is no longer watched. When the heartbeat thread
+// itself has not run for half the timeout (the whole process stopped and continued, a suspended
+// job, a paused VM), every peer's timeout starts over rather than all of them being reported.
 #pragma once
 #include <atomic>
 #include <cstdint>
