@@ -1,7 +1,8 @@
 // trex plot RUN_DIR [--out FILE.png]: draws a run's metrics.jsonl with gnuplot (Debian
 // gnuplot-nox): training and eval loss, MFU, and a heat map of expert load balance (busiest
 // expert / mean, per MoE layer and step). The data goes to RUN_DIR/plot/*.dat next to the
-// gnuplot script, so the figure can be re-rendered or restyled by hand.
+// gnuplot script, so the figure can be re-rendered or restyled by hand. One point per step: where
+// a step was logged twice the last line wins (train/metrics.h: read_metrics).
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -9,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include "cli/commands.h"
 #include "core/error.h"
+#include "train/metrics.h"
 
 namespace trex::cli {
 
@@ -22,22 +24,17 @@ void add_plot(CLI::App& app) {
   cmd->add_option("--out", *out, "PNG file (default RUN_DIR/plot.png)");
   cmd->callback([run_dir, out] {
     const fs::path dir(*run_dir), metrics = dir / "metrics.jsonl";
-    std::ifstream in(metrics);
-    TREX_USER_CHECK(in.good(), "give the checkpoint.run_dir of a trex train run", metrics.string(), ": cannot open");
+    // One record per step (a step logged twice, in files from before resumes cut the file back:
+    // the last line wins), in step order.
+    const std::vector<nlohmann::json> records = train::read_metrics(metrics.string());
     const fs::path pd = dir / "plot";
     std::error_code ec;
     fs::create_directories(pd, ec);
     TREX_USER_CHECK(!ec, "give a run directory you may write to", pd.string(), ": cannot create directory: ",
                     ec.message());
     std::ofstream loss(pd / "loss.dat"), eval(pd / "eval.dat"), mfu(pd / "mfu.dat"), load(pd / "load.dat");
-    std::string line;
-    int64_t n = 0, ln = 0, layers = 0;
-    while (std::getline(in, line)) {
-      ++ln;
-      if (line.empty()) continue;
-      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-      TREX_USER_CHECK(j.is_object() && j.contains("step") && j.contains("loss"), "the file must come from trex train",
-                      metrics.string(), ":", ln, ": not a metrics record");
+    int64_t n = 0, layers = 0;
+    for (const nlohmann::json& j : records) {
       const int64_t s = j["step"].get<int64_t>();
       loss << s << " " << j["loss"].get<double>() << "\n";
       if (j.contains("eval_loss")) eval << s << " " << j["eval_loss"].get<double>() << "\n";

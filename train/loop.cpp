@@ -2,13 +2,16 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <optional>
+#include <thread>
 #include "core/log.h"
 #include "core/timer.h"
 #include "core/trace.h"
@@ -17,6 +20,7 @@
 #include "io/atomic_file.h"
 #include "kernels/peak.h"
 #include "model/checkpoint.h"
+#include "parallel/heartbeat.h"
 #include "train/checkpoint.h"
 #include "train/device.h"
 #include "train/layout.h"
@@ -229,7 +233,9 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   // Rank 0 alone writes metrics.jsonl, the resolved config and the live view.
   std::unique_ptr<MetricsLog> log_owner;
   if (root) {
-    log_owner = std::make_unique<MetricsLog>(run_dir, rc.log.progress, rc.log.every, !resume_dir.empty());
+    // A resumed run cuts metrics.jsonl back to the checkpoint's step: the steps after it run again.
+    log_owner = std::make_unique<MetricsLog>(run_dir, rc.log.progress, rc.log.every,
+                                             resume_dir.empty() ? -1 : state.step);
     io::write_file_atomic(run_dir + "/config.resolved.json", rc.raw.dump(2) + "\n");
   }
   auto message = [&](const std::string& msg) {
@@ -252,6 +258,9 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
                           cache_dir.empty() || tok.file.empty() ? "" : (hit ? " (tokens from the cache)" : " (tokens cached)"), "; ", m.cfg.num_params(), " params, ",
                           threads, " threads", dp_note, resume_dir.empty() ? "" : ", resumed from " + resume_dir));
   for (const std::string& e : st.first_errors) message("  skipped: " + e);
+  if (log_owner && log_owner->dropped() > 0)
+    message(detail::cat("metrics.jsonl: ", log_owner->dropped(), " line(s) past step ", state.step,
+                        " dropped (this run writes those steps again)"));
 
   const double peak = kern::measure_peak(0.1).best_gflops() * dims.world();  // every rank's (assumed equal)
   const double fpt = m.cfg.train_flops_per_token(rc.data.seq_len);  // with the MTP blocks it trains
@@ -279,6 +288,35 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
     std::fflush(stderr);
     world->abort_job(3);
   });
+  // A dead peer, a lost host or a cut network: the heartbeat (parallel/heartbeat.h) ends the job
+  // after parallel.peer_timeout_s of silence, while a step that is only slow (its peers answer)
+  // waits up to parallel.watchdog_s. Collective: every rank constructs it here.
+  std::unique_ptr<parallel::Heartbeat> heart;
+  if (world && world->size() > 1)
+    heart = std::make_unique<parallel::Heartbeat>(*world, rc.parallel.peer_timeout_s, [&, rank](const parallel::PeerLost& p) {
+      std::fprintf(stderr,
+                   "[trex] error: rank %d: peer rank %d (host %s, %s) %s for %.0f s (parallel.peer_timeout_s = %g; "
+                   "last finished: step %lld): the process died or is stopped, its host is down, or the network to it "
+                   "is cut. Ending the job; the newest checkpoint in %s is complete (--resume auto). %s\n",
+                   rank, p.rank, p.host.c_str(), p.addresses.c_str(),
+                   p.never_heard ? "has not sent one heartbeat since the start" : "has not answered",
+                   p.silent_s, rc.parallel.peer_timeout_s, (long long)done_step.load(), run_dir.c_str(),
+                   p.never_heard ? "The heartbeat is UDP on an ephemeral port between every two ranks: check that a "
+                                   "firewall lets it through (docs/PARALLEL.md)."
+                                 : "If the network is only congested for longer, raise parallel.peer_timeout_s.");
+      std::fflush(stderr);
+      // MPI_Abort may wait on a launcher that cannot reach the peer's host: exit regardless.
+      std::thread([] {
+        std::this_thread::sleep_for(std::chrono::seconds(5));
+        std::_Exit(3);
+      }).detach();
+      world->abort_job(3);
+    });
+  // Debug hook (tests of the watchdog with live peers): TREX_INJECT_HANG=R:K makes rank R stop
+  // before step K, its heartbeat still answering, as a deadlocked or very slow step would.
+  int64_t hang_step = 0;
+  if (const char* h = std::getenv("TREX_INJECT_HANG"); h && std::atoi(h) == rank && std::strchr(h, ':'))
+    hang_step = std::atoll(std::strchr(h, ':') + 1);
   // SIGTERM / SIGINT: finish the step, save, stop (train/stop_signal.h); the ranks agree on the step.
   std::optional<StopSignals> stop;
   if (rc.train.exit_signal_save) stop.emplace();
@@ -299,6 +337,7 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
     }
     state.data_position += rc.train.grad_accum * dp_size * B;
     for (auto& b : bufs) micro.push_back(b.batch(B, rc.data.seq_len));
+    while (hang_step > 0 && step + 1 == hang_step) std::this_thread::sleep_for(std::chrono::seconds(1));
     const double lr = rc.optim.schedule.at(step);
     const bool inject = inject_nan_step > 0 && step + 1 == inject_nan_step;
     const bool tracing = !rc.log.trace.empty() && step - first_step < rc.log.trace_steps;
@@ -383,6 +422,7 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
     }
   }
   dog.reset();  // the loop is over: what follows is bounded (trace parts, messages)
+  heart.reset();  // says goodbye: the peers stop watching this rank
   if (dp) dp->wait_params();
   res.peak_rss = peak_rss_bytes();
   message(detail::cat("memory: estimated ", res.memory_estimate / (1 << 20), " MiB per rank, peak resident ",

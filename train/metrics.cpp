@@ -3,17 +3,66 @@
 #include <unistd.h>
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include "core/error.h"
 #include "core/timer.h"
 #include "io/atomic_file.h"
 
 namespace trex::train {
 
-MetricsLog::MetricsLog(const std::string& run_dir, const std::string& progress, int64_t every, bool append)
+int64_t truncate_metrics(const std::string& path, int64_t step) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in.good()) return 0;
+  const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  std::string keep;
+  int64_t dropped = 0;
+  for (size_t pos = 0; pos < all.size();) {
+    size_t end = all.find('\n', pos);
+    if (end == std::string::npos) end = all.size();
+    const std::string line = all.substr(pos, end - pos);
+    pos = end + 1;
+    if (line.empty()) continue;
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() <= step)
+      keep += line + "\n";
+    else
+      ++dropped;
+  }
+  if (keep != all) io::write_file_atomic(path, keep);
+  return dropped;
+}
+
+std::vector<nlohmann::json> read_metrics(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  TREX_USER_CHECK(in.good(), "give the checkpoint.run_dir of a trex train run", path, ": cannot open");
+  std::map<int64_t, nlohmann::json> by_step;
+  std::string line;
+  int64_t ln = 0;
+  while (std::getline(in, line)) {
+    ++ln;
+    if (line.empty()) continue;
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    const bool ok = j.is_object() && j.contains("step") && j["step"].is_number_integer() && j.contains("loss") &&
+                    j["loss"].is_number();
+    if (!ok && in.eof()) break;  // a last line cut by a kill
+    TREX_USER_CHECK(ok, "the file must come from trex train", path, ":", ln, ": not a metrics record");
+    const int64_t step = j["step"].get<int64_t>();
+    by_step[step] = std::move(j);
+  }
+  std::vector<nlohmann::json> out;
+  out.reserve(by_step.size());
+  for (auto& [s, j] : by_step) out.push_back(std::move(j));
+  return out;
+}
+
+MetricsLog::MetricsLog(const std::string& run_dir, const std::string& progress, int64_t every, int64_t resumed_step)
     : every_(every), t0_ms_(now_ms()) {
   std::filesystem::create_directories(run_dir);
   path_ = run_dir + "/metrics.jsonl";
-  f_ = std::fopen(path_.c_str(), append ? "a" : "w");
+  if (resumed_step >= 0) dropped_ = truncate_metrics(path_, resumed_step);
+  f_ = std::fopen(path_.c_str(), resumed_step >= 0 ? "a" : "w");
   TREX_USER_CHECK(f_, "check that checkpoint.run_dir is writable", path_, ": cannot open for writing");
   bar_ = progress == "bar" || (progress == "auto" && ::isatty(STDERR_FILENO));
 }

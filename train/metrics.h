@@ -2,7 +2,8 @@
 // tokens/s, MFU, expert load balance per MoE layer, eval loss when measured, the DeepSeek-V3.2
 // indexer loss and top-k recall when it trains, "skipped" and
 // "spike" flags when set), and a live view on
-// stderr: a progress bar with ETA on a terminal, plain lines otherwise.
+// stderr: a progress bar with ETA on a terminal, plain lines otherwise. A resumed run first cuts
+// the file back to the step it resumed from, so every step has one line.
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -26,10 +27,27 @@ struct StepMetrics {
   double comm_ms = -1;                     // data parallel: exposed communication of rank 0 (< 0: one rank)
 };
 
+// Cuts metrics.jsonl back to the records of steps <= `step` (a run resuming from that step's
+// checkpoint): the records of later steps, which the resumed run writes again, and lines that are
+// not a JSON record (the last line of a run killed while writing it) are dropped. Rewritten
+// atomically (io/atomic_file.h) and only when something is dropped; a missing file is left
+// missing. Returns the number of lines dropped.
+int64_t truncate_metrics(const std::string& path, int64_t step);
+
+// The records of a metrics.jsonl, one per step in step order: where a step appears more than once
+// (files written before resumes cut the file back), the last line wins. A line that is not a JSON
+// object with "step" and "loss" is a UserError naming the file and line, except a last line
+// without its newline (a run killed while writing it), which is skipped.
+std::vector<nlohmann::json> read_metrics(const std::string& path);
+
 class MetricsLog {
  public:
-  // progress: "auto" (bar when stderr is a terminal), "bar", "lines".
-  MetricsLog(const std::string& run_dir, const std::string& progress, int64_t every, bool append);
+  // progress: "auto" (bar when stderr is a terminal), "bar", "lines". resumed_step >= 0: the run
+  // resumed from that step; the file is cut back to it (truncate_metrics) and appended to.
+  // < 0: a fresh run, the file starts empty.
+  MetricsLog(const std::string& run_dir, const std::string& progress, int64_t every, int64_t resumed_step);
+  // Lines the resume cut from the file (0 on a fresh run).
+  int64_t dropped() const { return dropped_; }
   ~MetricsLog();
   void step(const StepMetrics& m);
   void message(const std::string& s);
@@ -44,6 +62,7 @@ class MetricsLog {
   int64_t every_ = 1;
   double t0_ms_ = 0;
   int64_t first_step_ = -1;
+  int64_t dropped_ = 0;
 };
 
 }  // namespace trex::train

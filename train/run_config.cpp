@@ -302,6 +302,11 @@ const std::vector<SectionSpec>& sections() {
            field("watchdog_s", Kind::Num, &R::parallel, &ParallelConfig::watchdog_s,
                  "more than one rank: no finished step for this many seconds ends the job with an error (0 = off)",
                  0),
+           field("peer_timeout_s", Kind::Num, &R::parallel, &ParallelConfig::peer_timeout_s,
+                 "more than one rank: a peer rank whose heartbeat is silent this long (dead process, lost host, cut "
+                 "network) ends the job with an error; > 0 and < watchdog_s (a slow step with live peers waits up "
+                 "to watchdog_s)",
+                 0),
            [] {
              KeySpec k = key_spec("zero_stage", Kind::Custom,
                                   "1: optimizer state sharded over dp; 2: gradients sharded too (not with pp > 1)",
@@ -446,6 +451,19 @@ void check_indexer_loss(const RunConfig& r, const std::string& where) {
                   ": the indexer loss needs every attention head's probabilities on one rank");
 }
 
+// The two fault bounds (docs/PARALLEL.md, "Dead or slow"): the heartbeat's must be the shorter,
+// else a slow step would end the job before a dead peer is told apart from it.
+void check_fault_timeouts(const RunConfig& r, const std::string& where) {
+  const ParallelConfig& p = r.parallel;
+  TREX_USER_CHECK(p.peer_timeout_s > 0, "set parallel.peer_timeout_s to a number of seconds > 0 (default 30)",
+                  where, ": parallel.peer_timeout_s = ", p.peer_timeout_s, " must be > 0");
+  TREX_USER_CHECK(p.watchdog_s <= 0 || p.peer_timeout_s < p.watchdog_s,
+                  "lower parallel.peer_timeout_s below parallel.watchdog_s (e.g. 30 and 600): a dead peer ends the "
+                  "job after peer_timeout_s, a slow step after watchdog_s",
+                  where, ": parallel.peer_timeout_s = ", p.peer_timeout_s, " must be < parallel.watchdog_s = ",
+                  p.watchdog_s);
+}
+
 }  // namespace
 
 RunConfig parse_run_config(json j, const std::string& where, const std::vector<std::string>& overrides) {
@@ -509,6 +527,7 @@ RunConfig parse_run_config(json j, const std::string& where, const std::vector<s
   }
   r.optim.schedule.total_steps = r.train.steps;
   check_indexer_loss(r, where);
+  check_fault_timeouts(r, where);
   return r;
 }
 

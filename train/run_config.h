@@ -72,6 +72,10 @@ struct ParallelConfig {
   // More than one rank: no finished training step for this many seconds ends the whole job with
   // an error (a stuck or stopped rank would leave the others waiting in a collective). 0 = off.
   double watchdog_s = 600;
+  // More than one rank: a peer rank whose heartbeat (parallel/heartbeat.h) is silent for this many
+  // seconds is dead or cut off, and the whole job ends. > 0 and < watchdog_s (unless that is 0):
+  // a dead peer is told from a slow step well before the watchdog's longer bound.
+  double peer_timeout_s = 30;
 };
 
 struct CheckpointConfig {

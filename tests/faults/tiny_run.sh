@@ -3,7 +3,7 @@
 #       run.toml (a tiny DeepSeek-V3-shaped MoE, the committed 3,000-id BPE, bf16, one thread) into
 #       the current directory; checkpoints every EVERY steps, the newest KEEP kept.
 #   losses FILE [cut-ok]  the loss of each step of a metrics.jsonl, "step loss" lines in step
-#       order; a resumed run appends, so the last entry of a step wins. cut-ok: skip a line that is
+#       order; the last entry of a step wins (a resume cuts the file back to its checkpoint). cut-ok: skip a line that is
 #       not JSON (one cut by SIGKILL); without it such a line fails.
 #   fail MESSAGE  prints it and where the work files are kept, exits 1.
 
