@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <algorithm>
 #include <cerrno>
@@ -14,6 +15,8 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <tuple>
+#include <utility>
 
 namespace trex::parallel {
 
@@ -32,6 +35,7 @@ struct Record {
   uint8_t pad;
   uint32_t addrs[kMaxAddrs];  // network byte order
   char host[128];
+  uint64_t netns_dev, netns_ino;  // the network namespace (/proc/self/ns/net), 0 if unknown
 };
 
 // One datagram.
@@ -63,6 +67,13 @@ std::vector<uint32_t> local_addresses() {
   out.insert(out.end(), lo.begin(), lo.end());
   if (out.size() > (size_t)kMaxAddrs) out.erase(out.begin() + kMaxAddrs - 1, out.end() - 1);  // keep loopback
   return out;
+}
+
+// The identity of this process's network namespace ({0, 0} if it cannot be read).
+std::pair<uint64_t, uint64_t> net_namespace() {
+  struct stat st{};
+  if (::stat("/proc/self/ns/net", &st) != 0) return {0, 0};
+  return {(uint64_t)st.st_dev, (uint64_t)st.st_ino};
 }
 
 std::string addr_text(uint32_t a) {
@@ -101,6 +112,7 @@ Heartbeat::Heartbeat(Communicator& comm, double timeout_s, std::function<void(co
   me.naddr = (uint8_t)mine.size();
   std::copy(mine.begin(), mine.end(), me.addrs);
   ::gethostname(me.host, sizeof me.host - 1);
+  std::tie(me.netns_dev, me.netns_ino) = net_namespace();
   std::vector<Record> all(size_);
   comm.all_gather(&me, all.data(), sizeof(Record), DType::U8);
   key_ = all[0].key;
@@ -111,10 +123,15 @@ Heartbeat::Heartbeat(Communicator& comm, double timeout_s, std::function<void(co
     p.host.assign(rec.host, strnlen(rec.host, sizeof rec.host));
     p.port = rec.port;
     for (int i = 0; i < std::min<int>(rec.naddr, kMaxAddrs); ++i) {
-      p.addrs.push_back(rec.addrs[i]);
       if (i) p.addr_text += ',';
       p.addr_text += addr_text(rec.addrs[i]);
     }
+    // A peer in this process's own network namespace on this host is reached over loopback only
+    // (no datagram goes to an interface address); any other peer at every address it published.
+    const bool same_net = rec.netns_ino != 0 && rec.netns_ino == me.netns_ino && rec.netns_dev == me.netns_dev &&
+                          std::strncmp(rec.host, me.host, sizeof rec.host) == 0;
+    if (same_net) p.addrs.push_back(htonl(INADDR_LOOPBACK));
+    else p.addrs.assign(rec.addrs, rec.addrs + std::min<int>(rec.naddr, kMaxAddrs));
   }
   th_ = std::thread([this] { run(); });
 }

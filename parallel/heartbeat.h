@@ -13,8 +13,9 @@
 //
 // Addresses: each rank binds one UDP socket to an ephemeral port on every interface and publishes
 // its IPv4 addresses (all interfaces that are up, loopback included), port and host name to the
-// others through one all-gather on the communicator at construction (a collective). Datagrams go
-// to every address of a peer; those that land elsewhere are ignored (each carries a per-job key
+// others through one all-gather on the communicator at construction (a collective). A peer on the
+// same host in the same network namespace gets its datagrams over loopback only; any other peer
+// at every address it published; those that land elsewhere are ignored (each carries a per-job key
 // and the destination rank), so an address a peer cannot reach costs nothing. A rank that ends
 // normally says goodbye (three datagrams) and is no longer watched. When the heartbeat thread
 // itself has not run for half the timeout (the whole process stopped and continued, a suspended
