@@ -110,12 +110,14 @@ void Model::upload_rope() {
 
 namespace {
 
-// The layout's frozen flags for a run that trains the DeepSeek-V3.2 indexer (TrainOptions): the
-// indexer's tensors train; in the dense warm-up nothing else does.
+// The layout's frozen flags for a run that trains the lightning indexer (TrainOptions; DeepSeek-V3.2
+// self_attn.indexer.*, DeepSeek-V4 self_attn.compressor.indexer.*): the indexer's tensors train; in
+// the dense warm-up nothing else does.
 ParamLayout with_indexer_training(ParamLayout L, const TrainOptions& o) {
   if (!o.indexer_loss()) return L;
   for (ParamEntry& e : L.entries) {
-    const bool ix = e.name.find(".self_attn.indexer.") != std::string::npos;
+    const bool ix = e.name.find(".self_attn.indexer.") != std::string::npos ||
+                    e.name.find(".compressor.indexer.") != std::string::npos;
     e.frozen = o.dense_warmup() ? !ix : (ix ? false : e.frozen);
   }
   return L;
@@ -127,10 +129,11 @@ Model::Model(const ModelConfig& c, kern::Prec p, TrainOptions o, ExpertShard sha
     : cfg(with_mtp(c, o.mtp_loss_weight > 0 ? c.num_nextn_predict_layers : 0)),
       layout(with_indexer_training(build_layout(cfg, shard, stage, tp), o)),
       prec(p), opt(o) {
-  TREX_USER_CHECK(o.indexer_loss_weight >= 0 && (!o.indexer_loss() || c.is_v32()),
-                  "set train.indexer_loss_weight = 0, or use a deepseek_v32 model",
-                  "train.indexer_loss_weight = ", o.indexer_loss_weight, " needs a DeepSeek-V3.2 lightning indexer; "
-                  "model_type ", c.model_type, " has none trex trains");
+  TREX_USER_CHECK(o.indexer_loss_weight >= 0 && (!o.indexer_loss() || c.indexer_layers() > 0),
+                  "set train.indexer_loss_weight = 0, or use a deepseek_v32 model or a deepseek_v4 model with "
+                  "compressed_sparse_attention layers",
+                  "train.indexer_loss_weight = ", o.indexer_loss_weight, " needs a lightning indexer; "
+                  "model_type ", c.model_type, " has none");
   TREX_USER_CHECK(o.mtp_loss_weight <= 0 || c.num_nextn_predict_layers > 0,
                   "set mtp_loss_weight = 0, or use a config with num_nextn_predict_layers > 0",
                   "MTP training needs MTP blocks: model_type ", c.model_type, ", num_nextn_predict_layers ",
