@@ -386,7 +386,7 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
   e.model = this;
   e.sh = sh;
   LossParts out;
-  e.ix_loss = opt.indexer_loss(), e.ix_dense = opt.dense_warmup(), e.ix_grad = ix_grad;
+  e.ix_loss = opt.indexer_metrics(), e.ix_dense = opt.dense_warmup(), e.ix_grad = ix_grad;
   e.ix_sum = &out.indexer, e.ix_recall = &out.indexer_recall;
   const float* P = e.P;
   float* G = e.G;

@@ -232,6 +232,11 @@ const std::vector<SectionSpec>& sections() {
                     return json(r.train.indexer_stage == model::IndexerStage::DenseWarmup ? "dense_warmup" : "sparse");
                   },
                   0, 0, {"sparse", "dense_warmup"}),
+           field("indexer_recall", Kind::Bool, &R::train, &TrainConfig::indexer_recall,
+                 "DeepSeek-V3.2 / V4 (CSA layers) with indexer_loss_weight = 0: compute the indexer loss and "
+                 "recall anyway (forward only; the sparse stage's recall costs one more pass over every visible "
+                 "key's attention scores) and report them in metrics.jsonl, to compare with a run that trains "
+                 "the indexer"),
            field("max_skipped_steps", Kind::Int, &R::train, &TrainConfig::max_skipped_steps,
                  "stop the run after this many steps in a row skipped for a NaN / Inf loss or gradient", 1),
            field("memory_check", Kind::Bool, &R::train, &TrainConfig::memory_check,
@@ -435,6 +440,14 @@ void check_indexer_loss(const RunConfig& r, const std::string& where) {
                   "set train.indexer_loss_weight > 0 (the dense warm-up trains only the indexer), or "
                   "train.indexer_stage = \"sparse\"",
                   where, ": train.indexer_stage = \"dense_warmup\" with train.indexer_loss_weight = 0 trains nothing");
+  TREX_USER_CHECK(!t.indexer_recall || r.model.indexer_layers() > 0,
+                  "set train.indexer_recall = false, or use a deepseek_v32 model or a deepseek_v4 model with a "
+                  "compressed_sparse_attention layer",
+                  where, ": train.indexer_recall = true needs a lightning indexer, but model_type ", r.model.model_type,
+                  " has none");
+  TREX_USER_CHECK(!t.indexer_recall || r.parallel.tp <= 1, "set parallel.tp = 1, or train.indexer_recall = false",
+                  where, ": train.indexer_recall = true with parallel.tp = ", r.parallel.tp,
+                  ": the recall needs every attention head's probabilities on one rank");
   if (t.indexer_loss_weight <= 0) return;
   TREX_USER_CHECK(r.model.is_v32() || r.model.is_v4(), "set train.indexer_loss_weight = 0, or use a deepseek_v32 or "
                   "deepseek_v4 model", where, ": train.indexer_loss_weight = ", t.indexer_loss_weight,

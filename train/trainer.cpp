@@ -77,7 +77,7 @@ StepStats step(model::Model& m, AdamW& opt, DataParallel* dp, const std::vector<
   st.loss = st.ce + st.aux + m.opt.mtp_loss_weight * st.mtp + m.opt.indexer_loss_weight * st.indexer;
   // Recall: the layers' sum -> their mean over the layers with an indexer (V3.2: every decoder
   // layer, MTP layers too; V4: the CSA layers).
-  if (m.opt.indexer_loss()) st.indexer_recall /= (double)std::max<int64_t>(m.cfg.indexer_layers(), 1);
+  if (m.opt.indexer_metrics()) st.indexer_recall /= (double)std::max<int64_t>(m.cfg.indexer_layers(), 1);
   // The dense warm-up trains only the indexer: the router biases stay too.
   if (m.opt.dense_warmup()) gamma = 0.f;
   if (dp) {

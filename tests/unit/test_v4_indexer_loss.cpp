@@ -237,6 +237,43 @@ TEST(V4IndexerLoss, DenseWarmupAttendsEveryVisibleEntry) {
   }
 }
 
+// [train] indexer_recall with weight 0: the indexer loss and recall are reported (the sparse
+// stage's, as a run with the loss computes them), while the loss, every gradient and the frozen
+// flags stay those of the run without it, bit for bit. DeepSeek-V3.2 and V4.
+TEST(V4IndexerLoss, RecallWithoutTheLoss) {
+  init_threads();
+  json v32 = trex::testing::tiny_v32();
+  v32["initializer_range"] = 0.3;
+  for (const json& j : {v4_json(3), v32}) {
+    const model::ModelConfig cfg = model::parse_config(j, "test config");
+    model::TrainOptions plain = opts(0, model::IndexerStage::Sparse), rec = plain, with = opts(0.5, model::IndexerStage::Sparse);
+    rec.indexer_recall = true;
+    model::Model a(cfg, kern::Prec::F32, plain), r(cfg, kern::Prec::F32, rec), w(cfg, kern::Prec::F32, with);
+    a.init_random(6), r.init_random(6), w.init_random(6);
+    const trex::testing::FdData data = trex::testing::fd_data(2, 31, cfg.vocab_size, 2);
+    for (bool packed : {false, true}) {
+      a.zero_grads(), r.zero_grads();
+      const model::LossParts x = a.forward_backward(data.batch(packed), 0.8f);
+      const model::LossParts y = r.forward_backward(data.batch(packed), 0.8f);
+      const model::LossParts z = w.forward(data.batch(packed));
+      EXPECT_EQ(x.loss, y.loss);
+      EXPECT_EQ(x.indexer, 0.0);
+      EXPECT_EQ(y.indexer, z.indexer) << cfg.model_type;
+      EXPECT_EQ(y.indexer_recall, z.indexer_recall) << cfg.model_type;
+      EXPECT_GT(y.indexer_recall, 0.0);
+      EXPECT_EQ(std::memcmp(a.G(), r.G(), a.layout.total * sizeof(float)), 0) << cfg.model_type;
+    }
+    for (size_t i = 0; i < a.layout.entries.size(); ++i) EXPECT_EQ(a.layout.entries[i].frozen, r.layout.entries[i].frozen);
+  }
+  EXPECT_EQ(train::parse_run_config({{"model", v4_json(3)}, {"train", {{"indexer_recall", true}}}}, "run.toml")
+                .train.indexer_recall,
+            true);
+  json no_csa = trex::testing::tiny_v4();
+  no_csa["layer_types"] = {kHca, kSwa, kHca};
+  const std::string e = run_error(no_csa, {{"indexer_recall", true}});
+  EXPECT_TRUE(has(e, "train.indexer_recall")) << e;
+}
+
 // The indexer loss and recall of the committed reference cases (make_dumps_v4idx.py), at step 0
 // and over the 10 AdamW steps (Parity.* checks the total loss, every gradient and the steps' losses).
 TEST(V4IndexerLoss, LossAndRecallMatchTheReference) {
