@@ -17,7 +17,9 @@
 #include "model/model.h"
 #include "tests/tiny_configs.h"
 #include "tests/unit/fd_check.h"
+#include "train/activation_estimate.h"
 #include "train/optimizer.h"
+#include "train/preflight.h"
 #include "train/run_config.h"
 #include "train/trainer.h"
 
@@ -272,6 +274,52 @@ TEST(V4IndexerLoss, RecallWithoutTheLoss) {
   no_csa["layer_types"] = {kHca, kSwa, kHca};
   const std::string e = run_error(no_csa, {{"indexer_recall", true}});
   EXPECT_TRUE(has(e, "train.indexer_recall")) << e;
+}
+
+// The start-up memory estimate counts the indexer loss's state (the kept pairs, the recomputed
+// projections of its forward and backward, the dense warm-up's attention over every visible
+// entry): against the arena's measured peak, both stages and the recall alone, fp32 and bf16,
+// without and with full recompute; the start-up check uses it.
+TEST(V4IndexerLoss, MemoryEstimateCountsTheLoss) {
+  init_threads();
+  json j = v4_json(3);
+  j["index_topk"] = 2;  // the dense warm-up attends many more entries than the top-k
+  const model::ModelConfig cfg = model::parse_config(j, "test config");
+  const int64_t B = 2, T = 61;
+  const trex::testing::FdData data = trex::testing::fd_data(B, T, cfg.vocab_size, 3);
+  model::TrainOptions recall = opts(0, model::IndexerStage::Sparse);
+  recall.indexer_recall = true;
+  for (kern::Prec prec : {kern::Prec::F32, kern::Prec::BF16})
+    for (model::Recompute rc : {model::Recompute::None, model::Recompute::Full}) {
+      const double plain = train::activation_peak_bytes(cfg, B, T, prec, rc);
+      for (model::TrainOptions o : {opts(0.5, model::IndexerStage::Sparse), opts(0.5, model::IndexerStage::DenseWarmup),
+                                    recall}) {
+        o.recompute = rc;
+        o.aux_loss_alpha = 0.01;
+        model::Model m(cfg, prec, o);
+        m.init_random(2);
+        m.forward_backward(data.batch(false));
+        const double est = train::activation_peak_bytes(cfg, B, T, prec, rc, 1, 1, false, {}, o);
+        const double got = (double)m.peak_activation_bytes();
+        std::printf("[v4 indexer memory] weight %.1f dense %d recall %d prec %d recompute %d: estimate %.0f measured "
+                    "%.0f (without the loss %.0f)\n",
+                    o.indexer_loss_weight, (int)o.dense_warmup(), (int)o.indexer_recall, (int)prec, (int)rc, est, got,
+                    plain);
+        EXPECT_NEAR(est, got, 0.02 * got);
+        EXPECT_GT(est, plain);
+        const json rj = {{"model", j},
+                         {"data", {{"seq_len", T}}},
+                         {"train",
+                          {{"batch_size", B},
+                           {"precision", prec == kern::Prec::BF16 ? "bf16" : "fp32"},
+                           {"recompute", rc == model::Recompute::Full ? "full" : "none"},
+                           {"aux_loss_alpha", 0.01},
+                           {"indexer_loss_weight", o.indexer_loss_weight},
+                           {"indexer_stage", o.dense_warmup() ? "dense_warmup" : "sparse"},
+                           {"indexer_recall", o.indexer_recall}}}};
+        EXPECT_EQ(train::estimate_train_memory(train::parse_run_config(rj, "run.toml"), 1).activations, est);
+      }
+    }
 }
 
 // The indexer loss and recall of the committed reference cases (make_dumps_v4idx.py), at step 0
