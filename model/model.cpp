@@ -130,10 +130,10 @@ Model::Model(const ModelConfig& c, kern::Prec p, TrainOptions o, ExpertShard sha
       layout(with_indexer_training(build_layout(cfg, shard, stage, tp), o)),
       prec(p), opt(o) {
   TREX_USER_CHECK(o.indexer_loss_weight >= 0 && (!o.indexer_metrics() || c.indexer_layers() > 0),
-                  "set train.indexer_loss_weight = 0, or use a deepseek_v32 model or a deepseek_v4 model with "
-                  "compressed_sparse_attention layers",
-                  "train.indexer_loss_weight = ", o.indexer_loss_weight, " needs a lightning indexer; "
-                  "model_type ", c.model_type, " has none");
+                  "set train.indexer_loss_weight = 0 and train.indexer_recall = false, or use a deepseek_v32 model "
+                  "or a deepseek_v4 model with compressed_sparse_attention layers",
+                  "train.indexer_loss_weight = ", o.indexer_loss_weight, o.indexer_recall ? " with train.indexer_recall" : "",
+                  " needs a lightning indexer; model_type ", c.model_type, " has none");
   TREX_USER_CHECK(o.mtp_loss_weight <= 0 || c.num_nextn_predict_layers > 0,
                   "set mtp_loss_weight = 0, or use a config with num_nextn_predict_layers > 0",
                   "MTP training needs MTP blocks: model_type ", c.model_type, ", num_nextn_predict_layers ",
