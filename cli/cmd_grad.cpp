@@ -60,7 +60,7 @@ void add_grad(CLI::App& app) {
   cmd->add_option("--aux-loss-alpha", o->aux_alpha, "sequence-wise aux loss coefficient (default 0 = off)");
   cmd->add_option("--mtp-loss-weight", o->mtp_weight, "DeepSeek-V3 / V4: train the MTP layers / blocks with this loss weight (default 0 = off)");
   cmd->add_option("--indexer-loss-weight", o->indexer_weight,
-                  "DeepSeek-V3.2: train the lightning indexer with its KL loss at this weight (default 0 = frozen)");
+                  "DeepSeek-V3.2 / V4 (CSA): train the lightning indexer with its KL loss at this weight (default 0 = frozen)");
   cmd->add_option("--indexer-stage", o->indexer_stage, "with --indexer-loss-weight > 0: sparse or dense_warmup")
       ->check(CLI::IsMember({"sparse", "dense_warmup"}));
   cmd->callback([o] {

@@ -247,6 +247,14 @@ ModelConfig load_config_json(const std::string& path) {
   return c;
 }
 
+int64_t ModelConfig::indexer_layers() const {
+  if (is_v32()) return num_hidden_layers + v3_mtp_layers;
+  if (!is_v4()) return 0;
+  int64_t n = 0;
+  for (AttnKind k : v4.attn) n += k == AttnKind::CSA;
+  return n;
+}
+
 int64_t ModelConfig::num_params() const {
   if (is_v4()) return v4_num_params(*this, false);
   const int64_t d = hidden_size, H = num_attention_heads;

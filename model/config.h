@@ -104,6 +104,9 @@ struct ModelConfig {
   // Some layer has a dense SwiGLU MLP (V3 first_k_dense_replace layers; V4 has none).
   bool has_dense_mlp() const { return !is_v4() && (n_routed_experts == 0 || first_k_dense_replace > 0); }
   int64_t shared_intermediate() const { return moe_intermediate_size * n_shared_experts; }
+  // Layers with a lightning indexer (train.indexer_loss_weight trains them): DeepSeek-V3.2 every
+  // decoder layer (MTP layers included), DeepSeek-V4 its compressed_sparse_attention layers; else 0.
+  int64_t indexer_layers() const;
 
   // Parameter counts (all, and active per token: top-k routed experts + shared), MTP layers or
   // blocks included when instantiated (with_mtp).

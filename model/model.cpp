@@ -110,12 +110,14 @@ void Model::upload_rope() {
 
 namespace {
 
-// The layout's frozen flags for a run that trains the DeepSeek-V3.2 indexer (TrainOptions): the
-// indexer's tensors train; in the dense warm-up nothing else does.
+// The layout's frozen flags for a run that trains the lightning indexer (TrainOptions; DeepSeek-V3.2
+// self_attn.indexer.*, DeepSeek-V4 self_attn.compressor.indexer.*): the indexer's tensors train; in
+// the dense warm-up nothing else does.
 ParamLayout with_indexer_training(ParamLayout L, const TrainOptions& o) {
   if (!o.indexer_loss()) return L;
   for (ParamEntry& e : L.entries) {
-    const bool ix = e.name.find(".self_attn.indexer.") != std::string::npos;
+    const bool ix = e.name.find(".self_attn.indexer.") != std::string::npos ||
+                    e.name.find(".compressor.indexer.") != std::string::npos;
     e.frozen = o.dense_warmup() ? !ix : (ix ? false : e.frozen);
   }
   return L;
@@ -127,10 +129,11 @@ Model::Model(const ModelConfig& c, kern::Prec p, TrainOptions o, ExpertShard sha
     : cfg(with_mtp(c, o.mtp_loss_weight > 0 ? c.num_nextn_predict_layers : 0)),
       layout(with_indexer_training(build_layout(cfg, shard, stage, tp), o)),
       prec(p), opt(o) {
-  TREX_USER_CHECK(o.indexer_loss_weight >= 0 && (!o.indexer_loss() || c.is_v32()),
-                  "set train.indexer_loss_weight = 0, or use a deepseek_v32 model",
-                  "train.indexer_loss_weight = ", o.indexer_loss_weight, " needs a DeepSeek-V3.2 lightning indexer; "
-                  "model_type ", c.model_type, " has none trex trains");
+  TREX_USER_CHECK(o.indexer_loss_weight >= 0 && (!o.indexer_metrics() || c.indexer_layers() > 0),
+                  "set train.indexer_loss_weight = 0 and train.indexer_recall = false, or use a deepseek_v32 model "
+                  "or a deepseek_v4 model with compressed_sparse_attention layers",
+                  "train.indexer_loss_weight = ", o.indexer_loss_weight, o.indexer_recall ? " with train.indexer_recall" : "",
+                  " needs a lightning indexer; model_type ", c.model_type, " has none");
   TREX_USER_CHECK(o.mtp_loss_weight <= 0 || c.num_nextn_predict_layers > 0,
                   "set mtp_loss_weight = 0, or use a config with num_nextn_predict_layers > 0",
                   "MTP training needs MTP blocks: model_type ", c.model_type, ", num_nextn_predict_layers ",
@@ -209,8 +212,8 @@ bool tp_partial_grad(const std::string& name) {
 void Model::set_tensor_parallel(parallel::Communicator* tp_comm, bool sequence_parallel) {
   if (tp_comm && tp_comm->size() > 1) refuse_on_device("tensor parallelism");
   tp_ = {};
-  TREX_USER_CHECK(!tp_comm || tp_comm->size() == 1 || !opt.indexer_loss(), "set parallel.tp = 1, or "
-                  "train.indexer_loss_weight = 0", "the indexer loss needs every attention head's probabilities on "
+  TREX_USER_CHECK(!tp_comm || tp_comm->size() == 1 || !opt.indexer_metrics(), "set parallel.tp = 1, or "
+                  "train.indexer_loss_weight = 0 and train.indexer_recall = false", "the indexer loss needs every attention head's probabilities on "
                   "one rank; parallel.tp = ", tp_comm ? tp_comm->size() : 1);
   if (!tp_comm || tp_comm->size() == 1) {
     TREX_CHECK(!layout.tp_sharded(), "set_tensor_parallel: this model holds tensor-parallel slice ", layout.tp.rank,
@@ -512,7 +515,7 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
     s.n1 = acts.alloc<float>(Nl * d);
     s.rstd1 = acts.alloc<float>(Nl);
     cx.k().rmsnorm_fwd(x, Nl, d, P + lp.in_norm, eps, s.n1, s.rstd1);
-    AttnIn ai{&cfg, &lp, P, Pb, G, &rope, pos, seg, B, T, tp_.slice, opt.indexer_loss(), opt.dense_warmup(), ix_grad};
+    AttnIn ai{&cfg, &lp, P, Pb, G, &rope, pos, seg, B, T, tp_.slice, opt.indexer_metrics(), opt.dense_warmup(), ix_grad};
     s.h_mid = acts.alloc<float>(Nl * d);
     {
       ProfScope ps(pr, "fwd.mla");
@@ -644,7 +647,7 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
     c.k().rmsnorm_bwd(tmp, s.h_mid, Nl, d, P + lp.post_norm, s.rstd2, tmp2, G + lp.post_norm);
     c.k().add(dx, tmp2, Nl * d);
     // h_mid = h_in + mla(norm1(h_in))
-    AttnIn ai{&cfg, &lp, P, Pb, G, &rope, pos, seg, B, T, tp_.slice, opt.indexer_loss(), opt.dense_warmup(), ix_grad};
+    AttnIn ai{&cfg, &lp, P, Pb, G, &rope, pos, seg, B, T, tp_.slice, opt.indexer_metrics(), opt.dense_warmup(), ix_grad};
     {
       ProfScope ps(prof, "bwd.mla");
       const float* dy = tp_block_in(sh, dx, d);

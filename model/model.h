@@ -108,11 +108,17 @@ struct TrainOptions {
   double aux_loss_alpha = 0;   // sequence-wise aux loss coefficient
   double mtp_loss_weight = 0;  // > 0: train the config's MTP blocks / layers (V3, V4), loss += weight * mtp
   Recompute recompute = Recompute::None;
-  // > 0: train the DeepSeek-V3.2 lightning indexer with its KL loss (model/v32_indexer.h):
+  // > 0: train the lightning indexer with its KL loss (DeepSeek-V3.2 model/v32_indexer_loss.h,
+  // DeepSeek-V4 CSA model/v4_indexer.h):
   // loss += weight * indexer loss, the indexer's tensors unfrozen. 0: frozen, as transformers.
   double indexer_loss_weight = 0;
   IndexerStage indexer_stage = IndexerStage::Sparse;  // DenseWarmup: only the indexer trains
+  // With weight 0: compute the indexer loss and its recall anyway (forward only, the indexer stays
+  // frozen), so a run without the loss reports them too (LossParts::indexer / indexer_recall).
+  bool indexer_recall = false;
   bool indexer_loss() const { return indexer_loss_weight > 0; }
+  // The forward computes the indexer loss and recall: with the loss, or for the metrics.
+  bool indexer_metrics() const { return indexer_loss() || indexer_recall; }
   bool dense_warmup() const { return indexer_loss() && indexer_stage == IndexerStage::DenseWarmup; }
 };
 

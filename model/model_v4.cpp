@@ -139,14 +139,21 @@ struct Env {
   int64_t slab_first = 0;                     // the first expert of the weight slab
   Model* model = nullptr;              // tensor parallel: the slice and Model::tp_block_*
   SeqShard sh = {};                    // sequence parallel: this rank's token rows (else all)
+  // The CSA indexer's KL loss (V4AttnIn::ix_*): its stage and gradient factor; the counted
+  // forward adds each CSA layer's loss and recall to ix_sum / ix_recall.
+  bool ix_loss = false, ix_dense = false;
+  float ix_grad = 0.f;
+  double *ix_sum = nullptr, *ix_recall = nullptr;
   int64_t N() const { return sh.rows; }  // token rows of every per-token array here
 };
 
 V4AttnIn attn_in(const Env& e, int64_t l) {
   const bool main = e.c.v4.attn[l] == AttnKind::Sliding;
-  return V4AttnIn{&e.c, &e.L.v4[l], l, e.P, e.Pb, e.G, e.cos[main ? 0 : 1].data(), e.sin[main ? 0 : 1].data(),
-                  e.cos[1].data(), e.sin[1].data(), e.b.seg, e.b.B, e.b.T,
-                  e.model ? e.model->tensor_parallel().slice : TpSlice{}};
+  V4AttnIn in{&e.c, &e.L.v4[l], l, e.P, e.Pb, e.G, e.cos[main ? 0 : 1].data(), e.sin[main ? 0 : 1].data(),
+              e.cos[1].data(), e.sin[1].data(), e.b.seg, e.b.B, e.b.T,
+              e.model ? e.model->tensor_parallel().slice : TpSlice{}};
+  in.ix_loss = e.ix_loss, in.ix_dense = e.ix_dense, in.ix_grad = e.ix_grad;
+  return in;
 }
 
 MoeIn moe_in(const Env& e, int64_t l) {
@@ -193,6 +200,7 @@ float* layer_forward(Env& e, int64_t l, float* X, V4LayerSaved& s, double* aux) 
       v4_attn_forward(e.ctx, attn_in(e, l), s.n1, s.a, s.att);
     }
   }
+  if (aux && e.ix_sum && e.c.v4.attn[l] == AttnKind::CSA) *e.ix_sum += s.att.ix_loss, *e.ix_recall += s.att.ix_recall;
   s.X_mid = A.alloc<float>(N * n * d);
   kern::hc_post_fwd(e.hs, X, s.a, s.ha.post, s.ha.comb, s.X_mid);
   s.hf = hc_alloc(A, N, n, d);
@@ -359,6 +367,10 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
   const PipelineStage& st = stage_;
   const int64_t l0 = st.l0, l1 = stage_end();
   const bool count_stats = !io || io->count;
+  // The CSA indexer loss: its gradient factor; the dense warm-up trains only the indexer, so the
+  // LM loss's gradients (CE, aux, MTP) are scaled by 0.
+  const float ix_grad = (float)(grad_scale * opt.indexer_loss_weight);
+  if (opt.dense_warmup()) grad_scale = 0.f;
   acts.reset();
   StackArena& A = acts;
   v4_tables(T);
@@ -373,6 +385,9 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
   e.slab_first = ep_.slab_first;
   e.model = this;
   e.sh = sh;
+  LossParts out;
+  e.ix_loss = opt.indexer_metrics(), e.ix_dense = opt.dense_warmup(), e.ix_grad = ix_grad;
+  e.ix_sum = &out.indexer, e.ix_recall = &out.indexer_recall;
   const float* P = e.P;
   float* G = e.G;
 
@@ -389,7 +404,6 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
   }
   hash_routes(e, layout, buffers.data(), b.input_ids + n0);
 
-  LossParts out;
   int64_t n_valid = 0;  // of the whole micro-batch (the CE is its mean)
   for (int64_t i = 0; i < N; ++i) n_valid += b.targets[i] != -100;
   out.n_valid = st.last ? n_valid : 0;
@@ -449,7 +463,8 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
     embed_backward(G + layout.embed, b.input_ids + n0, dX, Nl, d, n);
     if (grad_ready) grad_ready(kGradGroupEmbed);
   };
-  out.loss = out.aux;
+  const double indexer_part = opt.indexer_loss_weight * out.indexer;  // the loss's indexer term
+  out.loss = out.aux + indexer_part;
   if (!st.last) {  // a pipeline stage before the last: X goes to the next stage, dX comes back
     if (!backward) {
       std::memcpy(io->x_out, X, Nl * n * d * sizeof(float));
@@ -518,7 +533,7 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
     out.mtp += (m.n_valid ? s / (double)m.n_valid : 0.0) / (double)D;
     Xprev = Xk;
   }
-  out.loss = out.ce + out.aux + opt.mtp_loss_weight * out.mtp;
+  out.loss = out.ce + out.aux + opt.mtp_loss_weight * out.mtp + indexer_part;
   if (!backward) return out;
 
   // Backward.

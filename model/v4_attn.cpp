@@ -7,10 +7,10 @@
 #include "core/parallel.h"
 #include "kernels/compress_pool.h"
 #include "kernels/gemm.h"
-#include "kernels/indexer.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/sparse_attn.h"
+#include "model/v4_indexer.h"
 
 namespace trex::model {
 
@@ -97,41 +97,6 @@ void grouped_bwd(const Ctx& c, const Grouped& g, const float* X, W w, const floa
 // First token of the window that compressed entry w covers (CSA windows overlap the previous one).
 int64_t window_start(AttnKind k, int64_t w, int64_t m) { return k == AttnKind::CSA ? std::max<int64_t>(0, (w - 1) * m) : w * m; }
 
-// The CSA indexer (forward only): per query the selected compressed entries. -> cnt [N], sel [N, topk]
-void indexer_select(const Ctx& c, const V4AttnIn& in, const float* x, const float* qres, const int32_t* tpos,
-                    const int32_t* cpos, int64_t nw, int32_t* cnt, int32_t* sel) {
-  const ModelConfig& cf = *in.cfg;
-  const V4Config& v = cf.v4;
-  const V4LayerParams& p = *in.p;
-  const int64_t B = in.B, T = in.T, N = B * T, d = cf.hidden_size, dI = v.index_head_dim, nI = v.index_n_heads;
-  const int64_t rd = cf.qk_rope_head_dim, m = v.rate(in.layer);
-  StackArena& A = *c.ws;
-  auto mk = A.mark();
-  float* ik = A.alloc<float>(std::max<int64_t>(B * nw, 1) * dI);
-  if (nw > 0) {
-    float* ikv = A.alloc<float>(N * 2 * dI);
-    float* ig = A.alloc<float>(N * 2 * dI);
-    linear_fwd(c, x, N, d, wt(in, p.i_kv), 2 * dI, ikv);
-    linear_fwd(c, x, N, d, wt(in, p.i_gate), 2 * dI, ig);
-    float* pool = A.alloc<float>(B * nw * dI);
-    kern::compress_pool_fwd(B, T, m, dI, 2, ikv, ig, in.P + p.i_pb, pool);
-    c.k().rmsnorm_fwd(pool, B * nw, dI, in.P + p.i_norm, (float)cf.rms_norm_eps, ik, nullptr);
-    rope_heads(ik, B * nw, 1, dI, rd, cpos, in.ccos, in.csin, false);
-  }
-  float* iq = A.alloc<float>(N * nI * dI);
-  linear_fwd(c, qres, N, cf.q_lora_rank, wt(in, p.i_qb), nI * dI, iq);
-  rope_heads(iq, N, (int)nI, dI, rd, tpos, in.ccos, in.csin, false);
-  float* wts = A.alloc<float>(N * nI);
-  linear_fwd(c, x, N, d, wt(in, p.i_w), nI, wts);
-  const float ws = (float)std::pow((double)nI, -0.5);
-  for (int64_t i = 0; i < N * nI; ++i) wts[i] *= ws;
-  kern::IndexerShape sh{B, T, nw, (int)nI, (int)dI, m, (int)v.index_topk, (float)std::pow((double)dI, -0.5)};
-  float* work = A.alloc<float>(std::max<size_t>(kern::indexer_workspace_floats(sh), 1));
-  ProfScope ps(c.prof, "fwd.attn.indexer_topk");
-  kern::indexer_topk(sh, iq, ik, wts, tpos, cnt, sel, nullptr, work);
-  A.release(mk);
-}
-
 }  // namespace
 
 void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* out, V4AttnSaved& s) {
@@ -204,7 +169,7 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   if (kind == AttnKind::CSA) {
     cnt = A.alloc<int32_t>(N);
     sel = A.alloc<int32_t>(N * topk);
-    indexer_select(c, in, x, s.qres, tpos, cpos, nw, cnt, sel);
+    v4_index_select(c, in, x, s.qres, nw, cnt, sel);
   }
   auto same_doc = [&](int64_t b, int64_t t, int64_t u) { return !in.seg || in.seg[b * T + u] == in.seg[b * T + t]; };
   auto for_keys = [&](int64_t i, auto&& f) {
@@ -214,6 +179,9 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
     if (kind == AttnKind::HCA) {
       for (int64_t w = 0; w < std::min<int64_t>((t + 1) / m, nw); ++w)
         if (same_doc(b, t, window_start(kind, w, m))) f((int32_t)(N + b * nw + w));
+    } else if (kind == AttnKind::CSA && in.ix_dense) {  // dense warm-up: every visible entry
+      for (int64_t w = 0; w < nw; ++w)
+        if (v4_entry_visible(in.seg, T, b, t, w, m, nw)) f((int32_t)(N + b * nw + w));
     } else if (kind == AttnKind::CSA) {
       for (int64_t k = 0; k < cnt[i]; ++k) {
         const int64_t w = sel[i * topk + k];
@@ -243,6 +211,10 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   {
     ProfScope ps(c.prof, "fwd.attn.core");
     kern::sparse_attn_fwd(sh, s.Q, s.KV, s.M, s.off, s.idx, in.P + p.sinks + sl.sh0, s.O, s.lse);
+  }
+  if (kind == AttnKind::CSA && in.ix_loss) {
+    ProfScope ps(c.prof, "fwd.attn.indexer_loss");
+    v4_index_loss_forward(c, in, s, cnt, sel);
   }
   s.Or = A.alloc<float>(N * H * hd);
   std::memcpy(s.Or, s.O, N * H * hd * sizeof(float));
@@ -338,6 +310,10 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
   c.k().rmsnorm_bwd(dqres, s.qa, N, qr, in.P + p.q_a_norm, s.qa_rstd, dqa, gr(in, p.q_a_norm));
   linear_bwd(c, dqa, s.x, N, d, wt(in, p.q_a), qr, dx, true, gr(in, p.q_a));
   A.release(mk);
+  if (kind == AttnKind::CSA && in.ix_loss && in.ix_grad != 0.f && in.G) {
+    ProfScope ps(c.prof, "bwd.attn.indexer_loss");
+    v4_index_loss_backward(c, in, s);
+  }
 }
 
 }  // namespace trex::model

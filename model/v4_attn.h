@@ -10,7 +10,9 @@
 //   out   = o_b(grouped o_a(inverse_rope(O)))                 [N, d]
 // RoPE: interleaved pairs on the last qk_rope_head_dim dims of each head; sliding layers use the
 // "main" table, compressed layers (and the indexer) the "compress" table. The indexer's selection
-// carries no gradient, so the indexer's own weights get none (as in the reference).
+// carries no gradient, so the indexer's own weights get none (as in the reference), unless the
+// indexer trains from its own KL loss (ix_loss; model/v4_indexer.h). The dense warm-up (ix_dense)
+// attends every visible compressed entry of a CSA layer instead of the indexer's top-k.
 // Positions: the row index t of each token (HF's default position_ids). Packed rows (seg ids)
 // mask keys of other documents, and compressed entries whose window starts before the query's
 // document; RoPE is relative, so a document's sliding keys see the same q.k as when alone.
@@ -42,6 +44,11 @@ struct V4AttnIn {
   // per-head buffers (qb, q_rstd, Q, O, lse, Or) then hold the local H / size heads, and Y the
   // local G / size groups: [N, (G / size) olr].
   TpSlice tp{};
+  // The CSA indexer's KL loss (model/v4_indexer.h): computed in the forward with ix_loss; the
+  // backward adds ix_grad times its gradient into the indexer's tensors. ix_dense: the dense
+  // warm-up (CSA attends every visible compressed entry).
+  bool ix_loss = false, ix_dense = false;
+  float ix_grad = 0.f;
 };
 
 struct V4AttnSaved {
@@ -59,6 +66,12 @@ struct V4AttnSaved {
   float *O = nullptr, *lse = nullptr;         // [N, H, hd] attention output, [N, H]
   float* Or = nullptr;                        // [N, H*hd] after the inverse RoPE
   float* Y = nullptr;                         // [N, G*olr] grouped o_a output
+  // CSA with V4AttnIn::ix_loss (model/v4_indexer.h): per query its attended compressed entries
+  // ix_ent[ix_off[i] .. ix_off[i+1]) (B nw-flat, ascending) and q - p there; the loss and recall.
+  int64_t* ix_off = nullptr;
+  int32_t* ix_ent = nullptr;
+  float* ix_dI = nullptr;
+  double ix_loss = 0, ix_recall = 0;
 };
 
 // x: [N, d] -> out: [N, d]

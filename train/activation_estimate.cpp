@@ -61,14 +61,17 @@ struct StepWalk {
   const int64_t Nl;              // token rows outside the split blocks: N, or rank 0's shard (the largest)
   const int64_t l0, l1;          // the decoder layers run (a pipeline stage's, or all)
   const bool last;               // the stage computes the head (and V4's MTP blocks)
+  // V4 CSA indexer loss: computed in the forward (loss or recall), its backward, the dense warm-up.
+  const bool ix_fwd, ix_bwd, ix_dense;
   ArenaReplay A;
 
   StepWalk(const model::ModelConfig& cfg, int64_t b, int64_t t, kern::Prec p, model::Recompute r, int64_t tp_,
-           int64_t ep_, bool sp_, const model::StageShard& st)
+           int64_t ep_, bool sp_, const model::StageShard& st, const model::TrainOptions& o)
       : c(cfg), B(b), T(t), N(b * t), d(cfg.hidden_size), bf(p == kern::Prec::BF16), replay(r == model::Recompute::Full),
         tp(std::max<int64_t>(tp_, 1)), ep(std::max<int64_t>(ep_, 1)), sp(sp_ && tp > 1),
         Nl(sp ? (N + tp - 1) / tp : N), l0(st.on() ? st.l0 : 0), l1(st.on() ? st.l1 : cfg.num_hidden_layers),
-        last(!st.on() || st.last) {}
+        last(!st.on() || st.last), ix_fwd(cfg.is_v4() && o.indexer_metrics()), ix_bwd(cfg.is_v4() && o.indexer_loss()),
+        ix_dense(cfg.is_v4() && o.dense_warmup()) {}
 
   void f32(int64_t n) { A.bytes((size_t)n * 4); }
   void i32(int64_t n) { A.bytes((size_t)n * 4); }
@@ -322,9 +325,37 @@ struct StepWalk {
     for (int64_t t = 0; t < T; ++t) {
       n += std::min<int64_t>(t + 1, v.sliding_window);
       if (k == model::AttnKind::HCA) n += std::min<int64_t>((t + 1) / m, nw);
-      if (k == model::AttnKind::CSA) n += std::min<int64_t>(std::min<int64_t>((t + 1) / m, nw), v.index_topk);
+      if (k == model::AttnKind::CSA) n += v4_entries(l, t);
     }
     return n;
+  }
+  // Compressed entries a query at t of a CSA layer attends (the dense warm-up: every visible one).
+  int64_t v4_entries(int64_t l, int64_t t) const {
+    const model::V4Config& v = c.v4;
+    const int64_t vis = std::min<int64_t>((t + 1) / v.rate(l), T / v.rate(l));
+    return ix_dense ? vis : std::min<int64_t>(vis, v.index_topk);
+  }
+  // model/v4_indexer.cpp project (positions first): keep, the key path's backward inputs too.
+  void v4_index_project(int64_t l, bool keep) {
+    const model::V4Config& v = c.v4;
+    const int64_t dI = v.index_head_dim, nI = v.index_n_heads, nw = T / v.rate(l);
+    i32(std::max<int64_t>(N, 1)), i32(std::max<int64_t>(B * nw, 1));  // positions
+    f32(std::max<int64_t>(B * nw, 1) * dI);                            // k
+    if (nw > 0) {
+      f32(N * 2 * dI), f32(N * 2 * dI);  // kv, gate
+      linear_fwd(N, d), linear_fwd(N, d);
+      f32(B * nw * dI);  // pool
+      if (keep) f32(B * nw);  // rstd
+    }
+    f32(N * nI * dI);  // q
+    linear_fwd(N, c.q_lora_rank);
+    f32(N * nI);  // w
+    linear_fwd(N, d);
+  }
+  int64_t v4_index_pairs(int64_t l) const {  // of the whole micro-batch, one document a row
+    int64_t n = 0;
+    for (int64_t t = 0; t < T; ++t) n += v4_entries(l, t);
+    return B * n;
   }
   void v4_attn_forward(int64_t l) {
     const model::V4Config& v = c.v4;
@@ -348,27 +379,26 @@ struct StepWalk {
       linear_fwd(N, d), linear_fwd(N, d);
       f32(std::max<int64_t>(B * nw, 1) * hd), f32(std::max<int64_t>(B * nw, 1));  // cpool, c_rstd
     }
-    if (kind == model::AttnKind::CSA) {  // indexer_select
+    if (kind == model::AttnKind::CSA) {  // v4_index_select
       const int64_t dI = v.index_head_dim, nI = v.index_n_heads, topk = v.index_topk;
       i32(N), i32(N * topk);  // cnt, sel
       mk = A.mark();
-      f32(std::max<int64_t>(B * nw, 1) * dI);  // ik
-      if (nw > 0) {
-        f32(N * 2 * dI), f32(N * 2 * dI);  // ikv, ig
-        linear_fwd(N, d), linear_fwd(N, d);
-        f32(B * nw * dI);  // pool
-      }
-      f32(N * nI * dI);  // iq
-      linear_fwd(N, qr);
-      f32(N * nI);  // wts
-      linear_fwd(N, d);
+      v4_index_project(l, false);
       const kern::IndexerShape sh{B, T, nw, (int)nI, (int)dI, m, (int)topk, 1.f};
       f32((int64_t)std::max<size_t>(kern::indexer_workspace_floats(sh), 1));
       A.release(mk);
     }
     i64(N + 1);                                      // off
     i32(std::max<int64_t>(B * v4_keys(l), 1));      // idx
-    f32(N * H * hd), f32(N * H), f32(N * H * hd);   // O, lse, Or
+    f32(N * H * hd), f32(N * H);                    // O, lse
+    if (kind == model::AttnKind::CSA && ix_fwd) {    // v4_index_loss_forward: kept pairs, then scratch
+      const int64_t pairs = v4_index_pairs(l);
+      i64(N + 1), i32(std::max<int64_t>(pairs, 1)), f32(std::max<int64_t>(pairs, 1));  // ix_off, ix_ent, ix_dI
+      mk = A.mark();
+      v4_index_project(l, false);
+      A.release(mk);
+    }
+    f32(N * H * hd);  // Or
     const int64_t olr = v.o_lora_rank;
     f32(N * G * olr);  // Y
     mk = A.mark();     // grouped_fwd
@@ -416,6 +446,20 @@ struct StepWalk {
     f32(N * qr);  // dqa
     linear_bwd(N, d, qr);
     A.release(mk);
+    if (kind == model::AttnKind::CSA && ix_bwd && nw > 0 && v4_index_pairs(l) > 0) {  // v4_index_loss_backward
+      const int64_t dI = v.index_head_dim, nI = v.index_n_heads, NE = B * nw;
+      const auto mi = A.mark();
+      v4_index_project(l, true);
+      f32(N * nI), f32(N * nI * dI), f32(NE * dI);  // dw, dq, dk
+      linear_bwd(N, d, nI);
+      linear_bwd(N, qr, nI * dI);
+      f32(NE * dI), f32(N * 2 * dI), f32(N * 2 * dI);  // dpool, dkv, dg
+      const auto mw2 = A.mark();
+      f32((int64_t)std::max<size_t>(kern::compress_pool_bwd_workspace_floats(B, T, m, dI, 2), 1));
+      A.release(mw2);
+      linear_bwd(N, d, 2 * dI), linear_bwd(N, d, 2 * dI);
+      A.release(mi);
+    }
   }
 
   // model/model_v4.cpp run_v4(): DeepSeek-V4 (hyper-connection streams n, MTP blocks).
@@ -513,11 +557,11 @@ struct StepWalk {
 
 double activation_peak_bytes(const model::ModelConfig& c, int64_t B, int64_t T, kern::Prec prec,
                              model::Recompute recompute, int64_t tp, int64_t ep, bool sequence_parallel,
-                             const model::StageShard& stage) {
+                             const model::StageShard& stage, const model::TrainOptions& ix) {
   TREX_CHECK(B > 0 && T > 0, "activation_peak_bytes: empty batch ", B, " x ", T);
   TREX_CHECK(!stage.on() || (0 <= stage.l0 && stage.l0 <= stage.l1 && stage.l1 <= c.num_hidden_layers),
              "activation_peak_bytes: stage layers [", stage.l0, ", ", stage.l1, ") of ", c.num_hidden_layers);
-  StepWalk w(c, B, T, prec, recompute, tp, ep, sequence_parallel, stage);
+  StepWalk w(c, B, T, prec, recompute, tp, ep, sequence_parallel, stage, ix);
   if (c.is_v4()) w.run_v4();
   else w.run_v3();
   return (double)w.A.peak();

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include "kernels/gemm.h"
 #include "model/config.h"
+#include "model/model.h"
 #include "model/params.h"
 
 namespace trex::train {
@@ -37,8 +38,14 @@ namespace trex::train {
 // pipeline's forward-only calls stay below it): its layers, the head and V4's MTP blocks on the
 // last stage; the stage inputs of the micro-batches in flight are held outside the arena
 // (train/pipeline.cpp) and not counted.
+// ix: the run's indexer options (train.indexer_loss_weight / indexer_stage / indexer_recall): on
+// DeepSeek-V4 the CSA layers' indexer loss adds its saved pairs (one int32 entry and one float per
+// attended (query, compressed entry) pair, and the pair offsets), the recomputed projections of its
+// forward and backward, and the dense warm-up attends every visible compressed entry.
+// DeepSeek-V3.2's indexer loss (and its sparse attention) are not modelled.
 double activation_peak_bytes(const model::ModelConfig& c, int64_t B, int64_t T, kern::Prec prec,
                              model::Recompute recompute, int64_t tp = 1, int64_t ep = 1,
-                             bool sequence_parallel = false, const model::StageShard& stage = {});
+                             bool sequence_parallel = false, const model::StageShard& stage = {},
+                             const model::TrainOptions& ix = {});
 
 }  // namespace trex::train

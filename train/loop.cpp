@@ -167,7 +167,7 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   // Expert / pipeline / tensor parallel: this rank allocates and loads only its ep rank's routed
   // experts, its stage's tensors and its tp rank's slice of the attention and dense MLPs.
   const model::TrainOptions topt{rc.train.aux_loss_alpha, rc.train.mtp_loss_weight, rc.train.recompute,
-                                 rc.train.indexer_loss_weight, rc.train.indexer_stage};
+                                 rc.train.indexer_loss_weight, rc.train.indexer_stage, rc.train.indexer_recall};
   model::Model m(rc.model, rc.train.precision, topt,
                  expert_shard_of(dims, rank, rc.model), stage_shard_of(dims, rank, rc.model), tp_shard_of(dims, rank));
   if (device) m.use_backend(*device);
@@ -376,7 +376,7 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
     mt.tokens_per_s = s.tokens / (s.ms / 1000.0);
     mt.mfu = fpt * mt.tokens_per_s / (peak * 1e9);
     mt.load_max_over_mean = s.load_max_over_mean;
-    if (m.opt.indexer_loss()) mt.indexer_loss = s.indexer, mt.indexer_recall = s.indexer_recall;
+    if (m.opt.indexer_metrics()) mt.indexer_loss = s.indexer, mt.indexer_recall = s.indexer_recall;
     mt.skipped = s.skipped;
     if (dp) mt.comm_ms = s.comm_ms;
     if (!s.skipped) {

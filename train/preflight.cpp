@@ -70,8 +70,11 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks) {
   double held = P, stage_all = P;
   double acts = 0;  // the activation arena's peak, the largest over the stages
   auto stage_acts = [&](const model::StageShard& st) {
+    const model::TrainOptions ix{rc.train.aux_loss_alpha, rc.train.mtp_loss_weight, rc.train.recompute,
+                                 rc.train.indexer_loss_weight, rc.train.indexer_stage, rc.train.indexer_recall};
     return activation_peak_bytes(run_cfg, rc.train.batch_size, rc.data.seq_len, rc.train.precision,
-                                 rc.train.recompute, rc.parallel.tp, rc.parallel.ep, rc.parallel.sequence_parallel, st);
+                                 rc.train.recompute, rc.parallel.tp, rc.parallel.ep, rc.parallel.sequence_parallel, st,
+                                 ix);
   };
   if (!by_stage) acts = stage_acts({});
   if (by_expert || by_stage || by_tp) {

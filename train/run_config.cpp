@@ -214,15 +214,16 @@ const std::vector<SectionSpec>& sections() {
            field("mtp_loss_weight", Kind::Num, &R::train, &TrainConfig::mtp_loss_weight,
                  "DeepSeek-V3 / V4: > 0 trains the config's MTP layers (num_nextn_predict_layers), loss += weight x mean MTP cross-entropy; 0 keeps V3 MTP layers unchanged", 0, 10),
            mapped("indexer_loss_weight", Kind::Num,
-                  "DeepSeek-V3.2: > 0 trains the lightning indexer (else frozen, as transformers) with its KL loss "
-                  "against the main attention (docs/V32.md), loss += weight x indexer loss; metrics.jsonl then "
+                  "DeepSeek-V3.2 / V4 (CSA layers): > 0 trains the lightning indexer (else frozen, as transformers) "
+                  "with its KL loss against the main attention (docs/V32.md, docs/V4.md), loss += weight x indexer "
+                  "loss; metrics.jsonl then "
                   "reports indexer_loss and indexer_recall",
                   [](R& r, const json& v) { r.train.indexer_loss_weight = v; },
                   [](const R& r) { return json(r.train.indexer_loss_weight); }, 0, 100),
            mapped("indexer_stage", Kind::Choice,
                   "with indexer_loss_weight > 0: sparse (attention over the indexer's top-k, every tensor trains, "
                   "the indexer's KL over its selected keys) or dense_warmup (dense attention, only the indexer "
-                  "trains, KL over every causal key)",
+                  "trains, KL over every causal key; V4: every visible compressed entry)",
                   [](R& r, const json& v) {
                     r.train.indexer_stage =
                         v == "dense_warmup" ? model::IndexerStage::DenseWarmup : model::IndexerStage::Sparse;
@@ -231,6 +232,11 @@ const std::vector<SectionSpec>& sections() {
                     return json(r.train.indexer_stage == model::IndexerStage::DenseWarmup ? "dense_warmup" : "sparse");
                   },
                   0, 0, {"sparse", "dense_warmup"}),
+           field("indexer_recall", Kind::Bool, &R::train, &TrainConfig::indexer_recall,
+                 "DeepSeek-V3.2 / V4 (CSA layers) with indexer_loss_weight = 0: compute the indexer loss and "
+                 "recall anyway (forward only; the sparse stage's recall costs one more pass over every visible "
+                 "key's attention scores) and report them in metrics.jsonl, to compare with a run that trains "
+                 "the indexer"),
            field("max_skipped_steps", Kind::Int, &R::train, &TrainConfig::max_skipped_steps,
                  "stop the run after this many steps in a row skipped for a NaN / Inf loss or gradient", 1),
            field("memory_check", Kind::Bool, &R::train, &TrainConfig::memory_check,
@@ -439,13 +445,22 @@ void check_indexer_loss(const RunConfig& r, const std::string& where) {
                   "set train.indexer_loss_weight > 0 (the dense warm-up trains only the indexer), or "
                   "train.indexer_stage = \"sparse\"",
                   where, ": train.indexer_stage = \"dense_warmup\" with train.indexer_loss_weight = 0 trains nothing");
+  TREX_USER_CHECK(!t.indexer_recall || r.model.indexer_layers() > 0,
+                  "set train.indexer_recall = false, or use a deepseek_v32 model or a deepseek_v4 model with a "
+                  "compressed_sparse_attention layer",
+                  where, ": train.indexer_recall = true needs a lightning indexer, but model_type ", r.model.model_type,
+                  " has none");
+  TREX_USER_CHECK(!t.indexer_recall || r.parallel.tp <= 1, "set parallel.tp = 1, or train.indexer_recall = false",
+                  where, ": train.indexer_recall = true with parallel.tp = ", r.parallel.tp,
+                  ": the recall needs every attention head's probabilities on one rank");
   if (t.indexer_loss_weight <= 0) return;
-  TREX_USER_CHECK(!r.model.is_v4(), "set train.indexer_loss_weight = 0 for DeepSeek-V4 (its CSA indexer stays frozen)",
-                  where, ": train.indexer_loss_weight = ", t.indexer_loss_weight, " is not supported for model_type ",
-                  r.model.model_type, " yet: trex trains only the DeepSeek-V3.2 (deepseek_v32) indexer");
-  TREX_USER_CHECK(r.model.is_v32(), "set train.indexer_loss_weight = 0, or use a deepseek_v32 model",
-                  where, ": train.indexer_loss_weight = ", t.indexer_loss_weight, " needs a lightning indexer, but model_type ",
-                  r.model.model_type, " has none");
+  TREX_USER_CHECK(r.model.is_v32() || r.model.is_v4(), "set train.indexer_loss_weight = 0, or use a deepseek_v32 or "
+                  "deepseek_v4 model", where, ": train.indexer_loss_weight = ", t.indexer_loss_weight,
+                  " needs a lightning indexer, but model_type ", r.model.model_type, " has none");
+  TREX_USER_CHECK(r.model.indexer_layers() > 0, "set train.indexer_loss_weight = 0, or give the model a "
+                  "compressed_sparse_attention layer (model.layer_types)", where, ": train.indexer_loss_weight = ",
+                  t.indexer_loss_weight, ": model.layer_types has no compressed_sparse_attention layer, so this "
+                  "DeepSeek-V4 model has no indexer to train");
   TREX_USER_CHECK(r.parallel.tp <= 1, "set parallel.tp = 1, or train.indexer_loss_weight = 0",
                   where, ": train.indexer_loss_weight = ", t.indexer_loss_weight, " with parallel.tp = ", r.parallel.tp,
                   ": the indexer loss needs every attention head's probabilities on one rank");

@@ -40,9 +40,10 @@ struct TrainConfig {
   double aux_loss_alpha = 0.0;
   double mtp_loss_weight = 0.0;  // DeepSeek-V4: > 0 trains the config's MTP blocks (loss += weight x MTP CE)
   model::Recompute recompute = model::Recompute::None;  // "none" | "full" (model/config.h)
-  // DeepSeek-V3.2: > 0 trains the lightning indexer with its KL loss (loss += weight x indexer loss)
+  // DeepSeek-V3.2 / V4 (CSA): > 0 trains the lightning indexer with its KL loss (loss += weight x indexer loss)
   double indexer_loss_weight = 0.0;
   model::IndexerStage indexer_stage = model::IndexerStage::Sparse;  // "sparse" | "dense_warmup"
+  bool indexer_recall = false;  // report indexer_loss / indexer_recall with weight 0 too (forward only)
   int64_t max_skipped_steps = 3;  // stop after this many steps in a row with a NaN / Inf loss or gradient
   bool memory_check = true;       // refuse a run whose memory estimate exceeds the machine (train/preflight.h)
   // SIGTERM / SIGINT: finish the step, save a checkpoint, exit with kExitStopped (train/stop_signal.h).

@@ -75,8 +75,9 @@ StepStats step(model::Model& m, AdamW& opt, DataParallel* dp, const std::vector<
     st.indexer = parts[3], st.indexer_recall = parts[4];
   }
   st.loss = st.ce + st.aux + m.opt.mtp_loss_weight * st.mtp + m.opt.indexer_loss_weight * st.indexer;
-  // Recall: the layers' sum -> their mean (every decoder layer has an indexer, MTP layers too).
-  if (m.opt.indexer_loss()) st.indexer_recall /= (double)(m.cfg.num_hidden_layers + m.cfg.v3_mtp_layers);
+  // Recall: the layers' sum -> their mean over the layers with an indexer (V3.2: every decoder
+  // layer, MTP layers too; V4: the CSA layers).
+  if (m.opt.indexer_metrics()) st.indexer_recall /= (double)std::max<int64_t>(m.cfg.indexer_layers(), 1);
   // The dense warm-up trains only the indexer: the router biases stay too.
   if (m.opt.dense_warmup()) gamma = 0.f;
   if (dp) {

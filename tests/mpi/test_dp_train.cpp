@@ -78,6 +78,16 @@ TEST(DpTrain, V32IndexerLossMatchesSingleRank) {
   }
 }
 
+// DeepSeek-V4's CSA indexer loss, both stages (the indexer's tensors unfrozen, or alone in the
+// dense warm-up): the indexer loss and recall summed over the ranks' micro-batches.
+TEST(DpTrain, V4IndexerLossMatchesSingleRank) {
+  for (model::IndexerStage st : {model::IndexerStage::Sparse, model::IndexerStage::DenseWarmup}) {
+    Case su{tiny_v4(), 0.0, 0};
+    su.ix_weight = 0.8, su.ix_stage = st;
+    parity(su, DpOptions{1500, true}, 3, 2, 1, 13);
+  }
+}
+
 TEST(DpTrain, V4MatchesSingleRankWithMtp) {
   Case su{tiny_v4(), 0.0, 0.3};
   parity(su, DpOptions{1500, true}, 3, 2, 1, 13);

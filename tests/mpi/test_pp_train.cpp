@@ -81,6 +81,16 @@ TEST(PpTrain, V4MatchesSingleRankWithMtp) {
   parity(su, DpOptions{1500, true}, 3, 4, 1, 13, 1, 1, pp_for(n));
 }
 
+// DeepSeek-V4's CSA indexer loss (sparse stage) with the MTP block: each stage's CSA layers add
+// their indexer loss and recall; under full activation recompute.
+TEST(PpTrain, V4IndexerLossMatchesSingleRank) {
+  const int n = parallel::test_world().size();
+  Case su{tiny_v4(), 0.0, 0.3};
+  su.ix_weight = 0.8;
+  su.recompute = model::Recompute::Full;
+  parity(su, DpOptions{1500, true}, 3, 4, 1, 13, 1, 1, pp_for(n));
+}
+
 // Stages of other sizes: the first stage with the embedding only (2 ranks), or the last with the
 // head and MTP only (3 ranks), as parallel.pp_layers allows.
 TEST(PpTrain, UnevenStages) {

@@ -74,7 +74,7 @@ struct Case {
   float lr = 3e-3f, gamma = 0.01f;
   AdamWConfig ocfg{3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
   model::Recompute recompute = model::Recompute::None;
-  double ix_weight = 0;  // DeepSeek-V3.2 indexer loss (model/v32_indexer_loss.h)
+  double ix_weight = 0;  // the indexer loss (DeepSeek-V3.2 model/v32_indexer_loss.h, V4 model/v4_indexer.h)
   model::IndexerStage ix_stage = model::IndexerStage::Sparse;
   model::ModelConfig cfg() const { return model::parse_config(model, "tiny"); }
   // shard: the routed experts the model holds (expert-parallel memory sharding; default all).

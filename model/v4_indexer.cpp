@@ -1,0 +1,287 @@
+#include "model/v4_indexer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+#include "core/error.h"
+#include "core/parallel.h"
+#include "kernels/compress_pool.h"
+#include "kernels/indexer.h"
+#include "kernels/rope.h"
+
+namespace trex::model {
+
+namespace {
+
+W wt(const V4AttnIn& in, int64_t off) { return {in.P + off, in.Pb ? in.Pb + off : nullptr, 0}; }
+
+// RoPE on the last rd dims of each of H heads of hd: x [N, H, hd] (as v4_attn.cpp).
+void rope_heads(float* x, int64_t N, int H, int64_t hd, int64_t rd, const int32_t* pos, const float* cos,
+                const float* sin, bool inverse) {
+  kern::rope_apply(x + (hd - rd), N, H, H * hd, hd, (int)rd, pos, cos, sin, kern::RopeLayout::Interleaved, inverse);
+}
+
+double dot(const float* a, const float* b, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += (double)a[i] * (double)b[i];
+  return s;
+}
+
+// Positions: token i of its row at i % T; entry e of its row (e % nw) at (e % nw) m.
+struct Pos {
+  int32_t *t, *c;
+};
+Pos positions(StackArena& A, int64_t B, int64_t T, int64_t nw, int64_t m) {
+  Pos p{A.alloc<int32_t>(std::max<int64_t>(B * T, 1)), A.alloc<int32_t>(std::max<int64_t>(B * nw, 1))};
+  for (int64_t i = 0; i < B * T; ++i) p.t[i] = (int32_t)(i % T);
+  for (int64_t i = 0; i < B * nw; ++i) p.c[i] = (int32_t)((i % nw) * m);
+  return p;
+}
+
+// The indexer's projections (scratch in c.ws): q [N, nI, dI] (roped), w [N, nI] (times nI^-0.5),
+// k [B nw, dI]; with keep, also what the key path's backward needs: kv, gate [N, 2 dI] (the
+// compressor's projections), pool [B nw, dI] (before the norm) and its rstd [B nw].
+struct Proj {
+  float *q, *w, *k;
+  float *kv = nullptr, *gate = nullptr, *pool = nullptr, *rstd = nullptr;
+};
+
+Proj project(const Ctx& c, const V4AttnIn& in, const float* x, const float* qres, const Pos& pos, int64_t nw,
+             bool keep) {
+  const ModelConfig& cf = *in.cfg;
+  const V4Config& v = cf.v4;
+  const V4LayerParams& p = *in.p;
+  const int64_t B = in.B, T = in.T, N = B * T, d = cf.hidden_size, dI = v.index_head_dim, nI = v.index_n_heads;
+  const int64_t rd = cf.qk_rope_head_dim, m = v.rate(in.layer);
+  StackArena& A = *c.ws;
+  Proj pr{};
+  pr.k = A.alloc<float>(std::max<int64_t>(B * nw, 1) * dI);
+  if (nw > 0) {
+    pr.kv = A.alloc<float>(N * 2 * dI);
+    pr.gate = A.alloc<float>(N * 2 * dI);
+    linear_fwd(c, x, N, d, wt(in, p.i_kv), 2 * dI, pr.kv);
+    linear_fwd(c, x, N, d, wt(in, p.i_gate), 2 * dI, pr.gate);
+    pr.pool = A.alloc<float>(B * nw * dI);
+    pr.rstd = keep ? A.alloc<float>(B * nw) : nullptr;
+    kern::compress_pool_fwd(B, T, m, dI, 2, pr.kv, pr.gate, in.P + p.i_pb, pr.pool);
+    c.k().rmsnorm_fwd(pr.pool, B * nw, dI, in.P + p.i_norm, (float)cf.rms_norm_eps, pr.k, pr.rstd);
+    rope_heads(pr.k, B * nw, 1, dI, rd, pos.c, in.ccos, in.csin, false);
+  }
+  pr.q = A.alloc<float>(N * nI * dI);
+  linear_fwd(c, qres, N, cf.q_lora_rank, wt(in, p.i_qb), nI * dI, pr.q);
+  rope_heads(pr.q, N, (int)nI, dI, rd, pos.t, in.ccos, in.csin, false);
+  pr.w = A.alloc<float>(N * nI);
+  linear_fwd(c, x, N, d, wt(in, p.i_w), nI, pr.w);
+  const float ws = (float)std::pow((double)nI, -0.5);
+  for (int64_t i = 0; i < N * nI; ++i) pr.w[i] *= ws;
+  return pr;
+}
+
+double log_sum_exp(const std::vector<double>& v) {
+  double mx = -std::numeric_limits<double>::infinity();
+  for (double x : v) mx = std::max(mx, x);
+  if (!std::isfinite(mx)) return mx;
+  double z = 0;
+  for (double x : v) z += std::exp(x - mx);
+  return mx + std::log(z);
+}
+
+}  // namespace
+
+void v4_index_select(const Ctx& c, const V4AttnIn& in, const float* x, const float* qres, int64_t nw, int32_t* cnt,
+                     int32_t* sel) {
+  const V4Config& v = in.cfg->v4;
+  const int64_t m = v.rate(in.layer);
+  StackArena& A = *c.ws;
+  auto mk = A.mark();
+  const Pos pos = positions(A, in.B, in.T, nw, m);
+  const Proj pr = project(c, in, x, qres, pos, nw, false);
+  kern::IndexerShape sh{in.B, in.T, nw, (int)v.index_n_heads, (int)v.index_head_dim, m, (int)v.index_topk,
+                        (float)std::pow((double)v.index_head_dim, -0.5)};
+  float* work = A.alloc<float>(std::max<size_t>(kern::indexer_workspace_floats(sh), 1));
+  ProfScope ps(c.prof, "fwd.attn.indexer_topk");
+  kern::indexer_topk(sh, pr.q, pr.k, pr.w, pos.t, cnt, sel, nullptr, work);
+  A.release(mk);
+}
+
+void v4_index_loss_forward(const Ctx& c, const V4AttnIn& in, V4AttnSaved& s, const int32_t* cnt, const int32_t* sel) {
+  const ModelConfig& cf = *in.cfg;
+  const V4Config& v = cf.v4;
+  TREX_CHECK(!in.tp.on(), "the V4 indexer loss needs every attention head on one rank");
+  const int64_t B = in.B, T = in.T, N = B * T, H = cf.num_attention_heads, hd = v.head_dim;
+  const int64_t nI = v.index_n_heads, dI = v.index_head_dim, nw = s.nw, m = v.rate(in.layer), kt = v.index_topk;
+  const double scale = std::pow((double)hd, -0.5), cI = std::pow((double)dI, -0.5);
+  StackArena& A = *c.ws;
+  // Pairs: the compressed entries (kv rows >= N, ascending) of each query's key list.
+  s.ix_off = A.alloc<int64_t>(N + 1);
+  s.ix_off[0] = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    int64_t n = 0;
+    for (int64_t k = s.off[i]; k < s.off[i + 1]; ++k) n += s.idx[k] >= N;
+    s.ix_off[i + 1] = s.ix_off[i] + n;
+  }
+  const int64_t pairs = s.ix_off[N];
+  s.ix_ent = A.alloc<int32_t>(std::max<int64_t>(pairs, 1));
+  s.ix_dI = A.alloc<float>(std::max<int64_t>(pairs, 1));
+  for (int64_t i = 0; i < N; ++i) {
+    int64_t at = s.ix_off[i];
+    for (int64_t k = s.off[i]; k < s.off[i + 1]; ++k)
+      if (s.idx[k] >= N) s.ix_ent[at++] = (int32_t)(s.idx[k] - N);
+  }
+  auto mk = A.mark();
+  const Pos pos = positions(A, B, T, nw, m);
+  const Proj pr = project(c, in, s.x, s.qres, pos, nw, false);
+  std::vector<double> loss(N), recall(N);
+  parallel_for(N, 4, [&](int64_t i0, int64_t i1) {
+    std::vector<double> p, I, sc, ss;
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t b = i / T, t = i % T, n = s.ix_off[i + 1] - s.ix_off[i];
+      const int32_t* ent = s.ix_ent + s.ix_off[i];
+      const float* qi = s.Q + i * H * hd;
+      p.assign(n, 0.0), I.assign(n, 0.0);
+      double psum = 0;
+      for (int64_t k = 0; k < n; ++k) {
+        const float* kv = s.KV + (N + ent[k]) * hd;
+        for (int64_t h = 0; h < H; ++h) p[k] += std::exp(scale * dot(qi + h * hd, kv, hd) - (double)s.lse[i * H + h]);
+        psum += p[k];
+        for (int64_t h = 0; h < nI; ++h)
+          I[k] += (double)pr.w[i * nI + h] * std::max(0.0, dot(pr.q + (i * nI + h) * dI, pr.k + ent[k] * dI, dI));
+        I[k] *= cI;
+      }
+      const double logz = log_sum_exp(I);
+      double kl = 0;
+      float* dI_i = s.ix_dI + s.ix_off[i];
+      for (int64_t k = 0; k < n; ++k) {
+        p[k] = psum > 0 ? p[k] / psum : 0.0;
+        const double logq = I[k] - logz;
+        if (p[k] > 0) kl += p[k] * (std::log(p[k]) - logq);
+        dI_i[k] = (float)(std::exp(logq) - p[k]);
+      }
+      loss[i] = kl;
+      // Recall: the selection's entries of t's document (ascending) against S_t / V_t.
+      auto selected = [&](int64_t w) { return std::binary_search(sel + i * kt, sel + i * kt + cnt[i], (int32_t)w); };
+      if (in.ix_dense) {  // S_t = V_t: p is the attention's mass over V_t
+        double r = 0;
+        for (int64_t k = 0; k < n; ++k) r += selected(ent[k] - b * nw) ? p[k] : 0.0;
+        recall[i] = n ? r : 1.0;
+      } else {
+        double r = 0;
+        int64_t nv = 0;
+        for (int64_t w = 0; w < nw; ++w) nv += v4_entry_visible(in.seg, T, b, t, w, m, nw);
+        if (nv == 0) {
+          recall[i] = 1.0;
+          continue;
+        }
+        for (int64_t h = 0; h < H; ++h) {
+          sc.clear(), ss.clear();
+          for (int64_t w = 0; w < nw; ++w) {
+            if (!v4_entry_visible(in.seg, T, b, t, w, m, nw)) continue;
+            const double a = scale * dot(qi + h * hd, s.KV + (N + b * nw + w) * hd, hd);
+            sc.push_back(a);
+            if (selected(w)) ss.push_back(a);
+          }
+          r += ss.empty() ? 0.0 : std::exp(log_sum_exp(ss) - log_sum_exp(sc));
+        }
+        recall[i] = r / (double)H;
+      }
+    }
+  });
+  A.release(mk);
+  double ls = 0, rs = 0;
+  for (int64_t i = 0; i < N; ++i) ls += loss[i], rs += recall[i];
+  s.ix_loss = N ? ls / (double)N : 0.0;
+  s.ix_recall = N ? rs / (double)N : 0.0;
+}
+
+void v4_index_loss_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s) {
+  const ModelConfig& cf = *in.cfg;
+  const V4Config& v = cf.v4;
+  const V4LayerParams& lp = *in.p;
+  const int64_t B = in.B, T = in.T, N = B * T, d = cf.hidden_size, nw = s.nw, m = v.rate(in.layer);
+  const int64_t nI = v.index_n_heads, dI = v.index_head_dim, rd = cf.qk_rope_head_dim, NE = B * nw;
+  if (NE == 0 || s.ix_off[N] == 0) return;  // no pair: every gradient is 0
+  // g(i, k) = ix_grad / N (q - p) dI^-0.5: the score's scale folded in.
+  const double g0 = (double)in.ix_grad / (double)N * std::pow((double)dI, -0.5);
+  const double wsc = std::pow((double)nI, -0.5);
+  StackArena& A = *c.ws;
+  auto mk = A.mark();
+  const Pos pos = positions(A, B, T, nw, m);
+  const Proj pr = project(c, in, s.x, s.qres, pos, nw, true);
+  float* dw = A.alloc<float>(N * nI);
+  float* dq = A.alloc<float>(N * nI * dI);
+  float* dk = A.alloc<float>(NE * dI);
+  // Queries and head weights: per query over its entries.
+  parallel_for(N, 4, [&](int64_t i0, int64_t i1) {
+    std::vector<double> acc(dI);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t o = s.ix_off[i], n = s.ix_off[i + 1] - o;
+      for (int64_t h = 0; h < nI; ++h) {
+        const float* q = pr.q + (i * nI + h) * dI;
+        double sw = 0;
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t k = 0; k < n; ++k) {
+          const float* kk = pr.k + s.ix_ent[o + k] * dI;
+          const double a = dot(q, kk, dI), g = g0 * (double)s.ix_dI[o + k];
+          if (a <= 0) continue;
+          sw += g * a;
+          for (int64_t e = 0; e < dI; ++e) acc[e] += g * (double)kk[e];
+        }
+        dw[i * nI + h] = (float)(sw * wsc);  // wts = i_w(x) nI^-0.5
+        const double w = pr.w[i * nI + h];
+        for (int64_t e = 0; e < dI; ++e) dq[(i * nI + h) * dI + e] = (float)(w * acc[e]);
+      }
+    }
+  });
+  // Keys: the (query, pair) lists of each entry, in query order (deterministic sums).
+  std::vector<int64_t> koff(NE + 1, 0);
+  for (int64_t u = 0; u < s.ix_off[N]; ++u) ++koff[s.ix_ent[u] + 1];
+  for (int64_t e = 0; e < NE; ++e) koff[e + 1] += koff[e];
+  std::vector<int64_t> kq(koff[NE]), kp(koff[NE]), fill(koff.begin(), koff.end() - 1);
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t u = s.ix_off[i]; u < s.ix_off[i + 1]; ++u) {
+      const int64_t at = fill[s.ix_ent[u]]++;
+      kq[at] = i, kp[at] = u;
+    }
+  parallel_for(NE, 4, [&](int64_t e0, int64_t e1) {
+    std::vector<double> acc(dI);
+    for (int64_t e = e0; e < e1; ++e) {
+      std::fill(acc.begin(), acc.end(), 0.0);
+      const float* kk = pr.k + e * dI;
+      for (int64_t u = koff[e]; u < koff[e + 1]; ++u) {
+        const int64_t i = kq[u];
+        const double g = g0 * (double)s.ix_dI[kp[u]];
+        for (int64_t h = 0; h < nI; ++h) {
+          const float* q = pr.q + (i * nI + h) * dI;
+          if (dot(q, kk, dI) <= 0) continue;
+          const double gw = g * (double)pr.w[i * nI + h];
+          for (int64_t j = 0; j < dI; ++j) acc[j] += gw * (double)q[j];
+        }
+      }
+      for (int64_t j = 0; j < dI; ++j) dk[e * dI + j] = (float)acc[j];
+    }
+  });
+  float* G = in.G;
+  // wts = i_w(x) nI^-0.5 (x detached).
+  linear_bwd(c, dw, s.x, N, d, wt(in, lp.i_w), nI, nullptr, false, G + lp.i_w);
+  // iq = rope(i_qb(qres)) (qres detached): undo the rotation, then i_qb.
+  rope_heads(dq, N, (int)nI, dI, rd, pos.t, in.ccos, in.csin, true);
+  linear_bwd(c, dq, s.qres, N, cf.q_lora_rank, wt(in, lp.i_qb), nI * dI, nullptr, false, G + lp.i_qb);
+  // ik = rope(rmsnorm(pool(i_kv(x), i_gate(x), i_pb))).
+  rope_heads(dk, NE, 1, dI, rd, pos.c, in.ccos, in.csin, true);
+  float* dpool = A.alloc<float>(NE * dI);
+  c.k().rmsnorm_bwd(dk, pr.pool, NE, dI, in.P + lp.i_norm, pr.rstd, dpool, G + lp.i_norm);
+  float* dkv = A.alloc<float>(N * 2 * dI);
+  float* dg = A.alloc<float>(N * 2 * dI);
+  {
+    auto mw = A.mark();
+    float* work = A.alloc<float>(std::max<size_t>(kern::compress_pool_bwd_workspace_floats(B, T, m, dI, 2), 1));
+    kern::compress_pool_bwd(B, T, m, dI, 2, pr.kv, pr.gate, in.P + lp.i_pb, dpool, dkv, dg, G + lp.i_pb, work);
+    A.release(mw);
+  }
+  linear_bwd(c, dkv, s.x, N, d, wt(in, lp.i_kv), 2 * dI, nullptr, false, G + lp.i_kv);
+  linear_bwd(c, dg, s.x, N, d, wt(in, lp.i_gate), 2 * dI, nullptr, false, G + lp.i_gate);
+  A.release(mk);
+}
+
+}  // namespace trex::model

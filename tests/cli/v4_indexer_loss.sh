@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# The DeepSeek-V4 CSA indexer's KL loss through `trex train` (docs/V4.md, "Indexer loss"):
+#   - a small V4 checkpoint (one step from random init, fp32, two CSA layers around an HCA layer);
+#   - from it, 2 steps of the dense warm-up (only the indexer's tensors change: every other tensor
+#     and the router biases stay byte for byte), 2 of the sparse stage (the indexer trains with the
+#     rest), and 2 with weight 0 and train.indexer_recall = true (the indexer stays byte for byte);
+#     metrics.jsonl reports indexer_loss and indexer_recall in all three;
+#   - trex grad --indexer-loss-weight gives the indexer's tensors a gradient.
+#
+#   tests/cli/v4_indexer_loss.sh TREX_BINARY
+#
+# Run by CTest as cli_v4_indexer_loss. Work files go to a temporary directory (removed on success,
+# kept and named on failure).
+set -euo pipefail
+TREX=$(realpath "$1")
+NAME=v4_indexer_loss
+source "$(dirname "$0")/family_setup.sh"
+
+cat > cpt.toml <<TOML
+[model]
+model_type = "deepseek_v4"
+vocab_size = 300
+hidden_size = 26
+num_hidden_layers = 3
+num_attention_heads = 3
+head_dim = 10
+partial_rotary_factor = 0.4
+q_lora_rank = 9
+o_groups = 3
+o_lora_rank = 5
+moe_intermediate_size = 7
+n_routed_experts = 5
+n_shared_experts = 1
+num_experts_per_tok = 2
+layer_types = ["compressed_sparse_attention", "heavily_compressed_attention", "compressed_sparse_attention"]
+mlp_layer_types = ["hash_moe", "moe", "moe"]
+compress_rates = { compressed_sparse_attention = 3, heavily_compressed_attention = 5 }
+sliding_window = 7
+index_n_heads = 5
+index_head_dim = 6
+index_topk = 3
+hc_mult = 3
+hc_sinkhorn_iters = 5
+max_position_embeddings = 512
+num_nextn_predict_layers = 0
+initializer_range = 0.3
+
+[data]
+train = ["corpus.txt"]
+tokenizer = "tok/tokenizer.json"
+seq_len = 32
+cache_dir = "none"
+
+[train]
+steps = 1
+batch_size = 1
+precision = "fp32"
+
+[checkpoint]
+run_dir = "cpt"
+
+[log]
+progress = "lines"
+TOML
+run "$TREX" train --config cpt.toml
+CK=cpt/checkpoints/step-00000001
+cat > from.toml <<TOML
+[model]
+path = "$CK"
+
+[data]
+train = ["corpus.txt"]
+tokenizer = "tok/tokenizer.json"
+seq_len = 32
+cache_dir = "none"
+
+[train]
+steps = 2
+batch_size = 1
+precision = "fp32"
+
+[log]
+every = 1
+progress = "lines"
+TOML
+run "$TREX" train --config from.toml --set train.indexer_loss_weight=1.0 --set train.indexer_stage=dense_warmup \
+  --set checkpoint.run_dir=warm
+run "$TREX" train --config from.toml --set train.indexer_loss_weight=0.5 --set checkpoint.run_dir=sparse
+run "$TREX" train --config from.toml --set train.indexer_recall=true --set checkpoint.run_dir=recall
+python3 - "$CK" warm sparse recall <<'PY' || fail "the indexer loss runs trained the wrong tensors or reported no recall"
+import json, struct, sys
+def tensors(d):
+    with open(d + "/model.safetensors", "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        hdr = json.loads(f.read(n))
+        data = f.read()
+    return {k: data[v["data_offsets"][0]:v["data_offsets"][1]] for k, v in hdr.items() if k != "__metadata__"}
+base = tensors(sys.argv[1])
+for run in sys.argv[2:]:
+    t = tensors(run + "/checkpoints/step-00000002")
+    assert t.keys() == base.keys(), run
+    ix = [k for k in t if ".compressor.indexer." in k]
+    assert len(ix) == 12, ix
+    for k in t:
+        if ".compressor.indexer." in k:
+            assert (t[k] == base[k]) == (run == "recall"), (run, k)
+        elif run == "warm":
+            assert t[k] == base[k], (run, k)
+    m = [json.loads(l) for l in open(run + "/metrics.jsonl") if '"step"' in l]
+    assert len(m) == 2 and all(x["indexer_loss"] > 0 and 0 < x["indexer_recall"] <= 1 + 1e-6 for x in m), m
+PY
+echo "ok: indexer loss, dense warm-up, sparse stage, recall with weight 0"
+
+echo '{"input_ids": [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]], "labels": [[5, 6, 7, -100, 9, 10, 11, 12, 13, 14, 15, 16]]}' > batch.json
+run "$TREX" grad --model "$CK" --batch batch.json --out grads.safetensors --indexer-loss-weight 0.5
+grep -q '"indexer": [0-9]' out.txt || fail "trex grad printed no indexer loss: $(cat out.txt)"
+python3 - grads.safetensors <<'PY' || fail "trex grad --indexer-loss-weight: no indexer gradient"
+import json, struct, sys
+with open(sys.argv[1], "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    hdr = json.loads(f.read(n))
+    data = f.read()
+ix = [k for k in hdr if ".compressor.indexer." in k]
+assert len(ix) == 12, ix
+for k in ix:
+    a, b = hdr[k]["data_offsets"]
+    assert any(data[a:b]), k  # not all zero bytes
+PY
+
+cd /
+rm -rf "$WORK"
+echo "v4_indexer_loss: all ok"
