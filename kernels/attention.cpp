@@ -33,13 +33,13 @@ AttnImpl attn_impl() {
   return impl;
 }
 
-// The bf16 kernel for a BF16 shape on a CPU with the bf16 dot product, unless TREX_ATTN=f32.
+// The bf16 kernel for a BF16 shape on a CPU with the bf16 dot product, unless TREX_ATTN=f32
+// (read on every call, which costs nothing next to the attention: the parity test switches it
+// between two runs of one process).
 bool attn_bf16(const AttnShape& sh) {
-  static const bool ok = [] {
-    const char* e = std::getenv("TREX_ATTN");
-    return cpu_isa() >= Isa::Avx512Bf16 && !(e && !std::strcmp(e, "f32"));
-  }();
-  return ok && sh.prec == Prec::BF16;
+  if (sh.prec != Prec::BF16 || cpu_isa() < Isa::Avx512Bf16) return false;
+  const char* e = std::getenv("TREX_ATTN");
+  return !(e && !std::strcmp(e, "f32"));
 }
 
 }  // namespace
