@@ -151,7 +151,7 @@ TEST_P(Parity, TenAdamWStepsFp32AndBf16) {
   }
   // bf16: (a) against the reference run with trex's bf16 semantics (bf16-rounded GEMM inputs and
   // weights, f32 accumulation, f32 router) at 1e-2 absolute; (b) the drift from fp32 stays within
-  // 3e-2, or within PyTorch's own bf16 drift (autocast, or the bf16-weights run) + 3e-2 where a
+  // 4e-2, or within PyTorch's own bf16 drift (autocast, or the bf16-weights run) + 4e-2 where a
   // routing flip in these tiny random MoEs moves both engines (tests/reference/README.md, "bf16
   // yardsticks").
   // (a) runs with the f32 attention core, the reference's semantics: on an AVX512_BF16 CPU a bf16
@@ -160,9 +160,15 @@ TEST_P(Parity, TenAdamWStepsFp32AndBf16) {
   // selections from step 0 (measured, Zen 4: v3_tied_greedy step 0 5.4024 against the reference's
   // bf16 5.3821 and fp32 5.4020; v3_qlora_sigmoid step 1 3.1186 against 3.0889). (b) runs as a
   // bf16 run does (PyTorch's autocast yardstick has bf16 attention products too).
+  const char* attn_env = std::getenv("TREX_ATTN");
+  const bool attn_set = attn_env != nullptr;
+  const std::string attn_was = attn_set ? attn_env : "";
   setenv("TREX_ATTN", "f32", 1);
   std::vector<double> l16a = c.train(kern::Prec::BF16, nullptr);
-  unsetenv("TREX_ATTN");
+  if (attn_set)
+    setenv("TREX_ATTN", attn_was.c_str(), 1);
+  else
+    unsetenv("TREX_ATTN");
   std::vector<double> l16 = c.train(kern::Prec::BF16, nullptr);
   ASSERT_TRUE(c.expected.contains("losses_bf16_weights"));
   const auto& rb = c.expected["losses_bf16_weights"];
