@@ -18,8 +18,11 @@
 // extra element of a straddling pair is a masked (zero) probability.
 #include "kernels/cpu/attention_avx512bf16.h"
 
+// The AVX-512 helpers (V16: exp2, masks, the 16 x 16 transpose). This file's flags are the
+// AVX-512 files' plus -mavx512bf16, and those inline helpers use no bf16 instruction, so the copy
+// the linker keeps is the same code either way.
 #include "kernels/cpu/simd_avx512.h"
-//
+
 #include <xmmintrin.h>  // _mm_prefetch
 
 #include <algorithm>
