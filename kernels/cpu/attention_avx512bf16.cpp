@@ -19,8 +19,8 @@
 #include "kernels/cpu/attention_avx512bf16.h"
 
 // The AVX-512 helpers (V16: exp2, masks, the 16 x 16 transpose). This file's flags are the
-// AVX-512 files' plus -mavx512bf16, and those inline helpers use no bf16 instruction, so the copy
-// the linker keeps is the same code either way.
+// AVX-512 files' plus -mavx512bf16, and those inline helpers use no bf16 instruction: whichever
+// copy the linker keeps runs on any AVX-512 CPU.
 #include "kernels/cpu/simd_avx512.h"
 
 #include <xmmintrin.h>  // _mm_prefetch
