@@ -210,7 +210,9 @@ void swiglu(Plan& p, const std::string& w, int64_t rows, int64_t F, float limit)
 
 // kern::attention (causal, flash style) over B rows of T tokens, H heads: P = T (T+1) / 2 attended
 // pairs per row and head; FLOPs fwd 2 (dqk + dv) P B H (S = q k, O = P v), bwd 2 (3 dqk + 2 dv)
-// P B H (S recomputed, dV, dP, dQ, dK). Bytes fwd 4 B T H (2 dqk + 2 dv); bwd twice that.
+// P B H (S recomputed, dV, dP, dQ, dK). Bytes fwd 4 B T H (2 dqk + 2 dv); bwd twice that. A bf16
+// run's attention rounds its products' operands to bf16 (the AVX512_BF16 kernel where the CPU
+// has it): rated against the best peak, as the bf16 GEMMs are.
 void attention(Plan& p, const Run& r, const std::string& w, int H, int dqk, int dv, float scale) {
   const int64_t B = r.B, T = r.T;
   const double pairs = (double)T * (T + 1) / 2 * B * H;
@@ -220,8 +222,10 @@ void attention(Plan& p, const Run& r, const std::string& w, int H, int dqk, int 
     o.shape = fmt("B=%lld T=%lld H=%d dqk=%d dv=%d causal", (ll)B, (ll)T, H, dqk, dv);
     o.flops = (v ? 2.0 * (3 * dqk + 2 * dv) : 2.0 * (dqk + dv)) * pairs;
     o.bytes = (v ? 8.0 : 4.0) * B * T * H * (2 * dqk + 2 * dv);
+    o.gemm_bf16 = r.bf;
+    const kern::Prec prec = r.bf ? kern::Prec::BF16 : kern::Prec::F32;
     o.make = [=](Bufs& b) -> Runner {
-      const kern::AttnShape sh{(int)B, (int)T, H, dqk, dv, scale, 0};
+      const kern::AttnShape sh{(int)B, (int)T, H, dqk, dv, scale, 0, prec};
       const int64_t nq = B * T * H * dqk, nv = B * T * H * dv;
       const float *q = b.f(nq, 1), *k = b.f(nq, 2), *vv = b.f(nv, 3);
       float *out = b.f(nv), *lse = b.f(B * H * T);

@@ -1,6 +1,8 @@
-// Dispatch of causal attention (see attention.h): the AVX-512 kernel, else the AVX2 + FMA one,
+// Dispatch of causal attention (see attention.h): with AttnShape::prec == BF16 on a CPU with
+// AVX512_BF16 the bf16 dot-product kernel, else the AVX-512 kernel, else the AVX2 + FMA one,
 // else the GEMM-based one (oneDNN, any x86-64), else (TREX_ISA=ref) the scalar reference.
-// TREX_ATTN=blas picks the GEMM-based kernel on a CPU below AVX-512 (for A/B measurements).
+// For A/B measurements: TREX_ATTN=blas picks the GEMM-based kernel on a CPU below AVX-512;
+// TREX_ATTN=f32 keeps the f32 kernels in a bf16 run.
 #include "kernels/attention.h"
 
 #include <cstdlib>
@@ -10,6 +12,7 @@
 #include "core/error.h"
 #include "kernels/cpu/attention_avx2.h"
 #include "kernels/cpu/attention_avx512.h"
+#include "kernels/cpu/attention_avx512bf16.h"
 #include "kernels/cpu/attention_blas.h"
 #include "kernels/ref/attention.h"
 
@@ -30,6 +33,15 @@ AttnImpl attn_impl() {
   return impl;
 }
 
+// The bf16 kernel for a BF16 shape on a CPU with the bf16 dot product, unless TREX_ATTN=f32
+// (read on every call, which costs nothing next to the attention: the parity test switches it
+// between two runs of one process).
+bool attn_bf16(const AttnShape& sh) {
+  if (sh.prec != Prec::BF16 || cpu_isa() < Isa::Avx512Bf16) return false;
+  const char* e = std::getenv("TREX_ATTN");
+  return !(e && !std::strcmp(e, "f32"));
+}
+
 }  // namespace
 
 static void check_shape(const AttnShape& sh) {
@@ -42,6 +54,7 @@ static void check_shape(const AttnShape& sh) {
 void attention_fwd(const AttnShape& sh, const float* q, const float* k, const float* v, float* o,
                    float* lse, const int32_t* seg) {
   check_shape(sh);
+  if (attn_bf16(sh)) return cpu::attention_fwd_avx512bf16(sh, q, k, v, o, lse, seg);
   switch (attn_impl()) {
     case AttnImpl::Avx512: return cpu::attention_fwd_avx512(sh, q, k, v, o, lse, seg);
     case AttnImpl::Avx2: return cpu::attention_fwd_avx2(sh, q, k, v, o, lse, seg);
@@ -54,6 +67,7 @@ void attention_bwd(const AttnShape& sh, const float* q, const float* k, const fl
                    const float* o, const float* lse, const float* dO, float* dq, float* dk,
                    float* dv, const int32_t* seg) {
   check_shape(sh);
+  if (attn_bf16(sh)) return cpu::attention_bwd_avx512bf16(sh, q, k, v, o, lse, dO, dq, dk, dv, seg);
   switch (attn_impl()) {
     case AttnImpl::Avx512: return cpu::attention_bwd_avx512(sh, q, k, v, o, lse, dO, dq, dk, dv, seg);
     case AttnImpl::Avx2: return cpu::attention_bwd_avx2(sh, q, k, v, o, lse, dO, dq, dk, dv, seg);

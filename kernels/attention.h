@@ -1,7 +1,9 @@
 // Causal softmax attention, flash style (FlashAttention-2: tiled, online softmax, no T x T
 // matrix), forward and backward. Dispatches to the AVX-512 kernel, or on CPUs without AVX-512 to
 // the AVX2 + FMA one (kernels/cpu/attention_avx2.h; TREX_ATTN=blas picks the GEMM-based
-// kernels/cpu/attention_blas.h instead), or under TREX_ISA=ref to the scalar reference.
+// kernels/cpu/attention_blas.h instead), or under TREX_ISA=ref to the scalar reference; a BF16
+// shape (below) on an AVX512_BF16 CPU goes to kernels/cpu/attention_avx512bf16.h (TREX_ATTN=f32:
+// not).
 // Layout [B, T, H, D] row-major (token-major, as the projections produce it). Query t of batch
 // row b attends key s iff
 //   s <= t  and  (seg == nullptr || seg[b,s] == seg[b,t])  and  (window <= 0 || s > t - window).
@@ -20,7 +22,8 @@ struct AttnShape {
   int window = 0;  // > 0: sliding window of this many keys (the query itself included)
   // The precision the kernel may round its products' operands to (q, k, v, the probabilities,
   // dO and the score gradients), accumulating in f32: BF16 lets an accelerator use its bf16
-  // matrix units, as FlashAttention does in a bf16 run; the CPU kernels compute in f32 either way.
+  // matrix units, as FlashAttention does in a bf16 run; on the CPU, the AVX512_BF16 kernel
+  // (kernels/cpu/attention_avx512bf16.h) where the CPU has it, else f32 as for F32.
   Prec prec = Prec::F32;
 };
 

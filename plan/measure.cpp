@@ -145,7 +145,7 @@ Calibration measure_calibration(double seconds) {
     double ms = median_ms([&] { kern::lm_head_ce(a, nullptr); }, seconds);
     c.efficiency["head"] = 6.0 * N * V * d / (ms / 1000) / peak;
   }
-  // Attention forward + backward (causal, MLA-like head dims).
+  // Attention forward + backward (causal, MLA-like head dims), bf16 products as in a bf16 run.
   {
     const int B = 1, T = 2048, H = 8, Dqk = 96, Dv = 64;
     Rng r(6);
@@ -153,7 +153,7 @@ Calibration measure_calibration(double seconds) {
         lse((size_t)B * H * T), dO(v.size()), dq(q.size()), dk(q.size()), dv(v.size());
     for (auto* vec : {&q, &k, &v, &dO})
       for (auto& x : *vec) x = (float)r.normal();
-    kern::AttnShape sh{B, T, H, Dqk, Dv, 0.1f, 0};
+    kern::AttnShape sh{B, T, H, Dqk, Dv, 0.1f, 0, kern::Prec::BF16};
     double ms = median_ms([&] {
       kern::attention_fwd(sh, q.data(), k.data(), v.data(), o.data(), lse.data());
       kern::attention_bwd(sh, q.data(), k.data(), v.data(), o.data(), lse.data(), dO.data(), dq.data(), dk.data(),

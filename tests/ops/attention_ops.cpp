@@ -5,9 +5,14 @@
 //         against the reference in double, over odd and round shapes, Dqk != Dv, document ids
 //         (2-3 documents per row) and sliding windows; the AVX2 kernel also over tile-edge T,
 //         windows on and off the 64-key tile edges, and 1, 2, 3 threads (which change how the
-//         work splits: query-block chunks forward, key-block sets backward);
+//         work splits: query-block chunks forward, key-block sets backward). bf16: the
+//         dispatched kernel with AttnShape::prec = BF16 ("attn_bf16") and the AVX512_BF16 kernel
+//         called directly ("attn[avx512bf16]", kernels/cpu/attention_avx512bf16.h; skipped
+//         without AVX512_BF16) on the same shapes and on the AVX2 list's kind, with bounds for
+//         operands rounded to bf16 (see run_test);
 //   grad: reference backward in double against finite differences of the reference forward;
-//   perf: GFLOP/s of fwd and bwd at B=1, T=2048, H=16, Dqk=192, Dv=128 (causal flop count).
+//   perf: GFLOP/s of fwd and bwd at B=1, T=2048, H=16, Dqk=192, Dv=128 and at bench-v3's heads
+//         (H=8, Dqk=96, Dv=64) at T=2048 and 8192 (causal flop count).
 #include <omp.h>
 
 #include <cmath>
@@ -16,7 +21,9 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "core/cpu.h"
 #include "kernels/cpu/attention_avx2.h"
+#include "kernels/cpu/attention_avx512bf16.h"
 #include "kernels/cpu/attention_blas.h"
 #include "kernels/ref/attention.h"
 #include "tests/ops/attention_cases.h"
@@ -36,8 +43,10 @@ struct Impl {
   void (*bwd)(const AttnShape&, const float*, const float*, const float*, const float*, const float*,
               const float*, float*, float*, float*, const int32_t*);
   bool (*usable)();
+  bool bf16 = false;  // run with AttnShape::prec = BF16
 };
 bool always() { return true; }
+bool has_bf16_dot() { return trex::cpu_isa() >= trex::Isa::Avx512Bf16; }
 bool has_avx2_fma() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -54,8 +63,12 @@ const Impl kImpls[] = {
     {"attn", dispatched_fwd, dispatched_bwd, always},
     {"attn[blas]", trex::kern::cpu::attention_fwd_blas, trex::kern::cpu::attention_bwd_blas, always},
     {"attn[avx2]", trex::kern::cpu::attention_fwd_avx2, trex::kern::cpu::attention_bwd_avx2,
-     has_avx2_fma}};
+     has_avx2_fma},
+    {"attn_bf16", dispatched_fwd, dispatched_bwd, always, true},
+    {"attn[avx512bf16]", trex::kern::cpu::attention_fwd_avx512bf16,
+     trex::kern::cpu::attention_bwd_avx512bf16, has_bf16_dot, true}};
 const Impl& kAvx2 = kImpls[2];
+const Impl& kBf16 = kImpls[4];
 
 template <class T>
 std::vector<double> to_double(const T* p, size_t n) {
@@ -72,10 +85,12 @@ bool check(const std::string& name, const char* what, const float* got,
 
 bool run_test(const Impl& im, const AttnCfg& c) {
   if (!im.usable()) {
-    std::printf("skip %-48s (CPU lacks AVX2 + FMA)\n", attn_cfg_name(im.tag, c).c_str());
+    std::printf("skip %-48s (CPU lacks %s)\n", attn_cfg_name(im.tag, c).c_str(),
+                im.bf16 ? "AVX512_BF16" : "AVX2 + FMA");
     return true;
   }
-  const AttnShape sh = attn_shape_of(c);
+  AttnShape sh = attn_shape_of(c);
+  if (im.bf16) sh.prec = trex::kern::Prec::BF16;
   const size_t nq = size_t(c.B) * c.T * c.H * c.Dqk, nv = size_t(c.B) * c.T * c.H * c.Dv,
                nl = size_t(c.B) * c.H * c.T;
   Rng r(1234 + c.T * 7 + c.Dqk);
@@ -102,12 +117,21 @@ bool run_test(const Impl& im, const AttnCfg& c) {
                                          dvd.data(), sp);
   const std::string nf = attn_cfg_name((std::string(im.tag) + "_fwd").c_str(), c),
                     nb = attn_cfg_name((std::string(im.tag) + "_bwd").c_str(), c);
+  // bf16 (q, k, v, dO, P and dS rounded to nearest even bf16, relative error <= 2^-9 each, f32
+  // accumulation): the bounds of the CUDA bf16 kernel (tests/ops_cuda/attention_ops.cpp). The
+  // AVX512_BF16 kernel's worst over these cases (Zen 4): o 9.9e-6, lse 2.0e-6 (T > 1), 1.3e-3
+  // (T = 1), gradients 7.0e-5, so the bounds hold 4-10x of room. At T = 1 the lse is the one
+  // scaled score q.k itself, whose relative error after rounding q and k grows as
+  // |q||k| / |q.k|; for T > 1 the log of the sum keeps it small.
+  const bool bf = im.bf16;
+  const double to = bf ? 1e-4 : 1e-10, tl = bf ? (c.T == 1 ? 1e-2 : 1e-5) : 1e-12,
+               tg = bf ? 3e-4 : 1e-10;
   bool ok = true;
-  ok &= check(nf, "o", o.data(), od, o.guard_ok(), 1e-10);
-  ok &= check(nf, "lse", lse.data(), lsed, lse.guard_ok(), 1e-12);
-  ok &= check(nb, "dq", dq.data(), dqd, dq.guard_ok(), 1e-10);
-  ok &= check(nb, "dk", dk.data(), dkd, dk.guard_ok(), 1e-10);
-  ok &= check(nb, "dv", dv.data(), dvd, dv.guard_ok(), 1e-10);
+  ok &= check(nf, "o", o.data(), od, o.guard_ok(), to);
+  ok &= check(nf, "lse", lse.data(), lsed, lse.guard_ok(), tl);
+  ok &= check(nb, "dq", dq.data(), dqd, dq.guard_ok(), tg);
+  ok &= check(nb, "dk", dk.data(), dkd, dk.guard_ok(), tg);
+  ok &= check(nb, "dv", dv.data(), dvd, dv.guard_ok(), tg);
   return ok;
 }
 
@@ -142,7 +166,8 @@ bool run_grad(const AttnCfg& c) {
 
 void run_perf(const Impl& im, const AttnCfg& c) {
   if (!im.usable()) return;
-  const AttnShape sh = attn_shape_of(c);
+  AttnShape sh = attn_shape_of(c);
+  if (im.bf16) sh.prec = trex::kern::Prec::BF16;
   const size_t nq = size_t(c.B) * c.T * c.H * c.Dqk, nv = size_t(c.B) * c.T * c.H * c.Dv,
                nl = size_t(c.B) * c.H * c.T;
   Rng r(5);
@@ -186,6 +211,21 @@ TREX_OP_CASES(attention_cases) {
       c.threads = th;
       cases.push_back({attn_cfg_name(kAvx2.tag, c), [c] { return run_test(kAvx2, c); }, nullptr, nullptr});
     }
+  // AVX512_BF16 kernel: T 1, 7, 45, 200 and on and around the tile edges (odd T: the last
+  // pair of a reduction over keys or queries is half zero), odd H, odd Dqk / Dv (odd pairs),
+  // Dqk 40 / Dv 24 (MLA-like, not multiples of 16), documents, windows, 1, 2, 3 threads.
+  const AttnCfg bf16[] = {
+      {1, 1, 3, 40, 24, 0, false},    {3, 7, 1, 96, 64, 0, true},    {1, 45, 5, 40, 24, 0, true},
+      {2, 200, 3, 40, 24, 0, true},   {1, 200, 5, 192, 128, 0, false}, {1, 63, 3, 24, 40, 0, false},
+      {2, 65, 3, 96, 64, 0, true},    {1, 130, 5, 33, 17, 65, true}, {1, 257, 1, 96, 64, 9, true},
+      {1, 320, 2, 40, 72, 130, false}, {2, 70, 2, 5, 3, 0, true},
+  };
+  for (const AttnCfg& c0 : bf16)
+    for (int th = 1; th <= 3; ++th) {
+      AttnCfg c = c0;
+      c.threads = th;
+      cases.push_back({attn_cfg_name(kBf16.tag, c), [c] { return run_test(kBf16, c); }, nullptr, nullptr});
+    }
   const AttnCfg grads[] = {
       {2, 7, 2, 5, 3, 0, false},
       {2, 9, 1, 4, 6, 0, true},
@@ -194,7 +234,8 @@ TREX_OP_CASES(attention_cases) {
   };
   for (const AttnCfg& c : grads)
     cases.push_back({attn_cfg_name("attn", c), nullptr, [c] { return run_grad(c); }, nullptr});
-  const AttnCfg perfs[] = {{1, 2048, 16, 192, 128, 0, false}, {1, 2048, 8, 96, 64, 0, false}};
+  const AttnCfg perfs[] = {{1, 2048, 16, 192, 128, 0, false}, {1, 2048, 8, 96, 64, 0, false},
+                           {1, 8192, 8, 96, 64, 0, false}};
   for (const Impl& im : kImpls)
     for (const AttnCfg& c : perfs)
       cases.push_back({attn_cfg_name(im.tag, c), nullptr, nullptr, [&im, c] { run_perf(im, c); }});

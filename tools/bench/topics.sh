@@ -11,6 +11,9 @@
 #   recompute      bench-v3 / bench-v4 with train.recompute none and full, and the start-up
 #                  estimate against the arena peak (--steps 1 --warmup 0)
 #   seq            bench-v3 at seq 1024, 2048, 4096, 8192 (--profile: the attention core's share)
+#   attn-bf16      bench-v3 (bf16) at seq 2048 and 8192 with the attention core on the bf16 dot
+#                  product (the default on an AVX512_BF16 CPU) and on the f32 kernel
+#                  (TREX_ATTN=f32), alternating, --profile; then `trex_ops perf` of both kernels
 #   experts        bench-v3 cut to 3 layers, 16 / 32 / 64 / 128 experts, 1 and 4 micro-batches (--profile)
 #   tp             bench-v3 / bench-v4 on 2 ranks: dp 2, tp 2, tp 2 + sequence parallel
 #   zero           bench-v3 dp 2, 2 micro-batches, ZeRO-1 against ZeRO-2
@@ -100,6 +103,13 @@ for topic in "${TOPICS[@]}"; do
       done; done ;;
     seq)
       for s in 1024 2048 4096 8192; do run v3.seq-$s step $(v v3) --steps "$STEPS" --set data.seq_len=$s --profile; done ;;
+    attn-bf16)
+      for s in 2048 8192; do for a in f32 bf16; do
+        run v3.seq-$s.attn-$a env TREX_ATTN=$([ $a = f32 ] && echo f32 || echo default) \
+          "$TREX" bench step $(v v3) --steps "$STEPS" --warmup 1 --peak-gflops "$PEAK" --set data.seq_len=$s --profile
+      done; done
+      OPS=$(dirname "$TREX")/trex_ops
+      if [ -x "$OPS" ]; then "$OPS" perf "B=1 T=2048 H=16" > "$DIR/ops-perf.out" 2>&1 || true; cat "$DIR/ops-perf.out"; fi ;;
     experts)
       for ga in 1 4; do for e in 16 32 64 128; do
         run v3.experts-$e.ga$ga step $(v v3) --steps "$STEPS" --set model.num_hidden_layers=3 \

@@ -1,0 +1,587 @@
+// Flash attention on the bf16 dot-product instruction (see attention_avx512bf16.h): the tiling,
+// work split, masks and online softmax of kernels/cpu/attention_tiles.h (read that first), with
+// every tile product on vdpbf16ps.
+//
+// vdpbf16ps adds, per f32 lane n, a[2n] b[2n] + a[2n+1] b[2n+1]: both operands hold PAIRS of bf16
+// along the reduction dimension in one 32-bit word (element 2p in the low half, 2p+1 in the high
+// half). The micro-kernel computes C[m, n] (+)= sum_p A(m, p) . B(p, n) over K = 2 KP reduction
+// elements, A(m, p) broadcast as one word under any strides, B(p, n) read as 16-word vectors
+// from rows of words. So each operand is packed, with the bf16 rounding, into one of:
+//   rows    [m][p]   the pairs are neighbours in a row: a plain conversion (q, k, v, dO rows for
+//                    A; the backward's dS rows for dQ += dS K);
+//   pairs   [p][n]   row pairs interleaved (VNNI order: k, v, q, dO as B; the forward's P^T and
+//                    the backward's P, dS as A, broadcast per pair of rows);
+//   words^T [p][n]   the word matrix of "rows" transposed (Q^T, K^T, V^T as B of Q K^T, dO V^T).
+// q, k, v and dO are packed once per work item (forward: the k and v rows each query block adds;
+// backward: q and dO of the item, k and v per key block); P and dS once per tile. An odd reduction
+// length pairs its last element with a zero. Trimming the causal triangle keeps whole pairs: the
+// extra element of a straddling pair is a masked (zero) probability.
+#include "kernels/cpu/attention_avx512bf16.h"
+
+// The AVX-512 helpers (V16: exp2, masks, the 16 x 16 transpose). This file's flags are the
+// AVX-512 files' plus -mavx512bf16, and those inline helpers use no bf16 instruction: whichever
+// copy the linker keeps runs on any AVX-512 CPU.
+#include "kernels/cpu/simd_avx512.h"
+
+#include <xmmintrin.h>  // _mm_prefetch
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "core/error.h"
+#include "core/parallel.h"
+#include "kernels/cpu/attention_split.h"
+#include "kernels/cpu/kernel_scratch.h"
+
+namespace trex::kern::cpu {
+namespace {
+
+using avx512::V16;
+using avx512::tail_mask;
+using W32 = uint32_t;  // two bf16 of neighbouring reduction elements
+
+constexpr int kB = 64;   // rows of a query tile and keys of a key tile
+constexpr int kR = 6;    // micro-kernel rows (broadcast operand)
+constexpr int kNV = 4;   // micro-kernel vectors of 16 columns
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
+int pairs_of(int n) { return (n + 1) / 2; }
+
+// C[r, 0:16 NV] (+)= sum_p A[r sam + p sak] . B[p ldb + 0:16 NV] for r < R, p < KP; the last
+// vector of each row of B and C is limited by the lane mask `mlast`. Step p also prefetches the
+// cache line pf + 64 p into L2.
+template <int R, int NV, bool ACC>
+void micro(int KP, const W32* A, int64_t sam, int64_t sak, const W32* B, int64_t ldb, float* C,
+           int64_t ldc, __mmask16 mlast, const char* pf) {
+  __m512 c[R][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v)
+      c[r][v] = !ACC            ? _mm512_setzero_ps()
+                : v == NV - 1   ? _mm512_maskz_loadu_ps(mlast, C + r * ldc + 16 * v)
+                                : _mm512_loadu_ps(C + r * ldc + 16 * v);
+  for (int p = 0; p < KP; ++p) {
+    _mm_prefetch(pf + 64 * p, _MM_HINT_T1);
+    __m512i b[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v)
+      b[v] = v == NV - 1 ? _mm512_maskz_loadu_epi32(mlast, B + p * ldb + 16 * v)
+                         : _mm512_loadu_si512(B + p * ldb + 16 * v);
+    const W32* a = A + p * sak;
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512i ar = _mm512_set1_epi32(static_cast<int>(a[r * sam]));
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v)
+        c[r][v] = _mm512_dpbf16_ps(c[r][v], (__m512bh)ar, (__m512bh)b[v]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      if (v == NV - 1)
+        _mm512_mask_storeu_ps(C + r * ldc + 16 * v, mlast, c[r][v]);
+      else
+        _mm512_storeu_ps(C + r * ldc + 16 * v, c[r][v]);
+    }
+}
+
+// The micro-kernels of every shape (rows 1..kR x vectors 1..kNV), overwriting or accumulating.
+struct Micro {
+  using Fn = void (*)(int, const W32*, int64_t, int64_t, const W32*, int64_t, float*, int64_t,
+                      __mmask16, const char*);
+  template <bool ACC, int R, int... Vs>
+  static constexpr std::array<Fn, kNV> row(std::integer_sequence<int, Vs...>) {
+    return {{&micro<R, Vs + 1, ACC>...}};
+  }
+  template <bool ACC, int... Rs>
+  static constexpr auto table(std::integer_sequence<int, Rs...>) {
+    return std::array<std::array<Fn, kNV>, sizeof...(Rs)>{
+        {row<ACC, Rs + 1>(std::make_integer_sequence<int, kNV>{})...}};
+  }
+};
+constexpr auto kMicroSet = Micro::table<false>(std::make_integer_sequence<int, kR>{});
+constexpr auto kMicroAcc = Micro::table<true>(std::make_integer_sequence<int, kR>{});
+
+// Triangular trimming on the causal diagonal, as in attention_tiles.h: row m of C only needs
+// columns n (or reduction elements k) on one side of m + off.
+enum class Tri { None, NLo, NHi, KLo, KHi };  // n >= m+off, n <= m+off, k >= m+off, k <= m+off
+
+// C[M, N] (+)= A[M, K] B[K, N] with K = 2 KP: A(m, pair p) = A[m*sam + p*sak],
+// B(pair p, n) = B[p*ldb + n], C(m, n) = C[m*ldc + n]. ACC = false overwrites C (also when
+// KP == 0) except the columns a Tri::NLo / NHi trim skips, which the caller must not read. A K
+// trim keeps the pair that straddles its edge. The pf_bytes at pf are prefetched into L2 on the
+// way.
+template <bool ACC>
+void gemm(int M, int N, int KP, const W32* A, int64_t sam, int64_t sak, const W32* B, int64_t ldb,
+          float* C, int64_t ldc, const void* pf = nullptr, int64_t pf_bytes = 0,
+          Tri tri = Tri::None, int off = 0) {
+  constexpr int NB = 16 * kNV;
+  const auto& tab = ACC ? kMicroAcc : kMicroSet;
+  int64_t pf_done = 0;
+  auto tile = [&](int m0, int r, int n0, int n1) {
+    int na = n0, nb = n1, ka = 0, kb = KP;
+    if (tri == Tri::NLo) na = std::max(na, (m0 + off) & ~15);
+    if (tri == Tri::NHi) nb = std::min(nb, m0 + r + off);
+    if (tri == Tri::KLo) ka = std::clamp(m0 + off, 0, 2 * KP) / 2;
+    if (tri == Tri::KHi) kb = (std::clamp(m0 + r + off, 0, 2 * KP) + 1) / 2;
+    if (na >= nb) return;
+    const int nv = (nb - na + 15) / 16, nk = std::max(kb - ka, 0);
+    const char* p = pf_done < pf_bytes ? static_cast<const char*>(pf) + pf_done
+                                       : reinterpret_cast<const char*>(B);
+    pf_done += 64 * int64_t{nk};
+    tab[r - 1][nv - 1](nk, A + m0 * sam + ka * sak, sam, sak, B + ka * ldb + na, ldb,
+                       C + m0 * ldc + na, ldc, tail_mask(nb - na - 16 * (nv - 1)), p);
+  };
+  // Column blocks outside row groups; rows in ceil(M / kR) groups of near-equal size.
+  const int ng = (M + kR - 1) / kR;
+  for (int n0 = 0; n0 < N; n0 += NB)
+    for (int g = 0, m0 = 0; g < ng; ++g) {
+      const int r = (M - m0) / (ng - g);
+      tile(m0, r, n0, std::min(N, n0 + NB));
+      m0 += r;
+    }
+}
+
+// 16 words (bf16(a[i]) | bf16(b[i]) << 16), bf16 rounded to nearest even.
+inline __m512i pair_words(__m512 a, __m512 b) {
+  alignas(64) static constexpr uint16_t kIdx[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,
+                                                    21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26,
+                                                    11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i x = (__m512i)_mm512_cvtne2ps_pbh(b, a);  // words 0..15 bf16(a), 16..31 bf16(b)
+  return _mm512_permutexvar_epi16(_mm512_load_si512(kIdx), x);
+}
+
+// "rows": dst[t*ldw + p] = bf16 pair (src[t*stride + 2p], src[t*stride + 2p + 1]) for rows
+// t in [t0, t1), p < ldw (ldw a multiple of 16; elements past D are zero). Rows of [B,T,H,D] are a
+// page apart: prefetch a few ahead.
+void pack_rows_bf(W32* dst, int64_t ldw, const float* src, int64_t stride, int t0, int t1, int D) {
+  constexpr int kAhead = 6;
+  for (int t = t0; t < t1; ++t) {
+    if (t + kAhead < t1)
+      for (int d = 0; d < D; d += 16)
+        _mm_prefetch(reinterpret_cast<const char*>(src + (t + kAhead) * stride + d), _MM_HINT_T0);
+    const float* s = src + t * stride;
+    W32* o = dst + t * ldw;
+    for (int p0 = 0; p0 < ldw; p0 += 16) {
+      const int d = 2 * p0;
+      const __m512 a = _mm512_maskz_loadu_ps(tail_mask(D - d), s + d);
+      const __m512 b = _mm512_maskz_loadu_ps(tail_mask(D - d - 16), s + d + 16);
+      _mm512_storeu_si512(o + p0, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+    }
+  }
+}
+
+// "pairs": dst[(p - p0)*ldw + x] = bf16 pair (row 2p, row 2p + 1)[x] for pairs p in [p0, p1),
+// x < round16(n) (columns past n are zero), where row r is src[r*stride + x] if rlo <= r < rhi
+// and zero otherwise.
+void pack_pairs_bf(W32* dst, int64_t ldw, const float* src, int64_t stride, int p0, int p1,
+                   int rlo, int rhi, int n) {
+  for (int p = p0; p < p1; ++p) {
+    const int r0 = 2 * p, r1 = 2 * p + 1;
+    const bool u0 = r0 >= rlo && r0 < rhi, u1 = r1 >= rlo && r1 < rhi;
+    const float* s0 = src + int64_t{r0} * stride;
+    const float* s1 = src + int64_t{r1} * stride;
+    if (u1 && p + 2 < p1)  // the rows two pairs ahead (a page apart in [B,T,H,D])
+      for (int x = 0; x < n; x += 16) {
+        _mm_prefetch(reinterpret_cast<const char*>(s0 + 4 * stride + x), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(s1 + 4 * stride + x), _MM_HINT_T0);
+      }
+    W32* o = dst + int64_t{p - p0} * ldw;
+    for (int x = 0; x < n; x += 16) {
+      const __mmask16 m = tail_mask(n - x);
+      const __m512 a = _mm512_maskz_loadu_ps(u0 ? m : __mmask16(0), u0 ? s0 + x : src);
+      const __m512 b = _mm512_maskz_loadu_ps(u1 ? m : __mmask16(0), u1 ? s1 + x : src);
+      _mm512_storeu_si512(o + x, pair_words(a, b));
+    }
+  }
+}
+
+// "words^T": dst[p*kB + i] = src[i*lds + p] for i < n (columns n..kB-1 of dst are zero), p < P,
+// in 16 x 16 register transposes (bit patterns move unchanged).
+void transpose_words(const W32* src, int64_t lds, int n, int P, W32* dst) {
+  for (int i0 = 0; i0 < kB; i0 += 16) {
+    const int nr = std::clamp(n - i0, 0, 16);
+    for (int p0 = 0; p0 < P; p0 += 16)
+      V16::transpose_tile(reinterpret_cast<const float*>(src + i0 * lds + p0), lds, nr,
+                          std::min(16, P - p0), reinterpret_cast<float*>(dst + p0 * kB + i0), kB);
+  }
+}
+
+// Widths: P* pairs of a row, W* words of a packed row (multiple of 16), *p floats / words of a
+// B-operand or f32 row (multiple of 16).
+struct Dims {
+  int Dqk, Dv, DqkP, DvP;
+  int64_t DqkW, DvW, Dqkp, Dvp;
+  explicit Dims(const AttnShape& sh)
+      : Dqk(sh.Dqk), Dv(sh.Dv), DqkP(pairs_of(sh.Dqk)), DvP(pairs_of(sh.Dv)),
+        DqkW(round16(DqkP)), DvW(round16(DvP)), Dqkp(round16(sh.Dqk)), Dvp(round16(sh.Dv)) {}
+};
+
+// ---------------------------------------------------------------------------------- forward --
+
+struct FwdCtx {
+  const AttnShape& sh;
+  const float *q, *k, *v;
+  float *o, *lse;
+  const int32_t* seg;
+  int nqb, nchunk;
+};
+
+// Per-thread buffers of one forward item.
+struct FwdBufs {
+  const W32* Kw;  // [t][DqkW] k rows ("rows")
+  const W32* Vv;  // [t/2][Dvp] v row pairs ("pairs")
+  W32 *Qw, *QT, *PT;  // q rows of the block [i][DqkW]; Q^T [p][i]; P^T pairs [j/2][i]
+  float *ST, *O, *mrow, *lrow, *alpha;
+};
+
+// One (b, h, query block): online softmax over its visible key tiles; writes o and lse rows.
+void fwd_block(const FwdCtx& c, const Dims& dm, const FwdBufs& w, int bh, int qb) {
+  using T = __m512;
+  constexpr int L = 16;
+  const AttnShape& sh = c.sh;
+  const int T_ = sh.T, H = sh.H, Dqk = sh.Dqk, Dv = sh.Dv, W = sh.window;
+  const int b = bh / H, h = bh % H;
+  const int64_t sq = int64_t{H} * Dqk, sv = int64_t{H} * Dv;
+  const int64_t DqkW = dm.DqkW, Dvp = dm.Dvp;
+  const float* qb_ = c.q + (int64_t{b} * T_ * H + h) * Dqk;
+  float* ob_ = c.o + (int64_t{b} * T_ * H + h) * Dv;
+  const int32_t* segrow = c.seg ? c.seg + int64_t{b} * T_ : nullptr;
+  const int qs = qb * kB, nq = std::min(kB, T_ - qs), nc = (nq + L - 1) / L;
+  const float c2 = sh.scale * kLog2e;
+  float *ST = w.ST, *O = w.O, *mrow = w.mrow, *lrow = w.lrow, *alpha = w.alpha;
+
+  pack_rows_bf(w.Qw, DqkW, qb_ + qs * sq, sq, 0, nq, Dqk);
+  transpose_words(w.Qw, DqkW, nq, dm.DqkP, w.QT);
+  std::memset(ST, 0, sizeof(float) * kB * kB);
+  std::memset(O, 0, sizeof(float) * kB * Dvp);
+  for (int i = 0; i < kB; ++i) mrow[i] = kNegInf, lrow[i] = 0.0f;
+  alignas(64) int32_t qseg[kB];
+  for (int i = 0; i < kB; ++i) qseg[i] = segrow ? segrow[qs + std::min(i, nq - 1)] : 0;
+
+  const int kb_lo = W > 0 ? std::max(0, qs - W + 1) / kB : 0, kb_hi = (qs + nq - 1) / kB;
+  const T c2v = V16::set1(c2), ninf = V16::set1(kNegInf);
+  for (int kb = kb_lo; kb <= kb_hi; ++kb) {
+    const int ks = kb * kB, nk = std::min(kB, T_ - ks);
+    const int kind = tile_kind(sh, qs, nq, ks, nk, segrow);
+    if (kind == 0) continue;
+    // S^T[j, i] = k_j . q_i, prefetching the next key tile's k, v rows.
+    const int64_t nnext = kb < kb_hi ? std::min(kB, T_ - ks - kB) : 0;
+    const bool diag = ks == qs;  // then query i sees key j only if j <= i
+    gemm<false>(nk, nq, dm.DqkP, w.Kw + ks * DqkW, DqkW, 1, w.QT, kB, ST, kB,
+                w.Kw + (ks + kB) * DqkW, 4 * nnext * DqkW, diag ? Tri::NLo : Tri::None, 0);
+    int jmin = nk, jmax = -1;
+    for (int ci = 0; ci < nc; ++ci) {
+      // Keys of this tile that some query of the 16-column chunk may see: [jlo, jhi].
+      const int q0 = qs + L * ci, q1 = std::min(q0 + L - 1, qs + nq - 1);
+      const int jlo = W > 0 ? std::max(0, q0 - W + 1 - ks) : 0, jhi = std::min(nk - 1, q1 - ks);
+      if (jlo > jhi) {
+        V16::storeu(alpha + L * ci, V16::set1(1.0f));
+        continue;
+      }
+      jmin = std::min(jmin, jlo), jmax = std::max(jmax, jhi);
+      T mx = ninf;
+      if (kind == 2) {
+        for (int j = jlo; j <= jhi; ++j) mx = V16::max(mx, V16::loadu(ST + j * kB + L * ci));
+      } else {
+        // Pairs a query may not see become -inf in S^T (exp2 makes them 0 below).
+        const __m512i qi = V16::iota(q0), qsg = V16::loadi(qseg + L * ci);
+        for (int j = jlo; j <= jhi; ++j) {
+          float* sp = ST + j * kB + L * ci;
+          const int kj = ks + j;
+          __mmask16 m = V16::gt(qi, V16::seti(kj - 1));
+          if (W > 0) m = V16::mand(m, V16::gt(V16::seti(kj + W), qi));
+          if (segrow) m = V16::mand(m, V16::eq(qsg, V16::seti(segrow[kj])));
+          const T s = V16::select(m, V16::loadu(sp), ninf);
+          V16::storeu(sp, s);
+          mx = V16::max(mx, s);
+        }
+      }
+      // New running max (log2 units); lanes that have seen nothing yet use 0 as the offset.
+      const T mold = V16::loadu(mrow + L * ci);
+      const T mnew = V16::max(mold, V16::mul(mx, c2v));
+      const T msafe = V16::select(V16::eqf(mnew, ninf), V16::zero(), mnew);
+      const T al = V16::exp2(V16::sub(mold, msafe));
+      T l0 = V16::mul(V16::loadu(lrow + L * ci), al), l1 = V16::zero();
+      int j = jlo;
+      for (; j + 1 <= jhi; j += 2) {  // two chains: the adds do not serialize the exp2s
+        float* sp = ST + j * kB + L * ci;
+        const T p0 = V16::exp2(V16::fmsub(V16::loadu(sp), c2v, msafe));
+        const T p1 = V16::exp2(V16::fmsub(V16::loadu(sp + kB), c2v, msafe));
+        V16::storeu(sp, p0);
+        V16::storeu(sp + kB, p1);
+        l0 = V16::add(l0, p0);
+        l1 = V16::add(l1, p1);
+      }
+      if (j <= jhi) {
+        float* sp = ST + j * kB + L * ci;
+        const T p = V16::exp2(V16::fmsub(V16::loadu(sp), c2v, msafe));
+        V16::storeu(sp, p);
+        l0 = V16::add(l0, p);
+      }
+      V16::storeu(mrow + L * ci, mnew);
+      V16::storeu(lrow + L * ci, V16::add(l0, l1));
+      V16::storeu(alpha + L * ci, al);
+    }
+    if (jmax < 0) continue;
+    // Rows of P^T in [jmin, jmax] outside a column chunk's own range must read as zero.
+    for (int ci = 0; ci < nc; ++ci) {
+      const int q0 = qs + L * ci, q1 = std::min(q0 + L - 1, qs + nq - 1);
+      const int jlo = W > 0 ? std::max(0, q0 - W + 1 - ks) : 0, jhi = std::min(nk - 1, q1 - ks);
+      for (int j = jmin; j < std::min(jlo, jmax + 1); ++j)
+        V16::storeu(ST + j * kB + L * ci, V16::zero());
+      for (int j = std::max(jhi + 1, jmin); j <= jmax; ++j)
+        V16::storeu(ST + j * kB + L * ci, V16::zero());
+    }
+    for (int i = 0; i < nq; ++i) {
+      const float a = alpha[i];
+      if (a == 1.0f) continue;
+      const T av = V16::set1(a);
+      for (int d = 0; d < Dv; d += L)
+        V16::storeu(O + i * Dvp + d, V16::mul(av, V16::loadu(O + i * Dvp + d)));
+    }
+    // O[i, :] += sum_j P^T[j, i] v_j over keys [je, jmax], je = jmin rounded down to a pair
+    // boundary (row je reads as zero when it is below jmin).
+    const int je = jmin & ~1, np = (jmax - je + 2) / 2;
+    pack_pairs_bf(w.PT, kB, ST, kB, je / 2, je / 2 + np, jmin, jmax + 1, nq);
+    gemm<true>(nq, Dv, np, w.PT, 1, kB, w.Vv + (ks + je) / 2 * Dvp, Dvp, O, Dvp,
+               w.Vv + (ks + kB) / 2 * Dvp, 4 * pairs_of(static_cast<int>(nnext)) * Dvp, diag ? Tri::KHi : Tri::None,
+               -je);
+  }
+  for (int i = 0; i < nq; ++i) {
+    const int t = qs + i;
+    const float l = lrow[i], inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const T iv = V16::set1(inv);
+    float* orow = ob_ + t * sv;
+    for (int d = 0; d < Dv; d += L)
+      V16::store_n(orow + d, V16::mul(iv, V16::loadu(O + i * Dvp + d)), Dv - d);
+    c.lse[int64_t{bh} * T_ + t] = l > 0.0f ? (mrow[i] + std::log2(l)) * kLn2 : kNegInf;
+  }
+}
+
+// Query blocks chunk, chunk + nchunk, ... of one (b, h), in increasing order: the k, v rows
+// each block adds are packed just before it.
+void fwd_item(const FwdCtx& c, int bh, int chunk) {
+  const FlushDenormals ftz;
+  const AttnShape& sh = c.sh;
+  const Dims dm(sh);
+  const int T = sh.T, H = sh.H, Dqk = sh.Dqk, Dv = sh.Dv, W = sh.window;
+  const int b = bh / H, h = bh % H;
+  const int64_t sq = int64_t{H} * Dqk, sv = int64_t{H} * Dv;
+  const float* kb_ = c.k + (int64_t{b} * T * H + h) * Dqk;
+  const float* vb_ = c.v + (int64_t{b} * T * H + h) * Dv;
+  const int64_t Tp = round16(T);
+  // 4-byte units; every piece a multiple of 16 (64-byte aligned).
+  W32* Kw = reinterpret_cast<W32*>(thread_scratch(Tp * dm.DqkW + Tp / 2 * dm.Dvp + 2 * kB * dm.DqkW +
+                                                  kB * kB + kB / 2 * kB + kB * dm.Dvp + 3 * kB));
+  FwdBufs w{};
+  W32* Vv = Kw + Tp * dm.DqkW;
+  w.Kw = Kw, w.Vv = Vv;
+  w.Qw = Vv + Tp / 2 * dm.Dvp;
+  w.QT = w.Qw + kB * dm.DqkW;
+  w.ST = reinterpret_cast<float*>(w.QT + kB * dm.DqkW);  // [key j][query i]
+  w.PT = reinterpret_cast<W32*>(w.ST + kB * kB);
+  w.O = reinterpret_cast<float*>(w.PT + kB / 2 * kB);  // [query i][Dvp]
+  w.mrow = w.O + kB * dm.Dvp;  // running max of scaled scores (log2 units)
+  w.lrow = w.mrow + kB;        // running sum
+  w.alpha = w.lrow + kB;
+  // Keys before `packed` are seen by no query of this item (sliding window); a multiple of kB.
+  int packed = W > 0 ? std::max(0, chunk * kB - W + 1) / kB * kB : 0;
+  for (int qb = chunk; qb < c.nqb; qb += c.nchunk) {
+    const int t1 = std::min(T, (qb + 1) * kB);  // even unless it is T
+    pack_rows_bf(Kw, dm.DqkW, kb_, sq, packed, t1, Dqk);
+    pack_pairs_bf(Vv + packed / 2 * dm.Dvp, dm.Dvp, vb_, sv, packed / 2, pairs_of(t1), packed, t1, Dv);
+    packed = t1;
+    fwd_block(c, dm, w, bh, qb);
+  }
+}
+
+// ---------------------------------------------------------------------------------- backward --
+
+struct BwdCtx {
+  const AttnShape& sh;
+  const float *q, *k, *v, *o, *lse, *dO;
+  float *dq, *dk, *dv;
+  const int32_t* seg;
+  int nkb, nsplit;
+  float* dq_part;  // [B*H, nsplit, T, Dqk] when nsplit > 1
+};
+
+// One (b, h) and the key blocks split, split + nsplit, ...: dk, dv of those blocks (overwrite)
+// and their contribution to dq.
+void bwd_item(const BwdCtx& c, int bh, int split) {
+  using T = __m512;
+  constexpr int L = 16;
+  const FlushDenormals ftz;
+  const AttnShape& sh = c.sh;
+  const Dims dm(sh);
+  const int T_ = sh.T, H = sh.H, Dqk = sh.Dqk, Dv = sh.Dv, W = sh.window;
+  const int b = bh / H, h = bh % H;
+  const int64_t sq = int64_t{H} * Dqk, sv = int64_t{H} * Dv;
+  const int64_t oq = (int64_t{b} * T_ * H + h) * Dqk, ov = (int64_t{b} * T_ * H + h) * Dv;
+  const float *qb_ = c.q + oq, *kb_ = c.k + oq, *vb_ = c.v + ov, *ob_ = c.o + ov, *dOb = c.dO + ov;
+  float *dkb = c.dk + oq, *dvb = c.dv + ov;
+  const int32_t* segrow = c.seg ? c.seg + int64_t{b} * T_ : nullptr;
+  const float c2 = sh.scale * kLog2e;
+  const int nqb = (T_ + kB - 1) / kB;
+  const int64_t DqkW = dm.DqkW, DvW = dm.DvW, Dqkp = dm.Dqkp, Dvp = dm.Dvp;
+
+  // 4-byte units; every piece a multiple of 16 (64-byte aligned).
+  const int64_t Tp = round16(T_);
+  W32* Qw = reinterpret_cast<W32*>(thread_scratch(
+      Tp * (DqkW + DvW + Dqkp) + Tp / 2 * (Dqkp + Dvp) + kB * 2 * (DqkW + DvW) +
+      kB / 2 * Dqkp + 2 * kB * kB + 3 * kB / 2 * kB + kB * (Dqkp + Dvp) + 2 * Tp));
+  W32* dOw = Qw + Tp * DqkW;     // [t][DvW]: dO rows
+  W32* Qv = dOw + Tp * DvW;      // [t/2][Dqkp]: q row pairs
+  W32* dOv = Qv + Tp / 2 * Dqkp; // [t/2][Dvp]: dO row pairs
+  float* dQc = reinterpret_cast<float*>(dOv + Tp / 2 * Dvp);  // [t][Dqkp]: this item's dq
+  W32* Kw = reinterpret_cast<W32*>(dQc + Tp * Dqkp);  // [j][DqkW]: k rows of the key tile
+  W32* Vw = Kw + kB * DqkW;      // [j][DvW]: v rows
+  W32* KT = Vw + kB * DvW;       // [p][j]: K^T
+  W32* VT = KT + DqkW * kB;      // [p][j]: V^T
+  W32* Kv = VT + DvW * kB;       // [j/2][Dqkp]: k row pairs
+  float* P = reinterpret_cast<float*>(Kv + kB / 2 * Dqkp);  // [query i][key j]
+  float* DS = P + kB * kB;       // dP, then dS, [i][j]
+  W32* PP = reinterpret_cast<W32*>(DS + kB * kB);  // [i/2][j]: P row pairs
+  W32* DSP = PP + kB / 2 * kB;   // [i/2][j]: dS row pairs
+  W32* DSr = DSP + kB / 2 * kB;  // [i][j/2]: dS rows
+  float* dKa = reinterpret_cast<float*>(DSr + kB * kB / 2);  // [j][Dqkp]
+  float* dVa = dKa + kB * Dqkp;  // [j][Dvp]
+  float* delta = dVa + kB * Dvp;
+  float* lse2 = delta + Tp;
+  const int t0 = split * kB;  // the first query any key block of this split is seen by
+  pack_rows_bf(Qw, DqkW, qb_, sq, t0, T_, Dqk);
+  pack_rows_bf(dOw, DvW, dOb, sv, t0, T_, Dv);
+  pack_pairs_bf(Qv + t0 / 2 * Dqkp, Dqkp, qb_, sq, t0 / 2, pairs_of(T_), t0, T_, Dqk);
+  pack_pairs_bf(dOv + t0 / 2 * Dvp, Dvp, dOb, sv, t0 / 2, pairs_of(T_), t0, T_, Dv);
+  for (int t = t0; t < T_; ++t) {  // delta = rowsum(dO o) in f32
+    const float* a = dOb + t * sv;
+    const float* o = ob_ + t * sv;
+    T acc = V16::zero();
+    for (int d = 0; d < Dv; d += L) acc = V16::fmadd(V16::load_n(a + d, Dv - d), V16::load_n(o + d, Dv - d), acc);
+    delta[t] = V16::reduce_add(acc);
+    lse2[t] = c.lse[int64_t{bh} * T_ + t] * kLog2e;
+  }
+  std::memset(dQc + t0 * Dqkp, 0, sizeof(float) * (T_ - t0) * Dqkp);
+
+  const T c2v = V16::set1(c2), scv = V16::set1(sh.scale);
+  alignas(64) int32_t kseg[kB];
+  for (int kb = split; kb < c.nkb; kb += c.nsplit) {
+    const int ks = kb * kB, nk = std::min(kB, T_ - ks), nck = (nk + L - 1) / L;
+    pack_rows_bf(Kw, DqkW, kb_ + ks * sq, sq, 0, nk, Dqk);
+    pack_rows_bf(Vw, DvW, vb_ + ks * sv, sv, 0, nk, Dv);
+    transpose_words(Kw, DqkW, nk, dm.DqkP, KT);
+    transpose_words(Vw, DvW, nk, dm.DvP, VT);
+    pack_pairs_bf(Kv, Dqkp, kb_ + ks * sq, sq, 0, pairs_of(nk), 0, nk, Dqk);
+    for (int j = 0; j < kB; ++j) kseg[j] = segrow && j < nk ? segrow[ks + j] : 0;
+    std::memset(dKa, 0, sizeof(float) * nk * Dqkp);
+    std::memset(dVa, 0, sizeof(float) * nk * Dvp);
+    const int qb_hi = W > 0 ? std::min(nqb - 1, (ks + nk - 1 + W - 1) / kB) : nqb - 1;
+    for (int qb = kb; qb <= qb_hi; ++qb) {
+      const int qs = qb * kB, nq = std::min(kB, T_ - qs), np = pairs_of(nq);
+      const int kind = tile_kind(sh, qs, nq, ks, nk, segrow);
+      if (kind == 0) continue;
+      const W32* Qt = Qw + qs * DqkW;
+      const W32* dOt = dOw + qs * DvW;
+      // S = Q K^T and dP = dO V^T, prefetching the next query tile's q and dO rows.
+      const int64_t nnext = qb < qb_hi ? std::min(kB, T_ - qs - kB) : 0;
+      const bool diag = ks == qs;  // then query i sees key j only if j <= i
+      const Tri tn = diag ? Tri::NHi : Tri::None, tkl = diag ? Tri::KLo : Tri::None,
+                tkh = diag ? Tri::KHi : Tri::None;
+      gemm<false>(nq, nk, dm.DqkP, Qt, DqkW, 1, KT, kB, P, kB, Qt + kB * DqkW, 4 * nnext * DqkW, tn);
+      gemm<false>(nq, nk, dm.DvP, dOt, DvW, 1, VT, kB, DS, kB, dOt + kB * DvW, 4 * nnext * DvW, tn);
+      for (int i = 0; i < nq; ++i) {
+        const int t = qs + i;
+        const int jlo = W > 0 ? std::max(0, t - W + 1 - ks) : 0, jhi = std::min(nk - 1, t - ks);
+        float* pr = P + i * kB;
+        float* dr = DS + i * kB;
+        if (jlo > jhi || lse2[t] == kNegInf) {
+          for (int cj = 0; cj < nck; ++cj) {
+            V16::storeu(pr + L * cj, V16::zero());
+            V16::storeu(dr + L * cj, V16::zero());
+          }
+          continue;
+        }
+        const T Lv = V16::set1(lse2[t]), dl = V16::set1(delta[t]);
+        const __m512i tsg = V16::seti(segrow ? segrow[t] : 0);
+        const __m512i lo = V16::seti(jlo - 1), hi = V16::seti(jhi + 1);
+        for (int cj = 0; cj < nck; ++cj) {
+          const T p = V16::exp2(V16::fmsub(V16::loadu(pr + L * cj), c2v, Lv));
+          const T ds = V16::mul(V16::mul(p, scv), V16::sub(V16::loadu(dr + L * cj), dl));
+          if (kind == 2) {
+            V16::storeu(pr + L * cj, p);
+            V16::storeu(dr + L * cj, ds);
+            continue;
+          }
+          const __m512i jv = V16::iota(L * cj);
+          __mmask16 m = V16::mand(V16::gt(jv, lo), V16::gt(hi, jv));
+          if (segrow) m = V16::mand(m, V16::eq(V16::loadi(kseg + L * cj), tsg));
+          // Masked lanes may hold stale values (trimmed columns): the mask clears even NaN.
+          V16::storeu(pr + L * cj, V16::maskz(m, p));
+          V16::storeu(dr + L * cj, V16::maskz(m, ds));
+        }
+      }
+      pack_pairs_bf(PP, kB, P, kB, 0, np, 0, nq, nk);
+      pack_pairs_bf(DSP, kB, DS, kB, 0, np, 0, nq, nk);
+      pack_rows_bf(DSr, kB / 2, DS, kB, 0, nq, nk);
+      gemm<true>(nk, Dv, np, PP, 1, kB, dOv + qs / 2 * Dvp, Dvp, dVa, Dvp, nullptr, 0, tkl);  // dV += P^T dO
+      gemm<true>(nk, Dqk, np, DSP, 1, kB, Qv + qs / 2 * Dqkp, Dqkp, dKa, Dqkp, nullptr, 0, tkl);  // dK += dS^T Q
+      gemm<true>(nq, Dqk, pairs_of(nk), DSr, kB / 2, 1, Kv, Dqkp, dQc + qs * Dqkp, Dqkp,  // dQ += dS K
+                 dQc + (qs + kB) * Dqkp, 4 * nnext * Dqkp, tkh);
+    }
+    for (int j = 0; j < nk; ++j) {
+      std::memcpy(dkb + (ks + j) * sq, dKa + j * Dqkp, sizeof(float) * Dqk);
+      std::memcpy(dvb + (ks + j) * sv, dVa + j * Dvp, sizeof(float) * Dv);
+    }
+  }
+  // dq rows before t0 get no contribution from this item.
+  float* dqb = c.nsplit == 1 ? c.dq + oq : c.dq_part + (int64_t{bh} * c.nsplit + split) * T_ * Dqk;
+  const int64_t ldq = c.nsplit == 1 ? sq : Dqk;
+  for (int t = 0; t < T_; ++t) {
+    if (t < t0)
+      std::memset(dqb + t * ldq, 0, sizeof(float) * Dqk);
+    else
+      std::memcpy(dqb + t * ldq, dQc + t * Dqkp, sizeof(float) * Dqk);
+  }
+}
+
+}  // namespace
+
+void attention_fwd_avx512bf16(const AttnShape& sh, const float* q, const float* k, const float* v,
+                              float* o, float* lse, const int32_t* seg) {
+  TREX_CHECK(sh.scale > 0.0f, "attention: scale must be > 0, got ", sh.scale);
+  const int nqb = (sh.T + kB - 1) / kB;
+  const int64_t BH = int64_t{sh.B} * sh.H;
+  const int nchunk = attn_split_count(BH, nqb, 4);  // extra chunks only repack some k, v rows
+  FwdCtx c{sh, q, k, v, o, lse, seg, nqb, nchunk};
+  parallel_dynamic(BH * nchunk, [&](int64_t it) {
+    fwd_item(c, static_cast<int>(it / nchunk), static_cast<int>(it % nchunk));
+  });
+}
+
+void attention_bwd_avx512bf16(const AttnShape& sh, const float* q, const float* k, const float* v,
+                              const float* o, const float* lse, const float* dO, float* dq,
+                              float* dk, float* dv, const int32_t* seg) {
+  TREX_CHECK(sh.scale > 0.0f, "attention: scale must be > 0, got ", sh.scale);
+  const int nkb = (sh.T + kB - 1) / kB;
+  const int64_t BH = int64_t{sh.B} * sh.H;
+  const int nsplit = attn_split_count(BH, nkb, 2);  // each split costs a T x Dqk dq partial
+  const DqPartials part = alloc_dq_partials(sh, nsplit);
+  BwdCtx c{sh, q, k, v, o, lse, dO, dq, dk, dv, seg, nkb, nsplit, part.get()};
+  parallel_dynamic(BH * nsplit, [&](int64_t it) {
+    bwd_item(c, static_cast<int>(it / nsplit), static_cast<int>(it % nsplit));
+  });
+  if (nsplit > 1) sum_dq_partials(sh, nsplit, part.get(), dq);
+}
+
+}  // namespace trex::kern::cpu
