@@ -68,7 +68,7 @@ def emit():
 
 def missing_solver(e):
     t = str(e)
-    return any(k in t for k in ("No executable found", "Not Available", "cannot execute", "not available",
+    return any(k in t for k in ("No executable found", "Not Available", "unavailable solver", "cannot execute", "not available",
                                 "No such file or directory: 'gurobi", "license"))
 
 src = open("program.py", encoding="utf-8", errors="replace").read()
