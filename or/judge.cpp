@@ -535,6 +535,7 @@ EvalSummary evaluate(const std::vector<Problem>& problems, OutputSource& src, co
     }
     JudgeSetup setup;
     setup.rule = p.rule;
+    s.rules[p.category] = p.rule.name;
     setup.sandbox = o.sandbox;
     if (!py_looked) {
       py = find_python(o.python);
@@ -603,6 +604,7 @@ nlohmann::ordered_json summary_json(const EvalSummary& s) {
   nlohmann::ordered_json per = nlohmann::ordered_json::object();
   for (const auto& [k, c] : s.per_category) per[k] = counts_json(c, s.samples);
   j["per_category"] = per;
+  j["rules"] = s.rules;
   j["unreadable_truth"] = s.unreadable_truth;
   j["seconds"] = s.seconds;
   return j;
@@ -648,6 +650,11 @@ std::string format_summary(const EvalSummary& s) {
   };
   for (const auto& [k, c] : s.per_category) row(k, c);
   row("all", s.all);
+  {
+    out += "answer rules:";
+    for (const auto& [k, r] : s.rules) out += " " + k + "=" + r;
+    out += " (docs/OR.md)\n";
+  }
   if (!s.all.failures.empty()) {
     out += "failures (judged outputs):";
     for (const auto& [k, n] : s.all.failures) out += " " + k + " " + std::to_string(n);

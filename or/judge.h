@@ -168,6 +168,7 @@ struct EvalCounts {
 struct EvalSummary {
   EvalCounts all;
   std::map<std::string, EvalCounts> per_category;
+  std::map<std::string, std::string> rules;  // category -> MatchRule::name used for it
   int64_t unreadable_truth = 0;  // problems skipped because their answer could not be read
   int64_t samples = 1;           // EvalOptions::samples
   double seconds = 0;
