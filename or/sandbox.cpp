@@ -314,16 +314,21 @@ SandboxResult sandbox_run(const std::vector<std::string>& argv, const std::strin
     drain(out[0], r.out, limits.output_bytes);
     drain(err[0], r.err, limits.output_bytes);
     drain(st[0], status, 1 << 16);
-    const pid_t w = ::wait4(a, &ws, WNOHANG, &ru);
-    if (w == a) done = true;
+    // Seen without reaping: while A is a zombie its pid (the group's id) cannot be reused, so the
+    // group kill below cannot reach another process group.
+    siginfo_t si = {};
+    if (::waitid(P_PID, (id_t)a, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == a) done = true;
     else if (std::chrono::steady_clock::now() >= deadline && !r.wall_timeout) {
       r.wall_timeout = true;
       ::kill(-a, SIGKILL);
       ::kill(a, SIGKILL);
     }
   }
-  // Whatever is left in the group (a fallback run's background processes) is killed and reaped.
+  // Whatever is left in the group (a fallback run's background processes) is killed, then A and
+  // the rest are reaped.
   ::kill(-a, SIGKILL);
+  while (::wait4(a, &ws, 0, &ru) < 0 && errno == EINTR) {
+  }
   for (int i = 0; i < 200; ++i) {
     while (::waitpid(-a, nullptr, WNOHANG) > 0) {
     }
