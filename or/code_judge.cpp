@@ -352,7 +352,9 @@ CodeVerdict run_solver_code(const std::string& code, const PythonEnv& py, const 
   }
   if (!r.is_object()) {
     v.failure = "runtime_error";
-    v.result.message = sb.signal ? "killed by signal " + std::to_string(sb.signal)
+    char cpu[64];
+    std::snprintf(cpu, sizeof cpu, " after %.1f s CPU, %.1f s wall", sb.cpu_seconds, sb.seconds);
+    v.result.message = sb.signal ? "killed by signal " + std::to_string(sb.signal) + cpu
                                  : "exit " + std::to_string(sb.exit_code) + ": " + tail(trim(sb.err), 600);
     if (sb.signal == 0 && sb.err.find("MemoryError") != std::string::npos) v.result.message += " (memory limit)";
     return v;

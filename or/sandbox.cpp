@@ -94,9 +94,6 @@ struct Plan {
   std::vector<Bind> binds;
   std::string tmp_dst, proc_dst, dev_dir;
   SandboxLimits lim;
-  uid_t uid = 0;
-  gid_t gid = 0;
-  char uid_map[64] = {0}, gid_map[64] = {0};
 };
 
 void set_limits(const SandboxLimits& l) {
@@ -133,9 +130,10 @@ bool make_view(const Plan& p, int st) {
     } else if (!mkdirs(b.dst.c_str())) {
       return record(st, 'W', "mkdir in the new root", errno), false;
     }
-    if (::mount(b.src.c_str(), b.dst.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0) return record(st, 'W', "bind mount", errno), false;
+    const char* src = b.src.c_str();
+    if (::mount(src, b.dst.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0) return record(st, 'W', "bind mount", errno), false;
     if (!b.dev &&
-        ::mount(nullptr, b.dst.c_str(), nullptr, MS_BIND | MS_REMOUNT | MS_RDONLY | locked_flags(b.src.c_str()), nullptr) != 0)
+        ::mount(nullptr, b.dst.c_str(), nullptr, MS_BIND | MS_REMOUNT | MS_RDONLY | locked_flags(b.dst.c_str()), nullptr) != 0)
       return record(st, 'W', "read-only remount", errno), false;
   }
   if (!mkdirs(p.tmp_dst.c_str())) return record(st, 'W', "mkdir /tmp in the new root", errno), false;
@@ -157,32 +155,45 @@ bool make_view(const Plan& p, int st) {
   ::_exit(127);
 }
 
-// Process A: new process group, namespaces, limits; then B (pid 1 of the new PID namespace) builds
-// the view, starts C (the program), reaps everything and reports C's end on the status pipe.
+// Root is exempt from RLIMIT_NPROC, so a run started by root execs the program as the
+// unprivileged uid 65534 (which owns the work folder).
+void drop_root(int st) {
+  if (::geteuid() != 0) return;
+  ::setgroups(0, nullptr);
+  if (::setresgid(65534, 65534, 65534) != 0 || ::setresuid(65534, 65534, 65534) != 0) {
+    record(st, 'E', "drop to uid 65534", errno);
+    ::_exit(125);
+  }
+}
+
+// Process A: new process group and namespaces (as root: mount, network, PID, IPC, UTS; otherwise
+// also a user namespace that maps the caller's ids); then B (pid 1 of the new PID namespace)
+// builds the view, starts C (the program: unprivileged, limited), reaps everything and reports
+// C's end on the status pipe.
 [[noreturn]] void child_main(Plan& p, int out_w, int err_w, int st) {
   ::setpgid(0, 0);
   const int devnull = ::open("/dev/null", O_RDONLY);
   if (devnull >= 0) ::dup2(devnull, 0);
   ::dup2(out_w, 1);
   ::dup2(err_w, 2);
-  const int flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS;
+  const bool root = ::geteuid() == 0;
+  char uid_map[64], gid_map[64];
+  std::snprintf(uid_map, sizeof uid_map, "0 %u 1\n", (unsigned)::geteuid());
+  std::snprintf(gid_map, sizeof gid_map, "0 %u 1\n", (unsigned)::getegid());
+  const int flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | (root ? 0 : CLONE_NEWUSER);
   if (::unshare(flags) != 0) {
     record(st, 'W', "namespaces refused (unshare)", errno);
     put(st, "I rlimits\n");
+    drop_root(st);
     set_limits(p.lim);
-    if (::geteuid() == 0) {  // root ignores RLIMIT_NPROC: run as the unprivileged uid 65534
-      ::setgroups(0, nullptr);
-      if (::setgid(65534) != 0 || ::setuid(65534) != 0) record(st, 'W', "drop to uid 65534", errno);
-    }
     if (::chdir(p.workdir.c_str()) != 0) record(st, 'W', "chdir to the work folder", errno);
     exec_program(p, st);
   }
-  // Map root inside to our own ids outside (allowed without privilege); then the limits, so the
-  // namespace's RLIMIT_NPROC ceiling is ours and only this run's processes count against it.
-  write_file("/proc/self/setgroups", "deny");
-  if (!write_file("/proc/self/uid_map", p.uid_map) || !write_file("/proc/self/gid_map", p.gid_map))
-    record(st, 'W', "user namespace id maps", errno);
-  set_limits(p.lim);
+  if (!root) {  // map our own ids (allowed without privilege): root inside, us outside
+    write_file("/proc/self/setgroups", "deny");
+    if (!write_file("/proc/self/uid_map", uid_map) || !write_file("/proc/self/gid_map", gid_map))
+      record(st, 'W', "user namespace id maps", errno);
+  }
   const pid_t b = ::fork();
   if (b < 0) {
     record(st, 'E', "fork", errno);
@@ -203,7 +214,11 @@ bool make_view(const Plan& p, int st) {
     record(st, 'E', "fork", errno);
     ::_exit(125);
   }
-  if (c == 0) exec_program(p, st);
+  if (c == 0) {
+    drop_root(st);
+    set_limits(p.lim);
+    exec_program(p, st);
+  }
   for (;;) {  // reap every process of the namespace until the program itself ends
     int ws = 0;
     const pid_t w = ::waitpid(-1, &ws, 0);
@@ -252,9 +267,9 @@ SandboxResult sandbox_run(const std::vector<std::string>& argv, const std::strin
   char root_tmpl[] = "/tmp/trex-sandbox-root-XXXXXX";
   TREX_CHECK(::mkdtemp(root_tmpl) != nullptr, "sandbox_run: mkdtemp: ", std::strerror(errno));
   p.root = root_tmpl;
-  p.uid = ::geteuid(), p.gid = ::getegid();
-  std::snprintf(p.uid_map, sizeof p.uid_map, "0 %u 1\n", (unsigned)p.uid);
-  std::snprintf(p.gid_map, sizeof p.gid_map, "0 %u 1\n", (unsigned)p.gid);
+  // The program runs as uid 65534 when started by root: it must own its work folder.
+  if (::geteuid() == 0 && ::chown(workdir.c_str(), 65534, 65534) != 0)
+    TREX_FAIL("sandbox_run: chown ", workdir, ": ", std::strerror(errno));
   std::vector<std::string> view = {"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"};
   for (const std::string& x : readonly_paths) view.push_back(x);
   for (const std::string& v : view) {
@@ -370,7 +385,7 @@ SandboxResult sandbox_run(const std::vector<std::string>& argv, const std::strin
     r.started = r.started || !r.isolation.empty();
     if (!r.signal && r.exit_code < 0) r.signal = SIGKILL;
   }
-  r.cpu_limit = !r.wall_timeout && (r.signal == SIGKILL || r.signal == SIGXCPU) && r.cpu_seconds >= limits.cpu_s * 0.95;
+  r.cpu_limit = !r.wall_timeout && (r.signal == SIGKILL || r.signal == SIGXCPU) && r.cpu_seconds >= limits.cpu_s * 0.9;
   return r;
 }
 
