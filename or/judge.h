@@ -35,8 +35,8 @@ struct ExtractedLp {
   std::string how;  // "fenced_lp" | "fenced_mps" | "fenced" (other fence holding an LP / MPS) | "bare" | "none"
   bool mps = false;  // the block is MPS (```mps, or a fence whose first line is NAME / ROWS)
 };
-// The last ```lp (or ```cplex) fenced block; else the last fenced block that starts with an
-// objective keyword; else a bare block from the last line starting with Maximize/Minimize
+// The last ```lp (or ```cplex) fenced block; else the last ```mps fence (or untagged fence starting
+// with NAME / ROWS: mps = true); else the last fenced block that starts with an objective keyword; else a bare block from the last line starting with Maximize/Minimize
 // (or Max/Min...) up to its End line (or the end of the text). An unclosed final fence counts.
 ExtractedLp extract_lp(const std::string& output);
 

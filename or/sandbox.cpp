@@ -207,8 +207,10 @@ void drop_root(int st) {
   }
   // B: pid 1 of the namespace.
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  put(st, make_view(p, st) ? "I namespaces\n" : "I namespaces-without-view\n");
-  if (::chdir("/tmp") != 0 && ::chdir(p.workdir.c_str()) != 0) record(st, 'W', "chdir to the work folder", errno);
+  const bool view = make_view(p, st);
+  put(st, view ? "I namespaces\n" : "I namespaces-without-view\n");
+  // In the view the work folder is /tmp; without it, the folder itself.
+  if (::chdir(view ? "/tmp" : p.workdir.c_str()) != 0) record(st, 'W', "chdir to the work folder", errno);
   const pid_t c = ::fork();
   if (c < 0) {
     record(st, 'E', "fork", errno);
