@@ -217,7 +217,7 @@ void drop_root(int st) {
     ::_exit(125);
   }
   if (c == 0) {
-    drop_root(st);
+    if (root) drop_root(st);  // (not as root of our own user namespace: 65534 is not mapped there)
     set_limits(p.lim);
     exec_program(p, st);
   }

@@ -67,7 +67,7 @@ TEST(OrSandbox, PlainRunAndIsolation) {
   SandboxResult r = sandbox_run({python().python, "-c", "import os; print('hi', os.getcwd()); open('f.txt','w').write('x')"},
                                 work.p.string(), {"PATH=/usr/bin:/bin"}, python().readonly_paths, small_limits());
   EXPECT_TRUE(r.started) << r.message;
-  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.err << " [" << r.isolation << ": " << r.message << "]";
   EXPECT_NE(r.out.find("hi"), std::string::npos);
   EXPECT_TRUE(fs::exists(work.p / "f.txt")) << "the work folder is writable";
   EXPECT_TRUE(group_gone(r.pgid));
