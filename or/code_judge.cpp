@@ -333,8 +333,10 @@ CodeVerdict run_solver_code(const std::string& code, const PythonEnv& py, const 
 
   if (sb.wall_timeout || sb.cpu_limit) {
     v.failure = "timeout";
-    v.result.message = sb.wall_timeout ? "wall-clock limit reached; the process group was killed"
-                                       : "CPU-time limit reached";
+    char cpu[96];
+    std::snprintf(cpu, sizeof cpu, " (%.1f s CPU, %.1f s wall)", sb.cpu_seconds, sb.seconds);
+    v.result.message = (sb.wall_timeout ? "wall-clock limit reached; the process group was killed"
+                                        : "CPU-time limit reached") + std::string(cpu);
     return v;
   }
   if (!sb.started) {

@@ -199,7 +199,7 @@ TEST(OrSandbox, EvaluateGoesOnAfterHostilePrograms) {
   std::vector<nlohmann::json> js;
   while (std::getline(lines, line)) js.push_back(nlohmann::json::parse(line));
   ASSERT_EQ(js.size(), 3u);
-  EXPECT_EQ(js[1]["failure"], "timeout");
+  EXPECT_EQ(js[1]["failure"], "timeout") << js[1]["message"];
   EXPECT_TRUE(js[2]["failure"].is_null());
   EXPECT_EQ(js[2]["objective_source"], "pulp");
 }
