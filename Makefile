@@ -2,7 +2,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps build test demo bench clean pyref fuzz test-sanitize
+.PHONY: all deps build test demo bench clean pyref orpy fuzz test-sanitize
 
 all: build
 
@@ -15,7 +15,9 @@ $(BUILD)/build.ninja:
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
+# orpy first: the solver-code judge's tests need PuLP / Pyomo (they are skipped, saying so, without).
 test: build
+	@bash scripts/setup_orpy.sh || echo "[orpy] PuLP / Pyomo not installed: the Python solver-code tests will be skipped"
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 demo: build
@@ -46,6 +48,10 @@ test-sanitize: deps
 # Python reference environment (torch + transformers) for regenerating parity dumps.
 pyref:
 	bash scripts/setup_pyref.sh
+
+# PuLP + Pyomo in .venv/ for judging Python solver-code outputs (trex or eval, docs/OR.md).
+orpy:
+	bash scripts/setup_orpy.sh
 
 clean:
 	rm -rf $(BUILD)

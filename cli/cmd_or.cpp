@@ -1,6 +1,7 @@
 // trex or gen   --n N --out DIR --seed S [--test-frac F]: solver-verified OR data (cpt/sft/test.jsonl, stats.json)
 // trex or solve FILE [--time-limit S]: solve a CPLEX LP (.lp) or MPS (.mps) file, print one JSON line
-// trex or eval  (--predictions P.jsonl | --model DIR) --data TEST.jsonl [--out RESULTS.jsonl]: Pass@1
+// trex or eval  (--predictions P.jsonl | --model DIR) --data TEST.jsonl|SET.json [--format NAME] [--out RESULTS.jsonl]:
+//               Pass@1 of LP / MPS blocks and of Python solver programs (run in or/sandbox.h)
 // See docs/OR.md.
 #include <algorithm>
 #include <map>
@@ -188,7 +189,8 @@ class ModelSource final : public orx::OutputSource {
 void add_eval(CLI::App& parent) {
   auto* ev = parent.add_subcommand("eval", "Pass@1 of model outputs: extract the LP block, solve, compare with the answer");
   struct Opts {
-    std::string predictions, data, out, qfield, afield, model, tokenizer, tmpl = "deepseek";
+    std::string predictions, data, out, qfield, afield, model, tokenizer, tmpl = "deepseek", format = "auto", python;
+    double code_wall = 60, code_cpu = 30, code_memory_gb = 4;
     double time_limit = 20, temperature = 0, top_p = 1;
     int64_t max_tokens = 512, batch = 1, samples = 1;
     uint64_t seed = 1;
@@ -204,7 +206,15 @@ void add_eval(CLI::App& parent) {
   ev->add_option("--max-tokens", o->max_tokens, "generation limit per problem for --model (default 512)");
   ev->add_option("--batch", o->batch, "problems generated together for --model (default 1; same outputs)");
   ev->add_option("--threads", o->threads, "threads");
-  ev->add_option("--data", o->data, "JSONL with question/answer (or en_question/en_answer)")->required();
+  ev->add_option("--data", o->data, "JSON array or JSONL of problems: trex's test.jsonl or a public set as it ships")->required();
+  ev->add_option("--format", o->format,
+                 "data layout and answer rule: auto (from the file name, else the fields) | trex | nl4opt | mamo_easylp | "
+                 "mamo_complexlp | industryor | optmath | optibench | complexor | orlm (docs/OR.md)");
+  ev->add_option("--python", o->python,
+                 "interpreter for Python solver-code outputs (default: $TREX_OR_PYTHON, .venv/bin/python, python3)");
+  ev->add_option("--code-wall", o->code_wall, "wall-clock seconds per Python program (default 60)");
+  ev->add_option("--code-cpu", o->code_cpu, "CPU seconds per Python program (default 30)");
+  ev->add_option("--code-memory-gb", o->code_memory_gb, "address-space limit per Python program in GiB (default 4)");
   ev->add_option("--out", o->out, "write one JSON line per problem here");
   ev->add_option("--question-field", o->qfield, "question field name (default: question, en_question, problem, prompt)");
   ev->add_option("--answer-field", o->afield, "answer field name (default: answer, en_answer, ground_truth, label)");
@@ -225,6 +235,13 @@ void add_eval(CLI::App& parent) {
     eo.time_limit_s = o->time_limit;
     eo.samples = o->samples;
     eo.ks = o->ks;
+    eo.format = o->format;
+    eo.python = o->python;
+    TREX_USER_CHECK(o->code_wall > 0 && o->code_cpu > 0 && o->code_memory_gb > 0,
+                    "give --code-wall, --code-cpu and --code-memory-gb > 0", "or eval: a sandbox limit is not positive");
+    eo.sandbox.wall_s = o->code_wall;
+    eo.sandbox.cpu_s = o->code_cpu;
+    eo.sandbox.memory_bytes = (int64_t)(o->code_memory_gb * (1ll << 30));
     TREX_USER_CHECK(o->samples >= 1, "use --samples >= 1", "or eval: --samples ", o->samples);
     TREX_USER_CHECK(o->model.empty() || o->samples == 1 || o->temperature > 0,
                     "give --temperature > 0 to sample, or --samples 1",

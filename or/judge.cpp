@@ -6,6 +6,7 @@
 #include <fstream>
 #include "core/error.h"
 #include "core/timer.h"
+#include "or/formats.h"
 #include "or/pass_at_k.h"
 
 namespace trex::orx {
@@ -55,6 +56,16 @@ bool starts_like_lp(const std::string& text) {
     const std::string t = trim(l);
     if (t.empty() || t[0] == '\\') continue;
     return objective_line(t);
+  }
+  return false;
+}
+// An MPS file: the first meaningful line (skipping blanks and * comments) is NAME or ROWS.
+bool starts_like_mps(const std::string& text) {
+  for (const auto& l : split_lines(text)) {
+    const std::string t = trim(l);
+    if (t.empty() || t[0] == '*') continue;
+    const std::string w = first_word(t);
+    return (w == "name" || w == "rows") && l[0] != ' ' && l[0] != '\t';
   }
   return false;
 }
@@ -135,6 +146,13 @@ ExtractedLp extract_lp(const std::string& output) {
       return r;
     }
   for (auto it = fences.rbegin(); it != fences.rend(); ++it)
+    if (it->lang == "mps" || it->lang == "freemps" || (it->lang.empty() && starts_like_mps(it->body))) {
+      r.found = r.mps = true;
+      r.lp = it->body;
+      r.how = it->lang.empty() ? "fenced" : "fenced_mps";
+      return r;
+    }
+  for (auto it = fences.rbegin(); it != fences.rend(); ++it)
     if (starts_like_lp(it->body)) {
       r.found = true;
       r.lp = it->body;
@@ -170,56 +188,116 @@ ExtractedLp extract_lp(const std::string& output) {
 bool strict_match(double pred, double truth) { return std::fabs(pred - truth) / (std::fabs(truth) + 1) < 1e-6; }
 bool lenient_match(double pred, double truth) { return strict_match(pred, truth) || std::fabs(pred - truth) <= 0.05 * std::fabs(truth); }
 
+bool rule_match(const MatchRule& r, bool strict, double pred, double truth) {
+  if (r.plus_one) return strict ? strict_match(pred, truth) : lenient_match(pred, truth);
+  auto within = [](double p, double t, double rel, double abs0) {
+    return t == 0 ? std::fabs(p) <= abs0 : std::fabs(p - t) <= rel * std::fabs(t);
+  };
+  const bool s = within(pred, truth, r.strict_rel, r.strict_abs);
+  if (strict || s) return s;
+  return r.round ? within(std::round(pred), std::round(truth), r.lenient_rel, r.lenient_abs)
+                 : within(pred, truth, r.lenient_rel, r.lenient_abs);
+}
+
 Verdict judge_output(const std::string& output, const Truth& truth, Solver& solver, double time_limit_s) {
+  return judge_output(output, truth, solver, time_limit_s, JudgeSetup{});
+}
+
+namespace {
+// The verdict's failure kind (strict): see Verdict::failure.
+std::string failure_kind(const Verdict& v, const Truth& truth) {
+  if (v.strict) return "";
+  const auto st = v.result.status;
+  if (st == SolveResult::Optimal) return "wrong_value";
+  if (st == SolveResult::Infeasible) return truth.kind == Truth::Number ? "infeasible" : "wrong_value";
+  if (st == SolveResult::Unbounded) return truth.kind == Truth::Number ? "unbounded" : "wrong_value";
+  if (st == SolveResult::ParseError) return "parse_error";
+  if (st == SolveResult::TimeLimit) return "timeout";
+  return "solver_error";
+}
+}  // namespace
+
+Verdict judge_output(const std::string& output, const Truth& truth, Solver& solver, double time_limit_s,
+                     const JudgeSetup& setup) {
   Verdict v;
   v.lp = extract_lp(output);
-  if (!v.lp.found) {
+  // A fenced LP / MPS block first; then a Python program; then a bare LP.
+  const bool fenced = v.lp.found && v.lp.how != "bare";
+  if (!fenced) v.code = extract_code(output);
+  if (!fenced && v.code.found) {
+    v.kind = "python";
+    v.lp = ExtractedLp{};
+    v.lp.how = "none";
+    CodeVerdict c = run_solver_code(v.code.code, setup.python ? *setup.python : PythonEnv{}, setup.sandbox);
+    if (!setup.python) c.result.message = "Python outputs are not run here";
+    v.result = c.result;
+    v.objective_source = c.objective_source;
+    v.isolation = c.isolation;
+    v.parsed = c.failure != "parse_error" && c.failure != "solver_unavailable";
+    v.failure = c.failure;
+  } else if (!v.lp.found) {
     v.result.status = SolveResult::ParseError;
-    v.result.message = "no LP block found in the output";
+    v.result.message = "no LP, MPS or Python model found in the output";
+    v.failure = "no_model";
     return v;
+  } else {
+    v.kind = v.lp.mps ? "mps" : "lp";
+    v.result = v.lp.mps ? solver.solve_mps_text(v.lp.lp, time_limit_s) : solver.solve_lp_text(v.lp.lp, time_limit_s);
+    v.parsed = v.result.status != SolveResult::ParseError;
   }
-  v.result = solver.solve_lp_text(v.lp.lp, time_limit_s);
   const auto st = v.result.status;
-  v.parsed = st != SolveResult::ParseError;
-  v.solved = st == SolveResult::Optimal || st == SolveResult::Infeasible || st == SolveResult::Unbounded;
-  if (truth.kind == Truth::Number && st == SolveResult::Optimal) {
-    v.strict = strict_match(v.result.objective, truth.value);
-    v.lenient = lenient_match(v.result.objective, truth.value);
-  } else if ((truth.kind == Truth::Infeasible && st == SolveResult::Infeasible) || (truth.kind == Truth::Unbounded && st == SolveResult::Unbounded)) {
+  v.solved = v.failure.empty() && (st == SolveResult::Optimal || st == SolveResult::Infeasible || st == SolveResult::Unbounded);
+  if (v.solved && truth.kind == Truth::Number && st == SolveResult::Optimal) {
+    v.strict = rule_match(setup.rule, true, v.result.objective, truth.value);
+    v.lenient = rule_match(setup.rule, false, v.result.objective, truth.value);
+  } else if (v.solved && ((truth.kind == Truth::Infeasible && st == SolveResult::Infeasible) ||
+                          (truth.kind == Truth::Unbounded && st == SolveResult::Unbounded))) {
     v.strict = v.lenient = true;
   }
+  if (v.failure.empty()) v.failure = failure_kind(v, truth);
   return v;
 }
 
 std::vector<Problem> load_problems(const std::string& path, const EvalOptions& o) {
-  std::ifstream f(path);
-  TREX_USER_CHECK(f.good(), "give an existing JSONL file with --data", "cannot read ", path);
+  bool array = false;
+  const auto records = read_records(path, &array);
   std::vector<Problem> out;
-  std::string line;
-  int ln = 0;
-  auto field = [](const nlohmann::json& j, const std::string& forced, std::initializer_list<const char*> names) -> const nlohmann::json* {
+  if (records.empty()) return out;
+  const DataFormat& fmt = detect_format(o.format, path, records.front().first);
+  auto field = [](const nlohmann::json& j, const std::string& forced, const std::vector<std::string>& names) -> const nlohmann::json* {
     if (!forced.empty()) return j.contains(forced) ? &j[forced] : nullptr;
-    for (const char* n : names)
+    for (const std::string& n : names)
       if (j.contains(n)) return &j[n];
     return nullptr;
   };
-  while (std::getline(f, line)) {
-    ++ln;
-    if (trim(line).empty()) continue;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const std::exception& e) {
-      TREX_USER_FAIL("each line must be one JSON object", path, ":", ln, ": invalid JSON (", e.what(), ")");
-    }
-    const nlohmann::json* q = field(j, o.question_field, {"question", "en_question", "problem", "prompt"});
-    const nlohmann::json* a = field(j, o.answer_field, {"answer", "en_answer", "ground_truth", "label"});
-    TREX_USER_CHECK(q && q->is_string(), "name the question field with --question-field", path, ":", ln, ": no question field");
+  for (const auto& [j, ln] : records) {
+    const std::string where = path + (array ? " record " : ":") + std::to_string(ln);
+    // A mixed file names each record's set: its rule and its row in the summary.
+    const DataFormat* f = &fmt;
+    std::string set;
+    for (const char* k : {"benchmark", "dataset"})
+      if (j.contains(k) && j[k].is_string()) {
+        const std::string n = format_from_name(j[k].get<std::string>());
+        if (!n.empty()) f = &format_by_name(n), set = n;
+      }
+    const nlohmann::json* q = field(j, o.question_field, f->question_fields);
+    const nlohmann::json* a = field(j, o.answer_field, f->answer_fields);
+    TREX_USER_CHECK(q && q->is_string(), "name the question field with --question-field (or pick the layout with --format)",
+                    where, ": no question field (", f->name, " layout looks for ", f->question_fields.front(), ")");
     Problem p;
     p.question = q->get<std::string>();
     if (a) p.truth = parse_truth(*a);
-    p.id = j.contains("id") ? (j["id"].is_string() ? j["id"].get<std::string>() : j["id"].dump()) : std::to_string(out.size());
-    p.category = j.contains("category") && j["category"].is_string() ? j["category"].get<std::string>() : "all";
+    // The public sets' numeric placeholder for "no optimal solution".
+    if (f->name != "trex" && p.truth.kind == Truth::Number && p.truth.value == -99999) p.truth.kind = Truth::Infeasible;
+    p.rule = f->rule;
+    const nlohmann::json* id = nullptr;
+    for (const char* k : {"id", "question_id", "qid", "index"})
+      if (!id && j.contains(k)) id = &j[k];
+    p.id = id ? (id->is_string() ? id->get<std::string>() : id->dump()) : std::to_string(out.size());
+    if (j.contains("category") && j["category"].is_string()) p.category = j["category"].get<std::string>();
+    else if (!set.empty()) p.category = set;
+    else if (fmt.name != "trex") p.category = fmt.name;
+    else p.category = "all";
     p.family = j.contains("family") && j["family"].is_string() ? j["family"].get<std::string>() : "";
     out.push_back(std::move(p));
   }
@@ -347,7 +425,9 @@ namespace {
 
 void count_verdict(EvalCounts& c, const Verdict& v) {
   ++c.outputs;
-  c.lp_found += v.lp.found;
+  if (!v.failure.empty()) ++c.failures[v.failure];
+  ++c.kinds[v.kind];
+  c.lp_found += v.kind != "none";  // a model found: LP, MPS or Python
   c.parsed += v.parsed;
   c.solved += v.solved;
   c.strict += v.strict;
@@ -356,8 +436,14 @@ void count_verdict(EvalCounts& c, const Verdict& v) {
 
 nlohmann::ordered_json verdict_json(const Verdict& v) {
   nlohmann::ordered_json j;
+  j["kind"] = v.kind;
+  j["failure"] = v.failure.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(v.failure);
   j["lp_found"] = v.lp.found;
-  j["extraction"] = v.lp.how;
+  j["extraction"] = v.kind == "python" ? v.code.how : v.lp.how;
+  if (v.kind == "python") {
+    j["objective_source"] = v.objective_source;
+    j["isolation"] = v.isolation;
+  }
   j["parsed"] = v.parsed;
   j["status"] = status_name(v.result.status);
   if (v.result.status == SolveResult::Optimal) j["objective"] = v.result.objective;
@@ -383,7 +469,7 @@ std::vector<int64_t> report_ks(const EvalOptions& o) {
 }
 
 // samples > 1: every sample judged; pass@k from the counts of right samples; the majority answer.
-void evaluate_samples(const Problem& p, size_t i, OutputSource& src, const EvalOptions& o,
+void evaluate_samples(const Problem& p, size_t i, OutputSource& src, const EvalOptions& o, const JudgeSetup& setup,
                       const std::vector<int64_t>& ks, EvalSummary& s, std::ostream* results) {
   const std::vector<std::string> outs = src.samples(p, i, o.samples);
   TREX_CHECK((int64_t)outs.size() == o.samples, "evaluate: ", outs.size(), " samples for problem ", p.id, ", wanted ",
@@ -393,7 +479,7 @@ void evaluate_samples(const Problem& p, size_t i, OutputSource& src, const EvalO
   int64_t cs = 0, cl = 0;
   for (const std::string& out : outs) {
     auto solver = make_cbc_solver();  // a fresh solver per output
-    vs.push_back(judge_output(out, p.truth, *solver, o.time_limit_s));
+    vs.push_back(judge_output(out, p.truth, *solver, o.time_limit_s, setup));
     cs += vs.back().strict, cl += vs.back().lenient;
     answers.push_back({vs.back().result.status, vs.back().result.objective});
   }
@@ -437,19 +523,32 @@ EvalSummary evaluate(const std::vector<Problem>& problems, OutputSource& src, co
   TREX_USER_CHECK(o.samples >= 1, "use --samples >= 1", "or eval: --samples ", o.samples);
   s.samples = o.samples;
   const std::vector<int64_t> ks = report_ks(o);
+  // The interpreter for Python outputs, looked up once at the first program (a missing one makes
+  // every program "solver_unavailable", with the reason in its message).
+  PythonEnv py;
+  bool py_looked = false;
   for (size_t i = 0; i < problems.size(); ++i) {
     const Problem& p = problems[i];
     if (p.truth.kind == Truth::Unreadable) {
       ++s.unreadable_truth;
       continue;
     }
+    JudgeSetup setup;
+    setup.rule = p.rule;
+    s.rules[p.category] = p.rule.name;
+    setup.sandbox = o.sandbox;
+    if (!py_looked) {
+      py = find_python(o.python);
+      py_looked = true;
+    }
+    setup.python = &py;
     if (o.samples > 1) {
-      evaluate_samples(p, i, src, o, ks, s, results);
+      evaluate_samples(p, i, src, o, setup, ks, s, results);
       continue;
     }
     const std::string out = src.output(p, i);
     auto solver = make_cbc_solver();  // a fresh solver per problem
-    const Verdict v = judge_output(out, p.truth, *solver, o.time_limit_s);
+    const Verdict v = judge_output(out, p.truth, *solver, o.time_limit_s, setup);
     for (EvalCounts* c : {&s.all, &s.per_category[p.category]}) {
       ++c->n;
       count_verdict(*c, v);
@@ -494,6 +593,8 @@ nlohmann::ordered_json counts_json(const EvalCounts& c, int64_t samples) {
   j["lp_found"] = pct(c.lp_found, c.outputs);
   j["parsed"] = pct(c.parsed, c.outputs);
   j["solved"] = pct(c.solved, c.outputs);
+  j["kinds"] = c.kinds;
+  j["failures"] = c.failures;
   return j;
 }
 }  // namespace
@@ -503,6 +604,7 @@ nlohmann::ordered_json summary_json(const EvalSummary& s) {
   nlohmann::ordered_json per = nlohmann::ordered_json::object();
   for (const auto& [k, c] : s.per_category) per[k] = counts_json(c, s.samples);
   j["per_category"] = per;
+  j["rules"] = s.rules;
   j["unreadable_truth"] = s.unreadable_truth;
   j["seconds"] = s.seconds;
   return j;
@@ -548,6 +650,16 @@ std::string format_summary(const EvalSummary& s) {
   };
   for (const auto& [k, c] : s.per_category) row(k, c);
   row("all", s.all);
+  {
+    out += "answer rules:";
+    for (const auto& [k, r] : s.rules) out += " " + k + "=" + r;
+    out += " (docs/OR.md)\n";
+  }
+  if (!s.all.failures.empty()) {
+    out += "failures (judged outputs):";
+    for (const auto& [k, n] : s.all.failures) out += " " + k + " " + std::to_string(n);
+    out += "\n";
+  }
   if (s.unreadable_truth) out += "skipped " + std::to_string(s.unreadable_truth) + " problems whose answer could not be read\n";
   return out;
 }

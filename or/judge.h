@@ -1,5 +1,6 @@
-// Pass@1 judge for OR modelling: take a model's output text, extract its LP block, solve it with
-// a fresh solver and compare the optimum with the truth.
+// Pass@1 judge for OR modelling: take a model's output text, extract its model (an LP or MPS block,
+// or a Python solver program: or/code_judge.h), solve / run it and compare the optimum with the
+// truth. Which block: a fenced LP / MPS block first, then a Python program, then a bare LP.
 //   strict:  |pred - truth| / (|truth| + 1) < 1e-6
 //   lenient: |pred - truth| <= 0.05 |truth|  (5% relative; strict also counts as lenient)
 //   a truth of "infeasible" ("unbounded") matches an Infeasible (Unbounded) solve, under both rules.
@@ -13,6 +14,8 @@
 #include <string>
 #include <vector>
 #include <nlohmann/json.hpp>
+#include "or/code_judge.h"
+#include "or/sandbox.h"
 #include "or/solver.h"
 
 namespace trex::orx {
@@ -29,29 +32,61 @@ std::string truth_text(const Truth& t);
 struct ExtractedLp {
   bool found = false;
   std::string lp;
-  std::string how;  // "fenced_lp" | "fenced" (other fence holding an LP) | "bare" | "none"
+  std::string how;  // "fenced_lp" | "fenced_mps" | "fenced" (other fence holding an LP / MPS) | "bare" | "none"
+  bool mps = false;  // the block is MPS (```mps, or a fence whose first line is NAME / ROWS)
 };
-// The last ```lp (or ```cplex) fenced block; else the last fenced block that starts with an
-// objective keyword; else a bare block from the last line starting with Maximize/Minimize
+// The last ```lp (or ```cplex) fenced block; else the last ```mps fence (or untagged fence starting
+// with NAME / ROWS: mps = true); else the last fenced block that starts with an objective keyword; else a bare block from the last line starting with Maximize/Minimize
 // (or Max/Min...) up to its End line (or the end of the text). An unclosed final fence counts.
 ExtractedLp extract_lp(const std::string& output);
 
 bool strict_match(double pred, double truth);
 bool lenient_match(double pred, double truth);
 
+// A data set's answer rule (or/formats.h names them). plus_one (trex): strict_match / lenient_match
+// above. Otherwise strict: |p - t| <= strict_rel |t| (|p| <= strict_abs at t = 0); lenient: strict,
+// or after rounding both to integers when `round`, |p - t| <= lenient_rel |t| (|p| <= lenient_abs at t = 0).
+struct MatchRule {
+  std::string name = "trex";
+  bool plus_one = true;
+  bool round = false;
+  double strict_rel = 1e-6, strict_abs = 1e-6;
+  double lenient_rel = 0.05, lenient_abs = 0.0;
+};
+bool rule_match(const MatchRule& r, bool strict, double pred, double truth);
+
 struct Verdict {
   ExtractedLp lp;
-  bool parsed = false;  // an LP was found and it parsed
+  ExtractedCode code;
+  std::string kind = "none";  // "lp" | "mps" | "python" | "none"
+  bool parsed = false;  // a model was found and it parsed (LP / MPS read; Python compiled)
   bool solved = false;  // the solver reached a verdict: optimal, infeasible or unbounded
   SolveResult result;
   bool strict = false, lenient = false;
+  std::string objective_source;  // python: where the objective came from (or/code_judge.h)
+  std::string isolation;         // python: the sandbox's isolation
+  // "" (strictly right) | "no_model" (no code / LP / MPS found) | "parse_error" | "runtime_error" |
+  // "timeout" | "infeasible" / "unbounded" (the model's verdict, the truth a number) | "wrong_value"
+  // (a value or verdict other than the truth; lenient may still hold) | "solver_unavailable" |
+  // "no_answer" | "sandbox_error" | "solver_error"
+  std::string failure;
+};
+// How outputs are judged beyond the solver: the answer rule and, for Python programs, the
+// interpreter (null: programs fail as "solver_unavailable") and the sandbox's limits.
+struct JudgeSetup {
+  MatchRule rule;
+  const PythonEnv* python = nullptr;
+  SandboxLimits sandbox;
 };
 Verdict judge_output(const std::string& output, const Truth& truth, Solver& solver, double time_limit_s);
+Verdict judge_output(const std::string& output, const Truth& truth, Solver& solver, double time_limit_s,
+                     const JudgeSetup& setup);
 
 // ---- evaluation over a data set ----------------------------------------------------------
 struct Problem {
   std::string id, question, category, family;
   Truth truth;
+  MatchRule rule;  // the data set's answer rule (or/formats.h)
 };
 
 struct EvalOptions {
@@ -62,8 +97,13 @@ struct EvalOptions {
   // k of `ks` (k <= n; 1 is always reported) and the majority vote over the n answers.
   int64_t samples = 1;
   std::vector<int64_t> ks;
+  // Public set layout (or/formats.h): "" or "auto" = detect from the fields, else a name.
+  std::string format;
+  std::string python;       // interpreter for Python outputs ("" = find_python's default)
+  SandboxLimits sandbox;    // limits of each program run
 };
-// One Problem per JSONL line of `path`. Lines without a question raise a UserError.
+// The problems of `path`: a JSON file holding an array of objects (or an object with one array
+// field), or JSONL (one object per line). Records without a question raise a UserError.
 std::vector<Problem> load_problems(const std::string& path, const EvalOptions& o);
 
 class OutputSource {
@@ -122,10 +162,13 @@ struct EvalCounts {
   // samples > 1: sums over the problems of pass@k (by k), and problems whose majority answer is right.
   std::map<int64_t, double> passk_strict, passk_lenient;
   int64_t maj_strict = 0, maj_lenient = 0;
+  std::map<std::string, int64_t> failures;  // Verdict::failure -> judged outputs that failed that way
+  std::map<std::string, int64_t> kinds;     // Verdict::kind -> judged outputs
 };
 struct EvalSummary {
   EvalCounts all;
   std::map<std::string, EvalCounts> per_category;
+  std::map<std::string, std::string> rules;  // category -> MatchRule::name used for it
   int64_t unreadable_truth = 0;  // problems skipped because their answer could not be read
   int64_t samples = 1;           // EvalOptions::samples
   double seconds = 0;

@@ -5,6 +5,7 @@ set -euo pipefail
 PKGS="build-essential cmake ninja-build libdnnl-dev nlohmann-json3-dev libcli11-dev libgtest-dev
       libopenmpi-dev openmpi-bin libtomlplusplus-dev
       coinor-libcbc-dev coinor-libclp-dev coinor-libcoinutils-dev libpcre2-dev zlib1g-dev pkg-config gnuplot-nox python3
+      python3-venv coinor-cbc glpk-utils
       fortunes iproute2"
 [ "${1:-}" = fuzz ] && PKGS="$PKGS clang"
 missing=""

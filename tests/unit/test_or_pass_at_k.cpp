@@ -101,8 +101,12 @@ TEST(OrPassAtK, EvaluateSamplesFromPredictions) {
   while (std::getline(is, l)) {
     const nlohmann::json j = nlohmann::json::parse(l);
     ASSERT_EQ(j["samples"].size(), 4u);
-    if (j["id"] == "a") EXPECT_EQ(j["n_strict"], 2);
-    if (j["id"] == "c") EXPECT_EQ(j["majority_sample"], -1);
+    if (j["id"] == "a") {
+      EXPECT_EQ(j["n_strict"], 2);
+    }
+    if (j["id"] == "c") {
+      EXPECT_EQ(j["majority_sample"], -1);
+    }
     ++n;
   }
   EXPECT_EQ(n, 3);

@@ -1,0 +1,404 @@
+#include "or/code_judge.h"
+#include <unistd.h>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <nlohmann/json.hpp>
+#include "core/error.h"
+
+namespace trex::orx {
+
+namespace {
+
+std::string lower(std::string s) {
+  for (auto& c : s) c = (char)std::tolower((unsigned char)c);
+  return s;
+}
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+// Runs program.py (argv[1]) with hooks that record every solved model, then writes what it found
+// as one JSON object to the file named by argv[2] (which the program never sees).
+const char* kHarness = R"PY(import sys, os, io, json, re, traceback
+_out = sys.argv[2]
+sys.argv = ["program.py"]
+R = {"error": None, "message": None, "missing": None, "status": None, "objective": None, "source": None}
+SOLVER_MODULES = {"pulp", "pyomo", "gurobipy", "coptpy", "docplex", "cplex", "mosek", "xpress", "pyscipopt",
+                  "highspy", "ortools", "mip", "cvxpy", "scipy", "numpy"}
+solved = []
+
+class Tee(io.TextIOBase):
+    def __init__(self, real):
+        self.real, self.buf = real, []
+    def write(self, s):
+        if sum(len(x) for x in self.buf) < 1 << 20:
+            self.buf.append(s)
+        return self.real.write(s)
+    def flush(self):
+        self.real.flush()
+
+def hook_pulp():
+    import pulp
+    orig = pulp.LpProblem.solve
+    def solve(self, *a, **k):
+        r = orig(self, *a, **k)
+        solved.append(("pulp", self, None))
+        return r
+    pulp.LpProblem.solve = solve
+
+def hook_pyomo():
+    from pyomo.opt.base.solvers import OptSolver
+    orig = OptSolver.solve
+    def solve(self, *a, **k):
+        r = orig(self, *a, **k)
+        if a:
+            solved.append(("pyomo", a[0], r))
+        return r
+    OptSolver.solve = solve
+
+def emit():
+    with open(_out, "w") as f:
+        json.dump(R, f)
+
+def missing_solver(e):
+    t = str(e)
+    return any(k in t for k in ("No executable found", "Not Available", "unavailable solver", "cannot execute", "not available",
+                                "No such file or directory: 'gurobi", "license"))
+
+src = open("program.py", encoding="utf-8", errors="replace").read()
+try:
+    code = compile(src, "program.py", "exec")
+except SyntaxError as e:
+    R["error"], R["message"] = "syntax", "%s (line %s)" % (e.msg, e.lineno)
+    emit()
+    sys.exit(0)
+for name, hook in (("pulp", hook_pulp), ("pyomo", hook_pyomo)):
+    if name in src:
+        try:
+            hook()
+        except Exception:
+            pass
+tee = Tee(sys.stdout)
+sys.stdout = tee
+g = {"__name__": "__main__", "__file__": "program.py"}
+try:
+    exec(code, g)
+except SystemExit:
+    pass
+except ModuleNotFoundError as e:
+    root = (e.name or "").split(".")[0]
+    if root in SOLVER_MODULES:
+        R["missing"] = "Python module %s is not installed" % root
+    else:
+        R["error"], R["message"] = "runtime", "ModuleNotFoundError: %s" % e
+except BaseException as e:
+    if missing_solver(e):
+        R["missing"] = "%s: %s" % (type(e).__name__, str(e)[:300])
+    else:
+        R["error"] = "runtime"
+        R["message"] = "".join(traceback.format_exception_only(type(e), e)).strip()[-1500:]
+sys.stdout = tee.real
+
+def from_pulp(p):
+    import pulp
+    st = pulp.LpStatus.get(p.status, str(p.status))
+    if st == "Optimal":
+        v = p.objective.value() if p.objective is not None else 0.0
+        return "optimal", (0.0 if v is None else float(v))
+    if st == "Infeasible":
+        return "infeasible", None
+    if st == "Unbounded":
+        return "unbounded", None
+    return "error: pulp status " + st, None
+
+def from_pyomo(m, res):
+    from pyomo.environ import Objective, value
+    tc = str(res.solver.termination_condition)
+    if tc in ("optimal", "locallyOptimal", "globallyOptimal"):
+        objs = list(m.component_data_objects(Objective, active=True))
+        return "optimal", (float(value(objs[0])) if objs else 0.0)
+    if tc == "infeasible":
+        return "infeasible", None
+    if tc == "unbounded":
+        return "unbounded", None
+    if tc == "maxTimeLimit":
+        return "timeout", None
+    return "error: pyomo termination " + tc, None
+
+def from_globals():
+    gp = sys.modules.get("gurobipy")
+    cp = sys.modules.get("coptpy")
+    for v in list(g.values())[::-1]:
+        if gp is not None and isinstance(v, gp.Model):
+            s = v.Status
+            if s == gp.GRB.OPTIMAL:
+                return "gurobipy", "optimal", float(v.ObjVal)
+            if s == gp.GRB.INFEASIBLE:
+                return "gurobipy", "infeasible", None
+            if s == gp.GRB.UNBOUNDED:
+                return "gurobipy", "unbounded", None
+            return "gurobipy", "error: gurobi status %d" % s, None
+        if cp is not None and isinstance(v, cp.Model):
+            s = v.status
+            if s == cp.COPT.OPTIMAL:
+                return "coptpy", "optimal", float(v.objval)
+            if s == cp.COPT.INFEASIBLE:
+                return "coptpy", "infeasible", None
+            if s == cp.COPT.UNBOUNDED:
+                return "coptpy", "unbounded", None
+            return "coptpy", "error: copt status %d" % s, None
+    return None
+
+def from_printed(text):
+    num = r"(-?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?)"
+    for line in reversed(text.splitlines()):
+        low = line.lower()
+        if "no best solution" in low or "infeasible" in low:
+            return "infeasible", None
+        if "unbounded" in low:
+            return "unbounded", None
+        if re.search(r"objective|optimal|best|total", low):
+            m = re.findall(num, line)
+            if m:
+                return "optimal", float(m[-1].replace(",", ""))
+    return None
+
+if R["error"] is None and R["missing"] is None:
+    try:
+        got = None
+        if solved:
+            kind, m, res = solved[-1]
+            st, obj = from_pulp(m) if kind == "pulp" else from_pyomo(m, res)
+            got = (kind, st, obj)
+        else:
+            got = from_globals()
+        if got is None:
+            p = from_printed("".join(tee.buf))
+            if p is not None:
+                got = ("printed",) + p
+        if got is not None:
+            R["source"], R["status"], R["objective"] = got
+    except BaseException as e:
+        R["error"], R["message"] = "runtime", "reading the result: %s: %s" % (type(e).__name__, e)
+emit()
+)PY";
+
+std::string read_all(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string tail(const std::string& s, size_t n) { return s.size() <= n ? s : "..." + s.substr(s.size() - n); }
+
+}  // namespace
+
+ExtractedCode extract_code(const std::string& output) {
+  ExtractedCode r;
+  r.how = "none";
+  std::vector<std::pair<std::string, std::string>> fences;  // (lang, body)
+  std::istringstream in(output);
+  std::string line;
+  bool open = false;
+  std::string lang, body;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    const std::string t = trim(line);
+    if (t.rfind("```", 0) == 0) {
+      if (open) {
+        fences.emplace_back(lang, body);
+        open = false;
+      } else {
+        open = true;
+        lang = lower(trim(t.substr(3)));
+        body.clear();
+      }
+      continue;
+    }
+    if (open) body += line + "\n";
+  }
+  if (open) fences.emplace_back(lang, body);  // an unclosed final fence
+  for (auto it = fences.rbegin(); it != fences.rend(); ++it)
+    if (it->first == "python" || it->first == "py" || it->first == "python3") {
+      r.found = true, r.code = it->second, r.how = "fenced_python";
+      return r;
+    }
+  static const char* libs[] = {"pulp", "pyomo", "gurobipy", "coptpy", "docplex", "pyscipopt", "mip", "ortools"};
+  for (auto it = fences.rbegin(); it != fences.rend(); ++it) {
+    std::istringstream b(it->second);
+    std::string l;
+    while (std::getline(b, l)) {
+      const std::string t = trim(l);
+      bool hit = false;
+      for (const char* lib : libs)
+        if (t.rfind(std::string("import ") + lib, 0) == 0 || t.rfind(std::string("from ") + lib, 0) == 0) hit = true;
+      if (hit) {
+        r.found = true, r.code = it->second, r.how = "fenced";
+        return r;
+      }
+    }
+  }
+  return r;
+}
+
+PythonEnv find_python(const std::string& requested) {
+  PythonEnv e;
+  std::string py = requested;
+  if (py.empty()) {
+    if (const char* v = std::getenv("TREX_OR_PYTHON")) py = v;
+  }
+  if (py.empty() && std::filesystem::exists(".venv/bin/python")) py = ".venv/bin/python";
+  if (py.empty()) py = "python3";
+  // Resolve through PATH for a bare name.
+  if (py.find('/') == std::string::npos) {
+    const char* path = std::getenv("PATH");
+    std::istringstream ps(path ? path : "");
+    std::string dir, found;
+    while (std::getline(ps, dir, ':'))
+      if (!dir.empty() && ::access((dir + "/" + py).c_str(), X_OK) == 0) {
+        found = dir + "/" + py;
+        break;
+      }
+    py = found;
+  }
+  if (py.empty() || ::access(py.c_str(), X_OK) != 0) {
+    e.why = "no Python interpreter found: give --python PATH (or set TREX_OR_PYTHON), e.g. a venv made by "
+            "scripts/setup_orpy.sh";
+    return e;
+  }
+  e.python = std::filesystem::absolute(py).lexically_normal().string();
+  // The interpreter's prefixes: what it needs to see inside the sandbox.
+  const std::string cmd = "'" + e.python + "' -c 'import sys, os; print(sys.prefix); print(sys.base_prefix); "
+                          "print(os.path.dirname(os.path.realpath(sys.executable)))' 2>/dev/null";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) {
+    e.why = "cannot run " + e.python;
+    return e;
+  }
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) {
+    std::string s = trim(buf);
+    if (!s.empty()) e.readonly_paths.push_back(s);
+  }
+  const int rc = ::pclose(p);
+  if (rc != 0 || e.readonly_paths.size() < 2) {
+    e.why = e.python + " did not run (exit " + std::to_string(rc) + "): give a working --python";
+    return e;
+  }
+  // A venv's interpreter is a link out of it: its real folder and the prefix above it.
+  e.readonly_paths.push_back(std::filesystem::path(e.readonly_paths.back()).parent_path().string());
+  e.ok = true;
+  return e;
+}
+
+CodeVerdict run_solver_code(const std::string& code, const PythonEnv& py, const SandboxLimits& limits) {
+  CodeVerdict v;
+  v.result.status = SolveResult::Error;
+  if (!py.ok) {
+    v.failure = "solver_unavailable";
+    v.result.message = py.why;
+    return v;
+  }
+  char tmpl[] = "/tmp/trex-or-code-XXXXXX";
+  TREX_CHECK(::mkdtemp(tmpl) != nullptr, "run_solver_code: mkdtemp failed");
+  const std::string dir = tmpl;
+  std::mt19937_64 rng(std::random_device{}());
+  const std::string result_name = ".result-" + std::to_string(rng()) + ".json";
+  {
+    std::ofstream(dir + "/program.py", std::ios::binary) << code;
+    std::ofstream(dir + "/harness.py", std::ios::binary) << kHarness;
+  }
+  // Inside the view the work folder is /tmp; without the view (fallback) it is `dir` itself, and
+  // the harness is started with relative names so both work.
+  const std::vector<std::string> env = {"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/tmp", "TMPDIR=/tmp",
+                                        "PYTHONDONTWRITEBYTECODE=1", "PYTHONIOENCODING=utf-8", "OMP_NUM_THREADS=1",
+                                        "LANG=C.UTF-8"};
+  const SandboxResult sb = sandbox_run({py.python, "-I", "harness.py", "program.py", result_name}, dir, env,
+                                       py.readonly_paths, limits);
+  v.isolation = sb.isolation;
+  v.seconds = sb.seconds;
+  v.pgid = sb.pgid;
+  const std::string rpath = dir + "/" + result_name;
+  const bool have = std::filesystem::exists(rpath);
+  const std::string rtext = have ? read_all(rpath) : std::string();
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+
+  if (sb.wall_timeout || sb.cpu_limit) {
+    v.failure = "timeout";
+    char cpu[96];
+    std::snprintf(cpu, sizeof cpu, " (%.1f s CPU, %.1f s wall)", sb.cpu_seconds, sb.seconds);
+    v.result.message = (sb.wall_timeout ? "wall-clock limit reached; the process group was killed"
+                                        : "CPU-time limit reached") + std::string(cpu);
+    return v;
+  }
+  if (!sb.started) {
+    v.failure = "sandbox_error";
+    v.result.message = "the sandbox could not start the program: " + sb.message;
+    return v;
+  }
+  nlohmann::json r;
+  if (have) {
+    try {
+      r = nlohmann::json::parse(rtext);
+    } catch (const std::exception&) {
+      r = nullptr;
+    }
+  }
+  if (!r.is_object()) {
+    v.failure = "runtime_error";
+    char cpu[64];
+    std::snprintf(cpu, sizeof cpu, " after %.1f s CPU, %.1f s wall", sb.cpu_seconds, sb.seconds);
+    v.result.message = sb.signal ? "killed by signal " + std::to_string(sb.signal) + cpu
+                                 : "exit " + std::to_string(sb.exit_code) + ": " + tail(trim(sb.err), 600);
+    if (sb.signal == 0 && sb.err.find("MemoryError") != std::string::npos) v.result.message += " (memory limit)";
+    return v;
+  }
+  auto str = [&](const char* k) { return r.contains(k) && r[k].is_string() ? r[k].get<std::string>() : std::string(); };
+  if (!str("missing").empty()) {
+    v.failure = "solver_unavailable";
+    v.result.message = str("missing");
+    return v;
+  }
+  if (str("error") == "syntax") {
+    v.failure = "parse_error";
+    v.result.status = SolveResult::ParseError;
+    v.result.message = "Python syntax error: " + str("message");
+    return v;
+  }
+  if (str("error") == "runtime") {
+    v.failure = "runtime_error";
+    v.result.message = str("message");
+    return v;
+  }
+  const std::string st = str("status");
+  v.objective_source = str("source");
+  if (st == "optimal" && r["objective"].is_number()) {
+    v.result.status = SolveResult::Optimal;
+    v.result.objective = r["objective"].get<double>();
+  } else if (st == "infeasible") {
+    v.result.status = SolveResult::Infeasible;
+  } else if (st == "unbounded") {
+    v.result.status = SolveResult::Unbounded;
+  } else if (st == "timeout") {
+    v.failure = "timeout";
+    v.result.status = SolveResult::TimeLimit;
+    v.result.message = "the solver hit its time limit";
+  } else if (st.empty()) {
+    v.failure = "no_answer";
+    v.result.message = "the program solved no model and printed no objective";
+  } else {
+    v.failure = "runtime_error";
+    v.result.message = st;
+  }
+  return v;
+}
+
+}  // namespace trex::orx
