@@ -275,8 +275,10 @@ PythonEnv find_python(const std::string& requested) {
   }
   e.python = std::filesystem::absolute(py).lexically_normal().string();
   // The interpreter's prefixes: what it needs to see inside the sandbox.
-  const std::string cmd = "'" + e.python + "' -c 'import sys, os; print(sys.prefix); print(sys.base_prefix); "
-                          "print(os.path.dirname(os.path.realpath(sys.executable)))' 2>/dev/null";
+  // Its first line is the interpreter itself (sys.executable): a launcher found on PATH (a pyenv
+  // or asdf shim, a script outside the sandbox's view) is replaced by the binary it starts.
+  const std::string cmd = "'" + e.python + "' -c 'import sys, os; print(sys.executable); print(sys.prefix); "
+                          "print(sys.base_prefix); print(os.path.dirname(os.path.realpath(sys.executable)))' 2>/dev/null";
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) {
     e.why = "cannot run " + e.python;
@@ -288,10 +290,14 @@ PythonEnv find_python(const std::string& requested) {
     if (!s.empty()) e.readonly_paths.push_back(s);
   }
   const int rc = ::pclose(p);
-  if (rc != 0 || e.readonly_paths.size() < 2) {
+  if (rc != 0 || e.readonly_paths.size() < 3) {
     e.why = e.python + " did not run (exit " + std::to_string(rc) + "): give a working --python";
     return e;
   }
+  if (!e.readonly_paths.front().empty() && e.readonly_paths.front()[0] == '/' &&
+      ::access(e.readonly_paths.front().c_str(), X_OK) == 0)
+    e.python = e.readonly_paths.front();
+  e.readonly_paths.erase(e.readonly_paths.begin());
   // A venv's interpreter is a link out of it: its real folder and the prefix above it.
   e.readonly_paths.push_back(std::filesystem::path(e.readonly_paths.back()).parent_path().string());
   e.ok = true;

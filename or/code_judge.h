@@ -29,7 +29,9 @@ struct PythonEnv {
   std::string why;                          // !ok: what is missing and what to do
 };
 // `requested` empty: $TREX_OR_PYTHON, else .venv/bin/python (from the working directory), else
-// python3 on PATH. Runs it once (trusted, outside the sandbox) to read its prefixes.
+// python3 on PATH. Runs it once (trusted, outside the sandbox) to read its prefixes and its
+// sys.executable, which becomes `python` (so a launcher script such as a pyenv shim is not what
+// the sandbox runs).
 PythonEnv find_python(const std::string& requested);
 
 struct CodeVerdict {
