@@ -28,7 +28,9 @@ void add_layer(Routing& r, const json& row, const std::string& where) {
   if (r.experts == 0) r.experts = (int64_t)v.size();
   TREX_USER_CHECK((int64_t)v.size() == r.experts, kHint, r.source, where, ": a layer lists ", v.size(),
                   " experts, an earlier one ", r.experts);
-  r.loads.push_back(std::move(v));
+  double total = 0;
+  for (double x : v) total += x;
+  if (total > 0) r.loads.push_back(std::move(v));  // all zero: a layer of another pipeline stage
 }
 
 void add_layers(Routing& r, const json& layers, const std::string& where) {
