@@ -81,7 +81,15 @@ void run_plan(const PlanOpts& o) {
       return;
     }
     std::fputs(plan::format_search(r, s).c_str(), stdout);
-    if (!r.by_speed.empty()) std::fputs(("\n" + plan::format_plan(r.by_speed.front())).c_str(), stdout);
+    if (r.by_speed.empty()) return;
+    const plan::Plan& top = r.by_speed.front();
+    std::fputs(("\n" + plan::format_plan(top)).c_str(), stdout);
+    if (routing && a.n_experts > 0) {  // the fastest layout under forced balance beside it
+      plan::Layout forced = top.layout;
+      forced.expert_load = 1.0;
+      const plan::Plan b = plan::evaluate(a, s, top.devices, forced, o.tokens);
+      std::fputs(("\n" + plan::format_routing_compare(b, top)).c_str(), stdout);
+    }
     return;
   }
   plan::Plan p = plan::evaluate(a, s, o.devices, base, o.tokens, routing.get());
