@@ -2,6 +2,7 @@
 // launched (plan/). One layout with --layout, or every valid layout ranked with --search.
 //   trex plan --model deepseek-v3 --cluster h800 --devices 2048 --layout pp=16,ep=64 --tokens 10e9
 //   trex plan --model CONFIG.json --cluster my_cluster.toml --devices 256 --search [--json]
+//   trex plan --model deepseek-v3 --cluster h800 --devices 2048 --layout pp=16,ep=64 --routing RUN/metrics.jsonl
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -17,7 +18,7 @@ namespace trex::cli {
 namespace {
 
 struct PlanOpts {
-  std::string model, cluster, layout, calibration;
+  std::string model, cluster, layout, calibration, routing;
   int64_t devices = 0;
   bool search = false, json = false, list = false, vary_devices = false;
   int top = 10;
@@ -65,22 +66,41 @@ void run_plan(const PlanOpts& o) {
   plan::ArchModel a = plan::resolve_model(o.model);
   plan::ClusterSpec s = plan::load_spec(o.cluster, o.calibration);
   plan::Layout base = plan::parse_layout(o.layout, base_layout(o.model));
+  std::unique_ptr<plan::Routing> routing;
+  if (!o.routing.empty()) routing = std::make_unique<plan::Routing>(plan::read_routing(o.routing));
   if (o.search) {
     plan::SearchOptions so;
     so.top = o.top;
     so.vary_devices = o.vary_devices;
     so.min_devices = o.min_devices;
     so.fixed = plan::layout_keys(o.layout);
+    so.routing = routing.get();
     plan::SearchResult r = plan::search(a, s, o.devices, base, o.tokens, so);
     if (o.json) {
       std::printf("%s\n", plan::search_to_json(r).dump(2).c_str());
       return;
     }
     std::fputs(plan::format_search(r, s).c_str(), stdout);
-    if (!r.by_speed.empty()) std::fputs(("\n" + plan::format_plan(r.by_speed.front())).c_str(), stdout);
+    if (r.by_speed.empty()) return;
+    const plan::Plan& top = r.by_speed.front();
+    std::fputs(("\n" + plan::format_plan(top)).c_str(), stdout);
+    if (routing && a.n_experts > 0) {  // the fastest layout under forced balance beside it
+      plan::Layout forced = top.layout;
+      forced.expert_load = 1.0;
+      const plan::Plan b = plan::evaluate(a, s, top.devices, forced, o.tokens);
+      std::fputs(("\n" + plan::format_routing_compare(b, top)).c_str(), stdout);
+    }
     return;
   }
-  plan::Plan p = plan::evaluate(a, s, o.devices, base, o.tokens);
+  plan::Plan p = plan::evaluate(a, s, o.devices, base, o.tokens, routing.get());
+  if (routing && a.n_experts > 0) {  // forced balance beside the measured routing
+    plan::Layout forced = base;
+    forced.expert_load = 1.0;
+    const plan::Plan b = plan::evaluate(a, s, o.devices, forced, o.tokens);
+    if (o.json) std::printf("%s\n", plan::routing_compare_json(b, p).dump(2).c_str());
+    else std::fputs((plan::format_plan(p) + "\n" + plan::format_routing_compare(b, p)).c_str(), stdout);
+    return;
+  }
   if (o.json) std::printf("%s\n", plan::plan_to_json(p).dump(2).c_str());
   else std::fputs(plan::format_plan(p).c_str(), stdout);
 }
@@ -99,6 +119,10 @@ void add_plan(CLI::App& app) {
                 "dp=..,tp=..,pp=..,ep=..,etp=..,mbs=..,gbs=..,seq=..,recompute=none|selective|full,zero=0-3,"
                 "schedule=1f1b|dualpipe,vp=..,precision=bf16|fp8|fp8-tensor|mxfp8|mxfp4,overlap=ep+tp+dp+pp|all|none,mtp=0|1,moments=f32|bf16,"
                 "grads=f32|bf16,dedup=0|1,expert_load=X (with --search: the keys given are held fixed)");
+  c->add_option("--routing", o->routing,
+                "measured routing: a trex metrics.jsonl (train with [log] expert_loads = true) or a JSON "
+                "{\"expert_loads\": [[tokens per expert of a layer], ...]}; sets each layout's expert_load to its "
+                "busiest ep rank's share and shows forced balance beside it");
   c->add_flag("--search", o->search, "enumerate valid layouts that fit and rank them by tokens/s and by cost");
   c->add_option("--top", o->top, "layouts shown by --search (default 10)");
   c->add_flag("--vary-devices", o->vary_devices, "with --search: also try devices/2, devices/4, ... (cost ranking)");

@@ -29,7 +29,7 @@ Plan evaluate_valid(const ArchModel& a, const ClusterSpec& s, int64_t devices, c
   return p;
 }
 
-void add_notes(Plan& p, const ArchModel& a, const ClusterSpec& s) {
+void add_notes(Plan& p, const ArchModel& a, const ClusterSpec& s, const Routing* routing) {
   using detail::cat;
   const Layout& l = p.layout;
   if (!s.note.empty()) p.notes.push_back(cat("cluster: ", s.note));
@@ -41,7 +41,9 @@ void add_notes(Plan& p, const ArchModel& a, const ClusterSpec& s) {
     p.notes.push_back(cat("DOES NOT FIT: pipeline rank ", r.rank, " needs ", r.total() / 1e9, " GB of ",
                           p.memory.usable / 1e9, " GB usable per device"));
   }
-  if (l.expert_load == 1.0 && a.n_experts > 0)
+  if (routing && a.n_experts > 0)
+    p.notes.push_back(routing_summary(*routing, l.ep, a.n_experts));
+  else if (l.expert_load == 1.0 && a.n_experts > 0)
     p.notes.push_back("routing assumed balanced (expert_load=1); set expert_load > 1 for a skewed router");
   if (s.mx_formats)
     p.notes.push_back("the step is device-bound: on devices this fast, published DeepSeek-V3 runs whose software was "
@@ -61,10 +63,12 @@ std::vector<int64_t> divisors(int64_t n) {
 
 }  // namespace
 
-Plan evaluate(const ArchModel& a, const ClusterSpec& s, int64_t devices, Layout l, double run_tokens) {
+Plan evaluate(const ArchModel& a, const ClusterSpec& s, int64_t devices, Layout l, double run_tokens,
+              const Routing* routing) {
   validate_layout(l, a, devices);
+  if (routing && a.n_experts > 0) l.expert_load = routing_expert_load(*routing, l.ep);
   Plan p = evaluate_valid(a, s, devices, l, run_tokens);
-  add_notes(p, a, s);
+  add_notes(p, a, s, routing);
   return p;
 }
 
@@ -106,6 +110,7 @@ SearchResult search(const ArchModel& a, const ClusterSpec& s, int64_t devices, c
                 Layout l = base;
                 l.dp = dp, l.tp = tp, l.pp = pp, l.ep = ep, l.recompute = (Recompute)rc, l.zero = (int)zero;
                 l.mbs = mbs, l.gbs = gbs;
+                if (o.routing && a.n_experts > 0) l.expert_load = routing_expert_load(*o.routing, ep);
                 ++res.tried;
                 if (!layout_problems(l, a, N).empty()) continue;
                 ++res.valid;
@@ -134,7 +139,7 @@ SearchResult search(const ArchModel& a, const ClusterSpec& s, int64_t devices, c
   std::sort(fit.begin(), fit.end(), cost);
   res.by_cost.assign(fit.begin(), fit.begin() + std::min(top, fit.size()));
   for (auto* v : {&res.by_speed, &res.by_cost})
-    for (Plan& p : *v) add_notes(p, a, s);
+    for (Plan& p : *v) add_notes(p, a, s, o.routing);
   return res;
 }
 

@@ -8,6 +8,7 @@
 #include "plan/layout.h"
 #include "plan/limits.h"
 #include "plan/memory.h"
+#include "plan/routing.h"
 #include "plan/spec.h"
 #include "plan/timing.h"
 
@@ -26,8 +27,11 @@ struct Plan {
   std::vector<std::string> notes;  // caveats: uncalibrated CPU figures, groups across nodes, no fit
 };
 
-// Validates the layout (UserError naming what fails) and evaluates it.
-Plan evaluate(const ArchModel& a, const ClusterSpec& s, int64_t devices, Layout layout, double run_tokens = 0);
+// Validates the layout (UserError naming what fails) and evaluates it. routing (optional, a
+// measured expert-load distribution, plan/routing.h) replaces the layout's expert_load with the
+// busiest ep rank's share under that routing.
+Plan evaluate(const ArchModel& a, const ClusterSpec& s, int64_t devices, Layout layout, double run_tokens = 0,
+              const Routing* routing = nullptr);
 
 struct SearchOptions {
   int top = 10;
@@ -38,6 +42,9 @@ struct SearchOptions {
   // Layout keys held at the base layout's value instead of searched: any of dp, tp, pp, ep,
   // recompute, zero, mbs (e.g. the keys the user gave in --layout).
   std::vector<std::string> fixed;
+  // Measured routing (plan/routing.h): each layout's expert_load is the busiest of its ep ranks'
+  // share under it (nullptr: the base layout's expert_load for every ep).
+  const Routing* routing = nullptr;
 };
 
 struct SearchResult {

@@ -223,4 +223,37 @@ json search_to_json(const SearchResult& r) {
   return {{"tried", r.tried}, {"valid", r.valid}, {"fit", r.fit}, {"by_speed", a}, {"by_cost", b}};
 }
 
+std::string format_routing_compare(const Plan& b, const Plan& m) {
+  auto row = [](const char* name, const std::string& x, const std::string& y, double ratio) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "  %-34s %14s %14s   x %.3f\n", name, x.c_str(), y.c_str(), ratio);
+    return std::string(buf);
+  };
+  auto ratio = [](double x, double y) { return x > 0 ? y / x : 1.0; };
+  const StepTime &x = b.time, &y = m.time;
+  std::string o = "routing: forced balance vs measured (" + layout_line(m.layout) + ")\n";
+  char head[160];
+  std::snprintf(head, sizeof head, "  %-34s %14s %14s   %s\n", "", "forced balance", "measured", "measured/forced");
+  o += head;
+  o += row("expert_load (busiest ep rank)", fmt("%.3f", b.layout.expert_load), fmt("%.3f", m.layout.expert_load),
+           ratio(b.layout.expert_load, m.layout.expert_load));
+  o += row("step time", secs(x.step), secs(y.step), ratio(x.step, y.step));
+  o += row("expert GEMMs, fwd per micro-batch", secs(x.experts), secs(y.experts), ratio(x.experts, y.experts));
+  o += row("ep all-to-all per micro-batch", secs(x.comm_ep), secs(y.comm_ep), ratio(x.comm_ep, y.comm_ep));
+  o += row("exposed comm per step", secs(x.exposed_comm), secs(y.exposed_comm), ratio(x.exposed_comm, y.exposed_comm));
+  o += row("tokens/s", si(x.tokens_per_s), si(y.tokens_per_s), ratio(x.tokens_per_s, y.tokens_per_s));
+  o += row("MFU", pct(x.mfu), pct(y.mfu), ratio(x.mfu, y.mfu));
+  return o;
+}
+
+json routing_compare_json(const Plan& b, const Plan& m) {
+  auto side = [](const Plan& p) {
+    const StepTime& t = p.time;
+    return json{{"expert_load", p.layout.expert_load}, {"step_s", t.step},       {"experts_fwd_mb_s", t.experts},
+                {"comm_ep_mb_s", t.comm_ep},           {"exposed_comm_s", t.exposed_comm},
+                {"tokens_per_s", t.tokens_per_s},      {"mfu", t.mfu}};
+  };
+  return {{"forced_balance", side(b)}, {"measured", side(m)}, {"plan", plan_to_json(m)}};
+}
+
 }  // namespace trex::plan

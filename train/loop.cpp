@@ -376,6 +376,7 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
     mt.tokens_per_s = s.tokens / (s.ms / 1000.0);
     mt.mfu = fpt * mt.tokens_per_s / (peak * 1e9);
     mt.load_max_over_mean = s.load_max_over_mean;
+    if (rc.log.expert_loads) mt.expert_loads = s.expert_loads;
     if (m.opt.indexer_metrics()) mt.indexer_loss = s.indexer, mt.indexer_recall = s.indexer_recall;
     mt.skipped = s.skipped;
     if (dp) mt.comm_ms = s.comm_ms;

@@ -87,6 +87,7 @@ void MetricsLog::step(const StepMetrics& m) {
                       {"aux", m.aux},         {"lr", m.lr},           {"grad_norm", m.grad_norm},
                       {"step_ms", m.ms},      {"tokens", m.tokens},   {"tokens_per_s", m.tokens_per_s},
                       {"mfu", m.mfu},         {"expert_load_max_over_mean", m.load_max_over_mean}};
+  if (!m.expert_loads.empty()) j["expert_loads"] = m.expert_loads;
   if (m.eval_loss >= 0) j["eval_loss"] = m.eval_loss;
   if (m.indexer_loss >= 0) j["indexer_loss"] = m.indexer_loss, j["indexer_recall"] = m.indexer_recall;
   if (m.skipped) j["skipped"] = true;

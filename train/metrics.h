@@ -1,5 +1,6 @@
 // Run metrics: one JSON object per step in RUN_DIR/metrics.jsonl (loss, lr, grad norm,
-// tokens/s, MFU, expert load balance per MoE layer, eval loss when measured, the DeepSeek-V3.2
+// tokens/s, MFU, expert load balance per MoE layer ([log] expert_loads: also the tokens each
+// expert received), eval loss when measured, the DeepSeek-V3.2
 // indexer loss and top-k recall when it trains, "skipped" and
 // "spike" flags when set), and a live view on
 // stderr: a progress bar with ETA on a terminal, plain lines otherwise. A resumed run first cuts
@@ -17,6 +18,9 @@ struct StepMetrics {
   int64_t step = 0, total_steps = 0, tokens = 0;
   double loss = 0, ce = 0, aux = 0, lr = 0, grad_norm = 0, ms = 0, tokens_per_s = 0, mfu = 0;
   std::vector<double> load_max_over_mean;  // per MoE layer
+  // [log] expert_loads = true: per MoE layer [E], tokens routed to each expert over the global
+  // batch, written as "expert_loads" (empty: not written).
+  std::vector<std::vector<int64_t>> expert_loads;
   double eval_loss = -1;                   // < 0: not measured this step
   // DeepSeek-V3.2 with train.indexer_loss_weight > 0 (else < 0: not reported): the indexer's KL loss
   // (summed over layers) and the main attention's mass inside the indexer's top-k (mean).

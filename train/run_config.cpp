@@ -363,6 +363,9 @@ const std::vector<SectionSpec>& sections() {
            field("trace", Kind::Str, &R::log, &LogConfig::trace,
                  "Chrome / Perfetto trace file of the first trace_steps steps (\"\" = off)"),
            field("trace_steps", Kind::Int, &R::log, &LogConfig::trace_steps, "steps the trace covers", 1),
+           field("expert_loads", Kind::Bool, &R::log, &LogConfig::expert_loads,
+                 "write each step's tokens per routed expert (global batch, one list per MoE layer) to "
+                 "metrics.jsonl as \"expert_loads\" (input to trex plan --routing)"),
        }},
   };
   return S;

@@ -95,6 +95,7 @@ struct LogConfig {
   double spike_z = 4.0;           // a loss above window mean + spike_z x std is a spike; 0 = off
   std::string trace;              // Chrome trace (core/trace.h) of the first trace_steps steps; "" = off
   int64_t trace_steps = 5;
+  bool expert_loads = false;      // metrics.jsonl: tokens routed to each expert, per MoE layer and step
 };
 
 struct RunConfig {

@@ -117,6 +117,7 @@ StepStats step(model::Model& m, AdamW& opt, DataParallel* dp, const std::vector<
     double sum = 0, mx = 0;
     for (int64_t e = 0; e < load.E; ++e) sum += (double)ld[e], mx = std::max(mx, (double)ld[e]);
     st.load_max_over_mean.push_back(sum > 0 ? mx / (sum / (double)load.E) : 0.0);
+    st.expert_loads.push_back(load[l]);
   }
   m.update_router_bias(load, gamma);
   st.comm_ms = dp ? (dp->exposed_wait_s() - comm0) * 1e3 : 0;

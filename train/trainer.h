@@ -18,6 +18,7 @@ struct StepStats {
   bool skipped = false;  // the loss or the gradient norm was NaN / Inf: no update was made
   int64_t tokens = 0, n_valid = 0;         // data parallel: over all ranks
   std::vector<double> load_max_over_mean;  // per MoE layer: busiest expert's load / mean load
+  std::vector<std::vector<int64_t>> expert_loads;  // per MoE layer [E]: tokens routed to each expert
   double comm_ms = 0;  // data parallel: time this rank was blocked in communication (exposed)
 };
 

@@ -5,7 +5,7 @@
 #   - the checkpoint is V2's: config.json model_type deepseek_v2, no e_score_correction_bias;
 #   - trex grad on it, and on its `trex convert --dtype bf16` copy (which keeps the V2 names);
 #   - trex generate;
-#   - trex plan --model on its config.json;
+#   - trex plan --model on its config.json, and with --routing on the run's metrics.jsonl;
 #   - what trex cannot compute identically is refused naming the field (norm_topk_prob = true).
 #
 #   tests/cli/v2_commands.sh TREX_BINARY
@@ -58,6 +58,7 @@ run_dir = "cpt"
 
 [log]
 progress = "lines"
+expert_loads = true
 TOML
 run "$TREX" train --config cpt.toml
 CK=cpt/checkpoints/step-00000002
@@ -125,6 +126,24 @@ with open(sys.argv[1] + "/model.safetensors", "rb") as f:
 n = sum(math.prod(v["shape"]) for k, v in hdr.items() if k != "__metadata__")
 plan = json.load(open(sys.argv[2]))
 assert plan["total_params"] == n, (plan["total_params"], n)
+PY
+
+# The run's measured routing ([log] expert_loads = true) as the planner's input, 9 experts over 3
+# ep ranks: the busiest rank's share from the per-expert counts, forced balance beside it.
+run "$TREX" plan --model "$SK/config.json" --cluster cpu-this --devices 3 --layout ep=3 --routing cpt/metrics.jsonl --json
+python3 - cpt/metrics.jsonl out.txt <<'PY' || fail "plan --routing does not follow the run's expert loads"
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+shares = []
+for r in recs:
+    assert len(r["expert_loads"]) == 2 and all(len(x) == 9 for x in r["expert_loads"]), r["expert_loads"]
+    for x in r["expert_loads"]:
+        ranks = [sum(x[3 * k:3 * k + 3]) for k in range(3)]
+        shares.append(max(1.0, max(ranks) / (sum(ranks) / 3)))
+out = json.load(open(sys.argv[2]))
+assert out["forced_balance"]["expert_load"] == 1.0
+assert abs(out["measured"]["expert_load"] - sum(shares) / len(shares)) < 1e-9, (out["measured"], shares)
+assert out["measured"]["step_s"] >= out["forced_balance"]["step_s"]
 PY
 
 # norm_topk_prob = true: transformers and DeepSeek's release code disagree; refused, field named.
