@@ -1,7 +1,7 @@
 // Dispatch of sparse shared-KV sink attention (see sparse_attn.h): with SparseAttnShape::prec ==
 // BF16 on a CPU with AVX512_BF16 the bf16 dot-product kernel (unless TREX_ATTN=f32), else the
-// AVX-512 kernel, the AVX2 kernel or the scalar reference. Checks the shape and the key lists (O(N + off[N]), cheap
-// next to the O(off[N] H D) work) before any runs.
+// AVX-512 kernel, the AVX2 kernel or the scalar reference. Checks the shape and the key lists
+// (O(N + off[N]), cheap next to the O(off[N] H D) work) before any runs.
 #include "kernels/sparse_attn.h"
 
 #include <algorithm>

@@ -10,7 +10,7 @@
 //   scores  S[j, h]  = kvw[idx j] . qT            A: kv rows (pairs along D, packed once per call)
 //                                                  B: qT [D/2, H] (q's pairs transposed)
 //   output  o[h, d]  = P^T kvp                     A: P^T pairs of rows (j, j+1), column h
-//                                                  B: kvp [L/2, D] (listed rows interleaved by pairs)
+//                                                  B: kvp [L/2, D] (listed rows by pairs)
 //   backward dP = kvw . dO^T as the scores, dq = dS^T kvp as the output, and
 //   dkv[idx j, d] += [scale dS | P][j, 0:2H] . [q ; dO][0:2H, d]: one product over 2H.
 // An odd reduction length pairs its last element with a zero.
@@ -205,13 +205,14 @@ struct Work {
     gemm(H, D, pairs_of(L), rows.data(), Hp, kvp.data(), Dw, out, D, false);
   }
 
-  // S [L, Hp] scores -> P = exp(scale S - lse) in place; lse [H] computed here (fwd) or given.
-  void softmax(int64_t L, const float* sink, float* lse, bool have_lse) {
+  // S [L, Hp] scores -> P = exp(scale S - lse) in place, lse [H] either given (lse_in, the
+  // backward) or computed here into lse_out (the forward, lse_in null).
+  void softmax(int64_t L, const float* sink, const float* lse_in, float* lse_out) {
     const __m512 sc = _mm512_set1_ps(scale);
     for (int64_t h0 = 0; h0 < Hp; h0 += 16) {
       const __mmask16 mh = tail_mask(H - h0);
       __m512 l;
-      if (!have_lse) {
+      if (!lse_in) {
         __m512 m = sink ? _mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), mh, sink + h0)
                         : _mm512_set1_ps(kNegInf);
         for (int64_t j = 0; j < L; ++j)
@@ -227,9 +228,9 @@ struct Work {
         _mm512_store_ps(mm, m), _mm512_store_ps(ss, s);
         for (int t = 0; t < 16; ++t) ll[t] = t < H - h0 ? mm[t] + std::log(ss[t]) : 0.f;
         l = _mm512_load_ps(ll);
-        _mm512_mask_storeu_ps(lse + h0, mh, l);
+        _mm512_mask_storeu_ps(lse_out + h0, mh, l);
       } else {
-        l = _mm512_maskz_loadu_ps(mh, lse + h0);
+        l = _mm512_maskz_loadu_ps(mh, lse_in + h0);
       }
       for (int64_t j = 0; j < L; ++j) {
         float* x = S.data() + j * Hp + h0;
@@ -277,7 +278,7 @@ void sparse_attn_fwd_avx512bf16(const SparseAttnShape& sh, const float* q, const
       }
       w.transpose_pack(w.qT.data(), q + i * HD);
       w.dots(w.S.data(), kvw.data(), ix, L, w.qT.data());
-      w.softmax(L, sink, li, false);
+      w.softmax(L, sink, nullptr, li);
       w.pack_rows_pairs(w.PwT.data(), w.S.data(), L);
       w.pack_kv_pairs(kv, ix, L);
       w.times_kv(oi, w.PwT.data(), L);
@@ -321,7 +322,7 @@ void sparse_attn_bwd_avx512bf16(const SparseAttnShape& sh, const float* q, const
       // P [L, Hp] from the saved lse; dP [L, Hp] = kv . dO
       w.transpose_pack(w.qT.data(), qi);
       w.dots(w.S.data(), kvw.data(), ix, L, w.qT.data());
-      w.softmax(L, sink, const_cast<float*>(lse + i * H), true);
+      w.softmax(L, sink, lse + i * H, nullptr);
       w.transpose_pack(w.dOT.data(), dOi);
       w.dots(w.dP.data(), kvw.data(), ix, L, w.dOT.data());
       // delta [H] = rowsum(dO o) in f32
@@ -347,7 +348,8 @@ void sparse_attn_bwd_avx512bf16(const SparseAttnShape& sh, const float* q, const
         for (int64_t j = 0; j < L; ++j) {
           float* x = w.dP.data() + j * Hp + h0;
           const __m512 p = _mm512_loadu_ps(w.S.data() + j * Hp + h0);
-          _mm512_storeu_ps(x, _mm512_mul_ps(sc, _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(x), dl))));
+          const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(x), dl);
+          _mm512_storeu_ps(x, _mm512_mul_ps(sc, _mm512_mul_ps(p, d)));
         }
       }
       // dq [H, D] = dS^T kv

@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "core/parallel.h"
 #include "core/cpu.h"
+#include "core/parallel.h"
 #include "kernels/cpu/sparse_attn_avx2.h"
 #include "kernels/cpu/sparse_attn_avx512.h"
 #include "kernels/cpu/sparse_attn_avx512bf16.h"
