@@ -244,7 +244,9 @@ const char* kind_name(AttnKind k) { return k == AttnKind::Sliding ? "sliding" : 
 // kern::sparse_attn (H heads of D sharing one kv row per key, with sinks) over the key lists of
 // a V4 layer: per attended key and head FLOPs fwd 4 D (q.k, p kv), bwd 10 D (s recomputed, dp,
 // dq, dkv from q and dO). Bytes: q, o (+ dO, dq) and every kv row once, plus the key lists.
-// The CSA layers' selection is a random subset of the formed entries of the indexer's size.
+// The CSA layers' selection is a random subset of the formed entries of the indexer's size. A bf16
+// run's sparse attention rounds its products' operands to bf16 (the AVX512_BF16 kernel where the
+// CPU has it): rated against the best peak, as the causal attention is.
 void sparse_attn(Plan& p, const Run& r, const std::string& w, const V4Keys& ks, int H, int D) {
   const int64_t B = r.B, T = r.T, N = r.N, M = N + B * ks.nw;
   double keys = 0;
@@ -256,6 +258,8 @@ void sparse_attn(Plan& p, const Run& r, const std::string& w, const V4Keys& ks, 
     o.shape = fmt("N=%lld H=%d D=%d %s keys/query=%.0f", (ll)N, H, D, kind_name(ks.kind), keys / N);
     o.flops = (v ? 10.0 : 4.0) * H * D * keys;
     o.bytes = (v ? 16.0 : 8.0) * N * H * D + (v ? 12.0 : 4.0) * M * D + 4.0 * keys;
+    o.gemm_bf16 = r.bf;
+    const kern::Prec prec = r.bf ? kern::Prec::BF16 : kern::Prec::F32;
     o.make = [=](Bufs& b) -> Runner {
       int64_t* off = b.i64(N + 1);
       int32_t* idx = b.i32((int64_t)keys);
@@ -274,7 +278,7 @@ void sparse_attn(Plan& p, const Run& r, const std::string& w, const V4Keys& ks, 
         for (int64_t j = 0; j < c; ++j) idx[k++] = (int32_t)(N + bi * ks.nw + pool[j]);
       }
       off[N] = k;
-      const kern::SparseAttnShape sh{N, H, D, (float)std::pow((double)D, -0.5)};
+      const kern::SparseAttnShape sh{N, H, D, (float)std::pow((double)D, -0.5), prec};
       const float *q = b.f(N * H * D, 1), *kv = b.f(M * D, 2), *sink = b.f(H, 3);
       float *out = b.f(N * H * D), *lse = b.f(N * H);
       if (!v) return [=] { kern::sparse_attn_fwd(sh, q, kv, M, off, idx, sink, out, lse); };

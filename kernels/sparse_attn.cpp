@@ -1,17 +1,29 @@
-// Dispatch of sparse shared-KV sink attention to the AVX-512 kernel, the AVX2 kernel or the
-// scalar reference (see sparse_attn.h). Checks the shape and the key lists (O(N + off[N]), cheap
-// next to the O(off[N] H D) work) before any runs.
+// Dispatch of sparse shared-KV sink attention (see sparse_attn.h): with SparseAttnShape::prec ==
+// BF16 on a CPU with AVX512_BF16 the bf16 dot-product kernel (unless TREX_ATTN=f32), else the
+// AVX-512 kernel, the AVX2 kernel or the scalar reference. Checks the shape and the key lists
+// (O(N + off[N]), cheap next to the O(off[N] H D) work) before any runs.
 #include "kernels/sparse_attn.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "core/cpu.h"
 #include "core/error.h"
 #include "kernels/cpu/sparse_attn_avx2.h"
 #include "kernels/cpu/sparse_attn_avx512.h"
+#include "kernels/cpu/sparse_attn_avx512bf16.h"
 #include "kernels/ref/sparse_attn.h"
 
 namespace trex::kern {
+
+// The bf16 kernel for a BF16 shape on a CPU with the bf16 dot product, unless TREX_ATTN=f32
+// (read on every call, as in kernels/attention.cpp: the parity test switches it between runs).
+static bool sparse_bf16(const SparseAttnShape& sh) {
+  if (sh.prec != Prec::BF16 || cpu_isa() < Isa::Avx512Bf16) return false;
+  const char* e = std::getenv("TREX_ATTN");
+  return !(e && !std::strcmp(e, "f32"));
+}
 
 static void check_args(const SparseAttnShape& sh, int64_t M, const int64_t* off,
                        const int32_t* idx) {
@@ -30,7 +42,9 @@ void sparse_attn_fwd(const SparseAttnShape& sh, const float* q, const float* kv,
                      const int64_t* off, const int32_t* idx, const float* sink, float* o,
                      float* lse) {
   check_args(sh, M, off, idx);
-  if (cpu_isa() >= Isa::Avx512)
+  if (sparse_bf16(sh))
+    cpu::sparse_attn_fwd_avx512bf16(sh, q, kv, M, off, idx, sink, o, lse);
+  else if (cpu_isa() >= Isa::Avx512)
     cpu::sparse_attn_fwd_avx512(sh, q, kv, M, off, idx, sink, o, lse);
   else if (cpu_isa() == Isa::Avx2)
     cpu::sparse_attn_fwd_avx2(sh, q, kv, M, off, idx, sink, o, lse);
@@ -48,7 +62,10 @@ void sparse_attn_bwd(const SparseAttnShape& sh, const float* q, const float* kv,
   if (cpu_isa() >= Isa::Avx2)
     TREX_CHECK(workspace || sparse_attn_bwd_workspace_floats(sh, M) == 0,
                "sparse_attn_bwd: workspace is null");
-  if (cpu_isa() >= Isa::Avx512) {
+  if (sparse_bf16(sh)) {
+    cpu::sparse_attn_bwd_avx512bf16(sh, q, kv, M, off, idx, sink, o, lse, dO, dq, dkv, dsink,
+                                    workspace);
+  } else if (cpu_isa() >= Isa::Avx512) {
     cpu::sparse_attn_bwd_avx512(sh, q, kv, M, off, idx, sink, o, lse, dO, dq, dkv, dsink,
                                 workspace);
   } else if (cpu_isa() == Isa::Avx2) {

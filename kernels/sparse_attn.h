@@ -18,6 +18,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/gemm.h"  // Prec
+
 namespace trex::kern {
 
 struct SparseAttnShape {
@@ -25,6 +27,10 @@ struct SparseAttnShape {
   int H;        // query heads
   int D;        // head dim (q, k and v all D)
   float scale;  // multiplies q.k
+  // The precision the kernel may round its products' operands to (q, kv, the probabilities, dO
+  // and the score gradients), accumulating in f32, as AttnShape::prec (kernels/attention.h): on
+  // the CPU, the AVX512_BF16 kernel where the CPU has it, else f32 as for F32.
+  Prec prec = Prec::F32;
 };
 
 // q: [N, H, D]  kv: [M, D] (key = value rows)  off: [N+1] int64 (off[0] = 0, non-decreasing)

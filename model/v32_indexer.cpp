@@ -120,7 +120,7 @@ void v32_attn_forward(const Ctx& c, const AttnIn& in, MlaSaved& s) {
   c.k().copy_rows(s.Qp, D * f, s.Q, dqk * f, dqk * f, R);
   c.k().copy_rows(s.KVp, D * f, s.K, dqk * f, dqk * f, R);
   c.k().copy_rows(s.KVp + dqk, D * f, s.V, dv * f, dv * f, R);
-  kern::SparseAttnShape sh{R, 1, (int)D, in.rope->softmax_scale};
+  kern::SparseAttnShape sh{R, 1, (int)D, in.rope->softmax_scale, c.prec};
   {
     ProfScope ps(c.prof, "fwd.mla.attn_core");
     kern::sparse_attn_fwd(sh, s.Qp, s.KVp, R, s.off, s.idx, nullptr, s.Op, s.lse);
@@ -146,7 +146,7 @@ void v32_attn_backward(const Ctx& c, const AttnIn& in, const MlaSaved& s, const 
   c.k().zero(dOp, R * D * f);
   c.k().zero(dKVp, R * D * f);
   c.k().copy_rows(dOp + dqk, D * f, dO, dv * f, dv * f, R);
-  kern::SparseAttnShape sh{R, 1, (int)D, in.rope->softmax_scale};
+  kern::SparseAttnShape sh{R, 1, (int)D, in.rope->softmax_scale, c.prec};
   {
     ProfScope ps(c.prof, "bwd.mla.attn_core");
     float* work = A.alloc<float>(std::max<size_t>(kern::sparse_attn_bwd_workspace_floats(sh, R), 1));

@@ -207,7 +207,7 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   // Attention with sinks, inverse RoPE, grouped output projection.
   s.O = A.alloc<float>(N * H * hd);
   s.lse = A.alloc<float>(N * H);
-  kern::SparseAttnShape sh{N, (int)H, (int)hd, (float)std::pow((double)hd, -0.5)};
+  kern::SparseAttnShape sh{N, (int)H, (int)hd, (float)std::pow((double)hd, -0.5), c.prec};
   {
     ProfScope ps(c.prof, "fwd.attn.core");
     kern::sparse_attn_fwd(sh, s.Q, s.KV, s.M, s.off, s.idx, in.P + p.sinks + sl.sh0, s.O, s.lse);
@@ -255,7 +255,7 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
   // Attention.
   float* dQ = A.alloc<float>(N * H * hd);
   float* dKV = A.alloc_zero<float>(s.M * hd);
-  kern::SparseAttnShape sh{N, (int)H, (int)hd, (float)std::pow((double)hd, -0.5)};
+  kern::SparseAttnShape sh{N, (int)H, (int)hd, (float)std::pow((double)hd, -0.5), c.prec};
   {
     auto mw = A.mark();
     float* work = A.alloc<float>(std::max<size_t>(kern::sparse_attn_bwd_workspace_floats(sh, s.M), 1));

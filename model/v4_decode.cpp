@@ -226,7 +226,8 @@ void attn_decode(const Step& s, int64_t l, const float* x, float* out) {
   // Attention with sinks, inverse RoPE, grouped output projection.
   float* O = A.alloc<float>(N * H * hd);
   float* lse = A.alloc<float>(N * H);
-  const kern::SparseAttnShape sh{N, (int)H, (int)hd, (float)std::pow((double)hd, -0.5)};
+  // The run's precision, as the training forward (v4_attn.cpp), so both round alike.
+  const kern::SparseAttnShape sh{N, (int)H, (int)hd, (float)std::pow((double)hd, -0.5), s.ctx.prec};
   kern::sparse_attn_fwd(sh, Q, KV, kv0[B], off, idx.data(), s.P + p.sinks, O, lse);
   rope_heads(O, N, (int)H, hd, rd, pos, s.cos[t], s.sin[t], true);
   const int64_t olr = v.o_lora_rank, Dg = H * hd / G;

@@ -1,0 +1,402 @@
+// Sparse shared-KV sink attention on the bf16 dot-product instruction (see
+// sparse_attn_avx512bf16.h): per query, the scores and the value products as small GEMMs on
+// vdpbf16ps, the softmax in f32 on 16-float vectors.
+//
+// vdpbf16ps adds, per f32 lane n, a[2n] b[2n] + a[2n+1] b[2n+1]: both operands hold PAIRS of bf16
+// along the reduction dimension in one 32-bit word (element 2p in the low half, 2p+1 in the high
+// half). The micro-kernel computes C[m, n] (+)= sum_p A_m[p sak] . B[p ldb + n]: row m of A is a
+// pointer (so the listed kv rows are read in place, no gather), B is read as 16-word vectors.
+// Per query i with its L listed rows (P and dS below are [L, H]):
+//   scores  S[j, h]  = kvw[idx j] . qT            A: kv rows (pairs along D, packed once per call)
+//                                                  B: qT [D/2, H] (q's pairs transposed)
+//   output  o[h, d]  = P^T kvp                     A: P^T pairs of rows (j, j+1), column h
+//                                                  B: kvp [L/2, D] (listed rows by pairs)
+//   backward dP = kvw . dO^T as the scores, dq = dS^T kvp as the output, and
+//   dkv[idx j, d] += [scale dS | P][j, 0:2H] . [q ; dO][0:2H, d]: one product over 2H.
+// An odd reduction length pairs its last element with a zero.
+//
+// Determinism as in kernels/cpu/sparse_attn_tiles.h: forward queries are independent; backward
+// queries go in sparse_attn_bwd_chunks(N) fixed chunks, chunk 0 accumulating into dkv and chunk
+// c > 0 into its own partial [M, D] in the workspace, the partials added to dkv in chunk order;
+// dsink likewise through per-chunk partials.
+#include "kernels/cpu/sparse_attn_avx512bf16.h"
+
+// The AVX-512 helpers (exp, masks). This file's flags are the AVX-512 files' plus -mavx512bf16,
+// and those inline helpers use no bf16 instruction: whichever copy the linker keeps runs on any
+// AVX-512 CPU.
+#include "kernels/cpu/simd_avx512.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "core/parallel.h"
+#include "kernels/cpu/kernel_scratch.h"
+#include "kernels/cpu/sparse_attn_avx512.h"
+
+namespace trex::kern::cpu {
+namespace {
+
+using avx512::tail_mask;
+using W32 = uint32_t;  // two bf16 of neighbouring reduction elements
+
+constexpr int kRMax = 12;  // micro-kernel rows at most (one vector of columns)
+constexpr int kNV = 4;     // micro-kernel vectors of 16 columns at most
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
+int64_t pairs_of(int64_t n) { return (n + 1) / 2; }
+// Rows per micro-kernel for nv vectors of columns: R nv accumulators + nv B vectors in 32 zmm.
+constexpr int rows_for(int nv) { return nv == 1 ? 12 : nv == 2 ? 8 : 6; }
+
+// C[r, 0:16 NV] (+)= sum_p A[r][p sak] . B[p ldb + 0:16 NV] for r < R, p < KP; the last vector
+// of each row of B and C is limited by the lane mask `mlast`.
+template <int R, int NV>
+void micro(int64_t KP, const W32* const* A, int64_t sak, const W32* B, int64_t ldb, float* C,
+           int64_t ldc, __mmask16 mlast, bool acc) {
+  __m512 c[R][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v)
+      c[r][v] = !acc          ? _mm512_setzero_ps()
+                : v == NV - 1 ? _mm512_maskz_loadu_ps(mlast, C + r * ldc + 16 * v)
+                              : _mm512_loadu_ps(C + r * ldc + 16 * v);
+  const W32* a[R];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) a[r] = A[r];
+  for (int64_t p = 0; p < KP; ++p) {
+    __m512i b[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v)
+      b[v] = v == NV - 1 ? _mm512_maskz_loadu_epi32(mlast, B + p * ldb + 16 * v)
+                         : _mm512_loadu_si512(B + p * ldb + 16 * v);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512i ar = _mm512_set1_epi32(static_cast<int>(a[r][p * sak]));
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v)
+        c[r][v] = _mm512_dpbf16_ps(c[r][v], (__m512bh)ar, (__m512bh)b[v]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      if (v == NV - 1)
+        _mm512_mask_storeu_ps(C + r * ldc + 16 * v, mlast, c[r][v]);
+      else
+        _mm512_storeu_ps(C + r * ldc + 16 * v, c[r][v]);
+    }
+}
+
+using MicroFn = void (*)(int64_t, const W32* const*, int64_t, const W32*, int64_t, float*,
+                         int64_t, __mmask16, bool);
+template <int R>
+constexpr std::array<MicroFn, kNV> micro_row() {
+  return {{&micro<R, 1>, &micro<R, 2>, &micro<R, 3>, &micro<R, 4>}};
+}
+template <int... Rs>
+constexpr auto micro_table(std::integer_sequence<int, Rs...>) {
+  return std::array<std::array<MicroFn, kNV>, sizeof...(Rs)>{{micro_row<Rs + 1>()...}};
+}
+constexpr auto kMicro = micro_table(std::make_integer_sequence<int, kRMax>{});
+
+// C[M, N] (+)= A[M, 2 KP] B[2 KP, N]: A(m, pair p) = A[m][p sak], B(pair p, n) = B[p ldb + n],
+// C(m, n) = C[m ldc + n]; acc = false overwrites C (also when KP == 0).
+void gemm(int64_t M, int64_t N, int64_t KP, const W32* const* A, int64_t sak, const W32* B,
+          int64_t ldb, float* C, int64_t ldc, bool acc) {
+  for (int64_t n0 = 0; n0 < N; n0 += 16 * kNV) {
+    const int64_t nw = std::min<int64_t>(16 * kNV, N - n0);
+    const int nv = static_cast<int>((nw + 15) / 16), rmax = rows_for(nv);
+    const __mmask16 ml = tail_mask(nw - 16 * (nv - 1));
+    for (int64_t m0 = 0; m0 < M; m0 += rmax) {
+      const int r = static_cast<int>(std::min<int64_t>(rmax, M - m0));
+      kMicro[r - 1][nv - 1](KP, A + m0, sak, B + n0, ldb, C + m0 * ldc + n0, ldc, ml, acc);
+    }
+  }
+}
+
+// 16 words (bf16(a[i]) | bf16(b[i]) << 16), bf16 rounded to nearest even.
+inline __m512i pair_words(__m512 a, __m512 b) {
+  alignas(64) static constexpr uint16_t kIdx[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,
+                                                    21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26,
+                                                    11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i x = (__m512i)_mm512_cvtne2ps_pbh(b, a);  // words 0..15 bf16(a), 16..31 bf16(b)
+  return _mm512_permutexvar_epi16(_mm512_load_si512(kIdx), x);
+}
+
+// "row": dst[p] = bf16 pair (src[2p], src[2p + 1]) for p < words (a multiple of 16); elements
+// past n are zero.
+void pack_row(W32* dst, int64_t words, const float* src, int64_t n) {
+  for (int64_t p0 = 0; p0 < words; p0 += 16) {
+    const int64_t d = 2 * p0;
+    const __m512 a = _mm512_maskz_loadu_ps(tail_mask(n - d), src + d);
+    const __m512 b = _mm512_maskz_loadu_ps(tail_mask(n - d - 16), src + d + 16);
+    _mm512_storeu_si512(dst + p0, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+  }
+}
+
+// "pairs": dst[x] = bf16 pair (r0[x], r1[x]) for x < n (a multiple-of-16 row; r1 null = zeros).
+void pack_pair(W32* dst, const float* r0, const float* r1, int64_t n) {
+  for (int64_t x = 0; x < n; x += 16) {
+    const __mmask16 m = tail_mask(n - x);
+    const __m512 a = _mm512_maskz_loadu_ps(m, r0 + x);
+    const __m512 b = r1 ? _mm512_maskz_loadu_ps(m, r1 + x) : _mm512_setzero_ps();
+    _mm512_storeu_si512(dst + x, pair_words(a, b));
+  }
+}
+
+// The per-call constants and one thread's buffers for queries of at most Lmax keys.
+struct Work {
+  int H, D;
+  int64_t Hp, DP, DPW, Dw, XW, Lmax, LP;
+  float scale;
+  std::vector<W32> qrow, qT, dOT, PwT, SwT, kvp, Xw, Yp;
+  std::vector<float> S, dP, xt, tmp;
+  std::vector<const W32*> rows;
+
+  Work(const SparseAttnShape& sh, int64_t lmax, bool bwd)
+      : H(sh.H), D(sh.D), Hp(round16(sh.H)), DP(pairs_of(sh.D)), DPW(round16(DP)),
+        Dw(round16(sh.D)), XW(round16(sh.H)), Lmax(lmax), LP(pairs_of(lmax)), scale(sh.scale) {
+    qrow.assign(H * DPW, 0), qT.assign(DP * Hp, 0), PwT.assign(LP * Hp, 0);
+    kvp.assign(LP * Dw, 0), S.assign(Lmax * Hp, 0.f);
+    rows.assign(std::max<int64_t>(Lmax, H), nullptr);
+    if (bwd) {
+      dOT.assign(DP * Hp, 0), SwT.assign(LP * Hp, 0), Xw.assign(Lmax * XW, 0);
+      Yp.assign(H * Dw, 0), dP.assign(Lmax * Hp, 0.f), xt.assign(2 * XW + 32, 0.f);
+      tmp.assign(Lmax * D, 0.f);
+    }
+  }
+
+  // dst [DP, Hp] = pairs of x [H, D] along D, transposed (the B operand of x . kv).
+  void transpose_pack(W32* dst, const float* x) {
+    for (int h = 0; h < H; ++h) pack_row(qrow.data() + h * DPW, DPW, x + int64_t{h} * D, D);
+    for (int64_t p = 0; p < DP; ++p)
+      for (int h = 0; h < H; ++h) dst[p * Hp + h] = qrow[h * DPW + p];
+  }
+
+  // C [L, Hp] = scores of the listed kv rows (packed kvw) against xT [DP, Hp] (unscaled).
+  void dots(float* C, const W32* kvw, const int32_t* ix, int64_t L, const W32* xT) {
+    for (int64_t j = 0; j < L; ++j) rows[j] = kvw + int64_t{ix[j]} * DPW;
+    gemm(L, H, DP, rows.data(), 1, xT, Hp, C, Hp, false);
+  }
+
+  // dst [LP, Hp] = pairs of rows (2p, 2p + 1) of x [L, Hp] (a missing last row is zero).
+  void pack_rows_pairs(W32* dst, const float* x, int64_t L) {
+    for (int64_t p = 0; p < pairs_of(L); ++p)
+      pack_pair(dst + p * Hp, x + 2 * p * Hp, 2 * p + 1 < L ? x + (2 * p + 1) * Hp : nullptr, Hp);
+  }
+
+  // kvp [LP, Dw] = pairs of the listed kv rows (2p, 2p + 1).
+  void pack_kv_pairs(const float* kv, const int32_t* ix, int64_t L) {
+    for (int64_t p = 0; p < pairs_of(L); ++p)
+      pack_pair(kvp.data() + p * Dw, kv + int64_t{ix[2 * p]} * D,
+                2 * p + 1 < L ? kv + int64_t{ix[2 * p + 1]} * D : nullptr, D);
+  }
+
+  // out [H, D] = XwT^T kvp over the L listed rows (XwT [LP, Hp] pairs of an [L, Hp] matrix).
+  void times_kv(float* out, const W32* XwT, int64_t L) {
+    for (int h = 0; h < H; ++h) rows[h] = XwT + h;
+    gemm(H, D, pairs_of(L), rows.data(), Hp, kvp.data(), Dw, out, D, false);
+  }
+
+  // S [L, Hp] scores -> P = exp(scale S - lse) in place, lse [H] either given (lse_in, the
+  // backward) or computed here into lse_out (the forward, lse_in null).
+  void softmax(int64_t L, const float* sink, const float* lse_in, float* lse_out) {
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int64_t h0 = 0; h0 < Hp; h0 += 16) {
+      const __mmask16 mh = tail_mask(H - h0);
+      __m512 l;
+      if (!lse_in) {
+        __m512 m = sink ? _mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), mh, sink + h0)
+                        : _mm512_set1_ps(kNegInf);
+        for (int64_t j = 0; j < L; ++j)
+          m = _mm512_max_ps(m, _mm512_mul_ps(sc, _mm512_loadu_ps(S.data() + j * Hp + h0)));
+        // padded lanes: keep them finite (their results are never read)
+        m = _mm512_mask_blend_ps(mh, _mm512_setzero_ps(), m);
+        __m512 s = sink ? avx512::exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mh, sink + h0), m))
+                        : _mm512_setzero_ps();
+        for (int64_t j = 0; j < L; ++j)
+          s = _mm512_add_ps(s, avx512::exp_ps(_mm512_fmsub_ps(
+                                   sc, _mm512_loadu_ps(S.data() + j * Hp + h0), m)));
+        alignas(64) float mm[16], ss[16], ll[16];
+        _mm512_store_ps(mm, m), _mm512_store_ps(ss, s);
+        for (int t = 0; t < 16; ++t) ll[t] = t < H - h0 ? mm[t] + std::log(ss[t]) : 0.f;
+        l = _mm512_load_ps(ll);
+        _mm512_mask_storeu_ps(lse_out + h0, mh, l);
+      } else {
+        l = _mm512_maskz_loadu_ps(mh, lse_in + h0);
+      }
+      for (int64_t j = 0; j < L; ++j) {
+        float* x = S.data() + j * Hp + h0;
+        _mm512_storeu_ps(x, avx512::exp_ps(_mm512_fmsub_ps(sc, _mm512_loadu_ps(x), l)));
+      }
+    }
+  }
+};
+
+int64_t max_keys(int64_t N, const int64_t* off) {
+  int64_t m = 0;
+  for (int64_t i = 0; i < N; ++i) m = std::max(m, off[i + 1] - off[i]);
+  return m;
+}
+
+// kv [M, D] -> kvw [M, DPW] (pairs along D).
+std::vector<W32> pack_kv(const float* kv, int64_t M, int D, int64_t DPW) {
+  std::vector<W32> w(M * DPW);
+  parallel_for(M, 256, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) pack_row(w.data() + r * DPW, DPW, kv + r * D, D);
+  });
+  return w;
+}
+
+}  // namespace
+
+void sparse_attn_fwd_avx512bf16(const SparseAttnShape& sh, const float* q, const float* kv,
+                                int64_t M, const int64_t* off, const int32_t* idx,
+                                const float* sink, float* o, float* lse) {
+  const int H = sh.H, D = sh.D;
+  const int64_t HD = int64_t{H} * D, lmax = max_keys(sh.N, off);
+  const std::vector<W32> kvw = pack_kv(kv, M, D, round16(pairs_of(D)));
+  parallel_for(sh.N, 1, [&](int64_t i0, int64_t i1) {
+    const FlushDenormals ftz;
+    Work w(sh, lmax, false);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t L = off[i + 1] - off[i];
+      const int32_t* ix = idx + off[i];
+      float* oi = o + i * HD;
+      float* li = lse + i * H;
+      if (L == 0) {
+        std::memset(oi, 0, sizeof(float) * HD);
+        for (int h = 0; h < H; ++h) li[h] = sink ? sink[h] : kNegInf;
+        continue;
+      }
+      w.transpose_pack(w.qT.data(), q + i * HD);
+      w.dots(w.S.data(), kvw.data(), ix, L, w.qT.data());
+      w.softmax(L, sink, nullptr, li);
+      w.pack_rows_pairs(w.PwT.data(), w.S.data(), L);
+      w.pack_kv_pairs(kv, ix, L);
+      w.times_kv(oi, w.PwT.data(), L);
+    }
+  });
+}
+
+void sparse_attn_bwd_avx512bf16(const SparseAttnShape& sh, const float* q, const float* kv,
+                                int64_t M, const int64_t* off, const int32_t* idx,
+                                const float* sink, const float* o, const float* lse,
+                                const float* dO, float* dq, float* dkv, float* dsink,
+                                float* workspace) {
+  const int H = sh.H, D = sh.D;
+  const int64_t N = sh.N, C = sparse_attn_bwd_chunks(N), HD = int64_t{H} * D;
+  const int64_t Hp = round16(H), lmax = max_keys(N, off);
+  const std::vector<W32> kvw = pack_kv(kv, M, D, round16(pairs_of(D)));
+  float* part = workspace;                     // [C - 1, M, D]: chunks 1.. (0 uses dkv)
+  float* sinkp = workspace + (C - 1) * M * D;  // [C, Hp]
+  std::vector<int64_t> lo(C, 0), hi(C, -1);    // row range each chunk touches
+  parallel_dynamic(C, [&](int64_t c) {
+    const FlushDenormals ftz;
+    Work w(sh, lmax, true);
+    const int64_t i0 = N * c / C, i1 = N * (c + 1) / C;
+    float* tgt = c == 0 ? dkv : part + (c - 1) * M * D;
+    float* sp = sinkp + c * Hp;
+    std::memset(sp, 0, sizeof(float) * Hp);
+    if (off[i1] > off[i0]) {
+      const auto [mn, mx] = std::minmax_element(idx + off[i0], idx + off[i1]);
+      lo[c] = *mn, hi[c] = *mx;
+      if (c > 0) std::memset(tgt + lo[c] * D, 0, sizeof(float) * (hi[c] - lo[c] + 1) * D);
+    }
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t L = off[i + 1] - off[i];
+      const int32_t* ix = idx + off[i];
+      const float *qi = q + i * HD, *dOi = dO + i * HD, *oi = o + i * HD;
+      float* dqi = dq + i * HD;
+      if (L == 0) {  // no key: o = 0, so delta = 0 and nothing flows
+        std::memset(dqi, 0, sizeof(float) * HD);
+        continue;
+      }
+      // P [L, Hp] from the saved lse; dP [L, Hp] = kv . dO
+      w.transpose_pack(w.qT.data(), qi);
+      w.dots(w.S.data(), kvw.data(), ix, L, w.qT.data());
+      w.softmax(L, sink, lse + i * H, nullptr);
+      w.transpose_pack(w.dOT.data(), dOi);
+      w.dots(w.dP.data(), kvw.data(), ix, L, w.dOT.data());
+      // delta [H] = rowsum(dO o) in f32
+      alignas(64) float delta[16];
+      for (int64_t h0 = 0; h0 < Hp; h0 += 16) {
+        for (int t = 0; t < 16; ++t) {
+          const int h = static_cast<int>(h0) + t;
+          if (h >= H) {
+            delta[t] = 0.f;
+            continue;
+          }
+          __m512 a = _mm512_setzero_ps();
+          for (int d = 0; d < D; d += 16) {
+            const __mmask16 m = tail_mask(D - d);
+            a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, dOi + h * D + d),
+                                _mm512_maskz_loadu_ps(m, oi + h * D + d), a);
+          }
+          delta[t] = avx512::hsum(a);
+          if (sink) sp[h] += -std::exp(sink[h] - lse[i * H + h]) * delta[t];
+        }
+        // dS = scale P (dP - delta), in place of dP
+        const __m512 dl = _mm512_load_ps(delta), sc = _mm512_set1_ps(sh.scale);
+        for (int64_t j = 0; j < L; ++j) {
+          float* x = w.dP.data() + j * Hp + h0;
+          const __m512 p = _mm512_loadu_ps(w.S.data() + j * Hp + h0);
+          const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(x), dl);
+          _mm512_storeu_ps(x, _mm512_mul_ps(sc, _mm512_mul_ps(p, d)));
+        }
+      }
+      // dq [H, D] = dS^T kv
+      w.pack_rows_pairs(w.SwT.data(), w.dP.data(), L);
+      w.pack_kv_pairs(kv, ix, L);
+      w.times_kv(dqi, w.SwT.data(), L);
+      // dkv[ix j] += [dS | P][j, 0:2H] . [q ; dO]
+      for (int64_t j = 0; j < L; ++j) {
+        std::memcpy(w.xt.data(), w.dP.data() + j * Hp, sizeof(float) * H);
+        std::memcpy(w.xt.data() + H, w.S.data() + j * Hp, sizeof(float) * H);
+        pack_row(w.Xw.data() + j * w.XW, w.XW, w.xt.data(), 2 * H);
+        w.rows[j] = w.Xw.data() + j * w.XW;
+      }
+      for (int p = 0; p < H; ++p) {
+        const int k0 = 2 * p, k1 = 2 * p + 1;
+        pack_pair(w.Yp.data() + int64_t{p} * w.Dw, k0 < H ? qi + k0 * D : dOi + (k0 - H) * D,
+                  k1 < H ? qi + k1 * D : dOi + (k1 - H) * D, D);
+      }
+      gemm(L, D, H, w.rows.data(), 1, w.Yp.data(), w.Dw, w.tmp.data(), D, false);
+      for (int64_t j = 0; j < L; ++j) {
+        float* y = tgt + int64_t{ix[j]} * D;
+        const float* x = w.tmp.data() + j * D;
+        for (int d = 0; d < D; d += 16) {
+          const __mmask16 m = tail_mask(D - d);
+          _mm512_mask_storeu_ps(y + d, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + d),
+                                                        _mm512_maskz_loadu_ps(m, x + d)));
+        }
+      }
+    }
+  });
+  if (C > 1)
+    parallel_for(M, 64, [&](int64_t r0, int64_t r1) {
+      for (int64_t c = 1; c < C; ++c) {
+        const int64_t a = std::max(r0, lo[c]), b = std::min(r1, hi[c] + 1);
+        if (a >= b) continue;
+        float* y = dkv + a * D;
+        const float* x = part + (c - 1) * M * D + a * D;
+        const int64_t len = (b - a) * D;
+        int64_t e = 0;
+        for (; e + 16 <= len; e += 16)
+          _mm512_storeu_ps(y + e, _mm512_add_ps(_mm512_loadu_ps(y + e), _mm512_loadu_ps(x + e)));
+        for (; e < len; ++e) y[e] += x[e];
+      }
+    });
+  if (sink)
+    for (int64_t c = 0; c < C; ++c)
+      for (int h = 0; h < H; ++h) dsink[h] += sinkp[c * Hp + h];
+}
+
+}  // namespace trex::kern::cpu
