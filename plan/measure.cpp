@@ -181,7 +181,7 @@ Calibration measure_calibration(double seconds) {
       for (int64_t w = std::max<int64_t>(0, formed - topk); w < formed; ++w) idx.push_back((int32_t)(N + w));
       off[i + 1] = (int64_t)idx.size();
     }
-    const kern::SparseAttnShape sh{N, H, D, 0.088f};
+    const kern::SparseAttnShape sh{N, H, D, 0.088f, kern::Prec::BF16};  // bf16 products as in a bf16 run
     std::vector<float> work(std::max<size_t>(kern::sparse_attn_bwd_workspace_floats(sh, M), 1));
     double ms = median_ms([&] {
       kern::sparse_attn_fwd(sh, q.data(), kv.data(), M, off.data(), idx.data(), sink.data(), o.data(), lse.data());
