@@ -3,6 +3,7 @@
 //   trex plan --model deepseek-v3 --cluster h800 --devices 2048 --layout pp=16,ep=64 --tokens 10e9
 //   trex plan --model CONFIG.json --cluster my_cluster.toml --devices 256 --search [--json]
 //   trex plan --model deepseek-v3 --cluster h800 --devices 2048 --layout pp=16,ep=64 --routing RUN/metrics.jsonl
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -67,7 +68,13 @@ void run_plan(const PlanOpts& o) {
   plan::ClusterSpec s = plan::load_spec(o.cluster, o.calibration);
   plan::Layout base = plan::parse_layout(o.layout, base_layout(o.model));
   std::unique_ptr<plan::Routing> routing;
-  if (!o.routing.empty()) routing = std::make_unique<plan::Routing>(plan::read_routing(o.routing));
+  if (!o.routing.empty()) {
+    const std::vector<std::string> keys = plan::layout_keys(o.layout);
+    TREX_USER_CHECK(std::find(keys.begin(), keys.end(), "expert_load") == keys.end(),
+                    "give the expert imbalance once: either --routing FILE or expert_load= in --layout",
+                    "trex plan: --routing ", o.routing, " and --layout expert_load=... both set the expert load");
+    routing = std::make_unique<plan::Routing>(plan::read_routing(o.routing));
+  }
   if (o.search) {
     plan::SearchOptions so;
     so.top = o.top;

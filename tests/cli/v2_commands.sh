@@ -5,7 +5,8 @@
 #   - the checkpoint is V2's: config.json model_type deepseek_v2, no e_score_correction_bias;
 #   - trex grad on it, and on its `trex convert --dtype bf16` copy (which keeps the V2 names);
 #   - trex generate;
-#   - trex plan --model on its config.json, and with --routing on the run's metrics.jsonl;
+#   - trex plan --model on its config.json, and with --routing on the run's metrics.jsonl (and
+#     --routing together with expert_load= in --layout refused);
 #   - what trex cannot compute identically is refused naming the field (norm_topk_prob = true).
 #
 #   tests/cli/v2_commands.sh TREX_BINARY
@@ -145,6 +146,15 @@ assert out["forced_balance"]["expert_load"] == 1.0
 assert abs(out["measured"]["expert_load"] - sum(shares) / len(shares)) < 1e-9, (out["measured"], shares)
 assert out["measured"]["step_s"] >= out["forced_balance"]["step_s"]
 PY
+# Both --routing and expert_load= in --layout: refused, naming both.
+set +e
+"$TREX" plan --model "$SK/config.json" --cluster cpu-this --devices 3 --layout ep=3,expert_load=2 \
+  --routing cpt/metrics.jsonl > out.txt 2> err.txt
+rc=$?
+set -e
+[ "$rc" -eq 2 ] || fail "plan --routing with expert_load=: exit $rc, expected 2: $(cat err.txt)"
+grep -q "routing" err.txt && grep -q "expert_load" err.txt || fail "the error does not name both: $(cat err.txt)"
+echo "ok: --routing with expert_load= refused"
 
 # norm_topk_prob = true: transformers and DeepSeek's release code disagree; refused, field named.
 set +e
