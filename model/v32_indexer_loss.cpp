@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "kernels/layernorm.h"
+#include "model/indexer_score_bwd.h"
 #include "model/v32_indexer.h"
 
 namespace trex::model {
@@ -16,19 +17,13 @@ namespace {
 W wt(const AttnIn& in, int64_t off) { return {in.P + off, nullptr, 0}; }
 constexpr float kIndexNormEps = 1e-6f;  // as v32_indexer.cpp
 
-double dot(const float* a, const float* b, int64_t n) {
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += (double)a[i] * (double)b[i];
-  return s;
-}
-
 // The key lists of the attention: query i attends the tokens s.idx[s.off[i H] + k] / H (its
-// head-0 row), k < n(i); its pairs start at pair(i) = s.off[i H] / H.
+// head-0 row), k < n(i); its pairs start at first(i) = s.off[i H] / H.
 struct Lists {
   const MlaSaved& s;
   int64_t H;
   int64_t n(int64_t i) const { return s.off[i * H + 1] - s.off[i * H]; }
-  int64_t pair(int64_t i) const { return s.off[i * H] / H; }
+  int64_t first(int64_t i) const { return s.off[i * H] / H; }
   int64_t key(int64_t i, int64_t k) const { return s.idx[s.off[i * H] + k] / H; }
 };
 
@@ -54,7 +49,7 @@ void v32_index_loss_forward(const Ctx& c, const AttnIn& in, MlaSaved& s, const I
   const int64_t nI = m.v32.index_n_heads, dI = m.v32.index_head_dim, dqk = m.qk_head_dim();
   const double scale = in.rope->softmax_scale, cI = v32_index_shape(m, 1, 1).softmax_scale;
   const Lists L{s, H};
-  s.ix_dI = c.ws->alloc<float>(std::max<int64_t>(L.pair(N), 1));
+  s.ix_dI = c.ws->alloc<float>(std::max<int64_t>(L.first(N), 1));
   auto mk = c.ws->mark();
   const Proj pr = project(c, in, s);
   std::vector<double> loss(N), recall(N);
@@ -68,10 +63,10 @@ void v32_index_loss_forward(const Ctx& c, const AttnIn& in, MlaSaved& s, const I
       for (int64_t k = 0; k < n; ++k) {
         const int64_t j = L.key(i, k);
         for (int64_t h = 0; h < H; ++h)
-          p[k] += std::exp(scale * dot(qi + h * dqk, s.K + (j * H + h) * dqk, dqk) - (double)s.lse[i * H + h]);
+          p[k] += std::exp(scale * index_dot(qi + h * dqk, s.K + (j * H + h) * dqk, dqk) - (double)s.lse[i * H + h]);
         psum += p[k];
         for (int64_t h = 0; h < nI; ++h)
-          I[k] += (double)pr.w[i * nI + h] * std::max(0.0, dot(pr.q + (i * nI + h) * dI, pr.k + j * dI, dI));
+          I[k] += (double)pr.w[i * nI + h] * std::max(0.0, index_dot(pr.q + (i * nI + h) * dI, pr.k + j * dI, dI));
         I[k] *= cI;
         imax = std::max(imax, I[k]);
       }
@@ -79,7 +74,7 @@ void v32_index_loss_forward(const Ctx& c, const AttnIn& in, MlaSaved& s, const I
       for (int64_t k = 0; k < n; ++k) z += std::exp(I[k] - imax);
       const double logz = imax + std::log(z);
       double kl = 0;
-      float* dI_i = s.ix_dI + L.pair(i);
+      float* dI_i = s.ix_dI + L.first(i);
       for (int64_t k = 0; k < n; ++k) {
         p[k] /= psum;
         const double logq = I[k] - logz;
@@ -98,7 +93,7 @@ void v32_index_loss_forward(const Ctx& c, const AttnIn& in, MlaSaved& s, const I
           std::vector<double>& sc = I;  // reuse as scratch: the scores of every causal key
           sc.assign(i - top.start[i] + 1, 0.0);
           for (int64_t j = top.start[i]; j <= i; ++j) {
-            sc[j - top.start[i]] = scale * dot(qi + h * dqk, s.K + (j * H + h) * dqk, dqk);
+            sc[j - top.start[i]] = scale * index_dot(qi + h * dqk, s.K + (j * H + h) * dqk, dqk);
             mx = std::max(mx, sc[j - top.start[i]]);
           }
           for (double v : sc) z2 += std::exp(v - mx);
@@ -129,57 +124,7 @@ void v32_index_loss_backward(const Ctx& c, const AttnIn& in, const MlaSaved& s) 
   float* dw = A.alloc<float>(N * nI);
   float* dq = A.alloc<float>(N * nI * dI);
   float* dk = A.alloc<float>(N * dI);
-  // Queries and head weights: per query over its keys.
-  parallel_for(N, 4, [&](int64_t i0, int64_t i1) {
-    std::vector<double> acc(dI);
-    for (int64_t i = i0; i < i1; ++i) {
-      const float* dIi = s.ix_dI + L.pair(i);
-      for (int64_t h = 0; h < nI; ++h) {
-        const float* q = pr.q + (i * nI + h) * dI;
-        double sw = 0;
-        std::fill(acc.begin(), acc.end(), 0.0);
-        for (int64_t k = 0; k < L.n(i); ++k) {
-          const float* kk = pr.k + L.key(i, k) * dI;
-          const double a = dot(q, kk, dI), g = g0 * (double)dIi[k];
-          if (a <= 0) continue;
-          sw += g * a;
-          for (int64_t e = 0; e < dI; ++e) acc[e] += g * (double)kk[e];
-        }
-        dw[i * nI + h] = (float)sw;
-        const double w = pr.w[i * nI + h];
-        for (int64_t e = 0; e < dI; ++e) dq[(i * nI + h) * dI + e] = (float)(w * acc[e]);
-      }
-    }
-  });
-  // Keys: the (query, pair) lists of each key token, in query order (deterministic sums).
-  std::vector<int64_t> koff(N + 1, 0);
-  for (int64_t i = 0; i < N; ++i)
-    for (int64_t k = 0; k < L.n(i); ++k) ++koff[L.key(i, k) + 1];
-  for (int64_t j = 0; j < N; ++j) koff[j + 1] += koff[j];
-  std::vector<int64_t> kq(koff[N]), kp(koff[N]), fill(koff.begin(), koff.end() - 1);
-  for (int64_t i = 0; i < N; ++i)
-    for (int64_t k = 0; k < L.n(i); ++k) {
-      const int64_t j = L.key(i, k), at = fill[j]++;
-      kq[at] = i, kp[at] = L.pair(i) + k;
-    }
-  parallel_for(N, 4, [&](int64_t j0, int64_t j1) {
-    std::vector<double> acc(dI);
-    for (int64_t j = j0; j < j1; ++j) {
-      std::fill(acc.begin(), acc.end(), 0.0);
-      const float* kk = pr.k + j * dI;
-      for (int64_t u = koff[j]; u < koff[j + 1]; ++u) {
-        const int64_t i = kq[u];
-        const double g = g0 * (double)s.ix_dI[kp[u]];
-        for (int64_t h = 0; h < nI; ++h) {
-          const float* q = pr.q + (i * nI + h) * dI;
-          if (dot(q, kk, dI) <= 0) continue;
-          const double gw = g * (double)pr.w[i * nI + h];
-          for (int64_t e = 0; e < dI; ++e) acc[e] += gw * (double)q[e];
-        }
-      }
-      for (int64_t e = 0; e < dI; ++e) dk[j * dI + e] = (float)acc[e];
-    }
-  });
+  indexer_score_bwd(L, N, N, nI, dI, pr.q, pr.w, pr.k, s.ix_dI, g0, 1.0, dq, dw, dk);
   float* G = in.G;
   // weights_proj(x): x detached.
   linear_bwd(c, dw, s.x, N, d, wt(in, lp.ix_w), nI, nullptr, false, G + lp.ix_w);

@@ -9,6 +9,7 @@
 #include "kernels/compress_pool.h"
 #include "kernels/indexer.h"
 #include "kernels/rope.h"
+#include "model/indexer_score_bwd.h"
 
 namespace trex::model {
 
@@ -20,12 +21,6 @@ W wt(const V4AttnIn& in, int64_t off) { return {in.P + off, in.Pb ? in.Pb + off 
 void rope_heads(float* x, int64_t N, int H, int64_t hd, int64_t rd, const int32_t* pos, const float* cos,
                 const float* sin, bool inverse) {
   kern::rope_apply(x + (hd - rd), N, H, H * hd, hd, (int)rd, pos, cos, sin, kern::RopeLayout::Interleaved, inverse);
-}
-
-double dot(const float* a, const float* b, int64_t n) {
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += (double)a[i] * (double)b[i];
-  return s;
 }
 
 // Positions: token i of its row at i % T; entry e of its row (e % nw) at (e % nw) m.
@@ -143,10 +138,10 @@ void v4_index_loss_forward(const Ctx& c, const V4AttnIn& in, V4AttnSaved& s, con
       double psum = 0;
       for (int64_t k = 0; k < n; ++k) {
         const float* kv = s.KV + (N + ent[k]) * hd;
-        for (int64_t h = 0; h < H; ++h) p[k] += std::exp(scale * dot(qi + h * hd, kv, hd) - (double)s.lse[i * H + h]);
+        for (int64_t h = 0; h < H; ++h) p[k] += std::exp(scale * index_dot(qi + h * hd, kv, hd) - (double)s.lse[i * H + h]);
         psum += p[k];
         for (int64_t h = 0; h < nI; ++h)
-          I[k] += (double)pr.w[i * nI + h] * std::max(0.0, dot(pr.q + (i * nI + h) * dI, pr.k + ent[k] * dI, dI));
+          I[k] += (double)pr.w[i * nI + h] * std::max(0.0, index_dot(pr.q + (i * nI + h) * dI, pr.k + ent[k] * dI, dI));
         I[k] *= cI;
       }
       const double logz = log_sum_exp(I);
@@ -177,7 +172,7 @@ void v4_index_loss_forward(const Ctx& c, const V4AttnIn& in, V4AttnSaved& s, con
           sc.clear(), ss.clear();
           for (int64_t w = 0; w < nw; ++w) {
             if (!v4_entry_visible(in.seg, T, b, t, w, m, nw)) continue;
-            const double a = scale * dot(qi + h * hd, s.KV + (N + b * nw + w) * hd, hd);
+            const double a = scale * index_dot(qi + h * hd, s.KV + (N + b * nw + w) * hd, hd);
             sc.push_back(a);
             if (selected(w)) ss.push_back(a);
           }
@@ -211,56 +206,14 @@ void v4_index_loss_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved&
   float* dw = A.alloc<float>(N * nI);
   float* dq = A.alloc<float>(N * nI * dI);
   float* dk = A.alloc<float>(NE * dI);
-  // Queries and head weights: per query over its entries.
-  parallel_for(N, 4, [&](int64_t i0, int64_t i1) {
-    std::vector<double> acc(dI);
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t o = s.ix_off[i], n = s.ix_off[i + 1] - o;
-      for (int64_t h = 0; h < nI; ++h) {
-        const float* q = pr.q + (i * nI + h) * dI;
-        double sw = 0;
-        std::fill(acc.begin(), acc.end(), 0.0);
-        for (int64_t k = 0; k < n; ++k) {
-          const float* kk = pr.k + s.ix_ent[o + k] * dI;
-          const double a = dot(q, kk, dI), g = g0 * (double)s.ix_dI[o + k];
-          if (a <= 0) continue;
-          sw += g * a;
-          for (int64_t e = 0; e < dI; ++e) acc[e] += g * (double)kk[e];
-        }
-        dw[i * nI + h] = (float)(sw * wsc);  // wts = i_w(x) nI^-0.5
-        const double w = pr.w[i * nI + h];
-        for (int64_t e = 0; e < dI; ++e) dq[(i * nI + h) * dI + e] = (float)(w * acc[e]);
-      }
-    }
-  });
-  // Keys: the (query, pair) lists of each entry, in query order (deterministic sums).
-  std::vector<int64_t> koff(NE + 1, 0);
-  for (int64_t u = 0; u < s.ix_off[N]; ++u) ++koff[s.ix_ent[u] + 1];
-  for (int64_t e = 0; e < NE; ++e) koff[e + 1] += koff[e];
-  std::vector<int64_t> kq(koff[NE]), kp(koff[NE]), fill(koff.begin(), koff.end() - 1);
-  for (int64_t i = 0; i < N; ++i)
-    for (int64_t u = s.ix_off[i]; u < s.ix_off[i + 1]; ++u) {
-      const int64_t at = fill[s.ix_ent[u]]++;
-      kq[at] = i, kp[at] = u;
-    }
-  parallel_for(NE, 4, [&](int64_t e0, int64_t e1) {
-    std::vector<double> acc(dI);
-    for (int64_t e = e0; e < e1; ++e) {
-      std::fill(acc.begin(), acc.end(), 0.0);
-      const float* kk = pr.k + e * dI;
-      for (int64_t u = koff[e]; u < koff[e + 1]; ++u) {
-        const int64_t i = kq[u];
-        const double g = g0 * (double)s.ix_dI[kp[u]];
-        for (int64_t h = 0; h < nI; ++h) {
-          const float* q = pr.q + (i * nI + h) * dI;
-          if (dot(q, kk, dI) <= 0) continue;
-          const double gw = g * (double)pr.w[i * nI + h];
-          for (int64_t j = 0; j < dI; ++j) acc[j] += gw * (double)q[j];
-        }
-      }
-      for (int64_t j = 0; j < dI; ++j) dk[e * dI + j] = (float)acc[j];
-    }
-  });
+  // Query i's pairs: its selected entries s.ix_ent[ix_off[i] ..].
+  struct Pairs {
+    const V4AttnSaved& s;
+    int64_t first(int64_t i) const { return s.ix_off[i]; }
+    int64_t n(int64_t i) const { return s.ix_off[i + 1] - s.ix_off[i]; }
+    int64_t key(int64_t i, int64_t k) const { return s.ix_ent[s.ix_off[i] + k]; }
+  };
+  indexer_score_bwd(Pairs{s}, N, NE, nI, dI, pr.q, pr.w, pr.k, s.ix_dI, g0, wsc, dq, dw, dk);  // wts = i_w(x) nI^-0.5
   float* G = in.G;
   // wts = i_w(x) nI^-0.5 (x detached).
   linear_bwd(c, dw, s.x, N, d, wt(in, lp.i_w), nI, nullptr, false, G + lp.i_w);
