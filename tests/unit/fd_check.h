@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 #include "core/rng.h"
 #include "model/model.h"
@@ -72,6 +74,63 @@ inline std::vector<const model::ParamEntry*> fd_check_tensors(model::Model& m, c
     checked.push_back(&e);
   }
   return checked;
+}
+
+// The indexer losses' check (DeepSeek-V3.2 and V4): each tensor against the part of the loss its
+// gradient belongs to: the indexer's tensors (is_indexer) against w x the indexer loss (the LM loss
+// moves with them only where a selection flips), every other tensor against ce + aux (the indexer
+// loss reads the attention detached). Central difference with step 1e-3 within 3e-2 |g.v| + 1e-3,
+// kinks as in fd_check_tensors. dense (the warm-up): only the indexer's tensors train, every other
+// tensor is frozen with an exactly zero gradient. Each indexer tensor checked must have a gradient.
+struct IndexerFd {
+  int checked = 0, kinks = 0, indexer = 0;  // tensors by the central difference, at a kink, of the indexer
+};
+inline IndexerFd fd_check_indexer_split(model::Model& m, const model::Batch& b, double w, bool dense,
+                                        const std::function<bool(const std::string&)>& is_indexer) {
+  const int64_t n = m.layout.total;
+  std::vector<float> p0(m.P(), m.P() + n), g(m.G(), m.G() + n);
+  auto part = [&](const model::LossParts& x, bool ix) -> double { return ix ? w * x.indexer : x.ce + x.aux; };
+  auto loss_at = [&](const std::vector<float>& v, double t, bool ix) {
+    for (int64_t i = 0; i < n; ++i) m.P()[i] = p0[i] + (float)(t * v[i]);
+    return part(m.forward(b), ix);
+  };
+  Rng r(5);
+  const double t = 1e-3;
+  IndexerFd out;
+  for (const model::ParamEntry& e : m.layout.entries) {
+    const bool ix = is_indexer(e.name);
+    EXPECT_EQ(e.frozen, dense ? !ix : false) << e.name;
+    if (dense && !ix) {
+      double s = 0;
+      for (int64_t i = e.offset; i < e.offset + e.shape.numel(); ++i) s += std::abs(g[i]);
+      EXPECT_EQ(s, 0.0) << e.name;
+      continue;
+    }
+    std::vector<float> v(n, 0.f);
+    double gv = 0, vv = 0;
+    for (int64_t i = e.offset; i < e.offset + e.shape.numel(); ++i) vv += (v[i] = (float)r.normal()) * v[i];
+    for (int64_t i = e.offset; i < e.offset + e.shape.numel(); ++i) {
+      v[i] = (float)(v[i] / std::sqrt(vv));
+      gv += (double)g[i] * v[i];
+    }
+    const double fd = (loss_at(v, t, ix) - loss_at(v, -t, ix)) / (2 * t);
+    const double tol = 3e-2 * std::abs(gv) + 1e-3;
+    if (std::abs(fd - gv) > tol) {
+      // A top-k selection (or a relu) flipped inside [-t, t]: then one side's smaller step agrees.
+      const double l0 = loss_at(v, 0, ix);
+      const double fr = (loss_at(v, t / 8, ix) - l0) / (t / 8), fl = (l0 - loss_at(v, -t / 8, ix)) / (t / 8);
+      if (std::abs(fr - gv) <= 4 * tol || std::abs(fl - gv) <= 4 * tol) {
+        ++out.kinks;
+        continue;
+      }
+    }
+    EXPECT_NEAR(fd, gv, tol) << e.name;
+    ++out.checked, out.indexer += ix;
+    if (ix) {
+      EXPECT_GT(std::abs(gv), 1e-6) << e.name;  // the indexer does learn
+    }
+  }
+  return out;
 }
 
 }  // namespace trex::testing

@@ -16,6 +16,7 @@
 #include "model/checkpoint.h"
 #include "model/model.h"
 #include "tests/tiny_configs.h"
+#include "tests/unit/fd_check.h"
 #include "train/optimizer.h"
 #include "train/run_config.h"
 #include "train/trainer.h"
@@ -126,53 +127,11 @@ void fd_check(model::IndexerStage stage, int64_t B, int64_t T, bool packed, mode
   EXPECT_GT(lp.indexer_recall, 0.0);
   EXPECT_LE(lp.indexer_recall, cfg.num_hidden_layers * (1 + 1e-6));
   const bool dense = stage == model::IndexerStage::DenseWarmup;
-  const int64_t n = m.layout.total;
-  std::vector<float> p0(m.P(), m.P() + n), g(m.G(), m.G() + n);
-  auto part = [&](const model::LossParts& x, bool ix) -> double { return ix ? w * x.indexer : x.ce + x.aux; };
-  auto loss_at = [&](const std::vector<float>& v, double t, bool ix) {
-    for (int64_t i = 0; i < n; ++i) m.P()[i] = p0[i] + (float)(t * v[i]);
-    return part(m.forward(b), ix);
-  };
-  Rng r(5);
-  const double t = 1e-3;
-  int checked = 0, kinks = 0, indexer = 0;
-  for (const model::ParamEntry& e : m.layout.entries) {
-    const bool ix = is_indexer(e.name);
-    EXPECT_EQ(e.frozen, dense ? !ix : false) << e.name;
-    if (dense && !ix) {
-      double s = 0;
-      for (int64_t i = e.offset; i < e.offset + e.shape.numel(); ++i) s += std::abs(g[i]);
-      EXPECT_EQ(s, 0.0) << e.name;
-      continue;
-    }
-    std::vector<float> v(n, 0.f);
-    double gv = 0, vv = 0;
-    for (int64_t i = e.offset; i < e.offset + e.shape.numel(); ++i) vv += (v[i] = (float)r.normal()) * v[i];
-    for (int64_t i = e.offset; i < e.offset + e.shape.numel(); ++i) {
-      v[i] = (float)(v[i] / std::sqrt(vv));
-      gv += (double)g[i] * v[i];
-    }
-    const double fd = (loss_at(v, t, ix) - loss_at(v, -t, ix)) / (2 * t);
-    const double tol = 3e-2 * std::abs(gv) + 1e-3;
-    if (std::abs(fd - gv) > tol) {
-      // A top-k selection (or a relu) flipped inside [-t, t]: then one side's smaller step agrees.
-      const double l0 = loss_at(v, 0, ix);
-      const double fr = (loss_at(v, t / 8, ix) - l0) / (t / 8), fl = (l0 - loss_at(v, -t / 8, ix)) / (t / 8);
-      if (std::abs(fr - gv) <= 4 * tol || std::abs(fl - gv) <= 4 * tol) {
-        ++kinks;
-        continue;
-      }
-    }
-    EXPECT_NEAR(fd, gv, tol) << e.name;
-    ++checked, indexer += ix;
-    if (ix) {
-      EXPECT_GT(std::abs(gv), 1e-6) << e.name;  // the indexer does learn
-    }
-  }
-  std::printf("[v32 indexer fd] %d tensors checked (%d indexer), %d at a kink checked one-sided\n", checked, indexer,
-              kinks);
-  EXPECT_GE(indexer, (int)(4 * cfg.num_hidden_layers));
-  EXPECT_LE(kinks, checked / 4);
+  const trex::testing::IndexerFd f = trex::testing::fd_check_indexer_split(m, b, w, dense, is_indexer);
+  std::printf("[v32 indexer fd] %d tensors checked (%d indexer), %d at a kink checked one-sided\n", f.checked, f.indexer,
+              f.kinks);
+  EXPECT_GE(f.indexer, (int)(4 * cfg.num_hidden_layers));
+  EXPECT_LE(f.kinks, f.checked / 4);
 }
 
 TEST(V32IndexerLoss, FiniteDifferenceSparse) { fd_check(model::IndexerStage::Sparse, 2, 13, false, model::Recompute::None); }
