@@ -18,52 +18,7 @@ TREX=$(realpath "$1")
 NAME=v4_generate
 source "$(dirname "$0")/family_setup.sh"
 
-cat > cpt.toml <<TOML
-[model]
-model_type = "deepseek_v4"
-vocab_size = 300
-hidden_size = 26
-num_hidden_layers = 3
-num_attention_heads = 3
-head_dim = 10
-partial_rotary_factor = 0.4
-q_lora_rank = 9
-o_groups = 3
-o_lora_rank = 5
-moe_intermediate_size = 7
-n_routed_experts = 5
-n_shared_experts = 1
-num_experts_per_tok = 2
-layer_types = ["compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"]
-mlp_layer_types = ["hash_moe", "moe", "moe"]
-compress_rates = { compressed_sparse_attention = 3, heavily_compressed_attention = 5 }
-sliding_window = 7
-index_n_heads = 5
-index_head_dim = 6
-index_topk = 2
-hc_mult = 3
-hc_sinkhorn_iters = 5
-max_position_embeddings = 512
-num_nextn_predict_layers = 0
-initializer_range = 0.3
-
-[data]
-train = ["corpus.txt"]
-tokenizer = "tok/tokenizer.json"
-seq_len = 32
-cache_dir = "none"
-
-[train]
-steps = 1
-batch_size = 1
-precision = "fp32"
-
-[checkpoint]
-run_dir = "cpt"
-
-[log]
-progress = "lines"
-TOML
+write_v4_cpt_toml '["compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"]' 2
 run "$TREX" train --config cpt.toml
 CK=cpt/checkpoints/step-00000001
 cp tok/tokenizer.json "$CK/"
