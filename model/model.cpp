@@ -99,6 +99,16 @@ void Model::grads_to_host() {
   if (on_device()) dgrads_.download(G());
 }
 
+void Model::grow_device_slabs(int64_t n) {
+  if (!on_device() || (int64_t)dparams_.size() >= n) return;
+  for (kern::DeviceBuffer<float>* d : {&dparams_, &dgrads_}) {
+    kern::DeviceBuffer<float> b(*be_, (size_t)n);
+    be_->zero(b.get(), (size_t)n * sizeof(float));
+    be_->copy(b.get(), d->get(), d->size() * sizeof(float));
+    *d = std::move(b);
+  }
+}
+
 void Model::upload_rope() {
   drope_ = kern::DeviceBuffer<float>(*be_, cos_.size() + sin_.size());
   be_->to_device(drope_.get(), cos_.data(), cos_.size() * sizeof(float));

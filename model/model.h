@@ -263,6 +263,10 @@ class Model {
   void params_to_device();  // P() and params_bf16 -> the backend's copies
   void params_to_host();    // the backend's parameters -> P() and params_bf16
   void grads_to_host();     // the backend's gradients -> G()
+  // The device parameter and gradient slabs made n >= layout.total elements long (a data-parallel
+  // run pads them to its buckets, as it pads P() and G()): contents kept, the tail zero. A no-op on
+  // a host backend or when they are that long already.
+  void grow_device_slabs(int64_t n);
 
  private:
   // io: the pipeline stage's inputs and outputs (null without pipeline parallelism).

@@ -112,6 +112,12 @@ std::unique_ptr<NcclComm> NcclComm::create(Communicator& bootstrap, int device, 
   return std::make_unique<NcclComm>(comm, device, stream);
 }
 
+std::unique_ptr<Communicator> make_nccl_comm(Communicator& bootstrap, kern::Stream stream) {
+  int device = 0;
+  TREX_CHECK_CUDA(cudaGetDevice(&device));
+  return NcclComm::create(bootstrap, device, reinterpret_cast<cudaStream_t>(stream));
+}
+
 NcclComm::NcclComm(ncclComm_t comm, int device, cudaStream_t stream) : comm_(comm), device_(device), stream_(stream) {
   TREX_CHECK(comm_ != nullptr, "NcclComm needs a communicator");
   TREX_CHECK_CUDA(cudaSetDevice(device_));

@@ -19,6 +19,7 @@
 
 #include <memory>
 
+#include "kernels/backend.h"
 #include "parallel/comm.h"
 
 namespace trex::parallel {
@@ -63,6 +64,11 @@ class NcclComm final : public Communicator {
   bool own_stream_ = false;
   int32_t* scratch_ = nullptr;  // device int for barrier()
 };
+
+// An NcclComm on the calling thread's current CUDA device (the one the CUDA backend set) whose
+// operations are enqueued on `stream` (a kern::Backend's stream(): the cudaStream_t it wraps), so
+// that they are ordered after the kernels that wrote their inputs. Collective over `bootstrap`.
+std::unique_ptr<Communicator> make_nccl_comm(Communicator& bootstrap, kern::Stream stream);
 
 }  // namespace trex::parallel
 #endif  // TREX_WITH_NCCL

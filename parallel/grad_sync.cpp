@@ -23,10 +23,6 @@ namespace {
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-void zero_padding(const BucketLayout& L, float* buf) {
-  for (const Bucket& b : L.buckets) std::memset(buf + b.begin + b.used, 0, (b.size - b.used) * sizeof(float));
-}
-
 // True when [p, p + bytes) lies in private anonymous mappings (the heap, glibc's mmap'd chunks,
 // anonymous mmaps), where madvise(MADV_DONTNEED) drops pages that then read back as zeros.
 bool private_anonymous(const void* p, size_t bytes) {
@@ -61,12 +57,15 @@ void add_into(float* dst, const float* src, size_t n) {
 }  // namespace
 
 GradSync::GradSync(Communicator& dp_comm, const BucketLayout& layout, float* grads, float* params, bool average,
-                   bool shard_grads)
-    : comm_(dp_comm), L_(layout), grads_(grads), params_(params), rank_(dp_comm.rank()), average_(average),
+                   bool shard_grads, kern::Backend* mem)
+    : comm_(dp_comm), L_(layout), grads_(grads), params_(params),
+      dev_(mem && !mem->host_addressable() ? mem : nullptr), rank_(dp_comm.rank()), average_(average),
       shard_(shard_grads) {
   TREX_CHECK(dp_comm.size() == layout.dp, "GradSync: the dp communicator has ", dp_comm.size(),
              " ranks but the bucket layout was built for dp = ", layout.dp);
   TREX_CHECK(grads && params, "GradSync: null grads or params buffer");
+  TREX_CHECK(!dev_ || (!average && !shard_grads), "GradSync: on device memory (", dev_->name(),
+             ") only the summing ZeRO-1 form runs (average = false, shard_grads = false)");
   const size_t nb = layout.buckets.size();
   ready_count_.assign(nb, 0);
   marked_.assign(layout.params.size(), 0);
@@ -77,8 +76,8 @@ GradSync::GradSync(Communicator& dp_comm, const BucketLayout& layout, float* gra
   ag_t0_.assign(nb, 0);
   folded_.assign(nb, 0);
   rs_seq_.assign(nb, 0);
-  zero_padding(L_, grads_);
-  zero_padding(L_, params_);
+  zero_padding(grads_);
+  zero_padding(params_);
   if (!shard_) return;
   page_ = (size_t)::sysconf(_SC_PAGESIZE);
   release_pages_ = private_anonymous(grads_, L_.total * sizeof(float));
@@ -96,6 +95,16 @@ GradSync::GradSync(Communicator& dp_comm, const BucketLayout& layout, float* gra
 GradSync::~GradSync() {
   for (Handle& h : rs_) h.wait();  // (reads grads only; the accumulator is ours)
   if (acc_) ::munmap(acc_, acc_bytes_);
+}
+
+void GradSync::zero(float* p, size_t n) const {
+  if (n == 0) return;
+  if (dev_) dev_->zero(p, n * sizeof(float));
+  else std::memset(p, 0, n * sizeof(float));
+}
+
+void GradSync::zero_padding(float* buf) const {
+  for (const Bucket& b : L_.buckets) zero(buf + b.begin + b.used, b.size - b.used);
 }
 
 void GradSync::reset_marks() {
@@ -267,6 +276,13 @@ std::span<float> GradSync::param_shard(int bucket) {
 
 double GradSync::grad_norm_sq_local() const {
   double s = 0;
+  if (dev_) {
+    for (int b = 0; b < L_.num_buckets(); ++b) {
+      const FlatRange r = L_.shard(b, rank_);
+      s += dev_->sum_squares(grads_ + r.begin, (int64_t)r.size());
+    }
+    return s;
+  }
   for (int b = 0; b < L_.num_buckets(); ++b) {
     const FlatRange r = L_.shard(b, rank_);
     for (size_t i = r.begin; i < r.end; ++i) s += static_cast<double>(grads_[i]) * grads_[i];
@@ -277,6 +293,7 @@ double GradSync::grad_norm_sq_local() const {
 double GradSync::global_grad_norm() { return std::sqrt(comm_.all_reduce_value(grad_norm_sq_local())); }
 
 void GradSync::scale_grad_shards(float s) {
+  TREX_CHECK(!dev_, "GradSync::scale_grad_shards: not on device memory (the optimizer scales instead)");
   for (int b = 0; b < L_.num_buckets(); ++b)
     for (float& g : grad_shard(b)) g *= s;
 }
@@ -313,7 +330,7 @@ void GradSync::zero_grads() {
     TREX_CHECK(!rs_[b].pending(), "GradSync::zero_grads while the reduce-scatter of bucket ", b,
                " is in flight (call finish_grad_sync first)");
   if (!shard_) {
-    std::memset(grads_, 0, L_.total * sizeof(float));
+    zero(grads_, L_.total);
     return;
   }
   release(grads_, L_.total);

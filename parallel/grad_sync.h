@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "core/trace.h"
+#include "kernels/backend.h"
 #include "parallel/buckets.h"
 #include "parallel/comm.h"
 
@@ -59,8 +60,12 @@ class GradSync {
   // alive as long as this object. dp_comm.size() must equal layout.dp. Zeroes the padding of both.
   // average = false: finish_grad_sync leaves the sum over ranks (no 1/dp). shard_grads: ZeRO-2
   // (above).
+  // mem: the backend whose memory grads and params are, when the host cannot address it (a
+  // device; dp_comm must then move that memory: parallel/comm_device.h); the zeroing and the
+  // norm then run there. Device memory takes ZeRO-1 summing only (average = false, no
+  // shard_grads, no scale_grad_shards).
   GradSync(Communicator& dp_comm, const BucketLayout& layout, float* grads, float* params, bool average = true,
-           bool shard_grads = false);
+           bool shard_grads = false, kern::Backend* mem = nullptr);
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
   ~GradSync();  // waits for anything in flight
@@ -121,6 +126,7 @@ class GradSync {
   const BucketLayout& L_;
   float* grads_;
   float* params_;
+  kern::Backend* dev_ = nullptr;  // non-null: grads_ and params_ are this backend's device memory
   int rank_;
   bool average_;
   std::vector<int> ready_count_;  // [buckets] params marked this step
@@ -156,6 +162,8 @@ class GradSync {
   void wait_reduce_scatters(const char* what);
   // The per-step bookkeeping back to "nothing marked, started or folded".
   void reset_marks();
+  void zero(float* p, size_t n) const;  // p[0, n) = 0 in host or device memory
+  void zero_padding(float* buf) const;  // the padding of every bucket of buf
   // [p, p + n) reads as 0 afterwards: its whole pages released (release_pages_), the rest zeroed.
   void release(float* p, size_t n) const;
 };

@@ -82,8 +82,13 @@ DataParallel::DataParallel(parallel::Communicator& dp_comm, model::Model& m, Ada
   TREX_CHECK(!ml.tp_sharded() || (o_.tp_slice_comm && dp % o_.tp_slice_comm->size() == 0 && ml.tp.size == o_.tp),
              "DataParallel: a tp-sharded model needs DpOptions::tp_slice_comm (the ranks holding the same slice) and "
              "tp = its slice count");
-  parallel::Communicator* comms[4] = {o_.shared_comm, ml.stage_sharded() ? o_.stage_comm : &comm_, o_.tp_slice_comm,
-                                      o_.expert_comm};
+  const bool dev = m.on_device();
+  TREX_CHECK(!dev || (o_.device_comm && o_.device_comm->size() == dp && o_.tp == 1 && o_.pp == 1 && !ml.sharded() &&
+                      !ml.tp_sharded() && o_.zero_stage == 1),
+             "DataParallel: a model on device \"", m.backend().name(), "\" takes plain data parallelism (no ep, tp "
+             "or pp; zero_stage 1) with DpOptions::device_comm over the same ", dp, " ranks");
+  parallel::Communicator* comms[4] = {o_.shared_comm, dev ? o_.device_comm : ml.stage_sharded() ? o_.stage_comm : &comm_,
+                                      o_.tp_slice_comm, o_.expert_comm};
   std::vector<Part> parts;
   for (Kind k : {Kind::Shared, Kind::Dense, Kind::TpSplit, Kind::Experts}) {
     const auto [b, e] = region_bounds(ml, (int)k);
@@ -99,6 +104,7 @@ DataParallel::DataParallel(parallel::Communicator& dp_comm, model::Model& m, Ada
   padded_ = parts.back().end;
   grow_arena(m.params, "params", (size_t)padded_ * sizeof(float));
   grow_arena(m.grads, "grads", (size_t)padded_ * sizeof(float));
+  m.grow_device_slabs(padded_);
   regions_.reserve(parts.size());
   for (const Part& p : parts) add_region(p.kind, *p.comm, p.begin, p.end);
   for (Region& r : regions_)  // ZeRO-2: the slab's pages go back to the OS until a backward writes them
@@ -149,8 +155,8 @@ void DataParallel::add_region(Kind kind, parallel::Communicator& comm, int64_t b
     TREX_CHECK((int64_t)r.layout.buckets[b].begin == b * bs && r.layout.buckets[b].used == r.layout.buckets[b].size,
                "DataParallel: bucket ", b, " is not a padding-free slab range");
   // The sum over ranks (no 1/dp: the trainer weights the micro-batches by the global target count).
-  r.sync = std::make_unique<parallel::GradSync>(comm, r.layout, m_.G() + begin, m_.P() + begin, /*average=*/false,
-                                                /*shard_grads=*/r.zero2);
+  r.sync = std::make_unique<parallel::GradSync>(comm, r.layout, m_.dev_G() + begin, m_.dev_P() + begin,
+                                                /*average=*/false, /*shard_grads=*/r.zero2, &m_.backend());
   // Parameter groups -> buckets of this region they touch.
   const int64_t ng = (int64_t)m_.layout.layers.size() + 2;
   r.group_buckets.assign(ng, {});
@@ -189,7 +195,8 @@ int DataParallel::buckets_started_in_backward() const {
 
 void DataParallel::broadcast_replicas() {
   wait_params();
-  for (const Region& r : regions_) r.comm->broadcast(m_.P() + r.begin, r.layout.total, 0);
+  // (On a device: the host copies, which refresh_bf16 then sends to the device.)
+  for (const Region& r : regions_) host_comm(r).broadcast(m_.P() + r.begin, r.layout.total, 0);
   if (!m_.buffers.empty()) comm_.broadcast(m_.buffers.data(), m_.buffers.size(), 0);
   m_.refresh_bf16();
 }
@@ -294,7 +301,10 @@ void DataParallel::all_reduce_timed(T* v, size_t n) {
 double DataParallel::finish_grads(bool inject_nan) {
   wait_params();  // this rank's shards are the all-gather's send buffers: complete it before the update
   for (Region& r : regions_) r.sync->finish_grad_sync();
-  if (inject_nan && rank() == 0) regions_[0].sync->grad_shard(0)[0] = std::nanf("");
+  if (inject_nan && rank() == 0) {
+    const float nan = std::nanf("");
+    m_.backend().to_device(regions_[0].sync->grad_shard(0).data(), &nan, sizeof nan);  // (a memcpy on the CPU)
+  }
   // Every region's shards partition its tensors over its ranks, and different regions of the same
   // kind (the ep ranks' experts, the stages' layers) hold different tensors: the sum over every
   // rank is the whole model's.
@@ -334,7 +344,9 @@ void DataParallel::finish_param_bucket(Region& r, int b) {
   if (m_.params_bf16.empty()) return;
   const int64_t lo = r.begin + (int64_t)r.layout.buckets[b].begin;
   const int64_t hi = std::min<int64_t>(lo + (int64_t)r.layout.buckets[b].size, m_.layout.total);
-  if (lo < hi) model::to_bf16(m_.P() + lo, m_.params_bf16.data() + lo, hi - lo);
+  if (lo >= hi) return;
+  if (m_.on_device()) m_.backend().to_bf16(m_.dev_P() + lo, hi - lo, 1, hi - lo, m_.dev_Pb_mut() + lo);
+  else model::to_bf16(m_.P() + lo, m_.params_bf16.data() + lo, hi - lo);
 }
 
 void DataParallel::wait_params() {

@@ -93,6 +93,13 @@ struct DpOptions {
   // holding the same slice (the same tp rank; of this stage when the model is stage-sharded). The
   // region of the split tensors [tp_begin, expert region or end) is reduced over them.
   parallel::Communicator* tp_slice_comm = nullptr;
+  // A model computing on a device (model::Model::on_device(): parameters and gradients in a
+  // backend's memory): the communicator over the same ranks as dp_comm that moves that memory
+  // (parallel/comm_device.h; make_parallel_run sets it). The gradient reduce-scatters and the
+  // parameter all-gathers run on it, in place on the model's device slabs (padded like the host
+  // ones); the loss, count and norm sums, the replica broadcast and the checkpoint gathers stay on
+  // dp_comm over the host copies. Plain data parallelism only: no ep / tp / pp, ZeRO-1.
+  parallel::Communicator* device_comm = nullptr;
 };
 
 // What a sum over ranks counts (DataParallel::sum).
@@ -210,6 +217,9 @@ class DataParallel {
     std::vector<char> gathered;                   // [buckets] overlap_params: all-gather waited this step
   };
   void add_region(Kind kind, parallel::Communicator& comm, int64_t begin, int64_t end);
+  // The communicator over region r's ranks for host memory: r.comm, or dp_comm when r.comm moves
+  // device memory (DpOptions::device_comm).
+  parallel::Communicator& host_comm(const Region& r) const { return m_.on_device() ? comm_ : *r.comm; }
   void on_group(int64_t g);
   int64_t group_index(int64_t g) const;  // grad_ready numbering -> index into Region::group_buckets
   void start_ready_buckets(Region& r);   // reduce-scatters of the ready buckets, highest index first

@@ -8,7 +8,7 @@ namespace trex::train {
 
 void DataParallel::gather_region_moments(size_t k, std::vector<float>& m1, std::vector<float>& m2) {
   const Region& R = regions_[k];
-  parallel::Communicator& c = *R.comm;
+  parallel::Communicator& c = host_comm(R);
   // This rank's state of region k: after the earlier regions' shards (AdamW state in owned order).
   int64_t off = 0;
   for (size_t j = 0; j < k; ++j) off += (int64_t)regions_[j].layout.shard_elems();
@@ -43,6 +43,8 @@ void DataParallel::gather_region_moments(size_t k, std::vector<float>& m1, std::
 
 DataParallel::Gathered DataParallel::gather_whole() {
   wait_params();
+  m_.params_to_host();    // a device's copies (no-ops on the CPU)
+  opt_->state_to_host();
   Gathered g;
   const model::ParamLayout& ml = m_.layout;
   if (!ml.sharded()) {

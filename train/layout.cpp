@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "model/split.h"
+#include "parallel/comm_device.h"
 
 namespace trex::train {
 
@@ -17,9 +18,19 @@ ParallelRun make_parallel_run(parallel::Communicator& world, const parallel::Par
   TREX_CHECK(world.size() == dims.world(), "make_parallel_run: ", dims.str(), " on ", world.size(), " ranks");
   ParallelRun r;
   if (world.size() == 1) return r;
-  TREX_USER_CHECK(m.backend().host_addressable(), "run one process per job on device \"" + std::string(m.backend().name()) +
-                  "\", or train on device \"cpu\"", "data, expert, tensor and pipeline parallelism do not run on the ",
-                  m.backend().name(), " backend yet (", world.size(), " ranks)");
+  if (m.on_device()) {  // plain data parallelism, its gradients and parameters moved by the device's communicator
+    const std::string dev = m.backend().name();
+    TREX_USER_CHECK(dims.tp == 1 && dims.pp == 1 && dims.ep == 1,
+                    "set parallel.tp, parallel.pp and parallel.ep to 1 (data parallelism only) on device \"" + dev +
+                        "\", or train on device \"cpu\"",
+                    "parallel.ep = ", dims.ep, ", parallel.tp = ", dims.tp, ", parallel.pp = ", dims.pp,
+                    ": expert, tensor and pipeline parallelism do not run on the ", dev, " backend yet");
+    TREX_USER_CHECK(o.zero_stage == 1, "set parallel.zero_stage = 1 on device \"" + dev + "\"",
+                    "parallel.zero_stage = ", o.zero_stage, ": sharded gradients (ZeRO-2) do not run on the ", dev,
+                    " backend yet");
+    r.device = parallel::make_device_comm(world, m.backend());
+    o.device_comm = r.device.get();
+  }
   r.groups = parallel::make_process_groups(world, dims);
   if (dims.ep > 1) m.set_expert_parallel(r.groups.ep.get());
   if (dims.tp > 1) m.set_tensor_parallel(r.groups.tp.get(), o.sequence_parallel);

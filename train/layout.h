@@ -26,6 +26,7 @@ struct ParallelRun {
   std::unique_ptr<parallel::Communicator> expert_replicas;  // expert-sharded: ranks holding the same experts
   std::unique_ptr<parallel::Communicator> stage, shared;    // stage-sharded: this stage; first + last stage
   std::unique_ptr<parallel::Communicator> tp_slice;         // tp-sharded: ranks holding the same slice
+  std::unique_ptr<parallel::Communicator> device;           // a model on a device: its memory's communicator
   std::unique_ptr<DataParallel> dp;
 };
 // The routed experts rank `rank` of a run laid out by dims holds (expert-parallel memory
