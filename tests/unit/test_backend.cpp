@@ -77,6 +77,18 @@ TEST(Backend, DeviceNames) {
 
 // Either a CUDA device is here and the backend opens, or make_backend says why it cannot (and
 // open_device refuses it, naming train.device).
+// Under mpirun / srun, "cuda" is the device of the rank's local rank on its host; a named device
+// stays as it is for every rank.
+TEST(Backend, RankDeviceFollowsTheLocalRank) {
+  EXPECT_EQ(train::rank_device("cuda", "3"), "cuda:3");
+  EXPECT_EQ(train::rank_device("cuda", "0"), "cuda:0");
+  EXPECT_EQ(train::rank_device("cuda", nullptr), "cuda");
+  EXPECT_EQ(train::rank_device("cuda", ""), "cuda");
+  EXPECT_EQ(train::rank_device("cuda", "x1"), "cuda");
+  EXPECT_EQ(train::rank_device("cuda:1", "3"), "cuda:1");
+  EXPECT_EQ(train::rank_device("cpu", "3"), "cpu");
+}
+
 TEST(Backend, CudaUsableOrSaysWhy) {
   std::string why;
   if (kern::cuda_available(&why)) {
