@@ -17,6 +17,7 @@
 #include <string>
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/ops_v4attn.h"
+#include "kernels/hd/dot.h"
 #include "kernels/hd/indexer.h"
 
 namespace trex::kern::cuda {
@@ -70,9 +71,7 @@ __global__ void indexer_k(Args a, const float* __restrict__ q, const float* __re
           const float* kr = Ks + lane * ld;
           for (int h = w; h < a.nh; h += kWarps) {
             const float* qh = Qs + h * a.dI;
-            float dot = 0.f;
-            for (int d = 0; d < a.dI; ++d) dot += qh[d] * kr[d];
-            part = hd::indexer_head_term(part, Ws[h], dot, a.scale);
+            part = hd::indexer_head_term(part, Ws[h], hd::dot4(qh, kr, a.dI), a.scale);
           }
         }
         Part[w * kKeys + lane] = part;

@@ -22,6 +22,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/ops_v4attn.h"
 #include "kernels/cuda/reduce.cuh"
+#include "kernels/hd/dot.h"
 #include "kernels/hd/sparse_attn.h"
 
 namespace trex::kern::cuda {
@@ -87,9 +88,7 @@ __global__ void fwd_k(Args a, const float* __restrict__ q, const float* __restri
     float s = -INFINITY;
     if (lane < nt) {
       const float* kr = Ks + lane * ld;
-      float dot = 0.f;
-      for (int d = 0; d < a.D; ++d) dot += qh[d] * kr[d];
-      s = a.scale * dot;
+      s = a.scale * hd::dot4(qh, kr, a.D);
     }
     const float mn = hd::sattn_newmax(r.m, warp_max(s));
     const float p = hd::sattn_prob(s, mn);
@@ -173,9 +172,7 @@ __global__ void dq_k(Args a, const float* __restrict__ q, const float* __restric
     float ds = 0.f;
     if (lane < nt) {
       const float* kr = Ks + lane * ld;
-      float dot = 0.f, dp = 0.f;
-      for (int d = 0; d < a.D; ++d) dot += qh[d] * kr[d], dp += gh[d] * kr[d];
-      ds = hd::sattn_ds(hd::sattn_bwd_prob(dot, a.scale, L), dp, dl, a.scale);
+      ds = hd::sattn_ds(hd::sattn_bwd_prob(hd::dot4(qh, kr, a.D), a.scale, L), hd::dot4(gh, kr, a.D), dl, a.scale);
     }
     for (int j = 0; j < nt; ++j) {
       const float dj = __shfl_sync(0xffffffffu, ds, j);
@@ -234,10 +231,8 @@ __global__ void dkv_k(Args a, int C, const float* __restrict__ q, const float* _
             const float* kr = Ks + lane * ld;
             const float* qh = qi + int64_t(h) * a.D;
             const float* gh = gi + int64_t(h) * a.D;
-            float dot = 0.f, dp = 0.f;
-            for (int d = 0; d < a.D; ++d) dot += qh[d] * kr[d], dp += gh[d] * kr[d];
-            p = hd::sattn_bwd_prob(dot, a.scale, L);
-            ds = hd::sattn_ds(p, dp, dl, a.scale);
+            p = hd::sattn_bwd_prob(hd::dot4(qh, kr, a.D), a.scale, L);
+            ds = hd::sattn_ds(p, hd::dot4(gh, kr, a.D), dl, a.scale);
           }
           Ps[hh * kTile + lane] = p;
           Ss[hh * kTile + lane] = ds;

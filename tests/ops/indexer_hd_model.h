@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <limits>
 #include <vector>
+#include "kernels/hd/dot.h"
 #include "kernels/hd/indexer.h"
 #include "kernels/indexer.h"
 #include "kernels/ref/indexer.h"
@@ -36,9 +37,8 @@ inline void indexer_topk(const kern::IndexerShape& sh, const float* q, const flo
         for (int w = 0; w < kWarps; ++w)
           for (int h = w; h < sh.nh; h += kWarps) {
             const float* qh = q + (bt * sh.nh + h) * sh.dI;
-            float dot = 0.f;
-            for (int d = 0; d < sh.dI; ++d) dot += qh[d] * kr[d];
-            part[w] = kern::hd::indexer_head_term(part[w], wts[bt * sh.nh + h], dot, sh.softmax_scale);
+            part[w] = kern::hd::indexer_head_term(part[w], wts[bt * sh.nh + h], kern::hd::dot4(qh, kr, sh.dI),
+                                                  sh.softmax_scale);
           }
         float sc = part[0];
         for (int w = 1; w < kWarps; ++w) sc += part[w];

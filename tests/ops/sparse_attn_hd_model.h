@@ -1,6 +1,6 @@
 // A host model of the CUDA sparse-attention kernels (kernels/cuda/sparse_attn.cu) for the CPU op
 // harness ("sattn[hd]" in tests/ops/sparse_attn_ops.cpp): the same walk (32-row tiles, a lane's
-// score as one sequential D-long dot product, the warp's butterfly sums, the online softmax started
+// score as one D-long dot product (hd::dot4), the warp's butterfly sums, the online softmax started
 // from the sink, dkv per query chunk into its own copy, the copies added in chunk order, dsink as a
 // 256-thread block sum) on the same per-(query, head) functions, kernels/hd/sparse_attn.h. It proves
 // the kernels' arithmetic and their NaN / empty-list rules on any machine, against the reference and
@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <vector>
+#include "kernels/hd/dot.h"
 #include "kernels/hd/sparse_attn.h"
 #include "kernels/sparse_attn.h"
 
@@ -53,9 +54,7 @@ inline void sparse_attn_fwd(const kern::SparseAttnShape& sh, const float* q, con
           s[l] = -INFINITY;
           if (l < nt) {
             const float* kr = kv + int64_t(idx[b + j0 + l]) * D;
-            float dot = 0.f;
-            for (int d = 0; d < D; ++d) dot += qh[d] * kr[d];
-            s[l] = sh.scale * dot;
+            s[l] = sh.scale * kern::hd::dot4(qh, kr, D);
           }
           mt = std::fmax(mt, s[l]);  // fmaxf, as the warp's max: NaN only when every lane is NaN
         }
@@ -114,9 +113,8 @@ inline void sparse_attn_bwd(const kern::SparseAttnShape& sh, const float* q, con
         const int nt = static_cast<int>(n - j0 < kTile ? n - j0 : kTile);
         for (int l = 0; l < nt; ++l) {
           const float* kr = kv + int64_t(idx[b + j0 + l]) * D;
-          float dot = 0.f, dp = 0.f;
-          for (int d = 0; d < D; ++d) dot += qh[d] * kr[d], dp += gh[d] * kr[d];
-          ds[l] = kern::hd::sattn_ds(kern::hd::sattn_bwd_prob(dot, sh.scale, L), dp, dl, sh.scale);
+          ds[l] = kern::hd::sattn_ds(kern::hd::sattn_bwd_prob(kern::hd::dot4(qh, kr, D), sh.scale, L),
+                                     kern::hd::dot4(gh, kr, D), dl, sh.scale);
         }
         for (int j = 0; j < nt; ++j) {
           const float* kr = kv + int64_t(idx[b + j0 + j]) * D;
@@ -150,10 +148,8 @@ inline void sparse_attn_bwd(const kern::SparseAttnShape& sh, const float* q, con
               float p = 0.f, g = 0.f;
               if (l < nt && L != -INFINITY) {
                 const float* kr = kv + int64_t(idx[b + j0 + l]) * D;
-                float dot = 0.f, dp = 0.f;
-                for (int d = 0; d < D; ++d) dot += qi[h * D + d] * kr[d], dp += gi[h * D + d] * kr[d];
-                p = kern::hd::sattn_bwd_prob(dot, sh.scale, L);
-                g = kern::hd::sattn_ds(p, dp, dl, sh.scale);
+                p = kern::hd::sattn_bwd_prob(kern::hd::dot4(qi + h * D, kr, D), sh.scale, L);
+                g = kern::hd::sattn_ds(p, kern::hd::dot4(gi + h * D, kr, D), dl, sh.scale);
               }
               P[hh * kTile + l] = p, S[hh * kTile + l] = g;
             }
