@@ -1,22 +1,27 @@
 // Sparse shared-KV sink attention on CUDA (kernels/sparse_attn.h: DeepSeek-V4's attention core),
 // forward and backward, f32 throughout. The per-(query, head) arithmetic is kernels/hd/sparse_attn.h
-// (the CPU op harness runs it in this file's tile order against the reference); these kernels walk
-// the lists.
+// and kernels/hd/dot.h; the CPU op harness runs it in these kernels' order against the reference
+// (tests/ops/sparse_attn_hd_model.h). These kernels walk the lists.
 // Forward and dq: a block per (query i, group of up to 8 heads), a warp per head. The block gathers
-// the query's listed kv rows into shared memory in tiles of 32 (all its heads share them; the q rows
-// of its heads stay in shared memory too); in a tile, lane j takes row j's score (a D-long dot
-// product, row stride D + 1: no bank conflicts), the warp updates its online softmax started from
-// the sink, then each lane accumulates output dims lane, lane + 32, ... (D <= 512) over the tile's
-// rows. dq: p = exp(scale q.k - lse), ds = scale p (dO.k - dO.o), dq = sum ds k, the same walk.
-// dkv (accumulates onto every listed row, a row listed by many queries): the queries are cut into
-// C fixed chunks (hd::sattn_dkv_chunks: a function of N, M and D only); block c walks its chunk's queries IN ORDER
-// and adds each query's contributions [rows, D] = [scale dS | P] [rows, 2H] x [q ; dO] [2H, D] into
-// its own [M, D] copy (chunk 0 straight into dkv); a query's rows are distinct, so no two threads
-// add to one element at a time. The copies are then added to dkv in chunk order, and dsink sums
-// per-query terms in a fixed order: every result is independent of the launch and bitwise
-// reproducible. Not the CPU's bits: the sums run in another order (the op harness bounds them as
-// the CPU kernels'). SparseAttnShape::prec == BF16 runs the same f32 kernels (bf16 rounding is
-// allowed, not required).
+// the query's listed kv rows into shared memory in tiles of 32 (all its heads share them; its heads'
+// q rows, and dO for dq, stay in shared memory too). In a tile, lane j takes row j's score (a D-long
+// dot product, four running sums, row stride D + 1: no bank conflicts), the warp updates its online
+// softmax started from the sink, then each lane accumulates output dims lane, lane + 32, ...
+// (D <= 512) over the tile's rows. dq: p = exp(scale q.k - lse), ds = scale p (dO.k - dO.o),
+// dq = sum ds k, the same walk.
+// dkv (accumulated onto every listed row; a row is listed by many queries): the queries are cut into
+// C fixed chunks (hd::sattn_dkv_chunks: a function of N, M and D only); block c walks its chunk's
+// queries in order and adds each query's contributions [rows, D] = [scale dS | P] [rows, 2H] x
+// [q ; dO] [2H, D] into its own [M, D] copy (chunk 0 straight into dkv): a query's rows are
+// distinct, so no two threads add to one element at a time. Per tile of rows and pass of up to 64
+// heads, P and dS [heads, 32] go to shared memory (a warp per head, a lane per row), then a thread
+// per (dim, 8 rows) sums over the heads. The copies are then added to dkv in chunk order, and dsink
+// sums per-query terms in a fixed order: every result is independent of the launch and bitwise
+// reproducible. Not the CPU's bits (the sums run in another order): the op harness holds them to
+// the CPU kernels' bounds against the reference in double.
+// SparseAttnShape::prec == BF16 runs the same f32 kernels (bf16 rounding is allowed, not required);
+// tensor-core (mma) paths for it are not written yet. The workspace argument is not used: the
+// delta, dsink and dkv-copy scratch comes from Scratch (up to 1 GiB of copies).
 #include <algorithm>
 #include <string>
 #include "kernels/cuda/check.h"
@@ -44,8 +49,8 @@ struct Args {
 };
 
 // Tile rows idx[b + j0 .. b + j0 + nt) of kv into Ks [kTile, D + 1].
-__device__ __forceinline__ void gather_tile(const Args& a, const float* __restrict__ kv, const int32_t* __restrict__ idx,
-                                            int64_t first, int nt, float* Ks) {
+__device__ __forceinline__ void gather_tile(const Args& a, const float* __restrict__ kv,
+                                            const int32_t* __restrict__ idx, int64_t first, int nt, float* Ks) {
   const int ld = a.D + 1;
   for (int e = threadIdx.x; e < nt * a.D; e += blockDim.x) {
     const int j = e / a.D, d = e - j * a.D;
@@ -62,9 +67,9 @@ __device__ __forceinline__ void load_heads(const Args& a, const float* __restric
   }
 }
 
-__global__ void fwd_k(Args a, const float* __restrict__ q, const float* __restrict__ kv, const int64_t* __restrict__ off,
-                      const int32_t* __restrict__ idx, const float* __restrict__ sink, float* __restrict__ o,
-                      float* __restrict__ lse) {
+__global__ void fwd_k(Args a, const float* __restrict__ q, const float* __restrict__ kv,
+                      const int64_t* __restrict__ off, const int32_t* __restrict__ idx,
+                      const float* __restrict__ sink, float* __restrict__ o, float* __restrict__ lse) {
   extern __shared__ float sm[];
   const int ld = a.D + 1, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* Ks = sm;                // [kTile, D + 1]
@@ -118,8 +123,9 @@ __global__ void fwd_k(Args a, const float* __restrict__ q, const float* __restri
 }
 
 // delta [N, H] = dO . o (a warp per row) and, with a sink, T [N, H] = the row's dsink term.
-__global__ void delta_k(Args a, const float* __restrict__ o, const float* __restrict__ dO, const float* __restrict__ lse,
-                        const float* __restrict__ sink, float* __restrict__ delta, float* __restrict__ T) {
+__global__ void delta_k(Args a, const float* __restrict__ o, const float* __restrict__ dO,
+                        const float* __restrict__ lse, const float* __restrict__ sink, float* __restrict__ delta,
+                        float* __restrict__ T) {
   const int64_t row = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= a.N * a.H) return;
@@ -333,7 +339,8 @@ void sparse_attn_bwd(const Ctx& c, const SparseAttnShape& sh, const float* q, co
   const int C = hd::sattn_dkv_chunks(a.N, a.M, a.D);
   const int64_t n = a.M * a.D;
   Scratch copies(c, size_t(C - 1) * size_t(n) * sizeof(float));
-  if (C > 1) TREX_CUDA_CHECK(cudaMemsetAsync(copies.as<float>(), 0, size_t(C - 1) * size_t(n) * sizeof(float), c.stream));
+  if (C > 1)
+    TREX_CUDA_CHECK(cudaMemsetAsync(copies.as<float>(), 0, size_t(C - 1) * size_t(n) * sizeof(float), c.stream));
   const size_t smem_kv = (size_t(kTile) * (a.D + 1) + 2 * size_t(kDkvHeads) * kTile) * sizeof(float) +
                          (kDkvHeads + kTile) * sizeof(int);
   set_smem(dkv_k, smem_kv);

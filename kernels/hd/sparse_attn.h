@@ -45,7 +45,9 @@ TREX_HD float sattn_lse(SattnRow r) { return r.m == -INFINITY ? -INFINITY : r.m 
 // Backward, with L = lse[i, h] and delta = dO[i, h] . o[i, h]:
 // p = exp(scale q.k - L) (0 for every row when L = -inf: the reference skips such a query);
 // ds = scale p (dp - delta), dp = dO . k: the gradient of the score q.k (dq += ds k, dk += ds q).
-TREX_HD float sattn_bwd_prob(float dot, float scale, float L) { return L == -INFINITY ? 0.f : std::exp(scale * dot - L); }
+TREX_HD float sattn_bwd_prob(float dot, float scale, float L) {
+  return L == -INFINITY ? 0.f : std::exp(scale * dot - L);
+}
 TREX_HD float sattn_ds(float p, float dp, float delta, float scale) { return p * (dp - delta) * scale; }
 // dsink[h] term of one query: -exp(sink - L) delta (0 when L = -inf).
 TREX_HD float sattn_dsink_term(float sink, float L, float delta) {

@@ -127,7 +127,8 @@ struct SattnBounds {
 };
 inline SattnBounds sattn_bounds(const SattnCfg& c, bool bf16) {
   const double cond = std::max(1.0, double(c.sharp) * c.sharp / 16);
-  return bf16 ? SattnBounds{1e-4 * cond, 1e-5 * cond, 3e-4 * cond} : SattnBounds{1e-10 * cond, 1e-12 * cond, 1e-10 * cond};
+  if (bf16) return {1e-4 * cond, 1e-5 * cond, 3e-4 * cond};
+  return {1e-10 * cond, 1e-12 * cond, 1e-10 * cond};
 }
 
 }  // namespace trex::ops
