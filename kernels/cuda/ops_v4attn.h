@@ -2,7 +2,10 @@
 // backward, kernels/cuda/sparse_attn.cu) and the lightning-indexer top-k (kernels/cuda/indexer.cu).
 // Each function has the semantics of the kern:: function of the same name (kernels/sparse_attn.h,
 // kernels/indexer.h); every pointer is device memory (off and idx included), workspace has the
-// size the kern:: *_workspace_floats function gives, and the work is enqueued on ctx.stream.
+// size the kern:: *_workspace_floats function gives (these kernels do not use it: their scratch
+// comes from Scratch; it may be null), and the work is enqueued on ctx.stream. The lists are not
+// checked here (they are device memory): off non-decreasing from 0, idx rows in [0, M) and
+// distinct within a query, as kern::sparse_attn_* requires (the CPU checks the first two).
 #pragma once
 #include "kernels/cuda/ops.h"
 #include "kernels/indexer.h"
