@@ -9,7 +9,8 @@
 //         the dispatched kernel with SparseAttnShape::prec = BF16 ("sattn_bf16") and the
 //         AVX512_BF16 kernel called directly ("sattn[avx512bf16]",
 //         kernels/cpu/sparse_attn_avx512bf16.h; skipped without AVX512_BF16) on the same cases,
-//         with bounds for operands rounded to bf16 (see run_test);
+//         with bounds for operands rounded to bf16 (see run_test). "sattn[hd]": the host model
+//         of the CUDA kernels (tests/ops/sparse_attn_hd_model.h) on the same cases and bounds;
 //   grad: reference backward in double against finite differences of the reference forward
 //         (dq, dkv, dsink of sum(o * R));
 //   perf: GFLOP/s of fwd (4 N H D n_avg) and bwd (8 N H D n_avg), also with very sharp scores,
@@ -32,6 +33,8 @@
 #include "kernels/ref/sparse_attn.h"
 #include "kernels/sparse_attn.h"
 #include "tests/ops/harness.h"
+#include "tests/ops/sparse_attn_cases.h"
+#include "tests/ops/sparse_attn_hd_model.h"
 
 namespace {
 
@@ -68,6 +71,9 @@ const Impl kImpls[] = {
     {"sattn[avx512bf16]", trex::kern::cpu::sparse_attn_fwd_avx512bf16,
      trex::kern::cpu::sparse_attn_bwd_avx512bf16,
      trex::kern::cpu::sparse_attn_bwd_workspace_floats_avx512, has_bf16_dot, true},
+    // The host model of the CUDA kernels (f32; their BF16 shapes run the same code).
+    {"sattn[hd]", trex::ops::hd_model::sparse_attn_fwd, trex::ops::hd_model::sparse_attn_bwd,
+     trex::ops::hd_model::sparse_attn_ws, always},
 };
 // A case of an implementation the CPU cannot run passes with a note.
 bool skipped(const Impl& im, const std::string& name) {
@@ -76,66 +82,15 @@ bool skipped(const Impl& im, const std::string& name) {
   return true;
 }
 
-struct Cfg {
-  int64_t N;
-  int H, D;
-  int window;       // rows [i - window + 1, i] of the first N rows of kv
-  int extra;        // plus up to this many random earlier rows or compressed rows [N, N + i/4]
-  int empty_every;  // > 0: every empty_every-th query has no keys at all
-  bool sink;
-  float sharp;       // scale = sharp / sqrt(D)
-  bool nan = false;  // a NaN in one element of q and of kv (NaN/Inf positions must agree)
-};
-
-std::string cfg_name(const char* op, const Cfg& c) {
-  char buf[200];
-  std::snprintf(buf, sizeof buf, "%s N=%lld H=%d D=%d win=%d extra=%d%s%s%s%s", op,
-                static_cast<long long>(c.N), c.H, c.D, c.window, c.extra,
-                c.empty_every ? (" empty/" + std::to_string(c.empty_every)).c_str() : "",
-                c.sink ? " sink" : "", c.sharp != 1.f ? " sharp" : "", c.nan ? " nan" : "");
-  return buf;
-}
+using Cfg = SattnCfg;
+std::string cfg_name(const char* op, const Cfg& c) { return sattn_cfg_name(op, c); }
 
 SparseAttnShape shape_of(const Cfg& c, const Impl& im) {
-  SparseAttnShape sh{c.N, c.H, c.D, c.sharp / std::sqrt(static_cast<float>(c.D))};
-  if (im.bf16) sh.prec = trex::kern::Prec::BF16;
-  return sh;
+  return sattn_shape_of(c, im.bf16);
 }
-int64_t rows_of(const Cfg& c) { return c.N + c.N / 4 + 1; }
-
-struct Lists {
-  std::vector<int64_t> off;
-  std::vector<int32_t> idx;
-};
-
-// Query i: its window, then up to `extra` distinct rows drawn from the earlier rows before the
-// window and the compressed rows [N, N + i/4], the whole list shuffled.
-Lists make_lists(const Cfg& c, Rng& r) {
-  Lists L;
-  L.off.push_back(0);
-  std::vector<char> used(static_cast<size_t>(rows_of(c)), 0);
-  std::vector<int32_t> row;
-  for (int64_t i = 0; i < c.N; ++i) {
-    row.clear();
-    if (!(c.empty_every > 0 && i % c.empty_every == c.empty_every - 1)) {
-      const int64_t w0 = std::max<int64_t>(0, i - c.window + 1);
-      for (int64_t j = w0; j <= i; ++j) row.push_back(static_cast<int32_t>(j));
-      const int64_t pool = w0 + i / 4 + 1;
-      const int64_t want = std::min<int64_t>(c.extra, pool);
-      for (int32_t x : row) used[x] = 1;
-      while (static_cast<int64_t>(row.size()) < (i - w0 + 1) + want) {
-        int64_t k = static_cast<int64_t>(r.next_u64() % static_cast<uint64_t>(pool));
-        const int32_t x = static_cast<int32_t>(k < w0 ? k : c.N + (k - w0));
-        if (!used[x]) used[x] = 1, row.push_back(x);
-      }
-      for (int32_t x : row) used[x] = 0;
-      for (size_t a = row.size(); a > 1; --a) std::swap(row[a - 1], row[r.next_u64() % a]);
-    }
-    L.idx.insert(L.idx.end(), row.begin(), row.end());
-    L.off.push_back(static_cast<int64_t>(L.idx.size()));
-  }
-  return L;
-}
+int64_t rows_of(const Cfg& c) { return sattn_rows_of(c); }
+using Lists = SattnLists;
+Lists make_lists(const Cfg& c, Rng& r) { return sattn_make_lists(c, r); }
 
 std::vector<double> to_double(const float* p, size_t n) { return std::vector<double>(p, p + n); }
 
@@ -147,18 +102,8 @@ bool check(const std::string& name, const char* what, const float* got,
                 guard_ok ? "NaN/Inf mismatch" : "guard overwritten");
 }
 
-struct Inputs {
-  std::vector<float> q, kv, sink, dO, dkv0, dsink0;
-};
-Inputs make_inputs(const Cfg& c, Rng& r) {
-  const size_t nq = size_t(c.N) * c.H * c.D, nkv = size_t(rows_of(c)) * c.D;
-  Inputs in{std::vector<float>(nq), std::vector<float>(nkv), std::vector<float>(c.H),
-            std::vector<float>(nq), std::vector<float>(nkv), std::vector<float>(c.H)};
-  fill_normal(in.q.data(), nq, r), fill_normal(in.kv.data(), nkv, r);
-  fill_normal(in.sink.data(), c.H, r, 2.0), fill_normal(in.dO.data(), nq, r);
-  fill_normal(in.dkv0.data(), nkv, r, 0.25), fill_normal(in.dsink0.data(), c.H, r, 0.25);
-  return in;
-}
+using Inputs = SattnInputs;
+Inputs make_inputs(const Cfg& c, Rng& r) { return sattn_make_inputs(c, r); }
 
 bool run_test(const Impl& im, const Cfg& c) {
   const std::string nf = cfg_name((im.tag + std::string("_fwd")).c_str(), c),
@@ -170,10 +115,7 @@ bool run_test(const Impl& im, const Cfg& c) {
   Rng r(1234 + c.N * 7 + c.D + c.H);
   const Lists L = make_lists(c, r);
   Inputs in = make_inputs(c, r);
-  if (c.nan) {
-    in.q[(size_t(c.N / 2) * c.H + c.H - 1) * c.D + 1] = std::nanf("");
-    in.kv[size_t(c.N / 3) * c.D] = std::nanf("");
-  }
+  sattn_put_nans(c, in);
   const float* sk = c.sink ? in.sink.data() : nullptr;
 
   Guarded<float> o(nq), lse(nl), dq(nq, 7.0f), dkv(nkv), dsink(c.H);
@@ -194,22 +136,13 @@ bool run_test(const Impl& im, const Cfg& c) {
   trex::kern::ref::sparse_attn_bwd<double>(sh, qd.data(), kvd.data(), M, L.off.data(), L.idx.data(),
                                            skd, od.data(), lsed.data(), dOd.data(), dqd.data(),
                                            dkvd.data(), c.sink ? dsd.data() : nullptr);
-  // fp32 scores of size ~sharp carry absolute errors ~sharp * 1e-7 into exp(): the gradients'
-  // NMSE grows like sharp^2 (the float reference itself is at 2e-10 for sharp = 40).
-  const double cond = std::max(1.0, double(c.sharp) * c.sharp / 16);
-  // bf16 (q, kv, dO, P and dS rounded to nearest even bf16, relative error <= 2^-9 each, f32
-  // accumulation): the bounds of the MLA bf16 kernel (tests/ops/attention_ops.cpp), scaled by
-  // the same sharpness factor. The AVX512_BF16 kernel's worst over these cases (Zen 4), sharp
-  // <= 4: o 2.2e-5, lse 5.2e-7, dq 6.8e-5, dkv 5.5e-5, dsink 9.2e-5 (a 2-head sum over many
-  // queries); sharp 40 (bounds x100): o 1.9e-4, lse 1.0e-6, gradients 4.2e-3.
-  const bool bf = im.bf16;
-  const double to = bf ? 1e-4 : 1e-10, tl = bf ? 1e-5 : 1e-12, tg = bf ? 3e-4 : 1e-10;
+  const SattnBounds bd = sattn_bounds(c, im.bf16);
   bool ok = true;
-  ok &= check(nf, "o", o.data(), od, o.guard_ok(), to * cond);
-  ok &= check(nf, "lse", lse.data(), lsed, lse.guard_ok(), tl * cond);
-  ok &= check(nb, "dq", dq.data(), dqd, dq.guard_ok(), tg * cond);
-  ok &= check(nb, "dkv", dkv.data(), dkvd, dkv.guard_ok(), tg * cond);
-  ok &= check(nb, "dsink", dsink.data(), dsd, dsink.guard_ok() && ws.guard_ok(), tg * cond);
+  ok &= check(nf, "o", o.data(), od, o.guard_ok(), bd.o);
+  ok &= check(nf, "lse", lse.data(), lsed, lse.guard_ok(), bd.lse);
+  ok &= check(nb, "dq", dq.data(), dqd, dq.guard_ok(), bd.grad);
+  ok &= check(nb, "dkv", dkv.data(), dkvd, dkv.guard_ok(), bd.grad);
+  ok &= check(nb, "dsink", dsink.data(), dsd, dsink.guard_ok() && ws.guard_ok(), bd.grad);
   return ok;
 }
 
@@ -311,21 +244,14 @@ void run_perf(const Impl& im, const Cfg& c) {
 }  // namespace
 
 TREX_OP_CASES(sparse_attn_cases) {
-  const Cfg tests[] = {
-      {1, 1, 16, 1, 0, 0, true, 1.f},        {7, 3, 24, 4, 2, 3, true, 1.f},
-      {37, 5, 40, 9, 5, 5, false, 1.f},      {300, 16, 128, 128, 64, 0, true, 1.f},
-      {129, 3, 512, 20, 150, 0, true, 1.f},  {200, 17, 72, 50, 30, 0, false, 1.f},
-      {150, 40, 33, 140, 10, 11, true, 3.f}, {260, 64, 128, 100, 40, 0, true, 1.f},
-      {1000, 2, 48, 64, 0, 7, true, 1.f},    {90, 16, 256, 130, 300, 13, false, 4.f},
-      {5, 4, 16, 3, 0, 1, true, 1.f},        {6, 2, 16, 3, 0, 1, false, 1.f},
-      {140, 72, 8, 20, 9, 0, true, 1.f},     {133, 33, 200, 40, 20, 17, true, 2.f},
-      {60, 5, 40, 9, 5, 0, true, 1.f, true}, {300, 16, 64, 100, 40, 0, true, 40.f},
-  };
   const Cfg det = {700, 16, 64, 100, 50, 9, true, 1.f};
   for (const Impl& im : kImpls) {
-    for (const Cfg& c : tests)
+    for (const Cfg& c : kSattnTests)
       cases.push_back(
           {cfg_name(im.tag, c), [&im, c] { return run_test(im, c); }, nullptr, nullptr});
+    if (std::string(im.tag) == "sattn[hd]")
+      cases.push_back({cfg_name(im.tag, kSattnNanNoSink), [&im] { return run_test(im, kSattnNanNoSink); },
+                       nullptr, nullptr});
     cases.push_back({cfg_name((im.tag + std::string("_det")).c_str(), det),
                      [&im, det] { return run_determinism(im, det); }, nullptr, nullptr});
   }
@@ -344,5 +270,6 @@ TREX_OP_CASES(sparse_attn_cases) {
   };
   for (const Impl& im : kImpls)
     for (const Cfg& c : perfs)
-      cases.push_back({cfg_name(im.tag, c), nullptr, nullptr, [&im, c] { run_perf(im, c); }});
+      if (std::string(im.tag) != "sattn[hd]")  // the host model is not a kernel to time
+        cases.push_back({cfg_name(im.tag, c), nullptr, nullptr, [&im, c] { run_perf(im, c); }});
 }
