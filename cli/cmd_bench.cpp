@@ -33,6 +33,7 @@
 #include "plan/measure.h"
 #include "plan/planner.h"
 #include "train/device.h"
+#include "train/job_guard.h"
 #include "train/layout.h"
 #include "train/run_config.h"
 #include "train/preflight.h"
@@ -261,6 +262,8 @@ void add_bench(CLI::App& app) {
     ParStats par_stats;
     HeapCounter& heap = heap_counter();
     size_t arena_blocks0 = 0, arena_bytes0 = 0;
+    // Under mpirun: a stuck rank or a lost peer ends the job, as in training (train/job_guard.h).
+    train::JobGuard guard(mpi.world.get(), rc.parallel, "benchmark step", ".", 0);
     for (int s = 0; s < o->warmup + steps; ++s) {
       if (s == o->warmup && ((o->profile && rank == 0) || tracing)) {
         m.prof = &prof;
@@ -301,7 +304,9 @@ void add_bench(CLI::App& app) {
         own_ms += st.ms;
       }
       if (rank == 0) std::fprintf(stderr, "[bench step] step %d loss %.4f %.1f ms\n", s, st.loss, ms);
+      guard.done(s + 1);
     }
+    guard.finish();
     std::sort(times.begin(), times.end());
     std::sort(comm.begin(), comm.end());
     const double med = times[times.size() / 2], mn = times.front(), comm_med = mpi.max(comm[comm.size() / 2]);

@@ -15,14 +15,13 @@
 #include "core/log.h"
 #include "core/timer.h"
 #include "core/trace.h"
-#include "core/watchdog.h"
 #include "core/parallel.h"
 #include "io/atomic_file.h"
 #include "kernels/peak.h"
 #include "model/checkpoint.h"
-#include "parallel/heartbeat.h"
 #include "train/checkpoint.h"
 #include "train/device.h"
+#include "train/job_guard.h"
 #include "train/layout.h"
 #include "train/loss_spikes.h"
 #include "train/metrics.h"
@@ -274,44 +273,12 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   Profiler prof;
   TraceLog tlog;
   const int64_t first_step = state.step;
-  // A stuck or stopped rank would leave the others waiting in a collective forever: with more
-  // than one rank, no finished step (with its eval and checkpoint) for parallel.watchdog_s
-  // seconds ends the job, every rank, with this message from each rank that is still running.
-  std::atomic<int64_t> done_step{state.step};
-  auto dog = std::make_unique<Watchdog>(world && world->size() > 1 ? rc.parallel.watchdog_s : 0, [&, rank](double idle) {
-    std::fprintf(stderr,
-                 "[trex] error: rank %d: no training step finished in %.0f s (parallel.watchdog_s = %g; last "
-                 "finished: step %lld). This rank or another one is stuck: a stopped or hung process, a lost node, a "
-                 "deadlock. Ending the job instead of waiting forever; if steps really take this long, raise "
-                 "parallel.watchdog_s (0 = off).\n",
-                 rank, idle, rc.parallel.watchdog_s, (long long)done_step.load());
-    std::fflush(stderr);
-    world->abort_job(3);
-  });
-  // A dead peer, a lost host or a cut network: the heartbeat (parallel/heartbeat.h) ends the job
-  // after parallel.peer_timeout_s of silence, while a step that is only slow (its peers answer)
-  // waits up to parallel.watchdog_s. Collective: every rank constructs it here.
-  std::unique_ptr<parallel::Heartbeat> heart;
-  if (world && world->size() > 1)
-    heart = std::make_unique<parallel::Heartbeat>(*world, rc.parallel.peer_timeout_s, [&, rank](const parallel::PeerLost& p) {
-      std::fprintf(stderr,
-                   "[trex] error: rank %d: peer rank %d (host %s, %s) %s for %.0f s (parallel.peer_timeout_s = %g; "
-                   "last finished: step %lld): the process died or is stopped, its host is down, or the network to it "
-                   "is cut. Ending the job; the newest checkpoint in %s is complete (--resume auto). %s\n",
-                   rank, p.rank, p.host.c_str(), p.addresses.c_str(),
-                   p.never_heard ? "has not sent one heartbeat since the start" : "has not answered",
-                   p.silent_s, rc.parallel.peer_timeout_s, (long long)done_step.load(), run_dir.c_str(),
-                   p.never_heard ? "The heartbeat is UDP on an ephemeral port between every two ranks: check that a "
-                                   "firewall lets it through (docs/PARALLEL.md)."
-                                 : "If the network is only congested for longer, raise parallel.peer_timeout_s.");
-      std::fflush(stderr);
-      // MPI_Abort may wait on a launcher that cannot reach the peer's host: exit regardless.
-      std::thread([] {
-        std::this_thread::sleep_for(std::chrono::seconds(5));
-        std::_Exit(3);
-      }).detach();
-      world->abort_job(3);
-    });
+  // A stuck or stopped rank, a dead peer, a lost host or a cut network would leave the others
+  // waiting in a collective forever: the watchdog (no finished step, with its eval and checkpoint,
+  // for parallel.watchdog_s) and the heartbeat (parallel.peer_timeout_s of silence) end the job,
+  // every rank (train/job_guard.h). Collective: every rank constructs it here.
+  JobGuard guard(world, rc.parallel, "training step",
+                 "; the newest checkpoint in " + run_dir + " is complete (--resume auto).", state.step);
   // Debug hook (tests of the watchdog with live peers): TREX_INJECT_HANG=R:K makes rank R stop
   // before step K, its heartbeat still answering, as a deadlocked or very slow step would.
   int64_t hang_step = 0;
@@ -396,8 +363,7 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
       res.last_eval_loss = mt.eval_loss;
     }
     if (log_owner) log_owner->step(mt);
-    done_step.store(state.step);
-    dog->beat();
+    guard.done(state.step);
     if (res.steps == 0) res.first_loss = s.loss;
     res.last_loss = s.loss;
     ++res.steps;
@@ -412,7 +378,7 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
       res.last_checkpoint = dp ? save_checkpoint(run_dir, *dp, state, (int)rc.checkpoint.keep)
                                : save_checkpoint(run_dir, m, *opt1, state, (int)rc.checkpoint.keep);
       if (log_owner) log_owner->sync();
-      dog->beat();
+      guard.beat();
     }
     if (stopping) {
       res.stop_signal = stop_sig;
@@ -422,8 +388,7 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
       break;
     }
   }
-  dog.reset();  // the loop is over: what follows is bounded (trace parts, messages)
-  heart.reset();  // says goodbye: the peers stop watching this rank
+  guard.finish();  // the loop is over: what follows is bounded (trace parts, messages)
   if (dp) dp->wait_params();
   res.peak_rss = peak_rss_bytes();
   message(detail::cat("memory: estimated ", res.memory_estimate / (1 << 20), " MiB per rank, peak resident ",
