@@ -99,6 +99,9 @@ LayerCost v3_layer(const model::ModelConfig& c, int64_t l) {
   L.moe = c.is_moe_layer(l);
   L.kind = L.moe ? "mla+moe" : "mla+dense";
   L.input_elems = d;
+  L.modules.q_lora = c.q_lora_rank > 0;
+  L.modules.indexer = c.is_v32();
+  L.modules.shared_expert = L.moe && c.shared_intermediate() > 0;
 
   // Attention matmuls: q (low-rank or plain), kv_a, kv_b (up-projection to heads), o.
   const double q_mm = ql > 0 ? d * ql + ql * H * qk : d * H * qk;
@@ -215,6 +218,7 @@ LayerCost v4_layer(const model::ModelConfig& c, model::AttnKind kind, bool hash)
   L.hash_routed = hash;
   L.kind = std::string(attn_kind_name(L.attn.kind)) + (hash ? "+moe(hash)" : "+moe");
   L.input_elems = hc * d;
+  L.modules = {true, ql > 0, compressed, csa, c.shared_intermediate() > 0};
 
   const double coff = csa ? 2 : 1;
   double attn_mm = d * ql + ql * H * hd + d * hd + H * hd * ol + g * ol * d;

@@ -50,6 +50,15 @@ struct SavedTensor {
   bool routed = false;    // per routed copy of the token (scales with the busiest expert rank's load)
 };
 
+// The modules of a layer as a framework launches them (plan/host.h counts their kernels).
+struct LayerModules {
+  bool v4 = false;             // DeepSeek-V4 layer (hyper-connections, grouped output)
+  bool q_lora = false;         // low-rank query: q down-projection + its norm
+  bool compressor = false;     // V4 compressed attention (CSA, HCA)
+  bool indexer = false;        // V3.2 / V4 CSA indexer (forward only)
+  bool shared_expert = false;  // MoE layer with shared experts
+};
+
 struct LayerCost {
   std::string kind;  // e.g. "mla+moe", "csa+moe(hash)"
   AttnShape attn;
@@ -75,6 +84,7 @@ struct LayerCost {
   bool hash_routed = false;
   // Tensor-parallel collectives per layer per direction (each of [tokens, d]).
   int tp_collectives = 2;
+  LayerModules modules;
 };
 
 struct ArchModel {

@@ -26,12 +26,21 @@ const char* precision_name(Precision p) {
   return "?";
 }
 
+const char* graphs_name(Graphs g) {
+  switch (g) {
+    case Graphs::Off: return "off";
+    case Graphs::Partial: return "partial";
+    case Graphs::Full: return "full";
+  }
+  return "?";
+}
+
 namespace {
 
 const char* kLayoutHint =
     "layout keys: dp tp pp ep etp mbs gbs seq recompute(none|selective|full) zero(0-3) schedule(1f1b|dualpipe) "
     "vp(>=1) precision(bf16|fp8|fp8-block|fp8-tensor|mxfp8|mxfp4) overlap(ep+tp+dp+pp|all|none) mtp(0|1) "
-    "moments(f32|bf16) grads(f32|bf16) dedup(0|1) "
+    "moments(f32|bf16) grads(f32|bf16) dedup(0|1) graphs(off|partial|full) "
     "expert_load(>=1), e.g. dp=8,tp=2,pp=4,ep=8";
 
 int64_t to_int(const std::string& k, const std::string& v, int64_t min) {
@@ -99,6 +108,11 @@ Layout parse_layout(const std::string& s, Layout l) {
       else
         TREX_USER_FAIL(kLayoutHint, "layout: precision=", v,
                        " must be bf16, fp8 (= fp8-block), fp8-tensor, mxfp8 or mxfp4 (= nvfp4)");
+    } else if (k == "graphs") {
+      if (v == "off" || v == "none") l.graphs = Graphs::Off;
+      else if (v == "partial") l.graphs = Graphs::Partial;
+      else if (v == "full") l.graphs = Graphs::Full;
+      else TREX_USER_FAIL(kLayoutHint, "layout: graphs=", v, " must be off, partial or full");
     } else if (k == "overlap") {
       l.overlap_ep = l.overlap_tp = l.overlap_dp = l.overlap_pp = false;
       if (v == "all") l.overlap_ep = l.overlap_tp = l.overlap_dp = l.overlap_pp = true;
@@ -152,7 +166,7 @@ std::string layout_string(const Layout& l) {
                      ",schedule=", schedule_name(l.schedule), ",vp=", l.vp, ",precision=", precision_name(l.precision),
                      ",overlap=", ov.empty() ? "none" : ov, ",mtp=", l.mtp ? 1 : 0,
                      ",moments=", l.moment_bytes == 4 ? "f32" : "bf16", ",grads=", l.grad_bytes == 4 ? "f32" : "bf16",
-                     ",dedup=", l.ep_dedup ? 1 : 0, ",expert_load=", l.expert_load);
+                     ",dedup=", l.ep_dedup ? 1 : 0, ",graphs=", graphs_name(l.graphs), ",expert_load=", l.expert_load);
 }
 
 std::vector<std::string> layout_problems(Layout& l, const ArchModel& a, int64_t devices) {

@@ -14,9 +14,14 @@ enum class Recompute { None, Selective, Full };
 enum class Schedule { OneF1B, DualPipe };
 // GEMM recipes (plan/precision.h): fp8 = DeepSeek-V3's 1x128 / 128x128 block scaling.
 enum class Precision { BF16, FP8, FP8Tensor, MXFP8, MXFP4 };
+// CUDA graphs (plan/host.h): off (every kernel launched eagerly), partial (Megatron-Core's
+// `attn moe_router moe_preprocess` scope: attention, router, preprocess and shared experts
+// captured; the routed experts eager), full (the whole iteration captured: needs a sync-free MoE).
+enum class Graphs { Off, Partial, Full };
 const char* recompute_name(Recompute r);
 const char* schedule_name(Schedule s);
 const char* precision_name(Precision p);
+const char* graphs_name(Graphs g);
 
 struct Layout {
   int64_t dp = 0;   // 0: devices / (tp * pp)
@@ -28,6 +33,7 @@ struct Layout {
   Recompute recompute = Recompute::None;
   int zero = 1;     // 0 replicated, 1 optimizer state, 2 + gradients, 3 + parameters sharded over dp
   Schedule schedule = Schedule::OneF1B;
+  Graphs graphs = Graphs::Off;  // CUDA graphs: off | partial | full (plan/host.h)
   Precision precision = Precision::BF16;  // bf16 | fp8 (block) | fp8-tensor | mxfp8 | mxfp4 (plan/precision.h)
   // Interleaved 1F1B: model chunks per pipeline rank (Megatron's virtual pipeline size); the
   // bubble is (pp-1)/vp micro-batch times and the pipeline transfers are vp times as many.
