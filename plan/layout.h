@@ -31,6 +31,10 @@ struct Layout {
   int64_t gbs = 0;  // sequences per optimizer step; 0: 4 x devices
   int64_t seq = 4096;
   Recompute recompute = Recompute::None;
+  // Megatron-Core's `mlp moe_act` recompute modules (recompute=mlp, or selective+mlp): the dense
+  // MLP is replayed in the backward (its fc1 output and SwiGLU output not kept) and the routed
+  // experts' SwiGLU output is recomputed. Ignored under full recompute.
+  bool recompute_mlp = false;
   int zero = 1;     // 0 replicated, 1 optimizer state, 2 + gradients, 3 + parameters sharded over dp
   Schedule schedule = Schedule::OneF1B;
   Graphs graphs = Graphs::Off;  // CUDA graphs: off | partial | full (plan/host.h)
@@ -53,6 +57,8 @@ struct Layout {
   int64_t micro_batches() const { return gbs / (dp * mbs); }
   int64_t tokens_per_step() const { return gbs * seq; }
 };
+
+std::string recompute_label(const Layout& l);  // "selective", "mlp", "selective+mlp", ...
 
 // Parses "dp=8,tp=2,pp=4,ep=8,mbs=1,gbs=512,seq=4096,recompute=selective,zero=1,
 // schedule=1f1b,vp=1,precision=bf16,overlap=ep+dp,mtp=0,moments=f32,grads=f32,dedup=1,expert_load=1.1"

@@ -41,7 +41,7 @@ std::string layout_line(const Layout& l) {
                 "recompute %s, ZeRO-%d, %s%s, %s, overlap %s%s",
                 (long long)l.dp, (long long)l.tp, (long long)l.pp, (long long)l.ep, (long long)l.edp(), (long long)l.etp,
                 (long long)l.mbs, (long long)l.gbs, (long long)l.micro_batches(), (long long)l.seq,
-                recompute_name(l.recompute), l.zero, schedule_name(l.schedule),
+                recompute_label(l).c_str(), l.zero, schedule_name(l.schedule),
                 (l.vp > 1 ? (" vp " + std::to_string(l.vp)).c_str() : ""), precision_name(l.precision),
                 ov.empty() ? "none" : ov.c_str(), l.mtp ? ", mtp on" : "");
   return b;
@@ -145,7 +145,7 @@ json plan_to_json(const Plan& p) {
       {"layout",
        {{"string", layout_string(l)}, {"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"ep", l.ep}, {"etp", l.etp},
         {"edp", l.edp()}, {"mbs", l.mbs}, {"gbs", l.gbs}, {"seq", l.seq}, {"micro_batches", l.micro_batches()},
-        {"recompute", recompute_name(l.recompute)}, {"zero", l.zero}, {"schedule", schedule_name(l.schedule)},
+        {"recompute", recompute_label(l)}, {"zero", l.zero}, {"schedule", schedule_name(l.schedule)},
         {"precision", precision_name(l.precision)}, {"graphs", graphs_name(l.graphs)}, {"vp", l.vp}, {"mtp", l.mtp}, {"expert_load", l.expert_load},
         {"overlap", {{"ep", l.overlap_ep}, {"tp", l.overlap_tp}, {"dp", l.overlap_dp}, {"pp", l.overlap_pp}}}}},
       {"memory",

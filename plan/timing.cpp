@@ -157,6 +157,11 @@ RankTime chunk_time(const ArchModel& a, const ClusterSpec& s, const Layout& l, c
     fwd_layers += f;
     if (l.recompute == Recompute::Selective)
       t.rec += tokens * (L.upproj_fwd / R.gemm + L.elem_sel_bytes_fwd / R.memory);
+    if (l.recompute_mlp && l.recompute != Recompute::Full) {  // the dense MLP replayed; SwiGLU (selective has it)
+      t.rec += tokens * L.mlp_gemm_fwd / R.gemm;
+      if (l.recompute == Recompute::None)
+        t.rec += tokens * (L.swiglu_bytes_fwd + l.expert_load * L.swiglu_routed_bytes_fwd) / R.memory;
+    }
     t.dense += L.dense_params;
     t.expert_params += L.expert_params;
     double comm = 0;  // this layer's communication, one direction
@@ -179,11 +184,12 @@ RankTime chunk_time(const ArchModel& a, const ClusterSpec& s, const Layout& l, c
     const double hf = layer_host_seconds(k, false, l, hcost), hb = layer_host_seconds(k, true, l, hcost);
     t.launches += k.total_fwd().total() + k.total_bwd().total();
     double hr = 0;  // recompute: full replays the forward; selective its norms, up-projections and SwiGLU
+    const RecipeLaunches q = precision_launches(l.precision);
     if (l.recompute == Recompute::Full) hr = hf;
-    else if (l.recompute == Recompute::Selective && eager) {
-      const RecipeLaunches q = precision_launches(l.precision);
+    else if (l.recompute == Recompute::Selective && eager)
       hr = (4 + (L.moe ? 2 : 1) + 2) * hcost.op_s + 2 * (q.q_f + q.s_f) * hcost.launch_s;
-    }
+    if (l.recompute_mlp && l.recompute != Recompute::Full && eager)  // dense fc1, act, fc2; routed act
+      hr += L.moe ? hcost.op_s : 3 * hcost.op_s + 2 * (q.q_f + q.s_f) * hcost.launch_s;
     t.host += hf + hb + hr;
     if (k.sync) {
       const double restart = host_seconds(k.after_sync, hcost);

@@ -46,9 +46,9 @@ double error_of(const Row& r) {
 // (partial); GB200 `moe_router moe_preprocess` (taken as partial: the planner's partial also
 // captures attention, so those rows' host is slightly under-counted).
 const Row kH100Cs = {"H100 x1024 FP8 current scaling (25.09)", "h100", 1024,
-                     "tp=2,pp=8,vp=4,ep=64,gbs=8192,precision=fp8-tensor,mtp=1,recompute=selective,overlap=dp,graphs=off", 1297};
+                     "tp=2,pp=8,vp=4,ep=64,gbs=8192,precision=fp8-tensor,mtp=1,recompute=selective+mlp,overlap=dp,graphs=off", 1297};
 const Row kH100Block = {"H100 x1024 FP8 1x128/128x128 blocks (25.09)", "h100", 1024,
-                        "tp=2,pp=8,vp=4,ep=64,gbs=8192,precision=fp8,mtp=1,recompute=selective,overlap=dp,graphs=off",
+                        "tp=2,pp=8,vp=4,ep=64,gbs=8192,precision=fp8,mtp=1,recompute=selective+mlp,overlap=dp,graphs=off",
                         1297.0 * 330 / 338};
 const Row kGB300Bf16 = {"GB300 x256 BF16 (25.11)", "gb300-nvl72", 256,
                         "pp=2,vp=4,ep=32,gbs=4096,precision=bf16,mtp=1,recompute=selective,overlap=dp,graphs=partial", 3848};
@@ -63,9 +63,11 @@ const Row kGB200Bf16 = {"GB200 x256 BF16 (25.11)", "gb200-nvl72", 256,
                         "pp=4,vp=4,ep=64,gbs=4096,precision=bf16,mtp=1,recompute=selective,overlap=dp,graphs=partial", 3139};
 const Row kGB200Mx = {"GB200 x256 MXFP8 (25.11)", "gb200-nvl72", 256,
                       "pp=8,vp=4,ep=32,gbs=4096,precision=mxfp8,mtp=1,recompute=selective,overlap=ep+dp,graphs=partial", 4018};
-// Megatron-Core's GB200 guide, final: 970 TFLOP/s at 249.5 GFLOP per token (the 25.11 table's ratio).
+// Megatron-Core's GB200 guide, final: 970 TFLOP/s at 249.5 GFLOP per token (the 25.11 table's ratio);
+// its `--recompute-modules mlp moe_act` is recompute=mlp. The H100 recipe's `mla_up_proj mlp` is
+// selective+mlp.
 const Row kGB200Guide = {"GB200 x256 MXFP8, Megatron-Core GB200 guide", "gb200-nvl72", 256,
-                         "pp=8,vp=4,ep=32,gbs=2048,precision=mxfp8,mtp=0,recompute=selective,overlap=dp,graphs=partial", 970e12 / 249.5e9};
+                         "pp=8,vp=4,ep=32,gbs=2048,precision=mxfp8,mtp=0,recompute=mlp,overlap=dp,graphs=partial", 970e12 / 249.5e9};
 const Row kGB300Mx = {"GB300 x256 MXFP8 (25.11)", "gb300-nvl72", 256,
                       "pp=2,vp=4,ep=32,gbs=4096,precision=mxfp8,mtp=1,recompute=none,overlap=ep+dp,graphs=partial", 4357};
 
