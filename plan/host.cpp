@@ -1,7 +1,6 @@
 #include "plan/host.h"
 
 #include <algorithm>
-#include "core/error.h"
 
 namespace trex::plan {
 

@@ -79,8 +79,7 @@ RecipeLaunches precision_launches(Precision p);
 // `local_experts`: routed experts on one ep rank (n_experts / ep).
 LayerLaunches layer_launches(const LayerCost& L, const Layout& l, int64_t local_experts);
 
-// Host seconds of a set of launches: eager (ops x op_us + inner x launch_us), or one graph
-// launch per captured region (`regions`) when captured.
+// Host seconds of a set of launches launched eagerly: ops x op_us + inner x launch_us.
 double host_seconds(const Launches& k, const HostCost& h);
 // Host seconds of one layer's direction under the layout's graph mode (captured phases cost one
 // op per graph).

@@ -79,7 +79,7 @@ struct RankTime {
     double host = 0, device = 0, comm = 0;  // host s; device compute s (before slowdown); fwd comm s
     double restart = 0;                       // host s after the sync before the device is busy again
   };
-  double host = 0, launches = 0;
+  double host = 0, launches = 0, syncs = 0;
   std::vector<Window> windows;
 };
 
@@ -195,6 +195,7 @@ RankTime chunk_time(const ArchModel& a, const ClusterSpec& s, const Layout& l, c
       const double restart = host_seconds(k.after_sync, hcost);
       t.windows.push_back({hf, f, comm, restart});
       if (l.recompute == Recompute::Full) t.windows.push_back({hr, f, comm, restart});
+      t.syncs += l.recompute == Recompute::Full ? 2 : 1;
     }
   };
   for (int64_t i = 0; i < c.n_layers; ++i) layer(a.layers[c.first_layer + i]);
@@ -320,7 +321,7 @@ StepTime plan_time(const ArchModel& a, const ClusterSpec& s, const Layout& l) {
       t.tp += w * c.tp, t.ep += w * c.ep, t.pp += w * c.pp;
       t.quant_fwd += w * c.quant_fwd, t.quant_bwd += w * c.quant_bwd;
       t.ep_inter += w * c.ep_inter, t.ep_intra += w * c.ep_intra;
-      t.host += w * c.host, t.launches += w * c.launches;
+      t.host += w * c.host, t.launches += w * c.launches, t.syncs += w * c.syncs;
       for (const RankTime::Window& x : c.windows) t.windows.push_back({w * x.host, w * x.device, w * x.comm, w * x.restart});
       dense += c.dense, experts += c.expert_params;
     }
@@ -360,7 +361,7 @@ StepTime plan_time(const ArchModel& a, const ClusterSpec& s, const Layout& l) {
       st.exposed_mb = exposed;
       st.t_mb = t_mb;
       st.device_t_mb = device_t_mb;
-      st.host_mb = t.host, st.launches_mb = t.launches, st.host_syncs_mb = (double)t.windows.size();
+      st.host_mb = t.host, st.launches_mb = t.launches, st.host_syncs_mb = t.syncs;
       st.ep_inter_bytes_mb = t.ep_inter, st.ep_intra_bytes_mb = t.ep_intra;
       // DualPipe bubble terms: F, B (full backward incl. recompute), W (weight-gradient part).
       const double F = t.fwd * slow + exposed / 3, B = (t.bwd + t.rec) * slow + 2 * exposed / 3;
