@@ -85,6 +85,8 @@ TEST(PlanHost, KernelCountsDeepSeekV3) {
                  {HostPhase::Experts, 3, 14 + 2 * 9, 3, 30 + 2 * 10},
                  {HostPhase::Ffn, 6, 4, 6, 3 + 2 * 3}},
                 "v3 moe mxfp8");
+  EXPECT_EQ(k.total_fwd().total(), 94);
+  EXPECT_EQ(k.total_bwd().total(), 119);
   EXPECT_EQ(k.after_sync.ops, 3);
   EXPECT_EQ(k.after_sync.inner, 1 + 8 + 1);
   // Dense layer: no router, dispatch or experts; fc1, act, fc2 in the FFN phase; no sync.
