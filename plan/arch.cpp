@@ -90,6 +90,13 @@ double ArchModel::model_flops_per_token(int64_t T) const {
 
 namespace {
 
+// recompute=mlp (Megatron-Core's `mlp moe_act` modules) drops the dense MLP's fc1 and SwiGLU
+// outputs and the routed experts' SwiGLU output.
+void mark_mlp_recompute(LayerCost& L) {
+  for (SavedTensor& t : L.saved)
+    t.mlp = t.name.rfind("mlp.gate_up", 0) == 0 || t.name.rfind("mlp.act", 0) == 0 || t.name.rfind("moe.act", 0) == 0;
+}
+
 LayerCost v3_layer(const model::ModelConfig& c, int64_t l) {
   const double d = (double)c.hidden_size, H = (double)c.num_attention_heads;
   const double qk = (double)c.qk_head_dim(), nope = (double)c.qk_nope_head_dim, rope = (double)c.qk_rope_head_dim;
@@ -99,6 +106,9 @@ LayerCost v3_layer(const model::ModelConfig& c, int64_t l) {
   L.moe = c.is_moe_layer(l);
   L.kind = L.moe ? "mla+moe" : "mla+dense";
   L.input_elems = d;
+  L.modules.q_lora = c.q_lora_rank > 0;
+  L.modules.indexer = c.is_v32();
+  L.modules.shared_expert = L.moe && c.shared_intermediate() > 0;
 
   // Attention matmuls: q (low-rank or plain), kv_a, kv_b (up-projection to heads), o.
   const double q_mm = ql > 0 ? d * ql + ql * H * qk : d * H * qk;
@@ -152,12 +162,15 @@ LayerCost v3_layer(const model::ModelConfig& c, int64_t l) {
       S.push_back({"shared.act [Is]", Is, 2, true, true});
     }
     const double swiglu = 6 * k * I + 6 * Is;
+    L.swiglu_routed_bytes_fwd = 6 * k * I;
     L.elem_bytes_fwd += 12 * E + 2 * (d + k * d) + swiglu + 2 * (k * d + d);
     L.elem_sel_bytes_fwd += swiglu;
   } else {
     const double I = (double)c.intermediate_size;
     mlp_dense_params = 3 * d * I;
     mlp_mm_active = 3 * d * I;
+    L.mlp_gemm_fwd = 2 * 3 * d * I;
+    L.swiglu_bytes_fwd = 6 * I;
     S.push_back({"mlp.gate_up [2I]", 2 * I, 2, true, false});
     S.push_back({"mlp.act [I]", I, 2, true, true});
     L.elem_bytes_fwd += 6 * I;
@@ -182,6 +195,7 @@ LayerCost v3_layer(const model::ModelConfig& c, int64_t l) {
                            (L.moe ? (double)c.num_experts_per_tok * 3 * d * c.moe_intermediate_size : 0);
   L.gemm_fwd = 2 * (attn_mm + idx_mm + mlp_mm_active);
   if (L.moe) L.bf16_gemm_fwd = 2 * (double)c.n_routed_experts * d;  // the router
+  mark_mlp_recompute(L);
   return L;
 }
 
@@ -215,6 +229,7 @@ LayerCost v4_layer(const model::ModelConfig& c, model::AttnKind kind, bool hash)
   L.hash_routed = hash;
   L.kind = std::string(attn_kind_name(L.attn.kind)) + (hash ? "+moe(hash)" : "+moe");
   L.input_elems = hc * d;
+  L.modules = {true, ql > 0, compressed, csa, c.shared_intermediate() > 0};
 
   const double coff = csa ? 2 : 1;
   double attn_mm = d * ql + ql * H * hd + d * hd + H * hd * ol + g * ol * d;
@@ -289,9 +304,11 @@ LayerCost v4_layer(const model::ModelConfig& c, model::AttnKind kind, bool hash)
   const double rope_b = 4 * H * rope + 4 * rope + 4 * H * rope;  // q, k, inverse RoPE on the output
   const double cmp = compressed ? 4 * coff * hd + (csa ? 8 * di : 0) : 0;
   const double swiglu = 6 * k * I + 6 * Is;
+  L.swiglu_routed_bytes_fwd = 6 * k * I;
   const double moe = 12 * E + 2 * (d + k * d) + swiglu + 2 * (k * d + d);
   L.elem_bytes_fwd = hc_bytes + norms + rope_b + cmp + moe;
   L.elem_sel_bytes_fwd = norms + swiglu + hc_bytes / 2;
+  mark_mlp_recompute(L);
   return L;
 }
 

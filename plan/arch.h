@@ -48,6 +48,16 @@ struct SavedTensor {
   bool fp8_ok = false;    // a GEMM / SwiGLU input that an FP8 recipe caches in 1 byte (+ scales)
   bool selective = false; // dropped and recomputed under selective recompute
   bool routed = false;    // per routed copy of the token (scales with the busiest expert rank's load)
+  bool mlp = false;       // dropped under recompute=mlp (dense MLP internals, routed SwiGLU output)
+};
+
+// The modules of a layer as a framework launches them (plan/host.h counts their kernels).
+struct LayerModules {
+  bool v4 = false;             // DeepSeek-V4 layer (hyper-connections, grouped output)
+  bool q_lora = false;         // low-rank query: q down-projection + its norm
+  bool compressor = false;     // V4 compressed attention (CSA, HCA)
+  bool indexer = false;        // V3.2 / V4 CSA indexer (forward only)
+  bool shared_expert = false;  // MoE layer with shared experts
 };
 
 struct LayerCost {
@@ -64,6 +74,8 @@ struct LayerCost {
   double gemm_fwd = 0;      // dense matmuls (2 x dense matmul params a token uses)
   double expert_fwd = 0;    // routed-expert grouped GEMMs (2 x top-k x 3 x d x I)
   double upproj_fwd = 0;    // part of gemm_fwd that selective recompute re-runs (MLA up-projections)
+  double mlp_gemm_fwd = 0;  // part of gemm_fwd that recompute=mlp re-runs (the dense MLP's fc1, fc2)
+  double swiglu_bytes_fwd = 0, swiglu_routed_bytes_fwd = 0;  // SwiGLU traffic: dense MLP; routed experts (x load)
   double bf16_gemm_fwd = 0; // part of gemm_fwd that stays bf16 under every low-precision recipe
                             // (the router; V4's hyper-connection mixing)
   double elem_bytes_fwd = 0;      // memory-bound traffic per token (norms, RoPE, SwiGLU, router, permute)
@@ -75,6 +87,7 @@ struct LayerCost {
   bool hash_routed = false;
   // Tensor-parallel collectives per layer per direction (each of [tokens, d]).
   int tp_collectives = 2;
+  LayerModules modules;
 };
 
 struct ArchModel {

@@ -49,6 +49,11 @@ net_inter = 0.85
 overlap = 0.90
 comm_compute_share = 0.15  # DeepEP: 20 of 132 SMs run communication while overlapping
 goodput = 0.90             # tuned on DeepSeek-V3: its GPU-hours cover the whole run, not steady-state steps
+
+[host]                     # the CPU that launches the kernels (plan/host.h, docs/PLAN.md "The host")
+cpu = "x86"
+op_us = 13.5               # per framework op: torch.nn.Linear forward, 13.48 us of CPU on an H100 DGX (Xeon Platinum 8480C), https://github.com/NVIDIA/TransformerEngine/issues/2053
+launch_us = 3.0            # per kernel launched from C++: raw cuLaunchKernel 3.0 us (measured on GB200, https://github.com/meta-pytorch/tritonbench/pull/1017; no x86 figure found, the same taken)
 )TOML"},
     {"h100", R"TOML(# NVIDIA H100 SXM5 80GB in an 8-GPU HGX node.
 # Units: TFLOP/s dense, GB = 1e9 bytes, GB/s per device and direction, microseconds, watts, USD.
@@ -87,6 +92,11 @@ net_intra = 0.80
 net_inter = 0.85
 overlap = 0.90
 comm_compute_share = 0.15
+
+[host]                     # the CPU that launches the kernels (plan/host.h, docs/PLAN.md "The host")
+cpu = "x86"
+op_us = 13.5               # per framework op: torch.nn.Linear forward, 13.48 us of CPU on an H100 DGX (Xeon Platinum 8480C), https://github.com/NVIDIA/TransformerEngine/issues/2053
+launch_us = 3.0            # per kernel launched from C++: raw cuLaunchKernel 3.0 us (measured on GB200, https://github.com/meta-pytorch/tritonbench/pull/1017; no x86 figure found, the same taken)
 )TOML"},
     {"h200", R"TOML(# NVIDIA H200 SXM 141GB in an 8-GPU HGX node.
 # Units: TFLOP/s dense, GB = 1e9 bytes, GB/s per device and direction, microseconds, watts, USD.
@@ -125,6 +135,11 @@ net_intra = 0.80
 net_inter = 0.85
 overlap = 0.90
 comm_compute_share = 0.15
+
+[host]                     # the CPU that launches the kernels (plan/host.h, docs/PLAN.md "The host")
+cpu = "x86"
+op_us = 13.5               # per framework op: torch.nn.Linear forward, 13.48 us of CPU on an H100 DGX (Xeon Platinum 8480C), https://github.com/NVIDIA/TransformerEngine/issues/2053
+launch_us = 3.0            # per kernel launched from C++: raw cuLaunchKernel 3.0 us (measured on GB200, https://github.com/meta-pytorch/tritonbench/pull/1017; no x86 figure found, the same taken)
 )TOML"},
     {"b200", R"TOML(# NVIDIA B200 in an 8-GPU HGX/DGX B200 node.
 # Units: TFLOP/s dense, GB = 1e9 bytes, GB/s per device and direction, microseconds, watts, USD.
@@ -165,6 +180,11 @@ net_intra = 0.80
 net_inter = 0.85
 overlap = 0.90
 comm_compute_share = 0.15
+
+[host]                     # the CPU that launches the kernels (plan/host.h, docs/PLAN.md "The host")
+cpu = "x86"
+op_us = 13.5               # per framework op: torch.nn.Linear forward, 13.48 us of CPU on an H100 DGX (Xeon Platinum 8480C), https://github.com/NVIDIA/TransformerEngine/issues/2053
+launch_us = 3.0            # per kernel launched from C++: raw cuLaunchKernel 3.0 us (measured on GB200, https://github.com/meta-pytorch/tritonbench/pull/1017; no x86 figure found, the same taken)
 )TOML"},
     {"gb200-nvl72", R"TOML(# NVIDIA GB200 NVL72: 72 B200-class GPUs (at 1200 W) and 36 Grace CPUs in one rack, all 72 GPUs on
 # one NVLink 5 domain through 9 NVSwitch trays; racks joined by InfiniBand (one NIC per GPU).
@@ -208,6 +228,11 @@ net_intra = 0.80
 net_inter = 0.85
 overlap = 0.90
 comm_compute_share = 0.15
+
+[host]                     # the CPU that launches the kernels (plan/host.h, docs/PLAN.md "The host")
+cpu = "grace"
+op_us = 37.0               # per framework op: torch.nn.Linear forward, 37.08 us of CPU on GB200 (33.17 on GH200), https://github.com/NVIDIA/TransformerEngine/issues/2053
+launch_us = 3.0            # per kernel launched from C++: raw cuLaunchKernel 3.0 us on GB200, https://github.com/meta-pytorch/tritonbench/pull/1017
 )TOML"},
     {"gb300-nvl72", R"TOML(# NVIDIA GB300 NVL72: 72 Blackwell Ultra GPUs and 36 Grace CPUs in one rack, one NVLink 5 domain of
 # 72 GPUs; a ConnectX-8 SuperNIC (800 Gb/s) per GPU between racks.
@@ -249,6 +274,11 @@ net_intra = 0.80
 net_inter = 0.85
 overlap = 0.90
 comm_compute_share = 0.15
+
+[host]                     # the CPU that launches the kernels (plan/host.h, docs/PLAN.md "The host")
+cpu = "grace"
+op_us = 37.0               # per framework op: torch.nn.Linear forward, 37.08 us of CPU on GB200 (33.17 on GH200), https://github.com/NVIDIA/TransformerEngine/issues/2053
+launch_us = 3.0            # per kernel launched from C++: raw cuLaunchKernel 3.0 us on GB200, https://github.com/meta-pytorch/tritonbench/pull/1017
 )TOML"},
     {"mi300x", R"TOML(# AMD Instinct MI300X (CDNA 3) in an 8-GPU OAM platform: a fully connected Infinity Fabric (xGMI)
 # mesh inside the node, one 400 Gb/s NIC per GPU between nodes.

@@ -14,6 +14,10 @@ const char* recompute_name(Recompute r) {
   }
   return "?";
 }
+std::string recompute_label(const Layout& l) {
+  if (!l.recompute_mlp || l.recompute == Recompute::Full) return recompute_name(l.recompute);
+  return l.recompute == Recompute::None ? "mlp" : std::string(recompute_name(l.recompute)) + "+mlp";
+}
 const char* schedule_name(Schedule s) { return s == Schedule::OneF1B ? "1f1b" : "dualpipe"; }
 const char* precision_name(Precision p) {
   switch (p) {
@@ -26,12 +30,21 @@ const char* precision_name(Precision p) {
   return "?";
 }
 
+const char* graphs_name(Graphs g) {
+  switch (g) {
+    case Graphs::Off: return "off";
+    case Graphs::Partial: return "partial";
+    case Graphs::Full: return "full";
+  }
+  return "?";
+}
+
 namespace {
 
 const char* kLayoutHint =
-    "layout keys: dp tp pp ep etp mbs gbs seq recompute(none|selective|full) zero(0-3) schedule(1f1b|dualpipe) "
+    "layout keys: dp tp pp ep etp mbs gbs seq recompute(none|selective|full|mlp|selective+mlp) zero(0-3) schedule(1f1b|dualpipe) "
     "vp(>=1) precision(bf16|fp8|fp8-block|fp8-tensor|mxfp8|mxfp4) overlap(ep+tp+dp+pp|all|none) mtp(0|1) "
-    "moments(f32|bf16) grads(f32|bf16) dedup(0|1) "
+    "moments(f32|bf16) grads(f32|bf16) dedup(0|1) graphs(off|partial|full) "
     "expert_load(>=1), e.g. dp=8,tp=2,pp=4,ep=8";
 
 int64_t to_int(const std::string& k, const std::string& v, int64_t min) {
@@ -82,10 +95,20 @@ Layout parse_layout(const std::string& s, Layout l) {
       l.zero = (int)to_int(k, v, 0);
       TREX_USER_CHECK(l.zero <= 3, kLayoutHint, "layout: zero=", v, " must be 0, 1, 2 or 3");
     } else if (k == "recompute") {
-      if (v == "none") l.recompute = Recompute::None;
-      else if (v == "selective") l.recompute = Recompute::Selective;
-      else if (v == "full") l.recompute = Recompute::Full;
-      else TREX_USER_FAIL(kLayoutHint, "layout: recompute=", v, " must be none, selective or full");
+      l.recompute = Recompute::None;
+      l.recompute_mlp = false;
+      std::stringstream vs(v);
+      std::string part;
+      int modes = 0;
+      while (std::getline(vs, part, '+')) {
+        if (part == "none") l.recompute = Recompute::None, ++modes;
+        else if (part == "selective") l.recompute = Recompute::Selective, ++modes;
+        else if (part == "full") l.recompute = Recompute::Full, ++modes;
+        else if (part == "mlp") l.recompute_mlp = true;
+        else TREX_USER_FAIL(kLayoutHint, "layout: recompute=", v, " must be none, selective, full, mlp or selective+mlp");
+      }
+      TREX_USER_CHECK(modes <= 1 && !(l.recompute == Recompute::Full && l.recompute_mlp), kLayoutHint, "layout: recompute=",
+                      v, " must be none, selective, full, mlp or selective+mlp (full already replays the MLP)");
     } else if (k == "schedule") {
       if (v == "1f1b") l.schedule = Schedule::OneF1B;
       else if (v == "dualpipe") l.schedule = Schedule::DualPipe;
@@ -99,6 +122,11 @@ Layout parse_layout(const std::string& s, Layout l) {
       else
         TREX_USER_FAIL(kLayoutHint, "layout: precision=", v,
                        " must be bf16, fp8 (= fp8-block), fp8-tensor, mxfp8 or mxfp4 (= nvfp4)");
+    } else if (k == "graphs") {
+      if (v == "off" || v == "none") l.graphs = Graphs::Off;
+      else if (v == "partial") l.graphs = Graphs::Partial;
+      else if (v == "full") l.graphs = Graphs::Full;
+      else TREX_USER_FAIL(kLayoutHint, "layout: graphs=", v, " must be off, partial or full");
     } else if (k == "overlap") {
       l.overlap_ep = l.overlap_tp = l.overlap_dp = l.overlap_pp = false;
       if (v == "all") l.overlap_ep = l.overlap_tp = l.overlap_dp = l.overlap_pp = true;
@@ -148,11 +176,11 @@ std::string layout_string(const Layout& l) {
   for (auto [on, n] : {std::pair{l.overlap_ep, "ep"}, {l.overlap_tp, "tp"}, {l.overlap_dp, "dp"}, {l.overlap_pp, "pp"}})
     if (on) ov += (ov.empty() ? "" : "+") + std::string(n);
   return detail::cat("dp=", l.dp, ",tp=", l.tp, ",pp=", l.pp, ",ep=", l.ep, ",etp=", l.etp, ",mbs=", l.mbs,
-                     ",gbs=", l.gbs, ",seq=", l.seq, ",recompute=", recompute_name(l.recompute), ",zero=", l.zero,
+                     ",gbs=", l.gbs, ",seq=", l.seq, ",recompute=", recompute_label(l), ",zero=", l.zero,
                      ",schedule=", schedule_name(l.schedule), ",vp=", l.vp, ",precision=", precision_name(l.precision),
                      ",overlap=", ov.empty() ? "none" : ov, ",mtp=", l.mtp ? 1 : 0,
                      ",moments=", l.moment_bytes == 4 ? "f32" : "bf16", ",grads=", l.grad_bytes == 4 ? "f32" : "bf16",
-                     ",dedup=", l.ep_dedup ? 1 : 0, ",expert_load=", l.expert_load);
+                     ",dedup=", l.ep_dedup ? 1 : 0, ",graphs=", graphs_name(l.graphs), ",expert_load=", l.expert_load);
 }
 
 std::vector<std::string> layout_problems(Layout& l, const ArchModel& a, int64_t devices) {

@@ -14,9 +14,14 @@ enum class Recompute { None, Selective, Full };
 enum class Schedule { OneF1B, DualPipe };
 // GEMM recipes (plan/precision.h): fp8 = DeepSeek-V3's 1x128 / 128x128 block scaling.
 enum class Precision { BF16, FP8, FP8Tensor, MXFP8, MXFP4 };
+// CUDA graphs (plan/host.h): off (every kernel launched eagerly), partial (Megatron-Core's
+// `attn moe_router moe_preprocess` scope: attention, router, preprocess and shared experts
+// captured; the routed experts eager), full (the whole iteration captured: needs a sync-free MoE).
+enum class Graphs { Off, Partial, Full };
 const char* recompute_name(Recompute r);
 const char* schedule_name(Schedule s);
 const char* precision_name(Precision p);
+const char* graphs_name(Graphs g);
 
 struct Layout {
   int64_t dp = 0;   // 0: devices / (tp * pp)
@@ -26,8 +31,13 @@ struct Layout {
   int64_t gbs = 0;  // sequences per optimizer step; 0: 4 x devices
   int64_t seq = 4096;
   Recompute recompute = Recompute::None;
+  // Megatron-Core's `mlp moe_act` recompute modules (recompute=mlp, or selective+mlp): the dense
+  // MLP is replayed in the backward (its fc1 output and SwiGLU output not kept) and the routed
+  // experts' SwiGLU output is recomputed. Ignored under full recompute.
+  bool recompute_mlp = false;
   int zero = 1;     // 0 replicated, 1 optimizer state, 2 + gradients, 3 + parameters sharded over dp
   Schedule schedule = Schedule::OneF1B;
+  Graphs graphs = Graphs::Off;  // CUDA graphs: off | partial | full (plan/host.h)
   Precision precision = Precision::BF16;  // bf16 | fp8 (block) | fp8-tensor | mxfp8 | mxfp4 (plan/precision.h)
   // Interleaved 1F1B: model chunks per pipeline rank (Megatron's virtual pipeline size); the
   // bubble is (pp-1)/vp micro-batch times and the pipeline transfers are vp times as many.
@@ -47,6 +57,8 @@ struct Layout {
   int64_t micro_batches() const { return gbs / (dp * mbs); }
   int64_t tokens_per_step() const { return gbs * seq; }
 };
+
+std::string recompute_label(const Layout& l);  // "selective", "mlp", "selective+mlp", ...
 
 // Parses "dp=8,tp=2,pp=4,ep=8,mbs=1,gbs=512,seq=4096,recompute=selective,zero=1,
 // schedule=1f1b,vp=1,precision=bf16,overlap=ep+dp,mtp=0,moments=f32,grads=f32,dedup=1,expert_load=1.1"

@@ -94,6 +94,19 @@ std::vector<Limit> step_limits(const ClusterSpec& s, const Layout& l, const Step
     v.push_back({"optimizer step", t.optimizer + t.weight_cast, t.optimizer + t.weight_cast,
                  "HBM bandwidth over the local shard" + std::string(t.weight_cast > 0 ? " (+ the weights' quantization)" : ""),
                  "ZeRO sharding (zero>=1), bf16 moments"});
+  if (t.host_mb > 0) {
+    const std::string helps =
+        l.graphs == Graphs::Off       ? "graphs=partial or graphs=full (CUDA graphs), fused kernels, a larger ep (fewer "
+                                        "local experts to launch GEMMs for) or a larger mbs (more work per launch)"
+        : l.graphs == Graphs::Partial ? "graphs=full (needs a sync-free MoE), a larger ep (fewer local experts), a larger mbs"
+                                      : "a larger mbs (more work per launch)";
+    v.push_back({"host (kernel launches)", m * t.host_mb, t.host_wait,
+                 "the " + (s.host.cpu.empty() ? std::string("host") : s.host.cpu) + " CPU: " +
+                     num("%.0f", t.launches_mb) + " kernels per micro-batch at " + num("%.1f", s.host.op_s * 1e6) +
+                     " us per op / " + num("%.1f", s.host.launch_s * 1e6) + " us per inner launch, " +
+                     num("%.0f", t.host_syncs_mb) + " host syncs (graphs " + graphs_name(l.graphs) + ")",
+                 helps});
+  }
   std::stable_sort(v.begin(), v.end(), [](const Limit& a, const Limit& b) { return a.exposed > b.exposed; });
   return v;
 }
@@ -111,6 +124,7 @@ std::string why_faster(const Layout& la, const StepTime& a, const Layout& lb, co
       {"exposed communication", per(b.exposed_comm, tb) - per(a.exposed_comm, ta)},
       {"pipeline bubble", per(b.bubble, tb) - per(a.bubble, ta)},
       {"optimizer", per(b.optimizer + b.weight_cast, tb) - per(a.optimizer + a.weight_cast, ta)},
+      {"host wait", per(b.host_wait, tb) - per(a.host_wait, ta)},
   };
   std::stable_sort(parts.begin(), parts.end(), [](const Part& x, const Part& y) { return x.save > y.save; });
   const double total = per(b.step, tb) - per(a.step, ta);

@@ -8,11 +8,12 @@
 namespace trex::plan {
 
 double saved_bytes_per_token(const LayerCost& l, Recompute r, double cached_bytes, double expert_load,
-                             double elem_bytes) {
+                             double elem_bytes, bool mlp) {
   if (r == Recompute::Full) return (elem_bytes > 0 ? elem_bytes : 2.0) * l.input_elems;
   double b = 0;
   for (const SavedTensor& t : l.saved) {
     if (r == Recompute::Selective && t.selective) continue;
+    if (mlp && t.mlp) continue;
     const double per = (cached_bytes > 0 && t.fp8_ok) ? cached_bytes : elem_bytes > 0 ? elem_bytes : (double)t.bytes;
     b += t.elems * per * (t.routed ? expert_load : 1.0);
   }
@@ -37,7 +38,7 @@ ChunkContent chunk_content(const ArchModel& a, const ClusterSpec& s, const Layou
     r.dense += L.dense_params;
     r.experts += L.expert_params;
     r.moe = r.moe || L.moe;
-    r.act_mb += tokens * saved_bytes_per_token(L, l.recompute, fp8, l.expert_load, eb);
+    r.act_mb += tokens * saved_bytes_per_token(L, l.recompute, fp8, l.expert_load, eb, l.recompute_mlp);
     if (l.recompute == Recompute::Full)
       r.work = std::max(r.work, tokens * saved_bytes_per_token(L, Recompute::None, fp8, l.expert_load, eb));
   };

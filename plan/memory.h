@@ -9,6 +9,8 @@
 //     selective  without the tensors recomputed in backward (norm outputs, MLA up-projections,
 //                SwiGLU outputs, V4 compressor/indexer projections)
 //     full       the layer inputs only, plus one layer's full set as the recompute working set
+//     +mlp       (recompute=mlp, selective+mlp) also without the dense MLP's fc1 / SwiGLU outputs
+//                and the routed SwiGLU output (SavedTensor::mlp)
 //   held in flight: 1F1B rank r min(pp - r, m) micro-batches; DualPipe (pp + 1) chunk's worth;
 //   the last stage adds one micro-batch of f32 logits [tokens, vocab].
 #pragma once
@@ -24,8 +26,9 @@ namespace trex::plan {
 // bytes (fp8 block: 1 + 4/128).
 // elem_bytes > 0: every saved element takes that many bytes instead of its bf16-run size
 // (ClusterSpec::activation_bytes: trex's CPU engine keeps activations in f32).
+// mlp: recompute=mlp also drops the tensors marked SavedTensor::mlp (not under full recompute).
 double saved_bytes_per_token(const LayerCost& l, Recompute r, double cached_bytes, double expert_load = 1.0,
-                             double elem_bytes = 0);
+                             double elem_bytes = 0, bool mlp = false);
 
 struct RankMemory {
   int64_t rank = 0;           // pipeline rank

@@ -1,6 +1,7 @@
 #include "plan/planner.h"
 
 #include <algorithm>
+#include <cstdio>
 #include "core/error.h"
 
 namespace trex::plan {
@@ -45,9 +46,17 @@ void add_notes(Plan& p, const ArchModel& a, const ClusterSpec& s, const Routing*
     p.notes.push_back(routing_summary(*routing, l.ep, a.n_experts));
   else if (l.expert_load == 1.0 && a.n_experts > 0)
     p.notes.push_back("routing assumed balanced (expert_load=1); set expert_load > 1 for a skewed router");
-  if (s.mx_formats)
-    p.notes.push_back("the step is device-bound: on devices this fast, published DeepSeek-V3 runs whose software was "
-                      "launch-bound (no full CUDA graphs) ran 21-50% below such a plan (docs/PLAN.md, validation)");
+  if (!s.host.modelled() && s.mx_formats)
+    p.notes.push_back("the host is not modelled in this spec ([host]): on devices this fast, launch-bound software "
+                      "(no CUDA graphs) can run well below this device-bound plan (docs/PLAN.md, the host)");
+  if (p.time.host_wait > 0.01 * p.time.step) {
+    char b[256];
+    std::snprintf(b, sizeof b,
+                  "host-bound: launching the kernels (%.0f per micro-batch, graphs %s) adds %.3g s a step (%.0f%%) to "
+                  "the device's time",
+                  p.time.launches_mb, graphs_name(l.graphs), p.time.host_wait, 100 * p.time.host_wait / p.time.step);
+    p.notes.push_back(b);
+  }
 }
 
 std::vector<int64_t> divisors(int64_t n) {

@@ -41,7 +41,7 @@ std::string layout_line(const Layout& l) {
                 "recompute %s, ZeRO-%d, %s%s, %s, overlap %s%s",
                 (long long)l.dp, (long long)l.tp, (long long)l.pp, (long long)l.ep, (long long)l.edp(), (long long)l.etp,
                 (long long)l.mbs, (long long)l.gbs, (long long)l.micro_batches(), (long long)l.seq,
-                recompute_name(l.recompute), l.zero, schedule_name(l.schedule),
+                recompute_label(l).c_str(), l.zero, schedule_name(l.schedule),
                 (l.vp > 1 ? (" vp " + std::to_string(l.vp)).c_str() : ""), precision_name(l.precision),
                 ov.empty() ? "none" : ov.c_str(), l.mtp ? ", mtp on" : "");
   return b;
@@ -91,6 +91,11 @@ std::string format_plan(const Plan& p) {
   o += "  pipeline bubble  " + secs(t.bubble) + "  " + pct(t.bubble / st) + "\n";
   o += "  optimizer        " + secs(t.optimizer) + "  " + pct(t.optimizer / st) + "\n";
   if (t.weight_cast > 0) o += "  weight cast      " + secs(t.weight_cast) + "  " + pct(t.weight_cast / st) + "\n";
+  if (t.host_mb > 0)
+    o += "  host wait        " + secs(t.host_wait) + "  " + pct(t.host_wait / st) + "   (per micro-batch: " +
+         fmt("%.0f", t.launches_mb) + " kernel launches, " + secs(t.host_mb) + " of host, " +
+         fmt("%.0f", t.host_syncs_mb) + " host syncs; device alone " + secs(t.device_t_mb) + "; graphs " +
+         graphs_name(l.graphs) + ")\n";
   o += "what limits the step (per step: exposed / busy; bound by; what would help)\n";
   for (const Limit& lim : p.limits) {
     char b[96];
@@ -140,8 +145,8 @@ json plan_to_json(const Plan& p) {
       {"layout",
        {{"string", layout_string(l)}, {"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"ep", l.ep}, {"etp", l.etp},
         {"edp", l.edp()}, {"mbs", l.mbs}, {"gbs", l.gbs}, {"seq", l.seq}, {"micro_batches", l.micro_batches()},
-        {"recompute", recompute_name(l.recompute)}, {"zero", l.zero}, {"schedule", schedule_name(l.schedule)},
-        {"precision", precision_name(l.precision)}, {"vp", l.vp}, {"mtp", l.mtp}, {"expert_load", l.expert_load},
+        {"recompute", recompute_label(l)}, {"zero", l.zero}, {"schedule", schedule_name(l.schedule)},
+        {"precision", precision_name(l.precision)}, {"graphs", graphs_name(l.graphs)}, {"vp", l.vp}, {"mtp", l.mtp}, {"expert_load", l.expert_load},
         {"overlap", {{"ep", l.overlap_ep}, {"tp", l.overlap_tp}, {"dp", l.overlap_dp}, {"pp", l.overlap_pp}}}}},
       {"memory",
        {{"fits", p.memory.fits}, {"usable_gb", p.memory.usable / 1e9}, {"peak_rank", p.memory.worst},
@@ -155,12 +160,14 @@ json plan_to_json(const Plan& p) {
         {"ranks", ranks}}},
       {"time",
        {{"step_s", t.step}, {"compute_s", t.compute}, {"exposed_comm_s", t.exposed_comm}, {"bubble_s", t.bubble},
-        {"optimizer_s", t.optimizer}, {"weight_cast_s", t.weight_cast}, {"slow_rank", t.slow_rank},
+        {"optimizer_s", t.optimizer}, {"weight_cast_s", t.weight_cast}, {"host_wait_s", t.host_wait},
+        {"slow_rank", t.slow_rank},
         {"per_micro_batch",
          {{"fwd_s", t.fwd}, {"bwd_s", t.bwd}, {"recompute_s", t.recompute}, {"gemm_fwd_s", t.gemm},
           {"experts_fwd_s", t.experts}, {"attention_fwd_s", t.attention}, {"memory_bound_fwd_s", t.memory_bound},
           {"comm_tp_s", t.comm_tp}, {"comm_ep_s", t.comm_ep}, {"comm_pp_s", t.comm_pp}, {"comm_dp_s", t.comm_dp_mb},
-          {"exposed_s", t.exposed_mb}, {"ep_inter_node_bytes", t.ep_inter_bytes_mb},
+          {"exposed_s", t.exposed_mb}, {"device_s", t.device_t_mb}, {"total_s", t.t_mb}, {"host_s", t.host_mb},
+          {"kernel_launches", t.launches_mb}, {"host_syncs", t.host_syncs_mb}, {"ep_inter_node_bytes", t.ep_inter_bytes_mb},
           {"ep_intra_node_bytes", t.ep_intra_bytes_mb}}},
         {"dp_comm_s", t.dp_comm}, {"dp_exposed_s", t.dp_exposed}}},
       {"throughput",

@@ -65,10 +65,10 @@ ClusterSpec parse_spec_toml(const std::string& text, const std::string& where) {
     TREX_USER_FAIL("fix the TOML syntax", where, ":", b.line, ":", b.column, ": ", e.description());
   }
   for (auto&& [k, v] : root) {
-    static const char* top[] = {"name", "description", "source", "note", "device", "network", "cost", "efficiency"};
+    static const char* top[] = {"name", "description", "source", "note", "device", "network", "cost", "efficiency", "host"};
     bool ok = false;
     for (const char* a : top) ok = ok || k.str() == a;
-    TREX_USER_CHECK(ok, "top-level keys: name, description, source, note, [device], [network], [cost], [efficiency]",
+    TREX_USER_CHECK(ok, "top-level keys: name, description, source, note, [device], [network], [cost], [efficiency], [host]",
                     where, ": unknown top-level key '", k.str(), "'");
   }
   ClusterSpec s;
@@ -137,6 +137,21 @@ ClusterSpec parse_spec_toml(const std::string& text, const std::string& where) {
   f.comm_compute_share = frac("comm_compute_share", f.comm_compute_share, 0);
   TREX_USER_CHECK(f.comm_compute_share < 1, kHint, where, ": [efficiency] comm_compute_share must be < 1");
   f.goodput = frac("goodput", f.goodput);
+
+  // [host]: the CPU that launches the kernels (plan/host.h); absent = not modelled.
+  Section h{root["host"].as_table(), where, "host"};
+  h.only({"cpu", "op_us", "launch_us"});
+  if (h.t) {
+    s.host.cpu = str_of(*h.t, "cpu", where);
+    TREX_USER_CHECK(s.host.cpu == "x86" || s.host.cpu == "grace" || s.host.cpu == "arm",
+                    "set [host] cpu to x86, grace or arm (the CPU kind that launches the kernels)", where,
+                    ": [host] cpu = '", s.host.cpu, "' is not one of x86, grace, arm");
+    s.host.op_s = h.num("op_us", 0, true, 0) * 1e-6;
+    s.host.launch_s = h.num("launch_us", 0, true, 0) * 1e-6;
+    TREX_USER_CHECK(s.host.op_s <= 1e-3 && s.host.launch_s <= 1e-3, kHint, where,
+                    ": [host] op_us and launch_us are microseconds per launch, at most 1000; got ", s.host.op_s * 1e6,
+                    " and ", s.host.launch_s * 1e6);
+  }
   return s;
 }
 

@@ -45,6 +45,16 @@ struct Efficiency {
                                   // failures and restarts, checkpoints, evaluation, stragglers)
 };
 
+// The CPU that launches the kernels (plan/host.h): host seconds per framework-level op (Python
+// dispatch, autograd, launch) and per further kernel launched from C++ inside an op. Both 0: the
+// host is not modelled (cpu-this: trex's CPU engine runs its kernels on the host itself).
+struct HostCost {
+  std::string cpu;      // "x86", "grace", "arm" or "" (not modelled)
+  double op_s = 0;      // seconds per framework-level op
+  double launch_s = 0;  // seconds per inner kernel launch
+  bool modelled() const { return op_s > 0 || launch_s > 0; }
+};
+
 struct ClusterSpec {
   std::string name, description, source, note;
   // Device.
@@ -74,6 +84,7 @@ struct ClusterSpec {
   double power_w = 0;                // watts per device, all-in
   double pue = 1.0;                  // facility overhead multiplier on power
   Efficiency eff;
+  HostCost host;
 
   double usable_bytes() const { return mem_bytes - reserved_bytes; }
 };

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include "core/error.h"
+#include "plan/host.h"
 #include "plan/precision.h"
 
 namespace trex::plan {
@@ -72,6 +73,14 @@ struct RankTime {
   double tp = 0, ep = 0, pp = 0;
   double ep_inter = 0, ep_intra = 0;
   double dense = 0, expert_params = 0;  // parameters held
+  // The host (plan/host.h): seconds it spends launching the micro-batch's kernels, the kernels
+  // launched, and the forward stretches that end at a host sync (one per dropless MoE layer).
+  struct Window {
+    double host = 0, device = 0, comm = 0;  // host s; device compute s (before slowdown); fwd comm s
+    double restart = 0;                       // host s after the sync before the device is busy again
+  };
+  double host = 0, launches = 0, syncs = 0;
+  std::vector<Window> windows;
 };
 
 struct Rates {
@@ -135,15 +144,32 @@ RankTime chunk_time(const ArchModel& a, const ClusterSpec& s, const Layout& l, c
   const Group pp = place_group(s, l.pp, l.tp * l.dp);
   const int dirs = 2 + (l.recompute == Recompute::Full ? 1 : 0);  // fwd, bwd (+ replayed fwd)
   double fwd_layers = 0;
+  const HostCost& hcost = s.host;
+  const bool eager = l.graphs == Graphs::Off;
+  auto host_ops = [&](double fwd_ops, double bwd_ops, double bwd_inner) {  // head, embedding, MTP glue
+    if (!hcost.modelled() || l.graphs == Graphs::Full) return;
+    t.host += (fwd_ops + bwd_ops) * hcost.op_s + bwd_inner * hcost.launch_s;
+    t.launches += fwd_ops + bwd_ops + bwd_inner;
+  };
   auto layer = [&](const LayerCost& L) {
     double f = 0;
     layer_fwd(L, R, tokens, l.expert_load, l.seq, t, f);
     fwd_layers += f;
     if (l.recompute == Recompute::Selective)
       t.rec += tokens * (L.upproj_fwd / R.gemm + L.elem_sel_bytes_fwd / R.memory);
+    if (l.recompute_mlp && l.recompute != Recompute::Full) {  // the dense MLP replayed; SwiGLU (selective has it)
+      t.rec += tokens * L.mlp_gemm_fwd / R.gemm;
+      if (l.recompute == Recompute::None)
+        t.rec += tokens * (L.swiglu_bytes_fwd + l.expert_load * L.swiglu_routed_bytes_fwd) / R.memory;
+    }
     t.dense += L.dense_params;
     t.expert_params += L.expert_params;
-    if (l.tp > 1) t.tp += dirs * L.tp_collectives * ring_all_reduce(tp, (double)l.mbs * l.seq * a.hidden * 2.0);
+    double comm = 0;  // this layer's communication, one direction
+    if (l.tp > 1) {
+      const double c = L.tp_collectives * ring_all_reduce(tp, (double)l.mbs * l.seq * a.hidden * 2.0);
+      t.tp += dirs * c;
+      comm += c;
+    }
     if (L.moe && l.ep > 1) {
       const double tok = tokens * l.expert_load;
       A2A dis = ep_all_to_all(s, l, L, a.hidden, tok, R.prec.dispatch_bytes);
@@ -151,6 +177,25 @@ RankTime chunk_time(const ArchModel& a, const ClusterSpec& s, const Layout& l, c
       t.ep += dirs * (dis.seconds + com.seconds);
       t.ep_inter += dis.inter_bytes + com.inter_bytes;
       t.ep_intra += dis.intra_bytes + com.intra_bytes;
+      comm += dis.seconds + com.seconds;
+    }
+    if (!hcost.modelled()) return;
+    const LayerLaunches k = layer_launches(L, l, std::max<int64_t>(1, L.n_experts / l.ep));
+    const double hf = layer_host_seconds(k, false, l, hcost), hb = layer_host_seconds(k, true, l, hcost);
+    t.launches += k.total_fwd().total() + k.total_bwd().total();
+    double hr = 0;  // recompute: full replays the forward; selective its norms, up-projections and SwiGLU
+    const RecipeLaunches q = precision_launches(l.precision);
+    if (l.recompute == Recompute::Full) hr = hf;
+    else if (l.recompute == Recompute::Selective && eager)
+      hr = (4 + (L.moe ? 2 : 1) + 2) * hcost.op_s + 2 * (q.q_f + q.s_f) * hcost.launch_s;
+    if (l.recompute_mlp && l.recompute != Recompute::Full && eager)  // dense fc1, act, fc2; routed act
+      hr += L.moe ? hcost.op_s : 3 * hcost.op_s + 2 * (q.q_f + q.s_f) * hcost.launch_s;
+    t.host += hf + hb + hr;
+    if (k.sync) {
+      const double restart = host_seconds(k.after_sync, hcost);
+      t.windows.push_back({hf, f, comm, restart});
+      if (l.recompute == Recompute::Full) t.windows.push_back({hr, f, comm, restart});
+      t.syncs += l.recompute == Recompute::Full ? 2 : 1;
     }
   };
   for (int64_t i = 0; i < c.n_layers; ++i) layer(a.layers[c.first_layer + i]);
@@ -158,6 +203,7 @@ RankTime chunk_time(const ArchModel& a, const ClusterSpec& s, const Layout& l, c
   double fwd_other = 0;
   const double d = (double)a.hidden, V = (double)a.vocab;
   if (c.embed) {
+    host_ops(1, 1, 0);  // lookup; its gradient's scatter-add
     t.dense += a.embed_params;
     const double m = tokens * 4 * d / R.memory;  // gather rows, write activations
     t.memory += m;
@@ -166,6 +212,7 @@ RankTime chunk_time(const ArchModel& a, const ClusterSpec& s, const Layout& l, c
   if (c.head) {
     t.dense += a.final_norm_params + ((a.tied_embeddings && c.embed) ? 0 : a.head_params);
     const int64_t heads = 1 + (l.mtp ? a.mtp_modules : 0);
+    host_ops(3.0 * heads, 3.0 * heads, 2.0 * heads);  // final norm, head linear, fused cross-entropy
     for (int64_t h = 0; h < heads; ++h) {
       // A calibrated fused head (Efficiency::head) includes its logit traffic.
       const bool fused = s.eff.head > 0;
@@ -181,6 +228,7 @@ RankTime chunk_time(const ArchModel& a, const ClusterSpec& s, const Layout& l, c
     if (l.mtp)
       for (int64_t i = 0; i < a.mtp_modules; ++i) {
         layer(a.mtp_block);
+        host_ops(4, 4, 3);  // two norms, concat, projection
         t.dense += a.mtp_extra_params;
         const double g = tokens * 2 * a.mtp_extra_matmul_params / R.gemm;
         t.gemm += g;
@@ -191,7 +239,12 @@ RankTime chunk_time(const ArchModel& a, const ClusterSpec& s, const Layout& l, c
   // Backward: twice the forward's work, except the quantize kernels, which have their own traffic.
   t.bwd = 2 * (t.fwd - t.fwd_only - t.quant_fwd) + t.quant_bwd;
   t.weight_grad = t.fwd - t.fwd_only - t.quant_fwd;  // the weight-gradient half of the backward GEMMs
+  if (hcost.modelled() && l.graphs == Graphs::Full) {
+    t.host += 2 * l.vp * hcost.op_s;  // one graph replay per model chunk, forward and backward
+    t.launches += 2 * l.vp;
+  }
   if (l.pp > 1) {
+    host_ops(2.0 * l.vp, 2.0 * l.vp, 0);  // send / receive per model chunk, each way
     const double bytes = tokens * (double)a.residual_width() * 2.0;
     t.pp = 2 * l.vp * (bytes / pp.bw + pp.lat);  // activation forward, its gradient backward, per model chunk
   }
@@ -268,6 +321,8 @@ StepTime plan_time(const ArchModel& a, const ClusterSpec& s, const Layout& l) {
       t.tp += w * c.tp, t.ep += w * c.ep, t.pp += w * c.pp;
       t.quant_fwd += w * c.quant_fwd, t.quant_bwd += w * c.quant_bwd;
       t.ep_inter += w * c.ep_inter, t.ep_intra += w * c.ep_intra;
+      t.host += w * c.host, t.launches += w * c.launches, t.syncs += w * c.syncs;
+      for (const RankTime::Window& x : c.windows) t.windows.push_back({w * x.host, w * x.device, w * x.comm, w * x.restart});
       dense += c.dense, experts += c.expert_params;
     }
     const double G_d = dense / l.tp, G_e = experts / (double)(l.ep * l.etp);
@@ -278,7 +333,20 @@ StepTime plan_time(const ArchModel& a, const ClusterSpec& s, const Layout& l) {
       dp_mb = 2 * ring_reduce_scatter(dpg, 2.0 * G_d) + ring_reduce_scatter(dpg, l.grad_bytes * G_d) +
               2 * ring_reduce_scatter(edpg, 2.0 * G_e) + ring_reduce_scatter(edpg, l.grad_bytes * G_e);
     const MbTime mt = mb_time(t, dp_mb, l, e);
-    const double slow = mt.slow, exposed = mt.exposed, t_mb = mt.t_mb;
+    const double slow = mt.slow, exposed = mt.exposed, device_t_mb = mt.t_mb;
+    // The host: between two syncs a stretch takes the longer of its launches and its device work
+    // (the host runs ahead, up to the sync); the rest of the micro-batch likewise as one stretch.
+    double t_mb = device_t_mb;
+    if (s.host.modelled()) {
+      const double comm_all = t.tp + t.ep + t.pp + dp_mb;
+      const double xf = comm_all > 0 ? exposed / comm_all : 0;  // exposed share of the communication
+      double bound = 0, dev = 0, host = 0;
+      for (const RankTime::Window& x : t.windows) {
+        const double d = x.device * slow + xf * x.comm;
+        bound += std::max(x.host, x.restart + d), dev += d, host += x.host;
+      }
+      t_mb = bound + std::max(t.host - host, device_t_mb - dev);
+    }
     st.rank_t_mb.push_back(t_mb);
     if (t_mb > worst) {
       worst = t_mb;
@@ -292,6 +360,8 @@ StepTime plan_time(const ArchModel& a, const ClusterSpec& s, const Layout& l) {
       st.comm_tp = t.tp, st.comm_ep = t.ep, st.comm_pp = t.pp, st.comm_dp_mb = dp_mb;
       st.exposed_mb = exposed;
       st.t_mb = t_mb;
+      st.device_t_mb = device_t_mb;
+      st.host_mb = t.host, st.launches_mb = t.launches, st.host_syncs_mb = t.syncs;
       st.ep_inter_bytes_mb = t.ep_inter, st.ep_intra_bytes_mb = t.ep_intra;
       // DualPipe bubble terms: F, B (full backward incl. recompute), W (weight-gradient part).
       const double F = t.fwd * slow + exposed / 3, B = (t.bwd + t.rec) * slow + 2 * exposed / 3;
@@ -327,6 +397,7 @@ StepTime plan_time(const ArchModel& a, const ClusterSpec& s, const Layout& l) {
   // micro-batches): read bf16, write the row- and column-wise copies.
   if (R.prec.low) st.weight_cast = (dense_max + exp_max) * 4.0 / R.memory;
   st.exposed_comm += st.dp_exposed;
+  st.host_wait = m * (st.t_mb - st.device_t_mb);
   st.step = m * st.t_mb + st.bubble + st.dp_exposed + st.optimizer + st.weight_cast;
   st.tokens_per_step = (double)l.tokens_per_step();
   st.goodput = e.goodput;

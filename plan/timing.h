@@ -44,10 +44,15 @@ struct StepTime {
   double ep_intra_s = 0, ep_inter_s = 0;  // one layer-set's all-to-all bytes on each link alone, per micro-batch
   double comm_tp = 0, comm_ep = 0, comm_pp = 0, comm_dp_mb = 0;  // per micro-batch communication
   double exposed_mb = 0;                        // communication left exposed per micro-batch
-  double t_mb = 0;                              // fwd + bwd + recompute + exposed
+  double t_mb = 0;                              // fwd + bwd + recompute + exposed, or the host's bound
+  double device_t_mb = 0;                       // the device alone: fwd + bwd + recompute + exposed
+  // The host (plan/host.h): seconds it spends launching one micro-batch's kernels, the kernels,
+  // and the host syncs of its forward (dropless MoE token counts), on the slowest rank.
+  double host_mb = 0, launches_mb = 0, host_syncs_mb = 0;
   std::vector<double> rank_t_mb;                // t_mb of every pipeline rank
   // Per step (seconds).
   double compute = 0, exposed_comm = 0, bubble = 0, optimizer = 0, step = 0;
+  double host_wait = 0;  // what the host adds to the device's micro-batches (m x (t_mb - device_t_mb))
   double weight_cast = 0;  // low precision: quantizing the updated weights once per step
   double dp_comm = 0, dp_exposed = 0;           // gradient / parameter collectives (all ZeRO stages)
   double ep_inter_bytes_mb = 0, ep_intra_bytes_mb = 0;  // one all-to-all direction pair, per device

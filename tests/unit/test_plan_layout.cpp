@@ -135,7 +135,7 @@ TEST(PlanLayout, BubbleFormula) {
     const double pipeline = t.micro_batches * t.t_mb + t.bubble;
     EXPECT_NEAR(t.bubble / pipeline, bubble_fraction_1f1b(pp, t.micro_batches), 1e-12) << "pp " << pp;
     EXPECT_NEAR(t.step, pipeline + t.dp_exposed + t.optimizer, 1e-12);
-    EXPECT_NEAR(t.compute + t.exposed_comm + t.bubble + t.optimizer, t.step, 1e-9 * t.step);
+    EXPECT_NEAR(t.compute + t.exposed_comm + t.bubble + t.optimizer + t.host_wait, t.step, 1e-9 * t.step);
   }
   // DualPipe's bubble (pp/2-1)(F + 2B - 3W) is below 1F1B's at the same layout.
   Layout one = parse_layout("pp=8,ep=32,gbs=1024", Layout{}), dual = parse_layout("pp=8,ep=32,gbs=1024,schedule=dualpipe", Layout{});

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include "core/error.h"
 #include "model/config.h"
 #include "plan/memory.h"
 #include "plan/planner.h"
@@ -153,4 +154,54 @@ TEST(PlanMemory, FitsDecidesOnUsableMemory) {
   bool noted = false;
   for (auto& n : p.notes) noted = noted || n.find("DOES NOT FIT") != std::string::npos;
   EXPECT_TRUE(noted);
+}
+
+// recompute=mlp (Megatron-Core's `mlp moe_act`): the dense MLP's fc1 and SwiGLU outputs and the
+// routed experts' SwiGLU output are not kept; the dense MLP is replayed in the backward.
+TEST(PlanMemory, MlpRecompute) {
+  const model::ModelConfig c = deepseek_v3_config();
+  ArchModel a = resolve_model("deepseek-v3");
+  const LayerCost& dense = a.layers[0];
+  const LayerCost& moe = a.layers[5];
+  ASSERT_FALSE(dense.moe);
+  ASSERT_TRUE(moe.moe);
+  const double I = (double)c.intermediate_size, Ie = (double)c.moe_intermediate_size, k = (double)c.num_experts_per_tok;
+  EXPECT_DOUBLE_EQ(saved_bytes_per_token(dense, Recompute::None, 0) - saved_bytes_per_token(dense, Recompute::None, 0, 1, 0, true),
+                   2 * (2 * I + I));
+  EXPECT_DOUBLE_EQ(saved_bytes_per_token(moe, Recompute::None, 0, 1.5) - saved_bytes_per_token(moe, Recompute::None, 0, 1.5, 0, true),
+                   2 * k * Ie * 1.5);
+  // With selective (which already drops the SwiGLU outputs) it adds the dense fc1 output only.
+  EXPECT_DOUBLE_EQ(saved_bytes_per_token(dense, Recompute::Selective, 0) -
+                       saved_bytes_per_token(dense, Recompute::Selective, 0, 1, 0, true),
+                   2 * 2 * I);
+  EXPECT_DOUBLE_EQ(saved_bytes_per_token(dense, Recompute::Full, 0, 1, 0, true), saved_bytes_per_token(dense, Recompute::Full, 0));
+  // Parsed, named and refused.
+  Layout l = parse_layout("recompute=mlp", Layout{});
+  EXPECT_EQ(l.recompute, Recompute::None);
+  EXPECT_TRUE(l.recompute_mlp);
+  EXPECT_EQ(recompute_label(l), "mlp");
+  l = parse_layout("recompute=selective+mlp", Layout{});
+  EXPECT_EQ(l.recompute, Recompute::Selective);
+  EXPECT_EQ(recompute_label(l), "selective+mlp");
+  EXPECT_NE(layout_string(l).find("recompute=selective+mlp"), std::string::npos);
+  EXPECT_FALSE(parse_layout("recompute=selective+mlp,recompute=none", Layout{}).recompute_mlp);
+  for (const char* bad : {"recompute=full+mlp", "recompute=mlp+act", "recompute=none+selective"}) {
+    try {
+      parse_layout(bad, Layout{});
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string(bad).substr(10)), std::string::npos) << e.what();
+    }
+  }
+  // Time and memory of a plan: a stage holding the three dense layers replays their MLPs.
+  ClusterSpec s = load_spec("h800");
+  const std::string base = "pp=16,ep=8,gbs=256,recompute=";
+  Plan none = evaluate(a, s, 128, parse_layout(base + "none", Layout{}));
+  Plan mlp = evaluate(a, s, 128, parse_layout(base + "mlp", Layout{}));
+  Plan full = evaluate(a, s, 128, parse_layout(base + "full", Layout{}));
+  EXPECT_GT(mlp.time.recompute, 0);
+  EXPECT_LT(mlp.time.recompute, full.time.recompute);
+  EXPECT_GT(mlp.time.step, none.time.step);
+  EXPECT_LT(mlp.memory.peak().activations, none.memory.peak().activations);
+  EXPECT_GT(mlp.memory.peak().activations, full.memory.peak().activations);
 }

@@ -4,10 +4,12 @@
 // No efficiency was fitted to any row here: every row is held out of the fits (the only fitted
 // figures are the Hopper fp8 efficiency and the H800 goodput, on the DeepSeek-V3 report).
 //
-// Rows within 15% are held to it. Rows the planner over-predicts because the published software
-// was host-bound (no CUDA graphs yet; the Megatron GB200 guide measured 494 -> 970 TFLOP/s on the
-// same hardware from kernel fusion and CUDA graphs alone) are held to their sign and size, so
-// that a change to the model that moves them shows here.
+// Rows within 15% are held to it. Each row carries the CUDA-graph setting of its recipe at
+// publication (graphs=off|partial|full; the host is modelled from the spec's [host] figures, see
+// plan/host.h). Five Blackwell rows published with partial or no CUDA graphs are over-predicted
+// by 21-50%; the host, priced per launch from published per-op figures, adds about 1% to them
+// (docs/PLAN.md, "The host"): they are held to their sign and size, and to the host's small share,
+// so that a change to the model that moves them shows here.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -27,37 +29,47 @@ struct Row {
   double published;  // tokens/s per GPU
 };
 
-double error_of(const Row& r) {
+Plan plan_of(const Row& r) {
   ArchModel a = resolve_model("deepseek-v3");
-  Plan p = evaluate(a, load_spec(r.cluster), r.devices, parse_layout(r.layout, Layout{}));
+  return evaluate(a, load_spec(r.cluster), r.devices, parse_layout(r.layout, Layout{}));
+}
+
+double error_of(const Row& r) {
+  const Plan p = plan_of(r);
   return p.time.tokens_per_s / (double)r.devices / r.published - 1;
 }
 
 // Megatron-Bridge performance summary (25.09 and 25.11 containers), DeepSeek-V3, seq 4096, MBS 1,
-// MTP on; a2a overlap as the recipe of that time (off unless the MXFP8 GB200/GB300 recipes set it).
+// MTP on; a2a overlap as the recipe of that time (off unless the MXFP8 GB200/GB300 recipes set it);
+// CUDA graphs as the recipes of December 2025 set them (scripts/performance/configs/deepseek/
+// deepseek_workload_base_configs.py): H100 and B200 none; GB300 `attn moe_router moe_preprocess`
+// (partial); GB200 `moe_router moe_preprocess` (taken as partial: the planner's partial also
+// captures attention, so those rows' host is slightly under-counted).
 const Row kH100Cs = {"H100 x1024 FP8 current scaling (25.09)", "h100", 1024,
-                     "tp=2,pp=8,vp=4,ep=64,gbs=8192,precision=fp8-tensor,mtp=1,recompute=selective,overlap=dp", 1297};
+                     "tp=2,pp=8,vp=4,ep=64,gbs=8192,precision=fp8-tensor,mtp=1,recompute=selective+mlp,overlap=dp,graphs=off", 1297};
 const Row kH100Block = {"H100 x1024 FP8 1x128/128x128 blocks (25.09)", "h100", 1024,
-                        "tp=2,pp=8,vp=4,ep=64,gbs=8192,precision=fp8,mtp=1,recompute=selective,overlap=dp",
+                        "tp=2,pp=8,vp=4,ep=64,gbs=8192,precision=fp8,mtp=1,recompute=selective+mlp,overlap=dp,graphs=off",
                         1297.0 * 330 / 338};
 const Row kGB300Bf16 = {"GB300 x256 BF16 (25.11)", "gb300-nvl72", 256,
-                        "pp=2,vp=4,ep=32,gbs=4096,precision=bf16,mtp=1,recompute=selective,overlap=dp", 3848};
+                        "pp=2,vp=4,ep=32,gbs=4096,precision=bf16,mtp=1,recompute=selective,overlap=dp,graphs=partial", 3848};
 // Megatron-Bridge PR 4226: GB200 MXFP8 with full-iteration CUDA graphs, 12.94 s per 4096 x 4096 tokens.
 const Row kGB200Graphs = {"GB200 x256 MXFP8, full CUDA graphs (PR 4226)", "gb200-nvl72", 256,
-                          "pp=4,vp=4,ep=64,gbs=4096,precision=mxfp8,mtp=1,recompute=selective,overlap=ep+dp",
+                          "pp=4,vp=4,ep=64,gbs=4096,precision=mxfp8,mtp=1,recompute=selective,overlap=ep+dp,graphs=full",
                           4096.0 * 4096 / 12.94 / 256};
-// Host-bound at publication (partial or no CUDA graphs).
+// Published with partial or no CUDA graphs.
 const Row kB200Mx = {"B200 x256 MXFP8 (25.11)", "b200", 256,
-                     "pp=16,ep=8,gbs=2048,precision=mxfp8,mtp=1,recompute=selective,overlap=dp", 2139};
+                     "pp=16,ep=8,gbs=2048,precision=mxfp8,mtp=1,recompute=selective,overlap=dp,graphs=off", 2139};
 const Row kGB200Bf16 = {"GB200 x256 BF16 (25.11)", "gb200-nvl72", 256,
-                        "pp=4,vp=4,ep=64,gbs=4096,precision=bf16,mtp=1,recompute=selective,overlap=dp", 3139};
+                        "pp=4,vp=4,ep=64,gbs=4096,precision=bf16,mtp=1,recompute=selective,overlap=dp,graphs=partial", 3139};
 const Row kGB200Mx = {"GB200 x256 MXFP8 (25.11)", "gb200-nvl72", 256,
-                      "pp=8,vp=4,ep=32,gbs=4096,precision=mxfp8,mtp=1,recompute=selective,overlap=ep+dp", 4018};
-// Megatron-Core's GB200 guide, final: 970 TFLOP/s at 249.5 GFLOP per token (the 25.11 table's ratio).
+                      "pp=8,vp=4,ep=32,gbs=4096,precision=mxfp8,mtp=1,recompute=selective,overlap=ep+dp,graphs=partial", 4018};
+// Megatron-Core's GB200 guide, final: 970 TFLOP/s at 249.5 GFLOP per token (the 25.11 table's ratio);
+// its `--recompute-modules mlp moe_act` is recompute=mlp. The H100 recipe's `mla_up_proj mlp` is
+// selective+mlp.
 const Row kGB200Guide = {"GB200 x256 MXFP8, Megatron-Core GB200 guide", "gb200-nvl72", 256,
-                         "pp=8,vp=4,ep=32,gbs=2048,precision=mxfp8,mtp=0,recompute=selective,overlap=dp", 970e12 / 249.5e9};
+                         "pp=8,vp=4,ep=32,gbs=2048,precision=mxfp8,mtp=0,recompute=mlp,overlap=dp,graphs=partial", 970e12 / 249.5e9};
 const Row kGB300Mx = {"GB300 x256 MXFP8 (25.11)", "gb300-nvl72", 256,
-                      "pp=2,vp=4,ep=32,gbs=4096,precision=mxfp8,mtp=1,recompute=none,overlap=ep+dp", 4357};
+                      "pp=2,vp=4,ep=32,gbs=4096,precision=mxfp8,mtp=1,recompute=none,overlap=ep+dp,graphs=partial", 4357};
 
 }  // namespace
 
@@ -68,11 +80,16 @@ TEST(PlanPublished, WithinFifteenPercent) {
   }
 }
 
-TEST(PlanPublished, HostBoundRunsAreOverPredicted) {
+TEST(PlanPublished, BlackwellRunsStillOverPredicted) {
   for (const Row& r : {kB200Mx, kGB200Bf16, kGB200Mx, kGB300Mx, kGB200Guide}) {
-    const double e = error_of(r);
+    const Plan p = plan_of(r);
+    const double e = p.time.tokens_per_s / (double)r.devices / r.published - 1;
     EXPECT_GT(e, 0.15) << r.what << ": " << e << " (now within 15%: move the row to WithinFifteenPercent)";
     EXPECT_LT(e, 0.60) << r.what << ": " << e;
+    // The host is modelled on these specs and launches thousands of kernels per micro-batch, but at
+    // the published per-launch costs it stays well behind the device: it does not explain the gap.
+    EXPECT_GT(p.time.host_mb, 0) << r.what;
+    EXPECT_LT(p.time.host_wait, 0.03 * p.time.step) << r.what;
   }
 }
 
