@@ -3,6 +3,7 @@
 //   trex plan --model deepseek-v3 --cluster h800 --devices 2048 --layout pp=16,ep=64 --tokens 10e9
 //   trex plan --model CONFIG.json --cluster my_cluster.toml --devices 256 --search [--json]
 //   trex plan --model deepseek-v3 --cluster h800 --devices 2048 --layout pp=16,ep=64 --routing RUN/metrics.jsonl
+//   trex plan --model deepseek-v3 --cluster h800 --devices 256 --layout pp=8,ep=32,recompute=full --longest-context
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include "core/error.h"
 #include "io/toml_json.h"
 #include "plan/calibration.h"
+#include "plan/context.h"
 #include "plan/planner.h"
 #include "plan/report.h"
 
@@ -21,7 +23,8 @@ namespace {
 struct PlanOpts {
   std::string model, cluster, layout, calibration, routing;
   int64_t devices = 0;
-  bool search = false, json = false, list = false, vary_devices = false;
+  bool search = false, json = false, list = false, vary_devices = false, longest = false;
+  int64_t context_step = 1024, context_max = int64_t{1} << 24;
   int top = 10;
   int64_t min_devices = 1;
   double tokens = 0;
@@ -74,6 +77,14 @@ void run_plan(const PlanOpts& o) {
                     "give the expert imbalance once: either --routing FILE or expert_load= in --layout",
                     "trex plan: --routing ", o.routing, " and --layout expert_load=... both set the expert load");
     routing = std::make_unique<plan::Routing>(plan::read_routing(o.routing));
+  }
+  if (o.longest) {
+    TREX_USER_CHECK(!o.search && o.routing.empty(), "run --longest-context alone (with --layout for tp, pp, ep, ...)",
+                    "trex plan: --longest-context does not combine with --search or --routing");
+    const plan::ContextResult r = plan::longest_context(a, s, o.devices, base, o.context_step, o.context_max);
+    if (o.json) std::printf("%s\n", plan::context_to_json(r).dump(2).c_str());
+    else std::fputs(plan::format_context(r).c_str(), stdout);
+    return;
   }
   if (o.search) {
     plan::SearchOptions so;
@@ -137,6 +148,11 @@ void add_plan(CLI::App& app) {
   c->add_option("--tokens", o->tokens, "tokens of the whole run (e.g. 10e9): wall time, dollars and energy");
   c->add_option("--calibration", o->calibration, "calibration JSON for cpu-this (default: $TREX_CALIBRATION or "
                                                  "~/.cache/trex/calibration.json)");
+  c->add_flag("--longest-context", o->longest,
+              "the longest seq that fits memory, for every context-parallel size cp the devices allow next to "
+              "the layout's tp and pp (its other keys as given), with step time, tokens/s and MFU there");
+  c->add_option("--context-step", o->context_step, "with --longest-context: seq granularity (default 1024)");
+  c->add_option("--context-max", o->context_max, "with --longest-context: the longest seq tried (default 16777216)");
   c->add_flag("--json", o->json, "print one JSON object");
   c->add_flag("--list", o->list, "list the built-in models and clusters");
   c->callback([o] { run_plan(*o); });

@@ -1,6 +1,7 @@
 #include "plan/arch.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -52,6 +53,22 @@ double mean_attended_keys(const AttnShape& a, int64_t T) {
   if (a.kind == AttnKind::CSA) s += sum_min_floor(T, a.compress_ratio, a.index_topk);
   if (a.kind == AttnKind::HCA) s += sum_floor(T, a.compress_ratio);
   return s / (double)T;
+}
+
+CpExchange cp_exchange_elems(const AttnShape& a, int64_t T) {
+  CpExchange x;
+  const double t = (double)T;
+  if (a.kind == AttnKind::MLA) {
+    x.gathered = t * (double)a.heads * (double)(a.qk_dim + a.v_dim);
+    return x;
+  }
+  if (a.window > 0) x.halo = 2.0 * (double)std::min<int64_t>(a.window, T) * (double)a.qk_dim;
+  if ((a.kind == AttnKind::CSA || a.kind == AttnKind::HCA) && a.compress_ratio > 0) {
+    const double entries = std::floor(t / (double)a.compress_ratio);
+    x.gathered = entries * (double)a.qk_dim;
+    if (a.kind == AttnKind::CSA) x.gathered += entries * (double)a.index_dim;
+  }
+  return x;
 }
 
 double indexer_fwd_flops(const AttnShape& a, int64_t T) {

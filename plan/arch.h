@@ -40,6 +40,24 @@ double attn_core_fwd_flops(const AttnShape& a, int64_t T);
 // (0 for other kinds).
 double indexer_fwd_flops(const AttnShape& a, int64_t T);
 
+// Context parallelism (plan/layout.h): what one layer's attention exchanges over a cp group for
+// one sequence of T tokens, in elements, each direction (forward: keys and values; backward:
+// their gradients):
+//   gathered  all-gathered over the group (the full buffer; each rank sends its share): MLA the
+//             keys and values of every head, H (dqk + dv) per token (Megatron-Core's ring
+//             attention passes K and V); CSA / HCA the compressed entries (T / rate of dqk each;
+//             CSA also the indexer's keys, index_dim each)
+//   halo      point to point from the neighbouring rank: the sliding window's keys (V4 layers:
+//             window rows of dqk for each of a rank's two chunks)
+// Time (plan/timing.cpp) moves the gathered buffer as an all-gather would ((cp-1)/cp of it per
+// rank, the volume of a ring too); memory (plan/memory.cpp) holds what ring attention holds: two
+// chunks of 1/cp of it (the one in use and the next in flight), and as much again for their
+// gradients in the backward.
+struct CpExchange {
+  double gathered = 0, halo = 0;
+};
+CpExchange cp_exchange_elems(const AttnShape& a, int64_t T);
+
 // A tensor the backward pass reads, saved per token during the forward.
 struct SavedTensor {
   std::string name;

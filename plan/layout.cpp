@@ -42,8 +42,8 @@ const char* graphs_name(Graphs g) {
 namespace {
 
 const char* kLayoutHint =
-    "layout keys: dp tp pp ep etp mbs gbs seq recompute(none|selective|full|mlp|selective+mlp) zero(0-3) schedule(1f1b|dualpipe) "
-    "vp(>=1) precision(bf16|fp8|fp8-block|fp8-tensor|mxfp8|mxfp4) overlap(ep+tp+dp+pp|all|none) mtp(0|1) "
+    "layout keys: dp tp pp ep etp cp mbs gbs seq recompute(none|selective|full|mlp|selective+mlp) zero(0-3) schedule(1f1b|dualpipe) "
+    "vp(>=1) precision(bf16|fp8|fp8-block|fp8-tensor|mxfp8|mxfp4) overlap(ep+tp+dp+pp+cp|all|none) mtp(0|1) "
     "moments(f32|bf16) grads(f32|bf16) dedup(0|1) graphs(off|partial|full) "
     "expert_load(>=1), e.g. dp=8,tp=2,pp=4,ep=8";
 
@@ -84,6 +84,7 @@ Layout parse_layout(const std::string& s, Layout l) {
     std::string k = item.substr(0, eq), v = item.substr(eq + 1);
     if (k == "dp") l.dp = to_int(k, v, 1);
     else if (k == "tp") l.tp = to_int(k, v, 1);
+    else if (k == "cp") l.cp = to_int(k, v, 1);
     else if (k == "pp") l.pp = to_int(k, v, 1);
     else if (k == "ep") l.ep = to_int(k, v, 1);
     else if (k == "etp") l.etp = to_int(k, v, 1);
@@ -128,8 +129,8 @@ Layout parse_layout(const std::string& s, Layout l) {
       else if (v == "full") l.graphs = Graphs::Full;
       else TREX_USER_FAIL(kLayoutHint, "layout: graphs=", v, " must be off, partial or full");
     } else if (k == "overlap") {
-      l.overlap_ep = l.overlap_tp = l.overlap_dp = l.overlap_pp = false;
-      if (v == "all") l.overlap_ep = l.overlap_tp = l.overlap_dp = l.overlap_pp = true;
+      l.overlap_ep = l.overlap_tp = l.overlap_dp = l.overlap_pp = l.overlap_cp = false;
+      if (v == "all") l.overlap_ep = l.overlap_tp = l.overlap_dp = l.overlap_pp = l.overlap_cp = true;
       else if (v != "none") {
         std::stringstream vs(v);
         std::string o;
@@ -138,7 +139,8 @@ Layout parse_layout(const std::string& s, Layout l) {
           else if (o == "tp") l.overlap_tp = true;
           else if (o == "dp") l.overlap_dp = true;
           else if (o == "pp") l.overlap_pp = true;
-          else TREX_USER_FAIL(kLayoutHint, "layout: overlap part '", o, "' must be ep, tp, dp or pp");
+          else if (o == "cp") l.overlap_cp = true;
+          else TREX_USER_FAIL(kLayoutHint, "layout: overlap part '", o, "' must be ep, tp, dp, pp or cp");
         }
       }
     } else if (k == "mtp") l.mtp = to_bool(k, v);
@@ -173,9 +175,12 @@ std::vector<std::string> layout_keys(const std::string& s) {
 
 std::string layout_string(const Layout& l) {
   std::string ov;
-  for (auto [on, n] : {std::pair{l.overlap_ep, "ep"}, {l.overlap_tp, "tp"}, {l.overlap_dp, "dp"}, {l.overlap_pp, "pp"}})
+  for (auto [on, n] : {std::pair{l.overlap_ep, "ep"}, {l.overlap_tp, "tp"}, {l.overlap_dp, "dp"}, {l.overlap_pp, "pp"},
+                       {l.overlap_cp && l.cp > 1, "cp"}})
     if (on) ov += (ov.empty() ? "" : "+") + std::string(n);
-  return detail::cat("dp=", l.dp, ",tp=", l.tp, ",pp=", l.pp, ",ep=", l.ep, ",etp=", l.etp, ",mbs=", l.mbs,
+  // (cp is written when > 1, so one-rank-per-sequence layouts read as before.)
+  return detail::cat("dp=", l.dp, ",tp=", l.tp, ",pp=", l.pp, ",ep=", l.ep, ",etp=", l.etp,
+                     l.cp > 1 ? detail::cat(",cp=", l.cp) : std::string(), ",mbs=", l.mbs,
                      ",gbs=", l.gbs, ",seq=", l.seq, ",recompute=", recompute_label(l), ",zero=", l.zero,
                      ",schedule=", schedule_name(l.schedule), ",vp=", l.vp, ",precision=", precision_name(l.precision),
                      ",overlap=", ov.empty() ? "none" : ov, ",mtp=", l.mtp ? 1 : 0,
@@ -188,17 +193,20 @@ std::vector<std::string> layout_problems(Layout& l, const ArchModel& a, int64_t 
   std::vector<std::string> p;
   if (devices < 1) return {cat("--devices must be >= 1, got ", devices)};
   if (l.dp == 0) {
-    if (devices % (l.tp * l.pp) != 0) {
-      p.push_back(cat("devices (", devices, ") must be divisible by tp*pp (", l.tp, "*", l.pp, " = ", l.tp * l.pp,
-                      ") to derive dp"));
+    if (devices % (l.tp * l.pp * l.cp) != 0) {
+      p.push_back(cat("devices (", devices, ") must be divisible by tp*pp*cp (", l.tp, "*", l.pp, "*", l.cp, " = ",
+                      l.tp * l.pp * l.cp, ") to derive dp"));
       return p;
     }
-    l.dp = devices / (l.tp * l.pp);
+    l.dp = devices / (l.tp * l.pp * l.cp);
   }
   if (l.world() != devices)
-    p.push_back(cat("dp*tp*pp (", l.dp, "*", l.tp, "*", l.pp, " = ", l.world(), ") must equal the devices (", devices,
-                    ")"));
-  if (l.gbs == 0) l.gbs = 4 * devices;
+    p.push_back(cat("dp*cp*tp*pp (", l.dp, "*", l.cp, "*", l.tp, "*", l.pp, " = ", l.world(),
+                    ") must equal the devices (", devices, ")"));
+  if (l.gbs == 0) l.gbs = 4 * devices / l.cp;  // (4 sequences per device; a sequence spans cp devices)
+  if (l.cp > 1 && l.seq % (2 * l.cp) != 0)
+    p.push_back(cat("seq (", l.seq, ") must be divisible by 2*cp (2*", l.cp, " = ", 2 * l.cp,
+                    "): each cp rank holds two of the 2 cp chunks of a sequence"));
   if (a.heads % l.tp != 0)
     p.push_back(cat("attention heads (", a.heads, ") must be divisible by tp (", l.tp, ")"));
   if (l.pp > a.n_layers())
@@ -207,9 +215,9 @@ std::vector<std::string> layout_problems(Layout& l, const ArchModel& a, int64_t 
     p.push_back(cat("ep (", l.ep, ") and etp (", l.etp, ") must be 1 for a model without routed experts"));
   if (a.n_experts > 0 && a.n_experts % l.ep != 0)
     p.push_back(cat("routed experts (", a.n_experts, ") must be divisible by ep (", l.ep, ")"));
-  if ((l.dp * l.tp) % (l.ep * l.etp) != 0)
-    p.push_back(cat("ep*etp (", l.ep, "*", l.etp, " = ", l.ep * l.etp, ") must divide dp*tp (", l.dp, "*", l.tp,
-                    " = ", l.dp * l.tp, "): expert-parallel groups are carved out of the dp x tp ranks"));
+  if ((l.dp * l.cp * l.tp) % (l.ep * l.etp) != 0)
+    p.push_back(cat("ep*etp (", l.ep, "*", l.etp, " = ", l.ep * l.etp, ") must divide dp*cp*tp (", l.dp, "*", l.cp, "*",
+                    l.tp, " = ", l.dp * l.cp * l.tp, "): expert-parallel groups are carved out of the dp x cp x tp ranks"));
   if (l.etp > 1) {
     for (const LayerCost& c : a.layers)
       if (c.moe) {

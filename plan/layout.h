@@ -1,7 +1,11 @@
-// A parallel layout and run shape: dp x tp x pp devices (ep and etp carved out of dp x tp, as
-// Megatron-Core does: the expert data-parallel size is edp = dp * tp / (ep * etp)), batch
-// shape, recompute, ZeRO stage, pipeline schedule, precision and overlap flags. Validation
-// names the product or divisibility that fails.
+// A parallel layout and run shape: dp x cp x tp x pp devices (ep and etp carved out of
+// dp x cp x tp, as Megatron-Core does: the expert data-parallel size is
+// edp = dp * cp * tp / (ep * etp)), batch shape, recompute, ZeRO stage, pipeline schedule,
+// precision and overlap flags. Context parallelism (cp): each sequence is cut in 2 cp chunks and
+// cp rank r holds chunks r and 2cp-1-r (balanced causal work); the ranks of a cp group exchange
+// what attention needs (cp_exchange_elems, plan/arch.h), and every parameter is replicated over
+// cp, so gradients are reduced (and ZeRO shards cut) over dp x cp. Rank order: tp fastest, then
+// cp, then dp, then pp. Validation names the product or divisibility that fails.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -24,8 +28,9 @@ const char* precision_name(Precision p);
 const char* graphs_name(Graphs g);
 
 struct Layout {
-  int64_t dp = 0;   // 0: devices / (tp * pp)
+  int64_t dp = 0;   // 0: devices / (tp * pp * cp)
   int64_t tp = 1, pp = 1, ep = 1;
+  int64_t cp = 1;   // context parallel: ranks sharing each sequence
   int64_t etp = 1;  // expert tensor parallel (experts split over etp ranks of an ep group)
   int64_t mbs = 1;  // sequences per micro-batch
   int64_t gbs = 0;  // sequences per optimizer step; 0: 4 x devices
@@ -43,6 +48,7 @@ struct Layout {
   // bubble is (pp-1)/vp micro-batch times and the pipeline transfers are vp times as many.
   int64_t vp = 1;
   bool overlap_ep = true, overlap_tp = false, overlap_dp = true, overlap_pp = false;
+  bool overlap_cp = true;  // the cp exchange behind the attention (ring attention's p2p overlap)
   // With overlap_dp: the updated parameters' all-gather runs behind the next forward (Megatron-
   // Core); false: the step waits for it (trex's data parallel today, train/dist.h).
   bool overlap_param_gather = true;
@@ -52,15 +58,18 @@ struct Layout {
   bool ep_dedup = true;      // DeepEP-style: a token crosses to a remote node once, then fans out
   double expert_load = 1.0;  // busiest expert rank's tokens over the mean (1 = balanced routing)
 
-  int64_t world() const { return dp * tp * pp; }
-  int64_t edp() const { return dp * tp / (ep * etp); }
+  int64_t world() const { return dp * cp * tp * pp; }
+  int64_t edp() const { return dp * cp * tp / (ep * etp); }
+  int64_t dpcp() const { return dp * cp; }  // the ranks a dense gradient is reduced over (and ZeRO shards)
+  // Tokens of one micro-batch on one device: its cp share, its tp share (sequence parallel).
+  double local_tokens() const { return (double)mbs * (double)seq / (double)(tp * cp); }
   int64_t micro_batches() const { return gbs / (dp * mbs); }
   int64_t tokens_per_step() const { return gbs * seq; }
 };
 
 std::string recompute_label(const Layout& l);  // "selective", "mlp", "selective+mlp", ...
 
-// Parses "dp=8,tp=2,pp=4,ep=8,mbs=1,gbs=512,seq=4096,recompute=selective,zero=1,
+// Parses "dp=8,tp=2,pp=4,ep=8,cp=1,mbs=1,gbs=512,seq=4096,recompute=selective,zero=1,
 // schedule=1f1b,vp=1,precision=bf16,overlap=ep+dp,mtp=0,moments=f32,grads=f32,dedup=1,expert_load=1.1"
 // on top of `base`; any subset of keys, any order.
 Layout parse_layout(const std::string& s, Layout base);

@@ -78,6 +78,9 @@ std::vector<Limit> step_limits(const ClusterSpec& s, const Layout& l, const Step
        "scale-up link: " + num("%.0f", s.intra_bw / 1e9) + " GB/s per device",
        "tp=1 (or overlap=...+tp); keep tp inside a node");
   comm("pipeline transfers", m * t.comm_pp, ovl_pp, "the link between stages", "fewer stages (pp, vp)");
+  comm("context-parallel exchange (keys and values)", m * t.comm_cp, l.overlap_cp,
+       "the cp group's link (cp ranks next to the tp ranks)",
+       "a smaller cp (more memory per device), overlap=...+cp, or cp inside one scale-up domain");
   if (t.bubble > 0)
     v.push_back({"pipeline bubble", t.bubble, t.bubble,
                  "pipeline depth: pp " + std::to_string(l.pp) + (l.vp > 1 ? " / vp " + std::to_string(l.vp) : "") +

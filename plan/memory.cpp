@@ -33,7 +33,7 @@ ChunkContent chunk_content(const ArchModel& a, const ClusterSpec& s, const Layou
   ChunkContent r;
   const double eb = s.activation_bytes;
   const double fp8 = precision_model(s, l.precision).cached_bytes;
-  const double tokens = (double)l.mbs * l.seq / l.tp;
+  const double tokens = l.local_tokens();
   auto add_layer = [&](const LayerCost& L) {
     r.dense += L.dense_params;
     r.experts += L.expert_params;
@@ -68,7 +68,7 @@ MemoryReport plan_memory(const ArchModel& a, const ClusterSpec& s, const Layout&
   std::vector<ChunkContent> content;
   for (const Chunk& c : chunks) content.push_back(chunk_content(a, s, l, c));
   const int64_t m = l.micro_batches();
-  const double dp = (double)l.dp, edp = (double)l.edp();
+  const double dp = (double)l.dpcp(), edp = (double)l.edp();  // ZeRO shards: dense over dp x cp
   // bf16 weights, and f32 master + two moments; or (trex's CPU engine) the f32 master held
   // with the bf16 weights, only the moments in the optimizer state.
   const double f32m = s.replicated_f32_master ? 4.0 : 0.0;
@@ -106,10 +106,19 @@ MemoryReport plan_memory(const ArchModel& a, const ClusterSpec& s, const Layout&
     rm.grads = l.grad_bytes * sharded(l.zero >= 2);
     rm.optimizer = ob * sharded(l.zero >= 1);
     rm.activations = act + work;
-    const double tokens = (double)l.mbs * l.seq / l.tp;
+    const double tokens = l.local_tokens();
     if (moe && l.ep > 1)  // all-to-all send + receive buffers of one layer
       rm.buffers += 2.0 * tokens * a.topk * a.hidden * 2.0 * l.expert_load;
     if (l.tp > 1) rm.buffers += tokens * l.tp * a.hidden * 2.0;  // sequence-parallel all-gather
+    if (l.cp > 1) {  // ring attention: a peer's chunk in flight beside the one in use, keys and values
+      double mx = 0;  // (their gradients in the backward); the window's halo
+      for (const LayerCost& L : a.layers) {
+        const CpExchange x = cp_exchange_elems(L.attn, l.seq);
+        const double share = x.gathered / (double)l.cp * (L.attn.kind == AttnKind::MLA ? 1.0 / (double)l.tp : 1.0);
+        mx = std::max(mx, 2.0 * share + x.halo);
+      }
+      rm.buffers += 2.0 * (double)l.mbs * mx * 2.0;
+    }
     if (s.dp_reduce_temp > 0)  // the library's copies of the in-flight gradient buckets
       rm.buffers += s.dp_reduce_temp * l.grad_bytes *
                     ((dp - 1) / dp * dense_dev + (edp - 1) / edp * exp_dev);

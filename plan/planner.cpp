@@ -106,13 +106,13 @@ SearchResult search(const ArchModel& a, const ClusterSpec& s, int64_t devices, c
     for (int64_t tp : pick("tp", tps, base.tp)) {
       if (N % tp || a.heads % tp) continue;
       for (int64_t pp : pick("pp", divisors(N / tp), base.pp)) {
-        if ((N / tp) % pp || pp > a.n_layers() || pp > o.max_pp) continue;
-        const int64_t dp = N / (tp * pp);
+        if ((N / tp) % (pp * base.cp) || pp > a.n_layers() || pp > o.max_pp) continue;
+        const int64_t dp = N / (tp * pp * base.cp);  // (cp stays as given)
         if (is_fixed("dp") && base.dp != dp) continue;
         std::vector<int64_t> eps = {1};
         if (a.n_experts > 0) eps = divisors(a.n_experts);
         for (int64_t ep : pick("ep", eps, base.ep)) {
-          if ((dp * tp) % (ep * base.etp)) continue;
+          if ((dp * base.cp * tp) % (ep * base.etp)) continue;
           for (int64_t rc : recs)
             for (int64_t zero : zeros)
               for (int64_t mbs : mbss) {

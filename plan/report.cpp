@@ -33,13 +33,16 @@ std::string pct(double x) { return fmt("%.1f%%", 100 * x); }
 
 std::string layout_line(const Layout& l) {
   std::string ov;
-  for (auto [on, n] : {std::pair{l.overlap_ep, "ep"}, {l.overlap_tp, "tp"}, {l.overlap_dp, "dp"}, {l.overlap_pp, "pp"}})
+  for (auto [on, n] : {std::pair{l.overlap_ep, "ep"}, {l.overlap_tp, "tp"}, {l.overlap_dp, "dp"}, {l.overlap_pp, "pp"},
+                       {l.overlap_cp && l.cp > 1, "cp"}})
     if (on) ov += (ov.empty() ? "" : "+") + std::string(n);
+  const std::string cp = l.cp > 1 ? " cp=" + std::to_string(l.cp) : "";
   char b[512];
   std::snprintf(b, sizeof b,
-                "dp=%lld tp=%lld pp=%lld ep=%lld (edp=%lld) etp=%lld | mbs %lld, gbs %lld (%lld micro-batches), seq %lld | "
+                "dp=%lld tp=%lld pp=%lld%s ep=%lld (edp=%lld) etp=%lld | mbs %lld, gbs %lld (%lld micro-batches), seq %lld | "
                 "recompute %s, ZeRO-%d, %s%s, %s, overlap %s%s",
-                (long long)l.dp, (long long)l.tp, (long long)l.pp, (long long)l.ep, (long long)l.edp(), (long long)l.etp,
+                (long long)l.dp, (long long)l.tp, (long long)l.pp, cp.c_str(), (long long)l.ep, (long long)l.edp(),
+                (long long)l.etp,
                 (long long)l.mbs, (long long)l.gbs, (long long)l.micro_batches(), (long long)l.seq,
                 recompute_label(l).c_str(), l.zero, schedule_name(l.schedule),
                 (l.vp > 1 ? (" vp " + std::to_string(l.vp)).c_str() : ""), precision_name(l.precision),
@@ -86,7 +89,8 @@ std::string format_plan(const Plan& p) {
        secs(t.gemm) + ", experts " + secs(t.experts) + ", attention " + secs(t.attention) + ", memory-bound " +
        secs(t.memory_bound) + "; recompute " + secs(t.recompute) + ")\n";
   o += "  exposed comm     " + secs(t.exposed_comm) + "  " + pct(t.exposed_comm / st) + "   (per micro-batch: tp " +
-       secs(t.comm_tp) + ", ep " + secs(t.comm_ep) + ", pp " + secs(t.comm_pp) + " -> exposed " + secs(t.exposed_mb) +
+       secs(t.comm_tp) + ", ep " + secs(t.comm_ep) + ", pp " + secs(t.comm_pp) +
+       (t.comm_cp > 0 ? ", cp " + secs(t.comm_cp) : std::string()) + " -> exposed " + secs(t.exposed_mb) +
        "; dp per step " + secs(t.dp_comm) + " -> exposed " + secs(t.dp_exposed) + ")\n";
   o += "  pipeline bubble  " + secs(t.bubble) + "  " + pct(t.bubble / st) + "\n";
   o += "  optimizer        " + secs(t.optimizer) + "  " + pct(t.optimizer / st) + "\n";
@@ -143,7 +147,7 @@ json plan_to_json(const Plan& p) {
       {"active_params", p.active_params},
       {"model_flops_per_token", t.model_flops_per_token},
       {"layout",
-       {{"string", layout_string(l)}, {"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"ep", l.ep}, {"etp", l.etp},
+       {{"string", layout_string(l)}, {"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"cp", l.cp}, {"ep", l.ep}, {"etp", l.etp},
         {"edp", l.edp()}, {"mbs", l.mbs}, {"gbs", l.gbs}, {"seq", l.seq}, {"micro_batches", l.micro_batches()},
         {"recompute", recompute_label(l)}, {"zero", l.zero}, {"schedule", schedule_name(l.schedule)},
         {"precision", precision_name(l.precision)}, {"graphs", graphs_name(l.graphs)}, {"vp", l.vp}, {"mtp", l.mtp}, {"expert_load", l.expert_load},
@@ -165,7 +169,8 @@ json plan_to_json(const Plan& p) {
         {"per_micro_batch",
          {{"fwd_s", t.fwd}, {"bwd_s", t.bwd}, {"recompute_s", t.recompute}, {"gemm_fwd_s", t.gemm},
           {"experts_fwd_s", t.experts}, {"attention_fwd_s", t.attention}, {"memory_bound_fwd_s", t.memory_bound},
-          {"comm_tp_s", t.comm_tp}, {"comm_ep_s", t.comm_ep}, {"comm_pp_s", t.comm_pp}, {"comm_dp_s", t.comm_dp_mb},
+          {"comm_tp_s", t.comm_tp}, {"comm_ep_s", t.comm_ep}, {"comm_pp_s", t.comm_pp}, {"comm_cp_s", t.comm_cp},
+          {"comm_dp_s", t.comm_dp_mb},
           {"exposed_s", t.exposed_mb}, {"device_s", t.device_t_mb}, {"total_s", t.t_mb}, {"host_s", t.host_mb},
           {"kernel_launches", t.launches_mb}, {"host_syncs", t.host_syncs_mb}, {"ep_inter_node_bytes", t.ep_inter_bytes_mb},
           {"ep_intra_node_bytes", t.ep_intra_bytes_mb}}},

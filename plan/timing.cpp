@@ -70,7 +70,7 @@ struct RankTime {
   double fwd_only = 0;  // forward work without a backward (the V4 CSA indexer: its selection has no gradient)
   double quant_fwd = 0, quant_bwd = 0;  // low-precision quantize / transpose kernels, forward and backward
   double gemm = 0, experts = 0, attention = 0, memory = 0;  // forward, by class
-  double tp = 0, ep = 0, pp = 0;
+  double tp = 0, ep = 0, pp = 0, cp = 0;
   double ep_inter = 0, ep_intra = 0;
   double dense = 0, expert_params = 0;  // parameters held
   // The host (plan/host.h): seconds it spends launching the micro-batch's kernels, the kernels
@@ -139,9 +139,10 @@ Rates make_rates(const ClusterSpec& s, const Layout& l) {
 
 RankTime chunk_time(const ArchModel& a, const ClusterSpec& s, const Layout& l, const Chunk& c, const Rates& R) {
   RankTime t;
-  const double tokens = (double)l.mbs * l.seq / l.tp;
+  const double tokens = l.local_tokens();
   const Group tp = place_group(s, l.tp, 1);
-  const Group pp = place_group(s, l.pp, l.tp * l.dp);
+  const Group cpg = place_group(s, l.cp, l.tp);
+  const Group pp = place_group(s, l.pp, l.tp * l.cp * l.dp);
   const int dirs = 2 + (l.recompute == Recompute::Full ? 1 : 0);  // fwd, bwd (+ replayed fwd)
   double fwd_layers = 0;
   const HostCost& hcost = s.host;
@@ -166,8 +167,16 @@ RankTime chunk_time(const ArchModel& a, const ClusterSpec& s, const Layout& l, c
     t.expert_params += L.expert_params;
     double comm = 0;  // this layer's communication, one direction
     if (l.tp > 1) {
-      const double c = L.tp_collectives * ring_all_reduce(tp, (double)l.mbs * l.seq * a.hidden * 2.0);
+      const double c = L.tp_collectives * ring_all_reduce(tp, (double)l.mbs * l.seq / l.cp * a.hidden * 2.0);
       t.tp += dirs * c;
+      comm += c;
+    }
+    if (l.cp > 1) {  // keys and values (gradients backward) over the cp group; MLA's heads split over tp
+      const CpExchange x = cp_exchange_elems(L.attn, l.seq);
+      const double per = L.attn.kind == AttnKind::MLA ? 1.0 / (double)l.tp : 1.0;
+      double c = ring_reduce_scatter(cpg, (double)l.mbs * x.gathered * per * 2.0);
+      if (x.halo > 0) c += (double)l.mbs * x.halo * 2.0 / cpg.bw + cpg.lat;
+      t.cp += dirs * c;
       comm += c;
     }
     if (L.moe && l.ep > 1) {
@@ -261,12 +270,13 @@ MbTime mb_time(const RankTime& t, double dp_mb, const Layout& l, const Efficienc
   const bool ovl_pp = l.overlap_pp || l.schedule == Schedule::DualPipe;
   MbTime r;
   const double raw = t.fwd + t.bwd + t.rec;
-  const double ovl = (ovl_ep ? t.ep : 0) + (l.overlap_tp ? t.tp : 0) + (ovl_pp ? t.pp : 0) + (l.overlap_dp ? dp_mb : 0);
+  const double ovl = (ovl_ep ? t.ep : 0) + (l.overlap_tp ? t.tp : 0) + (ovl_pp ? t.pp : 0) + (l.overlap_dp ? dp_mb : 0) +
+                     (l.overlap_cp ? t.cp : 0);
   const double share = e.comm_compute_share;
   r.slow = raw > 0 ? 1 + share / (1 - share) * std::min(1.0, ovl / raw) : 1;
   const double compute = raw * r.slow;
   const double hidden = std::min(ovl * e.overlap, compute);
-  r.exposed = t.tp + t.ep + t.pp + dp_mb - hidden;
+  r.exposed = t.tp + t.ep + t.pp + t.cp + dp_mb - hidden;
   r.t_mb = compute + r.exposed;
   return r;
 }
@@ -305,7 +315,8 @@ StepTime plan_time(const ArchModel& a, const ClusterSpec& s, const Layout& l) {
   for (const Chunk& c : chunks) ct.push_back(chunk_time(a, s, l, c, R));
   const int64_t m = l.micro_batches();
   st.micro_batches = m;
-  const Group dpg = place_group(s, l.dp, l.tp), edpg = place_group(s, l.edp(), l.ep * l.etp);
+  // Dense gradients over dp x cp (cp next to tp in the rank order), experts over edp.
+  const Group dpg = place_group(s, l.dpcp(), l.tp), edpg = place_group(s, l.edp(), l.ep * l.etp);
 
   double worst = -1, dense_max = 0, exp_max = 0;
   for (int64_t r = 0; r < l.pp; ++r) {
@@ -318,7 +329,7 @@ StepTime plan_time(const ArchModel& a, const ClusterSpec& s, const Layout& l) {
       const RankTime& c = ct[ci];
       t.fwd += w * c.fwd, t.bwd += w * c.bwd, t.rec += w * c.rec, t.weight_grad += w * c.weight_grad;
       t.gemm += w * c.gemm, t.experts += w * c.experts, t.attention += w * c.attention, t.memory += w * c.memory;
-      t.tp += w * c.tp, t.ep += w * c.ep, t.pp += w * c.pp;
+      t.tp += w * c.tp, t.ep += w * c.ep, t.pp += w * c.pp, t.cp += w * c.cp;
       t.quant_fwd += w * c.quant_fwd, t.quant_bwd += w * c.quant_bwd;
       t.ep_inter += w * c.ep_inter, t.ep_intra += w * c.ep_intra;
       t.host += w * c.host, t.launches += w * c.launches, t.syncs += w * c.syncs;
@@ -338,7 +349,7 @@ StepTime plan_time(const ArchModel& a, const ClusterSpec& s, const Layout& l) {
     // (the host runs ahead, up to the sync); the rest of the micro-batch likewise as one stretch.
     double t_mb = device_t_mb;
     if (s.host.modelled()) {
-      const double comm_all = t.tp + t.ep + t.pp + dp_mb;
+      const double comm_all = t.tp + t.ep + t.pp + t.cp + dp_mb;
       const double xf = comm_all > 0 ? exposed / comm_all : 0;  // exposed share of the communication
       double bound = 0, dev = 0, host = 0;
       for (const RankTime::Window& x : t.windows) {
@@ -357,7 +368,7 @@ StepTime plan_time(const ArchModel& a, const ClusterSpec& s, const Layout& l) {
       const int dirs = 2 + (l.recompute == Recompute::Full ? 1 : 0);
       st.ep_intra_s = dirs * t.ep_intra / (s.intra_bw * s.eff.net_intra);
       st.ep_inter_s = dirs * t.ep_inter / (s.inter_bw * s.eff.net_inter);
-      st.comm_tp = t.tp, st.comm_ep = t.ep, st.comm_pp = t.pp, st.comm_dp_mb = dp_mb;
+      st.comm_tp = t.tp, st.comm_ep = t.ep, st.comm_pp = t.pp, st.comm_cp = t.cp, st.comm_dp_mb = dp_mb;
       st.exposed_mb = exposed;
       st.t_mb = t_mb;
       st.device_t_mb = device_t_mb;
@@ -391,7 +402,7 @@ StepTime plan_time(const ArchModel& a, const ClusterSpec& s, const Layout& l) {
     st.dp_comm = m * st.comm_dp_mb;
   }
   // AdamW over the local shard: read grad, master, 2 moments; write master, 2 moments, bf16 param.
-  const double local = l.zero >= 1 ? dense_max / l.dp + exp_max / l.edp() : dense_max + exp_max;
+  const double local = l.zero >= 1 ? dense_max / l.dpcp() + exp_max / l.edp() : dense_max + exp_max;
   st.optimizer = local * (l.grad_bytes + 4 + 2 * l.moment_bytes + 4 + 2 * l.moment_bytes + 2) / R.optimizer;
   // Low precision: the updated weights are quantized once per step (cached across the step's
   // micro-batches): read bf16, write the row- and column-wise copies.

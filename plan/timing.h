@@ -43,6 +43,7 @@ struct StepTime {
   double quant_fwd = 0, quant_bwd = 0;  // low-precision quantize / transpose kernels (memory_bound has the forward's)
   double ep_intra_s = 0, ep_inter_s = 0;  // one layer-set's all-to-all bytes on each link alone, per micro-batch
   double comm_tp = 0, comm_ep = 0, comm_pp = 0, comm_dp_mb = 0;  // per micro-batch communication
+  double comm_cp = 0;  // context parallel: keys and values (and their gradients) per micro-batch
   double exposed_mb = 0;                        // communication left exposed per micro-batch
   double t_mb = 0;                              // fwd + bwd + recompute + exposed, or the host's bound
   double device_t_mb = 0;                       // the device alone: fwd + bwd + recompute + exposed

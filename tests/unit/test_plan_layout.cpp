@@ -71,9 +71,9 @@ TEST(PlanLayout, ParseAndDerive) {
 TEST(PlanLayout, InvalidLayoutsNameTheFailure) {
   EXPECT_NE(error_of("tp=3", 48).find("attention heads (128) must be divisible by tp (3)"), std::string::npos);
   EXPECT_NE(error_of("ep=3", 48).find("routed experts (256) must be divisible by ep (3)"), std::string::npos);
-  EXPECT_NE(error_of("ep=64", 32).find("ep*etp (64*1 = 64) must divide dp*tp (32*1 = 32)"), std::string::npos);
-  EXPECT_NE(error_of("tp=4,pp=4", 24).find("devices (24) must be divisible by tp*pp (4*4 = 16)"), std::string::npos);
-  EXPECT_NE(error_of("dp=4,tp=2,pp=2", 32).find("dp*tp*pp (4*2*2 = 16) must equal the devices (32)"),
+  EXPECT_NE(error_of("ep=64", 32).find("ep*etp (64*1 = 64) must divide dp*cp*tp (32*1*1 = 32)"), std::string::npos);
+  EXPECT_NE(error_of("tp=4,pp=4", 24).find("devices (24) must be divisible by tp*pp*cp (4*4*1 = 16)"), std::string::npos);
+  EXPECT_NE(error_of("dp=4,tp=2,pp=2", 32).find("dp*cp*tp*pp (4*1*2*2 = 16) must equal the devices (32)"),
             std::string::npos);
   EXPECT_NE(error_of("pp=64", 64).find("pp (64) must not exceed the decoder layers (61)"), std::string::npos);
   EXPECT_NE(error_of("gbs=100,mbs=2", 16).find("global batch (100 sequences) must be divisible by dp*mbs (16*2 = 32)"),
