@@ -1,6 +1,7 @@
 #include "or/code_judge.h"
 #include <unistd.h>
 #include <cctype>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -339,10 +340,22 @@ CodeVerdict run_solver_code(const std::string& code, const PythonEnv& py, const 
 
   if (sb.wall_timeout || sb.cpu_limit) {
     v.failure = "timeout";
-    char cpu[96];
-    std::snprintf(cpu, sizeof cpu, " (%.1f s CPU, %.1f s wall)", sb.cpu_seconds, sb.seconds);
-    v.result.message = (sb.wall_timeout ? "wall-clock limit reached; the process group was killed"
-                                        : "CPU-time limit reached") + std::string(cpu);
+    v.limit = sb.wall_timeout ? "wall" : "cpu";
+    char msg[320];
+    if (sb.wall_timeout && sb.cpu_seconds < 0)
+      std::snprintf(msg, sizeof msg, "wall-clock limit of %g s reached; the process group was killed", limits.wall_s);
+    else if (sb.wall_timeout)
+      std::snprintf(msg, sizeof msg, "wall-clock limit of %g s reached (%.2f s of CPU); the process group was killed",
+                    limits.wall_s, sb.cpu_seconds);
+    else if (sb.cpu_by == "monitor")
+      std::snprintf(msg, sizeof msg, "CPU-time limit of %g s reached (%.2f s of CPU read, %.1f s wall); killed", limits.cpu_s,
+                    sb.cpu_monitor_seconds, sb.seconds);
+    else
+      std::snprintf(msg, sizeof msg,
+                    "CPU-time limit reached: the kernel's RLIMIT_CPU soft limit (%lld s) sent SIGXCPU (%.2f s of CPU, "
+                    "%.1f s wall)",
+                    (long long)cpu_rlimit_soft(limits.cpu_s), sb.cpu_seconds, sb.seconds);
+    v.result.message = msg;
     return v;
   }
   if (!sb.started) {
@@ -362,7 +375,10 @@ CodeVerdict run_solver_code(const std::string& code, const PythonEnv& py, const 
     v.failure = "runtime_error";
     char cpu[64];
     std::snprintf(cpu, sizeof cpu, " after %.1f s CPU, %.1f s wall", sb.cpu_seconds, sb.seconds);
-    v.result.message = sb.signal ? "killed by signal " + std::to_string(sb.signal) + cpu
+    // A signal that is none of the sandbox's limits: the program's own, the kernel's OOM killer, or
+    // RLIMIT_CPU's hard limit after the program ignored SIGXCPU.
+    v.result.message = sb.signal ? "killed by signal " + std::to_string(sb.signal) + " (" + ::strsignal(sb.signal) +
+                                       "; not a limit of the sandbox)" + cpu
                                  : "exit " + std::to_string(sb.exit_code) + ": " + tail(trim(sb.err), 600);
     if (sb.signal == 0 && sb.err.find("MemoryError") != std::string::npos) v.result.message += " (memory limit)";
     return v;
@@ -397,6 +413,7 @@ CodeVerdict run_solver_code(const std::string& code, const PythonEnv& py, const 
     v.failure = "timeout";
     v.result.status = SolveResult::TimeLimit;
     v.result.message = "the solver hit its time limit";
+    v.limit = "solver";
   } else if (st.empty()) {
     v.failure = "no_answer";
     v.result.message = "the program solved no model and printed no objective";

@@ -41,6 +41,8 @@ struct CodeVerdict {
   std::string failure;
   SolveResult result;             // Optimal / Infeasible / Unbounded (or Error with failure set)
   std::string objective_source;   // "pulp" | "pyomo" | "gurobipy" | "coptpy" | "printed" | ""
+  std::string limit;              // failure "timeout": "cpu" | "wall" (the program's), "solver" (the
+                                  // solver's own time limit, from its status)
   std::string isolation;          // SandboxResult::isolation
   double seconds = 0;
   int pgid = 0;                   // the run's process group (gone when run_solver_code returns)

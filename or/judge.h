@@ -65,6 +65,7 @@ struct Verdict {
   bool strict = false, lenient = false;
   std::string objective_source;  // python: where the objective came from (or/code_judge.h)
   std::string isolation;         // python: the sandbox's isolation
+  std::string limit;             // python, failure "timeout": "cpu" | "wall" | "solver" (CodeVerdict::limit)
   // "" (strictly right) | "no_model" (no code / LP / MPS found) | "parse_error" | "runtime_error" |
   // "timeout" | "infeasible" / "unbounded" (the model's verdict, the truth a number) | "wrong_value"
   // (a value or verdict other than the truth; lenient may still hold) | "solver_unavailable" |
