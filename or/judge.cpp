@@ -193,7 +193,7 @@ bool rule_match(const MatchRule& r, bool strict, double pred, double truth) {
   auto within = [](double p, double t, double rel, double abs0) {
     return t == 0 ? std::fabs(p) <= abs0 : std::fabs(p - t) <= rel * std::fabs(t);
   };
-  const bool s = within(pred, truth, r.strict_rel, r.strict_abs);
+  const bool s = r.strict_absolute ? std::fabs(pred - truth) < r.strict_abs : within(pred, truth, r.strict_rel, r.strict_abs);
   if (strict || s) return s;
   return r.round ? within(std::round(pred), std::round(truth), r.lenient_rel, r.lenient_abs)
                  : within(pred, truth, r.lenient_rel, r.lenient_abs);
