@@ -11,6 +11,7 @@
 #include "core/parallel.h"
 #include "core/rng.h"
 #include "model/generate.h"
+#include "tests/unit/forwarding_backend.h"
 
 using namespace trex;
 using namespace trex::model;
@@ -117,6 +118,20 @@ double rel_diff(const float* a, const float* b, int64_t V) {
   return num / std::max(den, 1e-30);
 }
 
+// The CPU backend, counting the RMSNorm calls: one forward makes the same number whatever the
+// number of sequences it carries.
+class CountNorms final : public trex::testing::ForwardingBackend {
+ public:
+  int norms = 0;
+  const char* name() const override { return "count-norms"; }
+  std::string describe() const override { return "cpu, counting rmsnorm_fwd calls"; }
+  bool host_addressable() const override { return true; }
+  void rmsnorm_fwd(const float* x, int64_t N, int64_t d, const float* w, float eps, float* y, float* r) override {
+    ++norms;
+    ForwardingBackend::rmsnorm_fwd(x, N, d, w, eps, y, r);
+  }
+};
+
 }  // namespace
 
 TEST(Generate, BatchedFeedEqualsOneAtATime) {
@@ -124,10 +139,23 @@ TEST(Generate, BatchedFeedEqualsOneAtATime) {
   for (const bool v32 : {false, true}) {
     Model m(config(false, v32), kern::Prec::F32);
     m.init_random(33);
+    // The batched decoder's own copy of the model, on a backend that counts its norms.
+    CountNorms counter;
+    Model mb(config(false, v32), kern::Prec::F32);
+    mb.init_random(33);
+    mb.use_backend(counter);
+    int one_forward = -1;  // the norms of a feed of one sequence
+    {
+      Decoder probe(mb, 4);
+      const std::vector<int32_t> t = some_tokens(2, 9);
+      counter.norms = 0;
+      probe.feed(t.data(), 2);
+      one_forward = counter.norms;
+    }
     const int64_t V = m.cfg.vocab_size, B = 3, T = 30;
     std::vector<std::vector<int32_t>> ids;
     for (int64_t b = 0; b < B; ++b) ids.push_back(some_tokens(T, 70 + b));
-    Decoder batch(m, T, B);
+    Decoder batch(mb, T, B);
     std::vector<Decoder> alone;
     alone.reserve(B);
     for (int64_t b = 0; b < B; ++b) alone.emplace_back(m, T);
@@ -139,8 +167,11 @@ TEST(Generate, BatchedFeedEqualsOneAtATime) {
       std::vector<DecoderPart> parts;
       for (int64_t b = B - 1; b >= 0; --b)  // not in sequence order
         if (chunk[b][st]) parts.push_back({b, ids[b].data() + at[b], chunk[b][st]});
+      counter.norms = 0;
       const std::vector<float> got = batch.feed_batch(parts);
       ASSERT_EQ((int64_t)got.size(), (int64_t)parts.size() * V);
+      // One forward for all the parts (V3.2's indexer norms its keys per sequence).
+      if (!v32) EXPECT_EQ(counter.norms, one_forward) << "step " << st << ": " << parts.size() << " sequences";
       for (size_t k = 0; k < parts.size(); ++k) {
         const int64_t b = parts[k].seq;
         const std::vector<float>& one = alone[b].feed(ids[b].data() + at[b], chunk[b][st]);
