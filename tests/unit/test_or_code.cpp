@@ -182,6 +182,15 @@ TEST(OrCode, MissingSolverIsUnavailableNeverAPass) {
     EXPECT_EQ(c.failure, "solver_unavailable") << c.result.message;
     EXPECT_FALSE(c.strict || c.lenient);
   }
+  // The same with a solver module no interpreter here is likely to have, so it runs everywhere.
+  for (const char* module : {"xpress", "mosek", "docplex"}) {
+    if (has(std::string("import ") + module)) continue;
+    const Verdict c = judge("```python\ntry:\n    import " + std::string(module) + "\nexcept ImportError:\n    pass\n"
+                            "print('Optimal objective value:', 3.5)\n```");
+    EXPECT_EQ(c.failure, "solver_unavailable") << module << ": " << c.result.message;
+    EXPECT_FALSE(c.strict || c.lenient);
+    break;
+  }
   // A module that is no solver's is the program's own error.
   const Verdict o = judge("```python\nimport no_such_module_for_trex_tests\n```");
   EXPECT_EQ(o.failure, "runtime_error") << o.result.message;
