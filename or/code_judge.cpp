@@ -428,7 +428,8 @@ CodeVerdict run_solver_code(const std::string& code, const PythonEnv& py, const 
   if (!r.is_object()) {
     v.failure = "runtime_error";
     char cpu[64];
-    std::snprintf(cpu, sizeof cpu, " after %.1f s CPU, %.1f s wall", sb.cpu_seconds, sb.seconds);
+    if (sb.cpu_seconds >= 0) std::snprintf(cpu, sizeof cpu, " after %.1f s CPU, %.1f s wall", sb.cpu_seconds, sb.seconds);
+    else std::snprintf(cpu, sizeof cpu, " after %.1f s wall", sb.seconds);
     // A signal that is none of the sandbox's limits: the program's own, the kernel's OOM killer, or
     // RLIMIT_CPU's hard limit after the program ignored SIGXCPU.
     v.result.message = sb.signal ? "killed by signal " + std::to_string(sb.signal) + " (" + ::strsignal(sb.signal) +
