@@ -58,18 +58,26 @@ const std::vector<float>& Decoder::feed_batch(const std::vector<DecoderPart>& pa
     for (const DecoderPart& p : parts) seqs_[p.seq].len += p.n;
     return logits_;
   }
-  for (size_t k = 0; k < parts.size(); ++k)
-    feed_v3(seqs_[parts[k].seq], parts[k].ids, parts[k].n, logits_.data() + k * c.vocab_size);
+  feed_v3(parts, logits_.data());
   return logits_;
 }
 
-void Decoder::feed_v3(Seq& sq, const int32_t* ids, int64_t n, float* logits) {
+// Every part's new tokens go through one forward as the rows of one batch: the projections,
+// norms, MoE and MLP see all N rows at once; the cache writes, the V3.2 indexer and the attention
+// run per part over that part's own sequence; the LM head over each part's last row.
+void Decoder::feed_v3(const std::vector<DecoderPart>& parts, float* logits) {
   const ModelConfig& c = m_.cfg;
   const ParamLayout& L = m_.layout;
-  const int64_t len0 = sq.len;
-  for (int64_t i = 0; i < n; ++i)
-    TREX_USER_CHECK(ids[i] >= 0 && ids[i] < c.vocab_size, "token ids must be in [0, vocab_size)", "token id ", ids[i],
-                    " is outside the vocabulary (", c.vocab_size, ")");
+  const int64_t K = (int64_t)parts.size();
+  std::vector<int64_t> off(K + 1, 0);  // part k: rows [off[k], off[k + 1])
+  for (int64_t k = 0; k < K; ++k) {
+    const DecoderPart& pt = parts[k];
+    for (int64_t i = 0; i < pt.n; ++i)
+      TREX_USER_CHECK(pt.ids[i] >= 0 && pt.ids[i] < c.vocab_size, "token ids must be in [0, vocab_size)", "token id ",
+                      pt.ids[i], " is outside the vocabulary (", c.vocab_size, ")");
+    off[k + 1] = off[k] + pt.n;
+  }
+  const int64_t N = off[K];
   const int64_t d = c.hidden_size, H = c.num_attention_heads, dqk = c.qk_head_dim(), dv = c.v_head_dim;
   StackArena& A = m_.acts;
   A.reset();
@@ -79,64 +87,80 @@ void Decoder::feed_v3(Seq& sq, const int32_t* ids, int64_t n, float* logits) {
   const float eps = (float)c.rms_norm_eps;
 
   const RopeTable& rope = m_.rope_table(max_len_);  // built once for the whole decoder, not per step
-  int32_t* pos = A.alloc<int32_t>(n);
-  for (int64_t i = 0; i < n; ++i) pos[i] = (int32_t)(len0 + i);
+  int32_t* pos = A.alloc<int32_t>(N);
+  std::vector<int64_t> row_part(N);  // the part each row belongs to
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t i = 0; i < parts[k].n; ++i) {
+      pos[off[k] + i] = (int32_t)(seqs_[parts[k].seq].len + i);
+      row_part[off[k] + i] = k;
+    }
 
-  float* x = A.alloc<float>(n * d);
-  for (int64_t i = 0; i < n; ++i) std::memcpy(x + i * d, P + L.embed + (int64_t)ids[i] * d, d * sizeof(float));
-  float* h = A.alloc<float>(n * d);
-  float* t = A.alloc<float>(n * d);
-  float* o = A.alloc<float>(n * H * dv);
+  float* x = A.alloc<float>(N * d);
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t i = 0; i < parts[k].n; ++i)
+      std::memcpy(x + (off[k] + i) * d, P + L.embed + (int64_t)parts[k].ids[i] * d, d * sizeof(float));
+  float* h = A.alloc<float>(N * d);
+  float* t = A.alloc<float>(N * d);
+  float* o = A.alloc<float>(N * H * dv);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerParams& lp = L.layers[l];
     auto mk = A.mark();
-    ctx.k().rmsnorm_fwd(x, n, d, P + lp.in_norm, eps, h, nullptr);
-    AttnIn ai{&c, &lp, P, Pb, nullptr, &rope, pos, nullptr, 1, n};
+    ctx.k().rmsnorm_fwd(x, N, d, P + lp.in_norm, eps, h, nullptr);
+    AttnIn ai{&c, &lp, P, Pb, nullptr, &rope, pos, nullptr, 1, N};
     MlaSaved s;
     mla_project(ctx, ai, h, s);
-    float* Kc = sq.K[l].data();
-    float* Vc = sq.V[l].data();
-    std::memcpy(Kc + len0 * H * dqk, s.K, n * H * dqk * sizeof(float));
-    std::memcpy(Vc + len0 * H * dv, s.V, n * H * dv * sizeof(float));
+    for (int64_t k = 0; k < K; ++k) {
+      Seq& sq = seqs_[parts[k].seq];
+      const int64_t n = parts[k].n, r0 = off[k];
+      std::memcpy(sq.K[l].data() + sq.len * H * dqk, s.K + r0 * H * dqk, n * H * dqk * sizeof(float));
+      std::memcpy(sq.V[l].data() + sq.len * H * dv, s.V + r0 * H * dv, n * H * dv * sizeof(float));
+    }
     // DeepSeek-V3.2: the indexer's keys join their cache; each new token's keys are the indexer's
-    // top-k of the positions <= its own (as the training forward selects them).
+    // top-k of the positions <= its own in its sequence (as the training forward selects them).
     const bool sparse = c.is_v32();
-    int32_t* cnt = nullptr;
-    int32_t* sel = nullptr;
-    int64_t kt = 0;
+    std::vector<int32_t*> cnt(K, nullptr), sel(K, nullptr);
+    std::vector<int64_t> kt(K, 0);
     if (sparse) {
       const int64_t nI = c.v32.index_n_heads, dI = c.v32.index_head_dim;
-      float* IKc = sq.IK[l].data();
-      v32_index_keys(ctx, ai, h, n, pos, IKc + len0 * dI);
-      float* iq = A.alloc<float>(n * nI * dI);
-      float* wts = A.alloc<float>(n * nI);
-      v32_index_queries(ctx, ai, h, s.qan, n, pos, iq, wts);
-      const kern::IndexerShape ish = v32_index_shape(c, n, len0 + n);
-      kt = ish.topk;
-      cnt = A.alloc<int32_t>(n);
-      sel = A.alloc<int32_t>(n * kt);
-      float* work = A.alloc<float>(std::max<size_t>(kern::indexer_workspace_floats(ish), 1));
-      kern::indexer_topk(ish, iq, IKc, wts, pos, cnt, sel, nullptr, work);
+      for (int64_t k = 0; k < K; ++k) {
+        Seq& sq = seqs_[parts[k].seq];
+        const int64_t n = parts[k].n, r0 = off[k];
+        float* IKc = sq.IK[l].data();
+        v32_index_keys(ctx, ai, h + r0 * d, n, pos + r0, IKc + sq.len * dI);
+        float* iq = A.alloc<float>(n * nI * dI);
+        float* wts = A.alloc<float>(n * nI);
+        v32_index_queries(ctx, ai, h + r0 * d, s.qan ? s.qan + r0 * c.q_lora_rank : nullptr, n, pos + r0, iq, wts);
+        const kern::IndexerShape ish = v32_index_shape(c, n, sq.len + n);
+        kt[k] = ish.topk;
+        cnt[k] = A.alloc<int32_t>(n);
+        sel[k] = A.alloc<int32_t>(n * kt[k]);
+        float* work = A.alloc<float>(std::max<size_t>(kern::indexer_workspace_floats(ish), 1));
+        kern::indexer_topk(ish, iq, IKc, wts, pos + r0, cnt[k], sel[k], nullptr, work);
+      }
     }
-    // Attention of the new tokens over the cache (causal: token i sees positions <= len + i; V3.2:
-    // the selected ones of them).
+    // Attention of the new tokens over their sequence's cache (causal: token i sees positions
+    // <= len + i; V3.2: the selected ones of them).
     const float scale = rope.softmax_scale;
-    parallel_dynamic(n * H, [&](int64_t job) {
-      const int64_t i = job / H, hh = job % H, upto = sparse ? cnt[i] : len0 + i + 1;
-      auto key = [&](int64_t j) -> int64_t { return sparse ? sel[i * kt + j] : j; };
-      const float* q = s.Q + (i * H + hh) * dqk;
+    parallel_dynamic(N * H, [&](int64_t job) {
+      const int64_t row = job / H, hh = job % H, k = row_part[row], i = row - off[k];
+      const Seq& sq = seqs_[parts[k].seq];
+      const float* Kc = sq.K[l].data();
+      const float* Vc = sq.V[l].data();
+      const int64_t upto = sparse ? cnt[k][i] : sq.len + i + 1;
+      auto key = [&](int64_t j) -> int64_t { return sparse ? sel[k][i * kt[k] + j] : j; };
+      const float* q = s.Q + (row * H + hh) * dqk;
       std::vector<float> w(upto);
       float mx = -INFINITY;
       for (int64_t j = 0; j < upto; ++j) {
-        const float* k = Kc + (key(j) * H + hh) * dqk;
+        const float* kk = Kc + (key(j) * H + hh) * dqk;
         float acc = 0;
-        for (int64_t e = 0; e < dqk; ++e) acc += q[e] * k[e];
+        for (int64_t e = 0; e < dqk; ++e) acc += q[e] * kk[e];
         w[j] = acc * scale;
         mx = std::max(mx, w[j]);
       }
       double sum = 0;
       for (int64_t j = 0; j < upto; ++j) sum += (w[j] = std::exp(w[j] - mx));
-      float* out = o + (i * H + hh) * dv;
+      float* out = o + (row * H + hh) * dv;
       std::fill(out, out + dv, 0.f);
       for (int64_t j = 0; j < upto; ++j) {
         const float p = (float)(w[j] / sum);
@@ -144,26 +168,28 @@ void Decoder::feed_v3(Seq& sq, const int32_t* ids, int64_t n, float* logits) {
         for (int64_t e = 0; e < dv; ++e) out[e] += p * v[e];
       }
     });
-    linear_fwd(ctx, o, n, H * dv, {P + lp.o, Pb ? Pb + lp.o : nullptr}, d, t);
-    for (int64_t i = 0; i < n * d; ++i) x[i] += t[i];
-    ctx.k().rmsnorm_fwd(x, n, d, P + lp.post_norm, eps, h, nullptr);
+    linear_fwd(ctx, o, N, H * dv, {P + lp.o, Pb ? Pb + lp.o : nullptr}, d, t);
+    for (int64_t i = 0; i < N * d; ++i) x[i] += t[i];
+    ctx.k().rmsnorm_fwd(x, N, d, P + lp.post_norm, eps, h, nullptr);
     if (c.is_moe_layer(l)) {
-      MoeIn mi{&c, &lp, P, Pb, nullptr, lp.bias >= 0 ? m_.buffers.data() + lp.bias : nullptr, 1, n, 0.0, 1.f};
+      MoeIn mi{&c, &lp, P, Pb, nullptr, lp.bias >= 0 ? m_.buffers.data() + lp.bias : nullptr, 1, N, 0.0, 1.f};
       mi.dispatcher = &m_.moe_dispatcher();
       MoeSaved ms;
       moe_forward(ctx, mi, h, t, ms, nullptr);
     } else {
       MlpW w = mlp_weights(P, Pb, nullptr, lp.mlp_gu, lp.mlp_down, d, c.intermediate_size);
       MlpSaved ms;
-      mlp_forward(ctx, w, h, n, t, 0.f, ms);
+      mlp_forward(ctx, w, h, N, t, 0.f, ms);
     }
-    for (int64_t i = 0; i < n * d; ++i) x[i] += t[i];
+    for (int64_t i = 0; i < N * d; ++i) x[i] += t[i];
     A.release(mk);
   }
-  // Last token: final norm and the LM head.
-  ctx.k().rmsnorm_fwd(x + (n - 1) * d, 1, d, P + L.final_norm, eps, h, nullptr);
-  linear_fwd(ctx, h, 1, d, {P + L.head, Pb ? Pb + L.head : nullptr}, c.vocab_size, logits);
-  sq.len += n;
+  // Each part's last token: final norm and the LM head, over the K rows together.
+  float* last = A.alloc<float>(K * d);
+  for (int64_t k = 0; k < K; ++k) std::memcpy(last + k * d, x + (off[k + 1] - 1) * d, d * sizeof(float));
+  ctx.k().rmsnorm_fwd(last, K, d, P + L.final_norm, eps, h, nullptr);
+  linear_fwd(ctx, h, K, d, {P + L.head, Pb ? Pb + L.head : nullptr}, c.vocab_size, logits);
+  for (const DecoderPart& pt : parts) seqs_[pt.seq].len += pt.n;
 }
 
 namespace {

@@ -2,8 +2,8 @@
 // the model and returns the logits of the last token fed. DeepSeek-V3: each layer's per-head keys
 // (after RoPE) and values are kept; V3.2: the indexer's keys too; DeepSeek-V4: the sliding
 // window, the compressors' running windows and entries and the indexer's keys
-// (model/v4_decode.h). A Decoder holds `batch` sequences; feed_batch advances several at once
-// (V4: one forward over all their new tokens; V3 / V3.2: one after another). generate() and
+// (model/v4_decode.h). A Decoder holds `batch` sequences; feed_batch advances several at once,
+// one forward over all their new tokens (the attention per sequence over its own cache). generate() and
 // generate_batch() add greedy or temperature / top-p sampling, stop strings and a token limit.
 // The model's training-time forward is untouched; tests check that the paths agree.
 #pragma once
@@ -44,7 +44,8 @@ class Decoder {
     std::vector<std::vector<float>> IK;    // DeepSeek-V3.2: per layer the indexer keys [max_len, dI]
     V4Cache v4;                            // DeepSeek-V4
   };
-  void feed_v3(Seq& sq, const int32_t* ids, int64_t n, float* logits);
+  // DeepSeek-V3 / V3.2: parts -> logits [parts, vocab] (one forward over all their new tokens).
+  void feed_v3(const std::vector<DecoderPart>& parts, float* logits);
   Model& m_;
   int64_t max_len_;
   std::vector<Seq> seqs_;

@@ -1,6 +1,7 @@
 #include "or/code_judge.h"
 #include <unistd.h>
 #include <cctype>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -62,6 +63,27 @@ def hook_pyomo():
         return r
     OptSolver.solve = solve
 
+def hook_gurobipy():
+    import gurobipy
+    orig = gurobipy.Model.optimize
+    def optimize(self, *a, **k):
+        r = orig(self, *a, **k)
+        solved.append(("gurobipy", self, None))
+        return r
+    gurobipy.Model.optimize = optimize
+
+def hook_coptpy():
+    import coptpy
+    for name in ("solve", "solveLP"):
+        orig = getattr(coptpy.Model, name, None)
+        if orig is None:
+            continue
+        def solve(self, *a, _orig=orig, **k):
+            r = _orig(self, *a, **k)
+            solved.append(("coptpy", self, None))
+            return r
+        setattr(coptpy.Model, name, solve)
+
 def emit():
     with open(_out, "w") as f:
         json.dump(R, f)
@@ -78,12 +100,26 @@ except SyntaxError as e:
     R["error"], R["message"] = "syntax", "%s (line %s)" % (e.msg, e.lineno)
     emit()
     sys.exit(0)
-for name, hook in (("pulp", hook_pulp), ("pyomo", hook_pyomo)):
+for name, hook in (("pulp", hook_pulp), ("pyomo", hook_pyomo), ("gurobipy", hook_gurobipy), ("coptpy", hook_coptpy)):
     if name in src:
         try:
             hook()
         except Exception:
             pass
+# Solver modules the program tried to import and could not, also where it caught the error: a
+# program that solved no model after one of these is "solver unavailable", whatever it printed.
+import builtins
+_import = builtins.__import__
+missing_modules = []
+def checked_import(name, *a, **k):
+    try:
+        return _import(name, *a, **k)
+    except ModuleNotFoundError as e:
+        root = (e.name or name or "").split(".")[0]
+        if root in SOLVER_MODULES and root not in missing_modules:
+            missing_modules.append(root)
+        raise
+builtins.__import__ = checked_import
 tee = Tee(sys.stdout)
 sys.stdout = tee
 g = {"__name__": "__main__", "__file__": "program.py"}
@@ -104,6 +140,7 @@ except BaseException as e:
         R["error"] = "runtime"
         R["message"] = "".join(traceback.format_exception_only(type(e), e)).strip()[-1500:]
 sys.stdout = tee.real
+builtins.__import__ = _import
 
 def from_pulp(p):
     import pulp
@@ -131,28 +168,44 @@ def from_pyomo(m, res):
         return "timeout", None
     return "error: pyomo termination " + tc, None
 
+def from_gurobipy(v):
+    gp = sys.modules["gurobipy"]
+    s = v.Status
+    if s == gp.GRB.OPTIMAL:
+        return "optimal", float(v.ObjVal)
+    if s == gp.GRB.INFEASIBLE:
+        return "infeasible", None
+    if s == gp.GRB.UNBOUNDED:
+        return "unbounded", None
+    if s == gp.GRB.TIME_LIMIT:
+        return "timeout", None
+    return "error: gurobi status %d" % s, None
+
+def from_coptpy(v):
+    cp = sys.modules["coptpy"]
+    s = v.status
+    if s == cp.COPT.OPTIMAL:
+        return "optimal", float(v.objval)
+    if s == cp.COPT.INFEASIBLE:
+        return "infeasible", None
+    if s == cp.COPT.UNBOUNDED:
+        return "unbounded", None
+    if s == cp.COPT.TIMEOUT:
+        return "timeout", None
+    return "error: copt status %d" % s, None
+
+READERS = {"pulp": lambda m, res: from_pulp(m), "pyomo": from_pyomo,
+           "gurobipy": lambda m, res: from_gurobipy(m), "coptpy": lambda m, res: from_coptpy(m)}
+
 def from_globals():
+    # A model solved some way the hooks did not see (e.g. a hook that could not be installed).
     gp = sys.modules.get("gurobipy")
     cp = sys.modules.get("coptpy")
     for v in list(g.values())[::-1]:
         if gp is not None and isinstance(v, gp.Model):
-            s = v.Status
-            if s == gp.GRB.OPTIMAL:
-                return "gurobipy", "optimal", float(v.ObjVal)
-            if s == gp.GRB.INFEASIBLE:
-                return "gurobipy", "infeasible", None
-            if s == gp.GRB.UNBOUNDED:
-                return "gurobipy", "unbounded", None
-            return "gurobipy", "error: gurobi status %d" % s, None
+            return ("gurobipy",) + from_gurobipy(v)
         if cp is not None and isinstance(v, cp.Model):
-            s = v.status
-            if s == cp.COPT.OPTIMAL:
-                return "coptpy", "optimal", float(v.objval)
-            if s == cp.COPT.INFEASIBLE:
-                return "coptpy", "infeasible", None
-            if s == cp.COPT.UNBOUNDED:
-                return "coptpy", "unbounded", None
-            return "coptpy", "error: copt status %d" % s, None
+            return ("coptpy",) + from_coptpy(v)
     return None
 
 def from_printed(text):
@@ -169,12 +222,14 @@ def from_printed(text):
                 return "optimal", float(m[-1].replace(",", ""))
     return None
 
+if R["error"] is None and R["missing"] is None and not solved and missing_modules:
+    R["missing"] = "Python module %s is not installed (the program solved no model)" % ", ".join(missing_modules)
 if R["error"] is None and R["missing"] is None:
     try:
         got = None
         if solved:
             kind, m, res = solved[-1]
-            st, obj = from_pulp(m) if kind == "pulp" else from_pyomo(m, res)
+            st, obj = READERS[kind](m, res)
             got = (kind, st, obj)
         else:
             got = from_globals()
@@ -339,10 +394,22 @@ CodeVerdict run_solver_code(const std::string& code, const PythonEnv& py, const 
 
   if (sb.wall_timeout || sb.cpu_limit) {
     v.failure = "timeout";
-    char cpu[96];
-    std::snprintf(cpu, sizeof cpu, " (%.1f s CPU, %.1f s wall)", sb.cpu_seconds, sb.seconds);
-    v.result.message = (sb.wall_timeout ? "wall-clock limit reached; the process group was killed"
-                                        : "CPU-time limit reached") + std::string(cpu);
+    v.limit = sb.wall_timeout ? "wall" : "cpu";
+    char msg[320];
+    if (sb.wall_timeout && sb.cpu_seconds < 0)
+      std::snprintf(msg, sizeof msg, "wall-clock limit of %g s reached; the process group was killed", limits.wall_s);
+    else if (sb.wall_timeout)
+      std::snprintf(msg, sizeof msg, "wall-clock limit of %g s reached (%.2f s of CPU); the process group was killed",
+                    limits.wall_s, sb.cpu_seconds);
+    else if (sb.cpu_by == "monitor")
+      std::snprintf(msg, sizeof msg, "CPU-time limit of %g s reached (%.2f s of CPU read, %.1f s wall); killed", limits.cpu_s,
+                    sb.cpu_monitor_seconds, sb.seconds);
+    else
+      std::snprintf(msg, sizeof msg,
+                    "CPU-time limit reached: the kernel's RLIMIT_CPU soft limit (%lld s) sent SIGXCPU (%.2f s of CPU, "
+                    "%.1f s wall)",
+                    (long long)cpu_rlimit_soft(limits.cpu_s), sb.cpu_seconds, sb.seconds);
+    v.result.message = msg;
     return v;
   }
   if (!sb.started) {
@@ -361,8 +428,12 @@ CodeVerdict run_solver_code(const std::string& code, const PythonEnv& py, const 
   if (!r.is_object()) {
     v.failure = "runtime_error";
     char cpu[64];
-    std::snprintf(cpu, sizeof cpu, " after %.1f s CPU, %.1f s wall", sb.cpu_seconds, sb.seconds);
-    v.result.message = sb.signal ? "killed by signal " + std::to_string(sb.signal) + cpu
+    if (sb.cpu_seconds >= 0) std::snprintf(cpu, sizeof cpu, " after %.1f s CPU, %.1f s wall", sb.cpu_seconds, sb.seconds);
+    else std::snprintf(cpu, sizeof cpu, " after %.1f s wall", sb.seconds);
+    // A signal that is none of the sandbox's limits: the program's own, the kernel's OOM killer, or
+    // RLIMIT_CPU's hard limit after the program ignored SIGXCPU.
+    v.result.message = sb.signal ? "killed by signal " + std::to_string(sb.signal) + " (" + ::strsignal(sb.signal) +
+                                       "; not a limit of the sandbox)" + cpu
                                  : "exit " + std::to_string(sb.exit_code) + ": " + tail(trim(sb.err), 600);
     if (sb.signal == 0 && sb.err.find("MemoryError") != std::string::npos) v.result.message += " (memory limit)";
     return v;
@@ -397,6 +468,7 @@ CodeVerdict run_solver_code(const std::string& code, const PythonEnv& py, const 
     v.failure = "timeout";
     v.result.status = SolveResult::TimeLimit;
     v.result.message = "the solver hit its time limit";
+    v.limit = "solver";
   } else if (st.empty()) {
     v.failure = "no_answer";
     v.result.message = "the program solved no model and printed no objective";

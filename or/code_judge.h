@@ -1,9 +1,11 @@
 // Solver-code outputs: a Python program (PuLP, Pyomo, gurobipy, coptpy) in a model's output, run
 // in the sandbox (or/sandbox.h) under a small harness that reads the objective from the solved
-// model itself: the last pulp.LpProblem solved (LpStatus, objective.value()), the last Pyomo model
-// a solver was called on (termination condition, value() of its active objective), a gurobipy /
-// coptpy Model left in the program's globals (Status / ObjVal); only when none of these exists, the
-// last printed line naming an objective / optimum / best value (objective_source "printed").
+// model itself, the last one solved: a pulp.LpProblem (LpStatus, objective.value()), a Pyomo model
+// a solver was called on (termination condition, value() of its active objective), a gurobipy
+// Model optimized (Status, ObjVal) or a coptpy Model solved (status, objval), wherever the program
+// kept it; only when none exists, the last printed line naming an objective / optimum / best value
+// (objective_source "printed"). A solver module the program could not import (even where it
+// caught the error) with no model solved makes the output "solver_unavailable", never a pass.
 #pragma once
 #include <string>
 #include <vector>
@@ -41,6 +43,8 @@ struct CodeVerdict {
   std::string failure;
   SolveResult result;             // Optimal / Infeasible / Unbounded (or Error with failure set)
   std::string objective_source;   // "pulp" | "pyomo" | "gurobipy" | "coptpy" | "printed" | ""
+  std::string limit;              // failure "timeout": "cpu" | "wall" (the program's), "solver" (the
+                                  // solver's own time limit, from its status)
   std::string isolation;          // SandboxResult::isolation
   double seconds = 0;
   int pgid = 0;                   // the run's process group (gone when run_solver_code returns)

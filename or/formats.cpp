@@ -14,20 +14,35 @@ std::string lower(std::string s) {
   return s;
 }
 
-MatchRule orlm_rule() {
+// ORLM (eval/execute.py) and OptMATH (eval/executor.py): lenient is their rule, both rounded to
+// integers then relative 5% (absolute 0.05 at 0); strict is the relative 1e-6 later papers report.
+MatchRule orlm_rule(const char* name = "orlm") {
   MatchRule r;
-  r.name = "orlm";
+  r.name = name;
   r.plus_one = false;
   r.strict_rel = 1e-6, r.strict_abs = 1e-6;
   r.round = true;  // lenient only (see rule_match)
   r.lenient_rel = 0.05, r.lenient_abs = 0.05;
   return r;
 }
-MatchRule rel_rule() {
+// OptiBench (ReSocratic's eval scripts): strict is theirs, |p - t| < 1e-4 absolute (they check
+// every reported value; trex the objective); lenient is trex's relative 5%.
+MatchRule optibench_rule() {
   MatchRule r;
-  r.name = "rel1e-6";
+  r.name = "abs1e-4";
   r.plus_one = false;
-  r.strict_rel = 1e-6, r.strict_abs = 1e-6;
+  r.strict_absolute = true;
+  r.strict_abs = 1e-4;
+  r.lenient_rel = 0.05, r.lenient_abs = 0.05;
+  return r;
+}
+// ComplexOR (Chain-of-Experts' test_generated_code.py): strict is theirs, the output equal to the
+// expected one (Python ==, no tolerance); lenient is trex's relative 5%.
+MatchRule exact_rule() {
+  MatchRule r;
+  r.name = "exact";
+  r.plus_one = false;
+  r.strict_rel = 0, r.strict_abs = 0;
   r.lenient_rel = 0.05, r.lenient_abs = 0.05;
   return r;
 }
@@ -42,7 +57,9 @@ const std::vector<DataFormat>& data_formats() {
     f.push_back({"trex", q, a, MatchRule{}});
     const std::vector<std::string> eq = {"en_question", "question"}, ea = {"en_answer", "answer"};
     for (const char* n : {"orlm", "nl4opt", "mamo_easylp", "mamo_complexlp", "industryor"}) f.push_back({n, eq, ea, orlm_rule()});
-    for (const char* n : {"optmath", "optibench", "complexor"}) f.push_back({n, eq, ea, rel_rule()});
+    f.push_back({"optmath", eq, ea, orlm_rule("optmath")});
+    f.push_back({"optibench", eq, ea, optibench_rule()});
+    f.push_back({"complexor", eq, ea, exact_rule()});
     return f;
   }();
   return v;

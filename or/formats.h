@@ -5,8 +5,12 @@
 //   nl4opt, mamo_easylp, mamo_complexlp, industryor (the ORLM releases)
 //                   en_question / en_answer; "No Best Solution" = infeasible; strict relative 1e-6;
 //                   lenient: both rounded to integers, relative 5% (absolute 5% of 1 at truth 0)
-//   optmath, optibench, complexor
-//                   en_question|question / en_answer|answer; strict relative 1e-6; lenient relative 5%
+//   optmath         en_question|question / en_answer|answer; OptMATH's own rule is ORLM's lenient one
+//                   (rounded, 5%); strict relative 1e-6
+//   optibench       en_question|question / en_answer|answer; strict |p - t| < 1e-4 (the authors'),
+//                   lenient relative 5%
+//   complexor       en_question|question / en_answer|answer; strict exact equality (the authors'),
+//                   lenient relative 5%
 // Detection: the file name (nl4opt, easylp, complexlp, industryor, optmath, optibench, complexor,
 // case-insensitive), else the fields (en_question -> the ORLM rule, under the name "orlm"), else trex.
 // A record with a "benchmark" or "dataset" string naming a set is judged with that set's rule and

@@ -193,7 +193,7 @@ bool rule_match(const MatchRule& r, bool strict, double pred, double truth) {
   auto within = [](double p, double t, double rel, double abs0) {
     return t == 0 ? std::fabs(p) <= abs0 : std::fabs(p - t) <= rel * std::fabs(t);
   };
-  const bool s = within(pred, truth, r.strict_rel, r.strict_abs);
+  const bool s = r.strict_absolute ? std::fabs(pred - truth) < r.strict_abs : within(pred, truth, r.strict_rel, r.strict_abs);
   if (strict || s) return s;
   return r.round ? within(std::round(pred), std::round(truth), r.lenient_rel, r.lenient_abs)
                  : within(pred, truth, r.lenient_rel, r.lenient_abs);
@@ -233,6 +233,7 @@ Verdict judge_output(const std::string& output, const Truth& truth, Solver& solv
     v.result = c.result;
     v.objective_source = c.objective_source;
     v.isolation = c.isolation;
+    v.limit = c.limit;
     v.parsed = c.failure != "parse_error" && c.failure != "solver_unavailable";
     v.failure = c.failure;
   } else if (!v.lp.found) {
@@ -443,6 +444,7 @@ nlohmann::ordered_json verdict_json(const Verdict& v) {
   if (v.kind == "python") {
     j["objective_source"] = v.objective_source;
     j["isolation"] = v.isolation;
+    if (!v.limit.empty()) j["limit"] = v.limit;
   }
   j["parsed"] = v.parsed;
   j["status"] = status_name(v.result.status);

@@ -44,12 +44,15 @@ bool strict_match(double pred, double truth);
 bool lenient_match(double pred, double truth);
 
 // A data set's answer rule (or/formats.h names them). plus_one (trex): strict_match / lenient_match
-// above. Otherwise strict: |p - t| <= strict_rel |t| (|p| <= strict_abs at t = 0); lenient: strict,
-// or after rounding both to integers when `round`, |p - t| <= lenient_rel |t| (|p| <= lenient_abs at t = 0).
+// above. Otherwise strict: |p - t| <= strict_rel |t| (|p| <= strict_abs at t = 0), or with
+// strict_absolute |p - t| < strict_abs (strictly less) at every t; lenient: strict, or after
+// rounding both to integers when `round`, |p - t| <= lenient_rel |t| (|p| <= lenient_abs at t = 0).
+// strict_rel = strict_abs = 0 is exact equality.
 struct MatchRule {
   std::string name = "trex";
   bool plus_one = true;
   bool round = false;
+  bool strict_absolute = false;
   double strict_rel = 1e-6, strict_abs = 1e-6;
   double lenient_rel = 0.05, lenient_abs = 0.0;
 };
@@ -65,6 +68,7 @@ struct Verdict {
   bool strict = false, lenient = false;
   std::string objective_source;  // python: where the objective came from (or/code_judge.h)
   std::string isolation;         // python: the sandbox's isolation
+  std::string limit;             // python, failure "timeout": "cpu" | "wall" | "solver" (CodeVerdict::limit)
   // "" (strictly right) | "no_model" (no code / LP / MPS found) | "parse_error" | "runtime_error" |
   // "timeout" | "infeasible" / "unbounded" (the model's verdict, the truth a number) | "wrong_value"
   // (a value or verdict other than the truth; lenient may still hold) | "solver_unavailable" |

@@ -14,6 +14,8 @@
 #include <unistd.h>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
+#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -80,6 +82,28 @@ unsigned long locked_flags(const char* path) {
   return f;
 }
 
+// The CPU time (user + system, all threads; the scheduler's precise count) of process `pid`
+// so far, or -1 when it cannot be read (it has ended).
+double process_cpu_seconds(pid_t pid) {
+  clockid_t c;
+  struct timespec ts;
+  if (::clock_getcpuclockid(pid, &c) != 0 || ::clock_gettime(c, &ts) != 0) return -1;
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+// Whether the status records (one a line, "<tag> ...") hold one with this tag.
+bool has_record(const std::string& status, char tag) {
+  for (size_t b = 0; b < status.size();) {
+    if (status[b] == tag && b + 1 < status.size() && status[b + 1] == ' ') return true;
+    const size_t e = status.find('\n', b);
+    if (e == std::string::npos) break;
+    b = e + 1;
+  }
+  return false;
+}
+double rusage_seconds(const struct rusage& ru) {
+  return ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6;
+}
+
 // Everything the children need, built before fork.
 struct Plan {
   std::vector<std::string> argv_s, env_s;
@@ -101,7 +125,9 @@ void set_limits(const SandboxLimits& l) {
     struct rlimit r = {v, v};
     ::setrlimit(what, &r);
   };
-  lim(RLIMIT_CPU, (rlim_t)std::max(1.0, l.cpu_s + 0.999));
+  const rlim_t cpu_soft = (rlim_t)cpu_rlimit_soft(l.cpu_s);
+  struct rlimit cpu = {cpu_soft, cpu_soft + 1};  // SIGXCPU at the soft limit, SIGKILL a second later
+  ::setrlimit(RLIMIT_CPU, &cpu);
   lim(RLIMIT_AS, (rlim_t)l.memory_bytes);
   lim(RLIMIT_NPROC, (rlim_t)l.processes);
   lim(RLIMIT_FSIZE, (rlim_t)l.file_bytes);
@@ -221,17 +247,33 @@ void drop_root(int st) {
     set_limits(p.lim);
     exec_program(p, st);
   }
-  for (;;) {  // reap every process of the namespace until the program itself ends
+  // Reap every process of the namespace until the program itself ends; every 10 ms read the
+  // program's CPU clock and kill it at the limit (recorded first, so the caller knows it was this).
+  bool cpu_killed = false;
+  for (;;) {
     int ws = 0;
-    const pid_t w = ::waitpid(-1, &ws, 0);
+    struct rusage ru = {};
+    const pid_t w = ::wait4(-1, &ws, WNOHANG, &ru);
     if (w < 0 && errno == EINTR) continue;
     if (w < 0) ::_exit(125);
-    if (w != c) continue;
-    char buf[64];
-    if (WIFSIGNALED(ws)) std::snprintf(buf, sizeof buf, "K %d\n", WTERMSIG(ws));
-    else std::snprintf(buf, sizeof buf, "X %d\n", WEXITSTATUS(ws));
-    put(st, buf);
-    ::_exit(0);  // pid 1 exits: the kernel kills what the program left behind
+    if (w == c) {
+      char buf[96];
+      if (WIFSIGNALED(ws)) std::snprintf(buf, sizeof buf, "K %d %.6f\n", WTERMSIG(ws), rusage_seconds(ru));
+      else std::snprintf(buf, sizeof buf, "X %d %.6f\n", WEXITSTATUS(ws), rusage_seconds(ru));
+      put(st, buf);
+      ::_exit(0);  // pid 1 exits: the kernel kills what the program left behind
+    }
+    if (w > 0) continue;  // an orphan of the program
+    const double used = cpu_killed ? -1 : process_cpu_seconds(c);
+    if (used >= p.lim.cpu_s) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "L %.6f\n", used);
+      put(st, buf);
+      ::kill(c, SIGKILL);
+      cpu_killed = true;
+    }
+    struct timespec nap = {0, 10 * 1000 * 1000};
+    ::nanosleep(&nap, nullptr);
   }
 }
 
@@ -251,6 +293,8 @@ void drain(int fd, std::string& into, size_t cap) {
 bool path_exists(const std::string& p, struct stat* st) { return ::lstat(p.c_str(), st) == 0; }
 
 }  // namespace
+
+int64_t cpu_rlimit_soft(double cpu_s) { return (int64_t)std::ceil(1.25 * std::max(cpu_s, 0.0) + 1.0); }
 
 SandboxResult sandbox_run(const std::vector<std::string>& argv, const std::string& workdir,
                           const std::vector<std::string>& env, const std::vector<std::string>& readonly_paths,
@@ -324,7 +368,7 @@ SandboxResult sandbox_run(const std::vector<std::string>& argv, const std::strin
   const auto deadline = t0 + std::chrono::duration<double>(limits.wall_s);
   int ws = 0;
   struct rusage ru = {};
-  bool done = false;
+  bool done = false, fallback_cpu_kill = false, wall_kill = false;
   while (!done) {
     struct pollfd fds[3] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}, {st[0], POLLIN, 0}};
     ::poll(fds, 3, 20);
@@ -334,11 +378,23 @@ SandboxResult sandbox_run(const std::vector<std::string>& argv, const std::strin
     // Seen without reaping: while A is a zombie its pid (the group's id) cannot be reused, so the
     // group kill below cannot reach another process group.
     siginfo_t si = {};
-    if (::waitid(P_PID, (id_t)a, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == a) done = true;
-    else if (std::chrono::steady_clock::now() >= deadline && !r.wall_timeout) {
-      r.wall_timeout = true;
+    if (::waitid(P_PID, (id_t)a, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == a) {
+      done = true;
+    } else if (std::chrono::steady_clock::now() >= deadline && !wall_kill) {
+      // A run the CPU monitor already killed (its record came, A has not ended yet) stays a CPU kill.
+      wall_kill = true;
+      r.wall_timeout = !fallback_cpu_kill && !has_record(status, 'L');
       ::kill(-a, SIGKILL);
       ::kill(a, SIGKILL);
+    } else if (!fallback_cpu_kill && !wall_kill && status.find("I rlimits\n") != std::string::npos) {
+      // The fallback has no pid 1 of ours: A is the program, and its CPU clock is read here.
+      const double used = process_cpu_seconds(a);
+      if (used >= limits.cpu_s) {
+        fallback_cpu_kill = true;
+        r.cpu_monitor_seconds = used;
+        ::kill(-a, SIGKILL);
+        ::kill(a, SIGKILL);
+      }
     }
   }
   // Whatever is left in the group (a fallback run's background processes) is killed, then A and
@@ -358,9 +414,12 @@ SandboxResult sandbox_run(const std::vector<std::string>& argv, const std::strin
   for (int fd : {out[0], err[0], st[0]}) ::close(fd);
   ::rmdir(p.root.c_str());
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.cpu_seconds = ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6;
+  // The fallback: A is the program. Else C's own, from its end's record (none after a wall-clock
+  // kill, which takes the namespace's init with it: -1, unknown).
+  r.cpu_seconds = -1;
 
-  // The status records: I <isolation>, W <note>, E <setup error>, X <exit code>, K <signal>.
+  // The status records: I <isolation>, W <note>, E <setup error>, X <exit code> <CPU s>,
+  // K <signal> <CPU s>, L <CPU s> (the monitor killed the program at the CPU limit).
   bool ended = false;
   size_t b = 0;
   while (b < status.size()) {
@@ -374,10 +433,23 @@ SandboxResult sandbox_run(const std::vector<std::string>& argv, const std::strin
       case 'I': r.isolation = rest; break;
       case 'W': r.message += (r.message.empty() ? "" : "; ") + rest; break;
       case 'E': r.message += (r.message.empty() ? "" : "; ") + rest; r.started = false; ended = true; break;
-      case 'X': r.exit_code = std::atoi(rest.c_str()), r.started = true, ended = true; break;
-      case 'K': r.signal = std::atoi(rest.c_str()), r.started = true, ended = true; break;
+      case 'X':
+      case 'K': {
+        char* after = nullptr;
+        const long code = std::strtol(rest.c_str(), &after, 10);
+        (line[0] == 'X' ? r.exit_code : r.signal) = (int)code;
+        r.cpu_seconds = std::strtod(after, nullptr);
+        r.started = true, ended = true;
+        break;
+      }
+      case 'L':
+        r.cpu_monitor_seconds = std::strtod(rest.c_str(), nullptr);
+        r.cpu_by = "monitor";
+        break;
     }
   }
+  if (fallback_cpu_kill) r.cpu_by = "monitor";
+  if (r.isolation == "rlimits") r.cpu_seconds = rusage_seconds(ru);
   if (!ended && r.isolation == "rlimits") {  // fallback: A was the program
     r.started = true;
     if (WIFEXITED(ws)) r.exit_code = WEXITSTATUS(ws);
@@ -387,10 +459,12 @@ SandboxResult sandbox_run(const std::vector<std::string>& argv, const std::strin
     r.started = r.started || !r.isolation.empty();
     if (!r.signal && r.exit_code < 0) r.signal = SIGKILL;
   }
-  // The CPU hard limit is the sandbox's only SIGKILL besides the wall clock. The CPU time reported
-  // for a killed run can lag the kernel's own count on a loaded machine (seen: 1.4 s reported for a
-  // 2 s limit under ctest -j2), hence the margin.
-  r.cpu_limit = !r.wall_timeout && (r.signal == SIGKILL || r.signal == SIGXCPU) && r.cpu_seconds >= limits.cpu_s * 0.5;
+  // Which limit ended the run, from who killed it: the wall clock (our kill), the CPU monitor (its
+  // record), the kernel's RLIMIT_CPU soft limit (SIGXCPU). A SIGKILL from anywhere else (the
+  // RLIMIT_CPU hard limit of a program that ignored SIGXCPU, the OOM killer) is none of them.
+  if (r.wall_timeout) r.cpu_by.clear();
+  else if (r.cpu_by.empty() && r.signal == SIGXCPU) r.cpu_by = "SIGXCPU";
+  r.cpu_limit = !r.cpu_by.empty();
   return r;
 }
 

@@ -19,7 +19,7 @@ import json, sys
 s = json.loads(sys.stdin.read())
 assert s["pass1_strict"] == 100.0, s
 assert set(s["per_category"]) == {"nl4opt", "optmath", "industryor"}, s["per_category"].keys()
-assert s["rules"] == {"nl4opt": "orlm", "optmath": "rel1e-6", "industryor": "orlm"}, s["rules"]
+assert s["rules"] == {"nl4opt": "orlm", "optmath": "optmath", "industryor": "orlm"}, s["rules"]
 ' || fail "mixed sets: $(tail -1 "$W/mixed.txt")"
 grep -q "answer rules:" "$W/mixed.txt" || fail "no answer rules line under the table"
 
@@ -50,7 +50,7 @@ with open(sys.argv[1], "w") as f:
     for o in (right, garbage, loop):
         f.write(json.dumps({"output": o}) + "\n")
 PY
-"$TREX" or eval --data "$P/IndustryOR_sample.json" --predictions "$W/preds.jsonl" --code-cpu 2 --code-wall 10 \
+"$TREX" or eval --data "$P/IndustryOR_sample.json" --predictions "$W/preds.jsonl" --code-cpu 2 --code-wall 60 \
   --out "$W/code.jsonl" > "$W/code.txt"
 tail -1 "$W/code.txt" | python3 -c '
 import json, sys
@@ -64,7 +64,8 @@ import json, sys
 r = [json.loads(l) for l in open(sys.argv[1])]
 assert r[0]["failure"] is None and r[0]["objective_source"] == "pulp" and r[0]["objective"] == 120, r[0]
 assert r[1]["failure"] == "parse_error", r[1]
-assert r[2]["failure"] == "timeout", r[2]
+assert r[2]["failure"] == "timeout" and r[2]["limit"] == "cpu", r[2]
+assert "limit" not in r[0] and "limit" not in r[1], r[:2]
 PY
 grep -q "failures (judged outputs): parse_error 1 timeout 1" "$W/code.txt" || fail "no failures line: $(cat "$W/code.txt")"
 echo "or_eval_code: OK"

@@ -4,6 +4,7 @@
 // (solver_unavailable, never a pass) and how the objective's source is reported. The Python cases
 // are skipped, with the reason, where PuLP / Pyomo / GLPK are missing (scripts/setup_orpy.sh).
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <cstdlib>
 #include "or/code_judge.h"
 #include "or/judge.h"
@@ -57,6 +58,47 @@ std::string pyomo_program(int cap, const char* solver) {
          std::to_string(cap) + ")\nm.c2 = Constraint(expr=m.x <= 3)\nSolverFactory('" + solver + "').solve(m)\n```\n";
 }
 
+// The same problem in gurobipy / coptpy, the model built and solved inside a function (so it is
+// in no global), with a misleading print: the objective must come from the solved model.
+std::string gurobipy_program(int cap) {
+  return "```python\nimport gurobipy as gp\nfrom gurobipy import GRB\n\ndef solve():\n    m = gp.Model('p')\n"
+         "    m.Params.OutputFlag = 0\n    x = m.addVar(lb=0, name='x')\n    y = m.addVar(lb=0, name='y')\n"
+         "    m.setObjective(x + y, GRB.MAXIMIZE)\n    m.addConstr(x + 2 * y <= " + std::to_string(cap) + ")\n"
+         "    m.addConstr(x <= 3)\n    m.optimize()\n\nsolve()\nprint('Objective:', 1234)\n```\n";
+}
+std::string coptpy_program(int cap) {
+  return "```python\nimport coptpy as cp\nfrom coptpy import COPT\n\ndef solve():\n    env = cp.Envr()\n"
+         "    m = env.createModel('p')\n    m.setParam(COPT.Param.Logging, 0)\n    x = m.addVar(lb=0, name='x')\n"
+         "    y = m.addVar(lb=0, name='y')\n    m.setObjective(x + y, COPT.MAXIMIZE)\n    m.addConstr(x + 2 * y <= " +
+         std::to_string(cap) + ")\n    m.addConstr(x <= 3)\n    m.solve()\n\nsolve()\nprint('Objective:', 1234)\n```\n";
+}
+// Whether `module` runs a small model here (installed, and its size-limited licence works), run
+// directly, outside the sandbox and the harness, so that a fault of the judge fails the test
+// instead of skipping it.
+bool solver_runs(const char* module) {
+  if (!has(std::string("import ") + module)) return false;
+  const std::string prog = std::string(module) == "gurobipy" ? gurobipy_program(4) : coptpy_program(4);
+  char path[] = "/tmp/trex-or-code-test-XXXXXX";
+  const int fd = ::mkstemp(path);
+  if (fd < 0) return false;
+  const std::string code = extract_code(prog).code;
+  const bool written = ::write(fd, code.data(), code.size()) == (ssize_t)code.size();
+  ::close(fd);
+  const bool ok = written && std::system(("'" + python().python + "' " + path + " >/dev/null 2>&1").c_str()) == 0;
+  ::unlink(path);
+  return ok;
+}
+// An interpreter without `module`: the test's own if it lacks it, else python3 on PATH if that does.
+const PythonEnv* python_without(const char* module) {
+  static PythonEnv system = find_python("python3");
+  auto lacks = [&](const PythonEnv& p) {
+    return p.ok && std::system(("'" + p.python + "' -c 'import " + module + "' >/dev/null 2>&1").c_str()) != 0;
+  };
+  if (lacks(python())) return &python();
+  if (lacks(system)) return &system;
+  return nullptr;
+}
+
 }  // namespace
 
 TEST(OrCode, LpOutputs) {
@@ -96,12 +138,71 @@ TEST(OrCode, PyomoOutputs) {
   }
 }
 
+// gurobipy and coptpy from PyPI (scripts/setup_orpy.sh), each with the size-limited licence of its
+// wheel: right, other problem, garbage; the objective from ObjVal / objval, not the print.
+TEST(OrCode, GurobipyOutputs) {
+  if (!solver_runs("gurobipy"))
+    GTEST_SKIP() << "gurobipy is not installed, or its wheel's licence does not run a 2-variable model here "
+                    "(scripts/setup_orpy.sh installs it from PyPI)";
+  expect_kind(gurobipy_program(4), gurobipy_program(6), "```python\nimport gurobipy as gp\nm = gp.Model('p'\n```", "python");
+  const Verdict r = judge(gurobipy_program(4));
+  EXPECT_EQ(r.objective_source, "gurobipy");
+  EXPECT_DOUBLE_EQ(r.result.objective, 3.5);
+  // Infeasible: the status, not a number.
+  const Verdict inf = judge("```python\nimport gurobipy as gp\nm = gp.Model()\nm.Params.OutputFlag = 0\nx = m.addVar(ub=1)\n"
+                            "m.addConstr(x >= 2)\nm.optimize()\n```");
+  EXPECT_EQ(inf.result.status, SolveResult::Infeasible) << inf.failure << " " << inf.result.message;
+}
+
+TEST(OrCode, CoptpyOutputs) {
+  if (!solver_runs("coptpy"))
+    GTEST_SKIP() << "coptpy is not installed, or it does not run a 2-variable model here without a licence file "
+                    "(scripts/setup_orpy.sh installs it from PyPI)";
+  expect_kind(coptpy_program(4), coptpy_program(6), "```python\nimport coptpy as cp\nm = cp.Envr().createModel(\n```", "python");
+  const Verdict r = judge(coptpy_program(4));
+  EXPECT_EQ(r.objective_source, "coptpy");
+  EXPECT_DOUBLE_EQ(r.result.objective, 3.5);
+}
+
 TEST(OrCode, MissingSolverIsUnavailableNeverAPass) {
   if (!python().ok) GTEST_SKIP() << python().why;
-  if (has("import gurobipy")) GTEST_SKIP() << "gurobipy is installed here";
-  const Verdict g = judge("```python\nimport gurobipy as gp\nm = gp.Model()\nm.optimize()\nprint('Optimal objective: 3.5')\n```");
-  EXPECT_EQ(g.failure, "solver_unavailable") << g.result.message;
-  EXPECT_FALSE(g.strict || g.lenient);
+  auto judge_with = [](const PythonEnv& py, const std::string& out) {
+    auto solver = make_cbc_solver();
+    JudgeSetup setup;
+    setup.python = &py;
+    setup.sandbox.wall_s = 30;
+    return judge_output(out, kTruth, *solver, 10, setup);
+  };
+  for (const char* module : {"gurobipy", "coptpy"}) {
+    SCOPED_TRACE(module);
+    const PythonEnv* py = python_without(module);
+    if (!py) {
+      std::printf("[ note ] every interpreter here has %s: its absence is not tested\n", module);
+      continue;
+    }
+    const std::string m = module;
+    // The import fails: solver_unavailable, whatever the program meant to print.
+    const Verdict g = judge_with(*py, "```python\nimport " + m + "\nprint('Optimal objective: 3.5')\n```");
+    EXPECT_EQ(g.failure, "solver_unavailable") << g.result.message;
+    EXPECT_FALSE(g.strict || g.lenient);
+    // The program catches the ImportError and prints the right answer: still unavailable, no pass.
+    const Verdict c = judge_with(*py, "```python\ntry:\n    import " + m + "\nexcept ImportError:\n    pass\n"
+                                      "print('Optimal objective value:', 3.5)\n```");
+    EXPECT_EQ(c.failure, "solver_unavailable") << c.result.message;
+    EXPECT_FALSE(c.strict || c.lenient);
+  }
+  // The same with a solver module no interpreter here is likely to have, so it runs everywhere.
+  for (const char* module : {"xpress", "mosek", "docplex"}) {
+    if (has(std::string("import ") + module)) continue;
+    const Verdict c = judge("```python\ntry:\n    import " + std::string(module) + "\nexcept ImportError:\n    pass\n"
+                            "print('Optimal objective value:', 3.5)\n```");
+    EXPECT_EQ(c.failure, "solver_unavailable") << module << ": " << c.result.message;
+    EXPECT_FALSE(c.strict || c.lenient);
+    break;
+  }
+  // A module that is no solver's is the program's own error.
+  const Verdict o = judge("```python\nimport no_such_module_for_trex_tests\n```");
+  EXPECT_EQ(o.failure, "runtime_error") << o.result.message;
   if (has("import pyomo.environ")) {
     const Verdict p = judge(pyomo_program(4, "no_such_solver_xyz"));
     EXPECT_EQ(p.failure, "solver_unavailable") << p.result.message;

@@ -52,10 +52,10 @@ TEST(OrFormats, DetectionAndForcing) {
   EXPECT_EQ(detect_format("", "x/test.jsonl", nlohmann::json{{"question", "q"}}).name, "trex");
   EXPECT_EQ(detect_format("optibench", "x/NL4OPT.jsonl", nlohmann::json{}).name, "optibench");
   EXPECT_THROW(format_by_name("nosuchset"), trex::UserError);
-  // --format overrides the file name: NL4OPT's file judged with the optmath rule.
+  // --format overrides the file name: NL4OPT's file judged with the optibench rule.
   EvalOptions o;
-  o.format = "optmath";
-  EXPECT_EQ(load_problems(data("NL4OPT_sample.jsonl"), o)[0].rule.name, "rel1e-6");
+  o.format = "optibench";
+  EXPECT_EQ(load_problems(data("NL4OPT_sample.jsonl"), o)[0].rule.name, "abs1e-4");
 }
 
 TEST(OrFormats, MixedFileCountsEachSet) {
@@ -70,11 +70,13 @@ TEST(OrFormats, MixedFileCountsEachSet) {
   EXPECT_EQ(s.all.strict, 3);
   EXPECT_EQ(s.per_category.size(), 3u);
   EXPECT_EQ(s.rules["nl4opt"], "orlm");
-  EXPECT_EQ(s.rules["optmath"], "rel1e-6");
+  EXPECT_EQ(s.rules["optmath"], "optmath");
 }
 
 TEST(OrFormats, AnswerRules) {
-  const MatchRule orlm = format_by_name("industryor").rule, rel = format_by_name("optmath").rule, trex = MatchRule{};
+  const MatchRule orlm = format_by_name("industryor").rule, optmath = format_by_name("optmath").rule,
+                  optibench = format_by_name("optibench").rule, complexor = format_by_name("complexor").rule,
+                  trex = MatchRule{};
   // ORLM lenient: both rounded to integers, then 5% relative (inclusive); strict: 1e-6 relative.
   EXPECT_TRUE(rule_match(orlm, false, 105.4, 100));   // round: 105, 5%
   EXPECT_FALSE(rule_match(trex, false, 105.4, 100));  // trex: 5.4% > 5%
@@ -82,10 +84,23 @@ TEST(OrFormats, AnswerRules) {
   EXPECT_TRUE(rule_match(orlm, false, 0.4, 0));       // rounds to 0
   EXPECT_FALSE(rule_match(orlm, true, 100.001, 100));
   EXPECT_TRUE(rule_match(orlm, true, 100.00005, 100));
-  EXPECT_TRUE(rule_match(rel, true, 1e6 + 0.5, 1e6));  // relative 1e-6 of a large optimum
+  EXPECT_TRUE(rule_match(orlm, true, 1e6 + 0.5, 1e6));  // relative 1e-6 of a large optimum
   EXPECT_FALSE(rule_match(trex, true, 1e6 + 1.5, 1e6));
-  EXPECT_TRUE(rule_match(rel, false, 104.9, 100));
-  EXPECT_FALSE(rule_match(rel, false, 0.4, 0));
+  // OptMATH's own rule (eval/executor.py) is ORLM's: rounded, then 5% relative, 0.05 at 0.
+  for (const auto& [p, t] : {std::pair{105.4, 100.0}, {105.6, 100.0}, {0.4, 0.0}, {0.6, 0.0}, {-95.4, -100.0}})
+    EXPECT_EQ(rule_match(optmath, false, p, t), rule_match(orlm, false, p, t)) << p << " vs " << t;
+  // OptiBench (ReSocratic's eval scripts): strict |p - t| < 1e-4 absolute, at any magnitude.
+  EXPECT_TRUE(rule_match(optibench, true, 3600.00009, 3600));
+  EXPECT_FALSE(rule_match(optibench, true, 3600.0001, 3600));   // not < 1e-4
+  EXPECT_FALSE(rule_match(optibench, true, 1e6 + 0.5, 1e6));    // relative 5e-7, absolute 0.5
+  EXPECT_TRUE(rule_match(optibench, true, 0.00005, 0));
+  EXPECT_TRUE(rule_match(optibench, false, 104.9, 100));       // lenient: trex's relative 5%
+  EXPECT_FALSE(rule_match(optibench, false, 0.4, 0));
+  // ComplexOR (Chain-of-Experts' test_generated_code.py): output == expected, no tolerance.
+  EXPECT_TRUE(rule_match(complexor, true, 10, 10));
+  EXPECT_FALSE(rule_match(complexor, true, 10.000000001, 10));
+  EXPECT_FALSE(rule_match(complexor, true, 1e-12, 0));
+  EXPECT_TRUE(rule_match(complexor, false, 10.4, 10));
 }
 
 TEST(OrFormats, ClearErrors) {

@@ -9,11 +9,13 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 #include "or/code_judge.h"
 #include "or/judge.h"
 #include "or/sandbox.h"
@@ -95,18 +97,108 @@ TEST(OrSandbox, ForkBombIsContained) {
 
 TEST(OrSandbox, InfiniteLoopTimesOut) {
   NEED_PYTHON();
-  CodeVerdict v = run_solver_code("while True:\n    pass\n", python(), small_limits());
+  // (a wall clock far above the CPU limit: on a loaded machine 2 s of CPU may take longer than 6 s)
+  SandboxLimits c = small_limits();
+  c.wall_s = 30;
+  CodeVerdict v = run_solver_code("while True:\n    pass\n", python(), c);
   EXPECT_EQ(v.failure, "timeout") << v.result.message;
-  EXPECT_LT(v.seconds, small_limits().wall_s + 3);  // the wall clock bounds it even on a loaded machine
+  EXPECT_EQ(v.limit, "cpu") << v.result.message;
+  EXPECT_NE(v.result.message.find("CPU-time limit"), std::string::npos) << v.result.message;
+  EXPECT_LT(v.seconds, c.wall_s + 3);
   EXPECT_TRUE(group_gone(v.pgid));
   // A sleeping program uses no CPU time: the wall-clock limit ends it.
   SandboxLimits l = small_limits();
   l.wall_s = 1.5;
   CodeVerdict w = run_solver_code("import time\ntime.sleep(100)\n", python(), l);
   EXPECT_EQ(w.failure, "timeout");
+  EXPECT_EQ(w.limit, "wall") << w.result.message;
   EXPECT_NE(w.result.message.find("wall-clock"), std::string::npos) << w.result.message;
   EXPECT_LT(w.seconds, l.wall_s + 3);
   EXPECT_TRUE(group_gone(w.pgid));
+}
+
+// Which limit ended a run is read from who ended it, never guessed from the times. The CPU and
+// wall-clock cases run on a quiet machine and with every core busy (the kernel's RLIMIT_CPU clock
+// runs ahead of the precise one under load: a 2 s RLIMIT_CPU was measured killing at 1.73 s of
+// precise CPU time, which a label read from the times would have called something else).
+TEST(OrSandbox, LimitLabelsSayWhichLimit) {
+  NEED_PYTHON();
+  auto run = [&](const std::string& code, double wall_s) {
+    TmpDir work;
+    SandboxLimits l = small_limits();
+    l.wall_s = wall_s;
+    return sandbox_run({python().python, "-c", code}, work.p.string(), {"PATH=/usr/bin:/bin"}, python().readonly_paths, l);
+  };
+  const double cpu_s = small_limits().cpu_s;
+  for (const bool loaded : {false, true}) {
+    SCOPED_TRACE(loaded ? "every core busy" : "quiet");
+    std::vector<pid_t> load;
+    if (loaded) {
+      const unsigned n = std::min(8u, std::max(1u, std::thread::hardware_concurrency())) + 1;
+      for (unsigned i = 0; i < n; ++i) {
+        const pid_t c = ::fork();
+        if (c == 0) {
+          ::alarm(60);  // never outlives the test by long, whatever happens to it
+          for (uint64_t k = 0;; ++k) asm volatile("" : "+r"(k));
+        }
+        if (c > 0) load.push_back(c);
+      }
+    }
+    // The CPU limit: the monitor kills at the limit of precise CPU time, and the rusage says so.
+    const SandboxResult cpu = run("while True:\n    pass\n", 60);
+    EXPECT_TRUE(cpu.cpu_limit);
+    EXPECT_EQ(cpu.cpu_by, "monitor");
+    EXPECT_FALSE(cpu.wall_timeout);
+    EXPECT_EQ(cpu.signal, SIGKILL);
+    EXPECT_GE(cpu.cpu_monitor_seconds, cpu_s);
+    EXPECT_GE(cpu.cpu_seconds, cpu_s) << "rusage of the killed program";
+    // The wall clock: a sleeper uses no CPU.
+    const SandboxResult wall = run("import time\ntime.sleep(100)\n", 1.5);
+    EXPECT_TRUE(wall.wall_timeout);
+    EXPECT_FALSE(wall.cpu_limit);
+    EXPECT_EQ(wall.cpu_by, "");
+    EXPECT_LT(wall.cpu_seconds, 1.0);  // (-1: unknown after a wall-clock kill)
+    for (pid_t c : load) ::kill(c, SIGKILL);
+    for (pid_t c : load) ::waitpid(c, nullptr, 0);
+  }
+  // Ignoring SIGXCPU changes nothing: the monitor acts on its own clock.
+  const SandboxResult ign = run("import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass\n", 60);
+  EXPECT_EQ(ign.cpu_by, "monitor");
+  EXPECT_GE(ign.cpu_seconds, cpu_s);
+  // The kernel's RLIMIT_CPU soft limit (the program lowered its own to 1 s): SIGXCPU names it.
+  const SandboxResult xcpu = run(
+      "import resource\nh = resource.getrlimit(resource.RLIMIT_CPU)[1]\nresource.setrlimit(resource.RLIMIT_CPU, (1, h))\n"
+      "while True:\n    pass\n",
+      60);
+  EXPECT_TRUE(xcpu.cpu_limit);
+  EXPECT_EQ(xcpu.cpu_by, "SIGXCPU");
+  EXPECT_EQ(xcpu.signal, SIGXCPU);
+  // A SIGKILL that is no limit of the sandbox (the program's own, after more than half its CPU
+  // time) is not called a limit: runtime_error, "killed by signal 9".
+  const std::string self_kill =
+      "import os, time\nt = time.process_time()\nwhile time.process_time() - t < 1.2:\n    pass\nos.kill(os.getpid(), 9)\n";
+  const SandboxResult self = run(self_kill, 60);
+  EXPECT_FALSE(self.cpu_limit);
+  EXPECT_FALSE(self.wall_timeout);
+  EXPECT_EQ(self.signal, SIGKILL);
+  EXPECT_GE(self.cpu_seconds, 1.0);
+  // The judge's labels for the same programs.
+  SandboxLimits l = small_limits();
+  l.wall_s = 60;
+  const CodeVerdict jc = run_solver_code("while True:\n    pass\n", python(), l);
+  EXPECT_EQ(jc.failure, "timeout");
+  EXPECT_EQ(jc.limit, "cpu");
+  EXPECT_NE(jc.result.message.find("CPU-time limit of 2 s"), std::string::npos) << jc.result.message;
+  const CodeVerdict jx = run_solver_code(
+      "import resource\nh = resource.getrlimit(resource.RLIMIT_CPU)[1]\nresource.setrlimit(resource.RLIMIT_CPU, (1, h))\n"
+      "while True:\n    pass\n",
+      python(), l);
+  EXPECT_EQ(jx.limit, "cpu");
+  EXPECT_NE(jx.result.message.find("SIGXCPU"), std::string::npos) << jx.result.message;
+  const CodeVerdict js = run_solver_code(self_kill, python(), l);
+  EXPECT_EQ(js.failure, "runtime_error") << js.result.message;
+  EXPECT_EQ(js.limit, "");
+  EXPECT_NE(js.result.message.find("killed by signal 9"), std::string::npos) << js.result.message;
 }
 
 TEST(OrSandbox, HugeAllocationFails) {
@@ -121,7 +213,7 @@ TEST(OrSandbox, WriteOutsideWorkFolderFails) {
   NEED_PYTHON();
   TmpDir outside;
   const fs::path target = outside.p / "written.txt";
-  for (const std::string path : {target.string(), std::string("/etc/trex-sandbox-probe"), std::string("/usr/trex-probe")}) {
+  for (const std::string& path : {target.string(), std::string("/etc/trex-sandbox-probe"), std::string("/usr/trex-probe")}) {
     CodeVerdict v = run_solver_code("open('" + path + "', 'w').write('x')\n", python(), small_limits());
     EXPECT_EQ(v.failure, "runtime_error") << path;
     EXPECT_FALSE(fs::exists(path)) << path << " was written from the sandbox";
