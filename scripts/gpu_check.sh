@@ -95,7 +95,8 @@ echo "flash attention path: $(tail -1 "$OUT/ops_test_flash.txt")"
 # Memory and race checkers on a few small cases (where compute-sanitizer works: not under gVisor).
 if [ "${SANITIZER:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
   note "compute-sanitizer memcheck + racecheck (small cases)"
-  for filt in "T=7 " "cuda moe combine" "cuda gather" "cuda moe_sort" "cuda router"; do
+  for filt in "T=7 " "cuda moe combine" "cuda gather" "cuda moe_sort" "cuda router" "cuda hc_pre nulls" "cuda hc_post" \
+              "cuda hc_head" "cuda compress_pool B=2 T=9 " "cuda v4 keys"; do
     f="$OUT/sanitizer_memcheck_${filt// /_}.txt"
     timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 "${OPS[@]}" test "$filt" > "$f" 2>&1
     rc=$?
