@@ -291,8 +291,9 @@ void layer_backward(Env& e, int64_t l, V4LayerSaved& s, float* dX, const BwdScra
     moe_backward(e.ctx, moe_in(e, l), s.moe, w.df, w.dnorm);
   }
   e.ctx.k().rmsnorm_bwd(w.dnorm, s.hf.y, N, d, P + lp.post_norm, s.rstd2, w.dy, G + lp.post_norm);
-  e.ctx.k().hc_pre_bwd(e.hs, s.X_mid, P + q.ffn_hc_fn, P + q.ffn_hc_base, P + q.ffn_hc_scale, s.hf.mix, s.hf.rstd, w.dy,
-                   w.dpost, w.dcomb, w.dX2, G + q.ffn_hc_fn, G + q.ffn_hc_base, G + q.ffn_hc_scale, w.hc_work);
+  e.ctx.k().hc_pre_bwd(e.hs, s.X_mid, P + q.ffn_hc_fn, P + q.ffn_hc_base, P + q.ffn_hc_scale, s.hf.mix, s.hf.rstd,
+                       w.dy, w.dpost, w.dcomb, w.dX2, G + q.ffn_hc_fn, G + q.ffn_hc_base, G + q.ffn_hc_scale,
+                       w.hc_work);
   e.ctx.k().hc_post_bwd(e.hs, s.X_in, s.a, s.ha.post, s.ha.comb, w.dX2, dX, w.df, w.dpost, w.dcomb);
   {
     ProfScope ps(e.ctx.prof, "bwd.attn");
@@ -306,8 +307,9 @@ void layer_backward(Env& e, int64_t l, V4LayerSaved& s, float* dX, const BwdScra
     }
   }
   e.ctx.k().rmsnorm_bwd(w.dnorm, s.ha.y, N, d, P + lp.in_norm, s.rstd1, w.dy, G + lp.in_norm);
-  e.ctx.k().hc_pre_bwd(e.hs, s.X_in, P + q.attn_hc_fn, P + q.attn_hc_base, P + q.attn_hc_scale, s.ha.mix, s.ha.rstd, w.dy,
-                   w.dpost, w.dcomb, dX, G + q.attn_hc_fn, G + q.attn_hc_base, G + q.attn_hc_scale, w.hc_work);
+  e.ctx.k().hc_pre_bwd(e.hs, s.X_in, P + q.attn_hc_fn, P + q.attn_hc_base, P + q.attn_hc_scale, s.ha.mix,
+                       s.ha.rstd, w.dy, w.dpost, w.dcomb, dX, G + q.attn_hc_fn, G + q.attn_hc_base,
+                       G + q.attn_hc_scale, w.hc_work);
 }
 
 // A head: hc_head collapse, final norm, LM head fused with cross-entropy (its backward to dhf
@@ -359,7 +361,7 @@ void head_backward(Env& e, const Head& h, float* dX) {
   e.ctx.k().rmsnorm_bwd(h.dhf, h.yh, N, d, e.P + h.norm, h.rstdf, dyh, e.G + h.norm);
   float* work = A.alloc<float>(std::max<size_t>(kern::hc_head_bwd_workspace_floats(e.hs), 1));
   e.ctx.k().hc_head_bwd(e.hs, h.X, e.P + h.fn, e.P + h.base, e.P + h.scale, h.mix, h.rstdh, dyh, dX, e.G + h.fn,
-                    e.G + h.base, e.G + h.scale, work);
+                        e.G + h.base, e.G + h.scale, work);
   A.release(mk);
 }
 

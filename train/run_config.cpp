@@ -195,8 +195,8 @@ const std::vector<SectionSpec>& sections() {
                   [](const R& r) { return json(precision_name(r.train.precision)); }, 0, 0, {"fp32", "bf16"}),
            mapped("device", Kind::Str,
                   "where the step computes: cpu, cuda (the first CUDA device) or cuda:N. On cuda a "
-                  "DeepSeek-V3-family model trains on one process (docs/BACKENDS.md); DeepSeek-V4 and parallel "
-                  "layouts are refused when the run starts, naming why",
+                  "DeepSeek-V3-family or DeepSeek-V4 model trains on one process (docs/BACKENDS.md); DeepSeek-V3.2, "
+                  "V4's indexer loss and parallel layouts are refused when the run starts, naming why",
                   [](R& r, const json& v) { r.train.device = parse_device(v.get<std::string>(), "train.device"); },
                   [](const R& r) { return json(r.train.device); }),
            field("bias_update_gamma", Kind::Num, &R::train, &TrainConfig::bias_update_gamma,

@@ -26,7 +26,8 @@ __global__ void key_count_k(V4KeyShape s, const int32_t* __restrict__ seg, const
 }
 
 __global__ void key_fill_k(V4KeyShape s, const int32_t* __restrict__ seg, const int32_t* __restrict__ cnt,
-                           const int32_t* __restrict__ sel, const int64_t* __restrict__ off, int32_t* __restrict__ idx) {
+                           const int32_t* __restrict__ sel, const int64_t* __restrict__ off,
+                           int32_t* __restrict__ idx) {
   const int64_t N = s.B * s.T;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < N; i += (int64_t)gridDim.x * blockDim.x)
     hd::v4_query_keys(s, seg, cnt, sel, i, idx + off[i]);
@@ -51,7 +52,8 @@ void v4_key_offsets(const Ctx& c, const V4KeyShape& s, const int32_t* seg, const
   size_t bytes = 0;
   TREX_CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, bytes, counts.as<int64_t>(), off + 1, (int)N, c.stream));
   Scratch tmp(c, bytes);
-  TREX_CUDA_CHECK(cub::DeviceScan::InclusiveSum(tmp.as<void>(), bytes, counts.as<int64_t>(), off + 1, (int)N, c.stream));
+  TREX_CUDA_CHECK(
+      cub::DeviceScan::InclusiveSum(tmp.as<void>(), bytes, counts.as<int64_t>(), off + 1, (int)N, c.stream));
 }
 
 void v4_key_fill(const Ctx& c, const V4KeyShape& s, const int32_t* seg, const int32_t* cnt, const int32_t* sel,
