@@ -103,7 +103,6 @@ void grouped_bwd(const Ctx& c, const Grouped& g, const float* X, W w, const floa
   c.ws->release(mk);
 }
 
-
 }  // namespace
 
 void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* out, V4AttnSaved& s) {
