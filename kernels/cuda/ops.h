@@ -115,8 +115,9 @@ void moe_sort(const Ctx& c, const int32_t* idx, int64_t N, int64_t K, int64_t E,
               int32_t* slot_row);
 
 // DeepSeek-V4's hyper-connections (kernels/hyper_conn.h, kernels/cuda/hyper_conn.cu). The
-// backward's workspace has the CPU's size (hc_*_bwd_workspace_floats); the Sinkhorn history of
-// hc_pre_bwd lives in scratch of its own.
+// backward's workspace is the CPU's (hc_*_bwd_workspace_floats), of which they use the first
+// 2 N R + N n + N floats (R = (2 + n) n; the head's R = n); the Sinkhorn history of hc_pre_bwd
+// lives in scratch of its own.
 void hc_pre_fwd(const Ctx& c, const HcShape& s, const float* x, const float* fn, const float* base, const float* scale,
                 float* y, float* post, float* comb, float* mix, float* rstd);
 void hc_pre_bwd(const Ctx& c, const HcShape& s, const float* x, const float* fn, const float* base, const float* scale,

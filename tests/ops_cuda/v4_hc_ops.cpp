@@ -65,6 +65,14 @@ bool cmp(const std::string& name, const char* what, Guarded<float>& a, const std
   return report(name, what, e, tol, !m && a.guard_ok(), "nan/guard");
 }
 
+// The workspace the CUDA backward kernels use: the first floats of the CPU's
+// (hc_pre_bwd_workspace_floats / hc_head_bwd_workspace_floats, which this harness does not link):
+// dz, dmix, pre [N, R], [N, R], [N, n] (head: R = n) and cx [N].
+size_t hc_ws(const HcShape& s, bool head) {
+  const size_t N = s.N, n = s.n, R = head ? n : (2 + n) * n;
+  return 2 * N * R + N * n + N;
+}
+
 Guarded<float> guarded(const std::vector<float>& v) {
   Guarded<float> g(v.size());
   for (size_t i = 0; i < v.size(); ++i) g[i] = v[i];
@@ -105,7 +113,7 @@ bool pre_case(HcShape s, int nulls, int64_t nan_tok) {
   std::vector<float> first;
   for (int run = 0; run < 2; ++run) {
     auto dx = guarded(dx0), dfn = guarded(dfn0), db = guarded(db0), ds = guarded(ds0);
-    Guarded<float> ws(kern::hc_pre_bwd_workspace_floats(s));
+    Guarded<float> ws(hc_ws(s, false));
     DevCopy<float> DX(dx), DF(dfn), DB(db), DS(ds), WS(ws);
     dev().hc_pre_bwd(s, X.get(), Fn.get(), Bs.get(), Sc.get(), Mi.get(), Rs.get(), nulls & 1 ? nullptr : Dy.get(),
                      nulls & 2 ? nullptr : Dp.get(), nulls & 4 ? nullptr : Dc.get(), DX.get(), DF.get(), DB.get(),
@@ -158,7 +166,7 @@ bool head_case(HcShape s) {
   const std::string name = hc_name("hc_head", s);
   Hc D(s, 17 + s.N + s.d * 5);
   const size_t N = s.N, n = s.n, K = D.K, d = s.d;
-  Guarded<float> y(N * d), mix(N * n), rstd(N), dx(N * K, 7.f), ws(kern::hc_head_bwd_workspace_floats(s));
+  Guarded<float> y(N * d), mix(N * n), rstd(N), dx(N * K, 7.f), ws(hc_ws(s, true));
   std::vector<float> y_r(N * d), mix_r(N * n), rstd_r(N), dx_r(N * K);
   const std::vector<float> dfn0(n * K, 0.25f), db0(n, -0.5f), ds0(1, 0.75f);
   auto dfn = guarded(dfn0), db = guarded(db0), ds = guarded(ds0);
@@ -224,7 +232,7 @@ bool pool_case(const PoolCfg& p, bool special, double gscale = 2.0) {
   for (int run = 0; run < 2; ++run) {
     Guarded<float> out(nout), dkv(n, 7.f), dgate(n, 7.f), dpb(npb);
     for (size_t i = 0; i < npb; ++i) dpb[i] = dpb0[i];
-    Guarded<float> ws(kern::compress_pool_bwd_workspace_floats(p.B, p.T, p.m, p.hd, p.c) + 1);
+    Guarded<float> ws(1);  // the CUDA kernels use none
     DevCopy<float> O(out), DK(dkv), DG(dgate), DP(dpb), WS(ws);
     dev().compress_pool_fwd(p.B, p.T, p.m, p.hd, p.c, KV.get(), G.get(), PB.get(), O.get());
     dev().compress_pool_bwd(p.B, p.T, p.m, p.hd, p.c, KV.get(), G.get(), PB.get(), DO.get(), DK.get(), DG.get(),
