@@ -18,11 +18,16 @@
 #include <string_view>
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
+#include "kernels/compress_pool.h"
 #include "kernels/gemm.h"
+#include "kernels/hyper_conn.h"
+#include "kernels/indexer.h"
 #include "kernels/lm_head_ce.h"
 #include "kernels/router.h"
 #include "kernels/rope.h"
 #include "kernels/rows.h"
+#include "kernels/sparse_attn.h"
+#include "kernels/v4_rows.h"
 
 namespace trex::kern {
 
@@ -113,6 +118,43 @@ class Backend {
                             int64_t n0, double alpha, float grad_scale, float* dscores) = 0;
   virtual void moe_sort(const int32_t* idx, int64_t N, int64_t K, int64_t E, int64_t* offsets, int32_t* row_token,
                         int32_t* slot_row) = 0;
+  // DeepSeek-V4: hyper-connections (kernels/hyper_conn.h), the compressors' pooling
+  // (kernels/compress_pool.h), the indexer's top-k (kernels/indexer.h), the sparse attention with
+  // sinks (kernels/sparse_attn.h) and the step's row operations (kernels/v4_rows.h). Workspaces
+  // are this backend's memory of the size the kern:: header names (a device backend may use its
+  // own scratch besides).
+  virtual void hc_pre_fwd(const HcShape& s, const float* x, const float* fn, const float* base, const float* scale,
+                          float* y, float* post, float* comb, float* mix, float* rstd) = 0;
+  virtual void hc_pre_bwd(const HcShape& s, const float* x, const float* fn, const float* base, const float* scale,
+                          const float* mix, const float* rstd, const float* dy, const float* dpost, const float* dcomb,
+                          float* dx, float* dfn, float* dbase, float* dscale, float* workspace) = 0;
+  virtual void hc_post_fwd(const HcShape& s, const float* x, const float* f, const float* post, const float* comb,
+                           float* out) = 0;
+  virtual void hc_post_bwd(const HcShape& s, const float* x, const float* f, const float* post, const float* comb,
+                           const float* dout, float* dx, float* df, float* dpost, float* dcomb) = 0;
+  virtual void hc_head_fwd(const HcShape& s, const float* x, const float* hc_fn, const float* hc_base,
+                           const float* hc_scale, float* y, float* mix, float* rstd) = 0;
+  virtual void hc_head_bwd(const HcShape& s, const float* x, const float* hc_fn, const float* hc_base,
+                           const float* hc_scale, const float* mix, const float* rstd, const float* dy, float* dx,
+                           float* dfn, float* dbase, float* dscale, float* workspace) = 0;
+  virtual void compress_pool_fwd(int64_t B, int64_t T, int64_t m, int64_t hd, int c, const float* kv,
+                                 const float* gate, const float* pb, float* out) = 0;
+  virtual void compress_pool_bwd(int64_t B, int64_t T, int64_t m, int64_t hd, int c, const float* kv,
+                                 const float* gate, const float* pb, const float* dout, float* dkv, float* dgate,
+                                 float* dpb, float* workspace) = 0;
+  virtual void indexer_topk(const IndexerShape& sh, const float* q, const float* k, const float* wts,
+                            const int32_t* pos, int32_t* cnt, int32_t* sel, float* scores_out, float* workspace) = 0;
+  virtual void sparse_attn_fwd(const SparseAttnShape& sh, const float* q, const float* kv, int64_t M,
+                               const int64_t* off, const int32_t* idx, const float* sink, float* o, float* lse) = 0;
+  virtual void sparse_attn_bwd(const SparseAttnShape& sh, const float* q, const float* kv, int64_t M,
+                               const int64_t* off, const int32_t* idx, const float* sink, const float* o,
+                               const float* lse, const float* dO, float* dq, float* dkv, float* dsink,
+                               float* workspace) = 0;
+  virtual void scale(float* x, int64_t n, float a) = 0;
+  virtual void v4_key_offsets(const V4KeyShape& s, const int32_t* seg, const int32_t* cnt, const int32_t* sel,
+                              int64_t* off) = 0;
+  virtual void v4_key_fill(const V4KeyShape& s, const int32_t* seg, const int32_t* cnt, const int32_t* sel,
+                           const int64_t* off, int32_t* idx) = 0;
 };
 
 // The spelling of a device: "cpu" (*cuda_index = -1), "cuda" (0) or "cuda:N" (N in 0..1023).

@@ -51,10 +51,6 @@ struct LayerSaved {
 
 void Model::check_backend(const kern::Backend& b, const ModelConfig& c) {
   if (b.host_addressable()) return;
-  TREX_USER_CHECK(!c.is_v4(), "train DeepSeek-V4 on device \"cpu\"",
-                  "model_type ", c.model_type, " does not run on the ", b.name(),
-                  " backend yet: its hyper-connections, compressors, indexer and sparse attention are host code "
-                  "(DeepSeek-V3-family models do run there)");
   TREX_USER_CHECK(!c.is_v32(), "train DeepSeek-V3.2 on device \"cpu\"",
                   "model_type ", c.model_type, " does not run on the ", b.name(),
                   " backend yet: its lightning indexer and the top-k sparse attention are host code "
@@ -66,6 +62,11 @@ void Model::use_backend(kern::Backend& b) {
   TREX_USER_CHECK(b.host_addressable() || (!ep_.on() && !tp_.on() && !stage_.on() && !layout.sharded()),
                   "run this layout on device \"cpu\", or one process without ep, tp or pp",
                   "expert, tensor and pipeline parallelism do not run on the ", b.name(), " backend yet");
+  TREX_USER_CHECK(b.host_addressable() || !cfg.is_v4() || !opt.indexer_metrics(),
+                  "set train.indexer_loss_weight = 0 and train.indexer_recall = false, or train on device \"cpu\"",
+                  "DeepSeek-V4's indexer loss and recall (train.indexer_loss_weight = ", opt.indexer_loss_weight,
+                  opt.indexer_recall ? ", train.indexer_recall" : "", ") do not run on the ", b.name(),
+                  " backend yet: their KL terms are host code");
   be_ = &b;
   dparams_.reset(), dgrads_.reset(), drope_.reset(), dparams_bf16_.reset();
   rope_dev_ = {};

@@ -251,8 +251,8 @@ class Model {
   // check_backend, then b; on a device backend, the device copies of P() (as it is now) and of
   // zero gradients.
   void use_backend(kern::Backend& b);
-  // A UserError unless a model of cfg can compute on b: on a backend the host cannot address, only
-  // DeepSeek-V3-family models (not V4) for now.
+  // A UserError unless a model of cfg can compute on b: on a backend the host cannot address,
+  // DeepSeek-V3-family models and DeepSeek-V4 (not V3.2) for now.
   static void check_backend(const kern::Backend& b, const ModelConfig& cfg);
   bool on_device() const { return !be_->host_addressable(); }
   // The slabs the step computes on: the backend's copies (the host's on the CPU backend).
@@ -275,6 +275,8 @@ class Model {
   LossParts run_v4(const Batch& b, float grad_scale, bool backward, const StageIO* io);  // model/model_v4.cpp
   int64_t stage_end() const { return stage_.l1 < 0 ? cfg.num_hidden_layers : stage_.l1; }
   void v4_tables(int64_t T);            // main / compress RoPE tables for positions [0, T)
+  // Where the step reads them: [0] main, [1] compress (the backend's copies on a device).
+  void v4_device_tables(const float* cos[2], const float* sin[2]) const;
   void init_random_v4(uint64_t seed);
  public:
   // Calls gen(entry, dst) for every tensor in the order of the whole model's layout, entry being

@@ -82,14 +82,25 @@ HcSaved hc_alloc(StackArena& A, int64_t N, int64_t n, int64_t d) {
 }  // namespace
 
 void Model::v4_tables(int64_t T) {
-  if ((int64_t)v4_cos_[0].size() >= T * (cfg.qk_rope_head_dim / 2) && !v4_cos_[0].empty()) return;
-  const int64_t half = cfg.qk_rope_head_dim / 2;
-  const kern::RopeParams rp[2] = {v4_rope(cfg, cfg.rope_theta, cfg.rope_scaling),
-                                  v4_rope(cfg, cfg.v4.compress_rope_theta, cfg.v4.compress_rope)};
-  for (int k = 0; k < 2; ++k) {
-    v4_cos_[k].assign(T * half, 0.f);
-    v4_sin_[k].assign(T * half, 0.f);
-    kern::rope_tables(rp[k], T, v4_cos_[k].data(), v4_sin_[k].data());
+  if ((int64_t)v4_cos_[0].size() < T * (cfg.qk_rope_head_dim / 2) || v4_cos_[0].empty()) {
+    const int64_t half = cfg.qk_rope_head_dim / 2;
+    const kern::RopeParams rp[2] = {v4_rope(cfg, cfg.rope_theta, cfg.rope_scaling),
+                                    v4_rope(cfg, cfg.v4.compress_rope_theta, cfg.v4.compress_rope)};
+    for (int k = 0; k < 2; ++k) {
+      v4_cos_[k].assign(T * half, 0.f);
+      v4_sin_[k].assign(T * half, 0.f);
+      kern::rope_tables(rp[k], T, v4_cos_[k].data(), v4_sin_[k].data());
+    }
+  }
+  // On a device: the four tables [main cos | main sin | compress cos | compress sin] in drope_,
+  // sent again whenever they grew (or the backend changed: use_backend empties drope_).
+  const size_t sz = v4_cos_[0].size();
+  if (on_device() && drope_.size() != 4 * sz) {
+    drope_ = kern::DeviceBuffer<float>(*be_, 4 * sz);
+    for (int k = 0; k < 2; ++k) {
+      be_->to_device(drope_.get() + 2 * k * sz, v4_cos_[k].data(), sz * sizeof(float));
+      be_->to_device(drope_.get() + (2 * k + 1) * sz, v4_sin_[k].data(), sz * sizeof(float));
+    }
   }
 }
 
@@ -124,12 +135,12 @@ struct Env {
   const ParamLayout& L;
   const Batch& b;
   Ctx ctx;
-  const float* P;
-  float* G;  // null: forward only
+  const float* P;  // the backend's slabs (Model::dev_P ...)
+  float* G;        // null: forward only
   const bf16* Pb;
-  float* buffers;
-  const std::vector<float>* cos;  // [2] main, compress
-  const std::vector<float>* sin;
+  float* buffers;  // host: the hash tables and router biases
+  const float* const* cos;  // [2] main, compress RoPE tables (backend memory)
+  const float* const* sin;
   ExpertLoad* load;
   kern::HcShape hs;
   double aux_alpha;
@@ -144,13 +155,15 @@ struct Env {
   bool ix_loss = false, ix_dense = false;
   float ix_grad = 0.f;
   double *ix_sum = nullptr, *ix_recall = nullptr;
+  const int32_t* seg = nullptr;        // the batch's documents [B, T] in backend memory (or null)
+  const float* dbuf = nullptr;         // buffers in backend memory (the router biases); null: buffers
   int64_t N() const { return sh.rows; }  // token rows of every per-token array here
 };
 
 V4AttnIn attn_in(const Env& e, int64_t l) {
   const bool main = e.c.v4.attn[l] == AttnKind::Sliding;
-  V4AttnIn in{&e.c, &e.L.v4[l], l, e.P, e.Pb, e.G, e.cos[main ? 0 : 1].data(), e.sin[main ? 0 : 1].data(),
-              e.cos[1].data(), e.sin[1].data(), e.b.seg, e.b.B, e.b.T,
+  V4AttnIn in{&e.c, &e.L.v4[l], l, e.P, e.Pb, e.G, e.cos[main ? 0 : 1], e.sin[main ? 0 : 1],
+              e.cos[1], e.sin[1], e.seg, e.b.B, e.b.T,
               e.model ? e.model->tensor_parallel().slice : TpSlice{}};
   in.ix_loss = e.ix_loss, in.ix_dense = e.ix_dense, in.ix_grad = e.ix_grad;
   return in;
@@ -158,9 +171,10 @@ V4AttnIn attn_in(const Env& e, int64_t l) {
 
 MoeIn moe_in(const Env& e, int64_t l) {
   const LayerParams& lp = e.L.layers[l];
-  MoeIn mi{&e.c, &lp, e.P, e.Pb, e.G, lp.bias >= 0 ? e.buffers + lp.bias : nullptr, e.b.B, e.b.T, e.aux_alpha,
+  const float* bufs = e.dbuf ? e.dbuf : e.buffers;
+  MoeIn mi{&e.c, &lp, e.P, e.Pb, e.G, lp.bias >= 0 ? bufs + lp.bias : nullptr, e.b.B, e.b.T, e.aux_alpha,
            e.grad_scale};
-  mi.hash_idx = e.hash_idx[l];
+  mi.hash_idx = e.hash_idx[l];  // host memory (MoeIn)
   mi.swiglu_limit = (float)e.c.v4.swiglu_limit;
   mi.dispatcher = e.dispatcher;
   mi.slab_first = e.slab_first;
@@ -183,8 +197,8 @@ float* layer_forward(Env& e, int64_t l, float* X, V4LayerSaved& s, double* aux) 
   const float* P = e.P;
   s.X_in = X;
   s.ha = hc_alloc(A, N, n, d);
-  kern::hc_pre_fwd(e.hs, X, P + q.attn_hc_fn, P + q.attn_hc_base, P + q.attn_hc_scale, s.ha.y, s.ha.post, s.ha.comb,
-                   s.ha.mix, s.ha.rstd);
+  e.ctx.k().hc_pre_fwd(e.hs, X, P + q.attn_hc_fn, P + q.attn_hc_base, P + q.attn_hc_scale, s.ha.y, s.ha.post,
+                       s.ha.comb, s.ha.mix, s.ha.rstd);
   s.n1 = A.alloc<float>(N * d);
   s.rstd1 = A.alloc<float>(N);
   e.ctx.k().rmsnorm_fwd(s.ha.y, N, d, P + lp.in_norm, eps, s.n1, s.rstd1);
@@ -202,10 +216,10 @@ float* layer_forward(Env& e, int64_t l, float* X, V4LayerSaved& s, double* aux) 
   }
   if (aux && e.ix_sum && e.c.v4.attn[l] == AttnKind::CSA) *e.ix_sum += s.att.ix_loss, *e.ix_recall += s.att.ix_recall;
   s.X_mid = A.alloc<float>(N * n * d);
-  kern::hc_post_fwd(e.hs, X, s.a, s.ha.post, s.ha.comb, s.X_mid);
+  e.ctx.k().hc_post_fwd(e.hs, X, s.a, s.ha.post, s.ha.comb, s.X_mid);
   s.hf = hc_alloc(A, N, n, d);
-  kern::hc_pre_fwd(e.hs, s.X_mid, P + q.ffn_hc_fn, P + q.ffn_hc_base, P + q.ffn_hc_scale, s.hf.y, s.hf.post, s.hf.comb,
-                   s.hf.mix, s.hf.rstd);
+  e.ctx.k().hc_pre_fwd(e.hs, s.X_mid, P + q.ffn_hc_fn, P + q.ffn_hc_base, P + q.ffn_hc_scale, s.hf.y, s.hf.post,
+                       s.hf.comb, s.hf.mix, s.hf.rstd);
   s.n2 = A.alloc<float>(N * d);
   s.rstd2 = A.alloc<float>(N);
   e.ctx.k().rmsnorm_fwd(s.hf.y, N, d, P + lp.post_norm, eps, s.n2, s.rstd2);
@@ -216,26 +230,43 @@ float* layer_forward(Env& e, int64_t l, float* X, V4LayerSaved& s, double* aux) 
     if (aux) *aux += a;
   }
   float* out = A.alloc<float>(N * n * d);
-  kern::hc_post_fwd(e.hs, s.X_mid, s.f, s.hf.post, s.hf.comb, out);
+  e.ctx.k().hc_post_fwd(e.hs, s.X_mid, s.f, s.hf.post, s.hf.comb, out);
   return out;
 }
 
-// The embedding rows of ids [N] copied into every stream: -> X [N, n, d] (arena).
-float* embed_streams(StackArena& A, const float* E, const int32_t* ids, int64_t N, int64_t n, int64_t d) {
+// Row r of [N, n, d] streams <- row r / n (or, with ids, token ids[r / n]) of a [., d] table:
+// ids [N] host -> [N n] backend memory, from the host scratch (arena on the CPU: release it).
+const int32_t* stream_rows(const Ctx& c, const int32_t* ids, int64_t N, int64_t n) {
+  int32_t* r = c.host_ws().alloc<int32_t>(N * n);
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t k = 0; k < n; ++k) r[i * n + k] = ids ? ids[i] : (int32_t)i;
+  return c.device(r, N * n);
+}
+
+// The embedding rows of ids [N] (host) copied into every stream: -> X [N, n, d] (arena).
+float* embed_streams(const Ctx& c, const float* E, const int32_t* ids, int64_t N, int64_t n, int64_t d) {
+  StackArena& A = *c.ws;
   float* X = A.alloc<float>(N * n * d);
-  parallel_for(N, 64, [&](int64_t s, int64_t t) {
-    for (int64_t i = s; i < t; ++i)
-      for (int64_t k = 0; k < n; ++k) std::memcpy(X + (i * n + k) * d, E + (int64_t)ids[i] * d, d * 4);
-  });
+  const auto mk = A.mark();
+  c.k().gather_rows(E, stream_rows(c, ids, N, n), N * n, d, X);
+  A.release(mk);
   return X;
 }
 
-// Hash routing: the experts of each token of the main layers (MTP blocks route by top-k).
+// dE[ids[i]] += g[i, k] for i < N, k < n, in that order (ids host, g [N, n, d]).
+void embed_backward(const Ctx& c, float* dE, const int32_t* ids, const float* g, int64_t N, int64_t n, int64_t d) {
+  const auto mk = c.ws->mark();
+  c.k().scatter_add_rows(g, stream_rows(c, ids, N, n), N * n, d, dE);
+  c.ws->release(mk);
+}
+
+// Hash routing: the experts of each token of the main layers (MTP blocks route by top-k), in
+// host memory (MoeIn::hash_idx).
 void hash_routes(Env& e, const ParamLayout& L, const float* buffers, const int32_t* ids) {
   const int64_t N = e.N(), K = e.c.num_experts_per_tok;
   for (int64_t l = 0; l < e.c.num_hidden_layers; ++l) {
     if (L.v4[l].tid2eid < 0) continue;
-    e.hash_idx[l] = e.ctx.ws->alloc<int32_t>(N * K);
+    e.hash_idx[l] = e.ctx.host_ws().alloc<int32_t>(N * K);
     const float* tab = buffers + L.v4[l].tid2eid;
     for (int64_t i = 0; i < N; ++i)
       for (int64_t k = 0; k < K; ++k) e.hash_idx[l][i * K + k] = (int32_t)tab[(int64_t)ids[i] * K + k];
@@ -254,15 +285,16 @@ void layer_backward(Env& e, int64_t l, V4LayerSaved& s, float* dX, const BwdScra
   const V4LayerParams& q = e.L.v4[l];
   const float* P = e.P;
   float* G = e.G;
-  kern::hc_post_bwd(e.hs, s.X_mid, s.f, s.hf.post, s.hf.comb, dX, w.dX2, w.df, w.dpost, w.dcomb);
+  e.ctx.k().hc_post_bwd(e.hs, s.X_mid, s.f, s.hf.post, s.hf.comb, dX, w.dX2, w.df, w.dpost, w.dcomb);
   {
     ProfScope ps(e.ctx.prof, "bwd.moe");
     moe_backward(e.ctx, moe_in(e, l), s.moe, w.df, w.dnorm);
   }
   e.ctx.k().rmsnorm_bwd(w.dnorm, s.hf.y, N, d, P + lp.post_norm, s.rstd2, w.dy, G + lp.post_norm);
-  kern::hc_pre_bwd(e.hs, s.X_mid, P + q.ffn_hc_fn, P + q.ffn_hc_base, P + q.ffn_hc_scale, s.hf.mix, s.hf.rstd, w.dy,
-                   w.dpost, w.dcomb, w.dX2, G + q.ffn_hc_fn, G + q.ffn_hc_base, G + q.ffn_hc_scale, w.hc_work);
-  kern::hc_post_bwd(e.hs, s.X_in, s.a, s.ha.post, s.ha.comb, w.dX2, dX, w.df, w.dpost, w.dcomb);
+  e.ctx.k().hc_pre_bwd(e.hs, s.X_mid, P + q.ffn_hc_fn, P + q.ffn_hc_base, P + q.ffn_hc_scale, s.hf.mix, s.hf.rstd,
+                       w.dy, w.dpost, w.dcomb, w.dX2, G + q.ffn_hc_fn, G + q.ffn_hc_base, G + q.ffn_hc_scale,
+                       w.hc_work);
+  e.ctx.k().hc_post_bwd(e.hs, s.X_in, s.a, s.ha.post, s.ha.comb, w.dX2, dX, w.df, w.dpost, w.dcomb);
   {
     ProfScope ps(e.ctx.prof, "bwd.attn");
     if (e.model) {
@@ -275,8 +307,9 @@ void layer_backward(Env& e, int64_t l, V4LayerSaved& s, float* dX, const BwdScra
     }
   }
   e.ctx.k().rmsnorm_bwd(w.dnorm, s.ha.y, N, d, P + lp.in_norm, s.rstd1, w.dy, G + lp.in_norm);
-  kern::hc_pre_bwd(e.hs, s.X_in, P + q.attn_hc_fn, P + q.attn_hc_base, P + q.attn_hc_scale, s.ha.mix, s.ha.rstd, w.dy,
-                   w.dpost, w.dcomb, dX, G + q.attn_hc_fn, G + q.attn_hc_base, G + q.attn_hc_scale, w.hc_work);
+  e.ctx.k().hc_pre_bwd(e.hs, s.X_in, P + q.attn_hc_fn, P + q.attn_hc_base, P + q.attn_hc_scale, s.ha.mix,
+                       s.ha.rstd, w.dy, w.dpost, w.dcomb, dX, G + q.attn_hc_fn, G + q.attn_hc_base,
+                       G + q.attn_hc_scale, w.hc_work);
 }
 
 // A head: hc_head collapse, final norm, LM head fused with cross-entropy (its backward to dhf
@@ -293,7 +326,7 @@ double head_forward(Env& e, Head& h, const int32_t* targets, float ce_scale, ker
   h.yh = A.alloc<float>(N * d);
   h.mix = A.alloc<float>(N * n);
   h.rstdh = A.alloc<float>(N);
-  kern::hc_head_fwd(e.hs, h.X, e.P + h.fn, e.P + h.base, e.P + h.scale, h.yh, h.mix, h.rstdh);
+  e.ctx.k().hc_head_fwd(e.hs, h.X, e.P + h.fn, e.P + h.base, e.P + h.scale, h.yh, h.mix, h.rstdh);
   float* hf = A.alloc<float>(N * d);
   h.rstdf = A.alloc<float>(N);
   e.ctx.k().rmsnorm_fwd(h.yh, N, d, e.P + h.norm, (float)e.c.rms_norm_eps, hf, h.rstdf);
@@ -305,7 +338,7 @@ double head_forward(Env& e, Head& h, const int32_t* targets, float ce_scale, ker
   ce.W = e.P + e.L.head;
   if (prec == kern::Prec::BF16) {
     bf16* hb = A.alloc<bf16>(N * d);
-    to_bf16(hf, hb, N * d);
+    e.ctx.k().to_bf16(hf, d, N, d, hb);
     ce.h_b = hb;
     ce.W_b = e.Pb + e.L.head;
   }
@@ -327,27 +360,15 @@ void head_backward(Env& e, const Head& h, float* dX) {
   float* dyh = A.alloc<float>(N * d);
   e.ctx.k().rmsnorm_bwd(h.dhf, h.yh, N, d, e.P + h.norm, h.rstdf, dyh, e.G + h.norm);
   float* work = A.alloc<float>(std::max<size_t>(kern::hc_head_bwd_workspace_floats(e.hs), 1));
-  kern::hc_head_bwd(e.hs, h.X, e.P + h.fn, e.P + h.base, e.P + h.scale, h.mix, h.rstdh, dyh, dX, e.G + h.fn,
-                    e.G + h.base, e.G + h.scale, work);
+  e.ctx.k().hc_head_bwd(e.hs, h.X, e.P + h.fn, e.P + h.base, e.P + h.scale, h.mix, h.rstdh, dyh, dX, e.G + h.fn,
+                        e.G + h.base, e.G + h.scale, work);
   A.release(mk);
-}
-
-// dE[ids[i]] += g[i] for i < N rows of d; columns split across threads (race-free, ordered).
-void embed_backward(float* dE, const int32_t* ids, const float* g, int64_t N, int64_t d, int64_t rows_per_token) {
-  parallel_for(d, 16, [&](int64_t c0, int64_t c1) {
-    for (int64_t i = 0; i < N; ++i) {
-      float* row = dE + (int64_t)ids[i] * d;
-      for (int64_t k = 0; k < rows_per_token; ++k) {
-        const float* gi = g + (i * rows_per_token + k) * d;
-        for (int64_t j = c0; j < c1; ++j) row[j] += gi[j];
-      }
-    }
-  });
 }
 
 // Saved state of one MTP depth.
 struct MtpSaved {
-  int32_t *ids, *tg;      // [N] shifted tokens and targets
+  int32_t *ids, *tg;      // [N] shifted tokens and targets (host)
+  const int32_t *ids_d, *tg_d;  // their copies in backend memory
   int64_t n_valid;
   float *e, *en, *e_rstd;  // [N, d] embedding rows, normed, rstd [N]
   float *hn, *h_rstd;      // [N*n, d] normed previous streams, rstd [N*n]
@@ -372,14 +393,20 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
   const float ix_grad = (float)(grad_scale * opt.indexer_loss_weight);
   if (opt.dense_warmup()) grad_scale = 0.f;
   acts.reset();
+  host_acts_.reset();
   StackArena& A = acts;
   v4_tables(T);
+  const float *rcos[2], *rsin[2];
+  v4_device_tables(rcos, rsin);
   // Sequence parallel: this rank's token rows [n0, n0 + Nl); everything else: all N of them.
   // Every per-token array below has Nl rows; the attention sees all N (tp_block_in / out).
   const SeqShard sh = seq_shard_of(N);
   const int64_t Nl = sh.rows, n0 = sh.n0;
-  Env e{c, layout, b, Ctx{prec, &acts, prof, be_}, P(), backward ? G() : nullptr, Pb(), buffers.data(), v4_cos_, v4_sin_,
-        &load_, kern::HcShape{Nl, (int)n, d, (int)v.hc_sinkhorn_iters, (float)v.hc_eps, (float)c.rms_norm_eps},
+  // Parameters, gradients and activations in the backend's memory; the host keeps the batch, the
+  // positions, the hash routes and the MTP's shifted tokens (Ctx::host / device move them).
+  Env e{c, layout, b, Ctx{prec, &acts, prof, be_, be_->host_addressable() ? nullptr : &host_acts_}, dev_P(),
+        backward ? dev_G() : nullptr, dev_Pb(), buffers.data(), rcos, rsin, &load_,
+        kern::HcShape{Nl, (int)n, d, (int)v.hc_sinkhorn_iters, (float)v.hc_eps, (float)c.rms_norm_eps},
         opt.aux_loss_alpha, grad_scale, std::vector<int32_t*>(layout.layers.size(), nullptr)};
   e.dispatcher = &moe_dispatcher();
   e.slab_first = ep_.slab_first;
@@ -388,6 +415,10 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
   LossParts out;
   e.ix_loss = opt.indexer_metrics(), e.ix_dense = opt.dense_warmup(), e.ix_grad = ix_grad;
   e.ix_sum = &out.indexer, e.ix_recall = &out.indexer_recall;
+  e.seg = b.seg ? e.ctx.device(b.seg, N) : nullptr;
+  // The router biases in the backend's memory (one copy per step; they change between steps).
+  if (!buffers.empty()) e.dbuf = e.ctx.device(buffers.data(), (int64_t)buffers.size());
+  const Ctx& cx = e.ctx;
   const float* P = e.P;
   float* G = e.G;
 
@@ -397,10 +428,10 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
   float* X;  // [N, n, d] (pipeline stages after the first: the previous stage's output)
   if (st.first) {
     need(kGradGroupEmbed);
-    X = embed_streams(A, P + layout.embed, b.input_ids + n0, Nl, n, d);
+    X = embed_streams(cx, P + layout.embed, b.input_ids + n0, Nl, n, d);
   } else {
     X = A.alloc<float>(Nl * n * d);
-    std::memcpy(X, io->x_in, Nl * n * d * sizeof(float));
+    be_->to_device(X, io->x_in, Nl * n * d * sizeof(float));
   }
   hash_routes(e, layout, buffers.data(), b.input_ids + n0);
 
@@ -417,7 +448,7 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
     if (!replay) return layer_forward(e, l, Xin, s, aux);
     float* kept = A.alloc<float>(Nl * n * d);
     const auto mk = A.mark();
-    std::memcpy(kept, layer_forward(e, l, Xin, s, aux), Nl * n * d * sizeof(float));
+    cx.k().copy(kept, layer_forward(e, l, Xin, s, aux), Nl * n * d * sizeof(float));
     A.release(mk);
     return kept;
   };
@@ -456,30 +487,31 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
       if (grad_ready) grad_ready(l);
     }
     if (!st.first) {
-      std::memcpy(io->dx_in, dX, Nl * n * d * sizeof(float));
+      be_->to_host(io->dx_in, dX, Nl * n * d * sizeof(float));
       if (grad_ready && owns_grad_group(kGradGroupEmbed)) grad_ready(kGradGroupEmbed);  // MTP / tied head
       return;
     }
-    embed_backward(G + layout.embed, b.input_ids + n0, dX, Nl, d, n);
+    embed_backward(cx, G + layout.embed, b.input_ids + n0, dX, Nl, n, d);
     if (grad_ready) grad_ready(kGradGroupEmbed);
   };
   const double indexer_part = opt.indexer_loss_weight * out.indexer;  // the loss's indexer term
   out.loss = out.aux + indexer_part;
   if (!st.last) {  // a pipeline stage before the last: X goes to the next stage, dX comes back
     if (!backward) {
-      std::memcpy(io->x_out, X, Nl * n * d * sizeof(float));
+      be_->to_host(io->x_out, X, Nl * n * d * sizeof(float));
       return out;
     }
     alloc_scratch();
     float* dX = A.alloc<float>(Nl * n * d);
-    std::memcpy(dX, io->dy, Nl * n * d * sizeof(float));
+    be_->to_device(dX, io->dy, Nl * n * d * sizeof(float));
     layers_backward(dX);
     return out;
   }
   need(kGradGroupHead);
   if (layout.head == layout.embed || D > 0) need(kGradGroupEmbed);  // tied head; MTP reads the embedding
   Head hm{layout.hc_head_fn, layout.hc_head_base, layout.hc_head_scale, layout.final_norm, X};
-  const double ce_sum = head_forward(e, hm, b.targets + n0, n_valid ? grad_scale / (float)n_valid : 0.f, prec);
+  const double ce_sum =
+      head_forward(e, hm, cx.device(b.targets + n0, Nl), n_valid ? grad_scale / (float)n_valid : 0.f, prec);
   out.ce = n_valid ? ce_sum / (double)n_valid : 0.0;
 
   // MTP depths.
@@ -499,8 +531,8 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
       *id = ok ? b.input_ids[j] : b.input_ids[i];
       *tg = ok ? b.targets[j] : -100;
     };
-    m.ids = A.alloc<int32_t>(Nl);
-    m.tg = A.alloc<int32_t>(Nl);
+    m.ids = cx.host_ws().alloc<int32_t>(Nl);
+    m.tg = cx.host_ws().alloc<int32_t>(Nl);
     m.n_valid = 0;
     for (int64_t i = 0; i < N; ++i) {
       int32_t id, tg;
@@ -508,9 +540,10 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
       m.n_valid += tg != -100;
       if (i >= n0 && i < n0 + Nl) m.ids[i - n0] = id, m.tg[i - n0] = tg;
     }
+    m.ids_d = cx.device(m.ids, Nl), m.tg_d = cx.device(m.tg, Nl);
     const float eps = (float)c.rms_norm_eps;
     m.e = A.alloc<float>(Nl * d);
-    for (int64_t i = 0; i < Nl; ++i) std::memcpy(m.e + i * d, P + layout.embed + (int64_t)m.ids[i] * d, d * 4);
+    cx.k().gather_rows(P + layout.embed, m.ids_d, Nl, d, m.e);
     m.en = A.alloc<float>(Nl * d);
     m.e_rstd = A.alloc<float>(Nl);
     e.ctx.k().rmsnorm_fwd(m.e, Nl, d, P + t.enorm, eps, m.en, m.e_rstd);
@@ -518,18 +551,20 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
     m.h_rstd = A.alloc<float>(Nl * n);
     e.ctx.k().rmsnorm_fwd(Xprev, Nl * n, d, P + t.hnorm, eps, m.hn, m.h_rstd);
     m.ep = A.alloc<float>(Nl * d);
-    linear_fwd(e.ctx, m.en, Nl, d, W{P + t.e_proj, Pb() ? Pb() + t.e_proj : nullptr}, d, m.ep);
+    linear_fwd(e.ctx, m.en, Nl, d, W{P + t.e_proj, e.Pb ? e.Pb + t.e_proj : nullptr}, d, m.ep);
     m.X = A.alloc<float>(Nl * n * d);
-    linear_fwd(e.ctx, m.hn, Nl * n, d, W{P + t.h_proj, Pb() ? Pb() + t.h_proj : nullptr}, d, m.X);
-    parallel_for(Nl, 16, [&](int64_t s0, int64_t s1) {
-      for (int64_t i = s0; i < s1; ++i)
-        for (int64_t r = 0; r < n; ++r)
-          for (int64_t j = 0; j < d; ++j) m.X[(i * n + r) * d + j] += m.ep[i * d + j];
-    });
+    linear_fwd(e.ctx, m.hn, Nl * n, d, W{P + t.h_proj, e.Pb ? e.Pb + t.h_proj : nullptr}, d, m.X);
+    {  // X[i, r] += ep[i] for every stream r
+      const auto mk = A.mark();
+      float* epn = A.alloc<float>(Nl * n * d);
+      cx.k().gather_rows(m.ep, stream_rows(cx, nullptr, Nl, n), Nl * n, d, epn);
+      cx.k().add(m.X, epn, Nl * n * d);
+      A.release(mk);
+    }
     float* Xk = forward_kept(l, m.X, m.layer);
     m.head = Head{t.hc_fn, t.hc_base, t.hc_scale, t.norm, Xk};
     const float sc = m.n_valid ? grad_scale * w_mtp / (float)D / (float)m.n_valid : 0.f;
-    const double s = head_forward(e, m.head, m.tg, sc, prec);
+    const double s = head_forward(e, m.head, m.tg_d, sc, prec);
     out.mtp += (m.n_valid ? s / (double)m.n_valid : 0.0) / (double)D;
     Xprev = Xk;
   }
@@ -539,27 +574,27 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
   // Backward.
   alloc_scratch();
   float* dX = A.alloc<float>(Nl * n * d);
-  float* dprev = D ? A.alloc_zero<float>(Nl * n * d) : nullptr;  // MTP's gradient into the streams below it
+  float* dprev = D ? A.alloc<float>(Nl * n * d) : nullptr;  // MTP's gradient into the streams below it
+  if (dprev) cx.k().zero(dprev, Nl * n * d * sizeof(float));
   for (int64_t k = D - 1; k >= 0; --k) {
     const V4MtpParams& t = layout.mtp[k];
     MtpSaved& m = ms[k];
     head_backward(e, m.head, dX);
-    if (dprev) for (int64_t i = 0; i < Nl * n * d; ++i) dX[i] += dprev[i];  // from depth k+1
+    if (dprev) cx.k().add(dX, dprev, Nl * n * d);  // from depth k+1
     backward_replayed(Lm + k, m.layer, dX, w);
     // X = h_proj(hn) + e_proj(en) broadcast over streams
     auto mk = A.mark();
     float* dhn = A.alloc<float>(Nl * n * d);
-    linear_bwd(e.ctx, dX, m.hn, Nl * n, d, W{P + t.h_proj, Pb() ? Pb() + t.h_proj : nullptr}, d, dhn, false,
+    linear_bwd(e.ctx, dX, m.hn, Nl * n, d, W{P + t.h_proj, e.Pb ? e.Pb + t.h_proj : nullptr}, d, dhn, false,
                G + t.h_proj);
-    float* dep = A.alloc_zero<float>(Nl * d);
-    for (int64_t i = 0; i < Nl; ++i)
-      for (int64_t r = 0; r < n; ++r)
-        for (int64_t j = 0; j < d; ++j) dep[i * d + j] += dX[(i * n + r) * d + j];
+    float* dep = A.alloc<float>(Nl * d);  // sum over the streams, in stream order
+    cx.k().sum_heads(dX, Nl, n, n * d, d, d, dep, d);
     float* den = A.alloc<float>(Nl * d);
-    linear_bwd(e.ctx, dep, m.en, Nl, d, W{P + t.e_proj, Pb() ? Pb() + t.e_proj : nullptr}, d, den, false, G + t.e_proj);
+    linear_bwd(e.ctx, dep, m.en, Nl, d, W{P + t.e_proj, e.Pb ? e.Pb + t.e_proj : nullptr}, d, den, false,
+               G + t.e_proj);
     float* de = A.alloc<float>(Nl * d);
     e.ctx.k().rmsnorm_bwd(den, m.e, Nl, d, P + t.enorm, m.e_rstd, de, G + t.enorm);
-    embed_backward(G + layout.embed, m.ids, de, Nl, d, 1);
+    embed_backward(cx, G + layout.embed, m.ids, de, Nl, 1, d);
     const float* Xp = k ? ms[k - 1].head.X : X;
     e.ctx.k().rmsnorm_bwd(dhn, Xp, Nl * n, d, P + t.hnorm, m.h_rstd, dprev, G + t.hnorm);
     A.release(mk);
@@ -567,13 +602,14 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
   }
   head_backward(e, hm, dX);
   if (grad_ready) grad_ready(kGradGroupHead);
-  if (dprev) for (int64_t i = 0; i < Nl * n * d; ++i) dX[i] += dprev[i];
+  if (dprev) cx.k().add(dX, dprev, Nl * n * d);
   layers_backward(dX);
   return out;
 }
 
 void Model::v4_last_logits(const int32_t* ids, int64_t T, float* logits) {
   TREX_CHECK(cfg.is_v4() && T > 0, "v4_last_logits: a DeepSeek-V4 model and T > 0");
+  refuse_on_device("DeepSeek-V4's uncached forward of one row (generation's reference)");
   const ModelConfig& c = cfg;
   const V4Config& v = c.v4;
   const int64_t d = c.hidden_size, n = v.hc_mult, V = c.vocab_size;
@@ -584,12 +620,14 @@ void Model::v4_last_logits(const int32_t* ids, int64_t T, float* logits) {
   StackArena& A = acts;
   v4_tables(T);
   const Batch b{1, T, ids, nullptr, nullptr, nullptr};
-  Env e{c, layout, b, Ctx{prec, &acts, prof, be_}, P(), nullptr, Pb(), buffers.data(), v4_cos_, v4_sin_, &load_,
+  const float* rcos[2] = {v4_cos_[0].data(), v4_cos_[1].data()};
+  const float* rsin[2] = {v4_sin_[0].data(), v4_sin_[1].data()};
+  Env e{c, layout, b, Ctx{prec, &acts, prof, be_}, P(), nullptr, Pb(), buffers.data(), rcos, rsin, &load_,
         kern::HcShape{T, (int)n, d, (int)v.hc_sinkhorn_iters, (float)v.hc_eps, (float)c.rms_norm_eps},
         opt.aux_loss_alpha, 0.f, std::vector<int32_t*>(layout.layers.size(), nullptr)};
   e.sh = seq_shard(T, 0, 1);  // one row, every token here (no tensor parallelism)
   e.dispatcher = &moe_dispatcher();
-  float* X = embed_streams(A, P() + layout.embed, ids, T, n, d);
+  float* X = embed_streams(e.ctx, P() + layout.embed, ids, T, n, d);
   hash_routes(e, layout, buffers.data(), ids);
   std::vector<V4LayerSaved> sv(c.num_hidden_layers);
   double aux = 0;
@@ -610,6 +648,14 @@ void Model::v4_last_logits(const int32_t* ids, int64_t T, float* logits) {
     e.ctx.k().gemm(kern::Prec::BF16, kern::Prec::BF16, false, true, 1, V, d, 1.f, hb, d, Pb() + layout.head, d, 0.f, logits, V);
   } else {
     e.ctx.k().gemm(kern::Prec::F32, kern::Prec::F32, false, true, 1, V, d, 1.f, hf, d, P() + layout.head, d, 0.f, logits, V);
+  }
+}
+
+void Model::v4_device_tables(const float* cos[2], const float* sin[2]) const {
+  const size_t sz = v4_cos_[0].size();
+  for (int k = 0; k < 2; ++k) {
+    cos[k] = on_device() ? drope_.get() + 2 * k * sz : v4_cos_[k].data();
+    sin[k] = on_device() ? drope_.get() + (2 * k + 1) * sz : v4_sin_[k].data();
   }
 }
 

@@ -39,15 +39,24 @@ Slice local_slice(const V4AttnIn& in) {
 }
 
 // RoPE on the last rd dims of each of H heads of hd: x [N, H, hd].
-void rope_heads(float* x, int64_t N, int H, int64_t hd, int64_t rd, const int32_t* pos, const float* cos,
-                const float* sin, bool inverse) {
-  kern::rope_apply(x + (hd - rd), N, H, H * hd, hd, (int)rd, pos, cos, sin, kern::RopeLayout::Interleaved, inverse);
+void rope_heads(const Ctx& c, float* x, int64_t N, int H, int64_t hd, int64_t rd, const int32_t* pos,
+                const float* cos, const float* sin, bool inverse) {
+  c.k().rope_apply(x + (hd - rd), N, H, H * hd, hd, (int)rd, pos, cos, sin, kern::RopeLayout::Interleaved, inverse);
 }
 
-float* ones(StackArena& A, int64_t n) {
-  float* o = A.alloc<float>(n);
+// n ones (the unweighted RMSNorm's weight) in backend memory.
+float* ones(const Ctx& c, int64_t n) {
+  float* o = c.host_ws().alloc<float>(n);
   for (int64_t i = 0; i < n; ++i) o[i] = 1.f;
-  return o;
+  return c.device(o, n);
+}
+
+// Positions: token i of its row at i % T [B T]; with m > 0, entry e of its row at (e % nw) m
+// [max(B nw, 1)] instead. Backend memory (computed on the host).
+int32_t* positions(const Ctx& c, int64_t n, int64_t T, int64_t nw, int64_t m) {
+  int32_t* p = c.host_ws().alloc<int32_t>(n);
+  for (int64_t i = 0; i < n; ++i) p[i] = (int32_t)(m ? (nw ? (i % nw) * m : 0) : i % T);
+  return c.device(p, n);
 }
 
 // Grouped low-rank projection: Y[:, g*olr : (g+1)*olr] = X[:, g*Dg : (g+1)*Dg] @ W_g^T with
@@ -66,7 +75,7 @@ void grouped_fwd(const Ctx& c, const Grouped& g, const float* X, W w, float* Y) 
   for (int64_t k = 0; k < g.G; ++k)
     gg.push_back({(const char*)x + k * g.Dg * es, wb + k * g.olr * g.Dg * es, Y + k * g.olr, g.N, g.olr, g.Dg,
                   g.G * g.Dg, g.Dg, g.G * g.olr});
-  kern::grouped_gemm(bf ? kern::Prec::BF16 : kern::Prec::F32, false, true, 1.f, 0.f, gg.data(), (int)gg.size());
+  c.k().grouped_gemm(bf ? kern::Prec::BF16 : kern::Prec::F32, false, true, 1.f, 0.f, gg.data(), (int)gg.size());
   c.ws->release(mk);
 }
 
@@ -82,20 +91,17 @@ void grouped_bwd(const Ctx& c, const Grouped& g, const float* X, W w, const floa
   for (int64_t k = 0; k < g.G; ++k)
     gg.push_back({(const char*)dy + k * g.olr * es, wb + k * g.olr * g.Dg * es, dX + k * g.Dg, g.N, g.Dg, g.olr,
                   g.G * g.olr, g.Dg, g.G * g.Dg});
-  kern::grouped_gemm(pr, false, false, 1.f, 0.f, gg.data(), (int)gg.size());
+  c.k().grouped_gemm(pr, false, false, 1.f, 0.f, gg.data(), (int)gg.size());
   if (dW) {
     const void* x = bf ? gemm_input(c, X, g.N * g.G * g.Dg) : (const void*)X;
     gg.clear();
     for (int64_t k = 0; k < g.G; ++k)
       gg.push_back({(const char*)dy + k * g.olr * es, (const char*)x + k * g.Dg * es, dW + k * g.olr * g.Dg, g.olr,
                     g.Dg, g.N, g.G * g.olr, g.G * g.Dg, g.Dg});
-    kern::grouped_gemm(pr, true, false, 1.f, 1.f, gg.data(), (int)gg.size());
+    c.k().grouped_gemm(pr, true, false, 1.f, 1.f, gg.data(), (int)gg.size());
   }
   c.ws->release(mk);
 }
-
-// First token of the window that compressed entry w covers (CSA windows overlap the previous one).
-int64_t window_start(AttnKind k, int64_t w, int64_t m) { return k == AttnKind::CSA ? std::max<int64_t>(0, (w - 1) * m) : w * m; }
 
 }  // namespace
 
@@ -113,8 +119,7 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   StackArena& A = *c.ws;
   s.x = x;
 
-  int32_t* tpos = A.alloc<int32_t>(N);
-  for (int64_t i = 0; i < N; ++i) tpos[i] = (int32_t)(i % T);
+  const int32_t* tpos = positions(c, N, T, 0, 0);
 
   // Query path.
   s.qa = A.alloc<float>(N * qr);
@@ -128,10 +133,10 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   linear_fwd(c, s.qres, N, qr, wt(in, p.q_b + sl.sh0 * hd * qr), H * hd, s.qb);
   {
     auto mk = A.mark();
-    c.k().rmsnorm_fwd(s.qb, N * H, hd, ones(A, hd), eps, s.Q, s.q_rstd);
+    c.k().rmsnorm_fwd(s.qb, N * H, hd, ones(c, hd), eps, s.Q, s.q_rstd);
     A.release(mk);
   }
-  rope_heads(s.Q, N, (int)H, hd, rd, tpos, in.cos, in.sin, false);
+  rope_heads(c, s.Q, N, (int)H, hd, rd, tpos, in.cos, in.sin, false);
 
   // Sliding key/value rows, then compressed entries.
   s.nw = kind == AttnKind::Sliding ? 0 : T / m;
@@ -142,9 +147,8 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   s.kv_rstd = A.alloc<float>(N);
   linear_fwd(c, x, N, d, wt(in, p.kv), hd, s.kvp);
   c.k().rmsnorm_fwd(s.kvp, N, hd, in.P + p.kv_norm, eps, s.KV, s.kv_rstd);
-  rope_heads(s.KV, N, 1, hd, rd, tpos, in.cos, in.sin, false);
-  int32_t* cpos = A.alloc<int32_t>(std::max<int64_t>(B * nw, 1));
-  for (int64_t i = 0; i < B * nw; ++i) cpos[i] = (int32_t)((i % nw) * m);
+  rope_heads(c, s.KV, N, 1, hd, rd, tpos, in.cos, in.sin, false);
+  const int32_t* cpos = positions(c, std::max<int64_t>(B * nw, 1), T, nw, m);
   if (kind != AttnKind::Sliding) {
     const int cc = kind == AttnKind::CSA ? 2 : 1;
     s.ckv = A.alloc<float>(N * cc * hd);
@@ -155,10 +159,10 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
     s.c_rstd = A.alloc<float>(std::max<int64_t>(B * nw, 1));
     if (nw > 0) {
       ProfScope ps(c.prof, "fwd.attn.compress_pool");
-      kern::compress_pool_fwd(B, T, m, hd, cc, s.ckv, s.cgate, in.P + p.c_pb, s.cpool);
+      c.k().compress_pool_fwd(B, T, m, hd, cc, s.ckv, s.cgate, in.P + p.c_pb, s.cpool);
       float* C = s.KV + N * hd;
       c.k().rmsnorm_fwd(s.cpool, B * nw, hd, in.P + p.c_norm, eps, C, s.c_rstd);
-      rope_heads(C, B * nw, 1, hd, rd, cpos, in.ccos, in.csin, false);
+      rope_heads(c, C, B * nw, 1, hd, rd, cpos, in.ccos, in.csin, false);
     }
   }
 
@@ -171,38 +175,20 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
     sel = A.alloc<int32_t>(N * topk);
     v4_index_select(c, in, x, s.qres, nw, cnt, sel);
   }
-  auto same_doc = [&](int64_t b, int64_t t, int64_t u) { return !in.seg || in.seg[b * T + u] == in.seg[b * T + t]; };
-  auto for_keys = [&](int64_t i, auto&& f) {
-    const int64_t b = i / T, t = i % T;
-    for (int64_t u = std::max<int64_t>(0, t - W + 1); u <= t; ++u)
-      if (same_doc(b, t, u)) f((int32_t)(b * T + u));
-    if (kind == AttnKind::HCA) {
-      for (int64_t w = 0; w < std::min<int64_t>((t + 1) / m, nw); ++w)
-        if (same_doc(b, t, window_start(kind, w, m))) f((int32_t)(N + b * nw + w));
-    } else if (kind == AttnKind::CSA && in.ix_dense) {  // dense warm-up: every visible entry
-      for (int64_t w = 0; w < nw; ++w)
-        if (v4_entry_visible(in.seg, T, b, t, w, m, nw)) f((int32_t)(N + b * nw + w));
-    } else if (kind == AttnKind::CSA) {
-      for (int64_t k = 0; k < cnt[i]; ++k) {
-        const int64_t w = sel[i * topk + k];
-        if (same_doc(b, t, window_start(kind, w, m))) f((int32_t)(N + b * nw + w));
-      }
-    }
-  };
+  // The rows each query attends (kernels/v4_rows.h); the host reads back their total (one
+  // number) to size the list.
+  const kern::V4KeyShape ks{B, T, W, m, nw,
+                            kind == AttnKind::Sliding ? kern::V4Keys::Sliding
+                            : kind == AttnKind::HCA   ? kern::V4Keys::Hca
+                            : in.ix_dense             ? kern::V4Keys::CsaDense
+                                                      : kern::V4Keys::Csa,
+                            (int)topk};
   s.off = A.alloc<int64_t>(N + 1);
-  s.off[0] = 0;
-  for (int64_t i = 0; i < N; ++i) {
-    int64_t n = 0;
-    for_keys(i, [&](int32_t) { ++n; });
-    s.off[i + 1] = s.off[i] + n;
-  }
-  s.idx = A.alloc<int32_t>(std::max<int64_t>(s.off[N], 1));
-  parallel_for(N, 64, [&](int64_t b0, int64_t b1) {
-    for (int64_t i = b0; i < b1; ++i) {
-      int64_t k = s.off[i];
-      for_keys(i, [&](int32_t r) { s.idx[k++] = r; });
-    }
-  });
+  c.k().v4_key_offsets(ks, in.seg, cnt, sel, s.off);
+  int64_t n_rows = 0;
+  c.k().to_host(&n_rows, s.off + N, sizeof(int64_t));
+  s.idx = A.alloc<int32_t>(std::max<int64_t>(n_rows, 1));
+  c.k().v4_key_fill(ks, in.seg, cnt, sel, s.off, s.idx);
 
   // Attention with sinks, inverse RoPE, grouped output projection.
   s.O = A.alloc<float>(N * H * hd);
@@ -210,15 +196,15 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   kern::SparseAttnShape sh{N, (int)H, (int)hd, (float)std::pow((double)hd, -0.5), c.prec};
   {
     ProfScope ps(c.prof, "fwd.attn.core");
-    kern::sparse_attn_fwd(sh, s.Q, s.KV, s.M, s.off, s.idx, in.P + p.sinks + sl.sh0, s.O, s.lse);
+    c.k().sparse_attn_fwd(sh, s.Q, s.KV, s.M, s.off, s.idx, in.P + p.sinks + sl.sh0, s.O, s.lse);
   }
   if (kind == AttnKind::CSA && in.ix_loss) {
     ProfScope ps(c.prof, "fwd.attn.indexer_loss");
     v4_index_loss_forward(c, in, s, cnt, sel);
   }
   s.Or = A.alloc<float>(N * H * hd);
-  std::memcpy(s.Or, s.O, N * H * hd * sizeof(float));
-  rope_heads(s.Or, N, (int)H, hd, rd, tpos, in.cos, in.sin, true);
+  c.k().copy(s.Or, s.O, N * H * hd * sizeof(float));
+  rope_heads(c, s.Or, N, (int)H, hd, rd, tpos, in.cos, in.sin, true);
   // o_a [Gf olr, Hf hd / Gf] group-major: rows of the local groups; o_b [d, Gf olr]: their columns
   // (row-parallel, out is a partial sum).
   const int64_t olr = v.o_lora_rank, Dg = Hf * hd / Gf;
@@ -239,8 +225,7 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
   const int64_t qr = cf.q_lora_rank, rd = cf.qk_rope_head_dim, m = v.rate(in.layer), nw = s.nw;
   StackArena& A = *c.ws;
   auto mk = A.mark();
-  int32_t* tpos = A.alloc<int32_t>(N);
-  for (int64_t i = 0; i < N; ++i) tpos[i] = (int32_t)(i % T);
+  const int32_t* tpos = positions(c, N, T, 0, 0);
 
   // Output projections.
   const int64_t olr = v.o_lora_rank, Dg = Hf * hd / Gf, GO = G * olr;
@@ -250,23 +235,24 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
   float* dO = A.alloc<float>(N * H * hd);
   const Grouped g{N, G, Dg, olr};
   grouped_bwd(c, g, s.Or, wt(in, oa), dY, dO, gr(in, oa));
-  rope_heads(dO, N, (int)H, hd, rd, tpos, in.cos, in.sin, false);  // adjoint of the inverse rotation
+  rope_heads(c, dO, N, (int)H, hd, rd, tpos, in.cos, in.sin, false);  // adjoint of the inverse rotation
 
   // Attention.
   float* dQ = A.alloc<float>(N * H * hd);
-  float* dKV = A.alloc_zero<float>(s.M * hd);
+  float* dKV = A.alloc<float>(s.M * hd);
+  c.k().zero(dKV, s.M * hd * sizeof(float));
   kern::SparseAttnShape sh{N, (int)H, (int)hd, (float)std::pow((double)hd, -0.5), c.prec};
   {
     auto mw = A.mark();
     float* work = A.alloc<float>(std::max<size_t>(kern::sparse_attn_bwd_workspace_floats(sh, s.M), 1));
     ProfScope ps(c.prof, "bwd.attn.core");
-    kern::sparse_attn_bwd(sh, s.Q, s.KV, s.M, s.off, s.idx, in.P + p.sinks + sl.sh0, s.O, s.lse, dO, dQ, dKV,
+    c.k().sparse_attn_bwd(sh, s.Q, s.KV, s.M, s.off, s.idx, in.P + p.sinks + sl.sh0, s.O, s.lse, dO, dQ, dKV,
                           gr(in, p.sinks + sl.sh0), work);
     A.release(mw);
   }
 
   // Sliding KV rows -> kv_norm -> kv_proj.
-  rope_heads(dKV, N, 1, hd, rd, tpos, in.cos, in.sin, true);
+  rope_heads(c, dKV, N, 1, hd, rd, tpos, in.cos, in.sin, true);
   float* dkvp = A.alloc<float>(N * hd);
   c.k().rmsnorm_bwd(dKV, s.kvp, N, hd, in.P + p.kv_norm, s.kv_rstd, dkvp, gr(in, p.kv_norm));
   linear_bwd(c, dkvp, s.x, N, d, wt(in, p.kv), hd, dx, false, gr(in, p.kv));
@@ -274,20 +260,20 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
   // Compressed entries -> kv_norm -> pooling -> kv_proj / gate_proj.
   if (kind != AttnKind::Sliding && nw > 0) {
     const int cc = kind == AttnKind::CSA ? 2 : 1;
-    int32_t* cpos = A.alloc<int32_t>(B * nw);
-    for (int64_t i = 0; i < B * nw; ++i) cpos[i] = (int32_t)((i % nw) * m);
+    const int32_t* cpos = positions(c, B * nw, T, nw, m);
     float* dC = dKV + N * hd;
-    rope_heads(dC, B * nw, 1, hd, rd, cpos, in.ccos, in.csin, true);
+    rope_heads(c, dC, B * nw, 1, hd, rd, cpos, in.ccos, in.csin, true);
     float* dpool = A.alloc<float>(B * nw * hd);
     c.k().rmsnorm_bwd(dC, s.cpool, B * nw, hd, in.P + p.c_norm, s.c_rstd, dpool, gr(in, p.c_norm));
     float* dckv = A.alloc<float>(N * cc * hd);
     float* dcg = A.alloc<float>(N * cc * hd);
-    float* dpb = in.G ? in.G + p.c_pb : A.alloc_zero<float>(m * cc * hd);
+    float* dpb = in.G ? in.G + p.c_pb : A.alloc<float>(m * cc * hd);
+    if (!in.G) c.k().zero(dpb, m * cc * hd * sizeof(float));
     {
       auto mw = A.mark();
       float* work = A.alloc<float>(std::max<size_t>(kern::compress_pool_bwd_workspace_floats(B, T, m, hd, cc), 1));
       ProfScope ps(c.prof, "bwd.attn.compress_pool");
-      kern::compress_pool_bwd(B, T, m, hd, cc, s.ckv, s.cgate, in.P + p.c_pb, dpool, dckv, dcg, dpb, work);
+      c.k().compress_pool_bwd(B, T, m, hd, cc, s.ckv, s.cgate, in.P + p.c_pb, dpool, dckv, dcg, dpb, work);
       A.release(mw);
     }
     linear_bwd(c, dckv, s.x, N, d, wt(in, p.c_kv), cc * hd, dx, true, gr(in, p.c_kv));
@@ -295,12 +281,13 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
   }
 
   // Query path: rope^-1 -> per-head norm -> q_b -> q_a_norm -> q_a.
-  rope_heads(dQ, N, (int)H, hd, rd, tpos, in.cos, in.sin, true);
+  rope_heads(c, dQ, N, (int)H, hd, rd, tpos, in.cos, in.sin, true);
   float* dqb = A.alloc<float>(N * H * hd);
   {
     auto mw = A.mark();
-    float* dw = A.alloc_zero<float>(hd);
-    c.k().rmsnorm_bwd(dQ, s.qb, N * H, hd, ones(A, hd), s.q_rstd, dqb, dw);
+    float* dw = A.alloc<float>(hd);
+    c.k().zero(dw, hd * sizeof(float));
+    c.k().rmsnorm_bwd(dQ, s.qb, N * H, hd, ones(c, hd), s.q_rstd, dqb, dw);
     A.release(mw);
   }
   float* dqres = A.alloc<float>(N * qr);

@@ -18,20 +18,22 @@ namespace {
 W wt(const V4AttnIn& in, int64_t off) { return {in.P + off, in.Pb ? in.Pb + off : nullptr, 0}; }
 
 // RoPE on the last rd dims of each of H heads of hd: x [N, H, hd] (as v4_attn.cpp).
-void rope_heads(float* x, int64_t N, int H, int64_t hd, int64_t rd, const int32_t* pos, const float* cos,
-                const float* sin, bool inverse) {
-  kern::rope_apply(x + (hd - rd), N, H, H * hd, hd, (int)rd, pos, cos, sin, kern::RopeLayout::Interleaved, inverse);
+void rope_heads(const Ctx& c, float* x, int64_t N, int H, int64_t hd, int64_t rd, const int32_t* pos,
+                const float* cos, const float* sin, bool inverse) {
+  c.k().rope_apply(x + (hd - rd), N, H, H * hd, hd, (int)rd, pos, cos, sin, kern::RopeLayout::Interleaved, inverse);
 }
 
-// Positions: token i of its row at i % T; entry e of its row (e % nw) at (e % nw) m.
+// Positions: token i of its row at i % T; entry e of its row (e % nw) at (e % nw) m. Computed on
+// the host, in backend memory.
 struct Pos {
   int32_t *t, *c;
 };
-Pos positions(StackArena& A, int64_t B, int64_t T, int64_t nw, int64_t m) {
-  Pos p{A.alloc<int32_t>(std::max<int64_t>(B * T, 1)), A.alloc<int32_t>(std::max<int64_t>(B * nw, 1))};
+Pos positions(const Ctx& c, int64_t B, int64_t T, int64_t nw, int64_t m) {
+  StackArena& H = c.host_ws();
+  Pos p{H.alloc<int32_t>(std::max<int64_t>(B * T, 1)), H.alloc<int32_t>(std::max<int64_t>(B * nw, 1))};
   for (int64_t i = 0; i < B * T; ++i) p.t[i] = (int32_t)(i % T);
-  for (int64_t i = 0; i < B * nw; ++i) p.c[i] = (int32_t)((i % nw) * m);
-  return p;
+  for (int64_t i = 0; i < std::max<int64_t>(B * nw, 1); ++i) p.c[i] = i < B * nw ? (int32_t)((i % nw) * m) : 0;
+  return {c.device(p.t, std::max<int64_t>(B * T, 1)), c.device(p.c, std::max<int64_t>(B * nw, 1))};
 }
 
 // The indexer's projections (scratch in c.ws): q [N, nI, dI] (roped), w [N, nI] (times nI^-0.5),
@@ -59,17 +61,16 @@ Proj project(const Ctx& c, const V4AttnIn& in, const float* x, const float* qres
     linear_fwd(c, x, N, d, wt(in, p.i_gate), 2 * dI, pr.gate);
     pr.pool = A.alloc<float>(B * nw * dI);
     pr.rstd = keep ? A.alloc<float>(B * nw) : nullptr;
-    kern::compress_pool_fwd(B, T, m, dI, 2, pr.kv, pr.gate, in.P + p.i_pb, pr.pool);
+    c.k().compress_pool_fwd(B, T, m, dI, 2, pr.kv, pr.gate, in.P + p.i_pb, pr.pool);
     c.k().rmsnorm_fwd(pr.pool, B * nw, dI, in.P + p.i_norm, (float)cf.rms_norm_eps, pr.k, pr.rstd);
-    rope_heads(pr.k, B * nw, 1, dI, rd, pos.c, in.ccos, in.csin, false);
+    rope_heads(c, pr.k, B * nw, 1, dI, rd, pos.c, in.ccos, in.csin, false);
   }
   pr.q = A.alloc<float>(N * nI * dI);
   linear_fwd(c, qres, N, cf.q_lora_rank, wt(in, p.i_qb), nI * dI, pr.q);
-  rope_heads(pr.q, N, (int)nI, dI, rd, pos.t, in.ccos, in.csin, false);
+  rope_heads(c, pr.q, N, (int)nI, dI, rd, pos.t, in.ccos, in.csin, false);
   pr.w = A.alloc<float>(N * nI);
   linear_fwd(c, x, N, d, wt(in, p.i_w), nI, pr.w);
-  const float ws = (float)std::pow((double)nI, -0.5);
-  for (int64_t i = 0; i < N * nI; ++i) pr.w[i] *= ws;
+  c.k().scale(pr.w, N * nI, (float)std::pow((double)nI, -0.5));
   return pr;
 }
 
@@ -90,13 +91,13 @@ void v4_index_select(const Ctx& c, const V4AttnIn& in, const float* x, const flo
   const int64_t m = v.rate(in.layer);
   StackArena& A = *c.ws;
   auto mk = A.mark();
-  const Pos pos = positions(A, in.B, in.T, nw, m);
+  const Pos pos = positions(c, in.B, in.T, nw, m);
   const Proj pr = project(c, in, x, qres, pos, nw, false);
   kern::IndexerShape sh{in.B, in.T, nw, (int)v.index_n_heads, (int)v.index_head_dim, m, (int)v.index_topk,
                         (float)std::pow((double)v.index_head_dim, -0.5)};
   float* work = A.alloc<float>(std::max<size_t>(kern::indexer_workspace_floats(sh), 1));
   ProfScope ps(c.prof, "fwd.attn.indexer_topk");
-  kern::indexer_topk(sh, pr.q, pr.k, pr.w, pos.t, cnt, sel, nullptr, work);
+  c.k().indexer_topk(sh, pr.q, pr.k, pr.w, pos.t, cnt, sel, nullptr, work);
   A.release(mk);
 }
 
@@ -125,7 +126,7 @@ void v4_index_loss_forward(const Ctx& c, const V4AttnIn& in, V4AttnSaved& s, con
       if (s.idx[k] >= N) s.ix_ent[at++] = (int32_t)(s.idx[k] - N);
   }
   auto mk = A.mark();
-  const Pos pos = positions(A, B, T, nw, m);
+  const Pos pos = positions(c, B, T, nw, m);
   const Proj pr = project(c, in, s.x, s.qres, pos, nw, false);
   std::vector<double> loss(N), recall(N);
   parallel_for(N, 4, [&](int64_t i0, int64_t i1) {
@@ -201,7 +202,7 @@ void v4_index_loss_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved&
   const double wsc = std::pow((double)nI, -0.5);
   StackArena& A = *c.ws;
   auto mk = A.mark();
-  const Pos pos = positions(A, B, T, nw, m);
+  const Pos pos = positions(c, B, T, nw, m);
   const Proj pr = project(c, in, s.x, s.qres, pos, nw, true);
   float* dw = A.alloc<float>(N * nI);
   float* dq = A.alloc<float>(N * nI * dI);
@@ -218,10 +219,10 @@ void v4_index_loss_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved&
   // wts = i_w(x) nI^-0.5 (x detached).
   linear_bwd(c, dw, s.x, N, d, wt(in, lp.i_w), nI, nullptr, false, G + lp.i_w);
   // iq = rope(i_qb(qres)) (qres detached): undo the rotation, then i_qb.
-  rope_heads(dq, N, (int)nI, dI, rd, pos.t, in.ccos, in.csin, true);
+  rope_heads(c, dq, N, (int)nI, dI, rd, pos.t, in.ccos, in.csin, true);
   linear_bwd(c, dq, s.qres, N, cf.q_lora_rank, wt(in, lp.i_qb), nI * dI, nullptr, false, G + lp.i_qb);
   // ik = rope(rmsnorm(pool(i_kv(x), i_gate(x), i_pb))).
-  rope_heads(dk, NE, 1, dI, rd, pos.c, in.ccos, in.csin, true);
+  rope_heads(c, dk, NE, 1, dI, rd, pos.c, in.ccos, in.csin, true);
   float* dpool = A.alloc<float>(NE * dI);
   c.k().rmsnorm_bwd(dk, pr.pool, NE, dI, in.P + lp.i_norm, pr.rstd, dpool, G + lp.i_norm);
   float* dkv = A.alloc<float>(N * 2 * dI);
@@ -229,7 +230,7 @@ void v4_index_loss_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved&
   {
     auto mw = A.mark();
     float* work = A.alloc<float>(std::max<size_t>(kern::compress_pool_bwd_workspace_floats(B, T, m, dI, 2), 1));
-    kern::compress_pool_bwd(B, T, m, dI, 2, pr.kv, pr.gate, in.P + lp.i_pb, dpool, dkv, dg, G + lp.i_pb, work);
+    c.k().compress_pool_bwd(B, T, m, dI, 2, pr.kv, pr.gate, in.P + lp.i_pb, dpool, dkv, dg, G + lp.i_pb, work);
     A.release(mw);
   }
   linear_bwd(c, dkv, s.x, N, d, wt(in, lp.i_kv), 2 * dI, nullptr, false, G + lp.i_kv);

@@ -195,10 +195,10 @@ const std::vector<SectionSpec>& sections() {
                   [](const R& r) { return json(precision_name(r.train.precision)); }, 0, 0, {"fp32", "bf16"}),
            mapped("device", Kind::Str,
                   "where the step computes: cpu, cuda (the first CUDA device; under mpirun or srun each rank "
-                  "takes the device of its local rank) or cuda:N. On cuda a DeepSeek-V3-family model trains on "
-                  "one process or data-parallel over NCCL, one rank per GPU (docs/BACKENDS.md); DeepSeek-V4, "
-                  "expert / tensor / pipeline parallelism and zero_stage 2 are refused when the run starts, "
-                  "naming why",
+                  "takes the device of its local rank) or cuda:N. On cuda a DeepSeek-V3-family or DeepSeek-V4 "
+                  "model trains on one process or data-parallel over NCCL, one rank per GPU (docs/BACKENDS.md); "
+                  "DeepSeek-V3.2, V4's indexer loss, expert / tensor / pipeline parallelism and zero_stage 2 are "
+                  "refused when the run starts, naming why",
                   [](R& r, const json& v) { r.train.device = parse_device(v.get<std::string>(), "train.device"); },
                   [](const R& r) { return json(r.train.device); }),
            field("bias_update_gamma", Kind::Num, &R::train, &TrainConfig::bias_update_gamma,

@@ -7,6 +7,7 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/ops_v4attn.h"
 
 namespace trex::kern {
 
@@ -198,6 +199,63 @@ class CudaBackend final : public Backend {
   void moe_sort(const int32_t* idx, int64_t N, int64_t K, int64_t E, int64_t* offsets, int32_t* row_token,
                 int32_t* slot_row) override {
     cuda::moe_sort(ctx_, idx, N, K, E, offsets, row_token, slot_row);
+  }
+  void hc_pre_fwd(const HcShape& s, const float* x, const float* fn, const float* base, const float* scale, float* y,
+                  float* post, float* comb, float* mix, float* rstd) override {
+    cuda::hc_pre_fwd(ctx_, s, x, fn, base, scale, y, post, comb, mix, rstd);
+  }
+  void hc_pre_bwd(const HcShape& s, const float* x, const float* fn, const float* base, const float* scale,
+                  const float* mix, const float* rstd, const float* dy, const float* dpost, const float* dcomb,
+                  float* dx, float* dfn, float* dbase, float* dscale, float* workspace) override {
+    cuda::hc_pre_bwd(ctx_, s, x, fn, base, scale, mix, rstd, dy, dpost, dcomb, dx, dfn, dbase, dscale, workspace);
+  }
+  void hc_post_fwd(const HcShape& s, const float* x, const float* f, const float* post, const float* comb,
+                   float* out) override {
+    cuda::hc_post_fwd(ctx_, s, x, f, post, comb, out);
+  }
+  void hc_post_bwd(const HcShape& s, const float* x, const float* f, const float* post, const float* comb,
+                   const float* dout, float* dx, float* df, float* dpost, float* dcomb) override {
+    cuda::hc_post_bwd(ctx_, s, x, f, post, comb, dout, dx, df, dpost, dcomb);
+  }
+  void hc_head_fwd(const HcShape& s, const float* x, const float* fn, const float* base, const float* scale, float* y,
+                   float* mix, float* rstd) override {
+    cuda::hc_head_fwd(ctx_, s, x, fn, base, scale, y, mix, rstd);
+  }
+  void hc_head_bwd(const HcShape& s, const float* x, const float* fn, const float* base, const float* scale,
+                   const float* mix, const float* rstd, const float* dy, float* dx, float* dfn, float* dbase,
+                   float* dscale, float* workspace) override {
+    cuda::hc_head_bwd(ctx_, s, x, fn, base, scale, mix, rstd, dy, dx, dfn, dbase, dscale, workspace);
+  }
+  void compress_pool_fwd(int64_t B, int64_t T, int64_t m, int64_t hd, int c, const float* kv, const float* gate,
+                         const float* pb, float* out) override {
+    cuda::compress_pool_fwd(ctx_, B, T, m, hd, c, kv, gate, pb, out);
+  }
+  void compress_pool_bwd(int64_t B, int64_t T, int64_t m, int64_t hd, int c, const float* kv, const float* gate,
+                         const float* pb, const float* dout, float* dkv, float* dgate, float* dpb,
+                         float* workspace) override {
+    cuda::compress_pool_bwd(ctx_, B, T, m, hd, c, kv, gate, pb, dout, dkv, dgate, dpb, workspace);
+  }
+  void indexer_topk(const IndexerShape& sh, const float* q, const float* k, const float* wts, const int32_t* pos,
+                    int32_t* cnt, int32_t* sel, float* scores_out, float* workspace) override {
+    cuda::indexer_topk(ctx_, sh, q, k, wts, pos, cnt, sel, scores_out, workspace);
+  }
+  void sparse_attn_fwd(const SparseAttnShape& sh, const float* q, const float* kv, int64_t M, const int64_t* off,
+                       const int32_t* idx, const float* sink, float* o, float* lse) override {
+    cuda::sparse_attn_fwd(ctx_, sh, q, kv, M, off, idx, sink, o, lse);
+  }
+  void sparse_attn_bwd(const SparseAttnShape& sh, const float* q, const float* kv, int64_t M, const int64_t* off,
+                       const int32_t* idx, const float* sink, const float* o, const float* lse, const float* dO,
+                       float* dq, float* dkv, float* dsink, float* workspace) override {
+    cuda::sparse_attn_bwd(ctx_, sh, q, kv, M, off, idx, sink, o, lse, dO, dq, dkv, dsink, workspace);
+  }
+  void scale(float* x, int64_t n, float a) override { cuda::scale(ctx_, x, n, a); }
+  void v4_key_offsets(const V4KeyShape& s, const int32_t* seg, const int32_t* cnt, const int32_t* sel,
+                      int64_t* off) override {
+    cuda::v4_key_offsets(ctx_, s, seg, cnt, sel, off);
+  }
+  void v4_key_fill(const V4KeyShape& s, const int32_t* seg, const int32_t* cnt, const int32_t* sel, const int64_t* off,
+                   int32_t* idx) override {
+    cuda::v4_key_fill(ctx_, s, seg, cnt, sel, off, idx);
   }
 
  private:

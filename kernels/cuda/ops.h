@@ -9,10 +9,13 @@
 #include <unordered_map>
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
+#include "kernels/compress_pool.h"
 #include "kernels/gemm.h"
+#include "kernels/hyper_conn.h"
 #include "kernels/lm_head_ce.h"
 #include "kernels/rope.h"
 #include "kernels/router.h"
+#include "kernels/v4_rows.h"
 
 namespace trex::kern::cuda {
 
@@ -110,6 +113,38 @@ double router_aux(const Ctx& c, const RouterShape& s, const float* scores, const
                   int64_t n0, double alpha, float grad_scale, float* dscores);
 void moe_sort(const Ctx& c, const int32_t* idx, int64_t N, int64_t K, int64_t E, int64_t* offsets, int32_t* row_token,
               int32_t* slot_row);
+
+// DeepSeek-V4's hyper-connections (kernels/hyper_conn.h, kernels/cuda/hyper_conn.cu). The
+// backward's workspace is the CPU's (hc_*_bwd_workspace_floats), of which they use the first
+// 2 N R + N n + N floats (R = (2 + n) n; the head's R = n); the Sinkhorn history of hc_pre_bwd
+// lives in scratch of its own.
+void hc_pre_fwd(const Ctx& c, const HcShape& s, const float* x, const float* fn, const float* base, const float* scale,
+                float* y, float* post, float* comb, float* mix, float* rstd);
+void hc_pre_bwd(const Ctx& c, const HcShape& s, const float* x, const float* fn, const float* base, const float* scale,
+                const float* mix, const float* rstd, const float* dy, const float* dpost, const float* dcomb, float* dx,
+                float* dfn, float* dbase, float* dscale, float* workspace);
+void hc_post_fwd(const Ctx& c, const HcShape& s, const float* x, const float* f, const float* post, const float* comb,
+                 float* out);
+void hc_post_bwd(const Ctx& c, const HcShape& s, const float* x, const float* f, const float* post, const float* comb,
+                 const float* dout, float* dx, float* df, float* dpost, float* dcomb);
+void hc_head_fwd(const Ctx& c, const HcShape& s, const float* x, const float* hc_fn, const float* hc_base,
+                 const float* hc_scale, float* y, float* mix, float* rstd);
+void hc_head_bwd(const Ctx& c, const HcShape& s, const float* x, const float* hc_fn, const float* hc_base,
+                 const float* hc_scale, const float* mix, const float* rstd, const float* dy, float* dx, float* dfn,
+                 float* dbase, float* dscale, float* workspace);
+// The compressors' pooling (kernels/compress_pool.h, kernels/cuda/compress_pool.cu; the workspace
+// is not used).
+void compress_pool_fwd(const Ctx& c, int64_t B, int64_t T, int64_t m, int64_t hd, int cc, const float* kv,
+                       const float* gate, const float* pb, float* out);
+void compress_pool_bwd(const Ctx& c, int64_t B, int64_t T, int64_t m, int64_t hd, int cc, const float* kv,
+                       const float* gate, const float* pb, const float* dout, float* dkv, float* dgate, float* dpb,
+                       float* workspace);
+// DeepSeek-V4's row operations (kernels/v4_rows.h, kernels/cuda/v4_rows.cu).
+void scale(const Ctx& c, float* x, int64_t n, float a);
+void v4_key_offsets(const Ctx& c, const V4KeyShape& s, const int32_t* seg, const int32_t* cnt, const int32_t* sel,
+                    int64_t* off);
+void v4_key_fill(const Ctx& c, const V4KeyShape& s, const int32_t* seg, const int32_t* cnt, const int32_t* sel,
+                 const int64_t* off, int32_t* idx);
 
 // Device scratch ordered on ctx.stream (the stream-ordered allocator): freed when it goes out of
 // scope, after the work enqueued so far.

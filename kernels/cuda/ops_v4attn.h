@@ -19,4 +19,4 @@ void sparse_attn_bwd(const Ctx& c, const SparseAttnShape& sh, const float* q, co
                      const float* dO, float* dq, float* dkv, float* dsink, float* workspace);
 void indexer_topk(const Ctx& c, const IndexerShape& sh, const float* q, const float* k, const float* wts,
                   const int32_t* pos, int32_t* cnt, int32_t* sel, float* scores_out, float* workspace);
-}
+}  // namespace trex::kern::cuda

@@ -21,43 +21,22 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include "kernels/hd/compress_pool.h"
 
 namespace trex::kern::ref {
 
-// Calls f(value, logit, kv_index, gate_index, pb_index) for every slot of window w, channel d.
+// Calls f(value, logit, kv_index, pb_index) for every slot of window w, channel d
+// (kernels/hd/compress_pool.h, which the CUDA kernels run too).
 template <class T, class F>
 void compress_pool_slots(int64_t b, int64_t w, int64_t d, int64_t Tn, int64_t m, int64_t hd, int c, const T* kv,
                          const T* gate, const T* pb, F&& f) {
-  const int64_t C = c * hd;
-  if (c == 2 && w > 0)
-    for (int64_t r = 0; r < m; ++r) {
-      const int64_t i = (b * Tn + (w - 1) * m + r) * C + d;
-      f(kv[i], gate[i] + pb[r * C + d], i, r * C + d);
-    }
-  const int64_t col = c == 2 ? hd + d : d;
-  for (int64_t r = 0; r < m; ++r) {
-    const int64_t i = (b * Tn + w * m + r) * C + col;
-    f(kv[i], gate[i] + pb[r * C + col], i, r * C + col);
-  }
+  int64_t i, ip;
+  for (int64_t s = 0; s < hd::compress_pool_nslots(m, c); ++s)
+    if (hd::compress_pool_slot(b, w, d, Tn, m, hd, c, s, &i, &ip)) f(kv[i], gate[i] + pb[ip], i, ip);
 }
 
 // Softmax statistics of window w, channel d: max logit and sum of exp(logit - max).
-template <class T>
-void compress_pool_stats(int64_t b, int64_t w, int64_t d, int64_t Tn, int64_t m, int64_t hd, int c, const T* kv,
-                         const T* gate, const T* pb, T& mx, T& sum, T& out) {
-  mx = -std::numeric_limits<T>::infinity();
-  compress_pool_slots<T>(b, w, d, Tn, m, hd, c, kv, gate, pb, [&](T, T l, int64_t, int64_t) {
-    if (l > mx) mx = l;
-  });
-  sum = 0;
-  T acc = 0;
-  compress_pool_slots<T>(b, w, d, Tn, m, hd, c, kv, gate, pb, [&](T v, T l, int64_t, int64_t) {
-    const T e = std::exp(l - mx);
-    sum += e;
-    acc += e * v;
-  });
-  out = acc / sum;
-}
+using hd::compress_pool_stats;
 
 // kv, gate: [B, T, c*hd]  pb: [m, c*hd] -> out: [B, T/m, hd]
 template <class T>

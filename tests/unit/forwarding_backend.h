@@ -118,6 +118,62 @@ class ForwardingBackend : public kern::Backend {
   void moe_sort(const int32_t* id, int64_t N, int64_t K, int64_t E, int64_t* off, int32_t* rt, int32_t* sr) override {
     TREX_FORWARD(moe_sort(id, N, K, E, off, rt, sr));
   }
+  void hc_pre_fwd(const kern::HcShape& s, const float* x, const float* fn, const float* base, const float* sc, float* y,
+                  float* post, float* comb, float* mix, float* rstd) override {
+    TREX_FORWARD(hc_pre_fwd(s, x, fn, base, sc, y, post, comb, mix, rstd));
+  }
+  void hc_pre_bwd(const kern::HcShape& s, const float* x, const float* fn, const float* base, const float* sc,
+                  const float* mix, const float* rstd, const float* dy, const float* dpost, const float* dcomb,
+                  float* dx, float* dfn, float* dbase, float* dscale, float* ws) override {
+    TREX_FORWARD(hc_pre_bwd(s, x, fn, base, sc, mix, rstd, dy, dpost, dcomb, dx, dfn, dbase, dscale, ws));
+  }
+  void hc_post_fwd(const kern::HcShape& s, const float* x, const float* f, const float* post, const float* comb,
+                   float* out) override {
+    TREX_FORWARD(hc_post_fwd(s, x, f, post, comb, out));
+  }
+  void hc_post_bwd(const kern::HcShape& s, const float* x, const float* f, const float* post, const float* comb,
+                   const float* dout, float* dx, float* df, float* dpost, float* dcomb) override {
+    TREX_FORWARD(hc_post_bwd(s, x, f, post, comb, dout, dx, df, dpost, dcomb));
+  }
+  void hc_head_fwd(const kern::HcShape& s, const float* x, const float* fn, const float* base, const float* sc,
+                   float* y, float* mix, float* rstd) override {
+    TREX_FORWARD(hc_head_fwd(s, x, fn, base, sc, y, mix, rstd));
+  }
+  void hc_head_bwd(const kern::HcShape& s, const float* x, const float* fn, const float* base, const float* sc,
+                   const float* mix, const float* rstd, const float* dy, float* dx, float* dfn, float* dbase,
+                   float* dscale, float* ws) override {
+    TREX_FORWARD(hc_head_bwd(s, x, fn, base, sc, mix, rstd, dy, dx, dfn, dbase, dscale, ws));
+  }
+  void compress_pool_fwd(int64_t B, int64_t T, int64_t m, int64_t hd, int c, const float* kv, const float* gate,
+                         const float* pb, float* out) override {
+    TREX_FORWARD(compress_pool_fwd(B, T, m, hd, c, kv, gate, pb, out));
+  }
+  void compress_pool_bwd(int64_t B, int64_t T, int64_t m, int64_t hd, int c, const float* kv, const float* gate,
+                         const float* pb, const float* dout, float* dkv, float* dgate, float* dpb, float* ws) override {
+    TREX_FORWARD(compress_pool_bwd(B, T, m, hd, c, kv, gate, pb, dout, dkv, dgate, dpb, ws));
+  }
+  void indexer_topk(const kern::IndexerShape& sh, const float* q, const float* k, const float* wts, const int32_t* pos,
+                    int32_t* cnt, int32_t* sel, float* scores, float* ws) override {
+    TREX_FORWARD(indexer_topk(sh, q, k, wts, pos, cnt, sel, scores, ws));
+  }
+  void sparse_attn_fwd(const kern::SparseAttnShape& sh, const float* q, const float* kv, int64_t M, const int64_t* off,
+                       const int32_t* idx, const float* sink, float* o, float* lse) override {
+    TREX_FORWARD(sparse_attn_fwd(sh, q, kv, M, off, idx, sink, o, lse));
+  }
+  void sparse_attn_bwd(const kern::SparseAttnShape& sh, const float* q, const float* kv, int64_t M, const int64_t* off,
+                       const int32_t* idx, const float* sink, const float* o, const float* lse, const float* dO,
+                       float* dq, float* dkv, float* dsink, float* ws) override {
+    TREX_FORWARD(sparse_attn_bwd(sh, q, kv, M, off, idx, sink, o, lse, dO, dq, dkv, dsink, ws));
+  }
+  void scale(float* x, int64_t n, float a) override { TREX_FORWARD(scale(x, n, a)); }
+  void v4_key_offsets(const kern::V4KeyShape& s, const int32_t* seg, const int32_t* cnt, const int32_t* sel,
+                      int64_t* off) override {
+    TREX_FORWARD(v4_key_offsets(s, seg, cnt, sel, off));
+  }
+  void v4_key_fill(const kern::V4KeyShape& s, const int32_t* seg, const int32_t* cnt, const int32_t* sel,
+                   const int64_t* off, int32_t* idx) override {
+    TREX_FORWARD(v4_key_fill(s, seg, cnt, sel, off, idx));
+  }
 #undef TREX_FORWARD
 
  protected:

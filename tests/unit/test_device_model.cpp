@@ -1,8 +1,10 @@
-// A DeepSeek-V3-family model on a backend the host cannot address (model/model.h, backend()):
+// A DeepSeek-V3-family or DeepSeek-V4 model on a backend the host cannot address (model/model.h,
+// backend()):
 // "Fenced" is the CPU backend with every allocation in its own mapping that is readable and
 // writable only while a backend call runs (PROT_NONE between calls). A training step on it must
 // give the plain CPU model's losses, gradients, parameters and optimizer moments bit for bit (V3
-// MTP layers and DeepSeek-V2 included); a
+// MTP layers, DeepSeek-V2 and DeepSeek-V4 with its hyper-connections, compressors, indexer, sparse
+// attention and MTP block included); a
 // host read or write of parameters, gradients or activations outside the backend faults, and the
 // test crashes. This is the device path of the CUDA backend with the CPU's kernels.
 #include <gtest/gtest.h>
@@ -64,14 +66,30 @@ struct Case {
   bool packed;  // positions and documents of packed rows
   int mtp = 0;  // DeepSeek-V3 MTP layers trained (model/mtp_v3.h)
   bool v2 = false;  // DeepSeek-V2 (softmax router without a bias, no q LoRA)
+  bool v4 = false;  // DeepSeek-V4 (odd_v4(); mtp: its MTP block trained)
 };
+
+// DeepSeek-V4 at odd sizes: 3 hyper-connection streams, compress rates 3 (CSA, index_topk 2 of up
+// to 3 entries a row) and 5 (HCA), every attention kind, a hash-routed layer, sinks, an MTP block.
+nlohmann::json odd_v4() {
+  nlohmann::json m = trex::testing::tiny_v4();
+  m["num_hidden_layers"] = 4;
+  m["layer_types"] = {"compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention",
+                      "compressed_sparse_attention"};
+  m["mlp_layer_types"] = {"hash_moe", "moe", "moe", "moe"};
+  m["compress_rates"] = {{"compressed_sparse_attention", 3}, {"heavily_compressed_attention", 5}};
+  return m;
+}
 
 class DeviceModel : public ::testing::TestWithParam<Case> {};
 
 // Three AdamW steps of the same batches on the CPU backend and on the fenced one.
 TEST_P(DeviceModel, StepsEqualTheCpuBitForBit) {
   const Case k = GetParam();
-  nlohmann::json j = k.v2 ? trex::testing::tiny_v2() : k.mtp ? trex::testing::tiny_v3_mtp(k.mtp) : trex::testing::tiny_v3();
+  nlohmann::json j = k.v4   ? odd_v4()
+                     : k.v2 ? trex::testing::tiny_v2()
+                     : k.mtp ? trex::testing::tiny_v3_mtp(k.mtp)
+                             : trex::testing::tiny_v3();
   const model::ModelConfig cfg = model::parse_config(j, "tiny_v3");
   const model::TrainOptions opt{k.aux, k.mtp ? 0.3 : 0.0, k.recompute};
   Fenced dev;  // outlives the model and the optimizer that hold its memory
@@ -121,13 +139,17 @@ INSTANTIATE_TEST_SUITE_P(Cases, DeviceModel,
                                            Case{kern::Prec::BF16, model::Recompute::None, 0.01, true},
                                            Case{kern::Prec::F32, model::Recompute::Full, 0.01, true},
                                            Case{kern::Prec::BF16, model::Recompute::None, 0.01, true, 2},
-                                           Case{kern::Prec::F32, model::Recompute::None, 0.01, true, 0, true}));
+                                           Case{kern::Prec::F32, model::Recompute::None, 0.01, true, 0, true},
+                                           Case{kern::Prec::F32, model::Recompute::None, 0.0, false, 1, false, true},
+                                           Case{kern::Prec::BF16, model::Recompute::None, 0.01, true, 1, false, true},
+                                           Case{kern::Prec::F32, model::Recompute::Full, 0.01, true, 1, false, true},
+                                           Case{kern::Prec::BF16, model::Recompute::Full, 0.01, true, 0, false, true}));
 
 // A checkpoint written from the device (its copies brought back first, as the trainer does) and
 // resumed onto the device continues exactly as the CPU run that never stopped.
-TEST(DeviceModelResume, CheckpointAndResumeContinueTheCpuRun) {
+void expect_resume_continues(const nlohmann::json& j) {
   Fenced dev;
-  const model::ModelConfig cfg = model::parse_config(trex::testing::tiny_v3(), "tiny_v3");
+  const model::ModelConfig cfg = model::parse_config(j, "tiny");
   model::Model a(cfg, kern::Prec::BF16), m(cfg, kern::Prec::BF16), r(cfg, kern::Prec::BF16);
   m.use_backend(dev);
   r.use_backend(dev);
@@ -158,6 +180,9 @@ TEST(DeviceModelResume, CheckpointAndResumeContinueTheCpuRun) {
   std::filesystem::remove_all(run_dir);
 }
 
+TEST(DeviceModelResume, CheckpointAndResumeContinueTheCpuRun) { expect_resume_continues(trex::testing::tiny_v3()); }
+TEST(DeviceModelResume, CheckpointAndResumeContinueTheCpuRunV4) { expect_resume_continues(odd_v4()); }
+
 // The fence is real: a host read of the backend's memory between calls faults.
 TEST(DeviceModelLimits, HostReadOfFencedMemoryFaults) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
@@ -170,9 +195,22 @@ TEST(DeviceModelLimits, HostReadOfFencedMemoryFaults) {
 // What does not run on such a backend yet is refused by name, before anything is computed.
 TEST(DeviceModelLimits, RefusesWhatItCannotRun) {
   Fenced dev;
+  const model::ModelConfig c32 = model::parse_config(trex::testing::tiny_v32(), "tiny_v32");
+  model::Model m32(c32, kern::Prec::F32);
+  EXPECT_THROW(m32.use_backend(dev), UserError);
+  // DeepSeek-V4 runs there, but not its indexer loss (nor its recall) or the uncached reference
+  // forward of generation.
   const model::ModelConfig c4 = model::parse_config(trex::testing::tiny_v4(), "tiny_v4");
+  for (const model::TrainOptions& o : {model::TrainOptions{0, 0, model::Recompute::None, 0.5},
+                                       model::TrainOptions{0, 0, model::Recompute::None, 0, {}, true}}) {
+    model::Model ix(c4, kern::Prec::F32, o);
+    EXPECT_THROW(ix.use_backend(dev), UserError);
+  }
   model::Model m4(c4, kern::Prec::F32);
-  EXPECT_THROW(m4.use_backend(dev), UserError);
+  m4.use_backend(dev);
+  std::vector<float> logits(c4.vocab_size);
+  const int32_t ids[3] = {1, 2, 3};
+  EXPECT_THROW(m4.v4_last_logits(ids, 3, logits.data()), UserError);
   const model::ModelConfig c3 = model::parse_config(trex::testing::tiny_v3(), "tiny_v3");
   model::Model sharded(c3, kern::Prec::F32, {}, model::ExpertShard{1, 1});
   EXPECT_THROW(sharded.use_backend(dev), UserError);
