@@ -2,8 +2,8 @@
 // the StagedComm's collectives on memory the host cannot address equal the host communicator's
 // byte for byte, and a data-parallel run whose model computes on the fenced backend
 // (tests/unit/fenced_backend.h: any host access to device memory faults) equals the same run in
-// host memory bit for bit: losses, norms, parameters, moments, the checkpoint's gather, the NaN
-// guard; layouts the device path does not run are refused by name.
+// host memory bit for bit (DeepSeek-V3 and V4): losses, norms, parameters, moments, the
+// checkpoint's gather, the NaN guard; layouts the device path does not run are refused by name.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -239,6 +239,16 @@ TEST(DpDevice, V3MtpBf16StepsEqualTheHostRunBitForBit) {
     expect_same(dp_run(su, kern::Prec::BF16, true, o, g, 3, -1), dp_run(su, kern::Prec::BF16, false, o, g, 3, -1),
                 overlap_params ? "bf16 + mtp, all-gather into the next forward" : "bf16 + mtp");
   }
+}
+
+// DeepSeek-V4 (hyper-connections, CSA / HCA, hash routing, its MTP block) on the device path.
+TEST(DpDevice, V4StepsEqualTheHostRunBitForBit) {
+  init_threads(1);
+  parallel::Communicator& w = parallel::test_world();
+  Case su{tiny_v4(), 0.0, 0.3};
+  const Global g = make_global(3, 1, w.size(), 1, 13, su.cfg().vocab_size, 13);
+  const DpOptions o{1500, true};
+  expect_same(dp_run(su, kern::Prec::F32, true, o, g, 3, -1), dp_run(su, kern::Prec::F32, false, o, g, 3, -1), "v4");
 }
 
 // Expert, tensor and pipeline parallelism and ZeRO-2 are refused on a device, naming the setting.

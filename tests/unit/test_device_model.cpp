@@ -1,63 +1,30 @@
 // A DeepSeek-V3-family or DeepSeek-V4 model on a backend the host cannot address (model/model.h,
 // backend()):
-// "Fenced" is the CPU backend with every allocation in its own mapping that is readable and
-// writable only while a backend call runs (PROT_NONE between calls). A training step on it must
+// "Fenced" (tests/unit/fenced_backend.h) is the CPU backend with every allocation in its own
+// mapping that is readable and writable only while a backend call runs (PROT_NONE between
+// calls). A training step on it must
 // give the plain CPU model's losses, gradients, parameters and optimizer moments bit for bit (V3
 // MTP layers, DeepSeek-V2 and DeepSeek-V4 with its hyper-connections, compressors, indexer, sparse
 // attention and MTP block included); a
 // host read or write of parameters, gradients or activations outside the backend faults, and the
 // test crashes. This is the device path of the CUDA backend with the CPU's kernels.
 #include <gtest/gtest.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
-#include <map>
 #include <vector>
 #include "core/error.h"
 #include "kernels/backend.h"
 #include "model/model.h"
 #include "tests/tiny_configs.h"
-#include "tests/unit/forwarding_backend.h"
+#include "tests/unit/fenced_backend.h"
 #include "train/checkpoint.h"
 #include "train/optimizer.h"
 
 namespace {
 using namespace trex;
 
-class Fenced final : public trex::testing::ForwardingBackend {
- public:
-  const char* name() const override { return "fenced"; }
-  std::string describe() const override { return "cpu kernels, memory fenced between calls"; }
-  ~Fenced() override {
-    for (auto& [p, n] : live_) munmap(p, n);
-  }
-
-  void* alloc(size_t bytes) override {
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE), n = std::max<size_t>((bytes + page - 1) / page * page, page);
-    void* p = mmap(nullptr, n, open_ ? PROT_READ | PROT_WRITE : PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw Error("fenced backend: mmap of " + std::to_string(n) + " bytes failed");
-    live_[p] = n;
-    return p;
-  }
-  void release(void* p) override {
-    auto it = live_.find(p);
-    ASSERT_NE(it, live_.end()) << "release of memory the backend did not allocate";
-    munmap(p, it->second);
-    live_.erase(it);
-  }
-
- private:
-  // Every allocation readable and writable for the lifetime of one backend call.
-  void enter() override { protect(PROT_READ | PROT_WRITE), open_ = true; }
-  void leave() override { protect(PROT_NONE), open_ = false; }
-  void protect(int prot) {
-    for (auto& [p, n] : live_) ASSERT_EQ(0, mprotect(p, n, prot));
-  }
-  std::map<void*, size_t> live_;
-  bool open_ = false;
-};
+using trex::testing::Fenced;  // tests/unit/fenced_backend.h
 
 struct Case {
   kern::Prec prec;
