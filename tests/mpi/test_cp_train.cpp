@@ -1,0 +1,107 @@
+// Context parallel (model/context_parallel.h, parallel.cp), fp32, against one process: cp = 2 on 2
+// ranks and cp = 3 on 3 ranks; on 4 ranks (CTest mpi_cp_np4) cp 2 x dp 2, cp 2 x ep 2 and
+// cp 2 x pp 2. A V3 model of odd sizes with two MTP layers, the sequence-wise aux loss and the
+// router-bias update, rows packed with several documents, 10 AdamW steps.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "model/context_parallel.h"
+#include "tests/mpi/train_parity.h"
+
+using namespace trex;
+using namespace trex::train;
+using namespace trex::testing;
+
+namespace {
+
+json cp_v3() {  // hidden 45, 5 heads, 10 experts (top 3), two MTP layers
+  json m = tiny_v3_mtp(2);
+  m["hidden_size"] = 45;
+  m["num_attention_heads"] = 5;
+  m["n_routed_experts"] = 10;
+  m["num_experts_per_tok"] = 3;
+  return m;
+}
+
+Case cp_case(json model, bool packed, double mtp = 0.3) {
+  Case su = tp_case(std::move(model), 0.01, mtp);
+  su.packed = packed;
+  return su;
+}
+
+// A sequence length with chunks of odd length for this cp (2 cp c).
+int64_t seq_for(int cp) { return 2 * cp * (cp == 2 ? 7 : 3); }
+
+}  // namespace
+
+// The zigzag split covers every position of a row once; rank r holds chunks r and 2 cp - 1 - r.
+TEST(CpSplit, ZigzagCoversEveryPosition) {
+  for (int cp = 1; cp <= 4; ++cp) {
+    const int64_t T = 2 * cp * 5;
+    std::vector<int> seen(T, 0);
+    for (int r = 0; r < cp; ++r) {
+      model::ContextParallel c;
+      c.rank = r, c.size = cp;
+      const model::CpSplit s = model::cp_split(T, c);
+      EXPECT_EQ(s.local(), 10);
+      EXPECT_EQ(s.index(0), r * 5);
+      EXPECT_EQ(s.index(5), (2 * cp - 1 - r) * 5);
+      for (int64_t j = 0; j < s.local(); ++j) ++seen[s.index(j)];
+    }
+    for (int64_t t = 0; t < T; ++t) EXPECT_EQ(seen[t], 1) << "cp " << cp << " position " << t;
+  }
+}
+
+// Sequence lengths that do not split in 2 cp chunks, and the models without context parallelism,
+// are refused naming the field.
+TEST(CpSplit, Refusals) {
+  try {
+    model::check_cp_seq_len(14, 3, "data.seq_len");
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("data.seq_len = 14 is not a multiple of 2 x parallel.cp = 6"),
+              std::string::npos) << e.what();
+  }
+  for (const json& m : {tiny_v32(), tiny_v4()}) {
+    const model::ModelConfig cfg = model::parse_config(m, "tiny");
+    try {
+      model::check_context_parallel(cfg, 2);
+      FAIL() << "no error for " << cfg.model_type;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("parallel.cp = 2"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(cfg.model_type), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_NO_THROW(model::check_context_parallel(model::parse_config(tiny_v3(), "tiny"), 2));
+}
+
+// The whole world is one cp group (2 or 3 ranks; on 4 ranks cp 2 x dp 2): 10 steps, packed rows.
+TEST(CpTrain, V3PackedMatchesOneProcess) {
+  const int n = parallel::test_world().size();
+  const int cp = n == 4 ? 2 : n;
+  DpOptions o{997, true};
+  parity(cp_case(cp_v3(), true), o, 10, 1, 2, seq_for(cp), 1, 1, 1, {}, cp);
+}
+
+// One document per row, two micro-batches per step, no overlap.
+TEST(CpTrain, V3TwoMicroBatchesMatchesOneProcess) {
+  const int n = parallel::test_world().size();
+  const int cp = n == 4 ? 2 : n;
+  DpOptions o{0, false};
+  parity(cp_case(cp_v3(), false), o, 4, 2, 3, seq_for(cp), 1, 1, 1, {}, cp);
+}
+
+// DeepSeek-V2 (no q LoRA, softmax router with groups).
+TEST(CpTrain, V2MatchesOneProcess) {
+  const int n = parallel::test_world().size();
+  const int cp = n == 4 ? 2 : n;
+  json m = tiny_v2();
+  m["hidden_size"] = 45;
+  parity(cp_case(m, true, 0), DpOptions{997, true}, 4, 1, 2, seq_for(cp), 1, 1, 1, {}, cp);
+}
+
+// 4 ranks: cp 2 x ep 2 (experts sharded over the dp ranks of each cp rank).
+TEST(CpTrain, WithExpertParallel) {
+  if (parallel::test_world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  parity(cp_case(cp_v3(), true), DpOptions{997, true}, 6, 1, 2, seq_for(2), 2, 1, 1, {}, 2);
+}
