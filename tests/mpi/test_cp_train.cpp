@@ -105,3 +105,12 @@ TEST(CpTrain, WithExpertParallel) {
   if (parallel::test_world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
   parity(cp_case(cp_v3(), true), DpOptions{997, true}, 6, 1, 2, seq_for(2), 2, 1, 1, {}, 2);
 }
+
+// 4 ranks: cp 2 x pp 2 (the stages exchange each cp rank's chunks; 1F1B over 4 micro-batches),
+// MTP layers on the last stage, with full recompute.
+TEST(CpTrain, WithPipelineParallel) {
+  if (parallel::test_world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  Case su = cp_case(cp_v3(), true);
+  su.recompute = model::Recompute::Full;
+  parity(su, DpOptions{997, true}, 4, 4, 1, seq_for(2), 1, 1, 2, {}, 2);
+}
