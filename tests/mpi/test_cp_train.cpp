@@ -4,13 +4,17 @@
 // router-bias update, rows packed with several documents, 10 AdamW steps.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include "core/error.h"
 #include "model/context_parallel.h"
 #include "tests/mpi/train_parity.h"
+#include "train/loop.h"
 
 using namespace trex;
 using namespace trex::train;
 using namespace trex::testing;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -113,4 +117,66 @@ TEST(CpTrain, WithPipelineParallel) {
   Case su = cp_case(cp_v3(), true);
   su.recompute = model::Recompute::Full;
   parity(su, DpOptions{997, true}, 4, 4, 1, seq_for(2), 1, 1, 2, {}, 2);
+}
+
+// The run loop under cp = world size (on 4 ranks cp 2 x dp 2): losses, tokens and eval losses of
+// 6 steps equal one process's; its step-3 checkpoint resumed in one process gives the same losses.
+TEST(CpTrain, RunLoopMatchesOneProcessAndResumesInOne) {
+  parallel::Communicator& w = parallel::test_world();
+  const int cp = w.size() == 4 ? 2 : w.size();
+  const fs::path root = loop_corpus(w, "trex_cp_loop_", 53, [](int i) {
+    return "crate " + std::to_string(i) + " holds " + std::to_string(11 * i + 5) + " parts " + std::string(i % 5, 'q') +
+           " for plant " + std::to_string(i % 7);
+  });
+  loop_matches_one_process_and_resumes_in_one(w, root, tiny_v3(), "parallel.cp=" + std::to_string(cp), w.size() / cp,
+                                              "cp rank");
+}
+
+// A checkpoint written at cp 2 (ranks 0 and 1) resumes at cp 1 (rank 0) and, on 3 ranks, at cp 3:
+// the losses of steps 4-6 equal the uninterrupted one-process run's (cp does not change the state).
+TEST(CpTrain, ResumesAcrossCpSizes) {
+  parallel::Communicator& w = parallel::test_world();
+  if (w.size() == 4) GTEST_SKIP() << "2 and 3 ranks";
+  const fs::path root = loop_corpus(w, "trex_cp_resume_", 41, [](int i) {
+    return "route " + std::to_string(i) + " serves " + std::to_string(7 * i + 3) + " stops " + std::string(i % 4, 'k');
+  });
+  const std::string data = (root / "corpus.jsonl").string();
+  auto cfg = [&](const std::string& d, std::vector<std::string> ov) {
+    ov.push_back("train.mtp_loss_weight=0.3");
+    return parse_run_config(loop_config((root / d).string(), data, 1, 6, tiny_v3_mtp(1)), "run.toml", ov);
+  };
+  auto copy_step3 = [&](const std::string& to) {
+    fs::create_directories(root / to / "checkpoints");
+    fs::copy(root / "cp2" / "checkpoints" / "step-00000003", root / to / "checkpoints" / "step-00000003",
+             fs::copy_options::recursive);
+  };
+  std::unique_ptr<parallel::Communicator> two = w.split(w.rank() < 2 ? 0 : -1, w.rank());
+  if (two) run_training(cfg("cp2", {"parallel.cp=2"}), bytes_tok(), two.get());
+  w.barrier();
+  if (w.rank() == 0) {
+    run_training(cfg("one", {}), bytes_tok());
+    copy_step3("cp2_then_1");
+    run_training(cfg("cp2_then_1", {"checkpoint.resume=auto"}), bytes_tok());
+    if (w.size() == 3) copy_step3("cp2_then_3");
+  }
+  w.barrier();
+  if (w.size() == 3) run_training(cfg("cp2_then_3", {"checkpoint.resume=auto", "parallel.cp=3"}), bytes_tok(), &w);
+  if (w.rank() == 0) {
+    const auto one = metrics((root / "one").string()), two_m = metrics((root / "cp2").string());
+    ASSERT_EQ(one.size(), 6u);
+    ASSERT_EQ(two_m.size(), 6u);
+    for (size_t s = 0; s < 6; ++s)
+      EXPECT_LT(rel(two_m[s]["loss"].get<double>(), one[s]["loss"].get<double>()), 1e-5) << "cp 2 step " << s + 1;
+    for (const char* d : {"cp2_then_1", "cp2_then_3"}) {
+      if (std::string(d) == "cp2_then_3" && w.size() != 3) continue;
+      const auto b = metrics((root / d).string());
+      ASSERT_EQ(b.size(), 3u) << d << ": steps 4-6 after the resume";
+      for (size_t s = 3; s < 6; ++s) {
+        EXPECT_EQ(b[s - 3]["step"].get<int64_t>(), (int64_t)s + 1) << d;
+        EXPECT_LT(rel(b[s - 3]["loss"].get<double>(), one[s]["loss"].get<double>()), 1e-5) << d << " step " << s + 1;
+      }
+    }
+    fs::remove_all(root);
+  }
+  w.barrier();
 }
