@@ -79,6 +79,36 @@ TEST(CpSplit, Refusals) {
   EXPECT_NO_THROW(model::check_context_parallel(model::parse_config(tiny_v3(), "tiny"), 2));
 }
 
+// The same refusals when a run's layout is resolved (trex train, trex bench step): the message
+// names the field, the value and the model.
+TEST(CpSplit, RunConfigRefusals) {
+  auto refusal = [](json model, int64_t seq_len, std::vector<std::string> ov, int world) -> std::string {
+    model["vocab_size"] = 260;
+    json j = loop_config("/nonexistent", "corpus.jsonl", 1, 2, model);
+    j["data"]["seq_len"] = seq_len;
+    try {
+      (void)resolve_parallel(parse_run_config(j, "run.toml", ov), world);
+    } catch (const UserError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  auto has = [](const std::string& msg, const std::string& part) { return msg.find(part) != std::string::npos; };
+  std::string e = refusal(tiny_v3(), 26, {"parallel.cp=2"}, 2);
+  EXPECT_TRUE(has(e, "data.seq_len = 26 is not a multiple of 2 x parallel.cp = 4")) << e;
+  e = refusal(tiny_v4(), 24, {"parallel.cp=2"}, 2);
+  EXPECT_TRUE(has(e, "parallel.cp = 2") && has(e, "deepseek_v4")) << e;
+  e = refusal(tiny_v32(), 24, {"parallel.cp=2"}, 2);
+  EXPECT_TRUE(has(e, "parallel.cp = 2") && has(e, "deepseek_v32")) << e;
+  e = refusal(tp_v3(), 24, {"parallel.cp=2", "parallel.tp=2"}, 4);
+  EXPECT_TRUE(has(e, "parallel.cp = 2 with parallel.tp = 2")) << e;
+  e = refusal(tiny_v3(), 24, {"parallel.cp=2"}, 3);
+  EXPECT_TRUE(has(e, "parallel.tp * parallel.cp * parallel.pp * parallel.dp")) << e;
+  e = refusal(tiny_v3(), 24, {"parallel.cp=0"}, 1);
+  EXPECT_TRUE(has(e, "parallel.cp")) << e;
+  EXPECT_EQ(refusal(tiny_v3(), 24, {"parallel.cp=3"}, 3), "");
+}
+
 // The whole world is one cp group (2 or 3 ranks; on 4 ranks cp 2 x dp 2): 10 steps, packed rows.
 TEST(CpTrain, V3PackedMatchesOneProcess) {
   const int n = parallel::test_world().size();
