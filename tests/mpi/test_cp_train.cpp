@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "model/context_parallel.h"
 #include "tests/mpi/train_parity.h"
+#include "train/activation_estimate.h"
 #include "train/loop.h"
 
 using namespace trex;
@@ -209,4 +210,33 @@ TEST(CpTrain, ResumesAcrossCpSizes) {
     fs::remove_all(root);
   }
   w.barrier();
+}
+
+// The activation estimate (train/activation_estimate.h, cp) replays one context-parallel
+// forward_backward: it equals the measured arena peak on every cp rank (every rank holds B x T / cp
+// tokens). bf16 and fp32, no and full recompute, with and without MTP layers.
+TEST(CpTrain, ActivationEstimateMatchesTheArena) {
+  init_threads(1);
+  parallel::Communicator& w = parallel::test_world();
+  const int cp = w.size() == 4 ? 2 : w.size();
+  parallel::ParallelDims dims;
+  dims.dp = w.size() / cp, dims.cp = cp;
+  parallel::ProcessGroups groups = parallel::make_process_groups(w, dims);
+  for (const json& mj : {tiny_v3(), cp_v3(), tiny_v2()})
+    for (int64_t B : {1, 3})
+      for (kern::Prec prec : {kern::Prec::BF16, kern::Prec::F32})
+        for (model::Recompute rec : {model::Recompute::None, model::Recompute::Full}) {
+          const double mtp = mj.value("num_nextn_predict_layers", 0) > 0 ? 0.3 : 0.0;
+          const model::ModelConfig cfg = model::parse_config(mj, "tiny");
+          const int64_t T = seq_for(cp);
+          model::Model m(cfg, prec, {0.01, mtp, rec});
+          m.init_random(3);
+          m.set_context_parallel(groups.cp.get());
+          const Global g = make_global(1, 1, 1, B, T, cfg.vocab_size, 29, true);
+          m.forward_backward(g.batch(0, 0, 0));
+          const double est = activation_peak_bytes(m.cfg, B, T, prec, rec, 1, 1, false, {}, {}, cp);
+          EXPECT_EQ(est, (double)m.peak_activation_bytes())
+              << cfg.model_type << (prec == kern::Prec::BF16 ? " bf16" : " fp32")
+              << (rec == model::Recompute::Full ? " full" : " none") << " B " << B << " mtp " << mtp;
+        }
 }
