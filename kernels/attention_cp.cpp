@@ -48,6 +48,32 @@ void mask_scores(const int32_t* qidx, const int32_t* seg_row, int q0, int nq, in
   }
 }
 
+// exp(x) for x <= 0 (a score minus its row's maximum or lse; -inf: masked) over n values in place,
+// in plain arithmetic the compiler vectorizes (no libm call): 2^(x log2 e) = 2^k 2^f with k =
+// trunc, f in (-1, 0], 2^f by its Taylor series to degree 8 (relative error < 2e-7). Values below
+// -87 (and -inf) give 0.
+void exp_nonpos(float* x, int n) {
+  for (int j = 0; j < n; ++j) {
+    const float v = x[j];
+    const float t = std::max(v * 1.44269504088896341f, -126.f);
+    const int k = (int)t;  // toward zero: f = t - k in (-1, 0]
+    const float f = (t - (float)k) * 0.693147180559945309f;
+    float p = 1.f / 40320.f;
+    p = p * f + 1.f / 5040.f;
+    p = p * f + 1.f / 720.f;
+    p = p * f + 1.f / 120.f;
+    p = p * f + 1.f / 24.f;
+    p = p * f + 1.f / 6.f;
+    p = p * f + 0.5f;
+    p = p * f + 1.f;
+    p = p * f + 1.f;
+    const int32_t bits = (k + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, sizeof scale);
+    x[j] = v < -87.f ? 0.f : p * scale;
+  }
+}
+
 struct Scratch {
   std::vector<float> S, dP;
 };
@@ -86,11 +112,10 @@ void attention_cp_fwd(const AttnCpShape& sh, const float* q, const float* k, con
         L[i] = kNegInf;
         continue;
       }
+      for (int j = 0; j < nk; ++j) s[j] -= m;
+      exp_nonpos(s, nk);
       double sum = 0;
-      for (int j = 0; j < nk; ++j) {
-        s[j] = std::exp(s[j] - m);
-        sum += s[j];
-      }
+      for (int j = 0; j < nk; ++j) sum += s[j];
       const float inv = (float)(1.0 / sum);
       for (int j = 0; j < nk; ++j) s[j] *= inv;
       L[i] = m + (float)std::log(sum);
@@ -136,7 +161,8 @@ void attention_cp_bwd(const AttnCpShape& sh, const float* q, const float* k, con
           std::fill(s, s + nk, 0.f);
           continue;
         }
-        for (int j = 0; j < nk; ++j) s[j] = std::exp(s[j] - L[i]);
+        for (int j = 0; j < nk; ++j) s[j] -= L[i];
+        exp_nonpos(s, nk);
       }
       // dV[0:nk] += P^T dO
       gemm_f32(true, false, nk, Dv, nq, 1.f, S.data(), nk, G, ldv, 1.f, dv + kv, ldv);
