@@ -8,6 +8,7 @@
 // Scores are scale * q.k; Dqk and Dv may differ. Per (b, h) and block of queries, the scores of
 // the block against the keys its last query may see are one GEMM (scratch [block, keys]), masked
 // and soft-maxed, the output one more GEMM; the backward recomputes the probabilities from lse.
+// Everything in f32 (a bf16 run's attention too: no bf16 variant yet), on any x86-64 CPU.
 #pragma once
 #include <cstdint>
 
