@@ -1,7 +1,6 @@
 // Parallel layout of a run: data (dp), tensor (tp), context (cp), pipeline (pp) and expert (ep)
-// parallel sizes,
-// validated against the world size, and the rank <-> coordinate map (topology only: nothing here
-// knows the model).
+// parallel sizes, validated against the world size, and the rank <-> coordinate map (topology
+// only: nothing here knows the model).
 //
 // Conventions (Megatron-Core style; docs/PARALLEL.md has the pictures):
 //  - world = tp * cp * dp * pp. Rank order: tp fastest, then cp, then dp, then pp:
@@ -9,8 +8,8 @@
 //    so a tp group is a run of consecutive ranks (one node, fastest links), and a cp group (the
 //    ranks sharing the tokens of the same sequences, Megatron-Core's order) the next closest.
 //  - Context parallel (cp): the cp ranks of a data rank read the same batches; cp rank r holds
-//    chunks r and 2 cp - 1 - r of the 2 cp equal chunks of every sequence (model/model.h
-//    ContextParallel). Every parameter is replicated over cp; gradients are reduced over dp x cp.
+//    chunks r and 2 cp - 1 - r of the 2 cp equal chunks of every sequence
+//    (model/context_parallel.h). Every parameter is replicated over cp; gradients are reduced over dp x cp.
 //  - ep divides dp: routed experts are sharded over ep ranks inside the data-parallel group
 //    (same tp_rank, cp_rank and pp_rank). Inside the dp group, ep is the fastest coordinate:
 //        ep_rank = dp_rank % ep,  edp_rank = dp_rank / ep,  edp = dp / ep
@@ -47,8 +46,8 @@ struct ParallelDims {
   int edp() const { return ep > 0 ? dp / ep : 0; }  // expert-data-parallel size
 
   // Throws trex::UserError naming the field(s), the values and what to do when a size is < 1,
-  // world_size != tp * cp * pp * dp, or ep does not divide dp. (Whether a model splits over the layout
-  // is the model's question: model::check_split, model/split.h.)
+  // world_size != tp * cp * pp * dp, or ep does not divide dp. (Whether a model splits over the
+  // layout is the model's question: model::check_split, model/split.h.)
   void validate_world(int world_size) const;
 
   // Layers per pp stage for a model of num_layers layers: pp_layers if given, else an even split
@@ -70,7 +69,7 @@ struct ParallelDims {
   // Every rank holding the same routed experts (same ep_rank; any tp, cp, dp, pp): world / ep ranks,
   // ascending. Expert-sharded models reduce their experts' gradients over it.
   std::vector<int> expert_replica_group(int rank) const;
-  // Pipeline memory sharding: every rank of `rank`'s stage (same pp_rank; any tp, dp), and the
+  // Pipeline memory sharding: every rank of `rank`'s stage (same pp_rank; any tp, cp, dp), and the
   // ranks of that stage holding the same routed experts (same pp_rank and ep_rank).
   std::vector<int> stage_group(int rank) const;
   std::vector<int> stage_expert_group(int rank) const;

@@ -275,7 +275,7 @@ const std::vector<SectionSpec>& sections() {
       {"parallel", "Data, tensor, pipeline and expert parallelism over MPI ranks (docs/PARALLEL.md).",
        {
            field("dp", Kind::Int, &R::parallel, &ParallelConfig::dp,
-                 "data-parallel size (0: the number of ranks / (tp x pp))", 0),
+                 "data-parallel size (0: the number of ranks / (tp x cp x pp))", 0),
            field("tp", Kind::Int, &R::parallel, &ParallelConfig::tp,
                  "tensor-parallel size: splits the attention heads and dense MLPs", 1),
            field("pp", Kind::Int, &R::parallel, &ParallelConfig::pp,

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Context parallel against threads on one rank: `trex bench step` on bench-v3 at a long sequence
 # (default 8192 tokens) as cp 2 (2 ranks x 1 thread, each holding two of the four chunks of the
-# sequence) and as 1 rank x 2 threads, one after the other on the same machine, with the load
-# average before each (a shared machine is noisy). Prints one Markdown row per run and the ratio of
-# the tokens/s (the same tokens: one sequence a step).
+# sequence; OpenMPI binds each of the 2 ranks to its own core) and as 1 rank x 2 threads, one
+# after the other on the same machine, with the load average before each (a shared machine is
+# noisy). Prints one Markdown row per run and the ratio of the tokens/s (the same tokens: one
+# sequence a step).
 #
 #   tools/bench/cp_step.sh [TREX=build/trex] [STEPS=2] [SEQ=8192]
 set -euo pipefail
@@ -20,7 +21,7 @@ L1=$(load)
 TREX_THREADS=2 "$TREX" "${common[@]}" --set train.threads=2 > "$OUT/one.json" 2> "$OUT/one.log" \
   || { tail -20 "$OUT/one.log"; exit 1; }
 L2=$(load)
-mpirun --allow-run-as-root --oversubscribe -np 2 --bind-to none -x TREX_THREADS=1 \
+mpirun --allow-run-as-root --oversubscribe -np 2 -x TREX_THREADS=1 \
   "$TREX" "${common[@]}" --set train.threads=1 --set parallel.cp=2 > "$OUT/cp.json" 2> "$OUT/cp.log" \
   || { tail -20 "$OUT/cp.log"; exit 1; }
 python3 - "$OUT/one.json" "$OUT/cp.json" "$L1" "$L2" "$SEQ" <<'PY'
