@@ -253,7 +253,7 @@ void add_bench(CLI::App& app) {
     // train.grad_accum micro-batches of B rows a step (the pipeline's 1F1B needs several).
     const int64_t B = rc.train.batch_size, T = rc.data.seq_len, GA = rc.train.grad_accum, N = GA * B * T;
     std::vector<int32_t> ids(N), labels(N);
-    // Each data rank its own tokens (the tp ranks of one data rank share them).
+    // Each data rank its own tokens (the tp and cp ranks of one data rank share them).
     Rng rng(rc.train.seed + 1 + 7919 * (uint64_t)dims.coord(rank).dp);
     std::vector<double> times, comm;
     double last_loss = 0, own_ms = 0;  // own_ms: this rank's measured steps (the profile's total)

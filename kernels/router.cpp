@@ -47,8 +47,8 @@ void router_aux_counts(const RouterShape& s, const int32_t* idx, int64_t T, int6
 }
 
 double router_aux_loss(const RouterShape& s, const float* scores, const double* cnt, int64_t B, int64_t T, int64_t n0,
-                       double alpha, float grad_scale, float* dscores) {
-  const int64_t E = s.E, K = s.K, N = s.N;
+                       double alpha, float grad_scale, float* dscores, int64_t Tn) {
+  const int64_t E = s.E, K = s.K, N = s.N, Ts = Tn > 0 ? Tn : T;  // Ts: the sequences' length
   TREX_CHECK(n0 >= 0 && n0 + N <= B * T, "router_aux_loss: rows [", n0, ", ", n0 + N, ") outside the ", B, " x ", T,
              " batch");
   double total = 0;
@@ -65,8 +65,8 @@ double router_aux_loss(const RouterShape& s, const float* scores, const double* 
     }
     double L = 0;
     for (int64_t e = 0; e < E; ++e) {
-      f[e] = cnt[b * E + e] * ((double)E / (double)(K * T));
-      P[e] /= (double)T;
+      f[e] = cnt[b * E + e] * ((double)E / (double)(K * Ts));
+      P[e] /= (double)Ts;
       L += f[e] * P[e];
     }
     total += alpha * L / B;
@@ -76,8 +76,8 @@ double router_aux_loss(const RouterShape& s, const float* scores, const double* 
       const float* sc = scores + i * E;
       double Z = 0, dot = 0;
       for (int64_t e = 0; e < E; ++e) Z += sc[e];
-      for (int64_t e = 0; e < E; ++e) dot += alpha * f[e] / (T * B) * (sc[e] / Z);
-      for (int64_t e = 0; e < E; ++e) dscores[i * E + e] += grad_scale * (float)((alpha * f[e] / (T * B) - dot) / Z);
+      for (int64_t e = 0; e < E; ++e) dot += alpha * f[e] / (Ts * B) * (sc[e] / Z);
+      for (int64_t e = 0; e < E; ++e) dscores[i * E + e] += grad_scale * (float)((alpha * f[e] / (Ts * B) - dot) / Z);
     }
   }
   return total;

@@ -37,9 +37,10 @@ void router_scores_bwd(const RouterShape& s, const float* scores, const float* d
 // cnt [B, E] += how often each sequence's tokens chose each expert (these rows' part);
 void router_aux_counts(const RouterShape& s, const int32_t* idx, int64_t T, int64_t n0, double* cnt);
 // with cnt the whole sequences' counts: returns these rows' part of alpha mean_b sum_i f_bi P_bi
-// and, when dscores is set, adds grad_scale x its gradient.
+// and, when dscores is set, adds grad_scale x its gradient. Tn > 0: the sequences are Tn tokens
+// long, of which each of the B rows here holds T (context parallel: f and P are normalized by Tn).
 double router_aux_loss(const RouterShape& s, const float* scores, const double* cnt, int64_t B, int64_t T, int64_t n0,
-                       double alpha, float grad_scale, float* dscores);
+                       double alpha, float grad_scale, float* dscores, int64_t Tn = 0);
 
 // Counting sort of the N K (token, slot) pairs by expert idx [N K], stable in token order:
 // offsets [E + 1] (expert e's rows are [offsets[e], offsets[e + 1])), row_token [N K] (the token

@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "kernels/attention.h"
+#include "kernels/attention_cp.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "model/v32_indexer.h"
@@ -88,22 +89,51 @@ void mla_project(const Ctx& c, const AttnIn& in, const float* x, MlaSaved& s) {
   c.k().rmsnorm_fwd(s.lat, N, r, in.P + p.kv_a_norm, kLatentNormEps, s.latn, s.lat_rstd);
   if (dr) c.k().rope_apply(kpe, N, 1, dr, dr, (int)dr, in.pos, in.rope->cos, in.rope->sin, layout(*in.rope), false);
 
+  // Context parallel: the keys are the whole rows' (NK tokens); their latents and rope keys are
+  // all-gathered from the cp ranks ([latn | k_pe] per token, in sequence order).
+  const int64_t NK = in.cp ? in.B * in.cp->split.T : N;
+  const float* latk = s.latn;  // [NK, r]
+  const float* kpek = kpe;     // [NK, dr]
+  if (in.cp) {
+    const int64_t f = sizeof(float), w = r + dr;
+    s.latn_all = A.alloc<float>(NK * r);
+    float* kpe_all = A.alloc<float>(NK * (dr ? dr : 1));
+    auto mk = A.mark();
+    float* loc = A.alloc<float>(N * w);
+    float* all = A.alloc<float>(NK * w);
+    c.k().copy_rows(loc, w * f, s.latn, r * f, r * f, N);
+    if (dr) c.k().copy_rows(loc + r, w * f, kpe, dr * f, dr * f, N);
+    cp_all_gather(*in.cp->cp, in.cp->split, in.B, loc, all, w, A);
+    c.k().copy_rows(s.latn_all, r * f, all, w * f, r * f, NK);
+    if (dr) c.k().copy_rows(kpe_all, dr * f, all + r, w * f, dr * f, NK);
+    A.release(mk);
+    latk = s.latn_all, kpek = kpe_all;
+  }
+
   // Per-head keys and values from the latent.
-  s.K = A.alloc<float>(N * H * dqk);
-  s.V = A.alloc<float>(N * H * dv);
+  s.K = A.alloc<float>(NK * H * dqk);
+  s.V = A.alloc<float>(NK * H * dv);
   {
     auto mk2 = A.mark();
-    float* kv = A.alloc<float>(N * H * (dn + dv));
-    linear_fwd(c, s.latn, N, r, wt(in, p.kv_b + hs.s0 * (dn + dv) * r), H * (dn + dv), kv);
-    // K [N, H, dn | dr] = the head's nope part | the shared rope key; V [N, H, dv].
+    float* kv = A.alloc<float>(NK * H * (dn + dv));
+    linear_fwd(c, latk, NK, r, wt(in, p.kv_b + hs.s0 * (dn + dv) * r), H * (dn + dv), kv);
+    // K [NK, H, dn | dr] = the head's nope part | the shared rope key; V [NK, H, dv].
     const int64_t f = sizeof(float);
-    c.k().copy_rows(s.K, dqk * f, kv, (dn + dv) * f, dn * f, N * H);
-    c.k().copy_rows(s.V, dv * f, kv + dn, (dn + dv) * f, dv * f, N * H);
+    c.k().copy_rows(s.K, dqk * f, kv, (dn + dv) * f, dn * f, NK * H);
+    c.k().copy_rows(s.V, dv * f, kv + dn, (dn + dv) * f, dv * f, NK * H);
     if (dr)
-      for (int64_t h = 0; h < H; ++h) c.k().copy_rows(s.K + h * dqk + dn, H * dqk * f, kpe, dr * f, dr * f, N);
+      for (int64_t h = 0; h < H; ++h) c.k().copy_rows(s.K + h * dqk + dn, H * dqk * f, kpek, dr * f, dr * f, NK);
     A.release(mk2);
   }
 }
+
+namespace {
+
+kern::AttnCpShape cp_shape(const AttnIn& in, int64_t H, int64_t dqk, int64_t dv) {
+  return {(int)in.B, (int)in.T, (int)in.cp->split.T, (int)H, (int)dqk, (int)dv, in.rope->softmax_scale};
+}
+
+}  // namespace
 
 void mla_forward(const Ctx& c, const AttnIn& in, const float* x, float* out, MlaSaved& s) {
   const ModelConfig& m = *in.cfg;
@@ -115,6 +145,11 @@ void mla_forward(const Ctx& c, const AttnIn& in, const float* x, float* out, Mla
   mla_project(c, in, x, s);
   if (m.is_v32()) {  // DeepSeek-V3.2: attention over the indexer's top-k tokens
     v32_attn_forward(c, in, s);
+  } else if (in.cp) {  // context parallel: the local queries against the whole rows' keys
+    s.O = A.alloc<float>(N * H * dv);
+    s.lse = A.alloc<float>(N * H);
+    ProfScope ps(c.prof, "fwd.mla.attn_core");
+    kern::attention_cp_fwd(cp_shape(in, H, dqk, dv), s.Q, s.K, s.V, in.cp->qidx, in.cp->seg_full, s.O, s.lse);
   } else {
     s.O = A.alloc<float>(N * H * dv);
     s.lse = A.alloc<float>(N * H);
@@ -142,30 +177,48 @@ void mla_backward(const Ctx& c, const AttnIn& in, const MlaSaved& s, const float
   float* dO = A.alloc<float>(N * H * dv);
   linear_bwd(c, dout, s.O, N, H * dv, wt(in, p.o + hs.s0 * dv, hs.Hs * dv), d, dO, false, G + p.o + hs.s0 * dv);
 
-  // Attention core.
+  // Attention core (context parallel: dK, dV of the whole rows' NK keys).
+  const int64_t NK = in.cp ? in.B * in.cp->split.T : N;
   float* dQ = A.alloc<float>(N * H * dqk);
-  float* dK = A.alloc<float>(N * H * dqk);
-  float* dV = A.alloc<float>(N * H * dv);
+  float* dK = A.alloc<float>(NK * H * dqk);
+  float* dV = A.alloc<float>(NK * H * dv);
   if (m.is_v32()) {
     v32_attn_backward(c, in, s, dO, dQ, dK, dV);
+  } else if (in.cp) {
+    ProfScope ps(c.prof, "bwd.mla.attn_core");
+    kern::attention_cp_bwd(cp_shape(in, H, dqk, dv), s.Q, s.K, s.V, in.cp->qidx, in.cp->seg_full, s.O, s.lse, dO, dQ,
+                           dK, dV);
   } else {
     kern::AttnShape sh{(int)in.B, (int)in.T, (int)H, (int)dqk, (int)dv, in.rope->softmax_scale, 0, c.prec};
     ProfScope ps(c.prof, "bwd.mla.attn_core");
     c.k().attention_bwd(sh, s.Q, s.K, s.V, s.O, s.lse, dO, dQ, dK, dV, in.seg);
   }
 
-  // Back into the latent: dkv [N, H, dn+dv], dk_pe [N, dr] summed over heads.
-  float* dkv = A.alloc<float>(N * H * (dn + dv));
+  // Back into the latent: dkv [NK, H, dn+dv], dk_pe [NK, dr] summed over heads.
+  float* dkv = A.alloc<float>(NK * H * (dn + dv));
   float* dkva = A.alloc<float>(N * (r + dr));
   const int64_t f = sizeof(float);
-  c.k().copy_rows(dkv, (dn + dv) * f, dK, dqk * f, dn * f, N * H);
-  c.k().copy_rows(dkv + dn, (dn + dv) * f, dV, dv * f, dv * f, N * H);
-  if (dr) c.k().sum_heads(dK + dn, N, H, H * dqk, dqk, dr, dkva + r, r + dr);
-  if (dr)
-    c.k().rope_apply(dkva + r, N, 1, r + dr, dr, (int)dr, in.pos, in.rope->cos, in.rope->sin, layout(*in.rope), true);
+  c.k().copy_rows(dkv, (dn + dv) * f, dK, dqk * f, dn * f, NK * H);
+  c.k().copy_rows(dkv + dn, (dn + dv) * f, dV, dv * f, dv * f, NK * H);
   float* dlatn = A.alloc<float>(N * r);
   const int64_t kvb = p.kv_b + hs.s0 * (dn + dv) * r;  // kv_b rows of the local heads
-  linear_bwd(c, dkv, s.latn, N, r, wt(in, kvb), H * (dn + dv), dlatn, false, G + kvb);
+  if (in.cp) {
+    // Every key's [dlatn | dk_pe] from this rank's queries, summed over the cp ranks into the
+    // owners' rows (the adjoint of the forward's all-gather).
+    const int64_t w = r + dr;
+    float* dall = A.alloc<float>(NK * w);
+    float* dlatn_all = A.alloc<float>(NK * r);
+    if (dr) c.k().sum_heads(dK + dn, NK, H, H * dqk, dqk, dr, dall + r, w);
+    linear_bwd(c, dkv, s.latn_all, NK, r, wt(in, kvb), H * (dn + dv), dlatn_all, false, G + kvb);
+    c.k().copy_rows(dall, w * f, dlatn_all, r * f, r * f, NK);
+    cp_reduce_scatter(*in.cp->cp, in.cp->split, in.B, dall, dkva, w, A);
+    c.k().copy_rows(dlatn, r * f, dkva, w * f, r * f, N);
+  } else {
+    if (dr) c.k().sum_heads(dK + dn, N, H, H * dqk, dqk, dr, dkva + r, r + dr);
+    linear_bwd(c, dkv, s.latn, N, r, wt(in, kvb), H * (dn + dv), dlatn, false, G + kvb);
+  }
+  if (dr)
+    c.k().rope_apply(dkva + r, N, 1, r + dr, dr, (int)dr, in.pos, in.rope->cos, in.rope->sin, layout(*in.rope), true);
   float* dlat = A.alloc<float>(N * r);
   c.k().rmsnorm_bwd(dlatn, s.lat, N, r, in.P + p.kv_a_norm, s.lat_rstd, dlat, G + p.kv_a_norm);
   c.k().copy_rows(dkva, (r + dr) * f, dlat, r * f, r * f, N);

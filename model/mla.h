@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include "model/config.h"
+#include "model/context_parallel.h"
 #include "model/linear.h"
 #include "model/params.h"
 
@@ -45,6 +46,11 @@ struct AttnIn {
   // causal key of the query's document).
   bool ix_loss = false, ix_dense = false;
   float ix_grad = 0.f;
+  // Context parallel (model/context_parallel.h; null: off): B x T are this rank's local tokens
+  // (T = 2c per row), pos their own positions, seg their document ids. The normalized latents and
+  // roped k_pe of every cp rank are all-gathered, so the saved K, V (and MlaSaved::latn_all) cover
+  // the whole rows, [B, cp->split.T, ...]; the backward reduce-scatters their gradients.
+  const CpAttn* cp = nullptr;
 };
 
 // Activations saved by forward for backward (allocated from the activation arena).
@@ -54,6 +60,7 @@ struct MlaSaved {
   float *Q = nullptr;                     // [N, H, dqk] after RoPE
   float *lat = nullptr, *lat_rstd = nullptr, *latn = nullptr;  // [N, r] latent, rstd, normed
   float *K = nullptr, *V = nullptr, *O = nullptr, *lse = nullptr;
+  float* latn_all = nullptr;              // context parallel: [B, T_full, r] every rank's normed latents
   // DeepSeek-V3.2 (model/v32_indexer.h): the selected keys of each (token, head) query and the
   // padded rows of the sparse attention ([N H, dqk + dv]).
   int64_t* off = nullptr;

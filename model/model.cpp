@@ -223,6 +223,9 @@ bool tp_partial_grad(const std::string& name) {
 void Model::set_tensor_parallel(parallel::Communicator* tp_comm, bool sequence_parallel) {
   if (tp_comm && tp_comm->size() > 1) refuse_on_device("tensor parallelism");
   tp_ = {};
+  TREX_USER_CHECK(!tp_comm || tp_comm->size() == 1 || !cp_.on(), "set parallel.tp = 1 or parallel.cp = 1",
+                  "parallel.tp = ", tp_comm ? tp_comm->size() : 1, " with parallel.cp = ", cp_.size,
+                  ": context parallelism does not compose with tensor parallelism yet");
   TREX_USER_CHECK(!tp_comm || tp_comm->size() == 1 || !opt.indexer_metrics(), "set parallel.tp = 1, or "
                   "train.indexer_loss_weight = 0 and train.indexer_recall = false", "the indexer loss needs every attention head's probabilities on "
                   "one rank; parallel.tp = ", tp_comm ? tp_comm->size() : 1);
@@ -239,6 +242,19 @@ void Model::set_tensor_parallel(parallel::Communicator* tp_comm, bool sequence_p
   tp_.comm = tp_comm;
   tp_.slice = {tp_comm->rank(), tp, layout.tp_sharded()};
   tp_.sp = sequence_parallel;
+}
+
+void Model::set_context_parallel(parallel::Communicator* cp_comm) {
+  cp_ = {};
+  if (!cp_comm || cp_comm->size() == 1) return;
+  refuse_on_device("context parallelism");
+  check_context_parallel(cfg, cp_comm->size());
+  TREX_USER_CHECK(!tp_.on(), "set parallel.tp = 1 or parallel.cp = 1",
+                  "parallel.cp = ", cp_comm->size(), " with parallel.tp = ", tp_.slice.size,
+                  ": context parallelism does not compose with tensor parallelism yet");
+  cp_.comm = cp_comm;
+  cp_.rank = cp_comm->rank();
+  cp_.size = cp_comm->size();
 }
 
 void Model::tp_sum(float* x, int64_t n) const {
@@ -359,7 +375,9 @@ void Model::set_pipeline_stage(PipelineStage s) {
 }
 
 int64_t Model::stage_io_floats(int64_t N) const {
-  // Sequence parallel: this rank's token rows only (a buffer fits every rank's).
+  // Sequence parallel: this rank's token rows only (a buffer fits every rank's); context parallel:
+  // this rank's chunks (N / cp).
+  if (cp_.on()) N /= cp_.size;
   return (tp_.sp ? seq_shard_of(N).block : N) * cfg.hidden_size * (cfg.is_v4() ? cfg.v4.hc_mult : 1);
 }
 
@@ -400,6 +418,7 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward, const Stag
   TREX_CHECK(!st.on() || (io && (st.first || io->x_in) && (st.last || backward || io->x_out) &&
                           (st.last || !backward || io->dy) && (st.first || !backward || io->dx_in)),
              "Model: pipeline stage without its inputs / outputs");
+  if (cp_.on()) return run_cp(b, grad_scale, backward, io);
   if (!tp_.sp) return cfg.is_v4() ? run_v4(b, grad_scale, backward, io) : run_v3(b, grad_scale, backward, io);
   // Sequence parallel: every shard's loss parts and expert loads are summed over the tp group, so
   // each tp rank returns (and counts) what the whole micro-batch gives, as without it.
@@ -415,6 +434,37 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward, const Stag
   const double t0 = now_ms();
   if (!dl.empty()) tp_.comm->all_reduce(dl.data(), dl.size());
   tp_.wait_ms += now_ms() - t0;
+  for (size_t i = 0; i < dl.size(); ++i) load_.v[i] = load0[i] + dl[i];
+  out.ce = parts[0], out.aux = parts[1], out.mtp = parts[2];
+  out.loss = out.ce + out.aux + opt.mtp_loss_weight * out.mtp + opt.indexer_loss_weight * out.indexer;
+  return out;
+}
+
+LossParts Model::run_cp(const Batch& b, float grad_scale, bool backward, const StageIO* io) {
+  TREX_CHECK(!cfg.is_v4() && !cfg.is_v32() && !tp_.on(), "run_cp: context parallelism on a refused model / layout");
+  const CpSplit split = cp_split(b.T, cp_);
+  const CpBatch lb = cp_local_batch(b, split);
+  const Batch local{lb.B, lb.T, lb.ids.data(), lb.targets.data(), lb.pos.data(), b.seg ? lb.seg.data() : nullptr};
+  cp_attn_ = CpAttn{&cp_, split, lb.qidx.data(), b.seg};
+  cp_full_ = &b, cp_batch_ = &lb;
+  const std::vector<int64_t> load0 = load_.v;
+  LossParts out;
+  try {
+    out = run_v3(local, grad_scale, backward, io);
+  } catch (...) {
+    cp_full_ = nullptr, cp_batch_ = nullptr;
+    throw;
+  }
+  cp_full_ = nullptr, cp_batch_ = nullptr;
+  // Each rank's CE and MTP sums are divided by the whole micro-batch's target counts and its aux
+  // part by the whole sequences' length: their sums over the cp group are the micro-batch's.
+  double parts[3] = {out.ce, out.aux, out.mtp};
+  std::vector<int64_t> dl(load_.v.size());
+  for (size_t i = 0; i < dl.size(); ++i) dl[i] = load_.v[i] - load0[i];
+  const double t0 = now_ms();
+  cp_.comm->all_reduce(parts, 3);
+  if (!dl.empty()) cp_.comm->all_reduce(dl.data(), dl.size());
+  cp_.wait_ms += now_ms() - t0;
   for (size_t i = 0; i < dl.size(); ++i) load_.v[i] = load0[i] + dl[i];
   out.ce = parts[0], out.aux = parts[1], out.mtp = parts[2];
   out.loss = out.ce + out.aux + opt.mtp_loss_weight * out.mtp + opt.indexer_loss_weight * out.indexer;
@@ -496,8 +546,10 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
 
   std::vector<LayerSaved> sv(layout.layers.size());  // main layers, then MTP layers
   LossParts out;
+  // Context parallel: b is this rank's part of the micro-batch fb (run_cp).
+  const Batch& fb = cp_full_ ? *cp_full_ : b;
   int64_t n_valid = 0;  // of the whole micro-batch (the CE is its mean)
-  for (int64_t i = 0; i < N; ++i) n_valid += b.targets[i] != -100;
+  for (int64_t i = 0; i < fb.B * fb.T; ++i) n_valid += fb.targets[i] != -100;
   out.n_valid = st.last ? n_valid : 0;
   // The router biases in the backend's memory (one copy per step; they change between steps).
   const float* bufs = buffers.empty() ? nullptr : c.device(buffers.data(), (int64_t)buffers.size());
@@ -509,6 +561,14 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
     if (sh.on()) {
       mi.n0 = n0, mi.rows = Nl;
       mi.seq_sum = [this](double* v, size_t n) { tp_sum(v, (int64_t)n); };
+    }
+    if (cp_full_) {  // the aux loss's counts and lengths are the whole sequences'
+      mi.T_seq = fb.T;
+      mi.seq_sum = [this](double* v, size_t n) {
+        const double t0 = now_ms();
+        cp_.comm->all_reduce(v, n);
+        cp_.wait_ms += now_ms() - t0;
+      };
     }
     return mi;
   };
@@ -527,6 +587,7 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
     s.rstd1 = acts.alloc<float>(Nl);
     cx.k().rmsnorm_fwd(x, Nl, d, P + lp.in_norm, eps, s.n1, s.rstd1);
     AttnIn ai{&cfg, &lp, P, Pb, G, &rope, pos, seg, B, T, tp_.slice, opt.indexer_metrics(), opt.dense_warmup(), ix_grad};
+    ai.cp = cp_full_ ? &cp_attn_ : nullptr;
     s.h_mid = acts.alloc<float>(Nl * d);
     {
       ProfScope ps(pr, "fwd.mla");
@@ -620,7 +681,8 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
     if (cfg.v3_mtp_layers > 0) {  // MTP layers on the main model's last hidden states (model/mtp_v3.h)
       need(kGradGroupEmbed);
       for (int64_t l = cfg.num_hidden_layers; l < (int64_t)layout.layers.size(); ++l) need(l);
-      mtp_in = MtpV3In{&cfg, &layout, c, P, Pb, G, &b, n0, Nl, grad_scale, opt.mtp_loss_weight, backward};
+      mtp_in = MtpV3In{&cfg, &layout, c, P, Pb, G, &fb, n0, Nl, grad_scale, opt.mtp_loss_weight, backward};
+      if (cp_full_) mtp_in.flat = cp_batch_->flat.data();  // the shifted inputs come from the whole rows
       out.mtp = mtp_v3_forward(mtp_in, x, mtp_saved, forward_layer);
     }
     out.loss = out.ce + out.aux + opt.mtp_loss_weight * out.mtp + indexer_parts();
@@ -659,6 +721,7 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
     c.k().add(dx, tmp2, Nl * d);
     // h_mid = h_in + mla(norm1(h_in))
     AttnIn ai{&cfg, &lp, P, Pb, G, &rope, pos, seg, B, T, tp_.slice, opt.indexer_metrics(), opt.dense_warmup(), ix_grad};
+    ai.cp = cp_full_ ? &cp_attn_ : nullptr;
     {
       ProfScope ps(prof, "bwd.mla");
       const float* dy = tp_block_in(sh, dx, d);

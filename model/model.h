@@ -13,6 +13,7 @@
 #include "core/stack_arena.h"
 #include "kernels/gemm.h"
 #include "model/config.h"
+#include "model/context_parallel.h"
 #include "model/mla.h"
 #include "model/moe.h"
 #include "model/params.h"
@@ -203,6 +204,14 @@ class Model {
   // null: off. sequence_parallel: see TensorParallel (a batch must then hold >= tp tokens).
   void set_tensor_parallel(parallel::Communicator* tp_comm, bool sequence_parallel = false);
   const TensorParallel& tensor_parallel() const { return tp_; }
+  // Context parallel over cp_comm (model/context_parallel.h): every cp rank receives the same
+  // micro-batches and computes on its two chunks of every row; forward and forward_backward become
+  // collectives over it. Gradients are partial on each cp rank (the data-parallel reduction over
+  // dp x cp ranks sums them, DpOptions::cp); the loss parts and expert loads a forward returns are
+  // summed over the cp group, so they are the whole micro-batch's on every cp rank. Refused
+  // (check_context_parallel) for DeepSeek-V3.2 and V4, and with tensor parallelism. null: off.
+  void set_context_parallel(parallel::Communicator* cp_comm);
+  const ContextParallel& context_parallel() const { return cp_; }
   // In place sum over the tp group of [n] floats (a no-op without tensor parallelism).
   void tp_sum(float* x, int64_t n) const;
   void tp_sum(double* x, int64_t n) const;  // (loss parts, aux-loss counts)
@@ -272,6 +281,8 @@ class Model {
   // io: the pipeline stage's inputs and outputs (null without pipeline parallelism).
   LossParts run(const Batch& b, float grad_scale, bool backward, const StageIO* io);
   LossParts run_v3(const Batch& b, float grad_scale, bool backward, const StageIO* io);
+  // Context parallel: run_v3 on this rank's part of b (cp_local_batch), the parts summed over cp.
+  LossParts run_cp(const Batch& b, float grad_scale, bool backward, const StageIO* io);
   LossParts run_v4(const Batch& b, float grad_scale, bool backward, const StageIO* io);  // model/model_v4.cpp
   int64_t stage_end() const { return stage_.l1 < 0 ? cfg.num_hidden_layers : stage_.l1; }
   void v4_tables(int64_t T);            // main / compress RoPE tables for positions [0, T)
@@ -302,6 +313,12 @@ class Model {
   LocalDispatcher local_dispatcher_;
   std::unique_ptr<AllToAllDispatcher> a2a_dispatcher_;  // reads ep_
   TensorParallel tp_;
+  ContextParallel cp_;
+  // During a context-parallel run_v3: the whole micro-batch, this rank's part of it and what the
+  // attention needs (null / unused otherwise).
+  const Batch* cp_full_ = nullptr;
+  const CpBatch* cp_batch_ = nullptr;
+  CpAttn cp_attn_;
   PipelineStage stage_;
   std::unique_ptr<kern::Backend> own_be_ = kern::make_cpu_backend();
   kern::Backend* be_ = own_be_.get();

@@ -196,7 +196,7 @@ double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, Mo
     ProfScope ps(c.prof, "fwd.moe.route.aux");
     // Sequence parallel sums the counts over the shards on the host (a CPU-only layout).
     TREX_CHECK(!in.seq_sum || c.host_memory(), "moe_forward: sequence parallel needs host-addressable memory");
-    aux = in.seq_sum ? seq_aux_loss(m, s.route, in.B, in.T, in.aux_alpha, 1.f, nullptr, in.n0, N, in.seq_sum)
+    aux = in.seq_sum ? seq_aux_loss(m, s.route, in.B, in.T, in.aux_alpha, 1.f, nullptr, in.n0, N, in.seq_sum, in.T_seq)
                      : c.k().router_aux(rs, s.route.scores, s.route.idx, in.B, in.T, in.n0, in.aux_alpha, 1.f, nullptr);
   }
   MoeRoute& r = s.local;
@@ -313,7 +313,7 @@ void moe_backward(const Ctx& c, const MoeIn& in, const MoeSaved& s, const float*
   c.k().router_probs_bwd(rs, s.route.scores, s.route.idx, dprobs, dlogits);
   if (in.aux_alpha > 0) {
     if (in.seq_sum)
-      seq_aux_loss(m, s.route, in.B, in.T, in.aux_alpha, in.aux_grad_scale, dlogits, in.n0, N, in.seq_sum);
+      seq_aux_loss(m, s.route, in.B, in.T, in.aux_alpha, in.aux_grad_scale, dlogits, in.n0, N, in.seq_sum, in.T_seq);
     else
       c.k().router_aux(rs, s.route.scores, s.route.idx, in.B, in.T, in.n0, in.aux_alpha, in.aux_grad_scale, dlogits);
   }

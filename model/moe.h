@@ -53,6 +53,9 @@ struct MoeIn {
   // the shards (a collective of the tp group); the aux loss returned is this shard's part.
   int64_t n0 = 0, rows = -1;
   std::function<void(double*, size_t)> seq_sum = {};
+  // Context parallel (model/context_parallel.h): the B x T tokens are this rank's parts of B
+  // sequences of T_seq tokens; seq_sum then sums the counts over the cp group. 0: T.
+  int64_t T_seq = 0;
   int64_t tokens() const { return rows >= 0 ? rows : B * T; }
 };
 

@@ -51,13 +51,19 @@ double mtp_v3_forward(const MtpV3In& in, const float* h0, std::vector<MtpV3Saved
     int32_t* ids = H.alloc<int32_t>(Nl);
     int32_t* tgs = H.alloc<int32_t>(Nl);
     m.n_valid = 0;
-    for (int64_t i = 0; i < N; ++i) {
+    auto shifted = [&](int64_t i, int32_t& id, int32_t& tg) {
       const int64_t ti = i % T, j = i + shift;
       const bool ok = ti + shift < T && (!b.seg || b.seg[j] == b.seg[i]);
-      const int32_t id = ok ? b.input_ids[j] : b.input_ids[i], tg = ok ? b.targets[j] : -100;
+      id = ok ? b.input_ids[j] : b.input_ids[i], tg = ok ? b.targets[j] : -100;
+    };
+    for (int64_t i = 0; i < N; ++i) {
+      int32_t id, tg;
+      shifted(i, id, tg);
       m.n_valid += tg != -100;
-      if (i >= n0 && i < n0 + Nl) ids[i - n0] = id, tgs[i - n0] = tg;
+      if (!in.flat && i >= n0 && i < n0 + Nl) ids[i - n0] = id, tgs[i - n0] = tg;
     }
+    if (in.flat)
+      for (int64_t i = 0; i < Nl; ++i) shifted(in.flat[i], ids[i], tgs[i]);
     m.ids = in.ctx.device(ids, Nl);
     m.tg = in.ctx.device(tgs, Nl);
     // x = eh_proj([enorm(e) | hnorm(h_prev)])   e, h_prev: [Nl, d]  cat: [Nl, 2d]  x: [Nl, d]

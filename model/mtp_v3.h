@@ -34,6 +34,9 @@ struct MtpV3In {
   float grad_scale = 0.f;
   double weight = 0;       // mtp_loss_weight
   bool backward = false;
+  // Context parallel: local row i is token flat[i] of the batch b (the whole micro-batch); null:
+  // n0 + i.
+  const int64_t* flat = nullptr;
 };
 
 // Saved state of one depth.

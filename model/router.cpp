@@ -35,7 +35,8 @@ void router_scores_backward(const ModelConfig& c, const float* scores, const flo
 }
 
 double seq_aux_loss(const ModelConfig& c, const RouterOut& o, int64_t B, int64_t T, double alpha, float grad_scale,
-                    float* dscores, int64_t n0, int64_t N, const std::function<void(double*, size_t)>& sum_counts) {
+                    float* dscores, int64_t n0, int64_t N, const std::function<void(double*, size_t)>& sum_counts,
+                    int64_t Tn) {
   if (N < 0) N = B * T;
   TREX_CHECK(n0 >= 0 && n0 + N <= B * T, "seq_aux_loss: rows [", n0, ", ", n0 + N, ") outside the ", B, " x ", T,
              " batch");
@@ -44,7 +45,7 @@ double seq_aux_loss(const ModelConfig& c, const RouterOut& o, int64_t B, int64_t
   std::vector<double> cnt(B * s.E, 0.0);
   kern::router_aux_counts(s, o.idx, T, n0, cnt.data());
   if (sum_counts) sum_counts(cnt.data(), cnt.size());
-  return kern::router_aux_loss(s, o.scores, cnt.data(), B, T, n0, alpha, grad_scale, dscores);
+  return kern::router_aux_loss(s, o.scores, cnt.data(), B, T, n0, alpha, grad_scale, dscores, Tn);
 }
 
 }  // namespace trex::model

@@ -38,9 +38,10 @@ void router_scores_backward(const ModelConfig& c, const float* scores, const flo
 // sum_counts, which sums a [B, E] array of expert selection counts over the shards (every shard
 // calls it once, in the same order); f_i then counts the whole sequence and P_i the shard's rows.
 // Returns the shard's part of the loss (the parts of all shards add up to the loss); adds
-// grad_scale * dL/dscores of its rows into dscores when non-null.
+// grad_scale * dL/dscores of its rows into dscores when non-null. Tn > 0 (context parallel): the
+// B x T rows are each a part of a sequence of Tn tokens (sum_counts sums over the parts).
 double seq_aux_loss(const ModelConfig& c, const RouterOut& o, int64_t B, int64_t T, double alpha, float grad_scale,
                     float* dscores, int64_t n0 = 0, int64_t N = -1,
-                    const std::function<void(double*, size_t)>& sum_counts = {});
+                    const std::function<void(double*, size_t)>& sum_counts = {}, int64_t Tn = 0);
 
 }  // namespace trex::model

@@ -11,7 +11,7 @@ namespace trex::parallel {
 namespace {
 
 void check_sizes(const ParallelDims& d) {
-  const std::pair<const char*, int> sizes[] = {{"dp", d.dp}, {"tp", d.tp}, {"pp", d.pp}, {"ep", d.ep}};
+  const std::pair<const char*, int> sizes[] = {{"dp", d.dp}, {"tp", d.tp}, {"pp", d.pp}, {"ep", d.ep}, {"cp", d.cp}};
   for (auto [name, v] : sizes)
     TREX_USER_CHECK(v >= 1, "every parallel size is at least 1", "parallel.", name, " = ", v, " must be >= 1");
 }
@@ -20,12 +20,18 @@ void check_sizes(const ParallelDims& d) {
 
 void ParallelDims::validate_world(int world_size) const {
   check_sizes(*this);
-  const int64_t prod = int64_t{tp} * pp * dp;
+  const int64_t prod = int64_t{tp} * cp * pp * dp;
+  if (cp == 1)
+    TREX_USER_CHECK(prod == world_size,
+                    detail::cat("launch with mpirun -np ", prod,
+                                ", or change parallel.dp / tp / pp so that tp * pp * dp = ", world_size),
+                    "parallel.tp * parallel.pp * parallel.dp = ", tp, " * ", pp, " * ", dp, " = ", prod,
+                    " but the run has ", world_size, " ranks (world size)");
   TREX_USER_CHECK(prod == world_size,
                   detail::cat("launch with mpirun -np ", prod,
-                              ", or change parallel.dp / tp / pp so that tp * pp * dp = ", world_size),
-                  "parallel.tp * parallel.pp * parallel.dp = ", tp, " * ", pp, " * ", dp, " = ", prod,
-                  " but the run has ", world_size, " ranks (world size)");
+                              ", or change parallel.dp / tp / cp / pp so that tp * cp * pp * dp = ", world_size),
+                  "parallel.tp * parallel.cp * parallel.pp * parallel.dp = ", tp, " * ", cp, " * ", pp, " * ", dp,
+                  " = ", prod, " but the run has ", world_size, " ranks (world size)");
   TREX_USER_CHECK(
       dp % ep == 0,
       "experts are sharded over ep ranks inside the data-parallel group: choose ep among the divisors of dp "
@@ -55,51 +61,60 @@ RankCoord ParallelDims::coord(int rank) const {
   TREX_CHECK(rank >= 0 && rank < world(), "rank ", rank, " outside [0, ", world(), ") for ", str());
   RankCoord c;
   c.tp = rank % tp;
-  c.dp = (rank / tp) % dp;
-  c.pp = rank / (tp * dp);
+  c.cp = (rank / tp) % cp;
+  c.dp = (rank / (tp * cp)) % dp;
+  c.pp = rank / (tp * cp * dp);
   c.ep = c.dp % ep;
   c.edp = c.dp / ep;
   return c;
 }
 
-int ParallelDims::rank_of(int tp_rank, int dp_rank, int pp_rank) const {
-  TREX_CHECK(tp_rank >= 0 && tp_rank < tp && dp_rank >= 0 && dp_rank < dp && pp_rank >= 0 && pp_rank < pp,
-             "coordinates (tp ", tp_rank, ", dp ", dp_rank, ", pp ", pp_rank, ") outside ", str());
-  return tp_rank + tp * (dp_rank + dp * pp_rank);
+int ParallelDims::rank_of(int tp_rank, int dp_rank, int pp_rank, int cp_rank) const {
+  TREX_CHECK(tp_rank >= 0 && tp_rank < tp && dp_rank >= 0 && dp_rank < dp && pp_rank >= 0 && pp_rank < pp &&
+                 cp_rank >= 0 && cp_rank < cp,
+             "coordinates (tp ", tp_rank, ", cp ", cp_rank, ", dp ", dp_rank, ", pp ", pp_rank, ") outside ", str());
+  return tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank));
 }
 
 std::vector<int> ParallelDims::tp_group(int rank) const {
   RankCoord c = coord(rank);
   std::vector<int> g;
-  for (int t = 0; t < tp; ++t) g.push_back(rank_of(t, c.dp, c.pp));
+  for (int t = 0; t < tp; ++t) g.push_back(rank_of(t, c.dp, c.pp, c.cp));
+  return g;
+}
+
+std::vector<int> ParallelDims::cp_group(int rank) const {
+  RankCoord c = coord(rank);
+  std::vector<int> g;
+  for (int k = 0; k < cp; ++k) g.push_back(rank_of(c.tp, c.dp, c.pp, k));
   return g;
 }
 
 std::vector<int> ParallelDims::dp_group(int rank) const {
   RankCoord c = coord(rank);
   std::vector<int> g;
-  for (int d = 0; d < dp; ++d) g.push_back(rank_of(c.tp, d, c.pp));
+  for (int d = 0; d < dp; ++d) g.push_back(rank_of(c.tp, d, c.pp, c.cp));
   return g;
 }
 
 std::vector<int> ParallelDims::pp_group(int rank) const {
   RankCoord c = coord(rank);
   std::vector<int> g;
-  for (int p = 0; p < pp; ++p) g.push_back(rank_of(c.tp, c.dp, p));
+  for (int p = 0; p < pp; ++p) g.push_back(rank_of(c.tp, c.dp, p, c.cp));
   return g;
 }
 
 std::vector<int> ParallelDims::ep_group(int rank) const {
   RankCoord c = coord(rank);
   std::vector<int> g;
-  for (int e = 0; e < ep; ++e) g.push_back(rank_of(c.tp, c.edp * ep + e, c.pp));
+  for (int e = 0; e < ep; ++e) g.push_back(rank_of(c.tp, c.edp * ep + e, c.pp, c.cp));
   return g;
 }
 
 std::vector<int> ParallelDims::edp_group(int rank) const {
   RankCoord c = coord(rank);
   std::vector<int> g;
-  for (int i = 0; i < edp(); ++i) g.push_back(rank_of(c.tp, i * ep + c.ep, c.pp));
+  for (int i = 0; i < edp(); ++i) g.push_back(rank_of(c.tp, i * ep + c.ep, c.pp, c.cp));
   return g;
 }
 
@@ -137,7 +152,8 @@ std::vector<int> ParallelDims::tp_slice_group(int rank) const {
 }
 
 std::string ParallelDims::str() const {
-  return detail::cat("dp=", dp, " tp=", tp, " pp=", pp, " ep=", ep, " (edp=", edp(), ", world=", world(), ")");
+  return detail::cat("dp=", dp, " tp=", tp, " pp=", pp, " ep=", ep, cp > 1 ? detail::cat(" cp=", cp) : "",
+                     " (edp=", edp(), ", world=", world(), ")");
 }
 
 ProcessGroups make_process_groups(Communicator& world, const ParallelDims& dims) {
@@ -149,6 +165,7 @@ ProcessGroups make_process_groups(Communicator& world, const ParallelDims& dims)
   g.pp = world.group(dims.pp_group(r));
   g.ep = world.group(dims.ep_group(r));
   g.edp = world.group(dims.edp_group(r));
+  g.cp = world.group(dims.cp_group(r));
   return g;
 }
 

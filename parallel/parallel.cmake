@@ -66,6 +66,12 @@ add_test(NAME mpi_pp_np4
                  ${MPIEXEC_PREFLAGS} $<TARGET_FILE:trex_mpi_tests> --gtest_filter=PpTrain.* ${MPIEXEC_POSTFLAGS})
 set_tests_properties(mpi_pp_np4 PROPERTIES TIMEOUT 300 PROCESSORS 2)
 
+# Context parallel on 4 ranks: cp 2 x dp 2, cp 2 x ep 2, cp 2 x pp 2.
+add_test(NAME mpi_cp_np4
+         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 --allow-run-as-root --oversubscribe
+                 ${MPIEXEC_PREFLAGS} $<TARGET_FILE:trex_mpi_tests> --gtest_filter=Cp*.* ${MPIEXEC_POSTFLAGS})
+set_tests_properties(mpi_cp_np4 PROPERTIES TIMEOUT 300 PROCESSORS 2)
+
 # A rank killed in a data-parallel `trex train`: the whole job must end within 60 s, the launcher
 # naming the dead rank (tests/faults/rank_death.sh).
 add_test(NAME faults_rank_death

@@ -54,6 +54,7 @@ class ArenaReplay {
 struct StepWalk {
   const model::ModelConfig& c;
   const int64_t B, T, N, d;
+  const int64_t cp, NK;          // context parallel: N = B T / cp local tokens, NK = B T keys (N without cp)
   const bool bf;                 // bf16 GEMM inputs (transient bf16 copies of activations)
   const bool replay;             // full recompute
   const int64_t tp, ep;          // tensor / expert parallel sizes
@@ -66,8 +67,9 @@ struct StepWalk {
   ArenaReplay A;
 
   StepWalk(const model::ModelConfig& cfg, int64_t b, int64_t t, kern::Prec p, model::Recompute r, int64_t tp_,
-           int64_t ep_, bool sp_, const model::StageShard& st, const model::TrainOptions& o)
-      : c(cfg), B(b), T(t), N(b * t), d(cfg.hidden_size), bf(p == kern::Prec::BF16), replay(r == model::Recompute::Full),
+           int64_t ep_, bool sp_, const model::StageShard& st, const model::TrainOptions& o, int64_t cp_)
+      : c(cfg), B(b), T(t), N(b * t / std::max<int64_t>(cp_, 1)), d(cfg.hidden_size), cp(std::max<int64_t>(cp_, 1)),
+        NK(b * t), bf(p == kern::Prec::BF16), replay(r == model::Recompute::Full),
         tp(std::max<int64_t>(tp_, 1)), ep(std::max<int64_t>(ep_, 1)), sp(sp_ && tp > 1),
         Nl(sp ? (N + tp - 1) / tp : N), l0(st.on() ? st.l0 : 0), l1(st.on() ? st.l1 : cfg.num_hidden_layers),
         last(!st.on() || st.last), ix_fwd(cfg.is_v4() && o.indexer_metrics()), ix_bwd(cfg.is_v4() && o.indexer_loss()),
@@ -216,10 +218,16 @@ struct StepWalk {
     f32(N * (r + dr));  // kva
     linear_fwd(N, d);
     A.release(m);
-    f32(N * H * dqk), f32(N * H * dv);  // K, V
+    if (cp > 1) {  // the gathered [latn | k_pe] of the whole rows (model/context_parallel.cpp)
+      f32(NK * r), f32(NK * (dr ? dr : 1));  // latn_all, kpe_all
+      m = A.mark();
+      f32(N * (r + dr)), f32(NK * (r + dr)), f32(NK * (r + dr));  // local, gathered, the all-gather's buffer
+      A.release(m);
+    }
+    f32(NK * H * dqk), f32(NK * H * dv);  // K, V (the whole rows' under cp)
     m = A.mark();
-    f32(N * H * (dn + dv));  // kv
-    linear_fwd(N, r);
+    f32(NK * H * (dn + dv));  // kv
+    linear_fwd(NK, r);
     A.release(m);
     f32(N * H * dv), f32(N * H);  // O, lse
     linear_fwd(N, H * dv);
@@ -230,10 +238,18 @@ struct StepWalk {
     const auto m = A.mark();
     f32(N * H * dv);  // dO
     linear_bwd(N, H * dv, d);
-    f32(N * H * dqk), f32(N * H * dqk), f32(N * H * dv);  // dQ, dK, dV
-    f32(N * H * (dn + dv)), f32(N * (r + dr));             // dkv, dkva
-    f32(N * r);                                            // dlatn
-    linear_bwd(N, r, H * (dn + dv));
+    f32(N * H * dqk), f32(NK * H * dqk), f32(NK * H * dv);  // dQ, dK, dV
+    f32(NK * H * (dn + dv)), f32(N * (r + dr));              // dkv, dkva
+    f32(N * r);                                              // dlatn
+    if (cp > 1) {
+      f32(NK * (r + dr)), f32(NK * r);  // dall, dlatn_all
+      linear_bwd(NK, r, H * (dn + dv));
+      const auto m2 = A.mark();
+      f32(NK * (r + dr));  // the reduce-scatter's buffer
+      A.release(m2);
+    } else {
+      linear_bwd(N, r, H * (dn + dv));
+    }
     f32(N * r);  // dlat
     linear_bwd(N, d, r + dr);
     if (rq) {
@@ -557,11 +573,13 @@ struct StepWalk {
 
 double activation_peak_bytes(const model::ModelConfig& c, int64_t B, int64_t T, kern::Prec prec,
                              model::Recompute recompute, int64_t tp, int64_t ep, bool sequence_parallel,
-                             const model::StageShard& stage, const model::TrainOptions& ix) {
+                             const model::StageShard& stage, const model::TrainOptions& ix, int64_t cp) {
   TREX_CHECK(B > 0 && T > 0, "activation_peak_bytes: empty batch ", B, " x ", T);
+  TREX_CHECK(cp <= 1 || (!c.is_v4() && T % (2 * cp) == 0), "activation_peak_bytes: context parallel ", cp,
+             " on a ", c.model_type, " model, rows of ", T);
   TREX_CHECK(!stage.on() || (0 <= stage.l0 && stage.l0 <= stage.l1 && stage.l1 <= c.num_hidden_layers),
              "activation_peak_bytes: stage layers [", stage.l0, ", ", stage.l1, ") of ", c.num_hidden_layers);
-  StepWalk w(c, B, T, prec, recompute, tp, ep, sequence_parallel, stage, ix);
+  StepWalk w(c, B, T, prec, recompute, tp, ep, sequence_parallel, stage, ix, cp);
   if (c.is_v4()) w.run_v4();
   else w.run_v3();
   return (double)w.A.peak();

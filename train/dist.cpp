@@ -51,8 +51,10 @@ void grow_arena(Arena& a, const char* name, size_t bytes) {
 DataParallel::DataParallel(parallel::Communicator& dp_comm, model::Model& m, AdamWConfig ocfg, DpOptions o)
     : comm_(dp_comm), m_(m), o_(o) {
   const int dp = comm_.size();
-  TREX_CHECK(o_.tp >= 1 && o_.pp >= 1 && dp % (o_.tp * o_.pp) == 0, "DataParallel: ", dp,
-             " ranks are not a multiple of tp x pp = ", o_.tp, " x ", o_.pp);
+  TREX_CHECK(o_.tp >= 1 && o_.pp >= 1 && o_.cp >= 1 && dp % (o_.tp * o_.cp * o_.pp) == 0, "DataParallel: ", dp,
+             " ranks are not a multiple of tp x cp x pp = ", o_.tp, " x ", o_.cp, " x ", o_.pp);
+  TREX_CHECK(o_.cp == 1 || m.context_parallel().on(), "DataParallel: cp = ", o_.cp,
+             " but context parallelism is not set on the model");
   TREX_CHECK(o_.tp == 1 || m.tensor_parallel().on(), "DataParallel: tp = ", o_.tp,
              " but tensor parallelism is not set on the model");
   TREX_CHECK((o_.pp == 1) == !m.pipeline_stage().on() && (o_.pp == 1 || (o_.pp_comm && o_.pp_comm->size() == o_.pp)),
@@ -388,7 +390,8 @@ model::ExpertLoad DataParallel::sum_loads(const model::ExpertLoad& load) {
 double DataParallel::exposed_wait_s() const {
   double s = wait_s_;
   for (const Region& r : regions_) s += r.sync->exposed_wait_seconds();
-  return s + (m_.expert_parallel().wait_ms + m_.tensor_parallel().wait_ms + pp_wait_ms_) / 1e3;
+  return s + (m_.expert_parallel().wait_ms + m_.tensor_parallel().wait_ms + m_.context_parallel().wait_ms +
+               pp_wait_ms_) / 1e3;
 }
 
 // The slab range of region kind `kind` (DataParallel::Kind: 0 the shared embedding, 1 the other

@@ -66,6 +66,12 @@ struct DpOptions {
   // every rank completes every tensor. pp_comm: the pp group of this rank (train/pipeline.h).
   int pp = 1;
   parallel::Communicator* pp_comm = nullptr;
+  // Context parallel: the communicator holds tp x cp x dp x pp ranks (comm rank = tp_rank + tp *
+  // (cp_rank + cp * (data_rank + dp * pp_rank)), parallel/dims.h) and the cp ranks of a data rank
+  // see the same batches, each computing on its chunks of every sequence
+  // (Model::set_context_parallel). Every gradient is partial on each cp rank (the reduction over
+  // every rank sums them); the loss parts, token counts and expert loads count once (cp rank 0's).
+  int cp = 1;
   // Let the parameter all-gather of an optimizer step run on into the next forward: each bucket
   // is waited for (and its bf16 shadow refreshed) just before the forward first reads a parameter
   // group in it (Model::params_needed). Off: gather_params() waits for everything.
@@ -106,7 +112,7 @@ struct DpOptions {
 enum class Count {
   PerDataRank,  // values every rank of a data rank knows (token and target counts): counted once
   PerStage,     // values each pipeline stage computes for its own part (loss parts, expert loads):
-                // counted once per stage of each data rank (tp rank 0's)
+                // counted once per stage of each data rank (tp rank 0's, cp rank 0's)
 };
 
 class DataParallel {
@@ -125,10 +131,11 @@ class DataParallel {
   int size() const { return comm_.size(); }
   // The data-parallel coordinates (which batches this rank reads): without tensor parallelism
   // rank() and size().
-  int data_rank() const { return comm_.rank() / o_.tp % data_size(); }
-  int data_size() const { return comm_.size() / (o_.tp * o_.pp); }
+  int data_rank() const { return comm_.rank() / (o_.tp * o_.cp) % data_size(); }
+  int data_size() const { return comm_.size() / (o_.tp * o_.cp * o_.pp); }
   int tp_rank() const { return comm_.rank() % o_.tp; }
-  int pp_rank() const { return comm_.rank() / (o_.tp * data_size()); }
+  int cp_rank() const { return comm_.rank() / o_.tp % o_.cp; }
+  int pp_rank() const { return comm_.rank() / (o_.tp * o_.cp * data_size()); }
   // The pp group (null without pipeline parallelism) and the time this rank was blocked in its
   // receives (pipeline_step / pipeline_forward add to it; part of exposed_wait_s).
   parallel::Communicator* pipeline() const { return o_.pp_comm; }
@@ -224,7 +231,7 @@ class DataParallel {
   int64_t group_index(int64_t g) const;  // grad_ready numbering -> index into Region::group_buckets
   void start_ready_buckets(Region& r);   // reduce-scatters of the ready buckets, highest index first
   void finish_param_bucket(Region& r, int b);  // waits for bucket b's all-gather, refreshes its bf16 shadow
-  bool counts(Count c) const { return tp_rank() == 0 && (c == Count::PerStage || pp_rank() == 0); }
+  bool counts(Count c) const { return tp_rank() == 0 && cp_rank() == 0 && (c == Count::PerStage || pp_rank() == 0); }
   void drop_tp_copies(int64_t i);  // tensor parallel, tp rank > 0: zero group i's whole-gradient tensors
   // Region k's AdamW moments ([region size] each, indexed like the region) on its comm's rank 0.
   void gather_region_moments(size_t k, std::vector<float>& m1, std::vector<float>& m2);

@@ -3,6 +3,7 @@
 #include "train/layout.h"
 
 #include "core/error.h"
+#include "model/context_parallel.h"
 #include "model/split.h"
 #include "parallel/comm_device.h"
 
@@ -11,6 +12,10 @@ namespace trex::train {
 void validate_layout(const parallel::ParallelDims& dims, int world_size, const model::ModelConfig& cfg) {
   dims.validate_world(world_size);
   model::check_split(cfg, {dims.tp, dims.ep, dims.pp, dims.pp_layers});
+  model::check_context_parallel(cfg, dims.cp);
+  TREX_USER_CHECK(dims.cp == 1 || dims.tp == 1, "set parallel.tp = 1 or parallel.cp = 1",
+                  "parallel.cp = ", dims.cp, " with parallel.tp = ", dims.tp,
+                  ": context parallelism does not compose with tensor parallelism yet");
 }
 
 ParallelRun make_parallel_run(parallel::Communicator& world, const parallel::ParallelDims& dims, model::Model& m,
@@ -34,12 +39,14 @@ ParallelRun make_parallel_run(parallel::Communicator& world, const parallel::Par
   r.groups = parallel::make_process_groups(world, dims);
   if (dims.ep > 1) m.set_expert_parallel(r.groups.ep.get());
   if (dims.tp > 1) m.set_tensor_parallel(r.groups.tp.get(), o.sequence_parallel);
+  if (dims.cp > 1) m.set_context_parallel(r.groups.cp.get());
   if (dims.pp > 1) {
     const int s = dims.coord(world.rank()).pp;
     const int64_t L = m.cfg.num_hidden_layers, l0 = dims.stage_first_layer(L, s);
     m.set_pipeline_stage({l0, l0 + dims.stage_layers(L)[s], s == 0, s == dims.pp - 1});
   }
   o.tp = dims.tp;
+  o.cp = dims.cp;
   o.pp = dims.pp;
   o.pp_comm = dims.pp > 1 ? r.groups.pp.get() : nullptr;
   const model::ParamLayout& ml = m.layout;
@@ -65,7 +72,8 @@ ParallelRun make_parallel_run(parallel::Communicator& world, const parallel::Par
                                                        : dims.expert_replica_group(world.rank()));
     o.expert_comm = r.expert_replicas.get();
   }
-  // The DataParallel runs over the whole world (rank = tp_rank + tp * (dp_rank + dp * pp_rank)).
+  // The DataParallel runs over the whole world (rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp *
+  // pp_rank))).
   r.dp = std::make_unique<DataParallel>(world, m, ocfg, o);
   return r;
 }

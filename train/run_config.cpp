@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/suggest.h"
+#include "model/context_parallel.h"
 #include "train/device.h"
 #include "io/toml_json.h"
 #include "train/layout.h"
@@ -276,13 +277,18 @@ const std::vector<SectionSpec>& sections() {
       {"parallel", "Data, tensor, pipeline and expert parallelism over MPI ranks (docs/PARALLEL.md).",
        {
            field("dp", Kind::Int, &R::parallel, &ParallelConfig::dp,
-                 "data-parallel size (0: the number of ranks / (tp x pp))", 0),
+                 "data-parallel size (0: the number of ranks / (tp x cp x pp))", 0),
            field("tp", Kind::Int, &R::parallel, &ParallelConfig::tp,
                  "tensor-parallel size: splits the attention heads and dense MLPs", 1),
            field("pp", Kind::Int, &R::parallel, &ParallelConfig::pp,
                  "pipeline-parallel size: splits the layers into stages (1F1B schedule)", 1),
            field("ep", Kind::Int, &R::parallel, &ParallelConfig::ep,
                  "expert-parallel size (divides dp): the routed experts are split over ep ranks", 1),
+           field("cp", Kind::Int, &R::parallel, &ParallelConfig::cp,
+                 "context-parallel size: every sequence is cut in 2 cp chunks, rank r of a cp group holds chunks r "
+                 "and 2 cp - 1 - r; the attention gathers the keys (DeepSeek-V3 / V2 models; data.seq_len a "
+                 "multiple of 2 cp; not with tp > 1)",
+                 1),
            [] {
              KeySpec k = key_spec(
                  "pp_layers", Kind::Custom, "decoder layers per pipeline stage, one count per stage ([]: an even split)",
@@ -618,13 +624,15 @@ std::string run_config_reference() {
 
 parallel::ParallelDims resolve_parallel(const RunConfig& rc, int world_size) {
   parallel::ParallelDims d;
-  d.tp = (int)rc.parallel.tp, d.pp = (int)rc.parallel.pp, d.ep = (int)rc.parallel.ep;
+  d.tp = (int)rc.parallel.tp, d.pp = (int)rc.parallel.pp, d.ep = (int)rc.parallel.ep, d.cp = (int)rc.parallel.cp;
   for (int64_t n : rc.parallel.pp_layers) d.pp_layers.push_back((int)n);
-  d.dp = rc.parallel.dp > 0 ? (int)rc.parallel.dp : std::max(1, world_size / std::max(1, d.tp * d.pp));
+  d.dp = rc.parallel.dp > 0 ? (int)rc.parallel.dp : std::max(1, world_size / std::max(1, d.tp * d.cp * d.pp));
   TREX_USER_CHECK(world_size > 1 || d.world() == 1,
-                  "launch with mpirun -np " + std::to_string(d.world()) + " trex train ...", "parallel.dp x tp x pp = ",
-                  d.world(), " needs ", d.world(), " MPI ranks but trex train runs as one process");
+                  "launch with mpirun -np " + std::to_string(d.world()) + " trex train ...",
+                  d.cp > 1 ? "parallel.dp x tp x cp x pp = " : "parallel.dp x tp x pp = ", d.world(), " needs ",
+                  d.world(), " MPI ranks but trex train runs as one process");
   validate_layout(d, world_size, rc.model);
+  if (d.cp > 1) model::check_cp_seq_len(rc.data.seq_len, d.cp, "data.seq_len");
   TREX_USER_CHECK(!rc.parallel.sequence_parallel || d.tp == 1 || rc.data.seq_len >= d.tp,
                   "set data.seq_len >= parallel.tp, or parallel.sequence_parallel = false",
                   "parallel.sequence_parallel splits every sequence's tokens over the tp = ", d.tp,

@@ -60,8 +60,12 @@ struct OptimConfig {
 // the layers into stages run by a 1F1B schedule; ep divides dp, the routed experts are split over
 // ep ranks.
 struct ParallelConfig {
-  int64_t dp = 0;  // data-parallel size; 0 = auto: the number of ranks / (tp x pp)
+  int64_t dp = 0;  // data-parallel size; 0 = auto: the number of ranks / (tp x cp x pp)
   int64_t tp = 1, pp = 1, ep = 1;
+  // Context-parallel size: each of cp ranks holds 2 of the 2 cp chunks of every sequence
+  // (model/context_parallel.h). Needs data.seq_len divisible by 2 cp; DeepSeek-V3-family MLA
+  // models only (not V3.2 or V4), not with tp > 1.
+  int64_t cp = 1;
   std::vector<int64_t> pp_layers;  // optional: decoder layers per stage (size pp; even split if empty)
   int64_t bucket_size = 4 << 20;  // slab elements per gradient bucket (0: one bucket)
   bool overlap = true;            // reduce-scatter each bucket as soon as the backward completes it

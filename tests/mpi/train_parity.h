@@ -36,22 +36,43 @@ using namespace trex::train;
 
 // The global batches of K steps: micro-batch (step s, accumulation a, rank r) holds B rows of T
 // tokens; a different share of -100 targets per rank so the ranks' target counts differ.
+// packed: every row holds several documents (document ids and positions from 0 in each, as
+// train/data.cpp packs them), with boundaries at random places.
 struct Global {
   int64_t K, ga, dp, B, T;
   std::vector<std::vector<int32_t>> ids, tg;  // [(s * ga + a) * dp + r]
+  std::vector<std::vector<int32_t>> pos, seg;  // packed only, same indexing
   model::Batch batch(int64_t s, int64_t a, int64_t r) const {
     const size_t i = (size_t)((s * ga + a) * dp + r);
+    if (!pos.empty()) return {B, T, ids[i].data(), tg[i].data(), pos[i].data(), seg[i].data()};
     return {B, T, ids[i].data(), tg[i].data(), nullptr, nullptr};
   }
 };
 
-inline Global make_global(int64_t K, int64_t ga, int64_t dp, int64_t B, int64_t T, int64_t V, uint64_t seed) {
-  Global g{K, ga, dp, B, T, {}, {}};
+inline Global make_global(int64_t K, int64_t ga, int64_t dp, int64_t B, int64_t T, int64_t V, uint64_t seed,
+                          bool packed = false) {
+  Global g{K, ga, dp, B, T, {}, {}, {}, {}};
   Rng r(seed);
   for (int64_t i = 0; i < K * ga * dp; ++i) {
     std::vector<int32_t> ids(B * T), tg(B * T);
     for (auto& x : ids) x = (int32_t)(r.next_u64() % V);
     for (int64_t j = 0; j < B * T; ++j) tg[j] = (j % (3 + i % 4) == 1) ? -100 : (int32_t)(r.next_u64() % V);
+    if (packed) {
+      std::vector<int32_t> pos(B * T), seg(B * T);
+      for (int64_t b = 0; b < B; ++b) {
+        int32_t doc = 0, p = 0;
+        for (int64_t t = 0; t < T; ++t) {
+          if (t > 0 && r.next_u64() % 5 == 0) ++doc, p = 0;  // a new document starts here
+          pos[b * T + t] = p++, seg[b * T + t] = doc;
+          // The last token of a document predicts nothing.
+          if (t + 1 == T) tg[b * T + t] = -100;
+        }
+        for (int64_t t = 0; t + 1 < T; ++t)
+          if (seg[b * T + t + 1] != seg[b * T + t]) tg[b * T + t] = -100;
+      }
+      g.pos.push_back(std::move(pos));
+      g.seg.push_back(std::move(seg));
+    }
     g.ids.push_back(std::move(ids));
     g.tg.push_back(std::move(tg));
   }
@@ -76,6 +97,7 @@ struct Case {
   model::Recompute recompute = model::Recompute::None;
   double ix_weight = 0;  // the indexer loss (DeepSeek-V3.2 model/v32_indexer_loss.h, V4 model/v4_indexer.h)
   model::IndexerStage ix_stage = model::IndexerStage::Sparse;
+  bool packed = false;  // the batches' rows hold several documents (Global)
   model::ModelConfig cfg() const { return model::parse_config(model, "tiny"); }
   // shard: the routed experts the model holds (expert-parallel memory sharding; default all).
   std::unique_ptr<model::Model> make(uint64_t seed, model::ExpertShard shard = {}, model::StageShard stage = {},
@@ -206,14 +228,15 @@ inline void expect_traces_equal(const Trace& dp, const Trace& ref, double tol) {
 // ep > 1: expert parallel inside the dp group (ep divides the world size and the model's experts).
 // tp > 1: tensor parallel (tp divides the heads and the dense MLP width).
 // pp > 1: pipeline parallel (1F1B over ga micro-batches), layers per stage pp_layers or even.
-// dp = world size / (tp x pp).
+// cp > 1: context parallel (2 cp divides T).
+// dp = world size / (tp x cp x pp).
 inline void parity(const Case& su, DpOptions o, int64_t K, int64_t ga, int64_t B, int64_t T, int ep = 1, int tp = 1,
-                   int pp = 1, std::vector<int> pp_layers = {}) {
+                   int pp = 1, std::vector<int> pp_layers = {}, int cp = 1) {
   init_threads(1);
   parallel::Communicator& w = parallel::test_world();
   const model::ModelConfig cfg = su.cfg();
-  const int ndata = w.size() / (tp * pp);
-  const Global g = make_global(K, ga, ndata, B, T, cfg.vocab_size, 11);
+  const int ndata = w.size() / (tp * pp * cp);
+  const Global g = make_global(K, ga, ndata, B, T, cfg.vocab_size, 11, su.packed);
   auto refp = su.make(5);
   model::Model& ref = *refp;
   AdamW ropt(ref, su.ocfg);
@@ -224,7 +247,7 @@ inline void parity(const Case& su, DpOptions o, int64_t K, int64_t ga, int64_t B
   // replicas of an expert shard take the values of the first rank holding it (trex train inits
   // every rank from the same seed), so those ranks start from the reference's weights.
   parallel::ParallelDims dims;
-  dims.dp = ndata, dims.ep = ep, dims.tp = tp, dims.pp = pp, dims.pp_layers = pp_layers;
+  dims.dp = ndata, dims.ep = ep, dims.tp = tp, dims.pp = pp, dims.pp_layers = pp_layers, dims.cp = cp;
   train::validate_layout(dims, w.size(), cfg);
   // Pipeline parallel: each rank holds its stage's tensors only, and the first rank of each stage
   // (and of each stage's expert shard) gives them to the others.
@@ -268,9 +291,9 @@ inline void parity(const Case& su, DpOptions o, int64_t K, int64_t ga, int64_t B
   else EXPECT_EQ(dp.buckets_started_in_backward(), 0);
   const ParamDiff d = param_diff(*whole, ref);
   if (w.rank() == 0)
-    std::printf("[dp parity] dp=%d tp=%d pp=%d ep=%d %s: %d buckets, %lld steps, loss %.6f -> %.6f, params: worst L2 "
-                "%.2e (%s), worst element %.2e (%s)\n",
-                ndata, tp, pp, ep, cfg.model_type.c_str(), dp.num_buckets(), (long long)K, tr.loss.front(),
+    std::printf("[dp parity] dp=%d tp=%d pp=%d ep=%d cp=%d %s: %d buckets, %lld steps, loss %.6f -> %.6f, params: "
+                "worst L2 %.2e (%s), worst element %.2e (%s)\n",
+                ndata, tp, pp, ep, cp, cfg.model_type.c_str(), dp.num_buckets(), (long long)K, tr.loss.front(),
                 tr.loss.back(), d.l2, d.l2_at.c_str(), d.max, d.max_at.c_str());
 }
 

@@ -131,6 +131,42 @@ TEST(ParallelDims, GroupsPartitionTheWorld) {
   }
 }
 
+// Context parallel: tp fastest, then cp, then dp, then pp; every group partitions the world and
+// a rank's coordinate is its rank in each group.
+TEST(ParallelDims, ContextParallelRankOrderAndGroups) {
+  using V = std::vector<int>;
+  ParallelDims d = dims(2, 1, 2, 1);  // dp 2 x pp 2
+  d.cp = 3;                           // world 12: rank = cp + 3 (dp + 2 pp)
+  ASSERT_EQ(d.world(), 12);
+  for (int r = 0; r < 12; ++r) {
+    const auto c = d.coord(r);
+    EXPECT_EQ(d.rank_of(c.tp, c.dp, c.pp, c.cp), r);
+    EXPECT_EQ(d.cp_group(r)[c.cp], r);
+    EXPECT_EQ(d.dp_group(r)[c.dp], r);
+    EXPECT_EQ(d.pp_group(r)[c.pp], r);
+  }
+  EXPECT_EQ(d.coord(7).cp, 1);
+  EXPECT_EQ(d.coord(7).dp, 0);
+  EXPECT_EQ(d.coord(7).pp, 1);
+  EXPECT_EQ(d.cp_group(7), (V{6, 7, 8}));
+  EXPECT_EQ(d.dp_group(7), (V{7, 10}));
+  EXPECT_EQ(d.pp_group(7), (V{1, 7}));
+  // ep inside dp, of one cp rank: dp 4, ep 2, cp 2 (world 8).
+  ParallelDims e = dims(4, 1, 1, 2);
+  e.cp = 2;
+  EXPECT_EQ(e.ep_group(3), (V{1, 3}));
+  EXPECT_EQ(e.edp_group(3), (V{3, 7}));
+  EXPECT_EQ(e.cp_group(3), (V{2, 3}));
+  EXPECT_EQ(e.str(), "dp=4 tp=1 pp=1 ep=2 cp=2 (edp=2, world=8)");
+  try {
+    e.validate_world(4);
+    FAIL() << "no error";
+  } catch (const UserError& x) {
+    EXPECT_NE(std::string(x.what()).find("parallel.tp * parallel.cp * parallel.pp * parallel.dp = 1 * 2 * 1 * 4 = 8"),
+              std::string::npos) << x.what();
+  }
+}
+
 TEST(ParallelDims, StageLayers) {
   using V = std::vector<int>;
   EXPECT_EQ(dims(1, 1, 3, 1).stage_layers(7), (V{2, 3, 2}));
