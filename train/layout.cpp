@@ -25,11 +25,12 @@ ParallelRun make_parallel_run(parallel::Communicator& world, const parallel::Par
   if (world.size() == 1) return r;
   if (m.on_device()) {  // plain data parallelism, its gradients and parameters moved by the device's communicator
     const std::string dev = m.backend().name();
-    TREX_USER_CHECK(dims.tp == 1 && dims.pp == 1 && dims.ep == 1,
-                    "set parallel.tp, parallel.pp and parallel.ep to 1 (data parallelism only) on device \"" + dev +
-                        "\", or train on device \"cpu\"",
+    TREX_USER_CHECK(dims.tp == 1 && dims.pp == 1 && dims.ep == 1 && dims.cp == 1,
+                    "set parallel.tp, parallel.pp, parallel.ep and parallel.cp to 1 (data parallelism only) on device "
+                    "\"" + dev + "\", or train on device \"cpu\"",
                     "parallel.ep = ", dims.ep, ", parallel.tp = ", dims.tp, ", parallel.pp = ", dims.pp,
-                    ": expert, tensor and pipeline parallelism do not run on the ", dev, " backend yet");
+                    ", parallel.cp = ", dims.cp, ": expert, tensor, pipeline and context parallelism do not run on the ",
+                    dev, " backend yet");
     TREX_USER_CHECK(o.zero_stage == 1, "set parallel.zero_stage = 1 on device \"" + dev + "\"",
                     "parallel.zero_stage = ", o.zero_stage, ": sharded gradients (ZeRO-2) do not run on the ", dev,
                     " backend yet");

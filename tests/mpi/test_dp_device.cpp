@@ -251,7 +251,7 @@ TEST(DpDevice, V4StepsEqualTheHostRunBitForBit) {
   expect_same(dp_run(su, kern::Prec::F32, true, o, g, 3, -1), dp_run(su, kern::Prec::F32, false, o, g, 3, -1), "v4");
 }
 
-// Expert, tensor and pipeline parallelism and ZeRO-2 are refused on a device, naming the setting.
+// Expert, tensor, pipeline and context parallelism and ZeRO-2 are refused on a device, naming the setting.
 TEST(DpDevice, LayoutsTheDeviceDoesNotRunAreRefused) {
   init_threads(1);
   parallel::Communicator& w = parallel::test_world();
@@ -267,6 +267,14 @@ TEST(DpDevice, LayoutsTheDeviceDoesNotRunAreRefused) {
     ADD_FAILURE() << "ep = 2 on a device was accepted";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("parallel.ep"), std::string::npos) << e.what();
+  }
+  parallel::ParallelDims cp;
+  cp.cp = 2;
+  try {
+    make_parallel_run(w, cp, *m, su.ocfg);
+    ADD_FAILURE() << "cp = 2 on a device was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.cp = 2"), std::string::npos) << e.what();
   }
   parallel::ParallelDims dp;
   dp.dp = 2;
