@@ -145,7 +145,7 @@ expect 2 "not a number" "$TREX" grad --model huge --batch batch.json --precision
 
 # Devices: an unknown name is refused by every command that takes --device; cuda without a usable
 # CUDA device (no GPU here, or a build without the CUDA backend) names train.device / --device and
-# why. (On a GPU machine the step is refused as well: it does not run on the CUDA backend yet.)
+# why. (On a GPU machine the step runs there, except for what docs/BACKENDS.md lists as refused.)
 expect 2 'unknown device "tpu"' "$TREX" train --config run.toml --device tpu
 expect 2 'unknown device "cuda:x"' "$TREX" grad --model "$CK" --batch batch.json --out g.safetensors --device cuda:x
 expect 2 'train.device = "cuda"' "$TREX" train --config run.toml --device cuda
