@@ -155,8 +155,13 @@ MemoryEstimate check_memory(const RunConfig& rc, int ranks) {
   const double have = machine_memory_bytes();
   if (!rc.train.memory_check || have <= 0) return e;
   TREX_USER_CHECK(e.total() <= have,
-                  "lower train.batch_size or data.seq_len, use a smaller model, add data-parallel ranks (the "
-                  "optimizer state is sharded), or set train.memory_check = false to try anyway",
+                  std::string(rc.train.recompute != model::Recompute::Full
+                                  ? "set train.recompute = \"full\" (activations are most of a long sequence's "
+                                    "memory), "
+                                  : "") +
+                      "lower train.batch_size or data.seq_len, use a smaller model, add data-parallel ranks (the "
+                      "optimizer state is sharded) or context-parallel ranks (parallel.cp), or set "
+                      "train.memory_check = false to try anyway",
                   "the run needs about ", gib_str(e.total()), " per rank (weights ", gib_str(e.weights), ", gradients ",
                   gib_str(e.grads), ", optimizer ", gib_str(e.optimizer), ", activations ", gib_str(e.activations),
                   e.buffers > 0 ? ", communication buffers " + gib_str(e.buffers) : std::string(),

@@ -143,6 +143,11 @@ poke huge/model.safetensors 0 ffff7f7f all
 expect 2 "not a number" "$TREX" grad --model huge --batch batch.json --precision bf16 --out huge_grads.safetensors
 [ ! -e huge_grads.safetensors ] || fail "grad wrote gradients for a NaN loss"
 
+# A benchmark step larger than the machine's memory is refused with the estimate, as training is
+# (not killed by the OS partway).
+expect 2 "the run needs about" "$TREX" bench step --config "$ROOT/configs/bench-v3.toml" --steps 1 --warmup 0 \
+  --set train.batch_size=100000
+
 # Devices: an unknown name is refused by every command that takes --device; cuda without a usable
 # CUDA device (no GPU here, or a build without the CUDA backend) names train.device / --device and
 # why. (On a GPU machine the step runs there, except for what docs/BACKENDS.md lists as refused.)
