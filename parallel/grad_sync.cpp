@@ -290,7 +290,11 @@ double GradSync::grad_norm_sq_local() const {
   return s;
 }
 
-double GradSync::global_grad_norm() { return std::sqrt(comm_.all_reduce_value(grad_norm_sq_local())); }
+double GradSync::global_grad_norm() {
+  TREX_CHECK(!dev_, "GradSync::global_grad_norm: on device memory the communicator moves device buffers; sum "
+             "grad_norm_sq_local() over a host communicator instead (train::DataParallel::finish_grads does)");
+  return std::sqrt(comm_.all_reduce_value(grad_norm_sq_local()));
+}
 
 void GradSync::scale_grad_shards(float s) {
   TREX_CHECK(!dev_, "GradSync::scale_grad_shards: not on device memory (the optimizer scales instead)");

@@ -97,7 +97,7 @@ class GradSync {
   std::span<float> grad_shard(int bucket);
   std::span<float> param_shard(int bucket);
   double grad_norm_sq_local() const;  // sum of squares over this rank's shards (after finish)
-  double global_grad_norm();          // sqrt of grad_norm_sq_local() summed over dp_comm
+  double global_grad_norm();          // sqrt of grad_norm_sq_local() summed over dp_comm (host memory only)
   void scale_grad_shards(float s);    // grads of this rank's shards *= s (clipping)
 
   // --- after the optimizer step ---
