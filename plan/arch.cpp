@@ -55,11 +55,11 @@ double mean_attended_keys(const AttnShape& a, int64_t T) {
   return s / (double)T;
 }
 
-CpExchange cp_exchange_elems(const AttnShape& a, int64_t T) {
+CpExchange cp_exchange_elems(const AttnShape& a, int64_t T, int64_t tp) {
   CpExchange x;
   const double t = (double)T;
   if (a.kind == AttnKind::MLA) {
-    x.gathered = t * (double)a.heads * (double)(a.qk_dim + a.v_dim);
+    x.gathered = t * (double)a.heads * (double)(a.qk_dim + a.v_dim) / (double)tp;
     return x;
   }
   if (a.window > 0) x.halo = 2.0 * (double)std::min<int64_t>(a.window, T) * (double)a.qk_dim;

@@ -41,11 +41,11 @@ double attn_core_fwd_flops(const AttnShape& a, int64_t T);
 double indexer_fwd_flops(const AttnShape& a, int64_t T);
 
 // Context parallelism (plan/layout.h): what one layer's attention exchanges over a cp group for
-// one sequence of T tokens, in elements, each direction (forward: keys and values; backward:
-// their gradients):
+// one sequence of T tokens on one device of a tp group, in elements, each direction (forward:
+// keys and values; backward: their gradients):
 //   gathered  all-gathered over the group (the full buffer; each rank sends its share): MLA the
-//             keys and values of every head, H (dqk + dv) per token (Megatron-Core's ring
-//             attention passes K and V); CSA / HCA the compressed entries (T / rate of dqk each;
+//             keys and values of the device's heads, H (dqk + dv) / tp per token (Megatron-Core's
+//             ring attention passes K and V; the heads are split over tp); CSA / HCA the compressed entries (T / rate of dqk each;
 //             CSA also the indexer's keys, index_dim each)
 //   halo      point to point from the neighbouring rank: the sliding window's keys (V4 layers:
 //             window rows of dqk for each of a rank's two chunks)
@@ -56,7 +56,7 @@ double indexer_fwd_flops(const AttnShape& a, int64_t T);
 struct CpExchange {
   double gathered = 0, halo = 0;
 };
-CpExchange cp_exchange_elems(const AttnShape& a, int64_t T);
+CpExchange cp_exchange_elems(const AttnShape& a, int64_t T, int64_t tp = 1);
 
 // A tensor the backward pass reads, saved per token during the forward.
 struct SavedTensor {

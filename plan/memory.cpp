@@ -113,9 +113,8 @@ MemoryReport plan_memory(const ArchModel& a, const ClusterSpec& s, const Layout&
     if (l.cp > 1) {  // ring attention: a peer's chunk in flight beside the one in use, keys and values
       double mx = 0;  // (their gradients in the backward); the window's halo
       for (const LayerCost& L : a.layers) {
-        const CpExchange x = cp_exchange_elems(L.attn, l.seq);
-        const double share = x.gathered / (double)l.cp * (L.attn.kind == AttnKind::MLA ? 1.0 / (double)l.tp : 1.0);
-        mx = std::max(mx, 2.0 * share + x.halo);
+        const CpExchange x = cp_exchange_elems(L.attn, l.seq, l.tp);
+        mx = std::max(mx, 2.0 * x.gathered / (double)l.cp + x.halo);
       }
       rm.buffers += 2.0 * (double)l.mbs * mx * 2.0;
     }

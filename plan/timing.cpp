@@ -171,10 +171,9 @@ RankTime chunk_time(const ArchModel& a, const ClusterSpec& s, const Layout& l, c
       t.tp += dirs * c;
       comm += c;
     }
-    if (l.cp > 1) {  // keys and values (gradients backward) over the cp group; MLA's heads split over tp
-      const CpExchange x = cp_exchange_elems(L.attn, l.seq);
-      const double per = L.attn.kind == AttnKind::MLA ? 1.0 / (double)l.tp : 1.0;
-      double c = ring_reduce_scatter(cpg, (double)l.mbs * x.gathered * per * 2.0);
+    if (l.cp > 1) {  // keys and values (gradients backward) over the cp group
+      const CpExchange x = cp_exchange_elems(L.attn, l.seq, l.tp);
+      double c = ring_reduce_scatter(cpg, (double)l.mbs * x.gathered * 2.0);
       if (x.halo > 0) c += (double)l.mbs * x.halo * 2.0 / cpg.bw + cpg.lat;
       t.cp += dirs * c;
       comm += c;

@@ -58,6 +58,7 @@ TEST(PlanContext, ExchangeElemsPerAttentionKind) {
   AttnShape mla{AttnKind::MLA, 128, 192, 128};
   EXPECT_DOUBLE_EQ(cp_exchange_elems(mla, 1000).gathered, 1000.0 * 128 * (192 + 128));
   EXPECT_DOUBLE_EQ(cp_exchange_elems(mla, 1000).halo, 0);
+  EXPECT_DOUBLE_EQ(cp_exchange_elems(mla, 1000, 4).gathered, 1000.0 * 32 * (192 + 128));  // a tp rank's heads
   AttnShape sw{AttnKind::SlidingWindow, 64, 512, 512, 128};
   EXPECT_DOUBLE_EQ(cp_exchange_elems(sw, 1000).gathered, 0);
   EXPECT_DOUBLE_EQ(cp_exchange_elems(sw, 1000).halo, 2.0 * 128 * 512);
