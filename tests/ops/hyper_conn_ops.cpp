@@ -13,6 +13,7 @@
 #include "kernels/hyper_conn.h"
 #include "kernels/ref/hyper_conn.h"
 #include "tests/ops/harness.h"
+#include "tests/ops/hyper_conn_cases.h"
 
 namespace {
 using namespace trex;
@@ -24,50 +25,6 @@ std::string shape_name(const char* op, const HcShape& s) {
   std::snprintf(buf, sizeof buf, "%s N=%ld n=%d d=%ld it=%d eps=%g/%g", op, static_cast<long>(s.N), s.n,
                 static_cast<long>(s.d), s.iters, s.hc_eps, s.norm_eps);
   return buf;
-}
-
-// Random inputs for one shape (T = float for the kernels, double for gradient checks).
-template <class T>
-struct HcData {
-  HcShape s;
-  int R;
-  int64_t K;
-  std::vector<T> x, fn, base, scale, dy, dpost, dcomb, f, dout, hfn, hbase, hscale;
-  HcData(const HcShape& s_, uint64_t seed) : s(s_), R((2 + s_.n) * s_.n), K(s_.n * s_.d) {
-    Rng r(seed);
-    const size_t N = static_cast<size_t>(s.N), n = static_cast<size_t>(s.n), d = static_cast<size_t>(s.d);
-    auto normal = [&](size_t cnt, double sc, double mean = 0.0) {
-      std::vector<T> v(cnt);
-      for (auto& e : v) e = static_cast<T>(mean + sc * r.normal());
-      return v;
-    };
-    x = normal(N * K, 1.5);
-    fn = normal(static_cast<size_t>(R) * K, 1.0 / std::sqrt(static_cast<double>(K)));  // mix ~ N(0, 1)
-    base = normal(R, 0.7);
-    scale = normal(3, 0.3, 1.0);
-    dy = normal(N * d, 1.0);
-    dpost = normal(N * n, 1.0);
-    dcomb = normal(N * n * n, 1.0);
-    f = normal(N * d, 1.0);
-    dout = normal(N * K, 1.0);
-    hfn = normal(n * K, 1.0 / std::sqrt(static_cast<double>(K)));
-    hbase = normal(n, 0.7);
-    hscale = normal(1, 0.3, 1.0);
-  }
-};
-
-bool cmp(const std::string& name, const char* what, const Guarded<float>& a, const std::vector<float>& b,
-         double tol) {
-  bool m;
-  const double e = nmse(a.data(), b.data(), a.n, &m);
-  return report(name, what, e, tol, !m && a.guard_ok(), "nan/guard");
-}
-
-template <class T>
-Guarded<T> guarded(const std::vector<T>& v) {
-  Guarded<T> g(v.size());
-  for (size_t i = 0; i < v.size(); ++i) g[i] = v[i];
-  return g;
 }
 
 // Pre step forward + backward against the float reference. nulls: bit 0 dy, 1 dpost, 2 dcomb

@@ -15,6 +15,7 @@
 #include "kernels/hyper_conn.h"
 #include "kernels/ref/compress_pool.h"
 #include "kernels/ref/hyper_conn.h"
+#include "tests/ops/hyper_conn_cases.h"
 #include "tests/ops_cuda/device.h"
 
 namespace {
@@ -35,36 +36,6 @@ std::vector<float> randv(size_t n, Rng& r, double sc, double mean = 0.0) {
   return v;
 }
 
-// Inputs of one shape, as tests/ops/hyper_conn_ops.cpp draws them.
-struct Hc {
-  HcShape s;
-  int R;
-  int64_t K;
-  std::vector<float> x, fn, base, scale, dy, dpost, dcomb, f, dout, hfn, hbase, hscale;
-  Hc(const HcShape& s_, uint64_t seed) : s(s_), R((2 + s_.n) * s_.n), K(s_.n * s_.d) {
-    Rng r(seed);
-    const size_t N = s.N, n = s.n, d = s.d;
-    x = randv(N * K, r, 1.5);
-    fn = randv((size_t)R * K, r, 1.0 / std::sqrt((double)K));
-    base = randv(R, r, 0.7);
-    scale = randv(3, r, 0.3, 1.0);
-    dy = randv(N * d, r, 1.0);
-    dpost = randv(N * n, r, 1.0);
-    dcomb = randv(N * n * n, r, 1.0);
-    f = randv(N * d, r, 1.0);
-    dout = randv(N * K, r, 1.0);
-    hfn = randv(n * K, r, 1.0 / std::sqrt((double)K));
-    hbase = randv(n, r, 0.7);
-    hscale = randv(1, r, 0.3, 1.0);
-  }
-};
-
-bool cmp(const std::string& name, const char* what, Guarded<float>& a, const std::vector<float>& b, double tol) {
-  bool m;
-  const double e = nmse(a.data(), b.data(), a.n, &m);
-  return report(name, what, e, tol, !m && a.guard_ok(), "nan/guard");
-}
-
 // The workspace the CUDA backward kernels use: the first floats of the CPU's
 // (hc_pre_bwd_workspace_floats / hc_head_bwd_workspace_floats, which this harness does not link):
 // dz, dmix, pre [N, R], [N, R], [N, n] (head: R = n) and cx [N].
@@ -73,17 +44,12 @@ size_t hc_ws(const HcShape& s, bool head) {
   return 2 * N * R + N * n + N;
 }
 
-Guarded<float> guarded(const std::vector<float>& v) {
-  Guarded<float> g(v.size());
-  for (size_t i = 0; i < v.size(); ++i) g[i] = v[i];
-  return g;
-}
 
 // The pre step, forward and backward (run twice: the second must repeat the first bit for bit).
 bool pre_case(HcShape s, int nulls, int64_t nan_tok) {
   const std::string name = hc_name("hc_pre", s, (nulls ? " nulls=" + std::to_string(nulls) : std::string()) +
                                                     (nan_tok >= 0 ? " nan" : ""));
-  Hc D(s, 11 + s.N * 3 + s.d + s.n);
+  HcData<float> D(s, 11 + s.N * 3 + s.d + s.n);
   if (nan_tok >= 0) D.x[nan_tok * D.K + D.K / 2] = std::numeric_limits<float>::quiet_NaN();
   const size_t N = s.N, n = s.n, R = D.R, K = D.K;
   Guarded<float> y(N * s.d), post(N * n), comb(N * n * n), mix(N * R), rstd(N);
@@ -139,7 +105,7 @@ bool pre_case(HcShape s, int nulls, int64_t nan_tok) {
 
 bool post_case(HcShape s) {
   const std::string name = hc_name("hc_post", s);
-  Hc D(s, 5 + s.N + s.d);
+  HcData<float> D(s, 5 + s.N + s.d);
   const size_t N = s.N, n = s.n, K = D.K, d = s.d;
   std::vector<float> y(N * d), post(N * n), comb(N * n * n), mix(N * D.R), rstd(N);
   kern::ref::hc_pre_fwd<float>(s, D.x.data(), D.fn.data(), D.base.data(), D.scale.data(), y.data(), post.data(),
@@ -164,7 +130,7 @@ bool post_case(HcShape s) {
 
 bool head_case(HcShape s) {
   const std::string name = hc_name("hc_head", s);
-  Hc D(s, 17 + s.N + s.d * 5);
+  HcData<float> D(s, 17 + s.N + s.d * 5);
   const size_t N = s.N, n = s.n, K = D.K, d = s.d;
   Guarded<float> y(N * d), mix(N * n), rstd(N), dx(N * K, 7.f), ws(hc_ws(s, true));
   std::vector<float> y_r(N * d), mix_r(N * n), rstd_r(N), dx_r(N * K);
