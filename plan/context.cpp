@@ -15,8 +15,7 @@ bool at(const ArchModel& a, int64_t devices, const Layout& base, int64_t cp, int
   out = base;
   out.cp = cp;
   out.seq = seq;
-  out.dp = 0;   // devices / (tp pp cp)
-  out.gbs = base.gbs;
+  out.dp = 0;  // devices / (tp pp cp); gbs as the layout gives it (0: derived)
   return layout_problems(out, a, devices).empty();
 }
 
