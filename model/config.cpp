@@ -342,6 +342,21 @@ void mla_moe_config_keys(nlohmann::ordered_json& j, const ModelConfig& c, const 
   j["qk_nope_head_dim"] = c.qk_nope_head_dim;
 }
 
+nlohmann::ordered_json rope_parameters_json(const ModelConfig& c) {
+  nlohmann::ordered_json rp = {{"rope_type", c.rope_scaling.yarn ? "yarn" : "default"}, {"rope_theta", c.rope_theta}};
+  if (c.rope_scaling.yarn) {
+    const RopeScaling& y = c.rope_scaling;
+    rp["factor"] = y.factor;
+    rp["original_max_position_embeddings"] = y.original_max_position_embeddings;
+    rp["beta_fast"] = y.beta_fast;
+    rp["beta_slow"] = y.beta_slow;
+    rp["mscale"] = y.mscale;
+    rp["mscale_all_dim"] = y.mscale_all_dim;
+    if (!y.truncate) rp["truncate"] = false;
+  }
+  return rp;
+}
+
 std::string topk_method_name(TopkMethod t) {
   switch (t) {
     case TopkMethod::NoauxTc: return "noaux_tc";

@@ -166,5 +166,9 @@ std::string topk_method_name(TopkMethod);
 // qk_nope_head_dim (q_lora_rank null when 0). Each family's writer adds the rest in its order.
 void mla_moe_config_keys(nlohmann::ordered_json& j, const ModelConfig& c, const char* architecture,
                          const char* model_type);
+// transformers >= 5's rope_parameters of the V2 / V3.2 writers: rope_type ("yarn" or "default")
+// and rope_theta, plus YaRN's factor, original_max_position_embeddings, beta_fast / slow, mscale,
+// mscale_all_dim (and truncate = false where it is off).
+nlohmann::ordered_json rope_parameters_json(const ModelConfig& c);
 
 }  // namespace trex::model

@@ -129,18 +129,7 @@ std::string config_to_json_v2(const ModelConfig& c) {
   j["hidden_act"] = "silu";
   j["max_position_embeddings"] = c.max_position_embeddings;
   j["rms_norm_eps"] = c.rms_norm_eps;
-  nlohmann::ordered_json rp = {{"rope_type", c.rope_scaling.yarn ? "yarn" : "default"}, {"rope_theta", c.rope_theta}};
-  if (c.rope_scaling.yarn) {
-    const RopeScaling& y = c.rope_scaling;
-    rp["factor"] = y.factor;
-    rp["original_max_position_embeddings"] = y.original_max_position_embeddings;
-    rp["beta_fast"] = y.beta_fast;
-    rp["beta_slow"] = y.beta_slow;
-    rp["mscale"] = y.mscale;
-    rp["mscale_all_dim"] = y.mscale_all_dim;
-    if (!y.truncate) rp["truncate"] = false;
-  }
-  j["rope_parameters"] = rp;
+  j["rope_parameters"] = rope_parameters_json(c);
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["attention_bias"] = false;
   j["attention_dropout"] = 0.0;

@@ -215,6 +215,7 @@ int64_t expert_of_name(const std::string& name);
 
 // Appends tensors to a layout: 64-byte aligned entries, or a slab holding several named views.
 struct LayoutBuilder {
+  explicit LayoutBuilder(ParamLayout& l) : L(l) {}
   ParamLayout& L;
   std::vector<std::function<void()>> tp_deferred;  // tp-sharded: the split tensors' adds, for tp_region
   int64_t add(const std::string& name, Shape s, bool decay) {

@@ -16,41 +16,9 @@ MPIEXEC=${2:-mpirun}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/trex_rank_hang.XXXXXX")
 cd "$WORK"
-cat "$ROOT/README.md" "$ROOT"/docs/*.md > data.txt
-cat > run.toml <<TOML
-[model]
-model_type = "deepseek_v3"
-vocab_size = 3001
-hidden_size = 40
-num_hidden_layers = 2
-first_k_dense_replace = 1
-intermediate_size = 56
-moe_intermediate_size = 16
-n_routed_experts = 4
-n_shared_experts = 1
-num_experts_per_tok = 2
-num_attention_heads = 2
-q_lora_rank = 16
-kv_lora_rank = 12
-qk_nope_head_dim = 8
-qk_rope_head_dim = 4
-v_head_dim = 8
-
-[data]
-train = ["data.txt"]
-tokenizer = "$ROOT/tests/data/tokenizer/trex_trained.json"
-mode = "cpt"
-seq_len = 64
-cache_dir = "none"
-
-[train]
-batch_size = 2
-steps = 100000
-threads = 1
-
-[log]
-progress = "lines"
-TOML
+# Data and run config (a tiny bf16 MoE, one thread): tests/faults/tiny_run.sh.
+source "$ROOT/tests/faults/tiny_run.sh"
+tiny_run 100000 0 1
 
 # run NAME STOP(yes/no) [mpirun args...]: starts the job, waits for step 3, stops rank 1 when asked,
 # waits (60 s at most) for every process to end; sets ms (from step 3 to the end) and rc.

@@ -171,7 +171,9 @@ TEST(Generate, BatchedFeedEqualsOneAtATime) {
       const std::vector<float> got = batch.feed_batch(parts);
       ASSERT_EQ((int64_t)got.size(), (int64_t)parts.size() * V);
       // One forward for all the parts (V3.2's indexer norms its keys per sequence).
-      if (!v32) EXPECT_EQ(counter.norms, one_forward) << "step " << st << ": " << parts.size() << " sequences";
+      if (!v32) {
+        EXPECT_EQ(counter.norms, one_forward) << "step " << st << ": " << parts.size() << " sequences";
+      }
       for (size_t k = 0; k < parts.size(); ++k) {
         const int64_t b = parts[k].seq;
         const std::vector<float>& one = alone[b].feed(ids[b].data() + at[b], chunk[b][st]);
