@@ -24,6 +24,10 @@ peak_fp8_tflops = 1978.9
 memory_gb = 80
 memory_bandwidth_gbs = 3350
 reserved_gb = 4            # CUDA context, NCCL buffers, allocator fragmentation (example)
+sm_count = 132             # SMs (H100 SXM5 / H800 / H200)
+tile_m = 128               # grouped-GEMM output tile per MMA unit: 128 x 256 on one SM (DeepGEMM / CUTLASS SM90 warpgroup MMA)
+tile_n = 256
+tile_sms = 1
 
 [network]
 devices_per_node = 8
@@ -68,6 +72,10 @@ peak_fp8_tflops = 1978.9
 memory_gb = 80
 memory_bandwidth_gbs = 3350
 reserved_gb = 4
+sm_count = 132             # SMs (H100 SXM5 / H800 / H200)
+tile_m = 128               # grouped-GEMM output tile per MMA unit: 128 x 256 on one SM (DeepGEMM / CUTLASS SM90 warpgroup MMA)
+tile_n = 256
+tile_sms = 1
 
 [network]
 devices_per_node = 8
@@ -111,6 +119,10 @@ peak_fp8_tflops = 1978.9
 memory_gb = 141
 memory_bandwidth_gbs = 4800
 reserved_gb = 4
+sm_count = 132             # SMs (H100 SXM5 / H800 / H200)
+tile_m = 128               # grouped-GEMM output tile per MMA unit: 128 x 256 on one SM (DeepGEMM / CUTLASS SM90 warpgroup MMA)
+tile_n = 256
+tile_sms = 1
 
 [network]
 devices_per_node = 8
@@ -156,6 +168,11 @@ mx_formats = true          # block-scaled MMA (MXFP8 / MXFP4 / NVFP4) in the ten
 memory_gb = 180
 memory_bandwidth_gbs = 8000   # DGX datasheet 64 TB/s / 8; 7.7 TB/s in some listings
 reserved_gb = 4
+sustained_clock = 0.85      # back-to-back tensor work at the 1000 W limit: SM clock 1965 -> ~1580 MHz, TFLOP/s -15% (https://github.com/flashinfer-ai/flashinfer/pull/2899)
+sm_count = 148             # SMs
+tile_m = 256               # grouped-GEMM output tile per MMA unit: Blackwell's 2-SM UMMA, 256 x 256 on an SM pair (CUTLASS / DeepGEMM SM100 2-CTA kernels)
+tile_n = 256
+tile_sms = 2
 
 [network]
 devices_per_node = 8
@@ -170,12 +187,13 @@ power_w = 1790               # DGX B200 14.3 kW / 8 GPUs, all-in
 pue = 1.0
 
 [efficiency]
-gemm = 0.65
-gemm_fp8 = 0.60
-grouped_gemm = 0.55
-grouped_gemm_fp8 = 0.50
+gemm = 0.676               # MAMF bf16 0.776 (B200) x 0.872 (Hopper: gemm 0.70 / H100 MAMF 0.803)
+gemm_fp8 = 0.665           # MAMF fp8 0.763 x 0.872 (the same ratio; MXFP8 cuBLAS)
+grouped_gemm = 0.580       # MAMF bf16 0.776 x 0.747 (Hopper: grouped_gemm 0.60 / H100 MAMF 0.803)
+grouped_gemm_fp8 = 0.495   # MXFP8 grouped GEMMs at DeepSeek-V3 shapes on B200 (torchao): 0.421 sustained = 0.495 at boost (/ 0.85); x MAMF fp8 0.763 / 0.763
 attention = 0.50
 memory = 0.75
+quantize = 0.57            # MXFP8 quantize kernels on B200 (torchao, DeepSeek-V3 shapes): rowwise 4.91, columnwise 4.25 TB/s -> 4.55 of 8 TB/s
 net_intra = 0.80
 net_inter = 0.85
 overlap = 0.90
@@ -204,6 +222,10 @@ mx_formats = true
 memory_gb = 186            # 13.5 TB / 72, rounded down
 memory_bandwidth_gbs = 8000
 reserved_gb = 4
+sm_count = 148             # SMs
+tile_m = 256               # grouped-GEMM output tile per MMA unit: Blackwell's 2-SM UMMA, 256 x 256 on an SM pair (CUTLASS / DeepGEMM SM100 2-CTA kernels)
+tile_n = 256
+tile_sms = 2
 
 [network]
 devices_per_node = 72      # the NVLink domain
@@ -218,12 +240,13 @@ power_w = 1670               # ~120 kW rack / 72 GPUs, all-in
 pue = 1.0
 
 [efficiency]
-gemm = 0.65
-gemm_fp8 = 0.60
-grouped_gemm = 0.55
-grouped_gemm_fp8 = 0.50
+gemm = 0.635               # MAMF bf16 0.729 (GB200) x 0.872 (Hopper: gemm 0.70 / H100 MAMF 0.803)
+gemm_fp8 = 0.630           # MAMF fp8 0.723 x 0.872 (the same ratio; MXFP8 cuBLAS)
+grouped_gemm = 0.545       # MAMF bf16 0.729 x 0.747 (Hopper: grouped_gemm 0.60 / H100 MAMF 0.803)
+grouped_gemm_fp8 = 0.469   # MXFP8 grouped GEMMs at DeepSeek-V3 shapes on B200 (torchao): 0.421 sustained = 0.495 at boost (/ 0.85); x MAMF fp8 0.723 / 0.763
 attention = 0.50
 memory = 0.75
+quantize = 0.57            # MXFP8 quantize kernels on B200 (torchao, DeepSeek-V3 shapes): rowwise 4.91, columnwise 4.25 TB/s -> 4.55 of 8 TB/s
 net_intra = 0.80
 net_inter = 0.85
 overlap = 0.90
@@ -250,6 +273,10 @@ mx_formats = true
 memory_gb = 279
 memory_bandwidth_gbs = 8000
 reserved_gb = 4
+sm_count = 160             # SMs
+tile_m = 256               # grouped-GEMM output tile per MMA unit: Blackwell's 2-SM UMMA, 256 x 256 on an SM pair (CUTLASS / DeepGEMM SM100 2-CTA kernels)
+tile_n = 256
+tile_sms = 2
 
 [network]
 devices_per_node = 72      # the NVLink domain
@@ -264,12 +291,13 @@ power_w = 1970               # 142 kW rack / 72 GPUs, all-in
 pue = 1.0
 
 [efficiency]
-gemm = 0.65
-gemm_fp8 = 0.60
-grouped_gemm = 0.55
-grouped_gemm_fp8 = 0.50
+gemm = 0.685               # MAMF bf16 0.786 (B300) x 0.872 (Hopper: gemm 0.70 / H100 MAMF 0.803)
+gemm_fp8 = 0.649           # MAMF fp8 0.745 x 0.872 (the same ratio; MXFP8 cuBLAS)
+grouped_gemm = 0.587       # MAMF bf16 0.786 x 0.747 (Hopper: grouped_gemm 0.60 / H100 MAMF 0.803)
+grouped_gemm_fp8 = 0.484   # MXFP8 grouped GEMMs at DeepSeek-V3 shapes on B200 (torchao): 0.421 sustained = 0.495 at boost (/ 0.85); x MAMF fp8 0.745 / 0.763
 attention = 0.50
 memory = 0.75
+quantize = 0.57            # MXFP8 quantize kernels on B200 (torchao, DeepSeek-V3 shapes): rowwise 4.91, columnwise 4.25 TB/s -> 4.55 of 8 TB/s
 net_intra = 0.80
 net_inter = 0.85
 overlap = 0.90
