@@ -222,6 +222,7 @@ mx_formats = true
 memory_gb = 186            # 13.5 TB / 72, rounded down
 memory_bandwidth_gbs = 8000
 reserved_gb = 4
+sustained_clock = 0.81      # 1200 W: B200's measured 1580 MHz at 1000 W (https://github.com/flashinfer-ai/flashinfer/pull/2899) x (1200/1000)^(1/3) (dynamic power ~ f^3) = 1679 MHz of the 2062 MHz the 2500 TFLOP/s spec implies (148 SMs x 8192 FLOP/clk); extrapolated, not measured
 sm_count = 148             # SMs
 tile_m = 256               # grouped-GEMM output tile per MMA unit: Blackwell's 2-SM UMMA, 256 x 256 on an SM pair (CUTLASS / DeepGEMM SM100 2-CTA kernels)
 tile_n = 256
@@ -273,6 +274,7 @@ mx_formats = true
 memory_gb = 279
 memory_bandwidth_gbs = 8000
 reserved_gb = 4
+sustained_clock = 0.93      # 1400 W: 1580 MHz x (1400/1000)^(1/3) = 1768 MHz of the 1907 MHz the 2500 TFLOP/s spec implies (160 SMs x 8192 FLOP/clk); extrapolated, not measured
 sm_count = 160             # SMs
 tile_m = 256               # grouped-GEMM output tile per MMA unit: Blackwell's 2-SM UMMA, 256 x 256 on an SM pair (CUTLASS / DeepGEMM SM100 2-CTA kernels)
 tile_n = 256
