@@ -8,10 +8,18 @@ namespace trex::plan {
 double tile_efficiency(const GemmShape& g, const GemmDevice& d) {
   if (d.sm_count <= 0 || g.m <= 0 || g.n <= 0 || g.groups <= 0) return 1;
   const double units = std::max<double>(1, std::floor((double)d.sm_count / (double)std::max<int64_t>(1, d.tile_sms)));
-  const double tm = (double)d.tile_m, tn = (double)d.tile_n;
-  const double tiles = g.groups * std::ceil(g.m / tm) * std::ceil(g.n / tn);
-  const double waves = std::ceil(tiles / units);
-  return g.groups * g.m * g.n / (waves * units * tm * tn);
+  const double tn = (double)d.tile_n;
+  double best = 0;
+  // The kernel's M tile: tile_m, or a half or a quarter of it for few rows, not below 64 rows
+  // (grouped-GEMM libraries pick the block M by shape: DeepGEMM's 64 / 128 / 256).
+  for (int64_t div = 1; div <= 4; div *= 2) {
+    if (div > 1 && d.tile_m / div < 64) break;
+    const double tm = (double)(d.tile_m / div);
+    const double tiles = g.groups * std::ceil(g.m / tm) * std::ceil(g.n / tn);
+    const double waves = std::ceil(tiles / units);
+    best = std::max(best, g.groups * g.m * g.n / (waves * units * tm * tn));
+  }
+  return best;
 }
 
 GemmTime gemm_time(const GemmShape& g, const GemmDevice& d) {

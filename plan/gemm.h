@@ -4,9 +4,12 @@
 //
 //   compute  FLOPs / (rate x tile-and-wave efficiency); rate = peak x the class efficiency (what the
 //            kernel reaches at large shapes, plan/spec.h); the tile grid: every group is cut into
-//            ceil(M / tile_m) x ceil(N / tile_n) output tiles, each tile runs on tile_sms SMs, the
-//            tiles run in waves of sm_count / tile_sms; efficiency = useful output elements /
-//            (waves x units x tile area): the partial last wave and the padded edge tiles.
+//            ceil(M / tm) x ceil(N / tile_n) output tiles, each tile runs on tile_sms SMs, the
+//            tiles run in waves of sm_count / tile_sms units; efficiency = useful output elements
+//            / (waves x units x tile area): the partial last wave and the padded edge tiles. tm is
+//            the kernel's choice among tile_m, tile_m / 2 and tile_m / 4 (not below 64 rows), the
+//            best of them (libraries pick the block M by shape; smaller tiles' lower per-SM rate is
+//            not modelled).
 //   memory   bytes / (bandwidth x memory efficiency): A (M x K) and B (N x K) at the input
 //            precision, the output (M x N, bf16), and under `accumulate` the output read and
 //            written again at that many bytes per element (the weight gradient added into the
