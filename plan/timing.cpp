@@ -100,8 +100,6 @@ struct Rates {
   GemmDevice grouped;  // the routed experts' grouped GEMMs at their shapes (plan/gemm.h)
 };
 
-
-
 // GEMM-input elements per token of a layer that a low-precision recipe quantizes (the tensors
 // marked fp8_ok: every linear layer's input and SwiGLU's; routed copies scaled by the load).
 double quant_elems(const LayerCost& L, double expert_load) {
@@ -269,7 +267,8 @@ RankTime chunk_time(const ArchModel& a, const ClusterSpec& s, const Layout& l, c
       }
   }
   t.fwd = fwd_layers + fwd_other;
-  // Backward: twice the forward's work, except the quantize kernels, which have their own traffic.
+  // Backward: twice the forward's work, except the quantize kernels, which have their own traffic,
+  // and the routed experts, charged at their backward shapes (expert_bwd_adj).
   t.bwd = 2 * (t.fwd - t.fwd_only - t.quant_fwd) + t.quant_bwd + t.expert_bwd_adj;
   t.weight_grad = t.fwd - t.fwd_only - t.quant_fwd + t.expert_wgrad_adj;  // the weight-gradient half of the backward GEMMs
   if (hcost.modelled() && l.graphs == Graphs::Full) {
