@@ -74,7 +74,6 @@ const Row kGB200Guide = {"GB200 x256 MXFP8, Megatron-Core GB200 guide", "gb200-n
 const Row kGB300Mx = {"GB300 x256 MXFP8 (25.11)", "gb300-nvl72", 256,
                       "pp=2,vp=4,ep=32,gbs=4096,precision=mxfp8,mtp=1,recompute=none,overlap=ep+dp,graphs=partial", 4357};
 
-
 struct Pinned {
   Row row;
   double error;  // the planner's error docs/PLAN.md states (prediction / published - 1)
@@ -130,14 +129,16 @@ TEST(PlanPublished, SustainedClockSensitivity) {
   }
 }
 
-// The same hardware and model: the published MXFP8 speed-up over BF16 on GB300 is 1.13x; the planner
-// (device-bound) says more, the gap being the host-bound MXFP8 stack of that release.
+// The same hardware and model: the published MXFP8 speed-up over BF16 on GB300 is 1.13x (between the
+// two rows' layouts); the planner says 1.26x at one layout, short of the 2x of the peaks (attention,
+// memory-bound work and the quantize kernels do not speed up), still above the published ratio
+// (docs/PLAN.md: the scale-layout kernels are not modelled).
 TEST(PlanPublished, LowPrecisionSpeedupIsBelowThePeakRatio) {
   ArchModel a = resolve_model("deepseek-v3");
   ClusterSpec s = load_spec("gb300-nvl72");
   const std::string base = "pp=2,vp=4,ep=32,gbs=4096,mtp=1,recompute=selective,overlap=ep+dp,precision=";
   const double bf16 = evaluate(a, s, 256, parse_layout(base + "bf16", Layout{})).time.tokens_per_s;
   const double mx = evaluate(a, s, 256, parse_layout(base + "mxfp8", Layout{})).time.tokens_per_s;
-  EXPECT_GT(mx / bf16, 1.1);
-  EXPECT_LT(mx / bf16, 1.7);  // far from the 2x of the peaks: attention, memory-bound work, communication
+  EXPECT_GT(mx / bf16, 1.15);
+  EXPECT_LT(mx / bf16, 1.35);
 }
