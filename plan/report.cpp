@@ -166,6 +166,7 @@ json plan_to_json(const Plan& p) {
        {{"step_s", t.step}, {"compute_s", t.compute}, {"exposed_comm_s", t.exposed_comm}, {"bubble_s", t.bubble},
         {"optimizer_s", t.optimizer}, {"weight_cast_s", t.weight_cast}, {"host_wait_s", t.host_wait},
         {"slow_rank", t.slow_rank},
+        {"rank_micro_batch_s", t.rank_t_mb},
         {"per_micro_batch",
          {{"fwd_s", t.fwd}, {"bwd_s", t.bwd}, {"recompute_s", t.recompute}, {"gemm_fwd_s", t.gemm},
           {"experts_fwd_s", t.experts}, {"experts_bwd_s", t.experts_bwd}, {"expert_rows", t.expert_rows},
