@@ -16,7 +16,7 @@ const Builtin kSpecs[] = {
 name = "h800"
 description = "NVIDIA H800 SXM5 80GB, 8 per node, NVLink 400 GB/s bidirectional, 8 x 400 Gb/s InfiniBand"
 source = "NVIDIA H100/H800 datasheet (dense bf16 989.4, fp8 1978.9 TFLOP/s); DeepSeek-V3 report sec. 3.1 (NVLink ~160 GB/s achieved, IB 50 GB/s, 20 of 132 SMs for communication, $2 per GPU-hour)"
-note = "cost and power are stated example figures: replace them with your own"
+note = "cost and power are stated example figures: replace them with your own; sustained_clock unset: the fitted fp8 efficiencies (docs/PLAN.md) carry the clock a whole run holds"
 
 [device]
 peak_bf16_tflops = 989.4
@@ -24,6 +24,10 @@ peak_fp8_tflops = 1978.9
 memory_gb = 80
 memory_bandwidth_gbs = 3350
 reserved_gb = 4            # CUDA context, NCCL buffers, allocator fragmentation (example)
+sm_count = 132             # SMs (H100 SXM5 / H800 / H200)
+tile_m = 128               # grouped-GEMM output tile per MMA unit: 128 x 256 on one SM (DeepGEMM / CUTLASS SM90 warpgroup MMA)
+tile_n = 256
+tile_sms = 1
 
 [network]
 devices_per_node = 8
@@ -60,7 +64,7 @@ launch_us = 3.0            # per kernel launched from C++: raw cuLaunchKernel 3.
 name = "h100"
 description = "NVIDIA H100 SXM5 80GB, 8 per node, NVLink 900 GB/s bidirectional, 8 x 400 Gb/s InfiniBand"
 source = "NVIDIA H100 datasheet (dense bf16 989.4, fp8 1978.9 TFLOP/s, 3.35 TB/s HBM3, NVLink 900 GB/s)"
-note = "cost and power are stated example figures: replace them with your own"
+note = "cost and power are stated example figures: replace them with your own; sustained_clock unset: the fitted fp8 efficiencies (docs/PLAN.md) carry the clock a whole run holds"
 
 [device]
 peak_bf16_tflops = 989.4
@@ -68,6 +72,10 @@ peak_fp8_tflops = 1978.9
 memory_gb = 80
 memory_bandwidth_gbs = 3350
 reserved_gb = 4
+sm_count = 132             # SMs (H100 SXM5 / H800 / H200)
+tile_m = 128               # grouped-GEMM output tile per MMA unit: 128 x 256 on one SM (DeepGEMM / CUTLASS SM90 warpgroup MMA)
+tile_n = 256
+tile_sms = 1
 
 [network]
 devices_per_node = 8
@@ -103,7 +111,7 @@ launch_us = 3.0            # per kernel launched from C++: raw cuLaunchKernel 3.
 name = "h200"
 description = "NVIDIA H200 SXM 141GB, 8 per node, NVLink 900 GB/s bidirectional, 8 x 400 Gb/s InfiniBand"
 source = "NVIDIA H200 datasheet (dense bf16 989.4, fp8 1978.9 TFLOP/s, 141 GB HBM3e at 4.8 TB/s)"
-note = "cost and power are stated example figures: replace them with your own"
+note = "cost and power are stated example figures: replace them with your own; sustained_clock unset: the fitted fp8 efficiencies (docs/PLAN.md) carry the clock a whole run holds"
 
 [device]
 peak_bf16_tflops = 989.4
@@ -111,6 +119,10 @@ peak_fp8_tflops = 1978.9
 memory_gb = 141
 memory_bandwidth_gbs = 4800
 reserved_gb = 4
+sm_count = 132             # SMs (H100 SXM5 / H800 / H200)
+tile_m = 128               # grouped-GEMM output tile per MMA unit: 128 x 256 on one SM (DeepGEMM / CUTLASS SM90 warpgroup MMA)
+tile_n = 256
+tile_sms = 1
 
 [network]
 devices_per_node = 8
@@ -145,8 +157,8 @@ launch_us = 3.0            # per kernel launched from C++: raw cuLaunchKernel 3.
 # Units: TFLOP/s dense, GB = 1e9 bytes, GB/s per device and direction, microseconds, watts, USD.
 name = "b200"
 description = "NVIDIA B200 180GB, 8 per node, NVLink 5 1.8 TB/s bidirectional, 8 x 400 Gb/s InfiniBand"
-source = "NVIDIA DGX B200 datasheet (72 PFLOP/s fp8 training / 8 GPUs = 9 sparse, 4.5 dense; bf16 2.25 dense; 1,440 GB HBM3e at 64 TB/s per 8 GPUs; ~14.3 kW); HGX B200 at 1000 W: bf16 2250, fp8 4500, fp4 9000 TFLOP/s dense (https://glennklockwood.com/garden/processors/B200); NVLink 5 900 GB/s per direction, 180 GB, 7.7 TB/s (https://verda.com/blog/gb300-nvl72-architecture); 8 x ConnectX-7 400 Gb/s per HGX B200 (https://rillor.com/insights/connectx-7-vs-connectx-8-and-nvlink5)"
-note = "cost and power are stated example figures: replace them with your own"
+source = "NVIDIA DGX B200 datasheet (72 PFLOP/s fp8 training / 8 GPUs = 9 sparse, 4.5 dense; bf16 2.25 dense; 1,440 GB HBM3e at 64 TB/s per 8 GPUs; ~14.3 kW); HGX B200 at 1000 W: bf16 2250, fp8 4500, fp4 9000 TFLOP/s dense (https://glennklockwood.com/garden/processors/B200); NVLink 5 900 GB/s per direction, 180 GB, 7.7 TB/s (https://verda.com/blog/gb300-nvl72-architecture); 8 x ConnectX-7 400 Gb/s per HGX B200 (https://rillor.com/insights/connectx-7-vs-connectx-8-and-nvlink5); GEMM rates: maximum achievable matmul FLOP/s (MAMF), https://github.com/stas00/ml-engineering/blob/master/compute/accelerator/README.md#maximum-achievable-matmul-flops-comparison-table; MXFP8 grouped-GEMM and quantize kernels at DeepSeek-V3 shapes on B200, https://github.com/pytorch/ao/blob/main/torchao/prototype/moe_training/README.md (MXFP8 kernel breakdown by pass); B200 clock under sustained tensor work at 1000 W, https://github.com/flashinfer-ai/flashinfer/pull/2899; 148 SMs (https://chipsandcheese.com/p/nvidias-b200-keeping-the-cuda-juggernaut); device-to-device copy over 6,000 GB/s (https://www.newmind.ai/journal/18); MXFP8 / BF16 GEMM kernel and quantize times in Transformer Engine, https://github.com/NVIDIA/TransformerEngine/blob/main/docs/examples/gemm_profiling/gemm_profiling.rst (B300)"
+note = "cost and power are stated example figures: replace them with your own; GEMM efficiencies, quantize and sustained_clock are derived in docs/PLAN.md (Blackwell: GEMMs, clocks and quantization)"
 
 [device]
 peak_bf16_tflops = 2250
@@ -156,6 +168,11 @@ mx_formats = true          # block-scaled MMA (MXFP8 / MXFP4 / NVFP4) in the ten
 memory_gb = 180
 memory_bandwidth_gbs = 8000   # DGX datasheet 64 TB/s / 8; 7.7 TB/s in some listings
 reserved_gb = 4
+sustained_clock = 0.85      # back-to-back tensor work at the 1000 W limit: SM clock 1965 -> ~1580 MHz, TFLOP/s -15% (https://github.com/flashinfer-ai/flashinfer/pull/2899)
+sm_count = 148             # SMs
+tile_m = 256               # grouped-GEMM output tile per MMA unit: Blackwell's 2-SM UMMA, 256 x 256 on an SM pair (CUTLASS / DeepGEMM SM100 2-CTA kernels)
+tile_n = 256
+tile_sms = 2
 
 [network]
 devices_per_node = 8
@@ -170,12 +187,13 @@ power_w = 1790               # DGX B200 14.3 kW / 8 GPUs, all-in
 pue = 1.0
 
 [efficiency]
-gemm = 0.65
-gemm_fp8 = 0.60
-grouped_gemm = 0.55
-grouped_gemm_fp8 = 0.50
+gemm = 0.676               # MAMF bf16 0.776 (B200) x 0.872 (Hopper: gemm 0.70 / H100 MAMF 0.803)
+gemm_fp8 = 0.619           # gemm 0.677 x 1.83 / 2: Transformer Engine MXFP8 over BF16 GEMM kernels, pre-quantized, 1.83x (B300, its GEMM profiling guide)
+grouped_gemm = 0.580       # MAMF bf16 0.776 x 0.747 (Hopper: grouped_gemm 0.60 / H100 MAMF 0.803)
+grouped_gemm_fp8 = 0.495   # MXFP8 grouped GEMMs at DeepSeek-V3 shapes on B200 (torchao): 0.421 sustained = 0.495 at boost (/ 0.85); x MAMF fp8 0.763 / 0.763
 attention = 0.50
-memory = 0.75
+memory = 0.75              # B200 device-to-device copy over 6,000 of 8,000 GB/s (https://www.newmind.ai/journal/18)
+quantize = 0.57            # MXFP8 quantize kernels on B200 (torchao, DeepSeek-V3 shapes): rowwise 4.91, columnwise 4.25 TB/s -> 4.55 of 8 TB/s
 net_intra = 0.80
 net_inter = 0.85
 overlap = 0.90
@@ -193,8 +211,8 @@ launch_us = 3.0            # per kernel launched from C++: raw cuLaunchKernel 3.
 # Units: TFLOP/s dense, GB = 1e9 bytes, GB/s per device and direction, microseconds, watts, USD.
 name = "gb200-nvl72"
 description = "NVIDIA GB200 NVL72: 72 Blackwell GPUs per NVLink 5 domain (900 GB/s per GPU and direction), 400 Gb/s InfiniBand per GPU between racks"
-source = "GB200 variant of B200 at 1200 W: bf16 2500, fp8 5000, fp4 10000 TFLOP/s dense, 8 TB/s (https://glennklockwood.com/garden/processors/B200); 13.5 TB HBM3e per 72 GPUs, ~120 kW per rack (https://awesomeagents.ai/hardware/nvidia-gb200-nvl72); NVLink 5 1.8 TB/s bidirectional per GPU, 72 GPUs act as one domain, InfiniBand between racks (https://docs.nvidia.com/dgx/dgxgb200-user-guide/networking.html); 400 Gb/s ConnectX-7 per GPU for east-west traffic on B200-class systems (https://rillor.com/insights/connectx-7-vs-connectx-8-and-nvlink5)"
-note = "cost and power are stated example figures: replace them with your own; efficiencies are the b200 estimates (same silicon and software)"
+source = "GB200 variant of B200 at 1200 W: bf16 2500, fp8 5000, fp4 10000 TFLOP/s dense, 8 TB/s (https://glennklockwood.com/garden/processors/B200); 13.5 TB HBM3e per 72 GPUs, ~120 kW per rack (https://awesomeagents.ai/hardware/nvidia-gb200-nvl72); NVLink 5 1.8 TB/s bidirectional per GPU, 72 GPUs act as one domain, InfiniBand between racks (https://docs.nvidia.com/dgx/dgxgb200-user-guide/networking.html); 400 Gb/s ConnectX-7 per GPU for east-west traffic on B200-class systems (https://rillor.com/insights/connectx-7-vs-connectx-8-and-nvlink5); GEMM rates: maximum achievable matmul FLOP/s (MAMF), https://github.com/stas00/ml-engineering/blob/master/compute/accelerator/README.md#maximum-achievable-matmul-flops-comparison-table (GB200 row); MXFP8 grouped-GEMM and quantize kernels at DeepSeek-V3 shapes on B200, https://github.com/pytorch/ao/blob/main/torchao/prototype/moe_training/README.md (MXFP8 kernel breakdown by pass); sustained clock extrapolated from B200 clock under sustained tensor work at 1000 W, https://github.com/flashinfer-ai/flashinfer/pull/2899; MXFP8 / BF16 GEMM kernel and quantize times in Transformer Engine, https://github.com/NVIDIA/TransformerEngine/blob/main/docs/examples/gemm_profiling/gemm_profiling.rst (B300)"
+note = "cost and power are stated example figures: replace them with your own; GEMM efficiencies, quantize and sustained_clock are derived in docs/PLAN.md (Blackwell: GEMMs, clocks and quantization); sustained_clock is extrapolated, not measured"
 
 [device]
 peak_bf16_tflops = 2500
@@ -204,6 +222,11 @@ mx_formats = true
 memory_gb = 186            # 13.5 TB / 72, rounded down
 memory_bandwidth_gbs = 8000
 reserved_gb = 4
+sustained_clock = 0.81      # 1200 W: B200's measured 1580 MHz at 1000 W (https://github.com/flashinfer-ai/flashinfer/pull/2899) x (1200/1000)^(1/3) (dynamic power ~ f^3) = 1679 MHz of the 2062 MHz the 2500 TFLOP/s spec implies (148 SMs x 8192 FLOP/clk); extrapolated, not measured
+sm_count = 148             # SMs
+tile_m = 256               # grouped-GEMM output tile per MMA unit: Blackwell's 2-SM UMMA, 256 x 256 on an SM pair (CUTLASS / DeepGEMM SM100 2-CTA kernels)
+tile_n = 256
+tile_sms = 2
 
 [network]
 devices_per_node = 72      # the NVLink domain
@@ -218,12 +241,13 @@ power_w = 1670               # ~120 kW rack / 72 GPUs, all-in
 pue = 1.0
 
 [efficiency]
-gemm = 0.65
-gemm_fp8 = 0.60
-grouped_gemm = 0.55
-grouped_gemm_fp8 = 0.50
+gemm = 0.635               # MAMF bf16 0.729 (GB200) x 0.872 (Hopper: gemm 0.70 / H100 MAMF 0.803)
+gemm_fp8 = 0.582           # gemm 0.636 x 1.83 / 2: Transformer Engine MXFP8 over BF16 GEMM kernels, pre-quantized, 1.83x (B300, its GEMM profiling guide)
+grouped_gemm = 0.545       # MAMF bf16 0.729 x 0.747 (Hopper: grouped_gemm 0.60 / H100 MAMF 0.803)
+grouped_gemm_fp8 = 0.469   # MXFP8 grouped GEMMs at DeepSeek-V3 shapes on B200 (torchao): 0.421 sustained = 0.495 at boost (/ 0.85); x MAMF fp8 0.723 / 0.763
 attention = 0.50
-memory = 0.75
+memory = 0.75              # B200 device-to-device copy over 6,000 of 8,000 GB/s (https://www.newmind.ai/journal/18)
+quantize = 0.57            # MXFP8 quantize kernels on B200 (torchao, DeepSeek-V3 shapes): rowwise 4.91, columnwise 4.25 TB/s -> 4.55 of 8 TB/s
 net_intra = 0.80
 net_inter = 0.85
 overlap = 0.90
@@ -239,8 +263,8 @@ launch_us = 3.0            # per kernel launched from C++: raw cuLaunchKernel 3.
 # Units: TFLOP/s dense, GB = 1e9 bytes, GB/s per device and direction, microseconds, watts, USD.
 name = "gb300-nvl72"
 description = "NVIDIA GB300 NVL72: 72 Blackwell Ultra GPUs per NVLink 5 domain (900 GB/s per GPU and direction), 800 Gb/s ConnectX-8 per GPU between racks"
-source = "GB300 per GPU: fp4 15, fp8 5, bf16 2.5 PFLOP/s dense, 279 GB HBM3e at 8 TB/s, 1.4 kW, NVLink 5 900 GB/s per direction (https://verda.com/blog/gb300-nvl72-architecture); ConnectX-8 800 Gb/s per GPU (https://vendordeep.com/report/nvidia-launches-blackwell-ultra-gb300); rack up to 142 kW, 4 GPUs and 4 ConnectX-8 per compute tray (https://docs.nvidia.com/enterprise-reference-architectures/nvl72-ai-factory/latest/components.html)"
-note = "cost and power are stated example figures: replace them with your own; efficiencies are the b200 estimates (same architecture and software)"
+source = "GB300 per GPU: fp4 15, fp8 5, bf16 2.5 PFLOP/s dense, 279 GB HBM3e at 8 TB/s, 1.4 kW, NVLink 5 900 GB/s per direction (https://verda.com/blog/gb300-nvl72-architecture); ConnectX-8 800 Gb/s per GPU (https://vendordeep.com/report/nvidia-launches-blackwell-ultra-gb300); rack up to 142 kW, 4 GPUs and 4 ConnectX-8 per compute tray (https://docs.nvidia.com/enterprise-reference-architectures/nvl72-ai-factory/latest/components.html); GEMM rates: maximum achievable matmul FLOP/s (MAMF), https://github.com/stas00/ml-engineering/blob/master/compute/accelerator/README.md#maximum-achievable-matmul-flops-comparison-table (B300 row); MXFP8 grouped-GEMM and quantize kernels at DeepSeek-V3 shapes on B200, https://github.com/pytorch/ao/blob/main/torchao/prototype/moe_training/README.md (MXFP8 kernel breakdown by pass); sustained clock extrapolated from B200 clock under sustained tensor work at 1000 W, https://github.com/flashinfer-ai/flashinfer/pull/2899; 160 SMs per Blackwell Ultra GPU (https://itkb.uw.cz/2026/06/nvidia-h200-vs-b300-precisions-cores.html); MXFP8 / BF16 GEMM kernel and quantize times in Transformer Engine, https://github.com/NVIDIA/TransformerEngine/blob/main/docs/examples/gemm_profiling/gemm_profiling.rst (B300)"
+note = "cost and power are stated example figures: replace them with your own; GEMM efficiencies, quantize and sustained_clock are derived in docs/PLAN.md (Blackwell: GEMMs, clocks and quantization); sustained_clock is extrapolated, not measured"
 
 [device]
 peak_bf16_tflops = 2500
@@ -250,6 +274,11 @@ mx_formats = true
 memory_gb = 279
 memory_bandwidth_gbs = 8000
 reserved_gb = 4
+sustained_clock = 0.93      # 1400 W: 1580 MHz x (1400/1000)^(1/3) = 1768 MHz of the 1907 MHz the 2500 TFLOP/s spec implies (160 SMs x 8192 FLOP/clk); extrapolated, not measured
+sm_count = 160             # SMs
+tile_m = 256               # grouped-GEMM output tile per MMA unit: Blackwell's 2-SM UMMA, 256 x 256 on an SM pair (CUTLASS / DeepGEMM SM100 2-CTA kernels)
+tile_n = 256
+tile_sms = 2
 
 [network]
 devices_per_node = 72      # the NVLink domain
@@ -264,12 +293,13 @@ power_w = 1970               # 142 kW rack / 72 GPUs, all-in
 pue = 1.0
 
 [efficiency]
-gemm = 0.65
-gemm_fp8 = 0.60
-grouped_gemm = 0.55
-grouped_gemm_fp8 = 0.50
+gemm = 0.685               # MAMF bf16 0.786 (B300) x 0.872 (Hopper: gemm 0.70 / H100 MAMF 0.803)
+gemm_fp8 = 0.627           # gemm 0.685 x 1.83 / 2: Transformer Engine MXFP8 over BF16 GEMM kernels, pre-quantized, 1.83x (B300, its GEMM profiling guide)
+grouped_gemm = 0.587       # MAMF bf16 0.786 x 0.747 (Hopper: grouped_gemm 0.60 / H100 MAMF 0.803)
+grouped_gemm_fp8 = 0.484   # MXFP8 grouped GEMMs at DeepSeek-V3 shapes on B200 (torchao): 0.421 sustained = 0.495 at boost (/ 0.85); x MAMF fp8 0.745 / 0.763
 attention = 0.50
-memory = 0.75
+memory = 0.75              # B200 device-to-device copy over 6,000 of 8,000 GB/s (https://www.newmind.ai/journal/18)
+quantize = 0.57            # MXFP8 quantize kernels on B200 (torchao, DeepSeek-V3 shapes): rowwise 4.91, columnwise 4.25 TB/s -> 4.55 of 8 TB/s
 net_intra = 0.80
 net_inter = 0.85
 overlap = 0.90

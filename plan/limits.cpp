@@ -33,12 +33,17 @@ std::vector<Limit> step_limits(const ClusterSpec& s, const Layout& l, const Step
   auto compute = [&](const std::string& phase, double sec, std::string bound, std::string helps) {
     if (sec > 0) v.push_back({phase, sec, sec, std::move(bound), std::move(helps)});
   };
-  compute("dense GEMMs", 3 * m * t.gemm, "tensor cores: " + prec + " GEMMs at " + num("%.2f", p.gemm_eff) + " of the " + peak,
+  const std::string clock =
+      s.sustained_clock < 1 ? num(", at the power limit x %.2f", s.sustained_clock) : std::string();
+  compute("dense GEMMs", 3 * m * t.gemm, "tensor cores: " + prec + " GEMMs at " + num("%.2f", p.gemm_eff) + " of the " + peak + clock,
           bf16 && has_low_precision(s) ? lower + " (dense GEMMs on the low-precision peak)"
           : l.tp > 1                   ? "compute-bound; tp=1 gives each device larger GEMMs"
                                        : "compute-bound: more devices, or a faster recipe");
-  compute("expert GEMMs", 3 * m * t.experts,
-          "tensor cores: grouped GEMMs at " + num("%.2f", p.grouped_eff) + " of the " + peak +
+  compute("expert GEMMs", m * (t.experts + t.experts_bwd),
+          "tensor cores: grouped GEMMs at " + num("%.2f", p.grouped_eff) + " of the " + peak + clock +
+              (t.expert_rows > 0 ? num(", %.0f rows per expert", t.expert_rows) : "") +
+              (t.expert_tile_eff < 0.995 ? num(", tile grid %.2f", t.expert_tile_eff) : "") +
+              (t.expert_memory_bound ? " (weight-gradient accumulation HBM-bound)" : "") +
               (l.expert_load > 1 ? num(", x %.2f for the busiest expert rank", l.expert_load) : ""),
           l.expert_load > 1 ? "balanced routing (expert_load toward 1): the busiest rank sets the pace"
           : bf16 && has_low_precision(s) ? lower + " (expert GEMMs on the low-precision peak)"
@@ -51,7 +56,8 @@ std::vector<Limit> step_limits(const ClusterSpec& s, const Layout& l, const Step
   compute("memory-bound kernels", mem,
           "HBM bandwidth (" + num("%.1f", s.mem_bw / 1e12) + " TB/s at " + num("%.2f", s.eff.memory) + ")" +
               (t.quant_fwd > 0 ? ", " + num("%.0f%%", 100 * m * (t.quant_fwd + t.quant_bwd) / mem) +
-                                     " of it " + prec + " quantize / transpose kernels"
+                                     " of it " + prec + " quantize / transpose kernels" +
+                                     (s.eff.quantize > 0 ? num(" (at %.2f)", s.eff.quantize) : "")
                                : ""),
           t.quant_fwd > 0 ? "fusing quantization into norms / SwiGLU (kernel work; does not speed up with the recipe)"
                           : "does not speed up with precision; fewer norms / permutes per token (kernel fusion)");

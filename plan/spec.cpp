@@ -80,7 +80,7 @@ ClusterSpec parse_spec_toml(const std::string& text, const std::string& where) {
 
   Section dev{root["device"].as_table(), where, "device"};
   dev.only({"peak_bf16_tflops", "peak_fp8_tflops", "peak_fp4_tflops", "mx_formats", "memory_gb",
-            "memory_bandwidth_gbs", "reserved_gb"});
+            "memory_bandwidth_gbs", "reserved_gb", "sustained_clock", "sm_count", "tile_m", "tile_n", "tile_sms"});
   s.peak_bf16 = dev.num("peak_bf16_tflops", 0, true, 1e-6) * 1e12;
   s.peak_fp8 = dev.num("peak_fp8_tflops", 0) * 1e12;
   s.peak_fp4 = dev.num("peak_fp4_tflops", 0) * 1e12;
@@ -93,6 +93,15 @@ ClusterSpec parse_spec_toml(const std::string& text, const std::string& where) {
   s.mem_bw = dev.num("memory_bandwidth_gbs", 0, true, 1e-6) * 1e9;
   s.reserved_bytes = dev.num("reserved_gb", 0) * 1e9;
   TREX_USER_CHECK(s.reserved_bytes < s.mem_bytes, kHint, where, ": [device] reserved_gb must be below memory_gb");
+  s.sustained_clock = dev.num("sustained_clock", 1.0, false, 0.05);
+  TREX_USER_CHECK(s.sustained_clock <= 1, kHint, where, ": [device] sustained_clock is a share of the spec's rates, <= 1; got ",
+                  s.sustained_clock);
+  s.sm_count = (int64_t)dev.num("sm_count", 0);
+  s.tile_m = (int64_t)dev.num("tile_m", (double)s.tile_m, false, 1);
+  s.tile_n = (int64_t)dev.num("tile_n", (double)s.tile_n, false, 1);
+  s.tile_sms = (int64_t)dev.num("tile_sms", (double)s.tile_sms, false, 1);
+  TREX_USER_CHECK(s.sm_count == 0 || s.sm_count >= s.tile_sms, kHint, where,
+                  ": [device] sm_count (", s.sm_count, ") must be at least tile_sms (", s.tile_sms, ")");
 
   Section net{root["network"].as_table(), where, "network"};
   net.only({"devices_per_node", "intra_node_gbs", "intra_node_latency_us", "inter_node_gbs", "inter_node_latency_us"});
@@ -111,7 +120,7 @@ ClusterSpec parse_spec_toml(const std::string& text, const std::string& where) {
 
   Section e{root["efficiency"].as_table(), where, "efficiency"};
   e.only({"gemm", "gemm_fp8", "grouped_gemm", "grouped_gemm_fp8", "attention", "sparse_attention", "indexer",
-          "head", "optimizer", "gemm_fp4", "grouped_gemm_fp4", "memory", "net_intra", "net_inter", "overlap",
+          "head", "optimizer", "gemm_fp4", "grouped_gemm_fp4", "memory", "quantize", "net_intra", "net_inter", "overlap",
           "comm_compute_share", "goodput"});
   Efficiency& f = s.eff;
   auto frac = [&](const char* k, double def, double min = 1e-3) {
@@ -131,6 +140,7 @@ ClusterSpec parse_spec_toml(const std::string& text, const std::string& where) {
   f.gemm_fp4 = frac("gemm_fp4", f.gemm_fp4, 0);
   f.grouped_gemm_fp4 = frac("grouped_gemm_fp4", f.grouped_gemm_fp4, 0);
   f.memory = frac("memory", f.memory);
+  f.quantize = frac("quantize", f.quantize, 0);
   f.net_intra = frac("net_intra", f.net_intra);
   f.net_inter = frac("net_inter", f.net_inter);
   f.overlap = frac("overlap", f.overlap, 0);

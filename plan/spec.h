@@ -37,6 +37,10 @@ struct Efficiency {
   double gemm_fp4_or_fp8() const { return gemm_fp4 > 0 ? gemm_fp4 : gemm_fp8; }
   double grouped_gemm_fp4_or_fp8() const { return grouped_gemm_fp4 > 0 ? grouped_gemm_fp4 : grouped_gemm_fp8; }
   double memory = 0.7;            // memory-bound ops, of memory bandwidth
+  // The low-precision recipes' quantize / transpose kernels (read bf16, write the fp8 copies and
+  // their scales), of memory bandwidth; 0 = `memory`.
+  double quantize = 0;
+  double quantize_or_memory() const { return quantize > 0 ? quantize : memory; }
   double net_intra = 0.8;         // collectives inside a node, of intra-node bandwidth
   double net_inter = 0.8;         // collectives across nodes, of inter-node bandwidth
   double overlap = 0.9;           // share of overlappable communication actually hidden
@@ -61,7 +65,16 @@ struct ClusterSpec {
   double peak_bf16 = 0, peak_fp8 = 0;  // FLOP/s, dense; peak_fp8 = 0: no fp8 matmul
   double peak_fp4 = 0;                 // FLOP/s, dense; 0: no fp4 matmul (precision=mxfp4 refused)
   bool mx_formats = false;             // hardware block-scaled (MX) matmul: precision=mxfp8 / mxfp4
+  // Share of the spec's tensor rates that a long run of back-to-back tensor work sustains at the
+  // power limit (the clock drops from boost once the board reaches it); scales every FLOP rate
+  // (GEMMs, attention, head), not the memory-bound work. 1: the efficiencies already are
+  // sustained rates (fitted on whole runs, or measured over long runs).
+  double sustained_clock = 1;
   double mem_bytes = 0, mem_bw = 0;    // bytes, bytes/s
+  // The tile grid of the routed experts' grouped GEMMs (plan/gemm.h): SMs, and the output tile
+  // one MMA unit of tile_sms SMs computes (Hopper 128 x 256 on one SM; Blackwell's 2-SM UMMA
+  // 256 x 256 on a pair). sm_count 0: the GEMMs run at their class rate whatever their shape.
+  int64_t sm_count = 0, tile_m = 128, tile_n = 256, tile_sms = 1;
   double reserved_bytes = 0;
   // Bytes per saved activation element: 0 = as a bf16 GPU run stores each tensor (SavedTensor::
   // bytes); 4 for cpu-this, where trex's CPU engine keeps every saved activation in f32.

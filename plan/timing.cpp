@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include "core/error.h"
+#include "plan/gemm.h"
 #include "plan/host.h"
 #include "plan/precision.h"
 
@@ -68,6 +69,12 @@ namespace {
 struct RankTime {
   double fwd = 0, bwd = 0, rec = 0, weight_grad = 0;
   double fwd_only = 0;  // forward work without a backward (the V4 CSA indexer: its selection has no gradient)
+  // The routed experts' backward at their shapes (plan/gemm.h) minus the 2 x forward the backward
+  // is otherwise charged; of it, the weight-gradient GEMMs minus 1 x forward.
+  double expert_bwd_adj = 0, expert_wgrad_adj = 0;
+  double experts_bwd = 0;                        // the routed experts' backward GEMMs
+  double expert_rows = 0, expert_tile_eff = 1;   // of the chunk's first MoE layer (plan/gemm.h)
+  bool expert_memory_bound = false;
   double quant_fwd = 0, quant_bwd = 0;  // low-precision quantize / transpose kernels, forward and backward
   double gemm = 0, experts = 0, attention = 0, memory = 0;  // forward, by class
   double tp = 0, ep = 0, pp = 0, cp = 0;
@@ -85,10 +92,12 @@ struct RankTime {
 
 struct Rates {
   double gemm, experts, attention, memory;
+  double quantize;                   // bytes/s of the quantize / transpose kernels
   double sparse_attention, indexer;  // V4 attention core over key lists; CSA indexer scoring
   double optimizer;                  // bytes/s of the optimizer step
   double head;  // bf16 GEMM rate: the LM head and router stay bf16 under every recipe (DeepSeek-V3 sec. 3.3.1)
   PrecisionModel prec;
+  GemmDevice grouped;  // the routed experts' grouped GEMMs at their shapes (plan/gemm.h)
 };
 
 // GEMM-input elements per token of a layer that a low-precision recipe quantizes (the tensors
@@ -101,18 +110,29 @@ double quant_elems(const LayerCost& L, double expert_load) {
 }
 
 // Forward time of one layer for `tokens` tokens on one device, split by class.
-void layer_fwd(const LayerCost& L, const Rates& R, double tokens, double expert_load, int64_t seq, RankTime& t,
+void layer_fwd(const LayerCost& L, const Rates& R, const Layout& l, int64_t hidden, double tokens, RankTime& t,
                double& fwd) {
+  const double expert_load = l.expert_load;
+  const int64_t seq = l.seq;
   // Under a low-precision recipe the router (and V4's hyper-connection mixing) stay bf16.
   const double g = R.prec.low ? tokens * ((L.gemm_fwd - L.bf16_gemm_fwd) / R.gemm + L.bf16_gemm_fwd / R.head)
                               : tokens * L.gemm_fwd / R.gemm;
-  const double e = tokens * expert_load * L.expert_fwd / R.experts;
+  // Routed experts at their shapes (roofline and tile grid, plan/gemm.h); their backward is charged
+  // at its own shapes (expert_bwd_adj corrects the 2 x forward below).
+  const ExpertGemms xg =
+      expert_gemms(L, l, hidden, tokens, R.grouped, R.prec.cached_bytes > 0 ? R.prec.cached_bytes : 2.0);
+  const double e = xg.fwd;
+  t.expert_bwd_adj += xg.dgrad + xg.wgrad - 2 * xg.fwd;
+  t.experts_bwd += xg.dgrad + xg.wgrad;
+  if (L.moe && t.expert_rows == 0) t.expert_rows = xg.rows, t.expert_tile_eff = xg.tile_eff;
+  t.expert_memory_bound = t.expert_memory_bound || xg.memory_bound;
+  t.expert_wgrad_adj += xg.wgrad - xg.fwd;
   const double idx = indexer_fwd_flops(L.attn, seq);
   const double core = tokens * (attn_core_fwd_flops(L.attn, seq) - idx) /
                       (L.attn.kind == AttnKind::MLA ? R.attention : R.sparse_attention);
   const double at = core + tokens * idx / R.indexer;
   t.fwd_only += tokens * idx / R.indexer + tokens * 2 * L.fwd_only_matmul_params / R.gemm;
-  const double q = tokens * quant_elems(L, expert_load) / R.memory;
+  const double q = tokens * quant_elems(L, expert_load) / R.quantize;
   t.quant_fwd += q * R.prec.quant_fwd;
   t.quant_bwd += q * R.prec.quant_bwd;
   const double m = tokens * L.elem_bytes_fwd / R.memory + q * R.prec.quant_fwd;
@@ -126,15 +146,18 @@ void layer_fwd(const LayerCost& L, const Rates& R, double tokens, double expert_
 Rates make_rates(const ClusterSpec& s, const Layout& l) {
   const PrecisionModel p = precision_model(s, l.precision);
   const Efficiency& e = s.eff;
-  return {p.gemm_peak * p.gemm_eff,
-          p.gemm_peak * p.grouped_eff,
-          s.peak_bf16 * e.attention,
+  const double c = s.sustained_clock;  // the tensor rates at the power limit's clock
+  return {c * p.gemm_peak * p.gemm_eff,
+          c * p.gemm_peak * p.grouped_eff,
+          c * s.peak_bf16 * e.attention,
           s.mem_bw * e.memory,
-          s.peak_bf16 * e.sparse_attention_or_dense(),
-          s.peak_bf16 * e.indexer_or_dense(),
+          s.mem_bw * e.quantize_or_memory(),
+          c * s.peak_bf16 * e.sparse_attention_or_dense(),
+          c * s.peak_bf16 * e.indexer_or_dense(),
           s.mem_bw * e.optimizer_or_memory(),
-          s.peak_bf16 * e.gemm,
-          p};
+          c * s.peak_bf16 * e.gemm,
+          p,
+          gemm_device(s, c * p.gemm_peak * p.grouped_eff)};
 }
 
 RankTime chunk_time(const ArchModel& a, const ClusterSpec& s, const Layout& l, const Chunk& c, const Rates& R) {
@@ -154,7 +177,7 @@ RankTime chunk_time(const ArchModel& a, const ClusterSpec& s, const Layout& l, c
   };
   auto layer = [&](const LayerCost& L) {
     double f = 0;
-    layer_fwd(L, R, tokens, l.expert_load, l.seq, t, f);
+    layer_fwd(L, R, l, a.hidden, tokens, t, f);
     fwd_layers += f;
     if (l.recompute == Recompute::Selective)
       t.rec += tokens * (L.upproj_fwd / R.gemm + L.elem_sel_bytes_fwd / R.memory);
@@ -224,7 +247,7 @@ RankTime chunk_time(const ArchModel& a, const ClusterSpec& s, const Layout& l, c
     for (int64_t h = 0; h < heads; ++h) {
       // A calibrated fused head (Efficiency::head) includes its logit traffic.
       const bool fused = s.eff.head > 0;
-      const double g = tokens * 2 * V * d / (fused ? s.peak_bf16 * s.eff.head : R.head);
+      const double g = tokens * 2 * V * d / (fused ? s.sustained_clock * s.peak_bf16 * s.eff.head : R.head);
       const double m = fused ? 0.0 : tokens * 12 * V / R.memory;
       t.gemm += g;
       t.memory += m;
@@ -244,9 +267,10 @@ RankTime chunk_time(const ArchModel& a, const ClusterSpec& s, const Layout& l, c
       }
   }
   t.fwd = fwd_layers + fwd_other;
-  // Backward: twice the forward's work, except the quantize kernels, which have their own traffic.
-  t.bwd = 2 * (t.fwd - t.fwd_only - t.quant_fwd) + t.quant_bwd;
-  t.weight_grad = t.fwd - t.fwd_only - t.quant_fwd;  // the weight-gradient half of the backward GEMMs
+  // Backward: twice the forward's work, except the quantize kernels, which have their own traffic,
+  // and the routed experts, charged at their backward shapes (expert_bwd_adj).
+  t.bwd = 2 * (t.fwd - t.fwd_only - t.quant_fwd) + t.quant_bwd + t.expert_bwd_adj;
+  t.weight_grad = t.fwd - t.fwd_only - t.quant_fwd + t.expert_wgrad_adj;  // the weight-gradient half of the backward GEMMs
   if (hcost.modelled() && l.graphs == Graphs::Full) {
     t.host += 2 * l.vp * hcost.op_s;  // one graph replay per model chunk, forward and backward
     t.launches += 2 * l.vp;
@@ -328,6 +352,9 @@ StepTime plan_time(const ArchModel& a, const ClusterSpec& s, const Layout& l) {
       const RankTime& c = ct[ci];
       t.fwd += w * c.fwd, t.bwd += w * c.bwd, t.rec += w * c.rec, t.weight_grad += w * c.weight_grad;
       t.gemm += w * c.gemm, t.experts += w * c.experts, t.attention += w * c.attention, t.memory += w * c.memory;
+      t.experts_bwd += w * c.experts_bwd;
+      if (t.expert_rows == 0) t.expert_rows = c.expert_rows, t.expert_tile_eff = c.expert_tile_eff;
+      t.expert_memory_bound = t.expert_memory_bound || c.expert_memory_bound;
       t.tp += w * c.tp, t.ep += w * c.ep, t.pp += w * c.pp, t.cp += w * c.cp;
       t.quant_fwd += w * c.quant_fwd, t.quant_bwd += w * c.quant_bwd;
       t.ep_inter += w * c.ep_inter, t.ep_intra += w * c.ep_intra;
@@ -363,6 +390,8 @@ StepTime plan_time(const ArchModel& a, const ClusterSpec& s, const Layout& l) {
       st.slow_rank = r;
       st.fwd = t.fwd * slow, st.bwd = t.bwd * slow, st.recompute = t.rec * slow;
       st.gemm = t.gemm, st.experts = t.experts, st.attention = t.attention, st.memory_bound = t.memory;
+      st.experts_bwd = t.experts_bwd;
+      st.expert_rows = t.expert_rows, st.expert_tile_eff = t.expert_tile_eff, st.expert_memory_bound = t.expert_memory_bound;
       st.quant_fwd = t.quant_fwd, st.quant_bwd = t.quant_bwd;
       const int dirs = 2 + (l.recompute == Recompute::Full ? 1 : 0);
       st.ep_intra_s = dirs * t.ep_intra / (s.intra_bw * s.eff.net_intra);
@@ -405,7 +434,7 @@ StepTime plan_time(const ArchModel& a, const ClusterSpec& s, const Layout& l) {
   st.optimizer = local * (l.grad_bytes + 4 + 2 * l.moment_bytes + 4 + 2 * l.moment_bytes + 2) / R.optimizer;
   // Low precision: the updated weights are quantized once per step (cached across the step's
   // micro-batches): read bf16, write the row- and column-wise copies.
-  if (R.prec.low) st.weight_cast = (dense_max + exp_max) * 4.0 / R.memory;
+  if (R.prec.low) st.weight_cast = (dense_max + exp_max) * 4.0 / R.quantize;
   st.exposed_comm += st.dp_exposed;
   st.host_wait = m * (st.t_mb - st.device_t_mb);
   st.step = m * st.t_mb + st.bubble + st.dp_exposed + st.optimizer + st.weight_cast;

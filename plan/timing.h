@@ -40,6 +40,10 @@ struct StepTime {
   // Per micro-batch on the slowest pipeline rank (seconds).
   double fwd = 0, bwd = 0, recompute = 0;       // compute (with the communication-share slowdown)
   double gemm = 0, experts = 0, attention = 0, memory_bound = 0;  // forward compute by class
+  // The routed experts' GEMMs at their shapes (plan/gemm.h): backward (data + weight gradients),
+  // rows per local expert, the tile grid's efficiency, and whether HBM bounds some pass.
+  double experts_bwd = 0, expert_rows = 0, expert_tile_eff = 1;
+  bool expert_memory_bound = false;
   double quant_fwd = 0, quant_bwd = 0;  // low-precision quantize / transpose kernels (memory_bound has the forward's)
   double ep_intra_s = 0, ep_inter_s = 0;  // one layer-set's all-to-all bytes on each link alone, per micro-batch
   double comm_tp = 0, comm_ep = 0, comm_pp = 0, comm_dp_mb = 0;  // per micro-batch communication

@@ -71,8 +71,9 @@ TEST(PlanCalibrated, V4AttentionClassesRunAtTheirOwnEfficiencies) {
   const StepTime t = plan_time(a, s, one_device(T));
   const double want = T * (core / (s.peak_bf16 * 0.07) + idx / (s.peak_bf16 * 0.03));
   EXPECT_NEAR(t.attention, want, 1e-9 * want);
-  // The indexer's scoring and projections run forward only: the backward is twice the rest.
-  EXPECT_NEAR(t.bwd, 2 * (t.fwd - T * fwd_only), 1e-9 * t.bwd);
+  // The indexer's scoring and projections run forward only: the backward is twice the rest, the
+  // routed experts' GEMMs charged at their own backward shapes (plan/gemm.h).
+  EXPECT_NEAR(t.bwd, 2 * (t.fwd - T * fwd_only) + t.experts_bwd - 2 * t.experts, 1e-9 * t.bwd);
 
   // Unset keys fall back to `attention` (the GPU specs carry none).
   const ClusterSpec d = cpu_spec_from_calibration(calibration({{"gemm", 0.5}, {"attention", 0.4}}));

@@ -2,14 +2,17 @@
 // B200, GB200 NVL72 and GB300 NVL72 (docs/PLAN.md has the table, sources and the assumptions of
 // each row). Tokens per second per GPU are compared (independent of how a run counts FLOPs).
 // No efficiency was fitted to any row here: every row is held out of the fits (the only fitted
-// figures are the Hopper fp8 efficiency and the H800 goodput, on the DeepSeek-V3 report).
+// figures are the Hopper fp8 efficiency and the H800 goodput, on the DeepSeek-V3 report). The
+// Blackwell figures come from microbenchmarks (docs/PLAN.md, "Blackwell: GEMMs, clocks and
+// quantization"): GEMM rates from published maximum-achievable-matmul measurements and torchao's
+// MXFP8 grouped-GEMM kernels at DeepSeek-V3 shapes, the routed experts at their shapes (plan/gemm.h),
+// the quantize kernels at their measured bandwidth, and the clock a long run sustains at the power
+// limit (B200 measured; GB200 / GB300 extrapolated from it).
 //
-// Rows within 15% are held to it. Each row carries the CUDA-graph setting of its recipe at
-// publication (graphs=off|partial|full; the host is modelled from the spec's [host] figures, see
-// plan/host.h). Five Blackwell rows published with partial or no CUDA graphs are over-predicted
-// by 21-50%; the host, priced per launch from published per-op figures, adds about 1% to them
-// (docs/PLAN.md, "The host"): they are held to their sign and size, and to the host's small share,
-// so that a change to the model that moves them shows here.
+// Every row's error is pinned to within 4 points of the value docs/PLAN.md states, so that a
+// change to the model that moves a row shows here; rows within 15% are also held to it. Two rows
+// remain over-predicted (B200 MXFP8 +34%, GB300 MXFP8 +22%); the host, priced per launch from
+// published per-op figures, adds about 1% to them (docs/PLAN.md, "The host").
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -71,21 +74,38 @@ const Row kGB200Guide = {"GB200 x256 MXFP8, Megatron-Core GB200 guide", "gb200-n
 const Row kGB300Mx = {"GB300 x256 MXFP8 (25.11)", "gb300-nvl72", 256,
                       "pp=2,vp=4,ep=32,gbs=4096,precision=mxfp8,mtp=1,recompute=none,overlap=ep+dp,graphs=partial", 4357};
 
+struct Pinned {
+  Row row;
+  double error;  // the planner's error docs/PLAN.md states (prediction / published - 1)
+};
+
+// docs/PLAN.md, "Validation against published runs".
+const Pinned kPinned[] = {
+    {kH100Cs, -0.025},  {kH100Block, +0.121}, {kGB300Bf16, -0.037}, {kGB200Graphs, -0.069},
+    {kGB200Bf16, +0.019}, {kGB200Mx, +0.079}, {kGB200Guide, +0.038}, {kB200Mx, +0.340}, {kGB300Mx, +0.225},
+};
+
 }  // namespace
 
+TEST(PlanPublished, ErrorsAsDocumented) {
+  for (const Pinned& p : kPinned) {
+    const double e = error_of(p.row);
+    EXPECT_NEAR(e, p.error, 0.04) << p.row.what << ": planner error " << e << " (update docs/PLAN.md's table)";
+  }
+}
+
 TEST(PlanPublished, WithinFifteenPercent) {
-  for (const Row& r : {kH100Cs, kH100Block, kGB300Bf16, kGB200Graphs}) {
+  for (const Row& r : {kH100Cs, kH100Block, kGB300Bf16, kGB200Graphs, kGB200Bf16, kGB200Mx, kGB200Guide}) {
     const double e = error_of(r);
     EXPECT_LT(std::abs(e), 0.15) << r.what << ": planner error " << e;
   }
 }
 
-TEST(PlanPublished, BlackwellRunsStillOverPredicted) {
-  for (const Row& r : {kB200Mx, kGB200Bf16, kGB200Mx, kGB300Mx, kGB200Guide}) {
+TEST(PlanPublished, BlackwellMxfp8RunsStillOverPredicted) {
+  for (const Row& r : {kB200Mx, kGB300Mx}) {
     const Plan p = plan_of(r);
     const double e = p.time.tokens_per_s / (double)r.devices / r.published - 1;
     EXPECT_GT(e, 0.15) << r.what << ": " << e << " (now within 15%: move the row to WithinFifteenPercent)";
-    EXPECT_LT(e, 0.60) << r.what << ": " << e;
     // The host is modelled on these specs and launches thousands of kernels per micro-batch, but at
     // the published per-launch costs it stays well behind the device: it does not explain the gap.
     EXPECT_GT(p.time.host_mb, 0) << r.what;
@@ -93,14 +113,32 @@ TEST(PlanPublished, BlackwellRunsStillOverPredicted) {
   }
 }
 
-// The same hardware and model: the published MXFP8 speed-up over BF16 on GB300 is 1.13x; the planner
-// (device-bound) says more, the gap being the host-bound MXFP8 stack of that release.
+// What closed the GB200 rows: the sustained clock at the power limit. GB200's and GB300's are
+// extrapolated from B200's measurement (docs/PLAN.md); without them (the spec's clock held) the
+// GB200 rows read +8% to +25% again.
+TEST(PlanPublished, SustainedClockSensitivity) {
+  ArchModel a = resolve_model("deepseek-v3");
+  for (const Pinned& p : kPinned) {
+    ClusterSpec s = load_spec(p.row.cluster);
+    if (s.name != "gb200-nvl72") continue;
+    EXPECT_NEAR(s.sustained_clock, 0.81, 1e-12);
+    s.sustained_clock = 1;
+    const double e = evaluate(a, s, p.row.devices, parse_layout(p.row.layout, Layout{})).time.tokens_per_s /
+                         (double)p.row.devices / p.row.published - 1;
+    EXPECT_GT(e, p.error + 0.08) << p.row.what;
+  }
+}
+
+// The same hardware and model: the published MXFP8 speed-up over BF16 on GB300 is 1.13x (between the
+// two rows' layouts); the planner says 1.26x at one layout, short of the 2x of the peaks (attention,
+// memory-bound work and the quantize kernels do not speed up), still above the published ratio
+// (docs/PLAN.md: the scale-layout kernels are not modelled).
 TEST(PlanPublished, LowPrecisionSpeedupIsBelowThePeakRatio) {
   ArchModel a = resolve_model("deepseek-v3");
   ClusterSpec s = load_spec("gb300-nvl72");
   const std::string base = "pp=2,vp=4,ep=32,gbs=4096,mtp=1,recompute=selective,overlap=ep+dp,precision=";
   const double bf16 = evaluate(a, s, 256, parse_layout(base + "bf16", Layout{})).time.tokens_per_s;
   const double mx = evaluate(a, s, 256, parse_layout(base + "mxfp8", Layout{})).time.tokens_per_s;
-  EXPECT_GT(mx / bf16, 1.1);
-  EXPECT_LT(mx / bf16, 1.7);  // far from the 2x of the peaks: attention, memory-bound work, communication
+  EXPECT_GT(mx / bf16, 1.15);
+  EXPECT_LT(mx / bf16, 1.35);
 }
