@@ -28,6 +28,27 @@ json cp_v3() {  // hidden 45, 5 heads, 10 experts (top 3), two MTP layers
   return m;
 }
 
+// DeepSeek-V3.2: hidden 45, 5 heads, 3 indexer heads, index_topk 4 (below most documents' and
+// every row's length, so the selection matters), two MTP layers.
+json cp_v32() {
+  json m = tiny_v32();
+  m["hidden_size"] = 45;
+  m["num_attention_heads"] = 5;
+  m["num_key_value_heads"] = 5;
+  m["index_n_heads"] = 3;
+  m["index_topk"] = 4;
+  m["num_nextn_predict_layers"] = 2;
+  return m;
+}
+
+// cp x tp: the heads split by tp 2 (6 of them) and the dense width (54).
+json cp_tp(json m) {
+  m["num_attention_heads"] = 6;
+  if (m.contains("num_key_value_heads")) m["num_key_value_heads"] = 6;
+  m["intermediate_size"] = 54;
+  return m;
+}
+
 Case cp_case(json model, bool packed, double mtp = 0.3) {
   Case su = tp_case(std::move(model), 0.01, mtp);
   su.packed = packed;
@@ -67,7 +88,7 @@ TEST(CpSplit, Refusals) {
     EXPECT_NE(std::string(e.what()).find("data.seq_len = 14 is not a multiple of 2 x parallel.cp = 6"),
               std::string::npos) << e.what();
   }
-  for (const json& m : {tiny_v32(), tiny_v4()}) {
+  for (const json& m : {tiny_v4()}) {
     const model::ModelConfig cfg = model::parse_config(m, "tiny");
     try {
       model::check_context_parallel(cfg, 2);
@@ -78,6 +99,7 @@ TEST(CpSplit, Refusals) {
     }
   }
   EXPECT_NO_THROW(model::check_context_parallel(model::parse_config(tiny_v3(), "tiny"), 2));
+  EXPECT_NO_THROW(model::check_context_parallel(model::parse_config(tiny_v32(), "tiny"), 3));
 }
 
 // The same refusals when a run's layout is resolved (trex train, trex bench step): the message
@@ -99,10 +121,10 @@ TEST(CpSplit, RunConfigRefusals) {
   EXPECT_TRUE(has(e, "data.seq_len = 26 is not a multiple of 2 x parallel.cp = 4")) << e;
   e = refusal(tiny_v4(), 24, {"parallel.cp=2"}, 2);
   EXPECT_TRUE(has(e, "parallel.cp = 2") && has(e, "deepseek_v4")) << e;
-  e = refusal(tiny_v32(), 24, {"parallel.cp=2"}, 2);
-  EXPECT_TRUE(has(e, "parallel.cp = 2") && has(e, "deepseek_v32")) << e;
-  e = refusal(tp_v3(), 24, {"parallel.cp=2", "parallel.tp=2"}, 4);
-  EXPECT_TRUE(has(e, "parallel.cp = 2 with parallel.tp = 2")) << e;
+  EXPECT_EQ(refusal(tiny_v32(), 24, {"parallel.cp=2"}, 2), "");
+  EXPECT_EQ(refusal(tp_v3(), 24, {"parallel.cp=2", "parallel.tp=2"}, 4), "");
+  e = refusal(tp_v3(), 24, {"parallel.cp=2", "parallel.tp=4"}, 8);
+  EXPECT_TRUE(has(e, "parallel.tp = 4 does not divide")) << e;
   e = refusal(tiny_v3(), 24, {"parallel.cp=2"}, 3);
   EXPECT_TRUE(has(e, "parallel.tp * parallel.cp * parallel.pp * parallel.dp")) << e;
   e = refusal(tiny_v3(), 24, {"parallel.cp=0"}, 1);
@@ -135,6 +157,52 @@ TEST(CpTrain, V2MatchesOneProcess) {
   parity(cp_case(m, true, 0), DpOptions{997, true}, 4, 1, 2, seq_for(cp), 1, 1, 1, {}, cp);
 }
 
+// DeepSeek-V3.2: each local query ranks the keys of its document before it (the indexer keys
+// all-gathered), the sparse attention reads the whole rows' keys; packed rows, two MTP layers.
+TEST(CpTrain, V32PackedMatchesOneProcess) {
+  const int n = parallel::test_world().size();
+  const int cp = n == 4 ? 2 : n;
+  parity(cp_case(cp_v32(), true), DpOptions{997, true}, 10, 1, 2, seq_for(cp), 1, 1, 1, {}, cp);
+}
+
+// DeepSeek-V3.2, one document a row (the top-k over rows longer than any packed document), two
+// micro-batches a step.
+TEST(CpTrain, V32TwoMicroBatchesMatchesOneProcess) {
+  const int n = parallel::test_world().size();
+  const int cp = n == 4 ? 2 : n;
+  parity(cp_case(cp_v32(), false), DpOptions{0, false}, 4, 2, 2, seq_for(cp), 1, 1, 1, {}, cp);
+}
+
+// DeepSeek-V3.2 with the indexer loss, sparse stage and dense warm-up: the indexer keys'
+// gradients reduce-scattered to their owners, the loss and recall summed over the cp group.
+TEST(CpTrain, V32IndexerLossMatchesOneProcess) {
+  const int n = parallel::test_world().size();
+  const int cp = n == 4 ? 2 : n;
+  for (model::IndexerStage st : {model::IndexerStage::Sparse, model::IndexerStage::DenseWarmup}) {
+    Case su = cp_case(cp_v32(), true);
+    su.ix_weight = 0.8, su.ix_stage = st;
+    parity(su, DpOptions{997, true}, 4, 1, 2, seq_for(cp), 1, 1, 1, {}, cp);
+  }
+}
+
+// 4 ranks: cp 2 x tp 2 (each tp rank gathers the latents over its cp group; the latent's
+// gradient is partial over tp through the cp reduce-scatter), V3 and V3.2.
+TEST(CpTrain, WithTensorParallel) {
+  if (parallel::test_world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  parity(cp_case(cp_tp(cp_v3()), true), DpOptions{997, true}, 10, 1, 2, seq_for(2), 1, 2, 1, {}, 2);
+  parity(cp_case(cp_tp(cp_v32()), true), DpOptions{997, true}, 6, 1, 2, seq_for(2), 1, 2, 1, {}, 2);
+}
+
+// 4 ranks: cp 2 x tp 2 with sequence parallel (the tp ranks shard the cp rank's tokens outside
+// the attention and the dense MLP; the aux loss's counts summed over tp, then cp).
+TEST(CpTrain, WithSequenceParallel) {
+  if (parallel::test_world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  DpOptions o{997, true};
+  o.sequence_parallel = true;
+  parity(cp_case(cp_tp(cp_v3()), true), o, 10, 1, 2, seq_for(2), 1, 2, 1, {}, 2);
+  parity(cp_case(cp_tp(cp_v32()), true), o, 6, 1, 2, seq_for(2), 1, 2, 1, {}, 2);
+}
+
 // 4 ranks: cp 2 x ep 2 (experts sharded over the dp ranks of each cp rank).
 TEST(CpTrain, WithExpertParallel) {
   if (parallel::test_world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
@@ -165,16 +233,17 @@ TEST(CpTrain, RunLoopMatchesOneProcessAndResumesInOne) {
 
 // A checkpoint written at cp 2 (ranks 0 and 1) resumes at cp 1 (rank 0) and, on 3 ranks, at cp 3:
 // the losses of steps 4-6 equal the uninterrupted one-process run's (cp does not change the state).
-TEST(CpTrain, ResumesAcrossCpSizes) {
+// ov: the run's other settings (MTP, the indexer loss). Collective; removes its folder.
+namespace {
+void resumes_across_cp_sizes(const json& model, const std::string& prefix, std::vector<std::string> ov) {
   parallel::Communicator& w = parallel::test_world();
-  if (w.size() == 4) GTEST_SKIP() << "2 and 3 ranks";
-  const fs::path root = loop_corpus(w, "trex_cp_resume_", 41, [](int i) {
+  const fs::path root = loop_corpus(w, prefix, 41, [](int i) {
     return "route " + std::to_string(i) + " serves " + std::to_string(7 * i + 3) + " stops " + std::string(i % 4, 'k');
   });
   const std::string data = (root / "corpus.jsonl").string();
-  auto cfg = [&](const std::string& d, std::vector<std::string> ov) {
-    ov.push_back("train.mtp_loss_weight=0.3");
-    return parse_run_config(loop_config((root / d).string(), data, 1, 6, tiny_v3_mtp(1)), "run.toml", ov);
+  auto cfg = [&](const std::string& d, std::vector<std::string> more) {
+    more.insert(more.end(), ov.begin(), ov.end());
+    return parse_run_config(loop_config((root / d).string(), data, 1, 6, model), "run.toml", more);
   };
   auto copy_step3 = [&](const std::string& to) {
     fs::create_directories(root / to / "checkpoints");
@@ -210,6 +279,20 @@ TEST(CpTrain, ResumesAcrossCpSizes) {
     fs::remove_all(root);
   }
   w.barrier();
+}
+}  // namespace
+
+TEST(CpTrain, ResumesAcrossCpSizes) {
+  if (parallel::test_world().size() == 4) GTEST_SKIP() << "2 and 3 ranks";
+  resumes_across_cp_sizes(tiny_v3_mtp(1), "trex_cp_resume_", {"train.mtp_loss_weight=0.3"});
+}
+
+// DeepSeek-V3.2 with an MTP layer and the indexer loss (the indexer's tensors train).
+TEST(CpTrain, V32ResumesAcrossCpSizes) {
+  if (parallel::test_world().size() == 4) GTEST_SKIP() << "2 and 3 ranks";
+  json m = cp_v32();
+  m["num_nextn_predict_layers"] = 1;
+  resumes_across_cp_sizes(m, "trex_cp_resume_v32_", {"train.mtp_loss_weight=0.3", "train.indexer_loss_weight=0.5"});
 }
 
 // The activation estimate (train/activation_estimate.h, cp) replays one context-parallel
