@@ -297,7 +297,9 @@ TEST(CpTrain, V32ResumesAcrossCpSizes) {
 
 // The activation estimate (train/activation_estimate.h, cp) replays one context-parallel
 // forward_backward: it equals the measured arena peak on every cp rank (every rank holds B x T / cp
-// tokens). bf16 and fp32, no and full recompute, with and without MTP layers.
+// tokens). bf16 and fp32, no and full recompute, with and without MTP layers. DeepSeek-V3.2 (one
+// document a row; the ranks' key lists differ, the estimate is the largest rank's): with the
+// indexer loss too.
 TEST(CpTrain, ActivationEstimateMatchesTheArena) {
   init_threads(1);
   parallel::Communicator& w = parallel::test_world();
@@ -305,21 +307,59 @@ TEST(CpTrain, ActivationEstimateMatchesTheArena) {
   parallel::ParallelDims dims;
   dims.dp = w.size() / cp, dims.cp = cp;
   parallel::ProcessGroups groups = parallel::make_process_groups(w, dims);
-  for (const json& mj : {tiny_v3(), cp_v3(), tiny_v2()})
-    for (int64_t B : {1, 3})
+  for (const json& mj : {tiny_v3(), cp_v3(), tiny_v2(), cp_v32()})
+    for (double ix : {0.0, 0.5})
+      for (int64_t B : {1, 3})
+        for (kern::Prec prec : {kern::Prec::BF16, kern::Prec::F32})
+          for (model::Recompute rec : {model::Recompute::None, model::Recompute::Full}) {
+            const double mtp = mj.value("num_nextn_predict_layers", 0) > 0 ? 0.3 : 0.0;
+            const model::ModelConfig base = model::parse_config(mj, "tiny");
+            if (ix > 0 && !base.is_v32()) continue;
+            const model::ModelConfig cfg = model::with_mtp(base, mtp > 0 ? base.num_nextn_predict_layers : 0);
+            const int64_t T = seq_for(cp);
+            const model::TrainOptions o{0.01, mtp, rec, ix};
+            model::Model m(base, prec, o);
+            m.init_random(3);
+            m.set_context_parallel(groups.cp.get());
+            const Global g = make_global(1, 1, 1, B, T, cfg.vocab_size, 29, !cfg.is_v32());
+            m.forward_backward(g.batch(0, 0, 0));
+            const double est = activation_peak_bytes(m.cfg, B, T, prec, rec, 1, 1, false, {}, o, cp);
+            int64_t peak = (int64_t)m.peak_activation_bytes();
+            EXPECT_LE((double)peak, est);
+            groups.cp->all_reduce(&peak, 1, parallel::ReduceOp::Max);
+            EXPECT_EQ(est, (double)peak) << cfg.model_type << (prec == kern::Prec::BF16 ? " bf16" : " fp32")
+                                         << (rec == model::Recompute::Full ? " full" : " none") << " B " << B
+                                         << " mtp " << mtp << " ix " << ix;
+          }
+}
+
+// 4 ranks, cp 2 x tp 2 with and without sequence parallel: the estimate with the tp size (this
+// rank's heads, the sequence-parallel shard) equals the largest measured peak.
+TEST(CpTrain, ActivationEstimateWithTensorParallel) {
+  parallel::Communicator& w = parallel::test_world();
+  if (w.size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  init_threads(1);
+  parallel::ParallelDims dims;
+  dims.tp = 2, dims.cp = 2;
+  parallel::ProcessGroups groups = parallel::make_process_groups(w, dims);
+  for (const json& mj : {cp_tp(cp_v3()), cp_tp(cp_v32())})
+    for (bool sp : {false, true})
       for (kern::Prec prec : {kern::Prec::BF16, kern::Prec::F32})
         for (model::Recompute rec : {model::Recompute::None, model::Recompute::Full}) {
-          const double mtp = mj.value("num_nextn_predict_layers", 0) > 0 ? 0.3 : 0.0;
-          const model::ModelConfig cfg = model::parse_config(mj, "tiny");
-          const int64_t T = seq_for(cp);
-          model::Model m(cfg, prec, {0.01, mtp, rec});
+          const model::ModelConfig base = model::parse_config(mj, "tiny");
+          const int64_t T = seq_for(2), B = 3;
+          const model::TrainOptions o{0.01, 0.3, rec};
+          model::Model m(base, prec, o);
           m.init_random(3);
+          m.set_tensor_parallel(groups.tp.get(), sp);
           m.set_context_parallel(groups.cp.get());
-          const Global g = make_global(1, 1, 1, B, T, cfg.vocab_size, 29, true);
+          const Global g = make_global(1, 1, 1, B, T, base.vocab_size, 29, !base.is_v32());
           m.forward_backward(g.batch(0, 0, 0));
-          const double est = activation_peak_bytes(m.cfg, B, T, prec, rec, 1, 1, false, {}, {}, cp);
-          EXPECT_EQ(est, (double)m.peak_activation_bytes())
-              << cfg.model_type << (prec == kern::Prec::BF16 ? " bf16" : " fp32")
-              << (rec == model::Recompute::Full ? " full" : " none") << " B " << B << " mtp " << mtp;
+          const double est = activation_peak_bytes(m.cfg, B, T, prec, rec, 2, 1, sp, {}, o, 2);
+          int64_t peak = (int64_t)m.peak_activation_bytes();
+          EXPECT_LE((double)peak, est);
+          w.all_reduce(&peak, 1, parallel::ReduceOp::Max);
+          EXPECT_EQ(est, (double)peak) << base.model_type << (sp ? " sp" : "") << (prec == kern::Prec::BF16 ? " bf16" : " fp32")
+                                       << (rec == model::Recompute::Full ? " full" : " none");
         }
 }
