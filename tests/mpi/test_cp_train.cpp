@@ -1,7 +1,7 @@
 // Context parallel (model/context_parallel.h, parallel.cp), fp32, against one process: cp = 2 on 2
-// ranks and cp = 3 on 3 ranks; on 4 ranks (CTest mpi_cp_np4) cp 2 x dp 2, cp 2 x ep 2 and
-// cp 2 x pp 2. A V3 model of odd sizes with two MTP layers, the sequence-wise aux loss and the
-// router-bias update, rows packed with several documents, 10 AdamW steps.
+// ranks and cp = 3 on 3 ranks; on 4 ranks (CTest mpi_cp_np4) cp 2 x dp 2, cp 2 x ep 2, cp 2 x pp 2
+// and cp 2 x tp 2. V3 and V3.2 models of odd sizes with two MTP layers, the sequence-wise aux loss
+// and the router-bias update, rows packed with several documents, 10 AdamW steps.
 #include <gtest/gtest.h>
 
 #include <filesystem>
