@@ -231,6 +231,20 @@ TEST(CpTrain, RunLoopMatchesOneProcessAndResumesInOne) {
                                               "cp rank");
 }
 
+// 4 ranks: the run loop at cp 2 x tp 2 (tp-sharded models, sequence parallel) equals one process,
+// and its checkpoint resumes in one process. DeepSeek-V3.2. (MTP under cp x tp: the parity tests
+// above; the helper's one-process run takes no overrides.)
+TEST(CpTrain, RunLoopWithTensorParallel) {
+  parallel::Communicator& w = parallel::test_world();
+  if (w.size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  const fs::path root = loop_corpus(w, "trex_cp_tp_loop_", 53, [](int i) {
+    return "crate " + std::to_string(i) + " holds " + std::to_string(11 * i + 5) + " parts " + std::string(i % 5, 'q') +
+           " for plant " + std::to_string(i % 7);
+  });
+  loop_matches_one_process_and_resumes_in_one(w, root, cp_tp(cp_v32()), "parallel.cp=2", 1, "cp x tp rank",
+                                              {"parallel.tp=2", "parallel.sequence_parallel=true"});
+}
+
 // A checkpoint written at cp 2 (ranks 0 and 1) resumes at cp 1 (rank 0) and, on 3 ranks, at cp 3:
 // the losses of steps 4-6 equal the uninterrupted one-process run's (cp does not change the state).
 // ov: the run's other settings (MTP, the indexer loss). Collective; removes its folder.
