@@ -162,6 +162,9 @@ std::string config_to_json_v32(const ModelConfig& c) {
   j["mlp_layer_types"] = mt;
   j["layer_types"] = lt;
   j["initializer_range"] = c.initializer_range;
+  // Not a key of transformers' config, but DeepSeek-V3.2's release config.json has it: without it
+  // a checkpoint of a run that trains MTP blocks would not load them back (resume).
+  if (c.num_nextn_predict_layers > 0) j["num_nextn_predict_layers"] = c.num_nextn_predict_layers;
   return j.dump(2);
 }
 

@@ -90,9 +90,6 @@ void check_context_parallel(const ModelConfig& cfg, int cp) {
                   "parallel.cp = ", cp, ": context parallelism is not implemented for model_type ", cfg.model_type,
                   " (DeepSeek-V4: its sliding window, compressors and indexer would need the neighbouring ranks' "
                   "tokens)");
-  TREX_USER_CHECK(!cfg.is_v32(), "set parallel.cp = 1 for DeepSeek-V3.2 models",
-                  "parallel.cp = ", cp, ": context parallelism is not implemented for model_type ", cfg.model_type,
-                  " (DeepSeek-V3.2: its lightning indexer selects keys over the whole sequence)");
 }
 
 void check_cp_seq_len(int64_t T, int cp, const char* field) {

@@ -8,6 +8,11 @@
 // and the roped k_pe, kv_lora_rank + qk_rope_head_dim floats a token) over the cp group,
 // up-projects every key and value locally, and attends its queries to the keys before them
 // (kernels/attention_cp.h); its backward reduce-scatters their gradients back to the owners.
+// DeepSeek-V3.2 also all-gathers the lightning indexer's keys (index_head_dim floats a token), so
+// each local query ranks every key of its document before it (model/v32_indexer.h).
+// Tensor parallel: the cp group is the ranks of one tp rank (parallel/dims.h), each gathering the
+// latents its heads read; the latent's gradient is partial over tp and the cp reduce-scatter
+// (linear) keeps it so, the tp reduction of the layer's input gradient completes it.
 //
 // Local token order: row b of the local batch is [chunk r | chunk 2 cp - 1 - r] of row b.
 #pragma once
@@ -71,7 +76,7 @@ void cp_reduce_scatter(const ContextParallel& cp, const CpSplit& s, int64_t B, c
                        int64_t w, StackArena& A);
 
 // Throws trex::UserError (naming parallel.cp, the value and what to do) when a model of cfg cannot
-// run context parallel over cp ranks: DeepSeek-V3.2 (indexer) and DeepSeek-V4 are not supported.
+// run context parallel over cp ranks: DeepSeek-V4 is not supported.
 void check_context_parallel(const ModelConfig& cfg, int cp);
 // The same for a sequence length: T must be a multiple of 2 cp.
 void check_cp_seq_len(int64_t T, int cp, const char* field);

@@ -223,9 +223,6 @@ bool tp_partial_grad(const std::string& name) {
 void Model::set_tensor_parallel(parallel::Communicator* tp_comm, bool sequence_parallel) {
   if (tp_comm && tp_comm->size() > 1) refuse_on_device("tensor parallelism");
   tp_ = {};
-  TREX_USER_CHECK(!tp_comm || tp_comm->size() == 1 || !cp_.on(), "set parallel.tp = 1 or parallel.cp = 1",
-                  "parallel.tp = ", tp_comm ? tp_comm->size() : 1, " with parallel.cp = ", cp_.size,
-                  ": context parallelism does not compose with tensor parallelism yet");
   TREX_USER_CHECK(!tp_comm || tp_comm->size() == 1 || !opt.indexer_metrics(), "set parallel.tp = 1, or "
                   "train.indexer_loss_weight = 0 and train.indexer_recall = false", "the indexer loss needs every attention head's probabilities on "
                   "one rank; parallel.tp = ", tp_comm ? tp_comm->size() : 1);
@@ -249,9 +246,6 @@ void Model::set_context_parallel(parallel::Communicator* cp_comm) {
   if (!cp_comm || cp_comm->size() == 1) return;
   refuse_on_device("context parallelism");
   check_context_parallel(cfg, cp_comm->size());
-  TREX_USER_CHECK(!tp_.on(), "set parallel.tp = 1 or parallel.cp = 1",
-                  "parallel.cp = ", cp_comm->size(), " with parallel.tp = ", tp_.slice.size,
-                  ": context parallelism does not compose with tensor parallelism yet");
   cp_.comm = cp_comm;
   cp_.rank = cp_comm->rank();
   cp_.size = cp_comm->size();
@@ -419,6 +413,11 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward, const Stag
                           (st.last || !backward || io->dy) && (st.first || !backward || io->dx_in)),
              "Model: pipeline stage without its inputs / outputs");
   if (cp_.on()) return run_cp(b, grad_scale, backward, io);
+  return run_tp(b, grad_scale, backward, io);
+}
+
+LossParts Model::run_tp(const Batch& b, float grad_scale, bool backward, const StageIO* io) {
+  const int64_t N = b.B * b.T;
   if (!tp_.sp) return cfg.is_v4() ? run_v4(b, grad_scale, backward, io) : run_v3(b, grad_scale, backward, io);
   // Sequence parallel: every shard's loss parts and expert loads are summed over the tp group, so
   // each tp rank returns (and counts) what the whole micro-batch gives, as without it.
@@ -441,7 +440,7 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward, const Stag
 }
 
 LossParts Model::run_cp(const Batch& b, float grad_scale, bool backward, const StageIO* io) {
-  TREX_CHECK(!cfg.is_v4() && !cfg.is_v32() && !tp_.on(), "run_cp: context parallelism on a refused model / layout");
+  TREX_CHECK(!cfg.is_v4(), "run_cp: context parallelism on a refused model");
   const CpSplit split = cp_split(b.T, cp_);
   const CpBatch lb = cp_local_batch(b, split);
   const Batch local{lb.B, lb.T, lb.ids.data(), lb.targets.data(), lb.pos.data(), b.seg ? lb.seg.data() : nullptr};
@@ -450,23 +449,24 @@ LossParts Model::run_cp(const Batch& b, float grad_scale, bool backward, const S
   const std::vector<int64_t> load0 = load_.v;
   LossParts out;
   try {
-    out = run_v3(local, grad_scale, backward, io);
+    out = run_tp(local, grad_scale, backward, io);  // tensor parallel: the tp ranks share the local tokens
   } catch (...) {
     cp_full_ = nullptr, cp_batch_ = nullptr;
     throw;
   }
   cp_full_ = nullptr, cp_batch_ = nullptr;
-  // Each rank's CE and MTP sums are divided by the whole micro-batch's target counts and its aux
-  // part by the whole sequences' length: their sums over the cp group are the micro-batch's.
-  double parts[3] = {out.ce, out.aux, out.mtp};
+  // Each rank's CE and MTP sums are divided by the whole micro-batch's target counts, its aux part
+  // by the whole sequences' length and its indexer loss and recall by the micro-batch's query
+  // count: their sums over the cp group are the micro-batch's.
+  double parts[5] = {out.ce, out.aux, out.mtp, out.indexer, out.indexer_recall};
   std::vector<int64_t> dl(load_.v.size());
   for (size_t i = 0; i < dl.size(); ++i) dl[i] = load_.v[i] - load0[i];
   const double t0 = now_ms();
-  cp_.comm->all_reduce(parts, 3);
+  cp_.comm->all_reduce(parts, 5);
   if (!dl.empty()) cp_.comm->all_reduce(dl.data(), dl.size());
   cp_.wait_ms += now_ms() - t0;
   for (size_t i = 0; i < dl.size(); ++i) load_.v[i] = load0[i] + dl[i];
-  out.ce = parts[0], out.aux = parts[1], out.mtp = parts[2];
+  out.ce = parts[0], out.aux = parts[1], out.mtp = parts[2], out.indexer = parts[3], out.indexer_recall = parts[4];
   out.loss = out.ce + out.aux + opt.mtp_loss_weight * out.mtp + opt.indexer_loss_weight * out.indexer;
   return out;
 }
@@ -564,7 +564,8 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
     }
     if (cp_full_) {  // the aux loss's counts and lengths are the whole sequences'
       mi.T_seq = fb.T;
-      mi.seq_sum = [this](double* v, size_t n) {
+      mi.seq_sum = [this, tp_shard = sh.on()](double* v, size_t n) {
+        if (tp_shard) tp_sum(v, (int64_t)n);  // sequence parallel: the tp shards of the cp rank's tokens first
         const double t0 = now_ms();
         cp_.comm->all_reduce(v, n);
         cp_.wait_ms += now_ms() - t0;

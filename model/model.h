@@ -281,7 +281,9 @@ class Model {
   // io: the pipeline stage's inputs and outputs (null without pipeline parallelism).
   LossParts run(const Batch& b, float grad_scale, bool backward, const StageIO* io);
   LossParts run_v3(const Batch& b, float grad_scale, bool backward, const StageIO* io);
-  // Context parallel: run_v3 on this rank's part of b (cp_local_batch), the parts summed over cp.
+  // run_v3 / run_v4; under sequence parallel the shards' loss parts and expert loads summed over tp.
+  LossParts run_tp(const Batch& b, float grad_scale, bool backward, const StageIO* io);
+  // Context parallel: run_tp on this rank's part of b (cp_local_batch), the parts summed over cp.
   LossParts run_cp(const Batch& b, float grad_scale, bool backward, const StageIO* io);
   LossParts run_v4(const Batch& b, float grad_scale, bool backward, const StageIO* io);  // model/model_v4.cpp
   int64_t stage_end() const { return stage_.l1 < 0 ? cfg.num_hidden_layers : stage_.l1; }

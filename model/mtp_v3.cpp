@@ -63,7 +63,7 @@ double mtp_v3_forward(const MtpV3In& in, const float* h0, std::vector<MtpV3Saved
       if (!in.flat && i >= n0 && i < n0 + Nl) ids[i - n0] = id, tgs[i - n0] = tg;
     }
     if (in.flat)
-      for (int64_t i = 0; i < Nl; ++i) shifted(in.flat[i], ids[i], tgs[i]);
+      for (int64_t i = 0; i < Nl; ++i) shifted(in.flat[n0 + i], ids[i], tgs[i]);
     m.ids = in.ctx.device(ids, Nl);
     m.tg = in.ctx.device(tgs, Nl);
     // x = eh_proj([enorm(e) | hnorm(h_prev)])   e, h_prev: [Nl, d]  cat: [Nl, 2d]  x: [Nl, d]

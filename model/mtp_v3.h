@@ -34,8 +34,8 @@ struct MtpV3In {
   float grad_scale = 0.f;
   double weight = 0;       // mtp_loss_weight
   bool backward = false;
-  // Context parallel: local row i is token flat[i] of the batch b (the whole micro-batch); null:
-  // n0 + i.
+  // Context parallel: local row i is token flat[n0 + i] of the batch b (the whole micro-batch;
+  // flat covers the cp rank's tokens, n0 the sequence-parallel shard among them); null: n0 + i.
   const int64_t* flat = nullptr;
 };
 

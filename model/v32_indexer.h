@@ -16,6 +16,11 @@
 // against the attention (model/v32_indexer_loss.h); AttnIn::ix_dense (the dense warm-up) makes
 // the attention see every causal key of the document instead of the selection.
 // Packed rows (seg): a document is a run of equal seg ids; the indexer ranks only its own tokens.
+// Context parallel (AttnIn::cp): the queries are this rank's tokens, the keys the whole rows'
+// (MLA's K, V of every token, and the indexer keys all-gathered over the cp group); each query
+// ranks the keys of its document up to its own sequence index (CpAttn::qidx), so it selects what
+// it selects in one process, and the backward's dK, dV cover every key (mla.cpp reduce-scatters
+// them through the latent).
 // The masked attention runs on kern::sparse_attn (one shared key row set): each (token, head)
 // is a query of one head over key rows [K | V] of width dqk + dv, its own row [Q | 0], so the
 // scores are exactly q.k and the output's last dv columns are the attention output.
@@ -28,6 +33,12 @@ namespace trex::model {
 
 // Indexer keys of N tokens: x [N, d] at positions pos [N] -> ik [N, dI].
 void v32_index_keys(const Ctx&, const AttnIn&, const float* x, int64_t N, const int32_t* pos, float* ik);
+// The indexer keys of every key token of the layer's rows: x [B T, d] (in.B x in.T local tokens)
+// -> ik [B TK, dI], TK = v32_key_len(in) (context parallel: every cp rank's keys all-gathered, in
+// sequence order; else x's own). Collective over the cp group when in.cp is set.
+void v32_index_keys_all(const Ctx&, const AttnIn&, const float* x, float* ik);
+// Keys per row: the whole sequence's length under context parallel, else in.T.
+inline int64_t v32_key_len(const AttnIn& in) { return in.cp ? in.cp->split.T : in.T; }
 // Indexer queries and head weights: qan [N, rq], x [N, d] -> iq [N, nI, dI], wts [N, nI] (not
 // scaled: v32_index_shape folds nI^-0.5 into the score scale; a positive factor on every score).
 void v32_index_queries(const Ctx&, const AttnIn&, const float* x, const float* qan, int64_t N, const int32_t* pos,
@@ -39,7 +50,8 @@ kern::IndexerShape v32_index_shape(const ModelConfig&, int64_t T, int64_t nw);
 // After mla_project: selection, then the attention over it -> s.O [N, H, dv], s.lse and the key
 // lists (s.off, s.idx) and padded rows (s.Qp, s.KVp, s.Op) backward reads.
 void v32_attn_forward(const Ctx&, const AttnIn&, MlaSaved& s);
-// dO [N, H, dv] -> dQ [N, H, dqk], dK [N, H, dqk], dV [N, H, dv] (all overwritten).
+// dO [N, H, dv] -> dQ [N, H, dqk], dK [NK, H, dqk], dV [NK, H, dv] (all overwritten; NK = B
+// v32_key_len(in): context parallel, this rank's queries' share of every key's gradient).
 void v32_attn_backward(const Ctx&, const AttnIn&, const MlaSaved& s, const float* dO, float* dQ, float* dK, float* dV);
 
 }  // namespace trex::model

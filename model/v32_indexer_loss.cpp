@@ -27,17 +27,18 @@ struct Lists {
   int64_t key(int64_t i, int64_t k) const { return s.idx[s.off[i * H] + k] / H; }
 };
 
-// The indexer's queries [N, nI, dI], head weights [N, nI] (unscaled) and keys [N, dI], as the
-// selection computed them (scratch in c.ws).
+// The indexer's queries [N, nI, dI], head weights [N, nI] (unscaled) and keys [NK, dI] (every
+// key row: v32_index_keys_all), as the selection computed them (scratch in c.ws).
 struct Proj {
   float *q, *w, *k;
 };
 Proj project(const Ctx& c, const AttnIn& in, const MlaSaved& s) {
   const ModelConfig& m = *in.cfg;
   const int64_t N = in.B * in.T, nI = m.v32.index_n_heads, dI = m.v32.index_head_dim;
-  Proj p{c.ws->alloc<float>(N * nI * dI), c.ws->alloc<float>(N * nI), c.ws->alloc<float>(N * dI)};
+  const int64_t NK = in.B * v32_key_len(in);
+  Proj p{c.ws->alloc<float>(N * nI * dI), c.ws->alloc<float>(N * nI), c.ws->alloc<float>(NK * dI)};
   v32_index_queries(c, in, s.x, s.qan, N, in.pos, p.q, p.w);
-  v32_index_keys(c, in, s.x, N, in.pos, p.k);
+  v32_index_keys_all(c, in, s.x, p.k);
   return p;
 }
 
@@ -46,6 +47,7 @@ Proj project(const Ctx& c, const AttnIn& in, const MlaSaved& s) {
 void v32_index_loss_forward(const Ctx& c, const AttnIn& in, MlaSaved& s, const IndexerTopk& top) {
   const ModelConfig& m = *in.cfg;
   const int64_t N = in.B * in.T, H = m.num_attention_heads / in.tp.size;
+  const int64_t Nq = in.B * v32_key_len(in);  // the micro-batch's queries (the loss is their mean)
   const int64_t nI = m.v32.index_n_heads, dI = m.v32.index_head_dim, dqk = m.qk_head_dim();
   const double scale = in.rope->softmax_scale, cI = v32_index_shape(m, 1, 1).softmax_scale;
   const Lists L{s, H};
@@ -82,7 +84,7 @@ void v32_index_loss_forward(const Ctx& c, const AttnIn& in, MlaSaved& s, const I
         dI_i[k] = (float)(std::exp(logq) - p[k]);
       }
       loss[i] = kl;
-      if (in.ix_dense) {  // the attended keys are the document's tokens start..i in order
+      if (in.ix_dense) {  // the attended keys are the document's tokens start..self in order
         double r = 0;
         for (int64_t k = 0; k < top.cnt[i]; ++k) r += p[top.sel[i * top.kt + k]];
         recall[i] = r;
@@ -91,8 +93,8 @@ void v32_index_loss_forward(const Ctx& c, const AttnIn& in, MlaSaved& s, const I
         for (int64_t h = 0; h < H; ++h) {
           double mx = -std::numeric_limits<double>::infinity(), z2 = 0;
           std::vector<double>& sc = I;  // reuse as scratch: the scores of every causal key
-          sc.assign(i - top.start[i] + 1, 0.0);
-          for (int64_t j = top.start[i]; j <= i; ++j) {
+          sc.assign(top.self[i] - top.start[i] + 1, 0.0);
+          for (int64_t j = top.start[i]; j <= top.self[i]; ++j) {
             sc[j - top.start[i]] = scale * index_dot(qi + h * dqk, s.K + (j * H + h) * dqk, dqk);
             mx = std::max(mx, sc[j - top.start[i]]);
           }
@@ -106,25 +108,27 @@ void v32_index_loss_forward(const Ctx& c, const AttnIn& in, MlaSaved& s, const I
   c.ws->release(mk);
   double ls = 0, rs = 0;
   for (int64_t i = 0; i < N; ++i) ls += loss[i], rs += recall[i];
-  s.ix_loss = N ? ls / (double)N : 0.0;
-  s.ix_recall = N ? rs / (double)N : 0.0;
+  s.ix_loss = Nq ? ls / (double)Nq : 0.0;
+  s.ix_recall = Nq ? rs / (double)Nq : 0.0;
 }
 
 void v32_index_loss_backward(const Ctx& c, const AttnIn& in, const MlaSaved& s) {
   const ModelConfig& m = *in.cfg;
   const LayerParams& lp = *in.p;
   const int64_t N = in.B * in.T, H = m.num_attention_heads / in.tp.size, d = m.hidden_size;
+  const int64_t NK = in.B * v32_key_len(in);  // key rows (and the micro-batch's queries)
   const int64_t nI = m.v32.index_n_heads, dI = m.v32.index_head_dim, dr = m.qk_rope_head_dim;
   const Lists L{s, H};
-  // g(i, k) = dloss_total / dI_i[k] times c: ix_grad / N (q - p) c; the score's scale folded in.
-  const double g0 = (double)in.ix_grad / (double)N * v32_index_shape(m, 1, 1).softmax_scale;
+  // g(i, k) = dloss_total / dI_i[k] times c: ix_grad / NK (q - p) c; the score's scale folded in.
+  const double g0 = (double)in.ix_grad / (double)NK * v32_index_shape(m, 1, 1).softmax_scale;
   StackArena& A = *c.ws;
   auto mk = A.mark();
   const Proj pr = project(c, in, s);
   float* dw = A.alloc<float>(N * nI);
   float* dq = A.alloc<float>(N * nI * dI);
-  float* dk = A.alloc<float>(N * dI);
-  indexer_score_bwd(L, N, N, nI, dI, pr.q, pr.w, pr.k, s.ix_dI, g0, 1.0, dq, dw, dk);
+  float* dk = A.alloc<float>(NK * dI);
+  indexer_score_bwd(L, N, NK, nI, dI, pr.q, pr.w, pr.k, s.ix_dI, g0, 1.0, dq, dw, dk);
+  if (in.cp) cp_reduce_scatter(*in.cp->cp, in.cp->split, in.B, dk, dk, dI, A);  // -> this rank's keys [N, dI]
   float* G = in.G;
   // weights_proj(x): x detached.
   linear_bwd(c, dw, s.x, N, d, wt(in, lp.ix_w), nI, nullptr, false, G + lp.ix_w);

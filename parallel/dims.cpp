@@ -151,6 +151,11 @@ std::vector<int> ParallelDims::tp_slice_group(int rank) const {
   return ranks_where(*this, [&](const RankCoord& o) { return o.tp == c.tp; });
 }
 
+std::vector<int> ParallelDims::stage_tp_slice_group(int rank) const {
+  const RankCoord c = coord(rank);
+  return ranks_where(*this, [&](const RankCoord& o) { return o.tp == c.tp && o.pp == c.pp; });
+}
+
 std::string ParallelDims::str() const {
   return detail::cat("dp=", dp, " tp=", tp, " pp=", pp, " ep=", ep, cp > 1 ? detail::cat(" cp=", cp) : "",
                      " (edp=", edp(), ", world=", world(), ")");

@@ -74,8 +74,10 @@ struct ParallelDims {
   std::vector<int> stage_group(int rank) const;
   std::vector<int> stage_expert_group(int rank) const;
   // Tensor-parallel memory sharding: every rank holding the same tp slice (same tp_rank; any cp,
-  // dp, pp). (Of one stage, with pipeline memory sharding: the stage's ranks of that tp rank.)
+  // dp, pp), and with pipeline memory sharding the stage's ranks of that tp rank (same tp_rank and
+  // pp_rank; any cp, dp).
   std::vector<int> tp_slice_group(int rank) const;
+  std::vector<int> stage_tp_slice_group(int rank) const;
 
   // Routed experts held by an ep rank: [first, first + count) of n_experts.
   int64_t experts_per_rank(int64_t n_experts) const { return n_experts / ep; }

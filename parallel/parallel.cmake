@@ -66,7 +66,8 @@ add_test(NAME mpi_pp_np4
                  ${MPIEXEC_PREFLAGS} $<TARGET_FILE:trex_mpi_tests> --gtest_filter=PpTrain.* ${MPIEXEC_POSTFLAGS})
 set_tests_properties(mpi_pp_np4 PROPERTIES TIMEOUT 300 PROCESSORS 2)
 
-# Context parallel on 4 ranks: cp 2 x dp 2, cp 2 x ep 2, cp 2 x pp 2.
+# Context parallel on 4 ranks: cp 2 x dp 2, cp 2 x ep 2, cp 2 x pp 2, cp 2 x tp 2 (with and without
+# sequence parallel).
 add_test(NAME mpi_cp_np4
          COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 --allow-run-as-root --oversubscribe
                  ${MPIEXEC_PREFLAGS} $<TARGET_FILE:trex_mpi_tests> --gtest_filter=Cp*.* ${MPIEXEC_POSTFLAGS})

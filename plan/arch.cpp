@@ -60,6 +60,7 @@ CpExchange cp_exchange_elems(const AttnShape& a, int64_t T, int64_t tp) {
   const double t = (double)T;
   if (a.kind == AttnKind::MLA) {
     x.gathered = t * (double)a.heads * (double)(a.qk_dim + a.v_dim) / (double)tp;
+    if (a.index_topk > 0) x.gathered += t * (double)a.index_dim;  // DeepSeek-V3.2: the indexer's keys (whole on every tp rank)
     return x;
   }
   if (a.window > 0) x.halo = 2.0 * (double)std::min<int64_t>(a.window, T) * (double)a.qk_dim;

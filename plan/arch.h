@@ -45,7 +45,8 @@ double indexer_fwd_flops(const AttnShape& a, int64_t T);
 // keys and values; backward: their gradients):
 //   gathered  all-gathered over the group (the full buffer; each rank sends its share): MLA the
 //             keys and values of the device's heads, H (dqk + dv) / tp per token (Megatron-Core's
-//             ring attention passes K and V; the heads are split over tp); CSA / HCA the compressed entries (T / rate of dqk each;
+//             ring attention passes K and V; the heads are split over tp; DeepSeek-V3.2 also the
+//             indexer's keys, index_dim per token); CSA / HCA the compressed entries (T / rate of dqk each;
 //             CSA also the indexer's keys, index_dim each)
 //   halo      point to point from the neighbouring rank: the sliding window's keys (V4 layers:
 //             window rows of dqk for each of a rank's two chunks)

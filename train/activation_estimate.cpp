@@ -62,7 +62,8 @@ struct StepWalk {
   const int64_t Nl;              // token rows outside the split blocks: N, or rank 0's shard (the largest)
   const int64_t l0, l1;          // the decoder layers run (a pipeline stage's, or all)
   const bool last;               // the stage computes the head (and V4's MTP blocks)
-  // V4 CSA indexer loss: computed in the forward (loss or recall), its backward, the dense warm-up.
+  // The indexer loss (V4 CSA layers, V3.2 every layer): computed in the forward (loss or recall),
+  // its backward, the dense warm-up.
   const bool ix_fwd, ix_bwd, ix_dense;
   ArenaReplay A;
 
@@ -72,8 +73,8 @@ struct StepWalk {
         NK(b * t), bf(p == kern::Prec::BF16), replay(r == model::Recompute::Full),
         tp(std::max<int64_t>(tp_, 1)), ep(std::max<int64_t>(ep_, 1)), sp(sp_ && tp > 1),
         Nl(sp ? (N + tp - 1) / tp : N), l0(st.on() ? st.l0 : 0), l1(st.on() ? st.l1 : cfg.num_hidden_layers),
-        last(!st.on() || st.last), ix_fwd(cfg.is_v4() && o.indexer_metrics()), ix_bwd(cfg.is_v4() && o.indexer_loss()),
-        ix_dense(cfg.is_v4() && o.dense_warmup()) {}
+        last(!st.on() || st.last), ix_fwd(cfg.indexer_layers() > 0 && o.indexer_metrics()),
+        ix_bwd(cfg.indexer_layers() > 0 && o.indexer_loss()), ix_dense(cfg.indexer_layers() > 0 && o.dense_warmup()) {}
 
   void f32(int64_t n) { A.bytes((size_t)n * 4); }
   void i32(int64_t n) { A.bytes((size_t)n * 4); }
@@ -229,8 +230,79 @@ struct StepWalk {
     f32(NK * H * (dn + dv));  // kv
     linear_fwd(NK, r);
     A.release(m);
-    f32(N * H * dv), f32(N * H);  // O, lse
+    if (c.is_v32()) v32_attn_forward();
+    else f32(N * H * dv), f32(N * H);  // O, lse
     linear_fwd(N, H * dv);
+  }
+
+  // model/v32_indexer.cpp, model/v32_indexer_loss.cpp: DeepSeek-V3.2's selection and sparse
+  // attention. Key lists: one document a row (packed rows attend fewer keys: an upper bound); under
+  // cp, of the cp rank whose queries attend the most keys.
+  int64_t v32_topk() const { return std::min<int64_t>(c.v32.index_topk, std::max<int64_t>(T, 1)); }
+  int64_t v32_keys() const {  // (query, key) pairs of this rank's B x T / cp queries (per head)
+    const int64_t kt = v32_topk(), ch = T / (2 * cp);
+    int64_t best = 0;
+    for (int64_t r = 0; r < cp; ++r) {
+      int64_t n = 0;
+      for (int64_t j = 0; j < T / cp; ++j) {
+        const int64_t q = cp == 1 ? j : (j < ch ? r * ch + j : (2 * cp - 1 - r) * ch + (j - ch));
+        n += ix_dense ? q + 1 : std::min(kt, q + 1);
+      }
+      best = std::max(best, n);
+    }
+    return B * best;
+  }
+  void v32_index_keys_all() {  // the local keys and the all-gather's buffer (cp)
+    if (cp == 1) return;
+    const auto m = A.mark();
+    f32(N * c.v32.index_head_dim), f32(NK * c.v32.index_head_dim);
+    A.release(m);
+  }
+  void v32_index_project() {  // v32_indexer_loss.cpp project
+    const int64_t nI = c.v32.index_n_heads, dI = c.v32.index_head_dim;
+    f32(N * nI * dI), f32(N * nI), f32(NK * dI);
+    v32_index_keys_all();
+  }
+  void v32_attn_forward() {
+    const int64_t H = c.num_attention_heads / tp, nI = c.v32.index_n_heads, dI = c.v32.index_head_dim;
+    const int64_t dqk = c.qk_head_dim(), dv = c.v_head_dim, D = dqk + dv, R = N * H, RK = NK * H, kt = v32_topk();
+    const int64_t keys = v32_keys();
+    i32(N), i32(N * kt), i32(N), i32(N);  // cnt, sel, start, self
+    auto m = A.mark();
+    f32(N * nI * dI), f32(N * nI), f32(NK * dI);  // iq, wts, ik
+    v32_index_keys_all();
+    i32(T);  // iota
+    const kern::IndexerShape row{1, T, T, (int)nI, (int)dI, 1, (int)kt, 1.f};
+    f32((int64_t)std::max<size_t>(kern::indexer_workspace_floats(row), 1));
+    A.release(m);
+    i64(R + 1), i32(std::max<int64_t>(keys * H, 1));  // off, idx
+    f32(R * D), f32(RK * D), f32(R * D), f32(R), f32(R * dv);  // Qp, KVp, Op, lse, O
+    if (ix_fwd) {  // v32_index_loss_forward: the kept pairs' dI, then the recomputed projections
+      f32(std::max<int64_t>(keys, 1));
+      m = A.mark();
+      v32_index_project();
+      A.release(m);
+    }
+  }
+  void v32_attn_backward() {
+    const int64_t H = c.num_attention_heads / tp, nI = c.v32.index_n_heads, dI = c.v32.index_head_dim;
+    const int64_t dqk = c.qk_head_dim(), dv = c.v_head_dim, D = dqk + dv, R = N * H, RK = NK * H;
+    auto m = A.mark();
+    f32(R * D), f32(R * D), f32(RK * D);  // dOp, dQp, dKVp
+    const kern::SparseAttnShape sh{R, 1, (int)D, 1.f};
+    f32((int64_t)std::max<size_t>(kern::sparse_attn_bwd_workspace_floats(sh, RK), 1));
+    A.release(m);
+    if (!ix_bwd) return;
+    m = A.mark();  // v32_index_loss_backward
+    v32_index_project();
+    f32(N * nI), f32(N * nI * dI), f32(NK * dI);  // dw, dq, dk
+    if (cp > 1) {  // the reduce-scatter's buffer
+      const auto m2 = A.mark();
+      f32(NK * dI);
+      A.release(m2);
+    }
+    f32(N * dI), f32(N * dI);  // y0, dy0
+    A.release(m);
   }
   void mla_backward() {
     const int64_t H = c.num_attention_heads / tp, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
@@ -239,6 +311,7 @@ struct StepWalk {
     f32(N * H * dv);  // dO
     linear_bwd(N, H * dv, d);
     f32(N * H * dqk), f32(NK * H * dqk), f32(NK * H * dv);  // dQ, dK, dV
+    if (c.is_v32()) v32_attn_backward();
     f32(NK * H * (dn + dv)), f32(N * (r + dr));              // dkv, dkva
     f32(N * r);                                              // dlatn
     if (cp > 1) {

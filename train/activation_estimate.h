@@ -42,11 +42,15 @@ namespace trex::train {
 // DeepSeek-V4 the CSA layers' indexer loss adds its saved pairs (one int32 entry and one float per
 // attended (query, compressed entry) pair, and the pair offsets), the recomputed projections of its
 // forward and backward, and the dense warm-up attends every visible compressed entry.
-// DeepSeek-V3.2's indexer loss (and its sparse attention) are not modelled.
-// cp > 1 (context parallel, DeepSeek-V3 / V2; T a multiple of 2 cp): every per-token activation on
+// DeepSeek-V3.2: the indexer's selection scratch, the key lists (one document a row: packed rows
+// attend fewer keys, an upper bound) and the padded rows of the sparse attention; with the indexer
+// loss its kept pairs and recomputed projections.
+// cp > 1 (context parallel, DeepSeek-V3 / V3.2 / V2; T a multiple of 2 cp): every per-token activation on
 // the rank's B x T / cp tokens; the MLA layers also hold the gathered latents and rope keys and
 // the keys and values of the whole rows ([B T, ...]), and the backward their gradients
-// (model/context_parallel.h). The attention kernel's scratch is thread-local, outside the arena.
+// (model/context_parallel.h); DeepSeek-V3.2 the gathered indexer keys too, and the key lists of
+// the cp rank attending the most keys. The attention kernel's scratch is thread-local, outside
+// the arena.
 double activation_peak_bytes(const model::ModelConfig& c, int64_t B, int64_t T, kern::Prec prec,
                              model::Recompute recompute, int64_t tp = 1, int64_t ep = 1,
                              bool sequence_parallel = false, const model::StageShard& stage = {},

@@ -13,9 +13,6 @@ void validate_layout(const parallel::ParallelDims& dims, int world_size, const m
   dims.validate_world(world_size);
   model::check_split(cfg, {dims.tp, dims.ep, dims.pp, dims.pp_layers});
   model::check_context_parallel(cfg, dims.cp);
-  TREX_USER_CHECK(dims.cp == 1 || dims.tp == 1, "set parallel.tp = 1 or parallel.cp = 1",
-                  "parallel.cp = ", dims.cp, " with parallel.tp = ", dims.tp,
-                  ": context parallelism does not compose with tensor parallelism yet");
 }
 
 ParallelRun make_parallel_run(parallel::Communicator& world, const parallel::ParallelDims& dims, model::Model& m,
@@ -64,7 +61,7 @@ ParallelRun make_parallel_run(parallel::Communicator& world, const parallel::Par
   if (ml.tp_sharded()) {
     TREX_CHECK(dims.tp == ml.tp.size, "make_parallel_run: a model holding tp slice ", ml.tp.rank, " of ", ml.tp.size,
                " needs parallel.tp = ", ml.tp.size);
-    r.tp_slice = world.group(ml.stage_sharded() ? dims.dp_group(world.rank()) : dims.tp_slice_group(world.rank()));
+    r.tp_slice = world.group(ml.stage_sharded() ? dims.stage_tp_slice_group(world.rank()) : dims.tp_slice_group(world.rank()));
     o.tp_slice_comm = r.tp_slice.get();
   }
   if (ml.expert_sharded()) {

@@ -257,7 +257,7 @@ inline void parity(const Case& su, DpOptions o, int64_t K, int64_t ga, int64_t B
   const bool first_holder =
       (ep > 1 && lowest(pp > 1 ? dims.stage_expert_group(w.rank()) : dims.expert_replica_group(w.rank()))) ||
       (pp > 1 && lowest(dims.stage_group(w.rank()))) ||
-      (tp > 1 && lowest(pp > 1 ? dims.dp_group(w.rank()) : dims.tp_slice_group(w.rank())));
+      (tp > 1 && lowest(pp > 1 ? dims.stage_tp_slice_group(w.rank()) : dims.tp_slice_group(w.rank())));
   auto mp = su.make(w.rank() == 0 || first_holder ? 5 : 99, expert_shard_of(dims, w.rank(), cfg),
                     stage_shard_of(dims, w.rank(), cfg), tp_shard_of(dims, w.rank()));
   model::Model& m = *mp;

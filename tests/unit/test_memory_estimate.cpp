@@ -198,6 +198,45 @@ TEST(MemoryEstimate, TinyV4WithMtp) {
 
 TEST(MemoryEstimate, TinyV4WithoutMtp) { expect_estimate_matches(v4_b(), {2, 37, 0}); }
 
+// DeepSeek-V3.2 (the indexer's selection, the key lists, the sparse attention's padded rows), with
+// an MTP layer, without and with the indexer loss (both stages) and recall only: to the byte on
+// one document a row; packed rows (two documents a row) attend fewer keys, below the estimate.
+TEST(MemoryEstimate, TinyV32) {
+  json mj = trex::testing::tiny_v32();
+  mj["num_nextn_predict_layers"] = 1;
+  const model::ModelConfig cfg = model::with_mtp(model::parse_config(mj, "tiny"), 1);
+  struct Ix {
+    double w;
+    model::IndexerStage st;
+    bool recall;
+  };
+  for (const Ix& ix : {Ix{0, model::IndexerStage::Sparse, false}, Ix{0.5, model::IndexerStage::Sparse, false},
+                       Ix{0.5, model::IndexerStage::DenseWarmup, false}, Ix{0, model::IndexerStage::Sparse, true}})
+    for (const Mode& mode : kAllModes)
+      for (bool seg : {false, true}) {
+        const struct { int64_t B, T; double mtp; } s{2, 23, 0.3};
+        const model::TrainOptions o{0.01, s.mtp, mode.rc, ix.w, ix.st, ix.recall};
+        model::Model m(cfg, mode.prec, o);
+        m.init_random(11);
+        const int64_t N = s.B * s.T;
+        std::vector<int32_t> ids(N), tg(N), sg(N);
+        Rng r(5);
+        for (int64_t i = 0; i < N; ++i) {
+          ids[i] = (int32_t)(r.next_u64() % cfg.vocab_size);
+          tg[i] = i % 7 == 3 ? -100 : (int32_t)(r.next_u64() % cfg.vocab_size);
+          sg[i] = (int32_t)((i % s.T) < s.T / 2 ? 0 : 1);
+        }
+        m.forward_backward({s.B, s.T, ids.data(), tg.data(), nullptr, seg ? sg.data() : nullptr});
+        const double est = train::activation_peak_bytes(cfg, s.B, s.T, mode.prec, mode.rc, 1, 1, false, {}, o);
+        const std::string what = std::string(mode.prec == kern::Prec::BF16 ? "bf16" : "fp32") +
+                                 (mode.rc == model::Recompute::Full ? " full" : " none") + " ix " +
+                                 std::to_string(ix.w) + (ix.st == model::IndexerStage::DenseWarmup ? " dense" : "") +
+                                 (ix.recall ? " recall" : "") + (seg ? " packed" : "");
+        if (seg) EXPECT_LE((double)m.peak_activation_bytes(), est) << what;
+        else EXPECT_EQ(est, (double)m.peak_activation_bytes()) << what;
+      }
+}
+
 TEST(MemoryEstimate, PastOneArenaBlock) {
   // Two modes each to keep the test short; the tiny cases cover all four. The skipped block tails
   // are 0.6-4.5% of these peaks (an estimate without them passes 10%), so 1% here: at bench

@@ -158,6 +158,13 @@ TEST(ParallelDims, ContextParallelRankOrderAndGroups) {
   EXPECT_EQ(e.edp_group(3), (V{3, 7}));
   EXPECT_EQ(e.cp_group(3), (V{2, 3}));
   EXPECT_EQ(e.str(), "dp=4 tp=1 pp=1 ep=2 cp=2 (edp=2, world=8)");
+  // tp 2 x cp 2 x pp 2 (world 8): the ranks holding one tp slice, of every stage and of one stage
+  // (tensor-parallel memory sharding, with pipeline sharding), any cp rank.
+  ParallelDims f = dims(1, 2, 2, 1);
+  f.cp = 2;
+  EXPECT_EQ(f.tp_slice_group(5), (V{1, 3, 5, 7}));
+  EXPECT_EQ(f.stage_tp_slice_group(5), (V{5, 7}));
+  EXPECT_EQ(f.stage_tp_slice_group(2), (V{0, 2}));
   try {
     e.validate_world(4);
     FAIL() << "no error";

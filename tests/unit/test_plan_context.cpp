@@ -59,6 +59,8 @@ TEST(PlanContext, ExchangeElemsPerAttentionKind) {
   EXPECT_DOUBLE_EQ(cp_exchange_elems(mla, 1000).gathered, 1000.0 * 128 * (192 + 128));
   EXPECT_DOUBLE_EQ(cp_exchange_elems(mla, 1000).halo, 0);
   EXPECT_DOUBLE_EQ(cp_exchange_elems(mla, 1000, 4).gathered, 1000.0 * 32 * (192 + 128));  // a tp rank's heads
+  AttnShape dsa{AttnKind::MLA, 128, 192, 128, 0, 0, 2048, 64, 128};  // DeepSeek-V3.2: + the indexer's keys
+  EXPECT_DOUBLE_EQ(cp_exchange_elems(dsa, 1000, 4).gathered, 1000.0 * (32 * (192 + 128) + 128));
   AttnShape sw{AttnKind::SlidingWindow, 64, 512, 512, 128};
   EXPECT_DOUBLE_EQ(cp_exchange_elems(sw, 1000).gathered, 0);
   EXPECT_DOUBLE_EQ(cp_exchange_elems(sw, 1000).halo, 2.0 * 128 * 512);
