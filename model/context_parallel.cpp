@@ -86,10 +86,6 @@ void cp_reduce_scatter(const ContextParallel& cp, const CpSplit& s, int64_t B, c
 void check_context_parallel(const ModelConfig& cfg, int cp) {
   TREX_USER_CHECK(cp >= 1, "set parallel.cp >= 1", "parallel.cp = ", cp, " must be >= 1");
   if (cp == 1) return;
-  TREX_USER_CHECK(!cfg.is_v4(), "set parallel.cp = 1 for DeepSeek-V4 models",
-                  "parallel.cp = ", cp, ": context parallelism is not implemented for model_type ", cfg.model_type,
-                  " (DeepSeek-V4: its sliding window, compressors and indexer would need the neighbouring ranks' "
-                  "tokens)");
   TREX_USER_CHECK(!cfg.is_v32(), "set parallel.cp = 1 for DeepSeek-V3.2 models",
                   "parallel.cp = ", cp, ": context parallelism is not implemented for model_type ", cfg.model_type,
                   " (DeepSeek-V3.2: its lightning indexer selects keys over the whole sequence)");

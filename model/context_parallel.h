@@ -71,7 +71,7 @@ void cp_reduce_scatter(const ContextParallel& cp, const CpSplit& s, int64_t B, c
                        int64_t w, StackArena& A);
 
 // Throws trex::UserError (naming parallel.cp, the value and what to do) when a model of cfg cannot
-// run context parallel over cp ranks: DeepSeek-V3.2 (indexer) and DeepSeek-V4 are not supported.
+// run context parallel over cp ranks: DeepSeek-V3.2 (indexer) is not supported.
 void check_context_parallel(const ModelConfig& cfg, int cp);
 // The same for a sequence length: T must be a multiple of 2 cp.
 void check_cp_seq_len(int64_t T, int cp, const char* field);

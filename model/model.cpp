@@ -12,6 +12,7 @@
 #include "model/linear.h"
 #include "model/mtp_v3.h"
 #include "model/split.h"
+#include "model/v4_context_parallel.h"
 #include "parallel/comm.h"
 
 namespace trex::model {
@@ -252,6 +253,7 @@ void Model::set_context_parallel(parallel::Communicator* cp_comm) {
   TREX_USER_CHECK(!tp_.on(), "set parallel.tp = 1 or parallel.cp = 1",
                   "parallel.cp = ", cp_comm->size(), " with parallel.tp = ", tp_.slice.size,
                   ": context parallelism does not compose with tensor parallelism yet");
+  check_v4_context_parallel(cfg, cp_comm->size(), opt.indexer_loss(), opt.indexer_recall);
   cp_.comm = cp_comm;
   cp_.rank = cp_comm->rank();
   cp_.size = cp_comm->size();
@@ -441,7 +443,7 @@ LossParts Model::run(const Batch& b, float grad_scale, bool backward, const Stag
 }
 
 LossParts Model::run_cp(const Batch& b, float grad_scale, bool backward, const StageIO* io) {
-  TREX_CHECK(!cfg.is_v4() && !cfg.is_v32() && !tp_.on(), "run_cp: context parallelism on a refused model / layout");
+  TREX_CHECK(!cfg.is_v32() && !tp_.on(), "run_cp: context parallelism on a refused model / layout");
   const CpSplit split = cp_split(b.T, cp_);
   const CpBatch lb = cp_local_batch(b, split);
   const Batch local{lb.B, lb.T, lb.ids.data(), lb.targets.data(), lb.pos.data(), b.seg ? lb.seg.data() : nullptr};
@@ -450,7 +452,7 @@ LossParts Model::run_cp(const Batch& b, float grad_scale, bool backward, const S
   const std::vector<int64_t> load0 = load_.v;
   LossParts out;
   try {
-    out = run_v3(local, grad_scale, backward, io);
+    out = cfg.is_v4() ? run_v4(local, grad_scale, backward, io) : run_v3(local, grad_scale, backward, io);
   } catch (...) {
     cp_full_ = nullptr, cp_batch_ = nullptr;
     throw;
