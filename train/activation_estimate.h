@@ -43,10 +43,15 @@ namespace trex::train {
 // attended (query, compressed entry) pair, and the pair offsets), the recomputed projections of its
 // forward and backward, and the dense warm-up attends every visible compressed entry.
 // DeepSeek-V3.2's indexer loss (and its sparse attention) are not modelled.
-// cp > 1 (context parallel, DeepSeek-V3 / V2; T a multiple of 2 cp): every per-token activation on
-// the rank's B x T / cp tokens; the MLA layers also hold the gathered latents and rope keys and
-// the keys and values of the whole rows ([B T, ...]), and the backward their gradients
+// cp > 1 (context parallel; T a multiple of 2 cp): every per-token activation on the rank's
+// B x T / cp tokens; the MLA layers also hold the gathered latents and rope keys and the keys and
+// values of the whole rows ([B T, ...]), and the backward their gradients
 // (model/context_parallel.h). The attention kernel's scratch is thread-local, outside the arena.
+// DeepSeek-V4 (model/v4_context_parallel.h): the key side of every attention layer on the whole
+// rows (kv projection, KV rows, the compressors' projections and the indexer's, and their
+// gradients in the backward) plus the exchanges' buffers; the key lists those of the cp rank with
+// the most keys (the ranks' lists differ by the window's and the entries' rounding), so the
+// estimate is the largest rank's peak. No indexer loss or recall under cp.
 double activation_peak_bytes(const model::ModelConfig& c, int64_t B, int64_t T, kern::Prec prec,
                              model::Recompute recompute, int64_t tp = 1, int64_t ep = 1,
                              bool sequence_parallel = false, const model::StageShard& stage = {},

@@ -12,6 +12,7 @@
 #include "model/context_parallel.h"
 #include "model/v4_context_parallel.h"
 #include "tests/mpi/train_parity.h"
+#include "train/activation_estimate.h"
 #include "train/loop.h"
 
 using namespace trex;
@@ -200,4 +201,41 @@ TEST(CpV4Train, ResumesAcrossCpSizes) {
     fs::remove_all(root);
   }
   w.barrier();
+}
+
+// The activation estimate (train/activation_estimate.h, cp) replays one context-parallel V4
+// forward_backward: it equals the largest measured arena peak of the cp ranks, and no rank's peak
+// exceeds it (the ranks' key lists differ slightly). bf16 and fp32, no and full recompute, with
+// and without the MTP layer, packed rows (the estimate counts one document a row: packed rows
+// attend fewer keys, so there it is an upper bound) and not.
+TEST(CpV4Train, ActivationEstimateMatchesTheArena) {
+  init_threads(1);
+  parallel::Communicator& w = parallel::test_world();
+  const int cp = cp_of_world();
+  parallel::ParallelDims dims;
+  dims.dp = w.size() / cp, dims.cp = cp;
+  parallel::ProcessGroups groups = parallel::make_process_groups(w, dims);
+  for (const double mtp : {0.0, 0.3})
+    for (int64_t B : {1, 3})
+      for (kern::Prec prec : {kern::Prec::BF16, kern::Prec::F32})
+        for (model::Recompute rec : {model::Recompute::None, model::Recompute::Full})
+          for (bool packed : {false, true}) {
+            json mj = cp_v4();
+            if (mtp == 0) mj["num_nextn_predict_layers"] = 0;
+            const model::ModelConfig cfg = model::parse_config(mj, "tiny");
+            const int64_t T = seq_v4(cp);
+            model::Model m(cfg, prec, {0.01, mtp, rec});
+            m.init_random(3);
+            m.set_context_parallel(groups.cp.get());
+            const Global g = make_global(1, 1, 1, B, T, cfg.vocab_size, 29, packed);
+            m.forward_backward(g.batch(0, 0, 0));
+            const double est = activation_peak_bytes(m.cfg, B, T, prec, rec, 1, 1, false, {}, {}, cp);
+            const double peak = (double)m.peak_activation_bytes();
+            const double top = groups.cp->all_reduce_value(peak, parallel::ReduceOp::Max);
+            const std::string what = std::string(prec == kern::Prec::BF16 ? "bf16" : "fp32") +
+                                     (rec == model::Recompute::Full ? " full" : " none") + " B " + std::to_string(B) +
+                                     " mtp " + std::to_string(mtp) + (packed ? " packed" : "");
+            EXPECT_LE(peak, est) << what;
+            if (!packed) EXPECT_EQ(est, top) << what;
+          }
 }
