@@ -209,7 +209,8 @@ class Model {
   // collectives over it. Gradients are partial on each cp rank (the data-parallel reduction over
   // dp x cp ranks sums them, DpOptions::cp); the loss parts and expert loads a forward returns are
   // summed over the cp group, so they are the whole micro-batch's on every cp rank. Refused
-  // (check_context_parallel) for DeepSeek-V3.2 and V4, and with tensor parallelism. null: off.
+  // (check_context_parallel) for DeepSeek-V3.2, with tensor parallelism, and for DeepSeek-V4 with
+  // the indexer loss or recall (check_v4_context_parallel). null: off.
   void set_context_parallel(parallel::Communicator* cp_comm);
   const ContextParallel& context_parallel() const { return cp_; }
   // In place sum over the tp group of [n] floats (a no-op without tensor parallelism).
@@ -281,7 +282,8 @@ class Model {
   // io: the pipeline stage's inputs and outputs (null without pipeline parallelism).
   LossParts run(const Batch& b, float grad_scale, bool backward, const StageIO* io);
   LossParts run_v3(const Batch& b, float grad_scale, bool backward, const StageIO* io);
-  // Context parallel: run_v3 on this rank's part of b (cp_local_batch), the parts summed over cp.
+  // Context parallel: run_v3 / run_v4 on this rank's part of b (cp_local_batch), the parts summed
+  // over cp.
   LossParts run_cp(const Batch& b, float grad_scale, bool backward, const StageIO* io);
   LossParts run_v4(const Batch& b, float grad_scale, bool backward, const StageIO* io);  // model/model_v4.cpp
   int64_t stage_end() const { return stage_.l1 < 0 ? cfg.num_hidden_layers : stage_.l1; }

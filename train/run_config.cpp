@@ -287,8 +287,8 @@ const std::vector<SectionSpec>& sections() {
                  "expert-parallel size (divides dp): the routed experts are split over ep ranks", 1),
            field("cp", Kind::Int, &R::parallel, &ParallelConfig::cp,
                  "context-parallel size: every sequence is cut in 2 cp chunks, rank r of a cp group holds chunks r "
-                 "and 2 cp - 1 - r; the attention gathers the keys (DeepSeek-V3 / V2 models; data.seq_len a "
-                 "multiple of 2 cp; not with tp > 1)",
+                 "and 2 cp - 1 - r; the attention gathers the keys (DeepSeek-V3 / V2 and V4 models; data.seq_len a "
+                 "multiple of 2 cp; not with tp > 1, nor with the V4 indexer loss or recall)",
                  1),
            [] {
              KeySpec k = key_spec(
