@@ -348,6 +348,11 @@ struct StepWalk {
   // most of any cp rank (chunks r and 2 cp - 1 - r: their sums differ by the window's and the
   // entries' rounding only).
   int64_t v4_keys(int64_t l) const {
+    if (cp == 1) {
+      int64_t n = 0;
+      for (int64_t t = 0; t < T; ++t) n += v4_query_keys(l, t);
+      return n;
+    }
     const int64_t ch = T / (2 * cp);
     int64_t best = 0;
     for (int64_t r = 0; r < cp; ++r) {
