@@ -83,13 +83,12 @@ void cp_reduce_scatter(const ContextParallel& cp, const CpSplit& s, int64_t B, c
   A.release(mk);
 }
 
-void check_context_parallel(const ModelConfig& cfg, int cp) {
+void check_context_parallel(const ModelConfig& cfg, int cp, int tp) {
   TREX_USER_CHECK(cp >= 1, "set parallel.cp >= 1", "parallel.cp = ", cp, " must be >= 1");
   if (cp == 1) return;
-  TREX_USER_CHECK(!cfg.is_v4(), "set parallel.cp = 1 for DeepSeek-V4 models",
-                  "parallel.cp = ", cp, ": context parallelism is not implemented for model_type ", cfg.model_type,
-                  " (DeepSeek-V4: its sliding window, compressors and indexer would need the neighbouring ranks' "
-                  "tokens)");
+  TREX_USER_CHECK(tp == 1 || !cfg.is_v4(), "set parallel.tp = 1 or parallel.cp = 1 for DeepSeek-V4 models",
+                  "parallel.cp = ", cp, " with parallel.tp = ", tp, ": context parallelism does not compose with "
+                  "tensor parallelism for model_type ", cfg.model_type, " yet (DeepSeek-V3 / V3.2 / V2: it does)");
 }
 
 void check_cp_seq_len(int64_t T, int cp, const char* field) {

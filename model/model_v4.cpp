@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/rng.h"
+#include "core/timer.h"
 #include "kernels/gemm.h"
 #include "kernels/hyper_conn.h"
 #include "kernels/lm_head_ce.h"
@@ -157,6 +158,10 @@ struct Env {
   double *ix_sum = nullptr, *ix_recall = nullptr;
   const int32_t* seg = nullptr;        // the batch's documents [B, T] in backend memory (or null)
   const float* dbuf = nullptr;         // buffers in backend memory (the router biases); null: buffers
+  // Context parallel (Model::run_cp): b is this rank's part of the micro-batch; the attention's
+  // keys are the whole rows' (V4AttnIn::cp) and cp_sum sums the aux loss's counts over the cp group.
+  const CpAttn* cp = nullptr;
+  std::function<void(double*, size_t)> cp_sum = {};
   int64_t N() const { return sh.rows; }  // token rows of every per-token array here
 };
 
@@ -166,6 +171,7 @@ V4AttnIn attn_in(const Env& e, int64_t l) {
               e.cos[1], e.sin[1], e.seg, e.b.B, e.b.T,
               e.model ? e.model->tensor_parallel().slice : TpSlice{}};
   in.ix_loss = e.ix_loss, in.ix_dense = e.ix_dense, in.ix_grad = e.ix_grad;
+  if (e.cp) in.cp = e.cp, in.seg = e.cp->seg_full;  // the keys' documents: the whole rows'
   return in;
 }
 
@@ -183,6 +189,7 @@ MoeIn moe_in(const Env& e, int64_t l) {
     const Model* m = e.model;
     mi.seq_sum = [m](double* v, size_t n) { m->tp_sum(v, (int64_t)n); };
   }
+  if (e.cp) mi.T_seq = e.cp->split.T, mi.seq_sum = e.cp_sum;  // the whole sequences' counts and length
   return mi;
 }
 
@@ -395,7 +402,10 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
   acts.reset();
   host_acts_.reset();
   StackArena& A = acts;
-  v4_tables(T);
+  // Context parallel: b is this rank's part of the micro-batch fb (run_cp); the RoPE tables, the
+  // target counts and the MTP's shifted tokens are the whole rows'.
+  const Batch& fb = cp_full_ ? *cp_full_ : b;
+  v4_tables(fb.T);
   const float *rcos[2], *rsin[2];
   v4_device_tables(rcos, rsin);
   // Sequence parallel: this rank's token rows [n0, n0 + Nl); everything else: all N of them.
@@ -416,6 +426,14 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
   e.ix_loss = opt.indexer_metrics(), e.ix_dense = opt.dense_warmup(), e.ix_grad = ix_grad;
   e.ix_sum = &out.indexer, e.ix_recall = &out.indexer_recall;
   e.seg = b.seg ? e.ctx.device(b.seg, N) : nullptr;
+  if (cp_full_) {
+    e.cp = &cp_attn_;
+    e.cp_sum = [this](double* v, size_t k) {
+      const double t0 = now_ms();
+      cp_.comm->all_reduce(v, k);
+      cp_.wait_ms += now_ms() - t0;
+    };
+  }
   // The router biases in the backend's memory (one copy per step; they change between steps).
   if (!buffers.empty()) e.dbuf = e.ctx.device(buffers.data(), (int64_t)buffers.size());
   const Ctx& cx = e.ctx;
@@ -436,7 +454,7 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
   hash_routes(e, layout, buffers.data(), b.input_ids + n0);
 
   int64_t n_valid = 0;  // of the whole micro-batch (the CE is its mean)
-  for (int64_t i = 0; i < N; ++i) n_valid += b.targets[i] != -100;
+  for (int64_t i = 0; i < fb.B * fb.T; ++i) n_valid += fb.targets[i] != -100;
   out.n_valid = st.last ? n_valid : 0;
   double* aux = count_stats ? &out.aux : nullptr;
 
@@ -523,23 +541,25 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
     const int64_t l = Lm + k, shift = k + 1;
     MtpSaved& m = ms[k];
     need(l);
-    // Token i's next (shift)-th token and target; n_valid counts the whole micro-batch, the
-    // arrays hold this rank's rows [n0, n0 + Nl).
-    auto next = [&](int64_t i, int32_t* id, int32_t* tg) {
-      const int64_t bi = i / T, ti = i % T, j = bi * T + ti + shift;
-      const bool ok = ti + shift < T && (!b.seg || b.seg[j] == b.seg[i]);
-      *id = ok ? b.input_ids[j] : b.input_ids[i];
-      *tg = ok ? b.targets[j] : -100;
+    // Token g of the whole micro-batch fb: its next (shift)-th token and target; n_valid counts
+    // the whole micro-batch, the arrays hold this rank's rows [n0, n0 + Nl) (context parallel:
+    // local token i is fb's token cp_batch_->flat[i]).
+    const int64_t Tw = fb.T;
+    auto next = [&](int64_t g, int32_t* id, int32_t* tg) {
+      const int64_t ti = g % Tw, j = g + shift;
+      const bool ok = ti + shift < Tw && (!fb.seg || fb.seg[j] == fb.seg[g]);
+      *id = ok ? fb.input_ids[j] : fb.input_ids[g];
+      *tg = ok ? fb.targets[j] : -100;
     };
     m.ids = cx.host_ws().alloc<int32_t>(Nl);
     m.tg = cx.host_ws().alloc<int32_t>(Nl);
     m.n_valid = 0;
-    for (int64_t i = 0; i < N; ++i) {
+    for (int64_t g = 0; g < fb.B * Tw; ++g) {
       int32_t id, tg;
-      next(i, &id, &tg);
+      next(g, &id, &tg);
       m.n_valid += tg != -100;
-      if (i >= n0 && i < n0 + Nl) m.ids[i - n0] = id, m.tg[i - n0] = tg;
     }
+    for (int64_t i = n0; i < n0 + Nl; ++i) next(cp_batch_ ? cp_batch_->flat[i] : i, &m.ids[i - n0], &m.tg[i - n0]);
     m.ids_d = cx.device(m.ids, Nl), m.tg_d = cx.device(m.tg, Nl);
     const float eps = (float)c.rms_norm_eps;
     m.e = A.alloc<float>(Nl * d);

@@ -10,6 +10,7 @@
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/sparse_attn.h"
+#include "model/v4_context_parallel.h"
 #include "model/v4_indexer.h"
 
 namespace trex::model {
@@ -57,6 +58,73 @@ int32_t* positions(const Ctx& c, int64_t n, int64_t T, int64_t nw, int64_t m) {
   int32_t* p = c.host_ws().alloc<int32_t>(n);
   for (int64_t i = 0; i < n; ++i) p[i] = (int32_t)(m ? (nw ? (i % nw) * m : 0) : i % T);
   return c.device(p, n);
+}
+
+// Positions of the queries: token i of its row at i % T, or (context parallel) at its sequence
+// index. Backend memory.
+const int32_t* query_positions(const Ctx& c, const V4AttnIn& in) {
+  const int64_t N = in.B * in.T;
+  if (!in.cp) return positions(c, N, in.T, 0, 0);
+  return c.device(v4_cp_query_positions(*in.cp, in.B, c.host_ws()), N);
+}
+
+// Context parallel: the local tokens' kv(x) [N, hd] and, with a compressor of cc channels,
+// c_kv(x), c_gate(x) [N, cc hd], all-gathered in one exchange into the whole rows' kvp [NK, hd],
+// ckv, cgate [NK, cc hd] (ckv null: a sliding layer).
+void v4_cp_gather_keys(const Ctx& c, const V4AttnIn& in, const float* x, float* kvp, float* ckv, float* cgate) {
+  const V4LayerParams& p = *in.p;
+  const int64_t N = in.B * in.T, NK = in.B * in.cp->split.T, d = in.cfg->hidden_size, hd = in.cfg->v4.head_dim;
+  const int64_t cw = ckv ? (in.cfg->v4.attn[in.layer] == AttnKind::CSA ? 2 : 1) * hd : 0, w = hd + 2 * cw;
+  const int64_t f = sizeof(float);
+  StackArena& A = *c.ws;
+  auto mk = A.mark();
+  float* loc = A.alloc<float>(N * w);  // [N, hd | cw | cw]
+  float* all = A.alloc<float>(NK * w);
+  {
+    auto mt = A.mark();
+    float* t = A.alloc<float>(N * std::max(hd, cw));
+    linear_fwd(c, x, N, d, wt(in, p.kv), hd, t);
+    c.k().copy_rows(loc, w * f, t, hd * f, hd * f, N);
+    if (cw) {
+      linear_fwd(c, x, N, d, wt(in, p.c_kv), cw, t);
+      c.k().copy_rows(loc + hd, w * f, t, cw * f, cw * f, N);
+      linear_fwd(c, x, N, d, wt(in, p.c_gate), cw, t);
+      c.k().copy_rows(loc + hd + cw, w * f, t, cw * f, cw * f, N);
+    }
+    A.release(mt);
+  }
+  cp_all_gather(*in.cp->cp, in.cp->split, in.B, loc, all, w, A);
+  c.k().copy_rows(kvp, hd * f, all, w * f, hd * f, NK);
+  if (cw) {
+    c.k().copy_rows(ckv, cw * f, all + hd, w * f, cw * f, NK);
+    c.k().copy_rows(cgate, cw * f, all + hd + cw, w * f, cw * f, NK);
+  }
+  A.release(mk);
+}
+
+// The adjoint: the whole rows' gradients dkvp [NK, hd], dckv, dcg [NK, cw] (this rank's queries'
+// share; dckv null: none) summed over the cp ranks into the local tokens' rows -> lkvp [N, hd],
+// lckv, lcg [N, cw].
+void v4_cp_return_keys(const Ctx& c, const V4AttnIn& in, int64_t cw, const float* dkvp, const float* dckv,
+                       const float* dcg, float* lkvp, float* lckv, float* lcg) {
+  const int64_t N = in.B * in.T, NK = in.B * in.cp->split.T, hd = in.cfg->v4.head_dim, w = hd + 2 * cw;
+  const int64_t f = sizeof(float);
+  StackArena& A = *c.ws;
+  auto mk = A.mark();
+  float* all = A.alloc<float>(NK * w);
+  float* loc = A.alloc<float>(N * w);
+  c.k().copy_rows(all, w * f, dkvp, hd * f, hd * f, NK);
+  if (cw) {
+    c.k().copy_rows(all + hd, w * f, dckv, cw * f, cw * f, NK);
+    c.k().copy_rows(all + hd + cw, w * f, dcg, cw * f, cw * f, NK);
+  }
+  cp_reduce_scatter(*in.cp->cp, in.cp->split, in.B, all, loc, w, A);
+  c.k().copy_rows(lkvp, hd * f, loc, w * f, hd * f, N);
+  if (cw) {
+    c.k().copy_rows(lckv, cw * f, loc + hd, w * f, cw * f, N);
+    c.k().copy_rows(lcg, cw * f, loc + hd + cw, w * f, cw * f, N);
+  }
+  A.release(mk);
 }
 
 // Grouped low-rank projection: Y[:, g*olr : (g+1)*olr] = X[:, g*Dg : (g+1)*Dg] @ W_g^T with
@@ -118,8 +186,11 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   const float eps = (float)cf.rms_norm_eps;
   StackArena& A = *c.ws;
   s.x = x;
-
-  const int32_t* tpos = positions(c, N, T, 0, 0);
+  TREX_CHECK(!in.cp || (!in.tp.on() && !in.ix_loss), "v4_attn_forward: context parallel with tp or the indexer loss");
+  // Key rows: the whole rows' Tf tokens (context parallel), else the queries' own.
+  const int64_t Tf = in.cp ? in.cp->split.T : T, NK = B * Tf;
+  const int32_t* tpos = query_positions(c, in);
+  const int32_t* kpos = in.cp ? positions(c, NK, Tf, 0, 0) : tpos;
 
   // Query path.
   s.qa = A.alloc<float>(N * qr);
@@ -139,28 +210,35 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   rope_heads(c, s.Q, N, (int)H, hd, rd, tpos, in.cos, in.sin, false);
 
   // Sliding key/value rows, then compressed entries.
-  s.nw = kind == AttnKind::Sliding ? 0 : T / m;
+  s.nw = kind == AttnKind::Sliding ? 0 : Tf / m;
   const int64_t nw = s.nw;
-  s.M = N + B * nw;
+  const int cc = kind == AttnKind::CSA ? 2 : kind == AttnKind::HCA ? 1 : 0;  // compressor channels
+  s.M = NK + B * nw;
   s.KV = A.alloc<float>(s.M * hd);
-  s.kvp = A.alloc<float>(N * hd);
-  s.kv_rstd = A.alloc<float>(N);
-  linear_fwd(c, x, N, d, wt(in, p.kv), hd, s.kvp);
-  c.k().rmsnorm_fwd(s.kvp, N, hd, in.P + p.kv_norm, eps, s.KV, s.kv_rstd);
-  rope_heads(c, s.KV, N, 1, hd, rd, tpos, in.cos, in.sin, false);
-  const int32_t* cpos = positions(c, std::max<int64_t>(B * nw, 1), T, nw, m);
+  s.kvp = A.alloc<float>(NK * hd);
+  s.kv_rstd = A.alloc<float>(NK);
+  if (in.cp) {  // the local tokens' key-side projections, all-gathered into the whole rows
+    if (cc) s.ckv = A.alloc<float>(NK * cc * hd), s.cgate = A.alloc<float>(NK * cc * hd);
+    v4_cp_gather_keys(c, in, x, s.kvp, s.ckv, s.cgate);
+  } else {
+    linear_fwd(c, x, N, d, wt(in, p.kv), hd, s.kvp);
+  }
+  c.k().rmsnorm_fwd(s.kvp, NK, hd, in.P + p.kv_norm, eps, s.KV, s.kv_rstd);
+  rope_heads(c, s.KV, NK, 1, hd, rd, kpos, in.cos, in.sin, false);
+  const int32_t* cpos = positions(c, std::max<int64_t>(B * nw, 1), Tf, nw, m);
   if (kind != AttnKind::Sliding) {
-    const int cc = kind == AttnKind::CSA ? 2 : 1;
-    s.ckv = A.alloc<float>(N * cc * hd);
-    s.cgate = A.alloc<float>(N * cc * hd);
-    linear_fwd(c, x, N, d, wt(in, p.c_kv), cc * hd, s.ckv);
-    linear_fwd(c, x, N, d, wt(in, p.c_gate), cc * hd, s.cgate);
+    if (!in.cp) {
+      s.ckv = A.alloc<float>(N * cc * hd);
+      s.cgate = A.alloc<float>(N * cc * hd);
+      linear_fwd(c, x, N, d, wt(in, p.c_kv), cc * hd, s.ckv);
+      linear_fwd(c, x, N, d, wt(in, p.c_gate), cc * hd, s.cgate);
+    }
     s.cpool = A.alloc<float>(std::max<int64_t>(B * nw, 1) * hd);
     s.c_rstd = A.alloc<float>(std::max<int64_t>(B * nw, 1));
     if (nw > 0) {
       ProfScope ps(c.prof, "fwd.attn.compress_pool");
-      c.k().compress_pool_fwd(B, T, m, hd, cc, s.ckv, s.cgate, in.P + p.c_pb, s.cpool);
-      float* C = s.KV + N * hd;
+      c.k().compress_pool_fwd(B, Tf, m, hd, cc, s.ckv, s.cgate, in.P + p.c_pb, s.cpool);
+      float* C = s.KV + NK * hd;
       c.k().rmsnorm_fwd(s.cpool, B * nw, hd, in.P + p.c_norm, eps, C, s.c_rstd);
       rope_heads(c, C, B * nw, 1, hd, rd, cpos, in.ccos, in.csin, false);
     }
@@ -177,18 +255,22 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   }
   // The rows each query attends (kernels/v4_rows.h); the host reads back their total (one
   // number) to size the list.
-  const kern::V4KeyShape ks{B, T, W, m, nw,
+  const kern::V4KeyShape ks{B, Tf, W, m, nw,
                             kind == AttnKind::Sliding ? kern::V4Keys::Sliding
                             : kind == AttnKind::HCA   ? kern::V4Keys::Hca
                             : in.ix_dense             ? kern::V4Keys::CsaDense
                                                       : kern::V4Keys::Csa,
                             (int)topk};
   s.off = A.alloc<int64_t>(N + 1);
-  c.k().v4_key_offsets(ks, in.seg, cnt, sel, s.off);
-  int64_t n_rows = 0;
-  c.k().to_host(&n_rows, s.off + N, sizeof(int64_t));
-  s.idx = A.alloc<int32_t>(std::max<int64_t>(n_rows, 1));
-  c.k().v4_key_fill(ks, in.seg, cnt, sel, s.off, s.idx);
+  if (in.cp) {  // the local queries at their sequence indices (host: cp runs on the CPU)
+    v4_cp_key_lists(ks, *in.cp, in.seg, cnt, sel, s.off, &s.idx, A);
+  } else {
+    c.k().v4_key_offsets(ks, in.seg, cnt, sel, s.off);
+    int64_t n_rows = 0;
+    c.k().to_host(&n_rows, s.off + N, sizeof(int64_t));
+    s.idx = A.alloc<int32_t>(std::max<int64_t>(n_rows, 1));
+    c.k().v4_key_fill(ks, in.seg, cnt, sel, s.off, s.idx);
+  }
 
   // Attention with sinks, inverse RoPE, grouped output projection.
   s.O = A.alloc<float>(N * H * hd);
@@ -225,7 +307,9 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
   const int64_t qr = cf.q_lora_rank, rd = cf.qk_rope_head_dim, m = v.rate(in.layer), nw = s.nw;
   StackArena& A = *c.ws;
   auto mk = A.mark();
-  const int32_t* tpos = positions(c, N, T, 0, 0);
+  const int64_t Tf = in.cp ? in.cp->split.T : T, NK = B * Tf;  // key rows, as in the forward
+  const int32_t* tpos = query_positions(c, in);
+  const int32_t* kpos = in.cp ? positions(c, NK, Tf, 0, 0) : tpos;
 
   // Output projections.
   const int64_t olr = v.o_lora_rank, Dg = Hf * hd / Gf, GO = G * olr;
@@ -251,33 +335,49 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
     A.release(mw);
   }
 
-  // Sliding KV rows -> kv_norm -> kv_proj.
-  rope_heads(c, dKV, N, 1, hd, rd, tpos, in.cos, in.sin, true);
-  float* dkvp = A.alloc<float>(N * hd);
-  c.k().rmsnorm_bwd(dKV, s.kvp, N, hd, in.P + p.kv_norm, s.kv_rstd, dkvp, gr(in, p.kv_norm));
-  linear_bwd(c, dkvp, s.x, N, d, wt(in, p.kv), hd, dx, false, gr(in, p.kv));
+  // Sliding KV rows -> kv_norm -> kv_proj (context parallel: the whole rows' NK, their
+  // projections' gradients returned to the owners below).
+  rope_heads(c, dKV, NK, 1, hd, rd, kpos, in.cos, in.sin, true);
+  float* dkvp = A.alloc<float>(NK * hd);
+  c.k().rmsnorm_bwd(dKV, s.kvp, NK, hd, in.P + p.kv_norm, s.kv_rstd, dkvp, gr(in, p.kv_norm));
+  if (!in.cp) linear_bwd(c, dkvp, s.x, N, d, wt(in, p.kv), hd, dx, false, gr(in, p.kv));
 
   // Compressed entries -> kv_norm -> pooling -> kv_proj / gate_proj.
+  const int cc = kind == AttnKind::CSA ? 2 : 1;
+  float *dckv = nullptr, *dcg = nullptr;  // [NK, cc hd]
   if (kind != AttnKind::Sliding && nw > 0) {
-    const int cc = kind == AttnKind::CSA ? 2 : 1;
-    const int32_t* cpos = positions(c, B * nw, T, nw, m);
-    float* dC = dKV + N * hd;
+    const int32_t* cpos = positions(c, B * nw, Tf, nw, m);
+    float* dC = dKV + NK * hd;
     rope_heads(c, dC, B * nw, 1, hd, rd, cpos, in.ccos, in.csin, true);
     float* dpool = A.alloc<float>(B * nw * hd);
     c.k().rmsnorm_bwd(dC, s.cpool, B * nw, hd, in.P + p.c_norm, s.c_rstd, dpool, gr(in, p.c_norm));
-    float* dckv = A.alloc<float>(N * cc * hd);
-    float* dcg = A.alloc<float>(N * cc * hd);
+    dckv = A.alloc<float>(NK * cc * hd);
+    dcg = A.alloc<float>(NK * cc * hd);
     float* dpb = in.G ? in.G + p.c_pb : A.alloc<float>(m * cc * hd);
     if (!in.G) c.k().zero(dpb, m * cc * hd * sizeof(float));
     {
       auto mw = A.mark();
-      float* work = A.alloc<float>(std::max<size_t>(kern::compress_pool_bwd_workspace_floats(B, T, m, hd, cc), 1));
+      float* work = A.alloc<float>(std::max<size_t>(kern::compress_pool_bwd_workspace_floats(B, Tf, m, hd, cc), 1));
       ProfScope ps(c.prof, "bwd.attn.compress_pool");
-      c.k().compress_pool_bwd(B, T, m, hd, cc, s.ckv, s.cgate, in.P + p.c_pb, dpool, dckv, dcg, dpb, work);
+      c.k().compress_pool_bwd(B, Tf, m, hd, cc, s.ckv, s.cgate, in.P + p.c_pb, dpool, dckv, dcg, dpb, work);
       A.release(mw);
     }
-    linear_bwd(c, dckv, s.x, N, d, wt(in, p.c_kv), cc * hd, dx, true, gr(in, p.c_kv));
-    linear_bwd(c, dcg, s.x, N, d, wt(in, p.c_gate), cc * hd, dx, true, gr(in, p.c_gate));
+    if (!in.cp) {
+      linear_bwd(c, dckv, s.x, N, d, wt(in, p.c_kv), cc * hd, dx, true, gr(in, p.c_kv));
+      linear_bwd(c, dcg, s.x, N, d, wt(in, p.c_gate), cc * hd, dx, true, gr(in, p.c_gate));
+    }
+  }
+  if (in.cp) {  // the key-side gradients summed into the owners' rows, then the projections
+    const int64_t cw = dckv ? cc * hd : 0;
+    float* lkvp = A.alloc<float>(N * hd);
+    float* lckv = cw ? A.alloc<float>(N * cw) : nullptr;
+    float* lcg = cw ? A.alloc<float>(N * cw) : nullptr;
+    v4_cp_return_keys(c, in, cw, dkvp, dckv, dcg, lkvp, lckv, lcg);
+    linear_bwd(c, lkvp, s.x, N, d, wt(in, p.kv), hd, dx, false, gr(in, p.kv));
+    if (cw) {
+      linear_bwd(c, lckv, s.x, N, d, wt(in, p.c_kv), cw, dx, true, gr(in, p.c_kv));
+      linear_bwd(c, lcg, s.x, N, d, wt(in, p.c_gate), cw, dx, true, gr(in, p.c_gate));
+    }
   }
 
   // Query path: rope^-1 -> per-head norm -> q_b -> q_a_norm -> q_a.

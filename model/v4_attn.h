@@ -20,6 +20,7 @@
 #pragma once
 #include <cstdint>
 #include "model/config.h"
+#include "model/context_parallel.h"
 #include "model/linear.h"
 #include "model/params.h"
 
@@ -49,6 +50,11 @@ struct V4AttnIn {
   // warm-up (CSA attends every visible compressed entry).
   bool ix_loss = false, ix_dense = false;
   float ix_grad = 0.f;
+  // Context parallel (model/v4_context_parallel.h): B rows of T = 2c local tokens (x, out, the
+  // queries), the keys those of the whole rows of cp->split.T tokens, seg then the whole rows'
+  // documents [B, cp->split.T]. The saved key side (kvp, kv_rstd, KV, ckv, cgate, cpool) holds
+  // the whole rows. Not with tp or ix_loss. null: off.
+  const CpAttn* cp = nullptr;
 };
 
 struct V4AttnSaved {
@@ -56,10 +62,11 @@ struct V4AttnSaved {
   float *qa = nullptr, *qa_rstd = nullptr, *qres = nullptr;  // [N, qr] x2, [N]
   float *qb = nullptr, *q_rstd = nullptr;     // [N, H*hd] before the per-head norm, [N*H]
   float* Q = nullptr;                         // [N, H, hd]
-  float *kvp = nullptr, *kv_rstd = nullptr;   // [N, hd], [N]
-  int64_t nw = 0, M = 0;                      // compressed entries per row, KV rows (N + B*nw)
+  // NK = N key rows (context parallel: B x the whole rows' length).
+  float *kvp = nullptr, *kv_rstd = nullptr;   // [NK, hd], [NK]
+  int64_t nw = 0, M = 0;                      // compressed entries per row, KV rows (NK + B*nw)
   float* KV = nullptr;                        // [M, hd] sliding rows, then compressed entries
-  float *ckv = nullptr, *cgate = nullptr;     // [N, c*hd]
+  float *ckv = nullptr, *cgate = nullptr;     // [NK, c*hd]
   float *cpool = nullptr, *c_rstd = nullptr;  // [B*nw, hd], [B*nw]
   int64_t* off = nullptr;                     // [N+1] key lists
   int32_t* idx = nullptr;

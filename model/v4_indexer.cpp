@@ -23,22 +23,25 @@ void rope_heads(const Ctx& c, float* x, int64_t N, int H, int64_t hd, int64_t rd
   c.k().rope_apply(x + (hd - rd), N, H, H * hd, hd, (int)rd, pos, cos, sin, kern::RopeLayout::Interleaved, inverse);
 }
 
-// Positions: token i of its row at i % T; entry e of its row (e % nw) at (e % nw) m. Computed on
-// the host, in backend memory.
+// Positions: token i of its row at i % T (context parallel: at its sequence index); entry e of
+// its row (e % nw) at (e % nw) m. Computed on the host, in backend memory.
 struct Pos {
   int32_t *t, *c;
 };
-Pos positions(const Ctx& c, int64_t B, int64_t T, int64_t nw, int64_t m) {
+Pos positions(const Ctx& c, const V4AttnIn& in, int64_t nw, int64_t m) {
+  const int64_t B = in.B, T = in.T;
   StackArena& H = c.host_ws();
   Pos p{H.alloc<int32_t>(std::max<int64_t>(B * T, 1)), H.alloc<int32_t>(std::max<int64_t>(B * nw, 1))};
-  for (int64_t i = 0; i < B * T; ++i) p.t[i] = (int32_t)(i % T);
+  for (int64_t i = 0; i < B * T; ++i) p.t[i] = (int32_t)(in.cp ? in.cp->qidx[i % T] : i % T);
   for (int64_t i = 0; i < std::max<int64_t>(B * nw, 1); ++i) p.c[i] = i < B * nw ? (int32_t)((i % nw) * m) : 0;
   return {c.device(p.t, std::max<int64_t>(B * T, 1)), c.device(p.c, std::max<int64_t>(B * nw, 1))};
 }
 
 // The indexer's projections (scratch in c.ws): q [N, nI, dI] (roped), w [N, nI] (times nI^-0.5),
-// k [B nw, dI]; with keep, also what the key path's backward needs: kv, gate [N, 2 dI] (the
-// compressor's projections), pool [B nw, dI] (before the norm) and its rstd [B nw].
+// k [B nw, dI]; with keep, also what the key path's backward needs: kv, gate [NK, 2 dI] (the
+// compressor's projections), pool [B nw, dI] (before the norm) and its rstd [B nw]. Context
+// parallel: kv and gate are the local tokens' all-gathered into the whole rows (NK = B x their
+// length, nw their entries); else NK = N.
 struct Proj {
   float *q, *w, *k;
   float *kv = nullptr, *gate = nullptr, *pool = nullptr, *rstd = nullptr;
@@ -55,13 +58,30 @@ Proj project(const Ctx& c, const V4AttnIn& in, const float* x, const float* qres
   Proj pr{};
   pr.k = A.alloc<float>(std::max<int64_t>(B * nw, 1) * dI);
   if (nw > 0) {
-    pr.kv = A.alloc<float>(N * 2 * dI);
-    pr.gate = A.alloc<float>(N * 2 * dI);
-    linear_fwd(c, x, N, d, wt(in, p.i_kv), 2 * dI, pr.kv);
-    linear_fwd(c, x, N, d, wt(in, p.i_gate), 2 * dI, pr.gate);
+    const int64_t Tf = in.cp ? in.cp->split.T : T, NK = B * Tf;
+    pr.kv = A.alloc<float>(NK * 2 * dI);
+    pr.gate = A.alloc<float>(NK * 2 * dI);
+    if (in.cp) {
+      const int64_t f = sizeof(float), w = 4 * dI;
+      auto mk = A.mark();
+      float* loc = A.alloc<float>(N * w);  // [N, kv | gate]
+      float* all = A.alloc<float>(NK * w);
+      float* t = A.alloc<float>(N * 2 * dI);
+      linear_fwd(c, x, N, d, wt(in, p.i_kv), 2 * dI, t);
+      c.k().copy_rows(loc, w * f, t, 2 * dI * f, 2 * dI * f, N);
+      linear_fwd(c, x, N, d, wt(in, p.i_gate), 2 * dI, t);
+      c.k().copy_rows(loc + 2 * dI, w * f, t, 2 * dI * f, 2 * dI * f, N);
+      cp_all_gather(*in.cp->cp, in.cp->split, B, loc, all, w, A);
+      c.k().copy_rows(pr.kv, 2 * dI * f, all, w * f, 2 * dI * f, NK);
+      c.k().copy_rows(pr.gate, 2 * dI * f, all + 2 * dI, w * f, 2 * dI * f, NK);
+      A.release(mk);
+    } else {
+      linear_fwd(c, x, N, d, wt(in, p.i_kv), 2 * dI, pr.kv);
+      linear_fwd(c, x, N, d, wt(in, p.i_gate), 2 * dI, pr.gate);
+    }
     pr.pool = A.alloc<float>(B * nw * dI);
     pr.rstd = keep ? A.alloc<float>(B * nw) : nullptr;
-    c.k().compress_pool_fwd(B, T, m, dI, 2, pr.kv, pr.gate, in.P + p.i_pb, pr.pool);
+    c.k().compress_pool_fwd(B, Tf, m, dI, 2, pr.kv, pr.gate, in.P + p.i_pb, pr.pool);
     c.k().rmsnorm_fwd(pr.pool, B * nw, dI, in.P + p.i_norm, (float)cf.rms_norm_eps, pr.k, pr.rstd);
     rope_heads(c, pr.k, B * nw, 1, dI, rd, pos.c, in.ccos, in.csin, false);
   }
@@ -91,7 +111,7 @@ void v4_index_select(const Ctx& c, const V4AttnIn& in, const float* x, const flo
   const int64_t m = v.rate(in.layer);
   StackArena& A = *c.ws;
   auto mk = A.mark();
-  const Pos pos = positions(c, in.B, in.T, nw, m);
+  const Pos pos = positions(c, in, nw, m);
   const Proj pr = project(c, in, x, qres, pos, nw, false);
   kern::IndexerShape sh{in.B, in.T, nw, (int)v.index_n_heads, (int)v.index_head_dim, m, (int)v.index_topk,
                         (float)std::pow((double)v.index_head_dim, -0.5)};
@@ -105,6 +125,7 @@ void v4_index_loss_forward(const Ctx& c, const V4AttnIn& in, V4AttnSaved& s, con
   const ModelConfig& cf = *in.cfg;
   const V4Config& v = cf.v4;
   TREX_CHECK(!in.tp.on(), "the V4 indexer loss needs every attention head on one rank");
+  TREX_CHECK(!in.cp, "the V4 indexer loss does not run context parallel");
   const int64_t B = in.B, T = in.T, N = B * T, H = cf.num_attention_heads, hd = v.head_dim;
   const int64_t nI = v.index_n_heads, dI = v.index_head_dim, nw = s.nw, m = v.rate(in.layer), kt = v.index_topk;
   const double scale = std::pow((double)hd, -0.5), cI = std::pow((double)dI, -0.5);
@@ -126,7 +147,7 @@ void v4_index_loss_forward(const Ctx& c, const V4AttnIn& in, V4AttnSaved& s, con
       if (s.idx[k] >= N) s.ix_ent[at++] = (int32_t)(s.idx[k] - N);
   }
   auto mk = A.mark();
-  const Pos pos = positions(c, B, T, nw, m);
+  const Pos pos = positions(c, in, nw, m);
   const Proj pr = project(c, in, s.x, s.qres, pos, nw, false);
   std::vector<double> loss(N), recall(N);
   parallel_for(N, 4, [&](int64_t i0, int64_t i1) {
@@ -202,7 +223,7 @@ void v4_index_loss_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved&
   const double wsc = std::pow((double)nI, -0.5);
   StackArena& A = *c.ws;
   auto mk = A.mark();
-  const Pos pos = positions(c, B, T, nw, m);
+  const Pos pos = positions(c, in, nw, m);
   const Proj pr = project(c, in, s.x, s.qres, pos, nw, true);
   float* dw = A.alloc<float>(N * nI);
   float* dq = A.alloc<float>(N * nI * dI);

@@ -405,18 +405,60 @@ struct StepWalk {
     for (int64_t l = l1 - 1; l >= l0; --l) v3_layer_backward(l);
   }
 
-  // model/v4_attn.cpp (H, G: this rank's heads and output groups).
-  int64_t v4_keys(int64_t l) const {  // key-list entries of one row of T queries, one document a row
+  // model/v4_attn.cpp (H, G: this rank's heads and output groups). Context parallel
+  // (model/v4_context_parallel.h): the key side (kvp, KV's sliding rows, the compressors'
+  // projections, the indexer's) holds the whole rows' NK tokens, the queries the local N.
+  int64_t v4_query_keys(int64_t l, int64_t t) const {  // key-list entries of the query at t
     const model::V4Config& v = c.v4;
     const model::AttnKind k = v.attn[l];
     const int64_t m = v.rate(l), nw = k == model::AttnKind::Sliding ? 0 : T / m;
-    int64_t n = 0;
-    for (int64_t t = 0; t < T; ++t) {
-      n += std::min<int64_t>(t + 1, v.sliding_window);
-      if (k == model::AttnKind::HCA) n += std::min<int64_t>((t + 1) / m, nw);
-      if (k == model::AttnKind::CSA) n += v4_entries(l, t);
-    }
+    int64_t n = std::min<int64_t>(t + 1, v.sliding_window);
+    if (k == model::AttnKind::HCA) n += std::min<int64_t>((t + 1) / m, nw);
+    if (k == model::AttnKind::CSA) n += v4_entries(l, t);
     return n;
+  }
+  // Key-list entries of one row's (local) queries, one document a row; context parallel: the
+  // most of any cp rank (chunks r and 2 cp - 1 - r: their sums differ by the window's and the
+  // entries' rounding only).
+  int64_t v4_keys(int64_t l) const {
+    if (cp == 1) {
+      int64_t n = 0;
+      for (int64_t t = 0; t < T; ++t) n += v4_query_keys(l, t);
+      return n;
+    }
+    const int64_t ch = T / (2 * cp);
+    int64_t best = 0;
+    for (int64_t r = 0; r < cp; ++r) {
+      int64_t n = 0;
+      for (int64_t j = 0; j < ch; ++j) n += v4_query_keys(l, r * ch + j) + v4_query_keys(l, (2 * cp - 1 - r) * ch + j);
+      best = std::max(best, n);
+    }
+    return best;
+  }
+  // model/v4_attn.cpp v4_cp_gather_keys / v4_cp_return_keys and model/v4_indexer.cpp's gather:
+  // the packed local and whole rows [N | NK, w] and, inside, the collective's buffer
+  // (cp_all_gather / cp_reduce_scatter: [cp N, w], released). A gather (tw > 0) computes its
+  // projections into t [N, tw] first, released before the collective (the attention's) or after
+  // it (keep_t: the indexer's).
+  void cp_exchange(int64_t w, int64_t tw = 0, int64_t projections = 0, bool keep_t = false) {
+    const auto m = A.mark();
+    if (tw) {
+      f32(N * w), f32(NK * w);  // loc, all
+      const auto mt = A.mark();
+      f32(N * tw);
+      for (int64_t i = 0; i < projections; ++i) linear_fwd(N, d);
+      if (!keep_t) A.release(mt);
+      cp_collective(w);
+    } else {
+      f32(NK * w), f32(N * w);  // all, loc
+      cp_collective(w);
+    }
+    A.release(m);
+  }
+  void cp_collective(int64_t w) {
+    const auto m = A.mark();
+    f32(cp * N * w);
+    A.release(m);
   }
   // Compressed entries a query at t of a CSA layer attends (the dense warm-up: every visible one).
   int64_t v4_entries(int64_t l, int64_t t) const {
@@ -431,8 +473,9 @@ struct StepWalk {
     i32(std::max<int64_t>(N, 1)), i32(std::max<int64_t>(B * nw, 1));  // positions
     f32(std::max<int64_t>(B * nw, 1) * dI);                            // k
     if (nw > 0) {
-      f32(N * 2 * dI), f32(N * 2 * dI);  // kv, gate
-      linear_fwd(N, d), linear_fwd(N, d);
+      f32(NK * 2 * dI), f32(NK * 2 * dI);  // kv, gate (the whole rows' under cp)
+      if (cp > 1) cp_exchange(4 * dI, 2 * dI, 2, true);
+      else linear_fwd(N, d), linear_fwd(N, d);
       f32(B * nw * dI);  // pool
       if (keep) f32(B * nw);  // rstd
     }
@@ -450,8 +493,10 @@ struct StepWalk {
     const model::V4Config& v = c.v4;
     const model::AttnKind kind = v.attn[l];
     const int64_t H = c.num_attention_heads / tp, G = v.o_groups / tp, hd = v.head_dim, qr = c.q_lora_rank;
-    const int64_t m = v.rate(l), nw = kind == model::AttnKind::Sliding ? 0 : T / m, M = N + B * nw;
+    const int64_t m = v.rate(l), nw = kind == model::AttnKind::Sliding ? 0 : T / m, M = NK + B * nw;
+    const int64_t cc = kind == model::AttnKind::CSA ? 2 : kind == model::AttnKind::HCA ? 1 : 0;
     i32(N);                            // tpos
+    if (cp > 1) i32(NK);               // kpos
     f32(N * qr), f32(N), f32(N * qr);  // qa, rstd, qres
     linear_fwd(N, d);
     f32(N * H * hd), f32(N * H), f32(N * H * hd);  // qb, q_rstd, Q
@@ -459,13 +504,19 @@ struct StepWalk {
     auto mk = A.mark();
     f32(hd);  // ones
     A.release(mk);
-    f32(M * hd), f32(N * hd), f32(N);  // KV, kvp, kv_rstd
-    linear_fwd(N, d);
+    f32(M * hd), f32(NK * hd), f32(NK);  // KV, kvp, kv_rstd
+    if (cp > 1) {
+      if (cc) f32(NK * cc * hd), f32(NK * cc * hd);  // ckv, cgate
+      cp_exchange(hd + 2 * cc * hd, std::max(hd, cc * hd), cc ? 3 : 1);
+    } else {
+      linear_fwd(N, d);
+    }
     i32(std::max<int64_t>(B * nw, 1));  // cpos
     if (kind != model::AttnKind::Sliding) {
-      const int64_t cc = kind == model::AttnKind::CSA ? 2 : 1;
-      f32(N * cc * hd), f32(N * cc * hd);  // ckv, cgate
-      linear_fwd(N, d), linear_fwd(N, d);
+      if (cp == 1) {
+        f32(N * cc * hd), f32(N * cc * hd);  // ckv, cgate
+        linear_fwd(N, d), linear_fwd(N, d);
+      }
       f32(std::max<int64_t>(B * nw, 1) * hd), f32(std::max<int64_t>(B * nw, 1));  // cpool, c_rstd
     }
     if (kind == model::AttnKind::CSA) {  // v4_index_select
@@ -473,7 +524,7 @@ struct StepWalk {
       i32(N), i32(N * topk);  // cnt, sel
       mk = A.mark();
       v4_index_project(l, false);
-      const kern::IndexerShape sh{B, T, nw, (int)nI, (int)dI, m, (int)topk, 1.f};
+      const kern::IndexerShape sh{B, N / B, nw, (int)nI, (int)dI, m, (int)topk, 1.f};
       f32((int64_t)std::max<size_t>(kern::indexer_workspace_floats(sh), 1));
       A.release(mk);
     }
@@ -499,10 +550,11 @@ struct StepWalk {
     const model::V4Config& v = c.v4;
     const model::AttnKind kind = v.attn[l];
     const int64_t H = c.num_attention_heads / tp, G = v.o_groups / tp, hd = v.head_dim, qr = c.q_lora_rank;
-    const int64_t m = v.rate(l), nw = kind == model::AttnKind::Sliding ? 0 : T / m, M = N + B * nw;
+    const int64_t m = v.rate(l), nw = kind == model::AttnKind::Sliding ? 0 : T / m, M = NK + B * nw;
     const int64_t GO = G * v.o_lora_rank;
     const auto mk = A.mark();
     i32(N);       // tpos
+    if (cp > 1) i32(NK);  // kpos
     f32(N * GO);  // dY
     linear_bwd(N, GO, d);
     f32(N * H * hd);  // dO
@@ -515,16 +567,25 @@ struct StepWalk {
     const kern::SparseAttnShape sh{N, (int)H, (int)hd, 1.f};
     f32((int64_t)std::max<size_t>(kern::sparse_attn_bwd_workspace_floats(sh, M), 1));
     A.release(mw);
-    f32(N * hd);  // dkvp
-    linear_bwd(N, d, hd);
-    if (kind != model::AttnKind::Sliding && nw > 0) {
+    f32(NK * hd);  // dkvp
+    if (cp == 1) linear_bwd(N, d, hd);
+    const bool comp = kind != model::AttnKind::Sliding && nw > 0;
+    if (comp) {
       const int cc = kind == model::AttnKind::CSA ? 2 : 1;
-      i32(B * nw), f32(B * nw * hd);       // cpos, dpool
-      f32(N * cc * hd), f32(N * cc * hd);  // dckv, dcg
+      i32(B * nw), f32(B * nw * hd);         // cpos, dpool
+      f32(NK * cc * hd), f32(NK * cc * hd);  // dckv, dcg
       mw = A.mark();
       f32((int64_t)std::max<size_t>(kern::compress_pool_bwd_workspace_floats(B, T, m, hd, cc), 1));
       A.release(mw);
-      linear_bwd(N, d, cc * hd), linear_bwd(N, d, cc * hd);
+      if (cp == 1) linear_bwd(N, d, cc * hd), linear_bwd(N, d, cc * hd);
+    }
+    if (cp > 1) {  // lkvp, lckv, lcg; the exchange; the projections
+      const int64_t cw = comp ? (kind == model::AttnKind::CSA ? 2 : 1) * hd : 0;
+      f32(N * hd);
+      if (cw) f32(N * cw), f32(N * cw);
+      cp_exchange(hd + 2 * cw);
+      linear_bwd(N, d, hd);
+      if (cw) linear_bwd(N, d, cw), linear_bwd(N, d, cw);
     }
     f32(N * H * hd);  // dqb
     mw = A.mark();
@@ -648,8 +709,8 @@ double activation_peak_bytes(const model::ModelConfig& c, int64_t B, int64_t T, 
                              model::Recompute recompute, int64_t tp, int64_t ep, bool sequence_parallel,
                              const model::StageShard& stage, const model::TrainOptions& ix, int64_t cp) {
   TREX_CHECK(B > 0 && T > 0, "activation_peak_bytes: empty batch ", B, " x ", T);
-  TREX_CHECK(cp <= 1 || (!c.is_v4() && T % (2 * cp) == 0), "activation_peak_bytes: context parallel ", cp,
-             " on a ", c.model_type, " model, rows of ", T);
+  TREX_CHECK(cp <= 1 || (T % (2 * cp) == 0 && !(c.is_v4() && ix.indexer_metrics())),
+             "activation_peak_bytes: context parallel ", cp, " on a ", c.model_type, " model, rows of ", T);
   TREX_CHECK(!stage.on() || (0 <= stage.l0 && stage.l0 <= stage.l1 && stage.l1 <= c.num_hidden_layers),
              "activation_peak_bytes: stage layers [", stage.l0, ", ", stage.l1, ") of ", c.num_hidden_layers);
   StepWalk w(c, B, T, prec, recompute, tp, ep, sequence_parallel, stage, ix, cp);

@@ -45,12 +45,17 @@ namespace trex::train {
 // DeepSeek-V3.2: the indexer's selection scratch, the key lists (one document a row: packed rows
 // attend fewer keys, an upper bound) and the padded rows of the sparse attention; with the indexer
 // loss its kept pairs and recomputed projections.
-// cp > 1 (context parallel, DeepSeek-V3 / V3.2 / V2; T a multiple of 2 cp): every per-token activation on
-// the rank's B x T / cp tokens; the MLA layers also hold the gathered latents and rope keys and
-// the keys and values of the whole rows ([B T, ...]), and the backward their gradients
-// (model/context_parallel.h); DeepSeek-V3.2 the gathered indexer keys too, and the key lists of
-// the cp rank attending the most keys. The attention kernel's scratch is thread-local, outside
-// the arena.
+// cp > 1 (context parallel; T a multiple of 2 cp): every per-token activation on the rank's
+// B x T / cp tokens; the MLA layers (DeepSeek-V3 / V3.2 / V2) also hold the gathered latents and
+// rope keys and the keys and values of the whole rows ([B T, ...]), and the backward their
+// gradients (model/context_parallel.h); DeepSeek-V3.2 the gathered indexer keys too, and the key
+// lists of the cp rank attending the most keys. The attention kernel's scratch is thread-local,
+// outside the arena.
+// DeepSeek-V4 (model/v4_context_parallel.h): the key side of every attention layer on the whole
+// rows (kv projection, KV rows, the compressors' projections and the indexer's, and their
+// gradients in the backward) plus the exchanges' buffers; the key lists those of the cp rank with
+// the most keys (the ranks' lists differ by the window's and the entries' rounding), so the
+// estimate is the largest rank's peak. No indexer loss or recall under cp.
 double activation_peak_bytes(const model::ModelConfig& c, int64_t B, int64_t T, kern::Prec prec,
                              model::Recompute recompute, int64_t tp = 1, int64_t ep = 1,
                              bool sequence_parallel = false, const model::StageShard& stage = {},

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# Context parallel against threads on one rank: `trex bench step` on bench-v3 at a long sequence
-# (default 8192 tokens) as cp 2 (2 ranks x 1 thread, each holding two of the four chunks of the
+# Context parallel against threads on one rank: `trex bench step` on bench-v3 (or CONFIG, e.g.
+# configs/bench-v4.toml) at a long sequence (default 8192 tokens) as cp 2 (2 ranks x 1 thread, each holding two of the four chunks of the
 # sequence; OpenMPI binds each of the 2 ranks to its own core) and as 1 rank x 2 threads, one
 # after the other on the same machine, with the load average before each (a shared machine is
 # noisy). Prints one Markdown row per run and the ratio of the tokens/s (the same tokens: one
 # sequence a step).
 #
-#   tools/bench/cp_step.sh [TREX=build/trex] [STEPS=2] [SEQ=8192]
+#   tools/bench/cp_step.sh [TREX=build/trex] [STEPS=2] [SEQ=8192] [CONFIG=configs/bench-v3.toml]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 TREX=$(realpath "${1:-$ROOT/build/trex}")
 STEPS=${2:-2}
 SEQ=${3:-8192}
-CONFIG="$ROOT/configs/bench-v3.toml"
+CONFIG=$(realpath "${4:-$ROOT/configs/bench-v3.toml}")
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 load() { cut -d' ' -f1-3 /proc/loadavg; }
@@ -24,11 +24,11 @@ L2=$(load)
 mpirun --allow-run-as-root --oversubscribe -np 2 -x TREX_THREADS=1 \
   "$TREX" "${common[@]}" --set train.threads=1 --set parallel.cp=2 > "$OUT/cp.json" 2> "$OUT/cp.log" \
   || { tail -20 "$OUT/cp.log"; exit 1; }
-python3 - "$OUT/one.json" "$OUT/cp.json" "$L1" "$L2" "$SEQ" <<'PY'
+python3 - "$OUT/one.json" "$OUT/cp.json" "$L1" "$L2" "$SEQ" "$(basename "$CONFIG" .toml)" <<'PY'
 import json, sys
 one, cp = (json.loads(open(p).read().strip().splitlines()[-1]) for p in sys.argv[1:3])
-l1, l2, seq = sys.argv[3:]
-print(f"bench-v3, seq_len {seq}, one sequence a step")
+l1, l2, seq, name = sys.argv[3:]
+print(f"{name}, seq_len {seq}, one sequence a step")
 print("| run | load average before | step ms (median / min) | exposed comm ms | tokens/s |")
 print("|---|---|---|---|---|")
 for name, j, l in (("1 rank x 2 threads", one, l1), ("cp 2: 2 ranks x 1 thread", cp, l2)):
