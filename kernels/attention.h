@@ -4,7 +4,8 @@
 // kernels/cpu/attention_blas.h instead), or under TREX_ISA=ref to the scalar reference; a BF16
 // shape (below) on an AVX512_BF16 CPU goes to kernels/cpu/attention_avx512bf16.h (TREX_ATTN=f32:
 // not).
-// Layout [B, T, H, D] row-major (token-major, as the projections produce it). Query t of batch
+// Layout [B, T, H, D] row-major (token-major, as the projections produce it); with AttnShape::Tq
+// the queries (and o, dO, dq, lse) hold only the last Tq positions. Query t (a position) of batch
 // row b attends key s iff
 //   s <= t  and  (seg == nullptr || seg[b,s] == seg[b,t])  and  (window <= 0 || s > t - window).
 // Scores are scale * q.k (the model passes 1/sqrt(Dqk) times any YaRN factor); Dqk and Dv may
