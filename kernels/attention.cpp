@@ -2,7 +2,8 @@
 // AVX512_BF16 the bf16 dot-product kernel, else the AVX-512 kernel, else the AVX2 + FMA one,
 // else the GEMM-based one (oneDNN, any x86-64), else (TREX_ISA=ref) the scalar reference.
 // For A/B measurements: TREX_ATTN=blas picks the GEMM-based kernel on a CPU below AVX-512;
-// TREX_ATTN=f32 keeps the f32 kernels in a bf16 run.
+// TREX_ATTN=f32 keeps the f32 kernels in a bf16 run. Query rows Tq != T (and acc_dkv): the flash
+// kernels only (attention_supports_rows).
 #include "kernels/attention.h"
 
 #include <cstdlib>
@@ -44,11 +45,18 @@ bool attn_bf16(const AttnShape& sh) {
 
 }  // namespace
 
+bool attention_supports_rows(const AttnShape& sh) {
+  return attn_bf16(sh) || attn_impl() == AttnImpl::Avx512 || attn_impl() == AttnImpl::Avx2;
+}
+
 static void check_shape(const AttnShape& sh) {
   TREX_CHECK(sh.B > 0 && sh.T > 0 && sh.H > 0 && sh.Dqk > 0 && sh.Dv > 0,
              "attention: bad shape B=", sh.B, " T=", sh.T, " H=", sh.H, " Dqk=", sh.Dqk,
              " Dv=", sh.Dv);
   TREX_CHECK(sh.window >= 0, "attention: window must be >= 0, got ", sh.window);
+  TREX_CHECK(sh.Tq >= 0 && sh.Tq <= sh.T, "attention: query rows Tq=", sh.Tq, " outside [0, T=", sh.T, "]");
+  TREX_CHECK((sh.rows() == sh.T && !sh.acc_dkv) || attention_supports_rows(sh),
+             "attention: Tq != T or acc_dkv needs a flash kernel (not the GEMM-based or reference one)");
 }
 
 void attention_fwd(const AttnShape& sh, const float* q, const float* k, const float* v, float* o,

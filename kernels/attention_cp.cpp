@@ -1,4 +1,5 @@
-// Context-parallel causal attention through GEMMs (see attention_cp.h). Work items: forward,
+// Context-parallel causal attention (see attention_cp.h): on the flash kernels, one call per run
+// of consecutive query indices and batch row; else through GEMMs. GEMM work items: forward,
 // (b, h, query block) with dynamic scheduling; backward, (b, h) (dk and dv accumulate over the
 // query blocks of one head, so one thread owns a head). GEMMs inside a parallel region run on the
 // calling thread.
@@ -12,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "kernels/attention.h"
 #include "kernels/gemm.h"
 
 namespace trex::kern {
@@ -79,11 +81,92 @@ struct Scratch {
 };
 thread_local Scratch t_scratch;
 
+// ------------------------------------------------------------------------------ flash kernels --
+
+// Local rows [j0, j0 + n) at sequence indices [p0, p0 + n).
+struct Run {
+  int j0, n, p0;
+  int end() const { return p0 + n; }
+};
+
+// The maximal runs of consecutive indices of qidx, in local order.
+std::vector<Run> runs_of(const int32_t* qidx, int Tq) {
+  std::vector<Run> runs;
+  for (int j = 0; j < Tq; ++j)
+    if (!runs.empty() && qidx[j] == runs.back().end() && j == runs.back().j0 + runs.back().n)
+      ++runs.back().n;
+    else
+      runs.push_back({j, 1, qidx[j]});
+  return runs;
+}
+
+// One run of one batch row: Tq = n queries, the last of the keys [0, p0 + n).
+AttnShape run_shape(const AttnCpShape& sh, const Run& r) {
+  AttnShape a{1, r.end(), sh.H, sh.Dqk, sh.Dv, sh.scale, 0, sh.prec};
+  a.Tq = r.n;
+  return a;
+}
+
+bool use_flash(const AttnCpShape& sh) {
+  return attention_supports_rows(AttnShape{1, 1, sh.H, sh.Dqk, sh.Dv, sh.scale, 0, sh.prec});
+}
+
+// lse [B, H, Tq] rows of a run <-> run [H, n].
+void lse_of_run(const AttnCpShape& sh, int b, const Run& r, const float* lse, float* run) {
+  for (int h = 0; h < sh.H; ++h)
+    std::memcpy(run + (int64_t)h * r.n, lse + ((int64_t)b * sh.H + h) * sh.Tq + r.j0, sizeof(float) * r.n);
+}
+void lse_to_rows(const AttnCpShape& sh, int b, const Run& r, const float* run, float* lse) {
+  for (int h = 0; h < sh.H; ++h)
+    std::memcpy(lse + ((int64_t)b * sh.H + h) * sh.Tq + r.j0, run + (int64_t)h * r.n, sizeof(float) * r.n);
+}
+
+void flash_fwd(const AttnCpShape& sh, const float* q, const float* k, const float* v, const int32_t* qidx,
+               const int32_t* seg, float* o, float* lse) {
+  const int64_t ldq = (int64_t)sh.H * sh.Dqk, ldv = (int64_t)sh.H * sh.Dv;
+  std::vector<float>& L = t_scratch.S;
+  for (int b = 0; b < sh.B; ++b)
+    for (const Run& r : runs_of(qidx, sh.Tq)) {
+      L.resize((size_t)sh.H * r.n);
+      const int64_t qr = (int64_t)b * sh.Tq + r.j0, kr = (int64_t)b * sh.Tk;
+      attention_fwd(run_shape(sh, r), q + qr * ldq, k + kr * ldq, v + kr * ldv, o + qr * ldv, L.data(),
+                    seg ? seg + kr : nullptr);
+      lse_to_rows(sh, b, r, L.data(), lse);
+    }
+}
+
+// Per batch row, the run reaching furthest overwrites its keys' dk, dv (the keys after it are
+// seen by no local query: zero), the others add to them.
+void flash_bwd(const AttnCpShape& sh, const float* q, const float* k, const float* v, const int32_t* qidx,
+               const int32_t* seg, const float* o, const float* lse, const float* dO, float* dq, float* dk,
+               float* dv) {
+  const int64_t ldq = (int64_t)sh.H * sh.Dqk, ldv = (int64_t)sh.H * sh.Dv;
+  std::vector<Run> runs = runs_of(qidx, sh.Tq);
+  std::stable_sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.end() > b.end(); });
+  std::vector<float>& L = t_scratch.S;
+  for (int b = 0; b < sh.B; ++b) {
+    const int64_t kr = (int64_t)b * sh.Tk, e = runs.front().end();
+    std::memset(dk + (kr + e) * ldq, 0, sizeof(float) * (sh.Tk - e) * ldq);
+    std::memset(dv + (kr + e) * ldv, 0, sizeof(float) * (sh.Tk - e) * ldv);
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const Run& r = runs[i];
+      AttnShape a = run_shape(sh, r);
+      a.acc_dkv = i > 0;
+      L.resize((size_t)sh.H * r.n);
+      lse_of_run(sh, b, r, lse, L.data());
+      const int64_t qr = (int64_t)b * sh.Tq + r.j0;
+      attention_bwd(a, q + qr * ldq, k + kr * ldq, v + kr * ldv, o + qr * ldv, L.data(), dO + qr * ldv,
+                    dq + qr * ldq, dk + kr * ldq, dv + kr * ldv, seg ? seg + kr : nullptr);
+    }
+  }
+}
+
 }  // namespace
 
 void attention_cp_fwd(const AttnCpShape& sh, const float* q, const float* k, const float* v, const int32_t* qidx,
                       const int32_t* seg, float* o, float* lse) {
   check(sh, qidx);
+  if (use_flash(sh)) return flash_fwd(sh, q, k, v, qidx, seg, o, lse);
   const int B = sh.B, Tq = sh.Tq, Tk = sh.Tk, H = sh.H, Dq = sh.Dqk, Dv = sh.Dv;
   const int nblk = (Tq + kBlock - 1) / kBlock;
   const int64_t ldq = (int64_t)H * Dq, ldv = (int64_t)H * Dv;
@@ -128,6 +211,7 @@ void attention_cp_bwd(const AttnCpShape& sh, const float* q, const float* k, con
                       const int32_t* seg, const float* o, const float* lse, const float* dO, float* dq, float* dk,
                       float* dv) {
   check(sh, qidx);
+  if (use_flash(sh)) return flash_bwd(sh, q, k, v, qidx, seg, o, lse, dO, dq, dk, dv);
   const int B = sh.B, Tq = sh.Tq, Tk = sh.Tk, H = sh.H, Dq = sh.Dqk, Dv = sh.Dv;
   const int64_t ldq = (int64_t)H * Dq, ldv = (int64_t)H * Dv;
   parallel_dynamic((int64_t)B * H, [&](int64_t bh) {

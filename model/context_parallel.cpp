@@ -70,6 +70,23 @@ void cp_all_gather(const ContextParallel& cp, const CpSplit& s, int64_t B, const
   A.release(mk);
 }
 
+CpGather cp_all_gather_start(const ContextParallel& cp, const CpSplit& s, int64_t B, const float* local, int64_t w,
+                             StackArena& A) {
+  const int64_t n = B * s.local() * w;
+  CpGather g;
+  g.buf = A.alloc<float>(s.size * n), g.B = B, g.w = w;
+  std::memcpy(g.buf + s.rank * n, local, n * sizeof(float));
+  g.h = cp.comm->iall_gather(g.buf + s.rank * n, g.buf, (size_t)n, DType::F32);
+  return g;
+}
+
+void cp_all_gather_finish(const ContextParallel& cp, const CpSplit& s, CpGather& g, float* full) {
+  const double t0 = now_ms();
+  g.h.wait();
+  cp.wait_ms += now_ms() - t0;
+  permute(s, g.B, g.buf, full, g.w, true);
+}
+
 void cp_reduce_scatter(const ContextParallel& cp, const CpSplit& s, int64_t B, const float* full, float* local,
                        int64_t w, StackArena& A) {
   const int64_t n = B * s.local() * w;

@@ -21,10 +21,7 @@
 
 #include "core/stack_arena.h"
 #include "model/config.h"
-
-namespace trex::parallel {
-class Communicator;
-}
+#include "parallel/comm.h"
 
 namespace trex::model {
 
@@ -70,6 +67,18 @@ struct CpAttn {
 // local: [B, 2c, w] on every cp rank -> full: [B, T, w], every rank's chunks in sequence order.
 void cp_all_gather(const ContextParallel& cp, const CpSplit& s, int64_t B, const float* local, float* full, int64_t w,
                    StackArena& A);
+// cp_all_gather in two halves, so that work that does not need the keys runs while the
+// collective is in flight (MLA: the query projection). start copies local into a buffer from A
+// and starts the all-gather; finish waits (cp.wait_ms) and writes full. Allocate what the work in
+// between keeps before start: A must not be released below the buffer until finish.
+struct CpGather {
+  parallel::Handle h;
+  float* buf = nullptr;  // [size][B][2c][w]
+  int64_t B = 0, w = 0;
+};
+CpGather cp_all_gather_start(const ContextParallel& cp, const CpSplit& s, int64_t B, const float* local, int64_t w,
+                             StackArena& A);
+void cp_all_gather_finish(const ContextParallel& cp, const CpSplit& s, CpGather& g, float* full);
 // full: [B, T, w], a partial sum on every cp rank -> local: [B, 2c, w] = the sum over the cp ranks
 // of this rank's chunks (the adjoint of cp_all_gather).
 void cp_reduce_scatter(const ContextParallel& cp, const CpSplit& s, int64_t B, const float* full, float* local,

@@ -56,21 +56,14 @@ void mla_project(const Ctx& c, const AttnIn& in, const float* x, MlaSaved& s) {
   StackArena& A = *c.ws;
   s.x = x;
 
-  // Queries: [N, H, dqk] (this rank's heads), RoPE on the last dr dims of each head.
+  // Queries: [N, H, dqk] (this rank's heads), computed below (under context parallelism while
+  // the latent's all-gather is in flight).
   s.Q = A.alloc<float>(N * H * dqk);
   if (rq) {
     s.qa = A.alloc<float>(N * rq);
     s.qa_rstd = A.alloc<float>(N);
     s.qan = A.alloc<float>(N * rq);
-    linear_fwd(c, x, N, d, wt(in, p.q_a), rq, s.qa);
-    c.k().rmsnorm_fwd(s.qa, N, rq, in.P + p.q_a_norm, kLatentNormEps, s.qan, s.qa_rstd);
-    linear_fwd(c, s.qan, N, rq, q_rows(in, hs, dqk, rq), H * dqk, s.Q);
-  } else {
-    linear_fwd(c, x, N, d, q_rows(in, hs, dqk, d), H * dqk, s.Q);
   }
-  if (dr)
-    c.k().rope_apply(s.Q + dn, N, (int)H, H * dqk, dqk, (int)dr, in.pos, in.rope->cos, in.rope->sin, layout(*in.rope),
-                     false);
 
   // Latent and shared rope key (kva is a temporary split into the two saved parts).
   s.lat = A.alloc<float>(N * r);
@@ -90,23 +83,43 @@ void mla_project(const Ctx& c, const AttnIn& in, const float* x, MlaSaved& s) {
   if (dr) c.k().rope_apply(kpe, N, 1, dr, dr, (int)dr, in.pos, in.rope->cos, in.rope->sin, layout(*in.rope), false);
 
   // Context parallel: the keys are the whole rows' (NK tokens); their latents and rope keys are
-  // all-gathered from the cp ranks ([latn | k_pe] per token, in sequence order).
+  // all-gathered from the cp ranks ([latn | k_pe] per token, in sequence order), the query
+  // projection running while the collective is in flight.
   const int64_t NK = in.cp ? in.B * in.cp->split.T : N;
   const float* latk = s.latn;  // [NK, r]
   const float* kpek = kpe;     // [NK, dr]
+  const int64_t f = sizeof(float), w = r + dr;
+  float* kpe_all = nullptr;
+  CpGather gather;
+  StackArena::Mark mkg{};
   if (in.cp) {
-    const int64_t f = sizeof(float), w = r + dr;
     s.latn_all = A.alloc<float>(NK * r);
-    float* kpe_all = A.alloc<float>(NK * (dr ? dr : 1));
-    auto mk = A.mark();
+    kpe_all = A.alloc<float>(NK * (dr ? dr : 1));
+    mkg = A.mark();
     float* loc = A.alloc<float>(N * w);
-    float* all = A.alloc<float>(NK * w);
     c.k().copy_rows(loc, w * f, s.latn, r * f, r * f, N);
     if (dr) c.k().copy_rows(loc + r, w * f, kpe, dr * f, dr * f, N);
-    cp_all_gather(*in.cp->cp, in.cp->split, in.B, loc, all, w, A);
+    gather = cp_all_gather_start(*in.cp->cp, in.cp->split, in.B, loc, w, A);
+  }
+
+  // Queries, RoPE on the last dr dims of each head.
+  if (rq) {
+    linear_fwd(c, x, N, d, wt(in, p.q_a), rq, s.qa);
+    c.k().rmsnorm_fwd(s.qa, N, rq, in.P + p.q_a_norm, kLatentNormEps, s.qan, s.qa_rstd);
+    linear_fwd(c, s.qan, N, rq, q_rows(in, hs, dqk, rq), H * dqk, s.Q);
+  } else {
+    linear_fwd(c, x, N, d, q_rows(in, hs, dqk, d), H * dqk, s.Q);
+  }
+  if (dr)
+    c.k().rope_apply(s.Q + dn, N, (int)H, H * dqk, dqk, (int)dr, in.pos, in.rope->cos, in.rope->sin, layout(*in.rope),
+                     false);
+
+  if (in.cp) {
+    float* all = A.alloc<float>(NK * w);
+    cp_all_gather_finish(*in.cp->cp, in.cp->split, gather, all);
     c.k().copy_rows(s.latn_all, r * f, all, w * f, r * f, NK);
     if (dr) c.k().copy_rows(kpe_all, dr * f, all + r, w * f, dr * f, NK);
-    A.release(mk);
+    A.release(mkg);
     latk = s.latn_all, kpek = kpe_all;
   }
 
@@ -118,7 +131,6 @@ void mla_project(const Ctx& c, const AttnIn& in, const float* x, MlaSaved& s) {
     float* kv = A.alloc<float>(NK * H * (dn + dv));
     linear_fwd(c, latk, NK, r, wt(in, p.kv_b + hs.s0 * (dn + dv) * r), H * (dn + dv), kv);
     // K [NK, H, dn | dr] = the head's nope part | the shared rope key; V [NK, H, dv].
-    const int64_t f = sizeof(float);
     c.k().copy_rows(s.K, dqk * f, kv, (dn + dv) * f, dn * f, NK * H);
     c.k().copy_rows(s.V, dv * f, kv + dn, (dn + dv) * f, dv * f, NK * H);
     if (dr)
@@ -129,8 +141,8 @@ void mla_project(const Ctx& c, const AttnIn& in, const float* x, MlaSaved& s) {
 
 namespace {
 
-kern::AttnCpShape cp_shape(const AttnIn& in, int64_t H, int64_t dqk, int64_t dv) {
-  return {(int)in.B, (int)in.T, (int)in.cp->split.T, (int)H, (int)dqk, (int)dv, in.rope->softmax_scale};
+kern::AttnCpShape cp_shape(const Ctx& c, const AttnIn& in, int64_t H, int64_t dqk, int64_t dv) {
+  return {(int)in.B, (int)in.T, (int)in.cp->split.T, (int)H, (int)dqk, (int)dv, in.rope->softmax_scale, c.prec};
 }
 
 }  // namespace
@@ -149,7 +161,7 @@ void mla_forward(const Ctx& c, const AttnIn& in, const float* x, float* out, Mla
     s.O = A.alloc<float>(N * H * dv);
     s.lse = A.alloc<float>(N * H);
     ProfScope ps(c.prof, "fwd.mla.attn_core");
-    kern::attention_cp_fwd(cp_shape(in, H, dqk, dv), s.Q, s.K, s.V, in.cp->qidx, in.cp->seg_full, s.O, s.lse);
+    kern::attention_cp_fwd(cp_shape(c, in, H, dqk, dv), s.Q, s.K, s.V, in.cp->qidx, in.cp->seg_full, s.O, s.lse);
   } else {
     s.O = A.alloc<float>(N * H * dv);
     s.lse = A.alloc<float>(N * H);
@@ -186,7 +198,7 @@ void mla_backward(const Ctx& c, const AttnIn& in, const MlaSaved& s, const float
     v32_attn_backward(c, in, s, dO, dQ, dK, dV);
   } else if (in.cp) {
     ProfScope ps(c.prof, "bwd.mla.attn_core");
-    kern::attention_cp_bwd(cp_shape(in, H, dqk, dv), s.Q, s.K, s.V, in.cp->qidx, in.cp->seg_full, s.O, s.lse, dO, dQ,
+    kern::attention_cp_bwd(cp_shape(c, in, H, dqk, dv), s.Q, s.K, s.V, in.cp->qidx, in.cp->seg_full, s.O, s.lse, dO, dQ,
                            dK, dV);
   } else {
     kern::AttnShape sh{(int)in.B, (int)in.T, (int)H, (int)dqk, (int)dv, in.rope->softmax_scale, 0, c.prec};

@@ -15,7 +15,9 @@
 // q, k, v and dO are packed once per work item (forward: the k and v rows each query block adds;
 // backward: q and dO of the item, k and v per key block); P and dS once per tile. An odd reduction
 // length pairs its last element with a zero. Trimming the causal triangle keeps whole pairs: the
-// extra element of a straddling pair is a masked (zero) probability.
+// extra element of a straddling pair is a masked (zero) probability. Query rows Tq < T (the last
+// Tq positions) as in attention_tiles.h: tiles on the grid of positions, the absent rows of the
+// tile holding the first query zero.
 #include "kernels/cpu/attention_avx512bf16.h"
 
 // The AVX-512 helpers (V16: exp2, masks, the 16 x 16 transpose). This file's flags are the
@@ -182,15 +184,15 @@ void pack_rows_bf(W32* dst, int64_t ldw, const float* src, int64_t stride, int t
 }
 
 // "pairs": dst[(p - p0)*ldw + x] = bf16 pair (row 2p, row 2p + 1)[x] for pairs p in [p0, p1),
-// x < round16(n) (columns past n are zero), where row r is src[r*stride + x] if rlo <= r < rhi
-// and zero otherwise.
+// x < round16(n) (columns past n are zero), where row r is src[(r - rlo)*stride + x] if
+// rlo <= r < rhi and zero otherwise (src points at row rlo).
 void pack_pairs_bf(W32* dst, int64_t ldw, const float* src, int64_t stride, int p0, int p1,
                    int rlo, int rhi, int n) {
   for (int p = p0; p < p1; ++p) {
     const int r0 = 2 * p, r1 = 2 * p + 1;
     const bool u0 = r0 >= rlo && r0 < rhi, u1 = r1 >= rlo && r1 < rhi;
-    const float* s0 = src + int64_t{r0} * stride;
-    const float* s1 = src + int64_t{r1} * stride;
+    const float* s0 = u0 ? src + int64_t{r0 - rlo} * stride : src;
+    const float* s1 = u1 ? src + int64_t{r1 - rlo} * stride : src;
     if (u1 && p + 2 < p1)  // the rows two pairs ahead (a page apart in [B,T,H,D])
       for (int x = 0; x < n; x += 16) {
         _mm_prefetch(reinterpret_cast<const char*>(s0 + 4 * stride + x), _MM_HINT_T0);
@@ -217,6 +219,14 @@ void transpose_words(const W32* src, int64_t lds, int n, int P, W32* dst) {
   }
 }
 
+// dst[0, D) += src[0, D).
+void add_row(float* dst, const float* src, int D) {
+  for (int d = 0; d < D; d += 16) {
+    const __mmask16 m = tail_mask(D - d);
+    _mm512_mask_storeu_ps(dst + d, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, dst + d), _mm512_maskz_loadu_ps(m, src + d)));
+  }
+}
+
 // Widths: P* pairs of a row, W* words of a packed row (multiple of 16), *p floats / words of a
 // B-operand or f32 row (multiple of 16).
 struct Dims {
@@ -235,6 +245,7 @@ struct FwdCtx {
   float *o, *lse;
   const int32_t* seg;
   int nqb, nchunk;
+  int qb0;  // the first query tile (the one holding position T - Tq)
 };
 
 // Per-thread buffers of one forward item.
@@ -250,18 +261,20 @@ void fwd_block(const FwdCtx& c, const Dims& dm, const FwdBufs& w, int bh, int qb
   using T = __m512;
   constexpr int L = 16;
   const AttnShape& sh = c.sh;
-  const int T_ = sh.T, H = sh.H, Dqk = sh.Dqk, Dv = sh.Dv, W = sh.window;
+  const int T_ = sh.T, Tq = sh.rows(), off = T_ - Tq, H = sh.H, Dqk = sh.Dqk, Dv = sh.Dv, W = sh.window;
   const int b = bh / H, h = bh % H;
   const int64_t sq = int64_t{H} * Dqk, sv = int64_t{H} * Dv;
   const int64_t DqkW = dm.DqkW, Dvp = dm.Dvp;
-  const float* qb_ = c.q + (int64_t{b} * T_ * H + h) * Dqk;
-  float* ob_ = c.o + (int64_t{b} * T_ * H + h) * Dv;
+  const float* qb_ = c.q + (int64_t{b} * Tq * H + h) * Dqk;  // query row u: position off + u
+  float* ob_ = c.o + (int64_t{b} * Tq * H + h) * Dv;
   const int32_t* segrow = c.seg ? c.seg + int64_t{b} * T_ : nullptr;
   const int qs = qb * kB, nq = std::min(kB, T_ - qs), nc = (nq + L - 1) / L;
+  const int lead = std::max(0, off - qs);  // absent rows [0, lead) of the tile
   const float c2 = sh.scale * kLog2e;
   float *ST = w.ST, *O = w.O, *mrow = w.mrow, *lrow = w.lrow, *alpha = w.alpha;
 
-  pack_rows_bf(w.Qw, DqkW, qb_ + qs * sq, sq, 0, nq, Dqk);
+  std::memset(w.Qw, 0, sizeof(W32) * lead * DqkW);
+  pack_rows_bf(w.Qw + lead * DqkW, DqkW, qb_ + (qs + lead - off) * sq, sq, 0, nq - lead, Dqk);
   transpose_words(w.Qw, DqkW, nq, dm.DqkP, w.QT);
   std::memset(ST, 0, sizeof(float) * kB * kB);
   std::memset(O, 0, sizeof(float) * kB * Dvp);
@@ -273,7 +286,7 @@ void fwd_block(const FwdCtx& c, const Dims& dm, const FwdBufs& w, int bh, int qb
   const T c2v = V16::set1(c2), ninf = V16::set1(kNegInf);
   for (int kb = kb_lo; kb <= kb_hi; ++kb) {
     const int ks = kb * kB, nk = std::min(kB, T_ - ks);
-    const int kind = tile_kind(sh, qs, nq, ks, nk, segrow);
+    const int kind = tile_kind(sh, qs + lead, nq - lead, ks, nk, segrow);
     if (kind == 0) continue;
     // S^T[j, i] = k_j . q_i, prefetching the next key tile's k, v rows.
     const int64_t nnext = kb < kb_hi ? std::min(kB, T_ - ks - kB) : 0;
@@ -353,24 +366,24 @@ void fwd_block(const FwdCtx& c, const Dims& dm, const FwdBufs& w, int bh, int qb
     // O[i, :] += sum_j P^T[j, i] v_j over keys [je, jmax], je = jmin rounded down to a pair
     // boundary (row je reads as zero when it is below jmin).
     const int je = jmin & ~1, np = (jmax - je + 2) / 2;
-    pack_pairs_bf(w.PT, kB, ST, kB, je / 2, je / 2 + np, jmin, jmax + 1, nq);
+    pack_pairs_bf(w.PT, kB, ST + jmin * kB, kB, je / 2, je / 2 + np, jmin, jmax + 1, nq);
     gemm<true>(nq, Dv, np, w.PT, 1, kB, w.Vv + (ks + je) / 2 * Dvp, Dvp, O, Dvp,
                w.Vv + (ks + kB) / 2 * Dvp, 4 * pairs_of(static_cast<int>(nnext)) * Dvp, diag ? Tri::KHi : Tri::None,
                -je);
   }
-  for (int i = 0; i < nq; ++i) {
-    const int t = qs + i;
+  for (int i = lead; i < nq; ++i) {
+    const int u = qs + i - off;  // query row
     const float l = lrow[i], inv = l > 0.0f ? 1.0f / l : 0.0f;
     const T iv = V16::set1(inv);
-    float* orow = ob_ + t * sv;
+    float* orow = ob_ + u * sv;
     for (int d = 0; d < Dv; d += L)
       V16::store_n(orow + d, V16::mul(iv, V16::loadu(O + i * Dvp + d)), Dv - d);
-    c.lse[int64_t{bh} * T_ + t] = l > 0.0f ? (mrow[i] + std::log2(l)) * kLn2 : kNegInf;
+    c.lse[int64_t{bh} * Tq + u] = l > 0.0f ? (mrow[i] + std::log2(l)) * kLn2 : kNegInf;
   }
 }
 
-// Query blocks chunk, chunk + nchunk, ... of one (b, h), in increasing order: the k, v rows
-// each block adds are packed just before it.
+// Query blocks qb0 + chunk, qb0 + chunk + nchunk, ... of one (b, h), in increasing order: the
+// k, v rows each block adds are packed just before it.
 void fwd_item(const FwdCtx& c, int bh, int chunk) {
   const FlushDenormals ftz;
   const AttnShape& sh = c.sh;
@@ -396,11 +409,12 @@ void fwd_item(const FwdCtx& c, int bh, int chunk) {
   w.lrow = w.mrow + kB;        // running sum
   w.alpha = w.lrow + kB;
   // Keys before `packed` are seen by no query of this item (sliding window); a multiple of kB.
-  int packed = W > 0 ? std::max(0, chunk * kB - W + 1) / kB * kB : 0;
-  for (int qb = chunk; qb < c.nqb; qb += c.nchunk) {
+  int packed = W > 0 ? std::max(0, (c.qb0 + chunk) * kB - W + 1) / kB * kB : 0;
+  for (int qb = c.qb0 + chunk; qb < c.nqb; qb += c.nchunk) {
     const int t1 = std::min(T, (qb + 1) * kB);  // even unless it is T
     pack_rows_bf(Kw, dm.DqkW, kb_, sq, packed, t1, Dqk);
-    pack_pairs_bf(Vv + packed / 2 * dm.Dvp, dm.Dvp, vb_, sv, packed / 2, pairs_of(t1), packed, t1, Dv);
+    pack_pairs_bf(Vv + packed / 2 * dm.Dvp, dm.Dvp, vb_ + packed * sv, sv, packed / 2, pairs_of(t1), packed, t1,
+                  Dv);
     packed = t1;
     fwd_block(c, dm, w, bh, qb);
   }
@@ -414,26 +428,28 @@ struct BwdCtx {
   float *dq, *dk, *dv;
   const int32_t* seg;
   int nkb, nsplit;
-  float* dq_part;  // [B*H, nsplit, T, Dqk] when nsplit > 1
+  float* dq_part;  // [B*H, nsplit, Tq, Dqk] when nsplit > 1
 };
 
-// One (b, h) and the key blocks split, split + nsplit, ...: dk, dv of those blocks (overwrite)
-// and their contribution to dq.
+// One (b, h) and the key blocks split, split + nsplit, ...: dk, dv of those blocks (overwrite or,
+// with sh.acc_dkv, add) and their contribution to dq.
 void bwd_item(const BwdCtx& c, int bh, int split) {
   using T = __m512;
   constexpr int L = 16;
   const FlushDenormals ftz;
   const AttnShape& sh = c.sh;
   const Dims dm(sh);
-  const int T_ = sh.T, H = sh.H, Dqk = sh.Dqk, Dv = sh.Dv, W = sh.window;
+  const int T_ = sh.T, Tq = sh.rows(), off = T_ - Tq, H = sh.H, Dqk = sh.Dqk, Dv = sh.Dv, W = sh.window;
   const int b = bh / H, h = bh % H;
   const int64_t sq = int64_t{H} * Dqk, sv = int64_t{H} * Dv;
-  const int64_t oq = (int64_t{b} * T_ * H + h) * Dqk, ov = (int64_t{b} * T_ * H + h) * Dv;
-  const float *qb_ = c.q + oq, *kb_ = c.k + oq, *vb_ = c.v + ov, *ob_ = c.o + ov, *dOb = c.dO + ov;
+  const int64_t oq = (int64_t{b} * T_ * H + h) * Dqk, ov = (int64_t{b} * T_ * H + h) * Dv;  // keys
+  const int64_t lq = (int64_t{b} * Tq * H + h) * Dqk, lv = (int64_t{b} * Tq * H + h) * Dv;  // queries
+  // q, o, dO: row u is position off + u.
+  const float *qb_ = c.q + lq, *kb_ = c.k + oq, *vb_ = c.v + ov, *ob_ = c.o + lv, *dOb = c.dO + lv;
   float *dkb = c.dk + oq, *dvb = c.dv + ov;
   const int32_t* segrow = c.seg ? c.seg + int64_t{b} * T_ : nullptr;
   const float c2 = sh.scale * kLog2e;
-  const int nqb = (T_ + kB - 1) / kB;
+  const int nqb = (T_ + kB - 1) / kB, qb0 = off / kB;
   const int64_t DqkW = dm.DqkW, DvW = dm.DvW, Dqkp = dm.Dqkp, Dvp = dm.Dvp;
 
   // 4-byte units; every piece a multiple of 16 (64-byte aligned).
@@ -459,20 +475,27 @@ void bwd_item(const BwdCtx& c, int bh, int split) {
   float* dVa = dKa + kB * Dqkp;  // [j][Dvp]
   float* delta = dVa + kB * Dvp;
   float* lse2 = delta + Tp;
-  const int t0 = split * kB;  // the first query any key block of this split is seen by
-  pack_rows_bf(Qw, DqkW, qb_, sq, t0, T_, Dqk);
-  pack_rows_bf(dOw, DvW, dOb, sv, t0, T_, Dv);
-  pack_pairs_bf(Qv + t0 / 2 * Dqkp, Dqkp, qb_, sq, t0 / 2, pairs_of(T_), t0, T_, Dqk);
-  pack_pairs_bf(dOv + t0 / 2 * Dvp, Dvp, dOb, sv, t0 / 2, pairs_of(T_), t0, T_, Dv);
-  for (int t = t0; t < T_; ++t) {  // delta = rowsum(dO o) in f32
-    const float* a = dOb + t * sv;
-    const float* o = ob_ + t * sv;
+  const int t0 = split * kB;  // the first position any key block of this split is seen from
+  // Query positions [tq0, T) are packed, [tz, tq0) are absent rows of the first tile read (tz
+  // even: a multiple of kB).
+  const int tq0 = std::max(t0, off), tz = std::max(t0, qb0 * kB);
+  const float *qt0 = qb_ + int64_t{tq0 - off} * sq, *dOt0 = dOb + int64_t{tq0 - off} * sv;
+  std::memset(Qw + int64_t{tz} * DqkW, 0, sizeof(W32) * (tq0 - tz) * DqkW);
+  std::memset(dOw + int64_t{tz} * DvW, 0, sizeof(W32) * (tq0 - tz) * DvW);
+  pack_rows_bf(Qw + int64_t{tq0} * DqkW, DqkW, qt0, sq, 0, T_ - tq0, Dqk);
+  pack_rows_bf(dOw + int64_t{tq0} * DvW, DvW, dOt0, sv, 0, T_ - tq0, Dv);
+  pack_pairs_bf(Qv + tz / 2 * Dqkp, Dqkp, qt0, sq, tz / 2, pairs_of(T_), tq0, T_, Dqk);
+  pack_pairs_bf(dOv + tz / 2 * Dvp, Dvp, dOt0, sv, tz / 2, pairs_of(T_), tq0, T_, Dv);
+  for (int t = tz; t < tq0; ++t) delta[t] = 0.0f, lse2[t] = kNegInf;
+  for (int t = tq0; t < T_; ++t) {  // delta = rowsum(dO o) in f32
+    const float* a = dOb + int64_t{t - off} * sv;
+    const float* o = ob_ + int64_t{t - off} * sv;
     T acc = V16::zero();
     for (int d = 0; d < Dv; d += L) acc = V16::fmadd(V16::load_n(a + d, Dv - d), V16::load_n(o + d, Dv - d), acc);
     delta[t] = V16::reduce_add(acc);
-    lse2[t] = c.lse[int64_t{bh} * T_ + t] * kLog2e;
+    lse2[t] = c.lse[int64_t{bh} * Tq + t - off] * kLog2e;
   }
-  std::memset(dQc + t0 * Dqkp, 0, sizeof(float) * (T_ - t0) * Dqkp);
+  std::memset(dQc + tz * Dqkp, 0, sizeof(float) * (T_ - tz) * Dqkp);
 
   const T c2v = V16::set1(c2), scv = V16::set1(sh.scale);
   alignas(64) int32_t kseg[kB];
@@ -487,9 +510,10 @@ void bwd_item(const BwdCtx& c, int bh, int split) {
     std::memset(dKa, 0, sizeof(float) * nk * Dqkp);
     std::memset(dVa, 0, sizeof(float) * nk * Dvp);
     const int qb_hi = W > 0 ? std::min(nqb - 1, (ks + nk - 1 + W - 1) / kB) : nqb - 1;
-    for (int qb = kb; qb <= qb_hi; ++qb) {
+    for (int qb = std::max(kb, qb0); qb <= qb_hi; ++qb) {
       const int qs = qb * kB, nq = std::min(kB, T_ - qs), np = pairs_of(nq);
-      const int kind = tile_kind(sh, qs, nq, ks, nk, segrow);
+      const int qp = std::max(qs, off);  // the tile's first present row
+      const int kind = tile_kind(sh, qp, qs + nq - qp, ks, nk, segrow);
       if (kind == 0) continue;
       const W32* Qt = Qw + qs * DqkW;
       const W32* dOt = dOw + qs * DvW;
@@ -539,19 +563,26 @@ void bwd_item(const BwdCtx& c, int bh, int split) {
       gemm<true>(nq, Dqk, pairs_of(nk), DSr, kB / 2, 1, Kv, Dqkp, dQc + qs * Dqkp, Dqkp,  // dQ += dS K
                  dQc + (qs + kB) * Dqkp, 4 * nnext * Dqkp, tkh);
     }
-    for (int j = 0; j < nk; ++j) {
-      std::memcpy(dkb + (ks + j) * sq, dKa + j * Dqkp, sizeof(float) * Dqk);
-      std::memcpy(dvb + (ks + j) * sv, dVa + j * Dvp, sizeof(float) * Dv);
+    if (sh.acc_dkv) {
+      for (int j = 0; j < nk; ++j) {
+        add_row(dkb + (ks + j) * sq, dKa + j * Dqkp, Dqk);
+        add_row(dvb + (ks + j) * sv, dVa + j * Dvp, Dv);
+      }
+    } else {
+      for (int j = 0; j < nk; ++j) {
+        std::memcpy(dkb + (ks + j) * sq, dKa + j * Dqkp, sizeof(float) * Dqk);
+        std::memcpy(dvb + (ks + j) * sv, dVa + j * Dvp, sizeof(float) * Dv);
+      }
     }
   }
-  // dq rows before t0 get no contribution from this item.
-  float* dqb = c.nsplit == 1 ? c.dq + oq : c.dq_part + (int64_t{bh} * c.nsplit + split) * T_ * Dqk;
+  // dq rows (position off + u) before t0 get no contribution from this item.
+  float* dqb = c.nsplit == 1 ? c.dq + lq : c.dq_part + (int64_t{bh} * c.nsplit + split) * Tq * Dqk;
   const int64_t ldq = c.nsplit == 1 ? sq : Dqk;
-  for (int t = 0; t < T_; ++t) {
-    if (t < t0)
-      std::memset(dqb + t * ldq, 0, sizeof(float) * Dqk);
+  for (int u = 0; u < Tq; ++u) {
+    if (u + off < t0)
+      std::memset(dqb + u * ldq, 0, sizeof(float) * Dqk);
     else
-      std::memcpy(dqb + t * ldq, dQc + t * Dqkp, sizeof(float) * Dqk);
+      std::memcpy(dqb + u * ldq, dQc + (u + off) * Dqkp, sizeof(float) * Dqk);
   }
 }
 
@@ -560,10 +591,10 @@ void bwd_item(const BwdCtx& c, int bh, int split) {
 void attention_fwd_avx512bf16(const AttnShape& sh, const float* q, const float* k, const float* v,
                               float* o, float* lse, const int32_t* seg) {
   TREX_CHECK(sh.scale > 0.0f, "attention: scale must be > 0, got ", sh.scale);
-  const int nqb = (sh.T + kB - 1) / kB;
+  const int nqb = (sh.T + kB - 1) / kB, qb0 = (sh.T - sh.rows()) / kB;
   const int64_t BH = int64_t{sh.B} * sh.H;
-  const int nchunk = attn_split_count(BH, nqb, 4);  // extra chunks only repack some k, v rows
-  FwdCtx c{sh, q, k, v, o, lse, seg, nqb, nchunk};
+  const int nchunk = attn_split_count(BH, nqb - qb0, 4);  // extra chunks only repack some k, v rows
+  FwdCtx c{sh, q, k, v, o, lse, seg, nqb, nchunk, qb0};
   parallel_dynamic(BH * nchunk, [&](int64_t it) {
     fwd_item(c, static_cast<int>(it / nchunk), static_cast<int>(it % nchunk));
   });

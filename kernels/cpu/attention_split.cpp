@@ -17,14 +17,14 @@ DqPartials alloc_dq_partials(const AttnShape& sh, int nsplit) {
   DqPartials part(nullptr, &std::free);
   if (nsplit <= 1) return part;
   const int64_t BH = int64_t{sh.B} * sh.H;
-  const size_t bytes = (sizeof(float) * BH * nsplit * sh.T * sh.Dqk + 63) & ~size_t{63};
+  const size_t bytes = (sizeof(float) * BH * nsplit * sh.rows() * sh.Dqk + 63) & ~size_t{63};
   part.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
   TREX_CHECK(part, "attention: cannot allocate ", bytes, " bytes for dq partials");
   return part;
 }
 
 void sum_dq_partials(const AttnShape& sh, int nsplit, const float* part, float* dq) {
-  const int T = sh.T, H = sh.H, Dqk = sh.Dqk;
+  const int T = sh.rows(), H = sh.H, Dqk = sh.Dqk;  // T: query rows
   const int64_t BH = int64_t{sh.B} * H;
   parallel_for(BH * T, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {

@@ -17,14 +17,14 @@ namespace trex::kern::cpu {
 // thread: 1 when B*H alone provides them.
 int attn_split_count(int64_t BH, int blocks, int per_thread);
 
-// The dq partials of a backward cut into nsplit parts per (b, h): [B*H, nsplit, T, Dqk], 64-byte
-// aligned; null when nsplit == 1.
+// The dq partials of a backward cut into nsplit parts per (b, h): [B*H, nsplit, Tq, Dqk] (Tq =
+// sh.rows()), 64-byte aligned; null when nsplit == 1.
 using DqPartials = std::unique_ptr<float, decltype(&std::free)>;
 DqPartials alloc_dq_partials(const AttnShape& sh, int nsplit);
-// dq [B, T, H, Dqk] = the sum over the parts of part (nsplit > 1).
+// dq [B, Tq, H, Dqk] = the sum over the parts of part (nsplit > 1).
 void sum_dq_partials(const AttnShape& sh, int nsplit, const float* part, float* dq);
 
-// Visibility of a (query block, key block) tile of one (b, h): query rows [qs, qs + nq), key rows
+// Visibility of a (query block, key block) tile of one (b, h): query positions [qs, qs + nq), key rows
 // [ks, ks + nk), causal, within sh.window, and (segrow: the row's segment ids, else null) in the
 // same segment: 0 no pair visible, 1 some (the tile needs masks), 2 every pair.
 int tile_kind(const AttnShape& sh, int qs, int nq, int ks, int nk, const int32_t* segrow);

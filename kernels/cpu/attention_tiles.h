@@ -26,6 +26,10 @@
 //            dS = P (dP - delta) scale, then dV += P^T dO and dK += dS^T Q into key-tile
 //            accumulators and dQ += dS K into a per-item dq panel, written out (or summed across
 //            splits) at the end. No race: a (b, h, key block) belongs to one item.
+// Query rows (sh.Tq < sh.T: the last Tq positions, bottom-right causal alignment): tiles stay on
+// the grid of positions, so a query tile covers positions [qb kB, qb kB + kB) and its rows before
+// the first query (position T - Tq) are absent: zero q and dO rows, lse -inf, never written out.
+// Only the tile holding the first query has such rows; the tiles before it are not visited.
 // Key tiles no query of the tile can see (causal, window, disjoint document ids) are skipped,
 // masks are built only for partly visible tiles (diagonal, window edge, document boundary), and
 // products on the causal diagonal skip the masked triangle (to micro-kernel granularity).
@@ -201,6 +205,14 @@ inline void pack_rows(float* dst, int64_t ld, const float* src, int64_t stride, 
   }
 }
 
+// dst[0, D) += src[0, D).
+template <class V>
+void add_row(float* dst, const float* src, int D) {
+  constexpr int L = V::kW;
+  for (int d = 0; d < D; d += L)
+    V::store_n(dst + d, V::add(V::load_n(dst + d, D - d), V::load_n(src + d, D - d)), D - d);
+}
+
 // ---------------------------------------------------------------------------------- forward --
 
 struct FwdCtx {
@@ -209,12 +221,14 @@ struct FwdCtx {
   float *o, *lse;
   const int32_t* seg;
   int nqb, nchunk;
+  int qb0;  // the first query tile (the one holding position T - Tq)
 };
 
 // Per-thread buffers of one forward item.
 struct FwdBufs {
   const float* Kc;  // [t][Dqkp] packed k rows of this (b, h)
   const float* Vc;  // [t][Dvp] packed v rows
+  float *Qr;        // [i][Dqkp] q rows of a tile with absent rows (zero)
   float *QT, *ST, *O, *mrow, *lrow, *alpha;
   int64_t Dqkp, Dvp;
 };
@@ -225,18 +239,25 @@ void fwd_block(const FwdCtx& c, const FwdBufs& w, int bh, int qb) {
   using T = typename V::T;
   constexpr int L = V::kW;
   const AttnShape& sh = c.sh;
-  const int T_ = sh.T, H = sh.H, Dqk = sh.Dqk, Dv = sh.Dv, W = sh.window;
+  const int T_ = sh.T, Tq = sh.rows(), off = T_ - Tq, H = sh.H, Dqk = sh.Dqk, Dv = sh.Dv, W = sh.window;
   const int b = bh / H, h = bh % H;
   const int64_t sq = int64_t{H} * Dqk, sv = int64_t{H} * Dv;  // row strides of q and o
   const int64_t Dqkp = w.Dqkp, Dvp = w.Dvp;
-  const float* qb_ = c.q + (int64_t{b} * T_ * H + h) * Dqk;
-  float* ob_ = c.o + (int64_t{b} * T_ * H + h) * Dv;
+  const float* qb_ = c.q + (int64_t{b} * Tq * H + h) * Dqk;  // query row u: position off + u
+  float* ob_ = c.o + (int64_t{b} * Tq * H + h) * Dv;
   const int32_t* segrow = c.seg ? c.seg + int64_t{b} * T_ : nullptr;
   const int qs = qb * kB, nq = std::min(kB, T_ - qs), nc = (nq + L - 1) / L;
+  const int lead = std::max(0, off - qs);  // absent rows [0, lead) of the tile
   const float c2 = sh.scale * kLog2e;
   float *QT = w.QT, *ST = w.ST, *O = w.O, *mrow = w.mrow, *lrow = w.lrow, *alpha = w.alpha;
 
-  pack_transposed<V>(qb_ + qs * sq, sq, nq, Dqk, QT);
+  if (lead == 0) {
+    pack_transposed<V>(qb_ + (qs - off) * sq, sq, nq, Dqk, QT);
+  } else {
+    std::memset(w.Qr, 0, sizeof(float) * lead * Dqkp);
+    pack_rows(w.Qr + lead * Dqkp, Dqkp, qb_, sq, 0, nq - lead, Dqk);
+    pack_transposed<V>(w.Qr, Dqkp, nq, Dqk, QT);
+  }
   std::memset(ST, 0, sizeof(float) * kB * kB);
   std::memset(O, 0, sizeof(float) * kB * Dvp);
   for (int i = 0; i < kB; ++i) mrow[i] = kNegInf, lrow[i] = 0.0f;
@@ -247,7 +268,7 @@ void fwd_block(const FwdCtx& c, const FwdBufs& w, int bh, int qb) {
   const T c2v = V::set1(c2), ninf = V::set1(kNegInf);
   for (int kb = kb_lo; kb <= kb_hi; ++kb) {
     const int ks = kb * kB, nk = std::min(kB, T_ - ks);
-    const int kind = tile_kind(sh, qs, nq, ks, nk, segrow);
+    const int kind = tile_kind(sh, qs + lead, nq - lead, ks, nk, segrow);
     if (kind == 0) continue;
     // S^T[j, i] = k_j . q_i, prefetching the next key tile (k, v rows follow in the panels).
     const int64_t nnext = kb < kb_hi ? std::min(kB, T_ - ks - kB) : 0;
@@ -327,18 +348,18 @@ void fwd_block(const FwdCtx& c, const FwdBufs& w, int bh, int qb) {
     gemm<V, true>(nq, Dv, jmax - jmin + 1, ST + jmin * kB, 1, kB, w.Vc + (ks + jmin) * Dvp, Dvp, O,
                   Dvp, w.Vc + (ks + kB) * Dvp, nnext * Dvp, diag ? Tri::KHi : Tri::None, -jmin);
   }
-  for (int i = 0; i < nq; ++i) {
-    const int t = qs + i;
+  for (int i = lead; i < nq; ++i) {
+    const int u = qs + i - off;  // query row
     const float l = lrow[i], inv = l > 0.0f ? 1.0f / l : 0.0f;
     const T iv = V::set1(inv);
-    float* orow = ob_ + t * sv;
+    float* orow = ob_ + u * sv;
     for (int d = 0; d < Dv; d += L) V::store_n(orow + d, V::mul(iv, V::loadu(O + i * Dvp + d)), Dv - d);
-    c.lse[int64_t{bh} * T_ + t] = l > 0.0f ? (mrow[i] + std::log2(l)) * kLn2 : kNegInf;
+    c.lse[int64_t{bh} * Tq + u] = l > 0.0f ? (mrow[i] + std::log2(l)) * kLn2 : kNegInf;
   }
 }
 
-// Query blocks chunk, chunk + nchunk, ... of one (b, h), in increasing order: the k, v rows
-// each block adds are packed just before it.
+// Query blocks qb0 + chunk, qb0 + chunk + nchunk, ... of one (b, h), in increasing order: the
+// k, v rows each block adds are packed just before it.
 template <class V>
 void fwd_item(const FwdCtx& c, int bh, int chunk) {
   const FlushDenormals ftz;
@@ -349,18 +370,19 @@ void fwd_item(const FwdCtx& c, int bh, int chunk) {
   const float* kb_ = c.k + (int64_t{b} * T * H + h) * Dqk;
   const float* vb_ = c.v + (int64_t{b} * T * H + h) * Dv;
   const int64_t Dqkp = round_v<V>(Dqk), Dvp = round_v<V>(Dv), Tp = round_v<V>(T);
-  float* Kc = thread_scratch((Dqkp + Dvp) * Tp + (Dqkp + Dvp) * kB + kB * kB + 3 * kB);
+  float* Kc = thread_scratch((Dqkp + Dvp) * Tp + (2 * Dqkp + Dvp) * kB + kB * kB + 3 * kB);
   float* Vc = Kc + Tp * Dqkp;
-  FwdBufs w{Kc, Vc, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, Dqkp, Dvp};
-  w.QT = Vc + Tp * Dvp;     // [d][query i]
+  FwdBufs w{Kc, Vc, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, Dqkp, Dvp};
+  w.Qr = Vc + Tp * Dvp;     // [query i][Dqkp]
+  w.QT = w.Qr + kB * Dqkp;  // [d][query i]
   w.ST = w.QT + Dqkp * kB;  // [key j][query i]
   w.O = w.ST + kB * kB;     // [query i][Dvp]
   w.mrow = w.O + kB * Dvp;  // running max of scaled scores (log2 units)
   w.lrow = w.mrow + kB;     // running sum
   w.alpha = w.lrow + kB;
   // Keys before `packed` are seen by no query of this item (sliding window).
-  int packed = W > 0 ? std::max(0, chunk * kB - W + 1) / kB * kB : 0;
-  for (int qb = chunk; qb < c.nqb; qb += c.nchunk) {
+  int packed = W > 0 ? std::max(0, (c.qb0 + chunk) * kB - W + 1) / kB * kB : 0;
+  for (int qb = c.qb0 + chunk; qb < c.nqb; qb += c.nchunk) {
     const int t1 = std::min(T, (qb + 1) * kB);
     pack_rows(Kc, Dqkp, kb_, sq, packed, t1, Dqk);
     pack_rows(Vc, Dvp, vb_, sv, packed, t1, Dv);
@@ -377,26 +399,27 @@ struct BwdCtx {
   float *dq, *dk, *dv;
   const int32_t* seg;
   int nkb, nsplit;
-  float* dq_part;  // [B*H, nsplit, T, Dqk] when nsplit > 1
+  float* dq_part;  // [B*H, nsplit, Tq, Dqk] when nsplit > 1
 };
 
-// One (b, h) and the key blocks split, split + nsplit, ...: dk, dv of those blocks (overwrite)
-// and their contribution to dq.
+// One (b, h) and the key blocks split, split + nsplit, ...: dk, dv of those blocks (overwrite or,
+// with sh.acc_dkv, add) and their contribution to dq.
 template <class V>
 void bwd_item(const BwdCtx& c, int bh, int split) {
   using T = typename V::T;
   constexpr int L = V::kW;
   const FlushDenormals ftz;
   const AttnShape& sh = c.sh;
-  const int T_ = sh.T, H = sh.H, Dqk = sh.Dqk, Dv = sh.Dv, W = sh.window;
+  const int T_ = sh.T, Tq = sh.rows(), off = T_ - Tq, H = sh.H, Dqk = sh.Dqk, Dv = sh.Dv, W = sh.window;
   const int b = bh / H, h = bh % H;
   const int64_t sq = int64_t{H} * Dqk, sv = int64_t{H} * Dv;
-  const int64_t oq = (int64_t{b} * T_ * H + h) * Dqk, ov = (int64_t{b} * T_ * H + h) * Dv;
-  const float *kb_ = c.k + oq, *vb_ = c.v + ov, *ob_ = c.o + ov, *dOb = c.dO + ov;
+  const int64_t oq = (int64_t{b} * T_ * H + h) * Dqk, ov = (int64_t{b} * T_ * H + h) * Dv;  // keys
+  const int64_t lq = (int64_t{b} * Tq * H + h) * Dqk, lv = (int64_t{b} * Tq * H + h) * Dv;  // queries
+  const float *kb_ = c.k + oq, *vb_ = c.v + ov, *ob_ = c.o + lv, *dOb = c.dO + lv;  // o, dO: row u = position off + u
   float *dkb = c.dk + oq, *dvb = c.dv + ov;
   const int32_t* segrow = c.seg ? c.seg + int64_t{b} * T_ : nullptr;
   const float c2 = sh.scale * kLog2e;
-  const int nqb = (T_ + kB - 1) / kB;
+  const int nqb = (T_ + kB - 1) / kB, qb0 = off / kB;
 
   const int64_t Dqkp = round_v<V>(Dqk), Dvp = round_v<V>(Dv), Tp = round_v<V>(T_);
   float* Qc = thread_scratch((2 * Dqkp + Dvp) * Tp + (Dqkp + Dvp) * kB * 2 + Dqkp * kB +
@@ -412,20 +435,25 @@ void bwd_item(const BwdCtx& c, int bh, int split) {
   float* dVa = dKa + kB * Dqkp;  // [j][Dvp]
   float* delta = dVa + kB * Dvp;
   float* lse2 = delta + Tp;
-  const int t0 = split * kB;  // the first query any key block of this split is seen by
-  pack_rows(Qc, Dqkp, c.q + oq, sq, t0, T_, Dqk);
-  pack_rows(dOc, Dvp, dOb, sv, t0, T_, Dv);
-  for (int t = t0; t < T_; ++t) {
+  const int t0 = split * kB;  // the first position any key block of this split is seen from
+  // Query positions [tq0, T) are packed, [tz, tq0) are absent rows of the first tile read.
+  const int tq0 = std::max(t0, off), tz = std::max(t0, qb0 * kB);
+  pack_rows(Qc + int64_t{tq0} * Dqkp, Dqkp, c.q + lq + int64_t{tq0 - off} * sq, sq, 0, T_ - tq0, Dqk);
+  pack_rows(dOc + int64_t{tq0} * Dvp, Dvp, dOb + int64_t{tq0 - off} * sv, sv, 0, T_ - tq0, Dv);
+  std::memset(Qc + int64_t{tz} * Dqkp, 0, sizeof(float) * (tq0 - tz) * Dqkp);
+  std::memset(dOc + int64_t{tz} * Dvp, 0, sizeof(float) * (tq0 - tz) * Dvp);
+  for (int t = tz; t < tq0; ++t) delta[t] = 0.0f, lse2[t] = kNegInf;
+  for (int t = tq0; t < T_; ++t) {
     const float* a = dOc + t * Dvp;
-    const float* o = ob_ + t * sv;
+    const float* o = ob_ + (t - off) * sv;
     T acc = V::zero();
     int d = 0;
     for (; d + L <= Dv; d += L) acc = V::fmadd(V::loadu(a + d), V::loadu(o + d), acc);
     if (d < Dv) acc = V::fmadd(V::load_n(a + d, Dv - d), V::load_n(o + d, Dv - d), acc);
     delta[t] = V::reduce_add(acc);
-    lse2[t] = c.lse[int64_t{bh} * T_ + t] * kLog2e;
+    lse2[t] = c.lse[int64_t{bh} * Tq + t - off] * kLog2e;
   }
-  std::memset(dQc + t0 * Dqkp, 0, sizeof(float) * (T_ - t0) * Dqkp);
+  std::memset(dQc + tz * Dqkp, 0, sizeof(float) * (T_ - tz) * Dqkp);
 
   const T c2v = V::set1(c2), scv = V::set1(sh.scale);
   alignas(64) int32_t kseg[kB];
@@ -438,9 +466,9 @@ void bwd_item(const BwdCtx& c, int bh, int split) {
     std::memset(dKa, 0, sizeof(float) * nk * Dqkp);
     std::memset(dVa, 0, sizeof(float) * nk * Dvp);
     const int qb_hi = W > 0 ? std::min(nqb - 1, (ks + nk - 1 + W - 1) / kB) : nqb - 1;
-    for (int qb = kb; qb <= qb_hi; ++qb) {
-      const int qs = qb * kB, nq = std::min(kB, T_ - qs);
-      const int kind = tile_kind(sh, qs, nq, ks, nk, segrow);
+    for (int qb = std::max(kb, qb0); qb <= qb_hi; ++qb) {
+      const int qs = qb * kB, nq = std::min(kB, T_ - qs), qp = std::max(qs, off);  // qp: first present
+      const int kind = tile_kind(sh, qp, qs + nq - qp, ks, nk, segrow);
       if (kind == 0) continue;
       const float* Qt = Qc + qs * Dqkp;
       const float* dOt = dOc + qs * Dvp;
@@ -487,38 +515,47 @@ void bwd_item(const BwdCtx& c, int bh, int split) {
       gemm<V, true>(nq, Dqk, nk, DS, kB, 1, Kc, Dqkp, dQc + qs * Dqkp, Dqkp,        // dQ += dS K
                     dQc + (qs + kB) * Dqkp, nnext * Dqkp, tkh);
     }
-    for (int j = 0; j < nk; ++j) {
-      std::memcpy(dkb + (ks + j) * sq, dKa + j * Dqkp, sizeof(float) * Dqk);
-      std::memcpy(dvb + (ks + j) * sv, dVa + j * Dvp, sizeof(float) * Dv);
+    if (sh.acc_dkv) {
+      for (int j = 0; j < nk; ++j) {
+        add_row<V>(dkb + (ks + j) * sq, dKa + j * Dqkp, Dqk);
+        add_row<V>(dvb + (ks + j) * sv, dVa + j * Dvp, Dv);
+      }
+    } else {
+      for (int j = 0; j < nk; ++j) {
+        std::memcpy(dkb + (ks + j) * sq, dKa + j * Dqkp, sizeof(float) * Dqk);
+        std::memcpy(dvb + (ks + j) * sv, dVa + j * Dvp, sizeof(float) * Dv);
+      }
     }
   }
-  // dq rows before t0 get no contribution from this item.
-  float* dqb = c.nsplit == 1 ? c.dq + oq : c.dq_part + (int64_t{bh} * c.nsplit + split) * T_ * Dqk;
+  // dq rows (position off + u) before t0 get no contribution from this item.
+  float* dqb = c.nsplit == 1 ? c.dq + lq : c.dq_part + (int64_t{bh} * c.nsplit + split) * Tq * Dqk;
   const int64_t ldq = c.nsplit == 1 ? sq : Dqk;
-  for (int t = 0; t < T_; ++t) {
-    if (t < t0)
-      std::memset(dqb + t * ldq, 0, sizeof(float) * Dqk);
+  for (int u = 0; u < Tq; ++u) {
+    if (u + off < t0)
+      std::memset(dqb + u * ldq, 0, sizeof(float) * Dqk);
     else
-      std::memcpy(dqb + t * ldq, dQc + t * Dqkp, sizeof(float) * Dqk);
+      std::memcpy(dqb + u * ldq, dQc + (u + off) * Dqkp, sizeof(float) * Dqk);
   }
 }
 
-// q, k: [B,T,H,Dqk]  v: [B,T,H,Dv]  seg: [B,T] or null -> o: [B,T,H,Dv]  lse: [B,H,T]
+// q: [B,Tq,H,Dqk]  k: [B,T,H,Dqk]  v: [B,T,H,Dv]  seg: [B,T] or null -> o: [B,Tq,H,Dv]
+// lse: [B,H,Tq] (Tq = sh.rows())
 template <class V>
 void attention_fwd_tiles(const AttnShape& sh, const float* q, const float* k, const float* v,
                          float* o, float* lse, const int32_t* seg) {
   TREX_CHECK(sh.scale > 0.0f, "attention: scale must be > 0, got ", sh.scale);
-  const int nqb = (sh.T + kB - 1) / kB;
+  const int nqb = (sh.T + kB - 1) / kB, qb0 = (sh.T - sh.rows()) / kB;
   const int64_t BH = int64_t{sh.B} * sh.H;
-  const int nchunk = attn_split_count(BH, nqb, 4);  // extra chunks only repack some k, v rows
-  FwdCtx c{sh, q, k, v, o, lse, seg, nqb, nchunk};
+  const int nchunk = attn_split_count(BH, nqb - qb0, 4);  // extra chunks only repack some k, v rows
+  FwdCtx c{sh, q, k, v, o, lse, seg, nqb, nchunk, qb0};
   parallel_dynamic(BH * nchunk, [&](int64_t it) {
     fwd_item<V>(c, static_cast<int>(it / nchunk), static_cast<int>(it % nchunk));
   });
 }
 
-// q, k: [B,T,H,Dqk]  v, o, dO: [B,T,H,Dv]  lse: [B,H,T]  seg: [B,T] or null
-// -> dq, dk: [B,T,H,Dqk]  dv: [B,T,H,Dv] (overwritten)
+// q: [B,Tq,H,Dqk]  k: [B,T,H,Dqk]  v: [B,T,H,Dv]  o, dO: [B,Tq,H,Dv]  lse: [B,H,Tq]
+// seg: [B,T] or null -> dq: [B,Tq,H,Dqk] (overwritten)  dk: [B,T,H,Dqk]  dv: [B,T,H,Dv]
+// (overwritten, or added to with sh.acc_dkv)
 template <class V>
 void attention_bwd_tiles(const AttnShape& sh, const float* q, const float* k, const float* v,
                          const float* o, const float* lse, const float* dO, float* dq, float* dk,

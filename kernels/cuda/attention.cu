@@ -365,6 +365,8 @@ void attention_bwd_gemm(const Ctx& c, const Geo& g, const float* q, const float*
 void attention_fwd(const Ctx& c, const AttnShape& sh, const float* q, const float* k, const float* v, float* o,
                    float* lse, const int32_t* seg) {
   if (sh.B <= 0 || sh.T <= 0 || sh.H <= 0) return;
+  if (sh.rows() != sh.T || sh.acc_dkv)
+    throw Error("cuda attention: query rows Tq != T and acc_dkv (context parallelism) are CPU-only");
   const Path path = path_of(sh);
   if (path != Path::Flash) {
     const Geo g{sh.B, sh.T, sh.H, sh.Dqk, sh.Dv, sh.scale, sh.window, seg};
@@ -385,6 +387,8 @@ void attention_fwd(const Ctx& c, const AttnShape& sh, const float* q, const floa
 void attention_bwd(const Ctx& c, const AttnShape& sh, const float* q, const float* k, const float* v, const float* o,
                    const float* lse, const float* dO, float* dq, float* dk, float* dv, const int32_t* seg) {
   if (sh.B <= 0 || sh.T <= 0 || sh.H <= 0) return;
+  if (sh.rows() != sh.T || sh.acc_dkv)
+    throw Error("cuda attention: query rows Tq != T and acc_dkv (context parallelism) are CPU-only");
   const Path path = path_of(sh);
   const Geo g = path != Path::Flash ? Geo{sh.B, sh.T, sh.H, sh.Dqk, sh.Dv, sh.scale, sh.window, seg} : geo(sh, seg);
   const int64_t rows = int64_t(g.B) * g.T * g.H;

@@ -17,6 +17,8 @@ struct AttnCfg {
   int B, T, H, Dqk, Dv, window;
   bool seg;
   int threads = 0;  // > 0: run the kernel under test with this many threads (CPU kernels)
+  int Tq = 0;       // > 0: query rows, the last Tq of the T positions (AttnShape::Tq; CPU flash kernels)
+  bool acc = false;  // backward adds dk, dv to what they hold (AttnShape::acc_dkv)
 };
 
 inline constexpr AttnCfg kAttnTests[] = {
@@ -28,15 +30,19 @@ inline constexpr AttnCfg kAttnTests[] = {
 
 inline std::string attn_cfg_name(const char* op, const AttnCfg& c) {
   char buf[160];
-  std::snprintf(buf, sizeof buf, "%s B=%d T=%d H=%d Dqk=%d Dv=%d%s%s%s", op, c.B, c.T, c.H, c.Dqk, c.Dv,
+  std::snprintf(buf, sizeof buf, "%s B=%d T=%d H=%d Dqk=%d Dv=%d%s%s%s%s%s", op, c.B, c.T, c.H, c.Dqk, c.Dv,
                 c.window > 0 ? (" win=" + std::to_string(c.window)).c_str() : "", c.seg ? " seg" : "",
-                c.threads > 0 ? (" threads=" + std::to_string(c.threads)).c_str() : "");
+                c.threads > 0 ? (" threads=" + std::to_string(c.threads)).c_str() : "",
+                c.Tq > 0 ? (" Tq=" + std::to_string(c.Tq)).c_str() : "", c.acc ? " acc" : "");
   return buf;
 }
 
 // 1/sqrt(Dqk) times a YaRN-like factor.
 inline kern::AttnShape attn_shape_of(const AttnCfg& c) {
-  return kern::AttnShape{c.B, c.T, c.H, c.Dqk, c.Dv, 1.1f / std::sqrt(static_cast<float>(c.Dqk)), c.window};
+  kern::AttnShape sh{c.B, c.T, c.H, c.Dqk, c.Dv, 1.1f / std::sqrt(static_cast<float>(c.Dqk)), c.window};
+  sh.Tq = c.Tq;
+  sh.acc_dkv = c.acc;
+  return sh;
 }
 
 // 2-3 documents per batch row at random boundaries (ids increase along the row).

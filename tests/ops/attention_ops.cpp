@@ -9,7 +9,11 @@
 //         dispatched kernel with AttnShape::prec = BF16 ("attn_bf16") and the AVX512_BF16 kernel
 //         called directly ("attn[avx512bf16]", kernels/cpu/attention_avx512bf16.h; skipped
 //         without AVX512_BF16) on the same shapes and on the AVX2 list's kind, with bounds for
-//         operands rounded to bf16 (see run_test);
+//         operands rounded to bf16 (see run_test); query rows Tq < T (the last Tq positions:
+//         a context-parallel chunk against the keys before it) and dk, dv accumulation for the
+//         flash kernels (dispatched f32, AVX2, bf16): Tq and T - Tq on and off the tile edges,
+//         documents, 1-3 threads, against the reference's rows on the whole sequence with the
+//         output gradient of the other rows 0;
 //   grad: reference backward in double against finite differences of the reference forward;
 //   perf: GFLOP/s of fwd and bwd at B=1, T=2048, H=16, Dqk=192, Dv=128 and at bench-v3's heads
 //         (H=8, Dqk=96, Dv=64) at T=2048 and 8192 (causal flop count).
@@ -91,30 +95,65 @@ bool run_test(const Impl& im, const AttnCfg& c) {
   }
   AttnShape sh = attn_shape_of(c);
   if (im.bf16) sh.prec = trex::kern::Prec::BF16;
-  const size_t nq = size_t(c.B) * c.T * c.H * c.Dqk, nv = size_t(c.B) * c.T * c.H * c.Dv,
-               nl = size_t(c.B) * c.H * c.T;
+  if ((c.Tq > 0 || c.acc) && im.fwd == dispatched_fwd && !trex::kern::attention_supports_rows(sh)) {
+    std::printf("skip %-48s (no flash kernel here)\n", attn_cfg_name(im.tag, c).c_str());
+    return true;
+  }
+  // Query rows: the last Tq of the T positions (all T when c.Tq is 0).
+  const int Tq = sh.rows(), off = c.T - Tq;
+  const size_t rq = size_t(c.H) * c.Dqk, rv = size_t(c.H) * c.Dv;  // floats a position
+  const size_t nq = size_t(c.B) * c.T * rq, nv = size_t(c.B) * c.T * rv, nl = size_t(c.B) * c.H * c.T;
+  const size_t lq = size_t(c.B) * Tq * rq, lv = size_t(c.B) * Tq * rv, ll = size_t(c.B) * c.H * Tq;
   Rng r(1234 + c.T * 7 + c.Dqk);
-  std::vector<float> q(nq), k(nq), v(nv), dO(nv);
+  std::vector<float> q(nq), k(nq), v(nv), dO(nv, 0.0f);
   fill_normal(q.data(), nq, r), fill_normal(k.data(), nq, r), fill_normal(v.data(), nv, r);
-  fill_normal(dO.data(), nv, r);
+  // The output gradient of the query rows; the positions before them get 0.
+  for (int b = 0; b < c.B; ++b) fill_normal(dO.data() + (size_t(b) * c.T + off) * rv, Tq * rv, r);
   std::vector<int32_t> seg = c.seg ? attn_make_seg(c, r) : std::vector<int32_t>();
   const int32_t* sp = c.seg ? seg.data() : nullptr;
+  // The kernel's operands: rows [off, T) of every batch row of q and dO.
+  auto rows_of = [&](const std::vector<float>& x, size_t w) {
+    std::vector<float> y;
+    for (int b = 0; b < c.B; ++b)
+      y.insert(y.end(), x.begin() + (size_t(b) * c.T + off) * w, x.begin() + (size_t(b) * c.T + c.T) * w);
+    return y;
+  };
+  const std::vector<float> ql = rows_of(q, rq), dOl = rows_of(dO, rv);
+  // acc: dk, dv start from values the backward must add to.
+  std::vector<float> dk0(nq, 7.0f), dv0(nv, 7.0f);
+  if (c.acc) fill_normal(dk0.data(), nq, r), fill_normal(dv0.data(), nv, r);
 
-  Guarded<float> o(nv), lse(nl), dq(nq, 7.0f), dk(nq, 7.0f), dv(nv, 7.0f);
+  Guarded<float> o(lv), lse(ll), dq(lq, 7.0f), dk(nq), dv(nv);
+  std::copy(dk0.begin(), dk0.end(), dk.data()), std::copy(dv0.begin(), dv0.end(), dv.data());
   const int nt = omp_get_max_threads();
   if (c.threads > 0) omp_set_num_threads(c.threads);
-  im.fwd(sh, q.data(), k.data(), v.data(), o.data(), lse.data(), sp);
-  im.bwd(sh, q.data(), k.data(), v.data(), o.data(), lse.data(), dO.data(), dq.data(), dk.data(), dv.data(), sp);
+  im.fwd(sh, ql.data(), k.data(), v.data(), o.data(), lse.data(), sp);
+  im.bwd(sh, ql.data(), k.data(), v.data(), o.data(), lse.data(), dOl.data(), dq.data(), dk.data(), dv.data(), sp);
   omp_set_num_threads(nt);
 
+  // The reference on the whole sequence (square), then its query rows.
+  AttnShape shr = sh;
+  shr.Tq = 0, shr.acc_dkv = false;
   auto qd = to_double(q.data(), nq), kd = to_double(k.data(), nq), vd = to_double(v.data(), nv),
        dOd = to_double(dO.data(), nv);
-  std::vector<double> od(nv), lsed(nl), dqd(nq), dkd(nq), dvd(nv);
-  trex::kern::ref::attention_fwd<double>(sh, qd.data(), kd.data(), vd.data(), od.data(),
-                                         lsed.data(), sp);
-  trex::kern::ref::attention_bwd<double>(sh, qd.data(), kd.data(), vd.data(), od.data(),
-                                         lsed.data(), dOd.data(), dqd.data(), dkd.data(),
+  std::vector<double> of(nv), lsef(nl), dqf(nq), dkd(nq), dvd(nv);
+  trex::kern::ref::attention_fwd<double>(shr, qd.data(), kd.data(), vd.data(), of.data(),
+                                         lsef.data(), sp);
+  trex::kern::ref::attention_bwd<double>(shr, qd.data(), kd.data(), vd.data(), of.data(),
+                                         lsef.data(), dOd.data(), dqf.data(), dkd.data(),
                                          dvd.data(), sp);
+  std::vector<double> od, dqd, lsed;
+  for (int b = 0; b < c.B; ++b) {
+    od.insert(od.end(), of.begin() + (size_t(b) * c.T + off) * rv, of.begin() + (size_t(b) * c.T + c.T) * rv);
+    dqd.insert(dqd.end(), dqf.begin() + (size_t(b) * c.T + off) * rq, dqf.begin() + (size_t(b) * c.T + c.T) * rq);
+    for (int h = 0; h < c.H; ++h)
+      lsed.insert(lsed.end(), lsef.begin() + (size_t(b) * c.H + h) * c.T + off,
+                  lsef.begin() + (size_t(b) * c.H + h) * c.T + c.T);
+  }
+  if (c.acc)  // compare what the call added (the sum's error is the addend's)
+    for (size_t i = 0; i < nq; ++i) dk[i] -= dk0[i];
+  if (c.acc)
+    for (size_t i = 0; i < nv; ++i) dv[i] -= dv0[i];
   const std::string nf = attn_cfg_name((std::string(im.tag) + "_fwd").c_str(), c),
                     nb = attn_cfg_name((std::string(im.tag) + "_bwd").c_str(), c);
   // bf16 (q, k, v, dO, P and dS rounded to nearest even bf16, relative error <= 2^-9 each, f32
@@ -226,6 +265,23 @@ TREX_OP_CASES(attention_cases) {
       c.threads = th;
       cases.push_back({attn_cfg_name(kBf16.tag, c), [c] { return run_test(kBf16, c); }, nullptr, nullptr});
     }
+  // Query rows Tq < T and dk, dv accumulation (context parallelism's chunks): the flash kernels
+  // (dispatched f32, AVX2, bf16 dispatched and direct) with the first query on a tile edge
+  // (T - Tq = 64) and off it, one query row, Tq = T, documents, a window, 1, 2, 3 threads.
+  const AttnCfg rows[] = {
+      {1, 203, 3, 40, 24, 0, false, 0, 139, false}, {1, 203, 3, 40, 24, 0, true, 0, 100, false},
+      {2, 150, 5, 33, 17, 0, true, 0, 37, true},     {1, 130, 2, 96, 64, 0, false, 0, 1, false},
+      {1, 257, 1, 192, 128, 0, true, 0, 130, true},  {2, 64, 2, 16, 16, 0, false, 0, 64, true},
+      {1, 7, 3, 5, 3, 0, true, 0, 3, false},         {1, 321, 2, 24, 40, 0, false, 0, 200, true},
+      {1, 260, 2, 40, 24, 70, true, 0, 150, true},
+  };
+  for (const Impl* im : {&kImpls[0], &kImpls[2], &kImpls[3], &kImpls[4]})
+    for (const AttnCfg& c0 : rows)
+      for (int th = 1; th <= 3; ++th) {
+        AttnCfg c = c0;
+        c.threads = th;
+        cases.push_back({attn_cfg_name(im->tag, c), [im, c] { return run_test(*im, c); }, nullptr, nullptr});
+      }
   const AttnCfg grads[] = {
       {2, 7, 2, 5, 3, 0, false},
       {2, 9, 1, 4, 6, 0, true},
