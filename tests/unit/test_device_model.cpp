@@ -135,7 +135,9 @@ void expect_resume_continues(const nlohmann::json& j) {
   };
   for (int s = 0; s < 2; ++s) ASSERT_EQ(step(a, oa, s), step(m, om, s));
   m.params_to_host(), om.state_to_host();
-  const std::string run_dir = ::testing::TempDir() + "trex_device_resume";
+  // One directory per test: the V3 and V4 cases run at the same time under ctest -j.
+  const std::string run_dir =
+      ::testing::TempDir() + "trex_device_resume_" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
   std::filesystem::remove_all(run_dir);
   train::TrainState st;
   st.step = 2;
