@@ -98,5 +98,5 @@ set_tests_properties(bench_step_mpi PROPERTIES TIMEOUT 600 PROCESSORS 2)
 foreach(t parity link_cut loss_burst)
   add_test(NAME hosts_${t}
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/hosts/${t}.sh $<TARGET_FILE:trex_cli> ${MPIEXEC_EXECUTABLE})
-  set_tests_properties(hosts_${t} PROPERTIES TIMEOUT 150 PROCESSORS 2 LABELS hosts SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
+  set_tests_properties(hosts_${t} PROPERTIES TIMEOUT 300 PROCESSORS 2 LABELS hosts SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
 endforeach()

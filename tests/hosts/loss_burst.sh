@@ -21,7 +21,9 @@ cd "$WORK"
 fail() { echo "FAIL: $*"; exit 1; }
 STEPS=30
 tiny_run $STEPS 10 1
-RUN=(train --config run.toml --set parallel.ep=2 --set parallel.peer_timeout_s=20 --set parallel.watchdog_s=60)
+# The watchdog well above the burst plus TCP's retransmission backoff after it (the timer doubles on
+# every lost retry, so the first retry after the burst can come tens of seconds later).
+RUN=(train --config run.toml --set parallel.ep=2 --set parallel.peer_timeout_s=20 --set parallel.watchdog_s=150)
 
 "$MPIEXEC" --allow-run-as-root --oversubscribe -np 2 "$TREX" "${RUN[@]}" --set 'checkpoint.run_dir="calm"' \
   > calm.log 2>&1 || { tail -20 calm.log; fail "the undisturbed run"; }
@@ -32,7 +34,7 @@ for _ in $(seq 600); do grep -q '^step 5/' burst.log && break; sleep 0.1; done
 grep -q '^step 5/' burst.log || { tail -20 burst.log; fail "the run did not reach step 5"; }
 bed_throttle 1 64kbit 3kb
 sleep "$BURST_S"
-bed_unthrottle 1
+bed_unthrottle 1 || { kill $launcher 2> /dev/null; fail "could not restore host 1's link"; }
 rc=0
 wait $launcher || rc=$?
 ((rc == 0)) || { tail -20 burst.log; fail "the job did not survive a ${BURST_S} s loss burst (exit $rc)"; }

@@ -114,7 +114,19 @@ bed_throttle() {
   ip netns exec "$(bed_sw)" tc qdisc replace dev "p$1" root tbf rate "$2" burst "$3" latency 20ms
   ip netns exec "$(bed_ns "$1")" tc qdisc replace dev eth0 root tbf rate "$2" burst "$3" latency 20ms
 }
-bed_unthrottle() {
-  ip netns exec "$(bed_sw)" tc qdisc del dev "p$1" root 2> /dev/null || true
-  ip netns exec "$(bed_ns "$1")" tc qdisc del dev eth0 root 2> /dev/null || true
+bed_unthrottle() {  # and checks that no tbf / pfifo is left on either end (a few tries, then fails loudly)
+  local try
+  for try in 1 2 3 4 5; do
+    ip netns exec "$(bed_sw)" tc qdisc del dev "p$1" root 2> /dev/null || true
+    ip netns exec "$(bed_ns "$1")" tc qdisc del dev eth0 root 2> /dev/null || true
+    if ! ip netns exec "$(bed_sw)" tc qdisc show dev "p$1" | grep -Eq 'qdisc (tbf|pfifo) ' &&
+      ! ip netns exec "$(bed_ns "$1")" tc qdisc show dev eth0 | grep -Eq 'qdisc (tbf|pfifo) '; then
+      return 0
+    fi
+    sleep 0.2
+  done
+  echo "bed_unthrottle: host $1's link still has a tbf / pfifo qdisc:" >&2
+  ip netns exec "$(bed_sw)" tc qdisc show dev "p$1" >&2
+  ip netns exec "$(bed_ns "$1")" tc qdisc show dev eth0 >&2
+  return 1
 }
