@@ -59,14 +59,9 @@ void permute(const CpSplit& s, int64_t B, const float* from, float* to, int64_t 
 
 void cp_all_gather(const ContextParallel& cp, const CpSplit& s, int64_t B, const float* local, float* full, int64_t w,
                    StackArena& A) {
-  const int64_t n = B * s.local() * w;
   const auto mk = A.mark();
-  float* buf = A.alloc<float>(s.size * n);  // [size][B][2c][w]
-  std::memcpy(buf + s.rank * n, local, n * sizeof(float));
-  const double t0 = now_ms();
-  cp.comm->all_gather(buf + s.rank * n, buf, (size_t)n, DType::F32);
-  cp.wait_ms += now_ms() - t0;
-  permute(s, B, buf, full, w, true);
+  CpGather g = cp_all_gather_start(cp, s, B, local, w, A);
+  cp_all_gather_finish(cp, s, g, full);
   A.release(mk);
 }
 
