@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "model/context_parallel.h"
+#include "tests/mpi/cp_cases.h"
 #include "tests/mpi/train_parity.h"
 #include "train/activation_estimate.h"
 #include "train/loop.h"
@@ -107,17 +108,7 @@ TEST(CpSplit, Refusals) {
 // The same refusals when a run's layout is resolved (trex train, trex bench step): the message
 // names the field, the value and the model.
 TEST(CpSplit, RunConfigRefusals) {
-  auto refusal = [](json model, int64_t seq_len, std::vector<std::string> ov, int world) -> std::string {
-    model["vocab_size"] = 260;
-    json j = loop_config("/nonexistent", "corpus.jsonl", 1, 2, model);
-    j["data"]["seq_len"] = seq_len;
-    try {
-      (void)resolve_parallel(parse_run_config(j, "run.toml", ov), world);
-    } catch (const UserError& e) {
-      return e.what();
-    }
-    return "";
-  };
+  const auto refusal = cp_run_config_refusal;
   auto has = [](const std::string& msg, const std::string& part) { return msg.find(part) != std::string::npos; };
   std::string e = refusal(tiny_v3(), 26, {"parallel.cp=2"}, 2);
   EXPECT_TRUE(has(e, "data.seq_len = 26 is not a multiple of 2 x parallel.cp = 4")) << e;
@@ -251,57 +242,15 @@ TEST(CpTrain, RunLoopWithTensorParallel) {
 // A checkpoint written at cp 2 (ranks 0 and 1) resumes at cp 1 (rank 0) and, on 3 ranks, at cp 3:
 // the losses of steps 4-6 equal the uninterrupted one-process run's (cp does not change the state).
 // ov: the run's other settings (MTP, the indexer loss). Collective; removes its folder.
-namespace {
-void resumes_across_cp_sizes(const json& model, const std::string& prefix, std::vector<std::string> ov) {
-  parallel::Communicator& w = parallel::test_world();
-  const fs::path root = loop_corpus(w, prefix, 41, [](int i) {
-    return "route " + std::to_string(i) + " serves " + std::to_string(7 * i + 3) + " stops " + std::string(i % 4, 'k');
-  });
-  const std::string data = (root / "corpus.jsonl").string();
-  auto cfg = [&](const std::string& d, std::vector<std::string> more) {
-    more.insert(more.end(), ov.begin(), ov.end());
-    return parse_run_config(loop_config((root / d).string(), data, 1, 6, model), "run.toml", more);
-  };
-  auto copy_step3 = [&](const std::string& to) {
-    fs::create_directories(root / to / "checkpoints");
-    fs::copy(root / "cp2" / "checkpoints" / "step-00000003", root / to / "checkpoints" / "step-00000003",
-             fs::copy_options::recursive);
-  };
-  std::unique_ptr<parallel::Communicator> two = w.split(w.rank() < 2 ? 0 : -1, w.rank());
-  if (two) run_training(cfg("cp2", {"parallel.cp=2"}), bytes_tok(), two.get());
-  w.barrier();
-  if (w.rank() == 0) {
-    run_training(cfg("one", {}), bytes_tok());
-    copy_step3("cp2_then_1");
-    run_training(cfg("cp2_then_1", {"checkpoint.resume=auto"}), bytes_tok());
-    if (w.size() == 3) copy_step3("cp2_then_3");
-  }
-  w.barrier();
-  if (w.size() == 3) run_training(cfg("cp2_then_3", {"checkpoint.resume=auto", "parallel.cp=3"}), bytes_tok(), &w);
-  if (w.rank() == 0) {
-    const auto one = metrics((root / "one").string()), two_m = metrics((root / "cp2").string());
-    ASSERT_EQ(one.size(), 6u);
-    ASSERT_EQ(two_m.size(), 6u);
-    for (size_t s = 0; s < 6; ++s)
-      EXPECT_LT(rel(two_m[s]["loss"].get<double>(), one[s]["loss"].get<double>()), 1e-5) << "cp 2 step " << s + 1;
-    for (const char* d : {"cp2_then_1", "cp2_then_3"}) {
-      if (std::string(d) == "cp2_then_3" && w.size() != 3) continue;
-      const auto b = metrics((root / d).string());
-      ASSERT_EQ(b.size(), 3u) << d << ": steps 4-6 after the resume";
-      for (size_t s = 3; s < 6; ++s) {
-        EXPECT_EQ(b[s - 3]["step"].get<int64_t>(), (int64_t)s + 1) << d;
-        EXPECT_LT(rel(b[s - 3]["loss"].get<double>(), one[s]["loss"].get<double>()), 1e-5) << d << " step " << s + 1;
-      }
-    }
-    fs::remove_all(root);
-  }
-  w.barrier();
+
+// The resume tests' corpus.
+static std::string route_line(int i) {
+  return "route " + std::to_string(i) + " serves " + std::to_string(7 * i + 3) + " stops " + std::string(i % 4, 'k');
 }
-}  // namespace
 
 TEST(CpTrain, ResumesAcrossCpSizes) {
   if (parallel::test_world().size() == 4) GTEST_SKIP() << "2 and 3 ranks";
-  resumes_across_cp_sizes(tiny_v3_mtp(1), "trex_cp_resume_", {"train.mtp_loss_weight=0.3"});
+  resumes_across_cp_sizes(tiny_v3_mtp(1), "trex_cp_resume_", {"train.mtp_loss_weight=0.3"}, route_line);
 }
 
 // DeepSeek-V3.2 with an MTP layer and the indexer loss (the indexer's tensors train).
@@ -309,7 +258,8 @@ TEST(CpTrain, V32ResumesAcrossCpSizes) {
   if (parallel::test_world().size() == 4) GTEST_SKIP() << "2 and 3 ranks";
   json m = cp_v32();
   m["num_nextn_predict_layers"] = 1;
-  resumes_across_cp_sizes(m, "trex_cp_resume_v32_", {"train.mtp_loss_weight=0.3", "train.indexer_loss_weight=0.5"});
+  resumes_across_cp_sizes(m, "trex_cp_resume_v32_", {"train.mtp_loss_weight=0.3", "train.indexer_loss_weight=0.5"},
+                          route_line);
 }
 
 // The activation estimate (train/activation_estimate.h, cp) replays one context-parallel

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "model/context_parallel.h"
 #include "model/v4_context_parallel.h"
+#include "tests/mpi/cp_cases.h"
 #include "tests/mpi/train_parity.h"
 #include "train/activation_estimate.h"
 #include "train/loop.h"
@@ -117,20 +118,9 @@ TEST(CpV4Train, GradientsMatchOneProcess) {
 }
 
 // What V4 does not run under cp is refused naming the field, when the run config is read and when
-// a model is put under cp: the indexer's KL loss and its recall; cp with tp (as for V3).
+// a model is put under cp: the indexer's KL loss and its recall; cp with tp (V3 / V3.2 allow it).
 TEST(CpV4Train, Refusals) {
-  auto refusal = [](std::vector<std::string> ov, int world) -> std::string {
-    json m = cp_v4();
-    m["vocab_size"] = 260;
-    json j = loop_config("/nonexistent", "corpus.jsonl", 1, 2, m);
-    j["data"]["seq_len"] = 28;
-    try {
-      (void)resolve_parallel(parse_run_config(j, "run.toml", ov), world);
-    } catch (const UserError& e) {
-      return e.what();
-    }
-    return "";
-  };
+  auto refusal = [](const std::vector<std::string>& ov, int world) { return cp_run_config_refusal(cp_v4(), 28, ov, world); };
   auto has = [](const std::string& msg, const std::string& part) { return msg.find(part) != std::string::npos; };
   EXPECT_EQ(refusal({"parallel.cp=2"}, 2), "");
   std::string e = refusal({"parallel.cp=2", "train.indexer_loss_weight=0.1"}, 2);
@@ -157,50 +147,10 @@ TEST(CpV4Train, Refusals) {
 // A V4 checkpoint written at cp 2 (ranks 0 and 1) resumes at cp 1 (rank 0) and, on 3 ranks, at
 // cp 3: the losses of steps 4-6 equal the uninterrupted one-process run's.
 TEST(CpV4Train, ResumesAcrossCpSizes) {
-  parallel::Communicator& w = parallel::test_world();
-  if (w.size() == 4) GTEST_SKIP() << "2 and 3 ranks";
-  const fs::path root = loop_corpus(w, "trex_cp_v4_resume_", 41, [](int i) {
+  if (parallel::test_world().size() == 4) GTEST_SKIP() << "2 and 3 ranks";
+  resumes_across_cp_sizes(cp_v4(), "trex_cp_v4_resume_", {"train.mtp_loss_weight=0.3"}, [](int i) {
     return "lane " + std::to_string(i) + " feeds " + std::to_string(5 * i + 2) + " bins " + std::string(i % 6, 'v');
   });
-  const std::string data = (root / "corpus.jsonl").string();
-  auto cfg = [&](const std::string& d, std::vector<std::string> ov) {
-    ov.push_back("train.mtp_loss_weight=0.3");
-    return parse_run_config(loop_config((root / d).string(), data, 1, 6, cp_v4()), "run.toml", ov);
-  };
-  auto copy_step3 = [&](const std::string& to) {
-    fs::create_directories(root / to / "checkpoints");
-    fs::copy(root / "cp2" / "checkpoints" / "step-00000003", root / to / "checkpoints" / "step-00000003",
-             fs::copy_options::recursive);
-  };
-  std::unique_ptr<parallel::Communicator> two = w.split(w.rank() < 2 ? 0 : -1, w.rank());
-  if (two) run_training(cfg("cp2", {"parallel.cp=2"}), bytes_tok(), two.get());
-  w.barrier();
-  if (w.rank() == 0) {
-    run_training(cfg("one", {}), bytes_tok());
-    copy_step3("cp2_then_1");
-    run_training(cfg("cp2_then_1", {"checkpoint.resume=auto"}), bytes_tok());
-    if (w.size() == 3) copy_step3("cp2_then_3");
-  }
-  w.barrier();
-  if (w.size() == 3) run_training(cfg("cp2_then_3", {"checkpoint.resume=auto", "parallel.cp=3"}), bytes_tok(), &w);
-  if (w.rank() == 0) {
-    const auto one = metrics((root / "one").string()), two_m = metrics((root / "cp2").string());
-    ASSERT_EQ(one.size(), 6u);
-    ASSERT_EQ(two_m.size(), 6u);
-    for (size_t s = 0; s < 6; ++s)
-      EXPECT_LT(rel(two_m[s]["loss"].get<double>(), one[s]["loss"].get<double>()), 1e-5) << "cp 2 step " << s + 1;
-    for (const char* d : {"cp2_then_1", "cp2_then_3"}) {
-      if (std::string(d) == "cp2_then_3" && w.size() != 3) continue;
-      const auto b = metrics((root / d).string());
-      ASSERT_EQ(b.size(), 3u) << d << ": steps 4-6 after the resume";
-      for (size_t s = 3; s < 6; ++s) {
-        EXPECT_EQ(b[s - 3]["step"].get<int64_t>(), (int64_t)s + 1) << d;
-        EXPECT_LT(rel(b[s - 3]["loss"].get<double>(), one[s]["loss"].get<double>()), 1e-5) << d << " step " << s + 1;
-      }
-    }
-    fs::remove_all(root);
-  }
-  w.barrier();
 }
 
 // The activation estimate (train/activation_estimate.h, cp) replays one context-parallel V4
