@@ -256,7 +256,7 @@ void add_bench(CLI::App& app) {
     std::vector<int32_t> ids(N), labels(N);
     // Each data rank its own tokens (the tp and cp ranks of one data rank share them).
     Rng rng(rc.train.seed + 1 + 7919 * (uint64_t)dims.coord(rank).dp);
-    std::vector<double> times, comm;
+    std::vector<double> times, comm, cp_comm;
     double last_loss = 0, own_ms = 0;  // own_ms: this rank's measured steps (the profile's total)
     // --profile: the measured steps' threading overhead, heap calls and arena growth (rank 0).
     const bool profiling = o->profile && rank == 0;
@@ -302,6 +302,7 @@ void add_bench(CLI::App& app) {
       if (s >= o->warmup) {
         times.push_back(ms);
         comm.push_back(st.comm_ms);
+        cp_comm.push_back(st.cp_comm_ms);
         own_ms += st.ms;
       }
       if (rank == 0) std::fprintf(stderr, "[bench step] step %d loss %.4f %.1f ms\n", s, st.loss, ms);
@@ -310,7 +311,9 @@ void add_bench(CLI::App& app) {
     guard.finish();
     std::sort(times.begin(), times.end());
     std::sort(comm.begin(), comm.end());
+    std::sort(cp_comm.begin(), cp_comm.end());
     const double med = times[times.size() / 2], mn = times.front(), comm_med = mpi.max(comm[comm.size() / 2]);
+    const double cp_comm_med = mpi.max(cp_comm[cp_comm.size() / 2]);
     if (profiling) {
       StepOverheads& ov = prof.overheads;
       ov.threads = ov.heap = ov.arena = true;
@@ -399,14 +402,14 @@ void add_bench(CLI::App& app) {
         "{\"impl\": \"trex\", \"config\": \"%s\", \"precision\": \"%s\", \"ranks\": %d, \"ep\": %d, \"tp\": %d, \"pp\": %d, \"threads\": %d, "
         "\"batch\": %lld, \"grad_accum\": %lld, \"seq\": %lld, "
         "\"steps\": %d, \"step_ms\": %.1f, \"step_ms_median\": %.1f, \"step_ms_min\": %.1f, \"comm_ms\": %.1f, "
-        "\"tokens_per_s\": %.1f, "
+        "\"cp_comm_ms\": %.3f, \"tokens_per_s\": %.1f, "
         "\"model_flops_per_token\": %.4g, \"active_params\": %lld, \"peak_gflops\": %.1f, \"peak_measured\": %s, "
         "\"peak_source\": \"%s\", \"peak_measured_gflops\": %s, "
         "\"mfu\": %.4f, \"mfu_vs_bf16_dot_peak\": %.4f, \"peak_rss_mb\": %.0f, \"last_loss\": %.4f, "
         "\"activation_mb\": %.0f, \"memory_estimate_mb\": %.0f, \"activation_estimate_mb\": %.0f, "
         "\"plan_step_ms\": %s, \"plan_memory_mb\": %s, %s}\n",
         o->config.c_str(), rc.train.precision == kern::Prec::BF16 ? "bf16" : "fp32", R, dims.ep, dims.tp, dims.pp, threads,
-        (long long)B, (long long)GA, (long long)T, steps, med, med, mn, comm_med, tps, fpt, (long long)m.cfg.num_active_params(), peak,
+        (long long)B, (long long)GA, (long long)T, steps, med, med, mn, comm_med, cp_comm_med, tps, fpt, (long long)m.cfg.num_active_params(), peak,
         measured ? "true" : "false", pc.source.c_str(), num_or_null(measured, pc.measured).c_str(), mfu,
         bf16_dot > 0 ? fpt * tps / (bf16_dot * 1e9) : 0.0, rss, last_loss, act,
         est.total() / 1048576.0, est.activations / 1048576.0, num_or_null(pr.ok, pr.step_s * 1000).c_str(),

@@ -381,6 +381,8 @@ void DataParallel::sum(double* v, size_t n, Count c) {
   all_reduce_timed(v, n);
 }
 
+double DataParallel::cp_wait_s() const { return m_.context_parallel().wait_ms / 1e3; }
+
 model::ExpertLoad DataParallel::sum_loads(const model::ExpertLoad& load) {
   model::ExpertLoad out = load;
   if (!out.v.empty()) sum(out.v.data(), out.v.size(), Count::PerStage);

@@ -185,6 +185,10 @@ class DataParallel {
   // Seconds this rank spent blocked in communication since construction (GradSync waits, the
   // small blocking all-reduces of the step and, expert parallel, the MoE layers' all-to-alls).
   double exposed_wait_s() const;
+  // The part of exposed_wait_s spent in the context-parallel collectives (model/context_parallel.h).
+  // OpenMPI progresses every request in flight inside any MPI call, so with parallel.overlap on it
+  // also holds the gradient buckets' transfers that ran while the collective waited.
+  double cp_wait_s() const;
   // Optional timeline (core/trace.h; null = off): the gradient and parameter collectives and the
   // step's small all-reduces on the Comm track, the waits for them on the Compute track.
   void set_trace(TraceLog* t);

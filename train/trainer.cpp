@@ -16,7 +16,7 @@ namespace {
 StepStats step(model::Model& m, AdamW& opt, DataParallel* dp, const std::vector<model::Batch>& micro, float lr,
                float gamma, Profiler* prof, bool inject_nan) {
   const double t0 = now_ms();
-  const double comm0 = dp ? dp->exposed_wait_s() : 0;
+  const double comm0 = dp ? dp->exposed_wait_s() : 0, cp0 = dp ? dp->cp_wait_s() : 0;
   StepStats st;
   std::vector<int64_t> valid(micro.size(), 0);
   // [0] valid targets, [1] micro-batches: of the global batch (summed over ranks)
@@ -105,6 +105,7 @@ StepStats step(model::Model& m, AdamW& opt, DataParallel* dp, const std::vector<
   if (st.skipped) {
     m.reset_load();
     st.comm_ms = dp ? (dp->exposed_wait_s() - comm0) * 1e3 : 0;
+  st.cp_comm_ms = dp ? (dp->cp_wait_s() - cp0) * 1e3 : 0;
     m.backend().synchronize();  // a device's queued work belongs to this step
     st.ms = now_ms() - t0;
     return st;
@@ -121,6 +122,7 @@ StepStats step(model::Model& m, AdamW& opt, DataParallel* dp, const std::vector<
   }
   m.update_router_bias(load, gamma);
   st.comm_ms = dp ? (dp->exposed_wait_s() - comm0) * 1e3 : 0;
+  st.cp_comm_ms = dp ? (dp->cp_wait_s() - cp0) * 1e3 : 0;
   m.backend().synchronize();
   st.ms = now_ms() - t0;
   return st;

@@ -20,6 +20,7 @@ struct StepStats {
   std::vector<double> load_max_over_mean;  // per MoE layer: busiest expert's load / mean load
   std::vector<std::vector<int64_t>> expert_loads;  // per MoE layer [E]: tokens routed to each expert
   double comm_ms = 0;  // data parallel: time this rank was blocked in communication (exposed)
+  double cp_comm_ms = 0;  // of comm_ms: in the context-parallel collectives (DataParallel::cp_wait_s)
 };
 
 // One optimizer step over `micro` (each micro-batch's gradient weighted by its share of valid

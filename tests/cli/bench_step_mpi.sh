@@ -2,7 +2,8 @@
 # `trex bench calibrate` and `trex bench step` on 1 and 2 MPI ranks (issues 5 and 7): the 2-rank
 # step trains data parallel, reports its exposed communication and the planner's prediction from a
 # 2-rank calibration, and --trace writes one Chrome trace with a compute and a communication track
-# per rank (bucket reduce-scatters and all-gathers on the latter).
+# per rank (bucket reduce-scatters and all-gathers on the latter); under parallel.cp the time in the
+# context-parallel collectives is reported apart (cp_comm_ms).
 # usage: bench_step_mpi.sh TREX MPIEXEC
 set -euo pipefail
 TREX=$1
@@ -42,6 +43,8 @@ TREX_THREADS=1 "$TREX" bench calibrate --seconds 0.05 --out "$W/cal1.json" > "$W
   --trace "$W/trace.json" > "$W/step2.json" 2> "$W/step2.err"
 TREX_THREADS=1 "$TREX" bench step --config "$W/tiny.toml" --steps 2 --warmup 1 --calibration "$W/cal1.json" \
   > "$W/step1.json" 2> "$W/step1.err"
+"${MPI[@]}" "$TREX" bench step --config "$W/tiny.toml" --steps 2 --warmup 1 --set parallel.cp=2 \
+  > "$W/stepcp.json" 2> "$W/stepcp.err"
 python3 - "$W" <<'P'
 import json, sys, os
 w = sys.argv[1]
@@ -54,6 +57,10 @@ s2 = json.loads(open(f"{w}/step2.json").read().strip().splitlines()[-1])
 s1 = json.loads(open(f"{w}/step1.json").read().strip().splitlines()[-1])
 assert s2["ranks"] == 2 and s1["ranks"] == 1, (s1, s2)
 assert s2["comm_ms"] > 0 and s1["comm_ms"] == 0, (s1["comm_ms"], s2["comm_ms"])
+# the context-parallel collectives' share of the exposed communication: none without cp
+scp = json.loads(open(f"{w}/stepcp.json").read().strip().splitlines()[-1])
+assert s1["cp_comm_ms"] == 0 and s2["cp_comm_ms"] == 0, (s1["cp_comm_ms"], s2["cp_comm_ms"])
+assert 0 < scp["cp_comm_ms"] <= scp["comm_ms"], (scp["cp_comm_ms"], scp["comm_ms"])
 assert abs(s2["tokens_per_s"] - 2 * 2 * 96 / (s2["step_ms_median"] / 1000)) < 0.01 * s2["tokens_per_s"], s2
 for s in (s1, s2):
     assert s["plan_step_ms"] is not None and s["plan_step_ms"] > 0, s
