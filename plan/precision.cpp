@@ -58,7 +58,7 @@ PrecisionModel precision_model(const ClusterSpec& s, Precision p) {
       // row-wise copy (forward), its column-wise copy (weight gradient), the output gradient's two
       // copies; each local weight's row- and column-wise scales every micro-batch.
       m.swizzle_fwd = m.swizzle_bwd = 2.0 / 32, m.swizzle_grad = 2 * 2.0 / 32, m.weight_swizzle = 2 * 2.0 / 32;
-        m.align_rows = 32;
+      m.align_rows = 32;
       break;
     default: break;
   }

@@ -33,7 +33,7 @@
 // the scales read and written once per operand use. Activations: the forward's row-wise copy
 // (forward GEMM), the column-wise copy (weight gradient), the output gradient's two copies (data and
 // weight gradients); weights: the row-wise scales (forward) and column-wise ones (data gradient) of
-// every local weight, each micro-batch (swizzle_fwd, swizzle_bwd, weight_swizzle below).
+// every local weight, each micro-batch (swizzle_fwd, swizzle_bwd, swizzle_grad, weight_swizzle below).
 //
 // The routed experts' grouped GEMMs need each expert's rows padded to a multiple of align_rows
 // (Transformer Engine's get_align_size_for_quantization: 32 for MXFP8 / NVFP4, 16 for the other FP8

@@ -170,7 +170,8 @@ TEST(PlanPrecision, ExpertPaddingUnderLowPrecision) {
   const ArchModel a = resolve_model("deepseek-v3");
   const GemmDevice dev = gemm_device(s, 1e15);
   const LayerCost& L = a.layers.back();
-  const ExpertGemms x = expert_gemms(L, l, a.hidden, tokens, dev, 1.03), xp = expert_gemms(L, l, a.hidden, tokens, dev, 1.03, 15.5);
+  const ExpertGemms x = expert_gemms(L, l, a.hidden, tokens, dev, 1.03);
+  const ExpertGemms xp = expert_gemms(L, l, a.hidden, tokens, dev, 1.03, 15.5);
   EXPECT_DOUBLE_EQ(x.rows, 1024);
   EXPECT_DOUBLE_EQ(xp.rows, 1024);
   EXPECT_NEAR(xp.fwd / x.fwd, (1024 + 15.5) / 1024, 1e-9);
