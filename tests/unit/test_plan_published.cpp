@@ -141,7 +141,7 @@ TEST(PlanPublished, BlackwellMxfp8RunsStillOverPredicted) {
 
 // What closed the GB200 rows: the sustained clock at the power limit. GB200's and GB300's are
 // extrapolated from B200's measurement (docs/PLAN.md); without them (the spec's clock held) the
-// GB200 rows read +8% to +25% again.
+// GB200 rows read +7% to +28% again.
 TEST(PlanPublished, SustainedClockSensitivity) {
   ArchModel a = resolve_model("deepseek-v3");
   for (const Pinned& p : kPinned) {
