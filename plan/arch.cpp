@@ -135,6 +135,9 @@ LayerCost v3_layer(const model::ModelConfig& c, int64_t l) {
   const double attn_mm = q_mm + kv_mm + o_mm;
   const double attn_norms = 2 * d + kl + (ql > 0 ? ql : 0);  // input, post-attention, kv_a, q_a norms
   L.upproj_fwd = 2 * ((ql > 0 ? ql * H * qk : 0) + kl * H * (nope + vd));
+  // Quantized operands: q (down and up, or one projection), kv down and up, o.
+  L.q_in = (ql > 0 ? d + ql : d) + d + kl + H * vd;
+  L.q_grad = (ql > 0 ? ql + H * qk : H * qk) + (kl + rope) + H * (nope + vd) + d;
 
   auto& S = L.saved;
   S.push_back({"attn.norm_in [d]", d, 2, false, false});
@@ -170,6 +173,8 @@ LayerCost v3_layer(const model::ModelConfig& c, int64_t l) {
     mlp_dense_params = 3 * d * Is + E * d;  // shared experts + router
     mlp_mm_active = 3 * d * Is + E * d;
     L.expert_fwd = 2 * k * 3 * d * I;
+    if (Is > 0) L.q_in += d + Is, L.q_grad += 2 * Is + d;  // shared expert fc1, fc2
+    L.q_in_routed = k * (d + I), L.q_grad_routed = k * (2 * I + d);
     S.push_back({"moe.router_scores [E] f32", E, 4, false, false});
     S.push_back({"moe.dispatched [k*d]", k * d, 2, true, false, true});
     S.push_back({"moe.gate_up [k*2I]", k * 2 * I, 2, true, false, true});
@@ -189,6 +194,7 @@ LayerCost v3_layer(const model::ModelConfig& c, int64_t l) {
     mlp_mm_active = 3 * d * I;
     L.mlp_gemm_fwd = 2 * 3 * d * I;
     L.swiglu_bytes_fwd = 6 * I;
+    L.q_in += d + I, L.q_grad += 2 * I + d;  // fc1, fc2
     S.push_back({"mlp.gate_up [2I]", 2 * I, 2, true, false});
     S.push_back({"mlp.act [I]", I, 2, true, true});
     L.elem_bytes_fwd += 6 * I;
@@ -205,6 +211,7 @@ LayerCost v3_layer(const model::ModelConfig& c, int64_t l) {
     L.attn.index_dim = c.v32.index_head_dim;
     idx_mm = ql * Hi * di + d * di + d * Hi;
     L.fwd_only_matmul_params = idx_mm;
+    L.q_in += ql + 2 * d;  // wq_b, wk, weights_proj: forward only
     S.push_back({"attn.sparse_rows [3*H*(qk+v)] f32", 3 * H * (qk + vd), 4, false, false});
     S.push_back({"attn.selected [H*index_topk] i32", H * (double)c.v32.index_topk, 4, false, false});
   }
@@ -264,6 +271,12 @@ LayerCost v4_layer(const model::ModelConfig& c, model::AttnKind kind, bool hash)
   const double hc_mm = 2 * (2 + hc) * hc * hc * d;  // mixing projection of both sublayers
   attn_other += 2 * ((2 + hc) * hc + 3);
   L.upproj_fwd = 2 * (ql * H * hd + (csa ? ql * Hi * di : 0));
+  // Quantized operands: q_a, q_b, kv, o_a (grouped), o_b; the compressor's two linears; the CSA
+  // indexer's wq_b, weights and its compressor's two linears (forward only).
+  L.q_in = d + ql + d + H * hd + g * ol;
+  L.q_grad = ql + H * hd + hd + g * ol + d;
+  if (compressed) L.q_in += 2 * d, L.q_grad += 2 * coff * hd;
+  if (csa) L.q_in += ql + d + 2 * d;
 
   const double I = (double)c.moe_intermediate_size, Is = (double)c.shared_intermediate();
   const double E = (double)c.n_routed_experts, k = (double)c.num_experts_per_tok;
@@ -276,6 +289,8 @@ LayerCost v4_layer(const model::ModelConfig& c, model::AttnKind kind, bool hash)
   L.gemm_fwd = 2 * (attn_mm + hc_mm + mlp_mm);
   L.bf16_gemm_fwd = 2 * (hc_mm + E * d);  // hyper-connection mixing and the router stay bf16
   L.expert_fwd = 2 * k * 3 * d * I;
+  if (Is > 0) L.q_in += d + Is, L.q_grad += 2 * Is + d;  // shared expert fc1, fc2
+  L.q_in_routed = k * (d + I), L.q_grad_routed = k * (2 * I + d);
 
   auto& S = L.saved;
   const double mix = (2 + hc) * hc;

@@ -99,6 +99,12 @@ struct LayerCost {
                             // (the router; V4's hyper-connection mixing)
   double elem_bytes_fwd = 0;      // memory-bound traffic per token (norms, RoPE, SwiGLU, router, permute)
   double elem_sel_bytes_fwd = 0;  // part of it that selective recompute re-runs
+  // GEMM operands a low-precision recipe quantizes (plan/precision.h), elements per token: every
+  // low-precision linear layer's input (forward) and its output gradient (backward; forward-only
+  // linears such as the indexer's have none). routed: the routed experts', over the token's k
+  // copies (scaled by the busiest rank's load). The router and V4's hyper-connection mixing stay
+  // bf16 and are not counted.
+  double q_in = 0, q_in_routed = 0, q_grad = 0, q_grad_routed = 0;
   std::vector<SavedTensor> saved;
   double input_elems = 0;   // layer input per token (what full recompute keeps): d, or hc x d for V4
   // MoE routing (for the all-to-all).

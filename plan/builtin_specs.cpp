@@ -158,7 +158,7 @@ launch_us = 3.0            # per kernel launched from C++: raw cuLaunchKernel 3.
 name = "b200"
 description = "NVIDIA B200 180GB, 8 per node, NVLink 5 1.8 TB/s bidirectional, 8 x 400 Gb/s InfiniBand"
 source = "NVIDIA DGX B200 datasheet (72 PFLOP/s fp8 training / 8 GPUs = 9 sparse, 4.5 dense; bf16 2.25 dense; 1,440 GB HBM3e at 64 TB/s per 8 GPUs; ~14.3 kW); HGX B200 at 1000 W: bf16 2250, fp8 4500, fp4 9000 TFLOP/s dense (https://glennklockwood.com/garden/processors/B200); NVLink 5 900 GB/s per direction, 180 GB, 7.7 TB/s (https://verda.com/blog/gb300-nvl72-architecture); 8 x ConnectX-7 400 Gb/s per HGX B200 (https://rillor.com/insights/connectx-7-vs-connectx-8-and-nvlink5); GEMM rates: maximum achievable matmul FLOP/s (MAMF), https://github.com/stas00/ml-engineering/blob/master/compute/accelerator/README.md#maximum-achievable-matmul-flops-comparison-table; MXFP8 grouped-GEMM and quantize kernels at DeepSeek-V3 shapes on B200, https://github.com/pytorch/ao/blob/main/torchao/prototype/moe_training/README.md (MXFP8 kernel breakdown by pass); B200 clock under sustained tensor work at 1000 W, https://github.com/flashinfer-ai/flashinfer/pull/2899; 148 SMs (https://chipsandcheese.com/p/nvidias-b200-keeping-the-cuda-juggernaut); device-to-device copy over 6,000 GB/s (https://www.newmind.ai/journal/18); MXFP8 / BF16 GEMM kernel and quantize times in Transformer Engine, https://github.com/NVIDIA/TransformerEngine/blob/main/docs/examples/gemm_profiling/gemm_profiling.rst (B300)"
-note = "cost and power are stated example figures: replace them with your own; GEMM efficiencies, quantize and sustained_clock are derived in docs/PLAN.md (Blackwell: GEMMs, clocks and quantization)"
+note = "cost and power are stated example figures: replace them with your own; GEMM efficiencies, quantize, swizzle and sustained_clock are derived in docs/PLAN.md (Blackwell: GEMMs, clocks and quantization)"
 
 [device]
 peak_bf16_tflops = 2250
@@ -194,6 +194,7 @@ grouped_gemm_fp8 = 0.495   # MXFP8 grouped GEMMs at DeepSeek-V3 shapes on B200 (
 attention = 0.50
 memory = 0.75              # B200 device-to-device copy over 6,000 of 8,000 GB/s (https://www.newmind.ai/journal/18)
 quantize = 0.57            # MXFP8 quantize kernels on B200 (torchao, DeepSeek-V3 shapes): rowwise 4.91, columnwise 4.25 TB/s -> 4.55 of 8 TB/s
+swizzle = 0.19             # MX scale swizzle before each GEMM: torchao's CUDA scale-rearrange kernels on B200 (its README, MXFP8 kernel breakdown by pass): 7168 x 4096 and 2048 x 4096 e8m0 scales read and written in 31.6 + 17.4 us -> 1.54 of 8 TB/s
 net_intra = 0.80
 net_inter = 0.85
 overlap = 0.90
@@ -212,7 +213,7 @@ launch_us = 3.0            # per kernel launched from C++: raw cuLaunchKernel 3.
 name = "gb200-nvl72"
 description = "NVIDIA GB200 NVL72: 72 Blackwell GPUs per NVLink 5 domain (900 GB/s per GPU and direction), 400 Gb/s InfiniBand per GPU between racks"
 source = "GB200 variant of B200 at 1200 W: bf16 2500, fp8 5000, fp4 10000 TFLOP/s dense, 8 TB/s (https://glennklockwood.com/garden/processors/B200); 13.5 TB HBM3e per 72 GPUs, ~120 kW per rack (https://awesomeagents.ai/hardware/nvidia-gb200-nvl72); NVLink 5 1.8 TB/s bidirectional per GPU, 72 GPUs act as one domain, InfiniBand between racks (https://docs.nvidia.com/dgx/dgxgb200-user-guide/networking.html); 400 Gb/s ConnectX-7 per GPU for east-west traffic on B200-class systems (https://rillor.com/insights/connectx-7-vs-connectx-8-and-nvlink5); GEMM rates: maximum achievable matmul FLOP/s (MAMF), https://github.com/stas00/ml-engineering/blob/master/compute/accelerator/README.md#maximum-achievable-matmul-flops-comparison-table (GB200 row); MXFP8 grouped-GEMM and quantize kernels at DeepSeek-V3 shapes on B200, https://github.com/pytorch/ao/blob/main/torchao/prototype/moe_training/README.md (MXFP8 kernel breakdown by pass); sustained clock extrapolated from B200 clock under sustained tensor work at 1000 W, https://github.com/flashinfer-ai/flashinfer/pull/2899; MXFP8 / BF16 GEMM kernel and quantize times in Transformer Engine, https://github.com/NVIDIA/TransformerEngine/blob/main/docs/examples/gemm_profiling/gemm_profiling.rst (B300)"
-note = "cost and power are stated example figures: replace them with your own; GEMM efficiencies, quantize and sustained_clock are derived in docs/PLAN.md (Blackwell: GEMMs, clocks and quantization); sustained_clock is extrapolated, not measured"
+note = "cost and power are stated example figures: replace them with your own; GEMM efficiencies, quantize, swizzle and sustained_clock are derived in docs/PLAN.md (Blackwell: GEMMs, clocks and quantization); sustained_clock is extrapolated, not measured"
 
 [device]
 peak_bf16_tflops = 2500
@@ -248,6 +249,7 @@ grouped_gemm_fp8 = 0.469   # MXFP8 grouped GEMMs at DeepSeek-V3 shapes on B200 (
 attention = 0.50
 memory = 0.75              # B200 device-to-device copy over 6,000 of 8,000 GB/s (https://www.newmind.ai/journal/18)
 quantize = 0.57            # MXFP8 quantize kernels on B200 (torchao, DeepSeek-V3 shapes): rowwise 4.91, columnwise 4.25 TB/s -> 4.55 of 8 TB/s
+swizzle = 0.19             # MX scale swizzle before each GEMM: torchao's CUDA scale-rearrange kernels on B200 (its README, MXFP8 kernel breakdown by pass): 7168 x 4096 and 2048 x 4096 e8m0 scales read and written in 31.6 + 17.4 us -> 1.54 of 8 TB/s
 net_intra = 0.80
 net_inter = 0.85
 overlap = 0.90
@@ -264,7 +266,7 @@ launch_us = 3.0            # per kernel launched from C++: raw cuLaunchKernel 3.
 name = "gb300-nvl72"
 description = "NVIDIA GB300 NVL72: 72 Blackwell Ultra GPUs per NVLink 5 domain (900 GB/s per GPU and direction), 800 Gb/s ConnectX-8 per GPU between racks"
 source = "GB300 per GPU: fp4 15, fp8 5, bf16 2.5 PFLOP/s dense, 279 GB HBM3e at 8 TB/s, 1.4 kW, NVLink 5 900 GB/s per direction (https://verda.com/blog/gb300-nvl72-architecture); ConnectX-8 800 Gb/s per GPU (https://vendordeep.com/report/nvidia-launches-blackwell-ultra-gb300); rack up to 142 kW, 4 GPUs and 4 ConnectX-8 per compute tray (https://docs.nvidia.com/enterprise-reference-architectures/nvl72-ai-factory/latest/components.html); GEMM rates: maximum achievable matmul FLOP/s (MAMF), https://github.com/stas00/ml-engineering/blob/master/compute/accelerator/README.md#maximum-achievable-matmul-flops-comparison-table (B300 row); MXFP8 grouped-GEMM and quantize kernels at DeepSeek-V3 shapes on B200, https://github.com/pytorch/ao/blob/main/torchao/prototype/moe_training/README.md (MXFP8 kernel breakdown by pass); sustained clock extrapolated from B200 clock under sustained tensor work at 1000 W, https://github.com/flashinfer-ai/flashinfer/pull/2899; 160 SMs per Blackwell Ultra GPU (https://itkb.uw.cz/2026/06/nvidia-h200-vs-b300-precisions-cores.html); MXFP8 / BF16 GEMM kernel and quantize times in Transformer Engine, https://github.com/NVIDIA/TransformerEngine/blob/main/docs/examples/gemm_profiling/gemm_profiling.rst (B300)"
-note = "cost and power are stated example figures: replace them with your own; GEMM efficiencies, quantize and sustained_clock are derived in docs/PLAN.md (Blackwell: GEMMs, clocks and quantization); sustained_clock is extrapolated, not measured"
+note = "cost and power are stated example figures: replace them with your own; GEMM efficiencies, quantize, swizzle and sustained_clock are derived in docs/PLAN.md (Blackwell: GEMMs, clocks and quantization); sustained_clock is extrapolated, not measured"
 
 [device]
 peak_bf16_tflops = 2500
@@ -300,6 +302,7 @@ grouped_gemm_fp8 = 0.484   # MXFP8 grouped GEMMs at DeepSeek-V3 shapes on B200 (
 attention = 0.50
 memory = 0.75              # B200 device-to-device copy over 6,000 of 8,000 GB/s (https://www.newmind.ai/journal/18)
 quantize = 0.57            # MXFP8 quantize kernels on B200 (torchao, DeepSeek-V3 shapes): rowwise 4.91, columnwise 4.25 TB/s -> 4.55 of 8 TB/s
+swizzle = 0.19             # MX scale swizzle before each GEMM: torchao's CUDA scale-rearrange kernels on B200 (its README, MXFP8 kernel breakdown by pass): 7168 x 4096 and 2048 x 4096 e8m0 scales read and written in 31.6 + 17.4 us -> 1.54 of 8 TB/s
 net_intra = 0.80
 net_inter = 0.85
 overlap = 0.90

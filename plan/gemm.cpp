@@ -44,14 +44,17 @@ GemmDevice gemm_device(const ClusterSpec& s, double rate) {
 }
 
 ExpertGemms expert_gemms(const LayerCost& L, const Layout& l, int64_t hidden, double tokens, const GemmDevice& dev,
-                         double in_bytes) {
+                         double in_bytes, double pad_rows) {
   ExpertGemms x;
   if (!L.moe || L.expert_fwd <= 0 || L.n_experts <= 0 || L.topk <= 0) return x;
   const double d = (double)hidden, I = L.expert_fwd / (6.0 * (double)L.topk * d);  // expert_fwd = 2 k 3 d I
   const double etp = (double)l.etp, local = (double)L.n_experts / (double)l.ep;
   x.rows = tokens * (double)L.topk * l.expert_load * (double)l.ep * etp / (double)L.n_experts;
+  const double pad = x.rows > 0 ? (x.rows + std::max(0.0, pad_rows)) / x.rows : 1;  // padded rows' work
   auto run = [&](double m, double n, double k, double out, double acc) {
-    const GemmTime g = gemm_time(GemmShape{local, m, n, k, in_bytes, out, acc}, dev);
+    GemmTime g = gemm_time(GemmShape{local, m, n, k, in_bytes, out, acc}, dev);
+    g.compute *= pad;
+    g.seconds = std::max(g.compute, g.memory);
     x.memory_bound = x.memory_bound || g.memory > g.compute;
     return g;
   };

@@ -57,14 +57,18 @@ GemmDevice gemm_device(const ClusterSpec& s, double rate);
 // experts (the busiest rank's); the up projection (gate and up: N = 2I / etp, K = d) and the down
 // projection (N = d, K = I / etp), I = the expert's intermediate size. Forward, data gradient and
 // weight gradient (accumulated into the main gradient in place, grad_bytes read and written).
-// `in_bytes`: bytes per GEMM-input element under the recipe (2 for bf16).
+// `in_bytes`: bytes per GEMM-input element under the recipe (2 for bf16). `pad_rows`: rows each
+// expert computes beyond those it receives (the recipe's alignment, plan/precision.h): they add to
+// every pass's FLOPs (M of the forward and data gradient, the reduction of the weight gradient), not
+// to the tile grid, which is taken at the rows received (the padded count's tiles differ by at most
+// the one partial tile the unpadded count already has).
 struct ExpertGemms {
   double fwd = 0, dgrad = 0, wgrad = 0;  // seconds
-  double rows = 0;                       // M: rows per local expert
+  double rows = 0;                       // M: rows per local expert (received, before padding)
   double tile_eff = 1;                   // the forward's tile-grid efficiency (FLOP-weighted)
   bool memory_bound = false;             // some pass is bounded by HBM rather than the tensor cores
 };
 ExpertGemms expert_gemms(const LayerCost& L, const Layout& l, int64_t hidden, double tokens, const GemmDevice& d,
-                         double in_bytes);
+                         double in_bytes, double pad_rows = 0);
 
 }  // namespace trex::plan

@@ -44,7 +44,7 @@ namespace {
 const char* kLayoutHint =
     "layout keys: dp tp pp ep etp cp mbs gbs seq recompute(none|selective|full|mlp|selective+mlp) zero(0-3) schedule(1f1b|dualpipe) "
     "vp(>=1) precision(bf16|fp8|fp8-block|fp8-tensor|mxfp8|mxfp4) overlap(ep+tp+dp+pp+cp|all|none) mtp(0|1) "
-    "moments(f32|bf16) grads(f32|bf16) dedup(0|1) graphs(off|partial|full) "
+    "moments(f32|bf16) grads(f32|bf16) dedup(0|1) graphs(off|partial|full) param_gather(overlap|exposed) "
     "expert_load(>=1), e.g. dp=8,tp=2,pp=4,ep=8";
 
 int64_t to_int(const std::string& k, const std::string& v, int64_t min) {
@@ -147,6 +147,11 @@ Layout parse_layout(const std::string& s, Layout l) {
     else if (k == "moments") l.moment_bytes = dtype_bytes(k, v);
     else if (k == "grads") l.grad_bytes = dtype_bytes(k, v);
     else if (k == "dedup") l.ep_dedup = to_bool(k, v);
+    else if (k == "param_gather") {
+      if (v == "overlap") l.overlap_param_gather = true;
+      else if (v == "exposed") l.overlap_param_gather = false;
+      else TREX_USER_FAIL(kLayoutHint, "layout: param_gather=", v, " must be overlap or exposed");
+    }
     else if (k == "expert_load") {
       double x = 0;
       try {
@@ -185,7 +190,8 @@ std::string layout_string(const Layout& l) {
                      ",schedule=", schedule_name(l.schedule), ",vp=", l.vp, ",precision=", precision_name(l.precision),
                      ",overlap=", ov.empty() ? "none" : ov, ",mtp=", l.mtp ? 1 : 0,
                      ",moments=", l.moment_bytes == 4 ? "f32" : "bf16", ",grads=", l.grad_bytes == 4 ? "f32" : "bf16",
-                     ",dedup=", l.ep_dedup ? 1 : 0, ",graphs=", graphs_name(l.graphs), ",expert_load=", l.expert_load);
+                     ",dedup=", l.ep_dedup ? 1 : 0, ",graphs=", graphs_name(l.graphs), ",expert_load=", l.expert_load,
+                     l.overlap_param_gather ? "" : ",param_gather=exposed");
 }
 
 std::vector<std::string> layout_problems(Layout& l, const ArchModel& a, int64_t devices) {

@@ -50,7 +50,8 @@ struct Layout {
   bool overlap_ep = true, overlap_tp = false, overlap_dp = true, overlap_pp = false;
   bool overlap_cp = true;  // the cp exchange behind the attention (ring attention's p2p overlap)
   // With overlap_dp: the updated parameters' all-gather runs behind the next forward (Megatron-
-  // Core); false: the step waits for it (trex's data parallel today, train/dist.h).
+  // Core); false: the step waits for it (trex's data parallel today, train/dist.h; Megatron-Bridge's
+  // DeepSeek-V3 MXFP8 recipes of December 2025 turned it off). `--layout param_gather=overlap|exposed`.
   bool overlap_param_gather = true;
   bool mtp = false;          // train the checkpoint's MTP modules too
   int grad_bytes = 4;        // main gradients (f32) that the optimizer reads and DP reduces

@@ -57,7 +57,10 @@ std::vector<Limit> step_limits(const ClusterSpec& s, const Layout& l, const Step
           "HBM bandwidth (" + num("%.1f", s.mem_bw / 1e12) + " TB/s at " + num("%.2f", s.eff.memory) + ")" +
               (t.quant_fwd > 0 ? ", " + num("%.0f%%", 100 * m * (t.quant_fwd + t.quant_bwd) / mem) +
                                      " of it " + prec + " quantize / transpose kernels" +
-                                     (s.eff.quantize > 0 ? num(" (at %.2f)", s.eff.quantize) : "")
+                                     (s.eff.quantize > 0 ? num(" (at %.2f)", s.eff.quantize) : "") +
+                                     (t.swizzle > 0 ? num(", of which %.0f%% scale swizzle", 100 * m * t.swizzle / mem) : "") +
+                                     (t.pad_copies > 0 ? num(", %.0f%% expert padding copies", 100 * m * t.pad_copies / mem)
+                                                       : "")
                                : ""),
           t.quant_fwd > 0 ? "fusing quantization into norms / SwiGLU (kernel work; does not speed up with the recipe)"
                           : "does not speed up with precision; fewer norms / permutes per token (kernel fusion)");
@@ -97,8 +100,11 @@ std::vector<Limit> step_limits(const ClusterSpec& s, const Layout& l, const Step
   if (t.dp_comm > 0)
     v.push_back({"data-parallel collectives", t.dp_comm, t.dp_exposed,
                  "gradient reduce-scatter + parameter all-gather over the dp / edp groups",
-                 l.overlap_dp ? "more micro-batches per step to hide it; bf16 gradients (grads=bf16)"
-                              : "overlap=...+dp"});
+                 !l.overlap_dp ? "overlap=...+dp"
+                 : !l.overlap_param_gather
+                     ? "param_gather=overlap (the parameter all-gather behind the next forward)"
+                     : std::string("more micro-batches per step to hide it") +
+                           (l.grad_bytes > 2 ? "; bf16 gradients (grads=bf16)" : "")});
   if (t.optimizer + t.weight_cast > 0)
     v.push_back({"optimizer step", t.optimizer + t.weight_cast, t.optimizer + t.weight_cast,
                  "HBM bandwidth over the local shard" + std::string(t.weight_cast > 0 ? " (+ the weights' quantization)" : ""),

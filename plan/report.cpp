@@ -172,6 +172,8 @@ json plan_to_json(const Plan& p) {
           {"experts_fwd_s", t.experts}, {"experts_bwd_s", t.experts_bwd}, {"expert_rows", t.expert_rows},
           {"expert_tile_eff", t.expert_tile_eff}, {"expert_memory_bound", t.expert_memory_bound},
           {"attention_fwd_s", t.attention}, {"memory_bound_fwd_s", t.memory_bound},
+          {"quantize_fwd_s", t.quant_fwd}, {"quantize_bwd_s", t.quant_bwd}, {"scale_swizzle_s", t.swizzle},
+          {"expert_padding_copies_s", t.pad_copies},
           {"comm_tp_s", t.comm_tp}, {"comm_ep_s", t.comm_ep}, {"comm_pp_s", t.comm_pp}, {"comm_cp_s", t.comm_cp},
           {"comm_dp_s", t.comm_dp_mb},
           {"exposed_s", t.exposed_mb}, {"device_s", t.device_t_mb}, {"total_s", t.t_mb}, {"host_s", t.host_mb},

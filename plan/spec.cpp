@@ -120,8 +120,8 @@ ClusterSpec parse_spec_toml(const std::string& text, const std::string& where) {
 
   Section e{root["efficiency"].as_table(), where, "efficiency"};
   e.only({"gemm", "gemm_fp8", "grouped_gemm", "grouped_gemm_fp8", "attention", "sparse_attention", "indexer",
-          "head", "optimizer", "gemm_fp4", "grouped_gemm_fp4", "memory", "quantize", "net_intra", "net_inter", "overlap",
-          "comm_compute_share", "goodput"});
+          "head", "optimizer", "gemm_fp4", "grouped_gemm_fp4", "memory", "quantize", "swizzle", "net_intra", "net_inter",
+          "overlap", "comm_compute_share", "goodput"});
   Efficiency& f = s.eff;
   auto frac = [&](const char* k, double def, double min = 1e-3) {
     double v = e.num(k, def, false, min);
@@ -141,6 +141,7 @@ ClusterSpec parse_spec_toml(const std::string& text, const std::string& where) {
   f.grouped_gemm_fp4 = frac("grouped_gemm_fp4", f.grouped_gemm_fp4, 0);
   f.memory = frac("memory", f.memory);
   f.quantize = frac("quantize", f.quantize, 0);
+  f.swizzle = frac("swizzle", f.swizzle, 0);
   f.net_intra = frac("net_intra", f.net_intra);
   f.net_inter = frac("net_inter", f.net_inter);
   f.overlap = frac("overlap", f.overlap, 0);

@@ -41,6 +41,11 @@ struct Efficiency {
   // their scales), of memory bandwidth; 0 = `memory`.
   double quantize = 0;
   double quantize_or_memory() const { return quantize > 0 ? quantize : memory; }
+  // The MX recipes' scale-swizzle kernels (rearranging the block scales into the tensor core's
+  // layout before each GEMM: small gathers, far from streaming bandwidth), of memory bandwidth;
+  // 0 = `quantize`.
+  double swizzle = 0;
+  double swizzle_or_quantize() const { return swizzle > 0 ? swizzle : quantize_or_memory(); }
   double net_intra = 0.8;         // collectives inside a node, of intra-node bandwidth
   double net_inter = 0.8;         // collectives across nodes, of inter-node bandwidth
   double overlap = 0.9;           // share of overlappable communication actually hidden

@@ -76,6 +76,9 @@ struct RankTime {
   double expert_rows = 0, expert_tile_eff = 1;   // of the chunk's first MoE layer (plan/gemm.h)
   bool expert_memory_bound = false;
   double quant_fwd = 0, quant_bwd = 0;  // low-precision quantize / transpose kernels, forward and backward
+  // Of quant_fwd + quant_bwd: the experts' padding copies (each direction), the MX scale swizzle
+  // (activations and weights, both directions).
+  double pad_copies = 0, swizzle = 0;
   double gemm = 0, experts = 0, attention = 0, memory = 0;  // forward, by class
   double tp = 0, ep = 0, pp = 0, cp = 0;
   double ep_inter = 0, ep_intra = 0;
@@ -93,21 +96,13 @@ struct RankTime {
 struct Rates {
   double gemm, experts, attention, memory;
   double quantize;                   // bytes/s of the quantize / transpose kernels
+  double swizzle;                    // bytes/s of the MX scale-swizzle kernels
   double sparse_attention, indexer;  // V4 attention core over key lists; CSA indexer scoring
   double optimizer;                  // bytes/s of the optimizer step
   double head;  // bf16 GEMM rate: the LM head and router stay bf16 under every recipe (DeepSeek-V3 sec. 3.3.1)
   PrecisionModel prec;
   GemmDevice grouped;  // the routed experts' grouped GEMMs at their shapes (plan/gemm.h)
 };
-
-// GEMM-input elements per token of a layer that a low-precision recipe quantizes (the tensors
-// marked fp8_ok: every linear layer's input and SwiGLU's; routed copies scaled by the load).
-double quant_elems(const LayerCost& L, double expert_load) {
-  double n = 0;
-  for (const SavedTensor& t : L.saved)
-    if (t.fp8_ok) n += t.elems * (t.routed ? expert_load : 1.0);
-  return n;
-}
 
 // Forward time of one layer for `tokens` tokens on one device, split by class.
 void layer_fwd(const LayerCost& L, const Rates& R, const Layout& l, int64_t hidden, double tokens, RankTime& t,
@@ -119,8 +114,9 @@ void layer_fwd(const LayerCost& L, const Rates& R, const Layout& l, int64_t hidd
                               : tokens * L.gemm_fwd / R.gemm;
   // Routed experts at their shapes (roofline and tile grid, plan/gemm.h); their backward is charged
   // at its own shapes (expert_bwd_adj corrects the 2 x forward below).
-  const ExpertGemms xg =
-      expert_gemms(L, l, hidden, tokens, R.grouped, R.prec.cached_bytes > 0 ? R.prec.cached_bytes : 2.0);
+  // Under a low-precision recipe each expert's rows are padded to the recipe's alignment.
+  const ExpertGemms xg = expert_gemms(L, l, hidden, tokens, R.grouped,
+                                      R.prec.cached_bytes > 0 ? R.prec.cached_bytes : 2.0, expert_pad_rows(R.prec));
   const double e = xg.fwd;
   t.expert_bwd_adj += xg.dgrad + xg.wgrad - 2 * xg.fwd;
   t.experts_bwd += xg.dgrad + xg.wgrad;
@@ -132,10 +128,25 @@ void layer_fwd(const LayerCost& L, const Rates& R, const Layout& l, int64_t hidd
                       (L.attn.kind == AttnKind::MLA ? R.attention : R.sparse_attention);
   const double at = core + tokens * idx / R.indexer;
   t.fwd_only += tokens * idx / R.indexer + tokens * 2 * L.fwd_only_matmul_params / R.gemm;
-  const double q = tokens * quant_elems(L, expert_load) / R.quantize;
-  t.quant_fwd += q * R.prec.quant_fwd;
-  t.quant_bwd += q * R.prec.quant_bwd;
-  const double m = tokens * L.elem_bytes_fwd / R.memory + q * R.prec.quant_fwd;
+  // Quantize kernels (plan/precision.h): the linear layers' inputs forward, their output gradients
+  // (and, for the 1x128 recipe, the inputs' transposed copies) backward; the MX scale swizzle.
+  const PrecisionModel& P = R.prec;
+  const double qi = tokens * (L.q_in + expert_load * L.q_in_routed);
+  const double qg = tokens * (L.q_grad + expert_load * L.q_grad_routed);
+  const double sw_f = qi * P.swizzle_fwd / R.swizzle, sw_b = (qi * P.swizzle_bwd + qg * P.swizzle_grad) / R.swizzle;
+  t.quant_fwd += qi * P.quant_fwd / R.quantize + sw_f;
+  t.quant_bwd += (qi * P.quant_bwd + qg * P.quant_grad) / R.quantize + sw_b;
+  t.swizzle += sw_f + sw_b;
+  // Padding copies (plan/precision.h): with the all-to-all dispatcher (no dedup) the routed
+  // experts' input is copied into the padded buffer and their output back (each read and written
+  // at 2 B an element, k d per token and load), and the two mirrored in the backward.
+  const double pad = (R.prec.align_rows > 1 && !l.ep_dedup && L.moe && L.topk > 0)
+                         ? tokens * expert_load * (double)L.topk * (double)hidden * 8.0 / R.memory
+                         : 0.0;
+  t.quant_fwd += pad;
+  t.quant_bwd += pad;
+  t.pad_copies += pad;
+  const double m = tokens * L.elem_bytes_fwd / R.memory + qi * P.quant_fwd / R.quantize + sw_f + pad;
   t.gemm += g;
   t.experts += e;
   t.attention += at;
@@ -152,6 +163,7 @@ Rates make_rates(const ClusterSpec& s, const Layout& l) {
           c * s.peak_bf16 * e.attention,
           s.mem_bw * e.memory,
           s.mem_bw * e.quantize_or_memory(),
+          s.mem_bw * e.swizzle_or_quantize(),
           c * s.peak_bf16 * e.sparse_attention_or_dense(),
           c * s.peak_bf16 * e.indexer_or_dense(),
           s.mem_bw * e.optimizer_or_memory(),
@@ -188,6 +200,15 @@ RankTime chunk_time(const ArchModel& a, const ClusterSpec& s, const Layout& l, c
     }
     t.dense += L.dense_params;
     t.expert_params += L.expert_params;
+    // MX: every local weight's row-wise (forward) and column-wise (data gradient) scales swizzled
+    // before each GEMM, each micro-batch; half in each direction.
+    const double ws = (L.dense_params / (double)l.tp + L.expert_params / (double)(l.ep * l.etp)) *
+                      R.prec.weight_swizzle / R.swizzle;
+    t.swizzle += ws;
+    t.quant_fwd += ws / 2, t.quant_bwd += ws / 2;
+    t.memory += ws / 2;
+    f += ws / 2;
+    fwd_layers += ws / 2;
     double comm = 0;  // this layer's communication, one direction
     if (l.tp > 1) {
       const double c = L.tp_collectives * ring_all_reduce(tp, (double)l.mbs * l.seq / l.cp * a.hidden * 2.0);
@@ -357,6 +378,7 @@ StepTime plan_time(const ArchModel& a, const ClusterSpec& s, const Layout& l) {
       t.expert_memory_bound = t.expert_memory_bound || c.expert_memory_bound;
       t.tp += w * c.tp, t.ep += w * c.ep, t.pp += w * c.pp, t.cp += w * c.cp;
       t.quant_fwd += w * c.quant_fwd, t.quant_bwd += w * c.quant_bwd;
+      t.swizzle += w * c.swizzle, t.pad_copies += w * c.pad_copies;
       t.ep_inter += w * c.ep_inter, t.ep_intra += w * c.ep_intra;
       t.host += w * c.host, t.launches += w * c.launches, t.syncs += w * c.syncs;
       for (const RankTime::Window& x : c.windows) t.windows.push_back({w * x.host, w * x.device, w * x.comm, w * x.restart});
@@ -393,6 +415,7 @@ StepTime plan_time(const ArchModel& a, const ClusterSpec& s, const Layout& l) {
       st.experts_bwd = t.experts_bwd;
       st.expert_rows = t.expert_rows, st.expert_tile_eff = t.expert_tile_eff, st.expert_memory_bound = t.expert_memory_bound;
       st.quant_fwd = t.quant_fwd, st.quant_bwd = t.quant_bwd;
+      st.swizzle = t.swizzle, st.pad_copies = 2 * t.pad_copies;
       const int dirs = 2 + (l.recompute == Recompute::Full ? 1 : 0);
       st.ep_intra_s = dirs * t.ep_intra / (s.intra_bw * s.eff.net_intra);
       st.ep_inter_s = dirs * t.ep_inter / (s.inter_bw * s.eff.net_inter);

@@ -45,6 +45,9 @@ struct StepTime {
   double experts_bwd = 0, expert_rows = 0, expert_tile_eff = 1;
   bool expert_memory_bound = false;
   double quant_fwd = 0, quant_bwd = 0;  // low-precision quantize / transpose kernels (memory_bound has the forward's)
+  // Of quant_fwd + quant_bwd: the MX scale swizzle (activations and weights) and the routed experts'
+  // padding copies (plan/precision.h), both directions.
+  double swizzle = 0, pad_copies = 0;
   double ep_intra_s = 0, ep_inter_s = 0;  // one layer-set's all-to-all bytes on each link alone, per micro-batch
   double comm_tp = 0, comm_ep = 0, comm_pp = 0, comm_dp_mb = 0;  // per micro-batch communication
   double comm_cp = 0;  // context parallel: keys and values (and their gradients) per micro-batch

@@ -4,6 +4,7 @@
 
 #include <string>
 #include "core/error.h"
+#include "plan/gemm.h"
 #include "plan/planner.h"
 #include "plan/precision.h"
 
@@ -32,26 +33,42 @@ TEST(PlanPrecision, RecipesOnTheirDevices) {
   PrecisionModel bf = precision_model(h100, Precision::BF16);
   EXPECT_FALSE(bf.low);
   EXPECT_DOUBLE_EQ(bf.gemm_peak, h100.peak_bf16);
-  EXPECT_EQ(bf.quant_fwd + bf.quant_bwd + bf.cached_bytes, 0);
+  EXPECT_EQ(bf.quant_fwd + bf.quant_bwd + bf.quant_grad + bf.cached_bytes, 0);
+  EXPECT_EQ(bf.swizzle_fwd + bf.swizzle_bwd + bf.swizzle_grad + bf.weight_swizzle + bf.align_rows, 0);
+  EXPECT_EQ(expert_pad_rows(bf), 0);
   EXPECT_EQ(bf.dispatch_bytes, 2);
 
   PrecisionModel block = precision_model(h100, Precision::FP8);  // DeepSeek-V3's recipe
   EXPECT_DOUBLE_EQ(block.gemm_peak, h100.peak_fp8);
   EXPECT_DOUBLE_EQ(block.gemm_eff, h100.eff.gemm_fp8);
   EXPECT_DOUBLE_EQ(block.quant_fwd, 3 + 4.0 / 128);
-  EXPECT_DOUBLE_EQ(block.quant_bwd, 2 + 4.0 / 128 + 4 + 8.0 / 128);
+  EXPECT_DOUBLE_EQ(block.quant_bwd, 2 + 4.0 / 128);   // the cached input, transposed
+  EXPECT_DOUBLE_EQ(block.quant_grad, 4 + 8.0 / 128);  // the output gradient, row- and column-wise
+  EXPECT_EQ(block.align_rows, 16);
+  EXPECT_EQ(block.swizzle_fwd + block.weight_swizzle, 0);  // no hardware scale layout
   EXPECT_DOUBLE_EQ(block.cached_bytes, 1 + 4.0 / 128);
   EXPECT_DOUBLE_EQ(block.dispatch_bytes, 1 + 4.0 / 128);
 
   PrecisionModel cs = precision_model(h100, Precision::FP8Tensor);
   EXPECT_EQ(cs.quant_fwd, 6);  // amax pass + quantize to row- and column-wise copies
-  EXPECT_EQ(cs.quant_bwd, 6);
+  EXPECT_EQ(cs.quant_bwd, 0);
+  EXPECT_EQ(cs.quant_grad, 6);
   EXPECT_EQ(cs.dispatch_bytes, 2);
 
   PrecisionModel mx = precision_model(b200, Precision::MXFP8);
   EXPECT_DOUBLE_EQ(mx.gemm_peak, b200.peak_fp8);
   EXPECT_DOUBLE_EQ(mx.quant_fwd, 4 + 2.0 / 32);
+  EXPECT_DOUBLE_EQ(mx.quant_bwd, 0);  // the column-wise copy is written in the forward
+  EXPECT_DOUBLE_EQ(mx.quant_grad, 4 + 2.0 / 32);
   EXPECT_DOUBLE_EQ(mx.cached_bytes, 1 + 1.0 / 32);
+  // Scales (1/32 B an element) read and written before each GEMM: one copy forward, the input's
+  // column-wise one and the gradient's two backward; each weight's two copies every micro-batch.
+  EXPECT_DOUBLE_EQ(mx.swizzle_fwd, 1.0 / 16);
+  EXPECT_DOUBLE_EQ(mx.swizzle_bwd, 1.0 / 16);
+  EXPECT_DOUBLE_EQ(mx.swizzle_grad, 2.0 / 16);
+  EXPECT_DOUBLE_EQ(mx.weight_swizzle, 2.0 / 16);
+  EXPECT_EQ(mx.align_rows, 32);
+  EXPECT_DOUBLE_EQ(expert_pad_rows(mx), 15.5);
 
   PrecisionModel f4 = precision_model(gb300, Precision::MXFP4);
   EXPECT_DOUBLE_EQ(f4.gemm_peak, 15000e12);
@@ -85,7 +102,13 @@ TEST(PlanPrecision, QuantizeTrafficAndTheMemoryBoundWork) {
   Plan bf = v3("gb200-nvl72", 256, base + "bf16"), mx = v3("gb200-nvl72", 256, base + "mxfp8");
   EXPECT_EQ(bf.time.quant_fwd, 0);
   EXPECT_GT(mx.time.quant_fwd, 0);
-  EXPECT_DOUBLE_EQ(mx.time.quant_bwd, mx.time.quant_fwd);  // MXFP8: the same traffic on the gradient
+  // MXFP8 backward: the output gradients (more elements than the inputs in DeepSeek-V3: the MLA
+  // up-projections' outputs are wide) and three scale swizzles to the forward's one.
+  EXPECT_GT(mx.time.quant_bwd, 1.2 * mx.time.quant_fwd);
+  EXPECT_LT(mx.time.quant_bwd, 2.0 * mx.time.quant_fwd);
+  EXPECT_GT(mx.time.swizzle, 0);
+  EXPECT_LT(mx.time.swizzle, 0.2 * (mx.time.quant_fwd + mx.time.quant_bwd));
+  EXPECT_EQ(bf.time.swizzle, 0);
   // The GEMMs speed up, the attention core and the memory-bound work do not: well below 2x.
   EXPECT_LT(mx.time.gemm, 0.6 * bf.time.gemm);
   EXPECT_DOUBLE_EQ(mx.time.attention, bf.time.attention);
@@ -105,6 +128,70 @@ TEST(PlanPrecision, QuantizeTrafficAndTheMemoryBoundWork) {
   EXPECT_GT(cs.time.comm_ep, bl.time.comm_ep);
   EXPECT_LT(cs.time.tokens_per_s, bl.time.tokens_per_s);
   EXPECT_GT(bl.time.weight_cast, 0);
+}
+
+// The operands each recipe quantizes, per token of a DeepSeek-V3 MoE layer (plan/arch.h): the
+// linear layers' inputs forward, their output gradients backward; router excluded (bf16).
+TEST(PlanPrecision, QuantizedOperandsOfALayer) {
+  const ArchModel a = resolve_model("deepseek-v3");
+  const LayerCost& L = a.layers.back();  // MoE
+  ASSERT_TRUE(L.moe);
+  const double d = 7168, ql = 1536, kl = 512, rope = 64, H = 128, qk = 192, nope = 128, v = 128;
+  const double Is = 2048, I = 2048, k = 8;
+  EXPECT_DOUBLE_EQ(L.q_in, (d + ql) + d + kl + H * v + d + Is);
+  EXPECT_DOUBLE_EQ(L.q_grad, (ql + H * qk) + (kl + rope) + H * (nope + v) + d + 2 * Is + d);
+  EXPECT_DOUBLE_EQ(L.q_in_routed, k * (d + I));
+  EXPECT_DOUBLE_EQ(L.q_grad_routed, k * (2 * I + d));
+  const LayerCost& D = a.layers.front();  // dense MLP
+  ASSERT_FALSE(D.moe);
+  EXPECT_DOUBLE_EQ(D.q_in - L.q_in, (d + 18432) - (d + Is));
+  EXPECT_EQ(D.q_in_routed + D.q_grad_routed, 0);
+}
+
+// Per-expert padding (plan/precision.h): rows added to every expert's GEMMs under a low-precision
+// recipe; copies into and out of the padded buffer only without the flex dispatcher (dedup=0).
+TEST(PlanPrecision, ExpertPaddingUnderLowPrecision) {
+  const std::string base = "pp=16,ep=8,gbs=2048,mtp=1,recompute=selective,overlap=dp,precision=";
+  Plan bf = v3("b200", 256, base + "bf16"), bf0 = v3("b200", 256, base + "bf16,dedup=0");
+  Plan mx = v3("b200", 256, base + "mxfp8"), mx0 = v3("b200", 256, base + "mxfp8,dedup=0");
+  EXPECT_EQ(bf0.time.pad_copies, 0);  // bf16: no alignment
+  EXPECT_EQ(mx.time.pad_copies, 0);   // padded in the dispatch
+  EXPECT_GT(mx0.time.pad_copies, 0);
+  // 16 B per routed element per micro-batch (pad and unpad, each direction, read + write 2 B).
+  const ClusterSpec s = load_spec("b200");
+  const double tokens = 4096, layers_on_rank = 4;  // the slowest rank's MoE layers at pp 16
+  const double want = tokens * 8 * 7168 * 16 / (s.mem_bw * s.eff.memory);
+  EXPECT_GT(mx0.time.pad_copies, 0.9 * want);
+  EXPECT_LT(mx0.time.pad_copies, 1.1 * (layers_on_rank + 1) * want);
+  EXPECT_LT(mx0.time.tokens_per_s, mx.time.tokens_per_s);
+  EXPECT_DOUBLE_EQ(bf0.time.experts, bf.time.experts);
+  // The padded rows: 15.5 more per expert than the 1024 received, at the expert GEMMs' rate.
+  Layout l = parse_layout(base + "mxfp8", Layout{});
+  const ArchModel a = resolve_model("deepseek-v3");
+  const GemmDevice dev = gemm_device(s, 1e15);
+  const LayerCost& L = a.layers.back();
+  const ExpertGemms x = expert_gemms(L, l, a.hidden, tokens, dev, 1.03);
+  const ExpertGemms xp = expert_gemms(L, l, a.hidden, tokens, dev, 1.03, 15.5);
+  EXPECT_DOUBLE_EQ(x.rows, 1024);
+  EXPECT_DOUBLE_EQ(xp.rows, 1024);
+  EXPECT_NEAR(xp.fwd / x.fwd, (1024 + 15.5) / 1024, 1e-9);
+}
+
+// Megatron-Bridge's December 2025 MXFP8 recipes for GB200 / GB300 turned the overlapped parameter
+// all-gather off: `param_gather=exposed` puts it on the step.
+TEST(PlanPrecision, ParamGatherExposed) {
+  EXPECT_TRUE(parse_layout("", Layout{}).overlap_param_gather);
+  Layout l = parse_layout("param_gather=exposed", Layout{});
+  EXPECT_FALSE(l.overlap_param_gather);
+  l.dp = 1, l.gbs = 4;  // layout_string writes every key
+  EXPECT_FALSE(parse_layout(layout_string(l), Layout{}).overlap_param_gather);
+  EXPECT_TRUE(parse_layout("param_gather=overlap", l).overlap_param_gather);
+  EXPECT_THROW(parse_layout("param_gather=maybe", Layout{}), UserError);
+  const std::string base = "pp=2,vp=4,ep=32,gbs=4096,precision=mxfp8,overlap=ep+dp";
+  Plan on = v3("gb300-nvl72", 256, base), off = v3("gb300-nvl72", 256, base + ",param_gather=exposed");
+  EXPECT_GT(off.time.dp_exposed, on.time.dp_exposed);
+  EXPECT_LE(off.time.dp_exposed, off.time.dp_comm + 1e-12);
+  EXPECT_LT(off.time.tokens_per_s, on.time.tokens_per_s);
 }
 
 TEST(PlanPrecision, InterleavedPipeline) {
