@@ -43,7 +43,7 @@ int world_rank_or_minus1() {
 
 namespace trex::parallel {
 
-// f32 staging buffers for bf16 reductions, kept between calls (a fresh 64 MB buffer costs more
+// f32 staging buffers of bf16 reductions and of the sum reduce-scatter's received blocks, kept between calls (a fresh 64 MB buffer costs more
 // in page faults than the conversion itself). Shared by a communicator and its requests.
 struct StagePool {
   struct Buf {
@@ -60,8 +60,11 @@ struct StagePool {
       }
     return Buf{std::unique_ptr<float[]>(new float[n]), n};  // uninitialized: widen() writes it all
   }
+  // Kept buffers never outnumber those in use at one time so far (one is kept only when given
+  // back), and every sum reduce-scatter in flight holds one: 64 covers a backward's gradient
+  // buckets in flight; a fresh buffer per bucket costs its page faults at every step.
   void give(Buf b) {
-    if (free.size() < 4) free.push_back(std::move(b));
+    if (free.size() < 64) free.push_back(std::move(b));
   }
 };
 
@@ -136,6 +139,28 @@ void widen(const void* src, float* dst, size_t n) {
 void narrow(const float* src, void* dst, size_t n) {
   bf16* d = static_cast<bf16*>(dst);
   for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+}
+
+// The sum reduce-scatter's pieces: the index in tmp of rank `from`'s block (tmp holds the ranks
+// other than `rank`, in rank order), and out [count] = the sum over the `size` ranks in rank order
+// of this rank's block (its own `own`, the others' from tmp [size - 1][count]).
+size_t slot(int from, int rank) { return static_cast<size_t>(from < rank ? from : from - 1); }
+
+void sum_blocks(float* out, const float* own, const float* tmp, size_t count, int rank, int size) {
+  // In blocks that stay in cache; out may be own (in place): each block is read before it is written.
+  constexpr size_t kBlock = 2048;
+  alignas(64) float acc[kBlock];
+  for (size_t i0 = 0; i0 < count; i0 += kBlock) {
+    const size_t m = std::min(kBlock, count - i0);
+    for (int j = 0; j < size; ++j) {
+      const float* x = (j == rank ? own : tmp + slot(j, rank) * count) + i0;
+      if (j == 0)
+        std::memcpy(acc, x, m * sizeof(float));
+      else
+        for (size_t i = 0; i < m; ++i) acc[i] += x[i];
+    }
+    std::memcpy(out + i0, acc, m * sizeof(float));
+  }
 }
 
 const char* kTooLargeHint = " exceed the MPI count limit of this communicator (max_chunk = ";
@@ -213,11 +238,16 @@ MpiComm::MpiComm(MPI_Comm comm, size_t max_chunk)
   TREX_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   TREX_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
   TREX_CHECK_MPI(MPI_Comm_size(comm_, &size_));
+  // The reduce-scatter's point-to-point messages travel on their own communicator, so they never
+  // match a caller's isend / irecv tags on comm_.
+  TREX_CHECK_MPI(MPI_Comm_dup(comm_, &rs_comm_));
+  TREX_CHECK_MPI(MPI_Comm_set_errhandler(rs_comm_, MPI_ERRORS_RETURN));
 }
 
 MpiComm::~MpiComm() {
   int fin = 0;
   MPI_Finalized(&fin);
+  if (!fin && rs_comm_ != MPI_COMM_NULL) MPI_Comm_free(&rs_comm_);
   if (!fin && comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_SELF && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
@@ -297,14 +327,36 @@ Handle MpiComm::reduce_scatter_impl(const void* send, void* recv, size_t count, 
   const size_t es = dtype_size(t);
   const int n = static_cast<int>(count);
   const bool in_place = static_cast<const char*>(send) + rank_ * count * es == static_cast<const char*>(recv);
-  if (t == DType::BF16) {
-    float* st = r->take_stage(pool_, count * size_);
-    widen(send, st, count * size_);
-    if (blocking)
-      TREX_CHECK_MPI(MPI_Reduce_scatter_block(MPI_IN_PLACE, st, n, MPI_FLOAT, mpi_op(op), comm_));
-    else
-      TREX_CHECK_MPI(MPI_Ireduce_scatter_block(MPI_IN_PLACE, st, n, MPI_FLOAT, mpi_op(op), comm_, r->add()));
-    r->finish = [st, recv, count] { narrow(st, recv, count); };  // result: first block
+  if (op == ReduceOp::Sum && (t == DType::F32 || t == DType::BF16)) {
+    // Direct exchange (comm_mpi.h): this rank's block j goes to rank j, the size - 1 others'
+    // copies of block rank_ come into tmp, and once all have arrived they are summed in rank order.
+    const size_t others = static_cast<size_t>(size_ - 1) * count;
+    const float* src = static_cast<const float*>(send);
+    float* tmp = nullptr;
+    if (t == DType::BF16) {
+      float* st = r->take_stage(pool_, count * size_ + others);
+      widen(send, st, count * size_);
+      src = st, tmp = st + count * size_;
+      float* own = st + rank_ * count;
+      r->finish = [own, tmp, recv, count, rank = rank_, size = size_] {
+        sum_blocks(own, own, tmp, count, rank, size);
+        narrow(own, recv, count);
+      };
+    } else {
+      tmp = others ? r->take_stage(pool_, others) : nullptr;
+      const float* own = src + rank_ * count;
+      r->finish = [own, tmp, recv, count, rank = rank_, size = size_] {
+        sum_blocks(static_cast<float*>(recv), own, tmp, count, rank, size);
+      };
+    }
+    for (int s = 1; s < size_; ++s) {  // receive from rank_ - s, send to rank_ + s
+      const int from = (rank_ - s + size_) % size_;
+      TREX_CHECK_MPI(MPI_Irecv(tmp + slot(from, rank_) * count, n, MPI_FLOAT, from, 0, rs_comm_, r->add()));
+    }
+    for (int s = 1; s < size_; ++s) {
+      const int to = (rank_ + s) % size_;
+      TREX_CHECK_MPI(MPI_Isend(src + to * count, n, MPI_FLOAT, to, 0, rs_comm_, r->add()));
+    }
   } else if (in_place) {
     void* base = const_cast<void*>(send);
     if (blocking)

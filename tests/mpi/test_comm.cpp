@@ -170,7 +170,7 @@ void check_reduce_scatter(Communicator& c, size_t count, bool in_place, bool asy
 
 TEST(Comm, ReduceScatter) {
   Communicator& w = test_world();
-  for (size_t count : {size_t{0}, size_t{1}, size_t{37}, size_t{1001}})
+  for (size_t count : {size_t{0}, size_t{1}, size_t{37}, size_t{1001}, size_t{5003}})
     for (bool in_place : {false, true})
       for (bool async : {false, true}) {
         check_reduce_scatter<float>(w, count, in_place, async);
@@ -182,6 +182,47 @@ TEST(Comm, ReduceScatter) {
   std::vector<int32_t> y(3);
   w.reduce_scatter(x.data(), y.data(), 3, DType::I32, ReduceOp::Max);
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(y[i], reduce_local(w.size(), w.rank() * 3 + i, ReduceOp::Max));
+}
+
+// Sum reduce-scatters of f32 and bf16 go by point-to-point messages (parallel/comm_mpi.h): several
+// in flight at once, completed out of start order, with a caller's own message of tag 0 to the
+// next rank on the same communicator in between, each land in their own buffers.
+TEST(Comm, ReduceScattersInFlightKeepApart) {
+  Communicator& w = test_world();
+  const size_t count = 3001;
+  const int K = 5;
+  std::vector<std::vector<float>> xs;
+  std::vector<std::vector<bf16>> xb;
+  std::vector<Handle> hs;
+  for (int k = 0; k < K; ++k) {
+    xs.push_back(inputs<float>(w.rank() + 7 * k, count * w.size()));
+    xb.push_back(inputs<bf16>(w.rank() + 7 * k, count * w.size()));
+  }
+  std::vector<std::vector<float>> ys(K, std::vector<float>(count, -1.f));
+  std::vector<std::vector<bf16>> yb(K, std::vector<bf16>(count));
+  const int next = (w.rank() + 1) % w.size(), prev = (w.rank() - 1 + w.size()) % w.size();
+  float mine = 1000.f + (float)w.rank(), theirs = -1.f;
+  for (int k = 0; k < K; ++k) {
+    hs.push_back(w.ireduce_scatter(xs[k].data(), ys[k].data(), count, DType::F32, ReduceOp::Sum));
+    hs.push_back(w.ireduce_scatter(xb[k].data(), yb[k].data(), count, DType::BF16, ReduceOp::Sum));
+  }
+  Handle rh = w.irecv(&theirs, 1, DType::F32, prev, 0);
+  Handle sh = w.isend(&mine, 1, DType::F32, next, 0);
+  for (int k = 2 * K - 1; k >= 0; --k) hs[k].wait();
+  rh.wait(), sh.wait();
+  EXPECT_EQ(theirs, 1000.f + (float)prev);
+  for (int k = 0; k < K; ++k) {
+    std::vector<double> ef(count, 0.0), eb(count, 0.0);  // the sums, exact (small integers)
+    for (int r = 0; r < w.size(); ++r) {
+      const std::vector<float> f = inputs<float>(r + 7 * k, count * w.size());
+      const std::vector<bf16> b = inputs<bf16>(r + 7 * k, count * w.size());
+      for (size_t i = 0; i < count; ++i) ef[i] += from(f[w.rank() * count + i]), eb[i] += from(b[w.rank() * count + i]);
+    }
+    for (size_t i = 0; i < count; ++i) {
+      ASSERT_EQ(ys[k][i], (float)ef[i]) << "f32 buffer " << k << " element " << i;
+      ASSERT_EQ(from(yb[k][i]), from(to<bf16>(eb[i]))) << "bf16 buffer " << k << " element " << i;
+    }
+  }
 }
 
 template <class T>
