@@ -95,12 +95,8 @@ void cp_reduce_scatter(const ContextParallel& cp, const CpSplit& s, int64_t B, c
   A.release(mk);
 }
 
-void check_context_parallel(const ModelConfig& cfg, int cp, int tp) {
+void check_context_parallel(int cp) {
   TREX_USER_CHECK(cp >= 1, "set parallel.cp >= 1", "parallel.cp = ", cp, " must be >= 1");
-  if (cp == 1) return;
-  TREX_USER_CHECK(tp == 1 || !cfg.is_v4(), "set parallel.tp = 1 or parallel.cp = 1 for DeepSeek-V4 models",
-                  "parallel.cp = ", cp, " with parallel.tp = ", tp, ": context parallelism does not compose with "
-                  "tensor parallelism for model_type ", cfg.model_type, " yet (DeepSeek-V3 / V3.2 / V2: it does)");
 }
 
 void check_cp_seq_len(int64_t T, int cp, const char* field) {

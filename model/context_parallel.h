@@ -12,7 +12,8 @@
 // each local query ranks every key of its document before it (model/v32_indexer.h).
 // Tensor parallel: the cp group is the ranks of one tp rank (parallel/dims.h), each gathering the
 // latents its heads read; the latent's gradient is partial over tp and the cp reduce-scatter
-// (linear) keeps it so, the tp reduction of the layer's input gradient completes it.
+// (linear) keeps it so, the tp reduction of the layer's input gradient completes it. DeepSeek-V4
+// the same way (model/v4_context_parallel.h): each tp rank gathers the key side over its cp group.
 //
 // Local token order: row b of the local batch is [chunk r | chunk 2 cp - 1 - r] of row b.
 #pragma once
@@ -84,10 +85,10 @@ void cp_all_gather_finish(const ContextParallel& cp, const CpSplit& s, CpGather&
 void cp_reduce_scatter(const ContextParallel& cp, const CpSplit& s, int64_t B, const float* full, float* local,
                        int64_t w, StackArena& A);
 
-// Throws trex::UserError (naming parallel.cp, the value and what to do) when a model of cfg cannot
-// run context parallel over cp ranks with tensor parallelism over tp: DeepSeek-V4 with tp > 1 is not
-// supported (V4's indexer loss and recall are checked by check_v4_context_parallel).
-void check_context_parallel(const ModelConfig& cfg, int cp, int tp = 1);
+// Throws trex::UserError (naming parallel.cp, the value and what to do) when cp < 1. Every model
+// family runs context parallel, with tensor parallelism too (DeepSeek-V4's indexer loss and recall
+// are checked by check_v4_context_parallel).
+void check_context_parallel(int cp);
 // The same for a sequence length: T must be a multiple of 2 cp.
 void check_cp_seq_len(int64_t T, int cp, const char* field);
 

@@ -237,7 +237,6 @@ void Model::set_tensor_parallel(parallel::Communicator* tp_comm, bool sequence_p
   TREX_CHECK(!layout.tp_sharded() || (layout.tp.rank == tp_comm->rank() && layout.tp.size == tp_comm->size()),
              "set_tensor_parallel: tp rank ", tp_comm->rank(), " of ", tp_comm->size(), " but the model holds slice ",
              layout.tp.rank, " of ", layout.tp.size);
-  if (cp_.on()) check_context_parallel(cfg, cp_.size, tp);
   tp_.comm = tp_comm;
   tp_.slice = {tp_comm->rank(), tp, layout.tp_sharded()};
   tp_.sp = sequence_parallel;
@@ -247,7 +246,6 @@ void Model::set_context_parallel(parallel::Communicator* cp_comm) {
   cp_ = {};
   if (!cp_comm || cp_comm->size() == 1) return;
   refuse_on_device("context parallelism");
-  check_context_parallel(cfg, cp_comm->size(), tp_.on() ? tp_.slice.size : 1);
   check_v4_context_parallel(cfg, cp_comm->size(), opt.indexer_loss(), opt.indexer_recall);
   cp_.comm = cp_comm;
   cp_.rank = cp_comm->rank();
@@ -443,7 +441,6 @@ LossParts Model::run_tp(const Batch& b, float grad_scale, bool backward, const S
 }
 
 LossParts Model::run_cp(const Batch& b, float grad_scale, bool backward, const StageIO* io) {
-  TREX_CHECK(!cfg.is_v4() || !tp_.on(), "run_cp: context parallelism on a refused model / layout");
   const CpSplit split = cp_split(b.T, cp_);
   const CpBatch lb = cp_local_batch(b, split);
   const Batch local{lb.B, lb.T, lb.ids.data(), lb.targets.data(), lb.pos.data(), b.seg ? lb.seg.data() : nullptr};

@@ -159,7 +159,8 @@ struct Env {
   const int32_t* seg = nullptr;        // the batch's documents [B, T] in backend memory (or null)
   const float* dbuf = nullptr;         // buffers in backend memory (the router biases); null: buffers
   // Context parallel (Model::run_cp): b is this rank's part of the micro-batch; the attention's
-  // keys are the whole rows' (V4AttnIn::cp) and cp_sum sums the aux loss's counts over the cp group.
+  // keys are the whole rows' (V4AttnIn::cp) and cp_sum sums the aux loss's counts over the cp group
+  // (sequence parallel: over the tp group first).
   const CpAttn* cp = nullptr;
   std::function<void(double*, size_t)> cp_sum = {};
   int64_t N() const { return sh.rows; }  // token rows of every per-token array here
@@ -428,7 +429,8 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
   e.seg = b.seg ? e.ctx.device(b.seg, N) : nullptr;
   if (cp_full_) {
     e.cp = &cp_attn_;
-    e.cp_sum = [this](double* v, size_t k) {
+    e.cp_sum = [this, tp_shard = sh.on()](double* v, size_t k) {
+      if (tp_shard) tp_sum(v, (int64_t)k);  // sequence parallel: the tp shards of the cp rank's tokens first
       const double t0 = now_ms();
       cp_.comm->all_reduce(v, k);
       cp_.wait_ms += now_ms() - t0;

@@ -53,7 +53,10 @@ struct V4AttnIn {
   // Context parallel (model/v4_context_parallel.h): B rows of T = 2c local tokens (x, out, the
   // queries), the keys those of the whole rows of cp->split.T tokens, seg then the whole rows'
   // documents [B, cp->split.T]. The saved key side (kvp, kv_rstd, KV, ckv, cgate, cpool) holds
-  // the whole rows. Not with tp or ix_loss. null: off.
+  // the whole rows. With tp, cp is the cp group of this tp rank: the key side runs in full on
+  // every tp rank, each exchanging it over its own cp group, and the key-side gradients it returns
+  // to the owners are this rank's heads' share (partial over tp, as without cp). Not with ix_loss.
+  // null: off.
   const CpAttn* cp = nullptr;
 };
 

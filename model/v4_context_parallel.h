@@ -10,6 +10,11 @@
 //   backward: the gradients of the gathered projections are this rank's queries' share; a
 //             reduce-scatter returns their sum to the owners, whose projection backward gives dx
 //             and the weight gradients (partial on each cp rank, summed by the gradient sync).
+// Tensor parallel: the cp group is the ranks of one tp rank (parallel/dims.h). The key side runs
+// in full on every tp rank (V4AttnIn::tp), so each tp rank exchanges it over its own cp group; the
+// gradients returned are its heads' share, partial over tp through the (linear) reduce-scatter,
+// and the tp reduction of the layer's input gradient and of the attention's unsliced weights
+// completes them, as without cp.
 // The indexer's KL loss and recall are refused under cp (train.indexer_loss_weight,
 // train.indexer_recall).
 #pragma once

@@ -12,7 +12,7 @@ namespace trex::train {
 void validate_layout(const parallel::ParallelDims& dims, int world_size, const model::ModelConfig& cfg) {
   dims.validate_world(world_size);
   model::check_split(cfg, {dims.tp, dims.ep, dims.pp, dims.pp_layers});
-  model::check_context_parallel(cfg, dims.cp, dims.tp);
+  model::check_context_parallel(dims.cp);
 }
 
 ParallelRun make_parallel_run(parallel::Communicator& world, const parallel::ParallelDims& dims, model::Model& m,

@@ -63,8 +63,8 @@ struct ParallelConfig {
   int64_t dp = 0;  // data-parallel size; 0 = auto: the number of ranks / (tp x cp x pp)
   int64_t tp = 1, pp = 1, ep = 1;
   // Context-parallel size: each of cp ranks holds 2 of the 2 cp chunks of every sequence
-  // (model/context_parallel.h). Needs data.seq_len divisible by 2 cp; DeepSeek-V3-family MLA
-  // models only (not V3.2 or V4), not with tp > 1.
+  // (model/context_parallel.h). Needs data.seq_len divisible by 2 cp; DeepSeek-V3 / V3.2 / V2
+  // and V4 models, with tp too (V4: not with the indexer loss or recall).
   int64_t cp = 1;
   std::vector<int64_t> pp_layers;  // optional: decoder layers per stage (size pp; even split if empty)
   int64_t bucket_size = 4 << 20;  // slab elements per gradient bucket (0: one bucket)

@@ -1,0 +1,120 @@
+// Context parallel x tensor parallel for DeepSeek-V4 (model/v4_context_parallel.h, parallel.cp with
+// parallel.tp), fp32, against one process, on 4 ranks (CTest mpi_cp_np4): cp 2 x tp 2, with and
+// without sequence parallel. Each tp rank holds 3 of the 6 heads and 1 of the 2 output groups and
+// exchanges the key side (the MQA kv, the compressors, the CSA indexer's keys) over the cp group
+// of its tp slice. CpV4Train's model (every attention kind: CSA of rate 3 and top-2, HCA of rate
+// 5, sliding window 7, sinks; a hash layer, hc_mult 3, an MTP layer) with 6 heads in 2 output
+// groups; rows packed with several documents; chunks of 7 tokens, so no rate divides a rank's
+// share and compressor windows cross the rank boundaries. 10 AdamW steps.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "model/context_parallel.h"
+#include "tests/mpi/cp_cases.h"
+#include "tests/mpi/train_parity.h"
+#include "train/activation_estimate.h"
+#include "train/loop.h"
+
+using namespace trex;
+using namespace trex::train;
+using namespace trex::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+json cp_tp_v4() {  // CpV4Train's model, the heads and output groups split by tp 2
+  json m = tiny_v4();
+  m["sliding_window"] = 7;
+  m["compress_rates"] = {{"compressed_sparse_attention", 3}, {"heavily_compressed_attention", 5}};
+  m["n_routed_experts"] = 6;
+  m["num_attention_heads"] = 6;
+  m["o_groups"] = 2;
+  return m;
+}
+
+Case cp_tp_v4_case(bool packed, model::Recompute rec = model::Recompute::None) {
+  Case su = tp_case(cp_tp_v4(), 0.01, 0.3);
+  su.packed = packed;
+  su.recompute = rec;
+  su.lr = su.ocfg.lr = 1e-3f;  // as CpV4Train (its cp_v4_case says why)
+  return su;
+}
+
+constexpr int64_t kSeq = 2 * 2 * 7;  // rows of 2 cp chunks of 7 tokens
+
+bool four_ranks() { return parallel::test_world().size() == 4; }
+
+}  // namespace
+
+// cp 2 x tp 2: 10 steps of packed rows equal one process (losses and every parameter).
+TEST(CpTpV4Train, MatchesOneProcess) {
+  if (!four_ranks()) GTEST_SKIP() << "needs 4 ranks";
+  parity(cp_tp_v4_case(true), DpOptions{997, true}, 10, 1, 2, kSeq, 1, 2, 1, {}, 2);
+}
+
+// cp 2 x tp 2 with sequence parallel (the tp ranks shard the cp rank's tokens outside the
+// attention; the aux loss's counts summed over tp, then cp); two micro-batches of one document a
+// row, full recompute.
+TEST(CpTpV4Train, WithSequenceParallel) {
+  if (!four_ranks()) GTEST_SKIP() << "needs 4 ranks";
+  DpOptions o{997, true};
+  o.sequence_parallel = true;
+  parity(cp_tp_v4_case(true), o, 10, 1, 2, kSeq, 1, 2, 1, {}, 2);
+  parity(cp_tp_v4_case(false, model::Recompute::Full), o, 4, 2, 3, kSeq, 1, 2, 1, {}, 2);
+}
+
+// A run config with cp 2 x tp 2 is accepted for DeepSeek-V4 (it was refused before V4's key side
+// was exchanged per tp slice).
+TEST(CpTpV4Train, RunConfigAccepted) {
+  EXPECT_EQ(cp_run_config_refusal(cp_tp_v4(), 28, {"parallel.cp=2", "parallel.tp=2"}, 4), "");
+  EXPECT_EQ(cp_run_config_refusal(cp_tp_v4(), 28, {"parallel.cp=2", "parallel.tp=2", "parallel.sequence_parallel=true"}, 4), "");
+}
+
+// The run loop at cp 2 x tp 2 (tp-sharded models, sequence parallel) equals one process, and its
+// checkpoint resumes in one process.
+TEST(CpTpV4Train, RunLoopMatchesOneProcessAndResumesInOne) {
+  parallel::Communicator& w = parallel::test_world();
+  if (w.size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  const fs::path root = loop_corpus(w, "trex_cp_tp_v4_loop_", 53, [](int i) {
+    return "lane " + std::to_string(i) + " feeds " + std::to_string(9 * i + 4) + " bins " + std::string(i % 6, 'v');
+  });
+  loop_matches_one_process_and_resumes_in_one(w, root, cp_tp_v4(), "parallel.cp=2", 1, "cp x tp rank",
+                                              {"parallel.tp=2", "parallel.sequence_parallel=true"});
+}
+
+// The activation estimate with cp 2 and tp 2 (this rank's heads and groups, the whole rows' key
+// side; sequence parallel: the rank's shard outside the attention) equals the largest measured
+// arena peak of the 4 ranks, and no rank's peak exceeds it. bf16 and fp32, no and full
+// recompute, with and without the MTP layer, one document a row.
+TEST(CpTpV4Train, ActivationEstimateMatchesTheArena) {
+  parallel::Communicator& w = parallel::test_world();
+  if (w.size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  init_threads(1);
+  parallel::ParallelDims dims;
+  dims.tp = 2, dims.cp = 2;
+  parallel::ProcessGroups groups = parallel::make_process_groups(w, dims);
+  for (const double mtp : {0.0, 0.3})
+    for (bool sp : {false, true})
+      for (int64_t B : {1, 3})
+        for (kern::Prec prec : {kern::Prec::BF16, kern::Prec::F32})
+          for (model::Recompute rec : {model::Recompute::None, model::Recompute::Full}) {
+            json mj = cp_tp_v4();
+            if (mtp == 0) mj["num_nextn_predict_layers"] = 0;
+            const model::ModelConfig cfg = model::parse_config(mj, "tiny");
+            const model::TrainOptions o{0.01, mtp, rec};
+            model::Model m(cfg, prec, o);
+            m.init_random(3);
+            m.set_tensor_parallel(groups.tp.get(), sp);
+            m.set_context_parallel(groups.cp.get());
+            const Global g = make_global(1, 1, 1, B, kSeq, cfg.vocab_size, 29, false);
+            m.forward_backward(g.batch(0, 0, 0));
+            const double est = activation_peak_bytes(m.cfg, B, kSeq, prec, rec, 2, 1, sp, {}, o, 2);
+            int64_t peak = (int64_t)m.peak_activation_bytes();
+            EXPECT_LE((double)peak, est);
+            w.all_reduce(&peak, 1, parallel::ReduceOp::Max);
+            EXPECT_EQ(est, (double)peak) << (sp ? "sp " : "") << (prec == kern::Prec::BF16 ? "bf16" : "fp32")
+                                         << (rec == model::Recompute::Full ? " full" : " none") << " B " << B
+                                         << " mtp " << mtp;
+          }
+}
