@@ -246,6 +246,9 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
                                                                          " experts per rank)") : "",
                                                dims.tp > 1 ? detail::cat(" tensor parallel tp=", dims.tp) : "",
                                                dims.pp > 1 ? detail::cat(" pipeline parallel pp=", dims.pp, " (1F1B)") : "",
+                                               dims.cp > 1 ? detail::cat(" context parallel cp=", dims.cp, " (",
+                                                                         rc.data.seq_len / dims.cp,
+                                                                         " positions of each sequence per rank)") : "",
                                                " (ZeRO-", rc.parallel.zero_stage, ", ",
                                                dp->num_buckets(), " buckets",
                                                rc.parallel.overlap ? ", overlapped" : "", ")")
