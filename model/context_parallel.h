@@ -86,7 +86,7 @@ void cp_reduce_scatter(const ContextParallel& cp, const CpSplit& s, int64_t B, c
 
 // Throws trex::UserError (naming parallel.cp, the value and what to do) when a model of cfg cannot
 // run context parallel over cp ranks with tensor parallelism over tp: DeepSeek-V4 with tp > 1 is not
-// supported (V4's indexer loss and recall are checked by check_v4_context_parallel).
+// supported.
 void check_context_parallel(const ModelConfig& cfg, int cp, int tp = 1);
 // The same for a sequence length: T must be a multiple of 2 cp.
 void check_cp_seq_len(int64_t T, int cp, const char* field);

@@ -53,7 +53,8 @@ struct V4AttnIn {
   // Context parallel (model/v4_context_parallel.h): B rows of T = 2c local tokens (x, out, the
   // queries), the keys those of the whole rows of cp->split.T tokens, seg then the whole rows'
   // documents [B, cp->split.T]. The saved key side (kvp, kv_rstd, KV, ckv, cgate, cpool) holds
-  // the whole rows. Not with tp or ix_loss. null: off.
+  // the whole rows. Not with tp. With ix_loss, the indexer's keys are the whole rows' too and the
+  // loss and recall this rank's queries' share of the micro-batch's (model/v4_indexer.h). null: off.
   const CpAttn* cp = nullptr;
 };
 

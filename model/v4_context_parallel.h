@@ -10,8 +10,8 @@
 //   backward: the gradients of the gathered projections are this rank's queries' share; a
 //             reduce-scatter returns their sum to the owners, whose projection backward gives dx
 //             and the weight gradients (partial on each cp rank, summed by the gradient sync).
-// The indexer's KL loss and recall are refused under cp (train.indexer_loss_weight,
-// train.indexer_recall).
+// The indexer's KL loss and recall (train.indexer_loss_weight, train.indexer_recall) are per
+// local query, the indexer's keys the whole rows' (model/v4_indexer.h).
 #pragma once
 #include <cstdint>
 
@@ -32,10 +32,5 @@ int32_t* v4_cp_query_positions(const CpAttn& cp, int64_t B, StackArena& A);
 // idx [off[Nl]] allocated from A.
 void v4_cp_key_lists(const kern::V4KeyShape& ks, const CpAttn& cp, const int32_t* seg, const int32_t* cnt,
                      const int32_t* sel, int64_t* off, int32_t** idx, StackArena& A);
-
-// Throws trex::UserError (naming the field, the value and what to do) when a DeepSeek-V4 run over
-// cp > 1 ranks asks for the indexer's KL loss (train.indexer_loss_weight > 0) or its recall
-// (train.indexer_recall): neither is implemented under context parallelism. Other models: no-op.
-void check_v4_context_parallel(const ModelConfig& cfg, int cp, bool indexer_loss, bool indexer_recall);
 
 }  // namespace trex::model
