@@ -287,7 +287,7 @@ const std::vector<SectionSpec>& sections() {
            field("cp", Kind::Int, &R::parallel, &ParallelConfig::cp,
                  "context-parallel size: every sequence is cut in 2 cp chunks, rank r of a cp group holds chunks r "
                  "and 2 cp - 1 - r; the attention gathers the keys (DeepSeek-V3 / V3.2 / V2 and V4 models; data.seq_len "
-                 "a multiple of 2 cp; V4: not with tp > 1, nor with the indexer loss or recall)",
+                 "a multiple of 2 cp; V4: not with tp > 1)",
                  1),
            [] {
              KeySpec k = key_spec(
