@@ -179,10 +179,14 @@ TEST(CpV4Train, Refusals) {
 }
 
 // A V4 checkpoint written at cp 2 (ranks 0 and 1) resumes at cp 1 (rank 0) and, on 3 ranks, at
-// cp 3: the losses of steps 4-6 equal the uninterrupted one-process run's.
+// cp 3: the losses of steps 4-6 equal the uninterrupted one-process run's. With the MTP layer and
+// the indexer loss and recall (trex train's whole path: the run config, the memory estimate, the
+// loop's metrics).
 TEST(CpV4Train, ResumesAcrossCpSizes) {
   if (parallel::test_world().size() == 4) GTEST_SKIP() << "2 and 3 ranks";
-  resumes_across_cp_sizes(cp_v4(), "trex_cp_v4_resume_", {"train.mtp_loss_weight=0.3"}, [](int i) {
+  resumes_across_cp_sizes(cp_v4(), "trex_cp_v4_resume_",
+                          {"train.mtp_loss_weight=0.3", "train.indexer_loss_weight=0.5", "train.indexer_recall=true"},
+                          [](int i) {
     return "lane " + std::to_string(i) + " feeds " + std::to_string(5 * i + 2) + " bins " + std::string(i % 6, 'v');
   });
 }
