@@ -86,8 +86,7 @@ void cp_reduce_scatter(const ContextParallel& cp, const CpSplit& s, int64_t B, c
                        int64_t w, StackArena& A);
 
 // Throws trex::UserError (naming parallel.cp, the value and what to do) when cp < 1. Every model
-// family runs context parallel, with tensor parallelism too (DeepSeek-V4's indexer loss and recall
-// are checked by check_v4_context_parallel).
+// family runs context parallel, with tensor parallelism and DeepSeek-V4's indexer loss too.
 void check_context_parallel(int cp);
 // The same for a sequence length: T must be a multiple of 2 cp.
 void check_cp_seq_len(int64_t T, int cp, const char* field);

@@ -12,7 +12,6 @@
 #include "model/linear.h"
 #include "model/mtp_v3.h"
 #include "model/split.h"
-#include "model/v4_context_parallel.h"
 #include "parallel/comm.h"
 
 namespace trex::model {
@@ -246,7 +245,6 @@ void Model::set_context_parallel(parallel::Communicator* cp_comm) {
   cp_ = {};
   if (!cp_comm || cp_comm->size() == 1) return;
   refuse_on_device("context parallelism");
-  check_v4_context_parallel(cfg, cp_comm->size(), opt.indexer_loss(), opt.indexer_recall);
   cp_.comm = cp_comm;
   cp_.rank = cp_comm->rank();
   cp_.size = cp_comm->size();

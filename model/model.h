@@ -208,8 +208,8 @@ class Model {
   // micro-batches and computes on its two chunks of every row; forward and forward_backward become
   // collectives over it. Gradients are partial on each cp rank (the data-parallel reduction over
   // dp x cp ranks sums them, DpOptions::cp); the loss parts and expert loads a forward returns are
-  // summed over the cp group, so they are the whole micro-batch's on every cp rank. Refused
-  // for DeepSeek-V4 with the indexer loss or recall (check_v4_context_parallel). null: off.
+  // summed over the cp group, so they are the whole micro-batch's on every cp rank. Refused on a
+  // device backend. null: off.
   void set_context_parallel(parallel::Communicator* cp_comm);
   const ContextParallel& context_parallel() const { return cp_; }
   // In place sum over the tp group of [n] floats (a no-op without tensor parallelism).

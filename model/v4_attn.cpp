@@ -186,7 +186,6 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   const float eps = (float)cf.rms_norm_eps;
   StackArena& A = *c.ws;
   s.x = x;
-  TREX_CHECK(!in.cp || !in.ix_loss, "v4_attn_forward: context parallel with the indexer loss");
   // Key rows: the whole rows' Tf tokens (context parallel), else the queries' own.
   const int64_t Tf = in.cp ? in.cp->split.T : T, NK = B * Tf;
   const int32_t* tpos = query_positions(c, in);

@@ -55,8 +55,9 @@ struct V4AttnIn {
   // documents [B, cp->split.T]. The saved key side (kvp, kv_rstd, KV, ckv, cgate, cpool) holds
   // the whole rows. With tp, cp is the cp group of this tp rank: the key side runs in full on
   // every tp rank, each exchanging it over its own cp group, and the key-side gradients it returns
-  // to the owners are this rank's heads' share (partial over tp, as without cp). Not with ix_loss.
-  // null: off.
+  // to the owners are this rank's heads' share (partial over tp, as without cp). With ix_loss, the
+  // indexer's keys are the whole rows' too and the loss and recall this rank's queries' share of
+  // the micro-batch's (model/v4_indexer.h). null: off.
   const CpAttn* cp = nullptr;
 };
 

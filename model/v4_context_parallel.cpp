@@ -47,15 +47,4 @@ void v4_cp_key_lists(const kern::V4KeyShape& ks, const CpAttn& cp, const int32_t
   *idx = out;
 }
 
-void check_v4_context_parallel(const ModelConfig& cfg, int cp, bool indexer_loss, bool indexer_recall) {
-  if (cp <= 1 || !cfg.is_v4()) return;
-  TREX_USER_CHECK(!indexer_loss, "set train.indexer_loss_weight = 0, or parallel.cp = 1",
-                  "train.indexer_loss_weight > 0 with parallel.cp = ", cp,
-                  ": the DeepSeek-V4 indexer loss is not implemented under context parallelism (it scores every "
-                  "query's attended entries against the whole sequence's attention probabilities)");
-  TREX_USER_CHECK(!indexer_recall, "set train.indexer_recall = false, or parallel.cp = 1",
-                  "train.indexer_recall = true with parallel.cp = ", cp,
-                  ": the DeepSeek-V4 indexer recall is not implemented under context parallelism");
-}
-
 }  // namespace trex::model

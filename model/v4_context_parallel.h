@@ -15,8 +15,8 @@
 // gradients returned are its heads' share, partial over tp through the (linear) reduce-scatter,
 // and the tp reduction of the layer's input gradient and of the attention's unsliced weights
 // completes them, as without cp.
-// The indexer's KL loss and recall are refused under cp (train.indexer_loss_weight,
-// train.indexer_recall).
+// The indexer's KL loss and recall (train.indexer_loss_weight, train.indexer_recall) are per
+// local query, the indexer's keys the whole rows' (model/v4_indexer.h).
 #pragma once
 #include <cstdint>
 
@@ -37,10 +37,5 @@ int32_t* v4_cp_query_positions(const CpAttn& cp, int64_t B, StackArena& A);
 // idx [off[Nl]] allocated from A.
 void v4_cp_key_lists(const kern::V4KeyShape& ks, const CpAttn& cp, const int32_t* seg, const int32_t* cnt,
                      const int32_t* sel, int64_t* off, int32_t** idx, StackArena& A);
-
-// Throws trex::UserError (naming the field, the value and what to do) when a DeepSeek-V4 run over
-// cp > 1 ranks asks for the indexer's KL loss (train.indexer_loss_weight > 0) or its recall
-// (train.indexer_recall): neither is implemented under context parallelism. Other models: no-op.
-void check_v4_context_parallel(const ModelConfig& cfg, int cp, bool indexer_loss, bool indexer_recall);
 
 }  // namespace trex::model

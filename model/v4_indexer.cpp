@@ -94,6 +94,24 @@ Proj project(const Ctx& c, const V4AttnIn& in, const float* x, const float* qres
   return pr;
 }
 
+// Context parallel, the adjoint of project's gather: the whole rows' gradients of the
+// compressor's projections dkv, dg [NK, 2 dI] (this rank's queries' share), packed [NK, kv | gate]
+// and summed over the cp ranks in one reduce-scatter into the local tokens' rows -> lkv, lg [N, 2 dI].
+void return_keys(const Ctx& c, const V4AttnIn& in, const float* dkv, const float* dg, float* lkv, float* lg) {
+  const int64_t N = in.B * in.T, NK = in.B * in.cp->split.T, dI = in.cfg->v4.index_head_dim, w = 4 * dI;
+  const int64_t f = sizeof(float);
+  StackArena& A = *c.ws;
+  auto mk = A.mark();
+  float* all = A.alloc<float>(NK * w);
+  float* loc = A.alloc<float>(N * w);
+  c.k().copy_rows(all, w * f, dkv, 2 * dI * f, 2 * dI * f, NK);
+  c.k().copy_rows(all + 2 * dI, w * f, dg, 2 * dI * f, 2 * dI * f, NK);
+  cp_reduce_scatter(*in.cp->cp, in.cp->split, in.B, all, loc, w, A);
+  c.k().copy_rows(lkv, 2 * dI * f, loc, w * f, 2 * dI * f, N);
+  c.k().copy_rows(lg, 2 * dI * f, loc + 2 * dI, w * f, 2 * dI * f, N);
+  A.release(mk);
+}
+
 double log_sum_exp(const std::vector<double>& v) {
   double mx = -std::numeric_limits<double>::infinity();
   for (double x : v) mx = std::max(mx, x);
@@ -125,17 +143,21 @@ void v4_index_loss_forward(const Ctx& c, const V4AttnIn& in, V4AttnSaved& s, con
   const ModelConfig& cf = *in.cfg;
   const V4Config& v = cf.v4;
   TREX_CHECK(!in.tp.on(), "the V4 indexer loss needs every attention head on one rank");
-  TREX_CHECK(!in.cp, "the V4 indexer loss does not run context parallel");
   const int64_t B = in.B, T = in.T, N = B * T, H = cf.num_attention_heads, hd = v.head_dim;
   const int64_t nI = v.index_n_heads, dI = v.index_head_dim, nw = s.nw, m = v.rate(in.layer), kt = v.index_topk;
+  // Context parallel: the key rows are the whole rows' NK (the entries follow them in s.KV), the
+  // queries this rank's N at their sequence indices; the loss and recall are divided by the whole
+  // micro-batch's query count NK, so their sums over the cp ranks are one process's.
+  const int64_t Tf = in.cp ? in.cp->split.T : T, NK = B * Tf;
+  auto seq_index = [&](int64_t i) { return in.cp ? (int64_t)in.cp->qidx[i % T] : i % T; };
   const double scale = std::pow((double)hd, -0.5), cI = std::pow((double)dI, -0.5);
   StackArena& A = *c.ws;
-  // Pairs: the compressed entries (kv rows >= N, ascending) of each query's key list.
+  // Pairs: the compressed entries (kv rows >= NK, ascending) of each query's key list.
   s.ix_off = A.alloc<int64_t>(N + 1);
   s.ix_off[0] = 0;
   for (int64_t i = 0; i < N; ++i) {
     int64_t n = 0;
-    for (int64_t k = s.off[i]; k < s.off[i + 1]; ++k) n += s.idx[k] >= N;
+    for (int64_t k = s.off[i]; k < s.off[i + 1]; ++k) n += s.idx[k] >= NK;
     s.ix_off[i + 1] = s.ix_off[i] + n;
   }
   const int64_t pairs = s.ix_off[N];
@@ -144,7 +166,7 @@ void v4_index_loss_forward(const Ctx& c, const V4AttnIn& in, V4AttnSaved& s, con
   for (int64_t i = 0; i < N; ++i) {
     int64_t at = s.ix_off[i];
     for (int64_t k = s.off[i]; k < s.off[i + 1]; ++k)
-      if (s.idx[k] >= N) s.ix_ent[at++] = (int32_t)(s.idx[k] - N);
+      if (s.idx[k] >= NK) s.ix_ent[at++] = (int32_t)(s.idx[k] - NK);
   }
   auto mk = A.mark();
   const Pos pos = positions(c, in, nw, m);
@@ -153,13 +175,13 @@ void v4_index_loss_forward(const Ctx& c, const V4AttnIn& in, V4AttnSaved& s, con
   parallel_for(N, 4, [&](int64_t i0, int64_t i1) {
     std::vector<double> p, I, sc, ss;
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t b = i / T, t = i % T, n = s.ix_off[i + 1] - s.ix_off[i];
+      const int64_t b = i / T, t = seq_index(i), n = s.ix_off[i + 1] - s.ix_off[i];
       const int32_t* ent = s.ix_ent + s.ix_off[i];
       const float* qi = s.Q + i * H * hd;
       p.assign(n, 0.0), I.assign(n, 0.0);
       double psum = 0;
       for (int64_t k = 0; k < n; ++k) {
-        const float* kv = s.KV + (N + ent[k]) * hd;
+        const float* kv = s.KV + (NK + ent[k]) * hd;
         for (int64_t h = 0; h < H; ++h) p[k] += std::exp(scale * index_dot(qi + h * hd, kv, hd) - (double)s.lse[i * H + h]);
         psum += p[k];
         for (int64_t h = 0; h < nI; ++h)
@@ -185,7 +207,7 @@ void v4_index_loss_forward(const Ctx& c, const V4AttnIn& in, V4AttnSaved& s, con
       } else {
         double r = 0;
         int64_t nv = 0;
-        for (int64_t w = 0; w < nw; ++w) nv += v4_entry_visible(in.seg, T, b, t, w, m, nw);
+        for (int64_t w = 0; w < nw; ++w) nv += v4_entry_visible(in.seg, Tf, b, t, w, m, nw);
         if (nv == 0) {
           recall[i] = 1.0;
           continue;
@@ -193,8 +215,8 @@ void v4_index_loss_forward(const Ctx& c, const V4AttnIn& in, V4AttnSaved& s, con
         for (int64_t h = 0; h < H; ++h) {
           sc.clear(), ss.clear();
           for (int64_t w = 0; w < nw; ++w) {
-            if (!v4_entry_visible(in.seg, T, b, t, w, m, nw)) continue;
-            const double a = scale * index_dot(qi + h * hd, s.KV + (N + b * nw + w) * hd, hd);
+            if (!v4_entry_visible(in.seg, Tf, b, t, w, m, nw)) continue;
+            const double a = scale * index_dot(qi + h * hd, s.KV + (NK + b * nw + w) * hd, hd);
             sc.push_back(a);
             if (selected(w)) ss.push_back(a);
           }
@@ -207,8 +229,8 @@ void v4_index_loss_forward(const Ctx& c, const V4AttnIn& in, V4AttnSaved& s, con
   A.release(mk);
   double ls = 0, rs = 0;
   for (int64_t i = 0; i < N; ++i) ls += loss[i], rs += recall[i];
-  s.ix_loss = N ? ls / (double)N : 0.0;
-  s.ix_recall = N ? rs / (double)N : 0.0;
+  s.ix_loss = NK ? ls / (double)NK : 0.0;
+  s.ix_recall = NK ? rs / (double)NK : 0.0;
 }
 
 void v4_index_loss_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s) {
@@ -217,9 +239,14 @@ void v4_index_loss_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved&
   const V4LayerParams& lp = *in.p;
   const int64_t B = in.B, T = in.T, N = B * T, d = cf.hidden_size, nw = s.nw, m = v.rate(in.layer);
   const int64_t nI = v.index_n_heads, dI = v.index_head_dim, rd = cf.qk_rope_head_dim, NE = B * nw;
-  if (NE == 0 || s.ix_off[N] == 0) return;  // no pair: every gradient is 0
-  // g(i, k) = ix_grad / N (q - p) dI^-0.5: the score's scale folded in.
-  const double g0 = (double)in.ix_grad / (double)N * std::pow((double)dI, -0.5);
+  // Context parallel: the key path (the entries, the compressor's projections) is the whole rows'
+  // (Tf tokens a row, NK in all), the queries this rank's N; the loss is a mean over NK queries.
+  const int64_t Tf = in.cp ? in.cp->split.T : T, NK = B * Tf;
+  // No pair: every gradient is 0 (under cp only when no rank has one: the others' exchange below
+  // needs this rank).
+  if (NE == 0 || (!in.cp && s.ix_off[N] == 0)) return;
+  // g(i, k) = ix_grad / NK (q - p) dI^-0.5: the score's scale folded in.
+  const double g0 = (double)in.ix_grad / (double)NK * std::pow((double)dI, -0.5);
   const double wsc = std::pow((double)nI, -0.5);
   StackArena& A = *c.ws;
   auto mk = A.mark();
@@ -246,13 +273,19 @@ void v4_index_loss_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved&
   rope_heads(c, dk, NE, 1, dI, rd, pos.c, in.ccos, in.csin, true);
   float* dpool = A.alloc<float>(NE * dI);
   c.k().rmsnorm_bwd(dk, pr.pool, NE, dI, in.P + lp.i_norm, pr.rstd, dpool, G + lp.i_norm);
-  float* dkv = A.alloc<float>(N * 2 * dI);
-  float* dg = A.alloc<float>(N * 2 * dI);
+  float* dkv = A.alloc<float>(NK * 2 * dI);  // [NK, 2 dI] (under cp this rank's queries' share)
+  float* dg = A.alloc<float>(NK * 2 * dI);
   {
     auto mw = A.mark();
-    float* work = A.alloc<float>(std::max<size_t>(kern::compress_pool_bwd_workspace_floats(B, T, m, dI, 2), 1));
-    c.k().compress_pool_bwd(B, T, m, dI, 2, pr.kv, pr.gate, in.P + lp.i_pb, dpool, dkv, dg, G + lp.i_pb, work);
+    float* work = A.alloc<float>(std::max<size_t>(kern::compress_pool_bwd_workspace_floats(B, Tf, m, dI, 2), 1));
+    c.k().compress_pool_bwd(B, Tf, m, dI, 2, pr.kv, pr.gate, in.P + lp.i_pb, dpool, dkv, dg, G + lp.i_pb, work);
     A.release(mw);
+  }
+  if (in.cp) {  // summed over the cp ranks into the local tokens' rows [N, 2 dI]
+    float* lkv = A.alloc<float>(N * 2 * dI);
+    float* lg = A.alloc<float>(N * 2 * dI);
+    return_keys(c, in, dkv, dg, lkv, lg);
+    dkv = lkv, dg = lg;
   }
   linear_bwd(c, dkv, s.x, N, d, wt(in, lp.i_kv), 2 * dI, nullptr, false, G + lp.i_kv);
   linear_bwd(c, dg, s.x, N, d, wt(in, lp.i_gate), 2 * dI, nullptr, false, G + lp.i_gate);

@@ -65,6 +65,9 @@ struct StepWalk {
   // The indexer loss (V4 CSA layers, V3.2 every layer): computed in the forward (loss or recall),
   // its backward, the dense warm-up.
   const bool ix_fwd, ix_bwd, ix_dense;
+  // Context parallel, DeepSeek-V4: the cp rank whose step this replays (its queries are those of
+  // chunks rank and 2 cp - 1 - rank: their key lists and indexer pairs).
+  int64_t rank = 0;
   ArenaReplay A;
 
   StepWalk(const model::ModelConfig& cfg, int64_t b, int64_t t, kern::Prec p, model::Recompute r, int64_t tp_,
@@ -417,23 +420,18 @@ struct StepWalk {
     if (k == model::AttnKind::CSA) n += v4_entries(l, t);
     return n;
   }
-  // Key-list entries of one row's (local) queries, one document a row; context parallel: the
-  // most of any cp rank (chunks r and 2 cp - 1 - r: their sums differ by the window's and the
-  // entries' rounding only).
-  int64_t v4_keys(int64_t l) const {
-    if (cp == 1) {
-      int64_t n = 0;
-      for (int64_t t = 0; t < T; ++t) n += v4_query_keys(l, t);
-      return n;
-    }
+  // The sequence index of local query j of a row (context parallel: of cp rank `rank`, chunks
+  // rank and 2 cp - 1 - rank).
+  int64_t v4_seq_index(int64_t j) const {
+    if (cp == 1) return j;
     const int64_t ch = T / (2 * cp);
-    int64_t best = 0;
-    for (int64_t r = 0; r < cp; ++r) {
-      int64_t n = 0;
-      for (int64_t j = 0; j < ch; ++j) n += v4_query_keys(l, r * ch + j) + v4_query_keys(l, (2 * cp - 1 - r) * ch + j);
-      best = std::max(best, n);
-    }
-    return best;
+    return j < ch ? rank * ch + j : (2 * cp - 1 - rank) * ch + (j - ch);
+  }
+  // Key-list entries of one row's (local) queries, one document a row.
+  int64_t v4_keys(int64_t l) const {
+    int64_t n = 0;
+    for (int64_t j = 0; j < T / cp; ++j) n += v4_query_keys(l, v4_seq_index(j));
+    return n;
   }
   // model/v4_attn.cpp v4_cp_gather_keys / v4_cp_return_keys and model/v4_indexer.cpp's gather:
   // the packed local and whole rows [N | NK, w] and, inside, the collective's buffer
@@ -484,9 +482,9 @@ struct StepWalk {
     f32(N * nI);  // w
     linear_fwd(N, d);
   }
-  int64_t v4_index_pairs(int64_t l) const {  // of the whole micro-batch, one document a row
+  int64_t v4_index_pairs(int64_t l) const {  // of the (rank's) local queries, one document a row
     int64_t n = 0;
-    for (int64_t t = 0; t < T; ++t) n += v4_entries(l, t);
+    for (int64_t j = 0; j < T / cp; ++j) n += v4_entries(l, v4_seq_index(j));
     return B * n;
   }
   void v4_attn_forward(int64_t l) {
@@ -596,17 +594,22 @@ struct StepWalk {
     f32(N * qr);  // dqa
     linear_bwd(N, d, qr);
     A.release(mk);
-    if (kind == model::AttnKind::CSA && ix_bwd && nw > 0 && v4_index_pairs(l) > 0) {  // v4_index_loss_backward
+    // v4_index_loss_backward (under cp also on a rank without pairs: the exchange needs it)
+    if (kind == model::AttnKind::CSA && ix_bwd && nw > 0 && (cp > 1 || v4_index_pairs(l) > 0)) {
       const int64_t dI = v.index_head_dim, nI = v.index_n_heads, NE = B * nw;
       const auto mi = A.mark();
       v4_index_project(l, true);
       f32(N * nI), f32(N * nI * dI), f32(NE * dI);  // dw, dq, dk
       linear_bwd(N, d, nI);
       linear_bwd(N, qr, nI * dI);
-      f32(NE * dI), f32(N * 2 * dI), f32(N * 2 * dI);  // dpool, dkv, dg
+      f32(NE * dI), f32(NK * 2 * dI), f32(NK * 2 * dI);  // dpool, dkv, dg (the whole rows' under cp)
       const auto mw2 = A.mark();
       f32((int64_t)std::max<size_t>(kern::compress_pool_bwd_workspace_floats(B, T, m, dI, 2), 1));
       A.release(mw2);
+      if (cp > 1) {  // lkv, lg; return_keys's exchange
+        f32(N * 2 * dI), f32(N * 2 * dI);
+        cp_exchange(4 * dI);
+      }
       linear_bwd(N, d, 2 * dI), linear_bwd(N, d, 2 * dI);
       A.release(mi);
     }
@@ -709,14 +712,24 @@ double activation_peak_bytes(const model::ModelConfig& c, int64_t B, int64_t T, 
                              model::Recompute recompute, int64_t tp, int64_t ep, bool sequence_parallel,
                              const model::StageShard& stage, const model::TrainOptions& ix, int64_t cp) {
   TREX_CHECK(B > 0 && T > 0, "activation_peak_bytes: empty batch ", B, " x ", T);
-  TREX_CHECK(cp <= 1 || (T % (2 * cp) == 0 && !(c.is_v4() && ix.indexer_metrics())),
+  TREX_CHECK(cp <= 1 || T % (2 * cp) == 0,
              "activation_peak_bytes: context parallel ", cp, " on a ", c.model_type, " model, rows of ", T);
   TREX_CHECK(!stage.on() || (0 <= stage.l0 && stage.l0 <= stage.l1 && stage.l1 <= c.num_hidden_layers),
              "activation_peak_bytes: stage layers [", stage.l0, ", ", stage.l1, ") of ", c.num_hidden_layers);
-  StepWalk w(c, B, T, prec, recompute, tp, ep, sequence_parallel, stage, ix, cp);
-  if (c.is_v4()) w.run_v4();
-  else w.run_v3();
-  return (double)w.A.peak();
+  if (!c.is_v4()) {
+    StepWalk w(c, B, T, prec, recompute, tp, ep, sequence_parallel, stage, ix, cp);
+    w.run_v3();
+    return (double)w.A.peak();
+  }
+  // DeepSeek-V4: each cp rank's step (their key lists and indexer pairs differ), the largest.
+  double peak = 0;
+  for (int64_t r = 0; r < std::max<int64_t>(cp, 1); ++r) {
+    StepWalk w(c, B, T, prec, recompute, tp, ep, sequence_parallel, stage, ix, cp);
+    w.rank = r;
+    w.run_v4();
+    peak = std::max(peak, (double)w.A.peak());
+  }
+  return peak;
 }
 
 

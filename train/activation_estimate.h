@@ -53,9 +53,10 @@ namespace trex::train {
 // outside the arena.
 // DeepSeek-V4 (model/v4_context_parallel.h): the key side of every attention layer on the whole
 // rows (kv projection, KV rows, the compressors' projections and the indexer's, and their
-// gradients in the backward) plus the exchanges' buffers; the key lists those of the cp rank with
-// the most keys (the ranks' lists differ by the window's and the entries' rounding), so the
-// estimate is the largest rank's peak. No indexer loss or recall under cp.
+// gradients in the backward) plus the exchanges' buffers; with the indexer loss its kept pairs of
+// the rank's queries, the whole rows' key-side gradients and their reduce-scatter. Each cp rank's
+// step is replayed (their key lists and pairs differ by the window's and the entries' rounding) and
+// the estimate is the largest rank's peak.
 double activation_peak_bytes(const model::ModelConfig& c, int64_t B, int64_t T, kern::Prec prec,
                              model::Recompute recompute, int64_t tp = 1, int64_t ep = 1,
                              bool sequence_parallel = false, const model::StageShard& stage = {},

@@ -74,8 +74,7 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks) {
                                  rc.train.indexer_loss_weight, rc.train.indexer_stage, rc.train.indexer_recall};
     return activation_peak_bytes(run_cfg, rc.train.batch_size, rc.data.seq_len, rc.train.precision,
                                  rc.train.recompute, rc.parallel.tp, rc.parallel.ep, rc.parallel.sequence_parallel, st,
-                                 ix, (run_cfg.is_v4() && ix.indexer_metrics()) ||
-                                             rc.data.seq_len % (2 * std::max<int64_t>(rc.parallel.cp, 1))
+                                 ix, rc.data.seq_len % (2 * std::max<int64_t>(rc.parallel.cp, 1))
                                          ? 1 : rc.parallel.cp);  // (layouts refused later: cp 1)
   };
   if (!by_stage) acts = stage_acts({});

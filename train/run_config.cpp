@@ -10,7 +10,6 @@
 #include "core/log.h"
 #include "core/suggest.h"
 #include "model/context_parallel.h"
-#include "model/v4_context_parallel.h"
 #include "train/device.h"
 #include "io/toml_json.h"
 #include "train/layout.h"
@@ -288,7 +287,7 @@ const std::vector<SectionSpec>& sections() {
            field("cp", Kind::Int, &R::parallel, &ParallelConfig::cp,
                  "context-parallel size: every sequence is cut in 2 cp chunks, rank r of a cp group holds chunks r "
                  "and 2 cp - 1 - r; the attention gathers the keys (DeepSeek-V3 / V3.2 / V2 and V4 models; data.seq_len "
-                 "a multiple of 2 cp; V4: not with the indexer loss or recall)",
+                 "a multiple of 2 cp)",
                  1),
            [] {
              KeySpec k = key_spec(
@@ -465,7 +464,6 @@ void check_indexer_loss(const RunConfig& r, const std::string& where) {
   TREX_USER_CHECK(!t.indexer_recall || r.parallel.tp <= 1, "set parallel.tp = 1, or train.indexer_recall = false",
                   where, ": train.indexer_recall = true with parallel.tp = ", r.parallel.tp,
                   ": the recall needs every attention head's probabilities on one rank");
-  model::check_v4_context_parallel(r.model, r.parallel.cp, t.indexer_loss_weight > 0, t.indexer_recall);
   if (t.indexer_loss_weight <= 0) return;
   TREX_USER_CHECK(r.model.is_v32() || r.model.is_v4(), "set train.indexer_loss_weight = 0, or use a deepseek_v32 or "
                   "deepseek_v4 model", where, ": train.indexer_loss_weight = ", t.indexer_loss_weight,

@@ -80,11 +80,12 @@ inline Global make_global(int64_t K, int64_t ga, int64_t dp, int64_t B, int64_t 
 }
 
 struct Trace {
-  std::vector<double> loss, ce, aux, mtp, norm;
+  std::vector<double> loss, ce, aux, mtp, norm, indexer, recall;
   std::vector<std::vector<double>> load;
   std::vector<char> skipped;
   void add(const StepStats& s) {
     loss.push_back(s.loss), ce.push_back(s.ce), aux.push_back(s.aux), mtp.push_back(s.mtp);
+    indexer.push_back(s.indexer), recall.push_back(s.indexer_recall);
     norm.push_back(s.grad_norm), load.push_back(s.load_max_over_mean), skipped.push_back(s.skipped);
   }
 };
@@ -97,12 +98,13 @@ struct Case {
   model::Recompute recompute = model::Recompute::None;
   double ix_weight = 0;  // the indexer loss (DeepSeek-V3.2 model/v32_indexer_loss.h, V4 model/v4_indexer.h)
   model::IndexerStage ix_stage = model::IndexerStage::Sparse;
+  bool ix_recall = false;  // compute the indexer's recall (train.indexer_recall)
   bool packed = false;  // the batches' rows hold several documents (Global)
   model::ModelConfig cfg() const { return model::parse_config(model, "tiny"); }
   // shard: the routed experts the model holds (expert-parallel memory sharding; default all).
   std::unique_ptr<model::Model> make(uint64_t seed, model::ExpertShard shard = {}, model::StageShard stage = {},
                                      model::TpShard tp = {}) const {
-    auto m = std::make_unique<model::Model>(cfg(), kern::Prec::F32, model::TrainOptions{aux, mtp, recompute, ix_weight, ix_stage},
+    auto m = std::make_unique<model::Model>(cfg(), kern::Prec::F32, model::TrainOptions{aux, mtp, recompute, ix_weight, ix_stage, ix_recall},
                                             shard,
                                             stage, tp);
     m->init_random(seed);
@@ -218,6 +220,10 @@ inline void expect_traces_equal(const Trace& dp, const Trace& ref, double tol) {
     EXPECT_LT(rel(dp.ce[s], ref.ce[s]), tol) << "step " << s;
     EXPECT_LT(std::fabs(dp.aux[s] - ref.aux[s]), tol * std::max(1e-3, std::fabs(ref.aux[s]))) << "step " << s;
     EXPECT_LT(std::fabs(dp.mtp[s] - ref.mtp[s]), tol * std::max(1e-3, std::fabs(ref.mtp[s]))) << "step " << s;
+    EXPECT_LT(std::fabs(dp.indexer[s] - ref.indexer[s]), tol * std::max(1e-3, std::fabs(ref.indexer[s])))
+        << "step " << s << ": indexer loss " << dp.indexer[s] << " vs " << ref.indexer[s];
+    EXPECT_LT(std::fabs(dp.recall[s] - ref.recall[s]), tol * std::max(1e-3, std::fabs(ref.recall[s])))
+        << "step " << s << ": indexer recall " << dp.recall[s] << " vs " << ref.recall[s];
     EXPECT_LT(rel(dp.norm[s], ref.norm[s]), tol) << "step " << s << ": " << dp.norm[s] << " vs " << ref.norm[s];
     EXPECT_EQ(dp.skipped[s], ref.skipped[s]) << "step " << s;
     EXPECT_EQ(dp.load[s], ref.load[s]) << "step " << s;
