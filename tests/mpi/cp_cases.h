@@ -81,4 +81,28 @@ inline void resumes_across_cp_sizes(const json& model, const std::string& prefix
   w.barrier();
 }
 
+// CpV4Train's DeepSeek-V4 model (tests/mpi/test_cp_v4.cpp; test_cp_tp_v4.cpp splits its heads):
+// tiny_v4 with a sliding window of 7, CSA of rate 3 and HCA of rate 5 (neither divides a rank's
+// chunks of 7 tokens), 6 routed experts (split by ep 2).
+inline json cp_v4() {
+  json m = tiny_v4();
+  m["sliding_window"] = 7;
+  m["compress_rates"] = {{"compressed_sparse_attention", 3}, {"heavily_compressed_attention", 5}};
+  m["n_routed_experts"] = 6;
+  return m;
+}
+
+// The parity case of a cp V4 model at lr 1e-3 (as the V4 sequence-parallel tests): cp computes the
+// same sums in other shapes and orders, and this tiny V4 model amplifies such rounding differences
+// through AdamW (measured at lr 3e-3 on cp 3: gradient norms 5e-5 apart by step 6 while the
+// one-step gradients agree to 6e-6, CpV4Train.GradientsMatchOneProcess); at 1e-3 the runs stay
+// within 1e-5.
+inline Case cp_v4_case(const json& model, bool packed, model::Recompute rec = model::Recompute::None) {
+  Case su = tp_case(model, 0.01, 0.3);
+  su.packed = packed;
+  su.recompute = rec;
+  su.lr = su.ocfg.lr = 1e-3f;
+  return su;
+}
+
 }  // namespace trex::testing

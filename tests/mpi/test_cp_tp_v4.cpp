@@ -24,21 +24,14 @@ namespace fs = std::filesystem;
 namespace {
 
 json cp_tp_v4() {  // CpV4Train's model, the heads and output groups split by tp 2
-  json m = tiny_v4();
-  m["sliding_window"] = 7;
-  m["compress_rates"] = {{"compressed_sparse_attention", 3}, {"heavily_compressed_attention", 5}};
-  m["n_routed_experts"] = 6;
+  json m = cp_v4();
   m["num_attention_heads"] = 6;
   m["o_groups"] = 2;
   return m;
 }
 
 Case cp_tp_v4_case(bool packed, model::Recompute rec = model::Recompute::None) {
-  Case su = tp_case(cp_tp_v4(), 0.01, 0.3);
-  su.packed = packed;
-  su.recompute = rec;
-  su.lr = su.ocfg.lr = 1e-3f;  // as CpV4Train (its cp_v4_case says why)
-  return su;
+  return cp_v4_case(cp_tp_v4(), packed, rec);
 }
 
 constexpr int64_t kSeq = 2 * 2 * 7;  // rows of 2 cp chunks of 7 tokens

@@ -24,24 +24,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-json cp_v4() {
-  json m = tiny_v4();
-  m["sliding_window"] = 7;
-  m["compress_rates"] = {{"compressed_sparse_attention", 3}, {"heavily_compressed_attention", 5}};
-  m["n_routed_experts"] = 6;  // split by ep 2
-  return m;
-}
-
 Case cp_v4_case(bool packed, model::Recompute rec = model::Recompute::None) {
-  Case su = tp_case(cp_v4(), 0.01, 0.3);
-  su.packed = packed;
-  su.recompute = rec;
-  // lr 1e-3 (as the V4 sequence-parallel tests): cp computes the same sums in other shapes and
-  // orders, and this tiny V4 model amplifies such rounding differences through AdamW (measured at
-  // lr 3e-3 on cp 3: gradient norms 5e-5 apart by step 6 while the one-step gradients agree to
-  // 6e-6, GradientsMatchOneProcess); at 1e-3 the runs stay within 1e-5.
-  su.lr = su.ocfg.lr = 1e-3f;
-  return su;
+  return trex::testing::cp_v4_case(cp_v4(), packed, rec);
 }
 
 // Rows of 2 cp chunks of 7 tokens.
