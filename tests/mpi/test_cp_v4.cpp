@@ -65,6 +65,12 @@ TEST(CpV4Train, TwoMicroBatchesRecomputeMatchesOneProcess) {
   parity(cp_v4_case(false, model::Recompute::Full), DpOptions{0, false}, 4, 2, 3, seq_v4(cp), 1, 1, 1, {}, cp);
 }
 
+// The same with selective recompute of the MoE blocks.
+TEST(CpV4Train, TwoMicroBatchesSelectiveRecomputeMatchesOneProcess) {
+  const int cp = cp_of_world();
+  parity(cp_v4_case(false, model::Recompute::Selective), DpOptions{0, false}, 4, 2, 3, seq_v4(cp), 1, 1, 1, {}, cp);
+}
+
 // 4 ranks: cp 2 x ep 2 (experts sharded over the dp ranks of each cp rank).
 TEST(CpV4Train, WithExpertParallel) {
   if (parallel::test_world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
@@ -155,7 +161,7 @@ TEST(CpV4Train, ResumesAcrossCpSizes) {
 
 // The activation estimate (train/activation_estimate.h, cp) replays one context-parallel V4
 // forward_backward: it equals the largest measured arena peak of the cp ranks, and no rank's peak
-// exceeds it (the ranks' key lists differ slightly). bf16 and fp32, no and full recompute, with
+// exceeds it (the ranks' key lists differ slightly). bf16 and fp32, no, full and selective recompute, with
 // and without the MTP layer, packed rows (the estimate counts one document a row: packed rows
 // attend fewer keys, so there it is an upper bound) and not.
 TEST(CpV4Train, ActivationEstimateMatchesTheArena) {
@@ -168,7 +174,7 @@ TEST(CpV4Train, ActivationEstimateMatchesTheArena) {
   for (const double mtp : {0.0, 0.3})
     for (int64_t B : {1, 3})
       for (kern::Prec prec : {kern::Prec::BF16, kern::Prec::F32})
-        for (model::Recompute rec : {model::Recompute::None, model::Recompute::Full})
+        for (model::Recompute rec : {model::Recompute::None, model::Recompute::Full, model::Recompute::Selective})
           for (bool packed : {false, true}) {
             json mj = cp_v4();
             if (mtp == 0) mj["num_nextn_predict_layers"] = 0;
@@ -183,7 +189,7 @@ TEST(CpV4Train, ActivationEstimateMatchesTheArena) {
             const double peak = (double)m.peak_activation_bytes();
             const double top = groups.cp->all_reduce_value(peak, parallel::ReduceOp::Max);
             const std::string what = std::string(prec == kern::Prec::BF16 ? "bf16" : "fp32") +
-                                     (rec == model::Recompute::Full ? " full" : " none") + " B " + std::to_string(B) +
+                                     (rec == model::Recompute::Full ? " full" : rec == model::Recompute::Selective ? " selective" : " none") + " B " + std::to_string(B) +
                                      " mtp " + std::to_string(mtp) + (packed ? " packed" : "");
             EXPECT_LE(peak, est) << what;
             if (!packed) {
