@@ -238,10 +238,11 @@ const std::vector<SectionSpec>& sections() {
            field("aux_loss_alpha", Kind::Num, &R::train, &TrainConfig::aux_loss_alpha,
                  "weight of the sequence-wise expert balance loss (0 = off)", 0, 10),
            mapped("recompute", Kind::Choice,
-                  "activation recompute (README.md, BENCHMARKS.md; the gradients are bitwise the same in every mode): none keeps "
-                  "every activation; full keeps only each layer's input and replays its whole forward before its "
-                  "backward (least memory, the forward runs twice); selective drops and replays only the modules "
-                  "of recompute_modules, never the attention core (Megatron-Core's selective granularity)",
+                  "activation recompute (README.md, BENCHMARKS.md; the gradients are bitwise the same in every "
+                  "mode): none keeps every activation; full keeps only each layer's input and replays its whole "
+                  "forward before its backward (least memory, the forward runs twice); selective drops and "
+                  "replays only the modules of recompute_modules, never the attention core (Megatron-Core's "
+                  "selective granularity)",
                   [](R& r, const json& v) {
                     r.train.recompute = v == "full"        ? model::Recompute::Full
                                         : v == "selective" ? model::Recompute::Selective
@@ -252,8 +253,9 @@ const std::vector<SectionSpec>& sections() {
            [] {
              KeySpec k = key_spec(
                  "recompute_modules", Kind::Custom,
-                 "with recompute = \"selective\" (an error otherwise): the modules dropped after their forward "
-                 "and replayed before their backward, named as Megatron-Core's --recompute-modules. moe: a MoE "
+                 "used with recompute = \"selective\" only (ignored, with a warning, otherwise): the modules "
+                 "dropped after their forward and replayed before their backward, named as Megatron-Core's "
+                 "--recompute-modules. moe: a MoE "
                  "layer's whole block (router, dispatch, routed and shared experts, combine) keeps only its input; "
                  "under expert parallelism the replay repeats the dispatch and combine all-to-alls",
                  [](R& r, const json& v) {
@@ -544,13 +546,12 @@ void check_indexer_loss(const RunConfig& r, const std::string& where) {
                   ": the indexer loss needs every attention head's probabilities on one rank");
 }
 
-// [train] recompute_modules belongs to recompute = "selective" (a list left next to another mode
-// would otherwise be silently ignored).
+// [train] recompute_modules is used only with recompute = "selective"; a list given with another
+// mode is ignored, with a warning (every key at its default parses: docs/CONFIG.md).
 void check_recompute(const RunConfig& r, const std::string& where) {
   const json& t = r.raw.contains("train") ? r.raw["train"] : json::object();
-  TREX_USER_CHECK(!t.is_object() || !t.contains("recompute_modules") || r.train.recompute == model::Recompute::Selective,
-                  "set train.recompute = \"selective\", or remove train.recompute_modules", where,
-                  ": train.recompute_modules is set but train.recompute = \"", recompute_name(r.train.recompute),
+  if (t.is_object() && t.contains("recompute_modules") && r.train.recompute != model::Recompute::Selective)
+    TREX_LOG_WARN(where, ": train.recompute_modules is ignored: train.recompute = \"", recompute_name(r.train.recompute),
                   "\" (the modules are used only with \"selective\")");
 }
 

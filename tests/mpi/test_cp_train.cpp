@@ -304,7 +304,7 @@ TEST(CpTrain, ActivationEstimateMatchesTheArena) {
             EXPECT_LE((double)peak, est);
             groups.cp->all_reduce(&peak, 1, parallel::ReduceOp::Max);
             EXPECT_EQ(est, (double)peak) << cfg.model_type << (prec == kern::Prec::BF16 ? " bf16" : " fp32")
-                                         << (rec == model::Recompute::Full ? " full" : rec == model::Recompute::Selective ? " selective" : " none") << " B " << B
+                                         << recompute_label(rec) << " B " << B
                                          << " mtp " << mtp << " ix " << ix;
           }
 }
@@ -336,6 +336,6 @@ TEST(CpTrain, ActivationEstimateWithTensorParallel) {
           EXPECT_LE((double)peak, est);
           w.all_reduce(&peak, 1, parallel::ReduceOp::Max);
           EXPECT_EQ(est, (double)peak) << base.model_type << (sp ? " sp" : "") << (prec == kern::Prec::BF16 ? " bf16" : " fp32")
-                                       << (rec == model::Recompute::Full ? " full" : rec == model::Recompute::Selective ? " selective" : " none");
+                                       << recompute_label(rec);
         }
 }

@@ -189,7 +189,7 @@ TEST(CpV4Train, ActivationEstimateMatchesTheArena) {
             const double peak = (double)m.peak_activation_bytes();
             const double top = groups.cp->all_reduce_value(peak, parallel::ReduceOp::Max);
             const std::string what = std::string(prec == kern::Prec::BF16 ? "bf16" : "fp32") +
-                                     (rec == model::Recompute::Full ? " full" : rec == model::Recompute::Selective ? " selective" : " none") + " B " + std::to_string(B) +
+                                     recompute_label(rec) + " B " + std::to_string(B) +
                                      " mtp " + std::to_string(mtp) + (packed ? " packed" : "");
             EXPECT_LE(peak, est) << what;
             if (!packed) {

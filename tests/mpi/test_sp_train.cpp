@@ -153,7 +153,7 @@ TEST(SpTrain, ActivationEstimateMatchesTheArena) {
             const double est = activation_peak_bytes(m.cfg, B, T, prec, rec, tp, 1, sp);
             const double got = (double)m.peak_activation_bytes();
             const std::string what = cfg.model_type + (prec == kern::Prec::BF16 ? " bf16" : " fp32") +
-                                     (rec == model::Recompute::Full ? " full" : rec == model::Recompute::Selective ? " selective" : " none") + (sp ? " sp" : " tp") +
+                                     recompute_label(rec) + (sp ? " sp" : " tp") +
                                      " B " + std::to_string(B) + " T " + std::to_string(T) + " tp rank " +
                                      std::to_string(tp_rank);
             if (tp_rank == 0 || !sp) EXPECT_EQ(est, got) << what;

@@ -279,7 +279,8 @@ TEST(MemoryEstimate, PipelineStages) {
          std::vector<std::vector<std::pair<int64_t, int64_t>>>{{{0, 1}, {1, L}}, {{0, 0}, {0, L}}, {{0, L}, {L, L}},
                                                                 {{0, 1}, {1, 2}, {2, L}}})
       for (size_t si = 0; si < p.size(); ++si)
-        for (const Mode& mode : {Mode{kern::Prec::BF16, model::Recompute::None}, Mode{kern::Prec::F32, model::Recompute::Full},
+        for (const Mode& mode : {Mode{kern::Prec::BF16, model::Recompute::None},
+                                 Mode{kern::Prec::F32, model::Recompute::Full},
                                  Mode{kern::Prec::BF16, model::Recompute::Selective}}) {
           const model::StageShard st{p[si].first, p[si].second, si == 0, si + 1 == p.size(), 16};
           const std::string what = cfg.model_type + " stage [" + std::to_string(st.l0) + ", " + std::to_string(st.l1) +

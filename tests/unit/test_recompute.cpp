@@ -157,7 +157,8 @@ TEST(Recompute, SelectiveAccumulatesTheSameGradients) {
       model::Model m(model::parse_config(mj, "tiny"), kern::Prec::F32, {0.01, 0, rc});
       m.init_random(9);
       std::vector<int32_t> ids(2 * 19), tg(2 * 19);
-      for (int i = 0; i < 38; ++i) ids[i] = (i * 11 + 2) % (int)m.cfg.vocab_size, tg[i] = (i * 3 + 5) % (int)m.cfg.vocab_size;
+      const int V = (int)m.cfg.vocab_size;
+      for (int i = 0; i < 38; ++i) ids[i] = (i * 11 + 2) % V, tg[i] = (i * 3 + 5) % V;
       m.forward_backward({1, 19, ids.data(), tg.data(), nullptr, nullptr});
       m.forward_backward({1, 19, ids.data() + 19, tg.data() + 19, nullptr, nullptr});
       g.emplace_back(m.G(), m.G() + m.layout.total);
@@ -198,11 +199,15 @@ TEST(Recompute, RunConfigKey) {
   refused(k, {"train.recompute_modules", "\"moe\""});
   k["train"]["recompute_modules"] = "moe";
   refused(k, {"train.recompute_modules", "list"});
-  // recompute_modules belongs to "selective".
+  // recompute_modules is used only with "selective": ignored (a warning) with the other modes.
   for (const char* mode : {"none", "full"}) {
     k = j;
     k["train"]["recompute"] = mode;
-    refused(k, {"train.recompute_modules", "selective", mode});
+    const train::RunConfig r = train::parse_run_config(k, "run.toml");
+    EXPECT_EQ(r.train.recompute, std::string(mode) == "full" ? model::Recompute::Full : model::Recompute::None);
+    model::TrainOptions o{0, 0, r.train.recompute};
+    o.recompute_modules = r.train.recompute_modules;
+    EXPECT_FALSE(o.recomputes(model::kRecomputeMoe)) << mode;
   }
   j["train"]["recompute"] = "partial";
   refused(j, {"recompute", "selective", "full"});
