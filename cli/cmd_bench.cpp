@@ -227,7 +227,9 @@ void add_bench(CLI::App& app) {
     train::check_memory(rc, R);  // as trex train: refused with the estimate, not killed by the OS
     int threads = init_threads((int)rc.train.threads);
     const int steps = o->steps > 0 ? o->steps : (int)rc.train.steps;
-    model::Model m(rc.model, rc.train.precision, {rc.train.aux_loss_alpha, rc.train.mtp_loss_weight, rc.train.recompute},
+    model::TrainOptions topt{rc.train.aux_loss_alpha, rc.train.mtp_loss_weight, rc.train.recompute};
+    topt.recompute_modules = rc.train.recompute_modules;
+    model::Model m(rc.model, rc.train.precision, topt,
                    train::expert_shard_of(dims, rank, rc.model),  // ep > 1: this rank's experts only
                    train::stage_shard_of(dims, rank, rc.model),   // pp > 1: this rank's stage only
                    train::tp_shard_of(dims, rank));                // tp > 1: this rank's slice only

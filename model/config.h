@@ -13,8 +13,16 @@ namespace trex::model {
 // Activation recompute of a training step (TrainOptions::recompute, [train] recompute): None keeps
 // every layer's activations from the forward to the backward; Full keeps only each decoder
 // layer's input and replays the layer's forward just before its backward (the gradients are
-// bitwise the same; the step runs the layers' forward twice).
-enum class Recompute { None, Full };
+// bitwise the same; the step runs the layers' forward twice). Selective drops and replays only
+// the modules of TrainOptions::recompute_modules (Megatron-Core's `--recompute-granularity
+// selective`), never the attention core: the same gradients, a smaller extra cost.
+enum class Recompute { None, Full, Selective };
+
+// Modules of selective recompute (bits of TrainOptions::recompute_modules; [train]
+// recompute_modules, named as Megatron-Core's --recompute-modules).
+//   kRecomputeMoe ("moe"): a layer's whole MoE block (router, dispatch, routed and shared experts,
+//   combine) keeps only its input; its forward is replayed just before its backward.
+enum RecomputeModule : unsigned { kRecomputeMoe = 1u << 0 };
 
 // Stage of the lightning indexer's training (TrainOptions::indexer_stage, [train] indexer_stage;
 // DeepSeek-V3.2 report, "DeepSeek Sparse Attention"). Sparse: the attention sees the indexer's

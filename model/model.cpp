@@ -577,6 +577,9 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
   // the dense MLP see all N tokens (tp_block_in / tp_block_out).
   // replaying (full recompute, in the backward): its regions are not timed again (bwd.recompute
   // holds them).
+  // Selective recompute of "moe": a MoE block's activations are dropped after its forward and
+  // rebuilt by replaying it (moe_forward on the kept s.n2) just before its backward.
+  const bool replay_moe = opt.recomputes(kRecomputeMoe);
   auto layer_forward = [&](int64_t l, float* x, LayerSaved& s, bool count, bool replaying = false) -> float* {
     Profiler* pr = replaying ? nullptr : prof;
     const Ctx cx{prec, &acts, pr, be_, c.hs};
@@ -603,8 +606,10 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
     float* h_out = acts.alloc<float>(Nl * d);
     if (cfg.is_moe_layer(l)) {
       ProfScope ps(pr, "fwd.moe");
+      const auto mk = acts.mark();
       const double aux = moe_forward(cx, moe_in(lp), s.n2, h_out, s.moe, count ? load_.layer(l) : nullptr);
       if (count) out.aux += aux;
+      if (replay_moe) acts.release(mk);  // selective "moe": only its input s.n2 is kept
     } else {
       MlpW w = mlp_weights_tp(P, Pb, G, lp.mlp_gu, lp.mlp_down, d, cfg.intermediate_size, tp_.slice);
       ProfScope ps(pr, "fwd.mlp");
@@ -703,6 +708,12 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
     if (replay) {
       ProfScope ps(prof, "bwd.recompute");
       layer_forward(l, s.h_in, s, false, /*replaying=*/true);
+    }
+    if (replay_moe && cfg.is_moe_layer(l)) {  // its regions are not timed again (bwd.recompute holds them)
+      ProfScope ps(prof, "bwd.recompute");
+      const Ctx cx{prec, &acts, nullptr, be_, c.hs};
+      float* h_out = acts.alloc<float>(Nl * d);  // the block's output again (unused)
+      moe_forward(cx, moe_in(lp), s.n2, h_out, s.moe, nullptr);
     }
     // h_out = h_mid + ffn(norm2(h_mid))
     if (cfg.is_moe_layer(l)) {

@@ -117,6 +117,10 @@ struct TrainOptions {
   // With weight 0: compute the indexer loss and its recall anyway (forward only, the indexer stays
   // frozen), so a run without the loss reports them too (LossParts::indexer / indexer_recall).
   bool indexer_recall = false;
+  // Recompute::Selective: the modules dropped and replayed (RecomputeModule bits; ignored otherwise).
+  unsigned recompute_modules = kRecomputeMoe;
+  // Module m (a RecomputeModule) is dropped after its forward and replayed before its backward.
+  bool recomputes(unsigned m) const { return recompute == Recompute::Selective && (recompute_modules & m) != 0; }
   bool indexer_loss() const { return indexer_loss_weight > 0; }
   // The forward computes the indexer loss and recall: with the loss, or for the metrics.
   bool indexer_metrics() const { return indexer_loss() || indexer_recall; }

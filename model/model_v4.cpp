@@ -163,6 +163,9 @@ struct Env {
   // (sequence parallel: over the tp group first).
   const CpAttn* cp = nullptr;
   std::function<void(double*, size_t)> cp_sum = {};
+  // Selective recompute of "moe" (TrainOptions::recomputes): layer_forward drops the MoE block's
+  // activations (keeps its input s.n2 and output s.f); moe_replay rebuilds them before the backward.
+  bool drop_moe = false;
   int64_t N() const { return sh.rows; }  // token rows of every per-token array here
 };
 
@@ -234,12 +237,21 @@ float* layer_forward(Env& e, int64_t l, float* X, V4LayerSaved& s, double* aux) 
   s.f = A.alloc<float>(N * d);
   {
     ProfScope ps(e.ctx.prof, "fwd.moe");
+    const auto mk = A.mark();
     const double a = moe_forward(e.ctx, moe_in(e, l), s.n2, s.f, s.moe, aux ? e.load->layer(l) : nullptr);
     if (aux) *aux += a;
+    if (e.drop_moe) A.release(mk);
   }
   float* out = A.alloc<float>(N * n * d);
   e.ctx.k().hc_post_fwd(e.hs, s.X_mid, s.f, s.hf.post, s.hf.comb, out);
   return out;
+}
+
+// Selective recompute of "moe": the MoE block's forward again on its kept input s.n2 (its output
+// into a scratch buffer, the aux loss and loads not counted), so s.moe holds its activations.
+void moe_replay(Env& e, int64_t l, V4LayerSaved& s) {
+  float* f = e.ctx.ws->alloc<float>(e.N() * e.c.hidden_size);
+  moe_forward(e.ctx, moe_in(e, l), s.n2, f, s.moe, nullptr);
 }
 
 // Row r of [N, n, d] streams <- row r / n (or, with ids, token ids[r / n]) of a [., d] table:
@@ -425,6 +437,7 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
   e.sh = sh;
   LossParts out;
   e.ix_loss = opt.indexer_metrics(), e.ix_dense = opt.dense_warmup(), e.ix_grad = ix_grad;
+  e.drop_moe = opt.recomputes(kRecomputeMoe);
   e.ix_sum = &out.indexer, e.ix_recall = &out.indexer_recall;
   e.seg = b.seg ? e.ctx.device(b.seg, N) : nullptr;
   if (cp_full_) {
@@ -479,6 +492,12 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
       ProfScope ps(prof, "bwd.recompute");
       e.ctx.prof = nullptr;
       layer_forward(e, l, s.X_in, s, nullptr);
+      e.ctx.prof = prof;
+    }
+    if (e.drop_moe) {  // selective "moe"
+      ProfScope ps(prof, "bwd.recompute");
+      e.ctx.prof = nullptr;
+      moe_replay(e, l, s);
       e.ctx.prof = prof;
     }
     layer_backward(e, l, s, dX, w);

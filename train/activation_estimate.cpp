@@ -57,6 +57,7 @@ struct StepWalk {
   const int64_t cp, NK;          // context parallel: N = B T / cp local tokens, NK = B T keys (N without cp)
   const bool bf;                 // bf16 GEMM inputs (transient bf16 copies of activations)
   const bool replay;             // full recompute
+  const bool drop_moe;           // selective recompute of "moe": MoE blocks replayed before their backward
   const int64_t tp, ep;          // tensor / expert parallel sizes
   const bool sp;                 // sequence parallel (tp > 1)
   const int64_t Nl;              // token rows outside the split blocks: N, or rank 0's shard (the largest)
@@ -74,6 +75,7 @@ struct StepWalk {
            int64_t ep_, bool sp_, const model::StageShard& st, const model::TrainOptions& o, int64_t cp_)
       : c(cfg), B(b), T(t), N(b * t / std::max<int64_t>(cp_, 1)), d(cfg.hidden_size), cp(std::max<int64_t>(cp_, 1)),
         NK(b * t), bf(p == kern::Prec::BF16), replay(r == model::Recompute::Full),
+        drop_moe(r == model::Recompute::Selective && (o.recompute_modules & model::kRecomputeMoe)),
         tp(std::max<int64_t>(tp_, 1)), ep(std::max<int64_t>(ep_, 1)), sp(sp_ && tp > 1),
         Nl(sp ? (N + tp - 1) / tp : N), l0(st.on() ? st.l0 : 0), l1(st.on() ? st.l1 : cfg.num_hidden_layers),
         last(!st.on() || st.last), ix_fwd(cfg.indexer_layers() > 0 && o.indexer_metrics()),
@@ -203,6 +205,20 @@ struct StepWalk {
     if (!moves && shared) mlp_backward(Nl, Fs, false);  // after the routed experts
     f32(Nl * E);  // dscores
     A.release(m);
+  }
+
+  // Selective recompute of "moe" (model.cpp run(), model_v4.cpp layer_forward / moe_replay): the
+  // block's activations released after its forward, rebuilt (with a scratch output) before its
+  // backward.
+  void moe_forward_kept() {
+    const auto m = A.mark();
+    moe_forward();
+    if (drop_moe) A.release(m);
+  }
+  void moe_replayed() {
+    if (!drop_moe) return;
+    f32(Nl * d);  // the block's output again
+    moe_forward();
   }
 
   // model/mla.cpp (H: this rank's heads).
@@ -347,7 +363,7 @@ struct StepWalk {
     sp_pad(d);
     f32(Nl * d), f32(Nl), f32(Nl * d);  // n2, rstd2, h_out
     if (c.is_moe_layer(l)) {
-      moe_forward();
+      moe_forward_kept();
       return;
     }
     block_in(d), block_out_buf(d);
@@ -365,6 +381,7 @@ struct StepWalk {
     const auto m = A.mark();
     if (replay) v3_layer_forward(l);
     if (c.is_moe_layer(l)) {
+      moe_replayed();
       moe_backward();
     } else {
       block_in(d), block_out_buf(d);
@@ -627,7 +644,7 @@ struct StepWalk {
     f32(Nl * n * d);  // X_mid
     hc_alloc(n);
     f32(Nl * d), f32(Nl), f32(Nl * d);  // n2, rstd2, f
-    moe_forward();
+    moe_forward_kept();
     f32(Nl * n * d);  // out
   }
   void v4_forward_kept(int64_t l) {
@@ -640,6 +657,7 @@ struct StepWalk {
   void v4_backward_replayed(int64_t l) {
     const auto m = A.mark();
     if (replay) v4_layer_forward(l);
+    moe_replayed();
     moe_backward();
     block_in(d), block_out_buf(d);
     v4_attn_backward(l);

@@ -71,7 +71,8 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks) {
   double acts = 0;  // the activation arena's peak, the largest over the stages
   auto stage_acts = [&](const model::StageShard& st) {
     const model::TrainOptions ix{rc.train.aux_loss_alpha, rc.train.mtp_loss_weight, rc.train.recompute,
-                                 rc.train.indexer_loss_weight, rc.train.indexer_stage, rc.train.indexer_recall};
+                                 rc.train.indexer_loss_weight, rc.train.indexer_stage, rc.train.indexer_recall,
+                                 rc.train.recompute_modules};
     return activation_peak_bytes(run_cfg, rc.train.batch_size, rc.data.seq_len, rc.train.precision,
                                  rc.train.recompute, rc.parallel.tp, rc.parallel.ep, rc.parallel.sequence_parallel, st,
                                  ix, rc.data.seq_len % (2 * std::max<int64_t>(rc.parallel.cp, 1))
@@ -155,10 +156,12 @@ MemoryEstimate check_memory(const RunConfig& rc, int ranks) {
   const double have = machine_memory_bytes();
   if (!rc.train.memory_check || have <= 0) return e;
   TREX_USER_CHECK(e.total() <= have,
-                  std::string(rc.train.recompute != model::Recompute::Full
-                                  ? "set train.recompute = \"full\" (activations are most of a long sequence's "
-                                    "memory), "
-                                  : "") +
+                  std::string(rc.train.recompute == model::Recompute::None
+                                  ? "set train.recompute = \"selective\" (recompute_modules = [\"moe\"]) or "
+                                    "\"full\" (activations are most of a long sequence's memory), "
+                                  : rc.train.recompute == model::Recompute::Selective
+                                      ? "set train.recompute = \"full\" (keeps only each layer's input), "
+                                      : "") +
                       "lower train.batch_size or data.seq_len, use a smaller model, add data-parallel ranks (the "
                       "optimizer state is sharded) or context-parallel ranks (parallel.cp), or set "
                       "train.memory_check = false to try anyway",

@@ -121,6 +121,36 @@ KeySpec mapped(const char* key, Kind kind, const char* doc, std::function<void(R
   return k;
 }
 
+const char* recompute_name(model::Recompute r) {
+  switch (r) {
+    case model::Recompute::None: return "none";
+    case model::Recompute::Full: return "full";
+    case model::Recompute::Selective: return "selective";
+  }
+  return "?";
+}
+// train.recompute_modules: each name's model::RecomputeModule bit (0: not supported).
+const std::vector<std::pair<std::string, unsigned>>& recompute_modules_table() {
+  static const std::vector<std::pair<std::string, unsigned>> t = {{"moe", model::kRecomputeMoe}};
+  return t;
+}
+unsigned recompute_module_bit(const std::string& name) {
+  for (const auto& [n, b] : recompute_modules_table())
+    if (n == name) return b;
+  return 0;
+}
+json recompute_module_names(unsigned bits) {
+  json a = json::array();
+  for (const auto& [n, b] : recompute_modules_table())
+    if (bits & b) a.push_back(n);
+  return a;
+}
+std::string supported_recompute_modules() {
+  std::string s;
+  for (const auto& [n, b] : recompute_modules_table()) s += (s.empty() ? "\"" : ", \"") + n + "\"";
+  return s;
+}
+
 const char* precision_name(kern::Prec p) { return p == kern::Prec::F32 ? "fp32" : "bf16"; }
 const char* schedule_name(Schedule s) {
   switch (s) {
@@ -207,13 +237,50 @@ const std::vector<SectionSpec>& sections() {
            field("aux_loss_alpha", Kind::Num, &R::train, &TrainConfig::aux_loss_alpha,
                  "weight of the sequence-wise expert balance loss (0 = off)", 0, 10),
            mapped("recompute", Kind::Choice,
-                  "full: keep only each layer's input and replay its forward before the backward (less "
-                  "memory, same gradients)",
+                  "activation recompute (README.md, BENCHMARKS.md; the gradients are bitwise the same in every "
+                  "mode): none keeps every activation; full keeps only each layer's input and replays its whole "
+                  "forward before its backward (least memory, the forward runs twice); selective drops and "
+                  "replays only the modules of recompute_modules, never the attention core (Megatron-Core's "
+                  "selective granularity)",
                   [](R& r, const json& v) {
-                    r.train.recompute = v == "full" ? model::Recompute::Full : model::Recompute::None;
+                    r.train.recompute = v == "full"        ? model::Recompute::Full
+                                        : v == "selective" ? model::Recompute::Selective
+                                                           : model::Recompute::None;
                   },
-                  [](const R& r) { return json(r.train.recompute == model::Recompute::Full ? "full" : "none"); },
-                  0, 0, {"none", "full"}),
+                  [](const R& r) { return json(recompute_name(r.train.recompute)); }, 0, 0,
+                  {"none", "full", "selective"}),
+           [] {
+             KeySpec k = key_spec(
+                 "recompute_modules", Kind::Custom,
+                 "used with recompute = \"selective\" only (ignored, with a warning, otherwise): the modules "
+                 "dropped after their forward and replayed before their backward, named as Megatron-Core's "
+                 "--recompute-modules. moe: a MoE "
+                 "layer's whole block (router, dispatch, routed and shared experts, combine) keeps only its input; "
+                 "under expert parallelism the replay repeats the dispatch and combine all-to-alls",
+                 [](R& r, const json& v) {
+                   r.train.recompute_modules = 0;
+                   for (const json& e : v) r.train.recompute_modules |= recompute_module_bit(e.get<std::string>());
+                 },
+                 [](const R& r) { return recompute_module_names(r.train.recompute_modules); });
+             k.type = "list of module names: \"moe\"";
+             k.check = [](const Ctx& c, const json& v, const std::string& key) {
+               TREX_USER_CHECK(v.is_array() && !v.empty(),
+                               "list the modules to recompute, e.g. [\"moe\"] (supported: " +
+                                   supported_recompute_modules() + ")",
+                               c.where, ": ", key, " must be a non-empty list of module names, got ", v.dump());
+               for (const json& e : v) {
+                 TREX_USER_CHECK(e.is_string() && recompute_module_bit(e.get<std::string>()) != 0,
+                                 std::string(e.is_string() && e.get<std::string>() == "core_attn"
+                                                 ? "the attention core already keeps only its output and "
+                                                   "log-sum-exp (flash attention); "
+                                                 : "") +
+                                     "supported modules: " + supported_recompute_modules(),
+                                 c.where, ": ", key, " = ", e.dump(), " is not a module trex recomputes");
+               }
+               return v;
+             };
+             return k;
+           }(),
            field("mtp_loss_weight", Kind::Num, &R::train, &TrainConfig::mtp_loss_weight,
                  "DeepSeek-V3 / V4: > 0 trains the config's MTP layers (num_nextn_predict_layers), loss += weight x mean MTP cross-entropy; 0 keeps V3 MTP layers unchanged", 0, 10),
            mapped("indexer_loss_weight", Kind::Num,
@@ -477,6 +544,15 @@ void check_indexer_loss(const RunConfig& r, const std::string& where) {
                   ": the indexer loss needs every attention head's probabilities on one rank");
 }
 
+// [train] recompute_modules is used only with recompute = "selective"; a list given with another
+// mode is ignored, with a warning (every key at its default parses: docs/CONFIG.md).
+void check_recompute(const RunConfig& r, const std::string& where) {
+  const json& t = r.raw.contains("train") ? r.raw["train"] : json::object();
+  if (t.is_object() && t.contains("recompute_modules") && r.train.recompute != model::Recompute::Selective)
+    TREX_LOG_WARN(where, ": train.recompute_modules is ignored: train.recompute = \"", recompute_name(r.train.recompute),
+                  "\" (the modules are used only with \"selective\")");
+}
+
 // The two fault bounds (docs/PARALLEL.md, "Dead or slow"): the heartbeat's must be the shorter,
 // else a slow step would end the job before a dead peer is told apart from it.
 void check_fault_timeouts(const RunConfig& r, const std::string& where) {
@@ -554,6 +630,7 @@ RunConfig parse_run_config(json j, const std::string& where, const std::vector<s
   r.optim.schedule.total_steps = r.train.steps;
   check_indexer_loss(r, where);
   check_fault_timeouts(r, where);
+  check_recompute(r, where);
   return r;
 }
 

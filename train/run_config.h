@@ -39,7 +39,8 @@ struct TrainConfig {
   float bias_update_gamma = 0.001f;
   double aux_loss_alpha = 0.0;
   double mtp_loss_weight = 0.0;  // DeepSeek-V4: > 0 trains the config's MTP blocks (loss += weight x MTP CE)
-  model::Recompute recompute = model::Recompute::None;  // "none" | "full" (model/config.h)
+  model::Recompute recompute = model::Recompute::None;  // "none" | "full" | "selective" (model/config.h)
+  unsigned recompute_modules = model::kRecomputeMoe;    // selective: model::RecomputeModule bits ("moe")
   // DeepSeek-V3.2 / V4 (CSA): > 0 trains the lightning indexer with its KL loss (loss += weight x indexer loss)
   double indexer_loss_weight = 0.0;
   model::IndexerStage indexer_stage = model::IndexerStage::Sparse;  // "sparse" | "dense_warmup"

@@ -204,6 +204,15 @@ TEST(CpTrain, WithPipelineParallel) {
   parity(su, DpOptions{997, true}, 4, 4, 1, seq_for(2), 1, 1, 2, {}, 2);
 }
 
+// The same with selective recompute of the MoE blocks (the replays repeat the aux loss's count
+// sums over the cp group).
+TEST(CpTrain, WithPipelineParallelSelectiveRecompute) {
+  if (parallel::test_world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  Case su = cp_case(cp_v3(), true);
+  su.recompute = model::Recompute::Selective;
+  parity(su, DpOptions{997, true}, 4, 4, 1, seq_for(2), 1, 1, 2, {}, 2);
+}
+
 // The run loop under cp = world size (on 4 ranks cp 2 x dp 2): losses, tokens and eval losses of
 // 6 steps equal one process's; its step-3 checkpoint resumed in one process gives the same losses.
 TEST(CpTrain, RunLoopMatchesOneProcessAndResumesInOne) {
@@ -256,7 +265,7 @@ TEST(CpTrain, V32ResumesAcrossCpSizes) {
 
 // The activation estimate (train/activation_estimate.h, cp) replays one context-parallel
 // forward_backward: it equals the measured arena peak on every cp rank (every rank holds B x T / cp
-// tokens). bf16 and fp32, no and full recompute, with and without MTP layers. DeepSeek-V3.2 (one
+// tokens). bf16 and fp32, no, full and selective recompute, with and without MTP layers. DeepSeek-V3.2 (one
 // document a row; the ranks' key lists differ, the estimate is the largest rank's): with the
 // indexer loss too.
 TEST(CpTrain, ActivationEstimateMatchesTheArena) {
@@ -270,7 +279,7 @@ TEST(CpTrain, ActivationEstimateMatchesTheArena) {
     for (double ix : {0.0, 0.5})
       for (int64_t B : {1, 3})
         for (kern::Prec prec : {kern::Prec::BF16, kern::Prec::F32})
-          for (model::Recompute rec : {model::Recompute::None, model::Recompute::Full}) {
+          for (model::Recompute rec : {model::Recompute::None, model::Recompute::Full, model::Recompute::Selective}) {
             const double mtp = mj.value("num_nextn_predict_layers", 0) > 0 ? 0.3 : 0.0;
             const model::ModelConfig base = model::parse_config(mj, "tiny");
             if (ix > 0 && !base.is_v32()) continue;
@@ -287,7 +296,7 @@ TEST(CpTrain, ActivationEstimateMatchesTheArena) {
             EXPECT_LE((double)peak, est);
             groups.cp->all_reduce(&peak, 1, parallel::ReduceOp::Max);
             EXPECT_EQ(est, (double)peak) << cfg.model_type << (prec == kern::Prec::BF16 ? " bf16" : " fp32")
-                                         << (rec == model::Recompute::Full ? " full" : " none") << " B " << B
+                                         << recompute_label(rec) << " B " << B
                                          << " mtp " << mtp << " ix " << ix;
           }
 }
@@ -304,7 +313,7 @@ TEST(CpTrain, ActivationEstimateWithTensorParallel) {
   for (const json& mj : {cp_tp(cp_v3()), cp_tp(cp_v32())})
     for (bool sp : {false, true})
       for (kern::Prec prec : {kern::Prec::BF16, kern::Prec::F32})
-        for (model::Recompute rec : {model::Recompute::None, model::Recompute::Full}) {
+        for (model::Recompute rec : {model::Recompute::None, model::Recompute::Full, model::Recompute::Selective}) {
           const model::ModelConfig base = model::parse_config(mj, "tiny");
           const int64_t T = seq_for(2), B = 3;
           const model::TrainOptions o{0.01, 0.3, rec};
@@ -319,6 +328,6 @@ TEST(CpTrain, ActivationEstimateWithTensorParallel) {
           EXPECT_LE((double)peak, est);
           w.all_reduce(&peak, 1, parallel::ReduceOp::Max);
           EXPECT_EQ(est, (double)peak) << base.model_type << (sp ? " sp" : "") << (prec == kern::Prec::BF16 ? " bf16" : " fp32")
-                                       << (rec == model::Recompute::Full ? " full" : " none");
+                                       << recompute_label(rec);
         }
 }

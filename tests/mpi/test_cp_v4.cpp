@@ -50,6 +50,12 @@ TEST(CpV4Train, TwoMicroBatchesRecomputeMatchesOneProcess) {
   parity(cp_v4_case(false, model::Recompute::Full), DpOptions{0, false}, 4, 2, 3, seq_v4(cp), 1, 1, 1, {}, cp);
 }
 
+// The same with selective recompute of the MoE blocks.
+TEST(CpV4Train, TwoMicroBatchesSelectiveRecomputeMatchesOneProcess) {
+  const int cp = cp_of_world();
+  parity(cp_v4_case(false, model::Recompute::Selective), DpOptions{0, false}, 4, 2, 3, seq_v4(cp), 1, 1, 1, {}, cp);
+}
+
 // The CSA indexer's KL loss (weight 0.8) and its recall under cp (the whole world; on 4 ranks
 // cp 2 x dp 2), sparse stage and dense warm-up: each rank scores its local queries against the
 // whole rows' entries, the key-side gradients reduce-scattered to their owners, the loss and recall
@@ -177,7 +183,7 @@ TEST(CpV4Train, ResumesAcrossCpSizes) {
 
 // The activation estimate (train/activation_estimate.h, cp) replays one context-parallel V4
 // forward_backward: it equals the largest measured arena peak of the cp ranks, and no rank's peak
-// exceeds it (the ranks' key lists differ slightly). bf16 and fp32, no and full recompute, with
+// exceeds it (the ranks' key lists differ slightly). bf16 and fp32, no, full and selective recompute, with
 // and without the MTP layer, packed rows (the estimate counts one document a row: packed rows
 // attend fewer keys, so there it is an upper bound) and not; without the indexer loss, with it
 // (sparse stage, dense warm-up) and with the recall only (its forward, no backward).
@@ -195,7 +201,7 @@ TEST(CpV4Train, ActivationEstimateMatchesTheArena) {
     for (const double mtp : {0.0, 0.3})
       for (int64_t B : {1, 3})
         for (kern::Prec prec : {kern::Prec::BF16, kern::Prec::F32})
-          for (model::Recompute rec : {model::Recompute::None, model::Recompute::Full})
+          for (model::Recompute rec : {model::Recompute::None, model::Recompute::Full, model::Recompute::Selective})
             for (bool packed : {false, true}) {
               json mj = cp_v4();
               if (mtp == 0) mj["num_nextn_predict_layers"] = 0;
@@ -212,7 +218,7 @@ TEST(CpV4Train, ActivationEstimateMatchesTheArena) {
               const double peak = (double)m.peak_activation_bytes();
               const double top = groups.cp->all_reduce_value(peak, parallel::ReduceOp::Max);
               const std::string what = std::string(prec == kern::Prec::BF16 ? "bf16" : "fp32") +
-                                       (rec == model::Recompute::Full ? " full" : " none") + " B " + std::to_string(B) +
+                                       recompute_label(rec) + " B " + std::to_string(B) +
                                        " mtp " + std::to_string(mtp) + (packed ? " packed" : "") + " ix " +
                                        std::to_string(o.indexer_loss_weight) + (o.dense_warmup() ? " dense" : "") +
                                        (o.indexer_recall ? " recall" : "");

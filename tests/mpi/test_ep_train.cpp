@@ -61,6 +61,18 @@ TEST(EpTrain, V4MatchesSingleRankWithMtp) {
   parity(su, DpOptions{1500, true}, 3, 2, 1, 13, ep_for(parallel::test_world().size()));
 }
 
+// Selective recompute of the MoE blocks: the replayed forwards repeat the dispatch and combine
+// all-to-alls before each block's backward (lr 1e-3 as V3MatchesSingleRankWithMtp).
+TEST(EpTrain, SelectiveMoeRecomputeMatchesSingleRank) {
+  Case v3{six_experts(tiny_v3_mtp()), 0.01, 0.3};
+  v3.lr = v3.ocfg.lr = 1e-3f;
+  v3.recompute = model::Recompute::Selective;
+  parity(v3, DpOptions{997, true}, 3, 2, 2, 11, ep_for(parallel::test_world().size()));
+  Case v4{six_experts(tiny_v4()), 0.0, 0.3};
+  v4.recompute = model::Recompute::Selective;
+  parity(v4, DpOptions{1500, true}, 3, 2, 1, 13, ep_for(parallel::test_world().size()));
+}
+
 // One forward_backward per rank on its own batch: the loss is the single model's on that batch;
 // the rank's gradient has nothing outside its own experts' slab ranges (and the dense part), and
 // the sum over ranks equals the single model's gradient accumulated over all the batches. Also

@@ -81,6 +81,18 @@ TEST(PpTrain, V4MatchesSingleRankWithMtp) {
   parity(su, DpOptions{1500, true}, 3, 4, 1, 13, 1, 1, pp_for(n));
 }
 
+// Selective recompute of the MoE blocks inside the stages (V3 with its MTP layer, V4 with its MTP
+// block on the last stage).
+TEST(PpTrain, SelectiveMoeRecomputeMatchesSingleRank) {
+  const int n = parallel::test_world().size();
+  Case v3{tiny_v3_mtp(), 0.01, 0.3};
+  v3.recompute = model::Recompute::Selective;
+  parity(v3, DpOptions{997, true}, 3, 4, 1, 13, 1, 1, pp_for(n));
+  Case v4{tiny_v4(), 0.0, 0.3};
+  v4.recompute = model::Recompute::Selective;
+  parity(v4, DpOptions{1500, true}, 3, 4, 1, 13, 1, 1, pp_for(n));
+}
+
 // DeepSeek-V4's CSA indexer loss (sparse stage) with the MTP block: each stage's CSA layers add
 // their indexer loss and recall; under full activation recompute.
 TEST(PpTrain, V4IndexerLossMatchesSingleRank) {

@@ -141,7 +141,7 @@ TEST(SpTrain, ActivationEstimateMatchesTheArena) {
   for (const json& mj : {tp_v3(), tp_v4(), v3_mtp})
     for (auto [B, T] : {std::pair<int64_t, int64_t>{2, 12}, {3, 7}, {2, 11}})  // 24, 21, 22 tokens
       for (kern::Prec prec : {kern::Prec::BF16, kern::Prec::F32})
-        for (model::Recompute rec : {model::Recompute::None, model::Recompute::Full})
+        for (model::Recompute rec : {model::Recompute::None, model::Recompute::Full, model::Recompute::Selective})
           for (bool sp : {false, true}) {
             const double mtp = mj.value("num_nextn_predict_layers", 0) > 0 ? 0.3 : 0.0;
             const model::ModelConfig cfg = model::parse_config(mj, "tiny");
@@ -153,7 +153,7 @@ TEST(SpTrain, ActivationEstimateMatchesTheArena) {
             const double est = activation_peak_bytes(m.cfg, B, T, prec, rec, tp, 1, sp);
             const double got = (double)m.peak_activation_bytes();
             const std::string what = cfg.model_type + (prec == kern::Prec::BF16 ? " bf16" : " fp32") +
-                                     (rec == model::Recompute::Full ? " full" : " none") + (sp ? " sp" : " tp") +
+                                     recompute_label(rec) + (sp ? " sp" : " tp") +
                                      " B " + std::to_string(B) + " T " + std::to_string(T) + " tp rank " +
                                      std::to_string(tp_rank);
             if (tp_rank == 0 || !sp) EXPECT_EQ(est, got) << what;
@@ -215,6 +215,16 @@ TEST(SpTrain, V4MatchesSingleRankWithMtp) {
   Case su = tp_case(tp_v4(), 0.01, 0.3);
   su.lr = su.ocfg.lr = 1e-3f;
   su.recompute = model::Recompute::Full;
+  parity(su, sp_options(1500, true), 3, 2, 1, 13, 1, tp_for(n));
+}
+
+// Selective recompute of the MoE blocks on each rank's token shard: the replays repeat the aux
+// loss's count sums over the tp group.
+TEST(SpTrain, V4SelectiveMoeRecomputeMatchesSingleRank) {
+  const int n = parallel::test_world().size();
+  Case su = tp_case(tp_v4(), 0.01, 0.3);
+  su.lr = su.ocfg.lr = 1e-3f;
+  su.recompute = model::Recompute::Selective;
   parity(su, sp_options(1500, true), 3, 2, 1, 13, 1, tp_for(n));
 }
 

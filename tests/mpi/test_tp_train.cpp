@@ -67,6 +67,14 @@ TEST(TpTrain, V4MatchesSingleRankWithMtp) {
   parity(su, DpOptions{1500, true}, 3, 2, 1, 13, 1, tp_for(n));
 }
 
+// Selective recompute of the MoE blocks (the MoE runs on all tokens of every tp rank).
+TEST(TpTrain, V4SelectiveMoeRecomputeMatchesSingleRank) {
+  const int n = parallel::test_world().size();
+  Case su = tp_case(tp_v4(), 0.0, 0.3);
+  su.recompute = model::Recompute::Selective;
+  parity(su, DpOptions{1500, true}, 3, 2, 1, 13, 1, tp_for(n));
+}
+
 // Expert parallel inside the dp group and tensor parallel together (4 ranks: dp 2 x tp 2, ep 2).
 TEST(TpTrain, V3WithExpertParallel) {
   const int n = parallel::test_world().size();

@@ -90,6 +90,11 @@ struct Trace {
   }
 };
 
+// " none", " full" or " selective", for the messages of the cases.
+inline const char* recompute_label(model::Recompute r) {
+  return r == model::Recompute::Full ? " full" : r == model::Recompute::Selective ? " selective" : " none";
+}
+
 struct Case {
   json model;
   double aux = 0, mtp = 0;

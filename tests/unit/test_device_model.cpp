@@ -110,7 +110,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, DeviceModel,
                                            Case{kern::Prec::F32, model::Recompute::None, 0.0, false, 1, false, true},
                                            Case{kern::Prec::BF16, model::Recompute::None, 0.01, true, 1, false, true},
                                            Case{kern::Prec::F32, model::Recompute::Full, 0.01, true, 1, false, true},
-                                           Case{kern::Prec::BF16, model::Recompute::Full, 0.01, true, 0, false, true}));
+                                           Case{kern::Prec::BF16, model::Recompute::Full, 0.01, true, 0, false, true},
+                                           Case{kern::Prec::BF16, model::Recompute::Selective, 0.01, true, 2},
+                                           Case{kern::Prec::F32, model::Recompute::Selective, 0.01, true, 1, false, true}));
 
 // A checkpoint written from the device (its copies brought back first, as the trainer does) and
 // resumed onto the device continues exactly as the CPU run that never stopped.

@@ -1,8 +1,10 @@
-// Full activation recompute (TrainOptions::recompute, [train] recompute = "full"): the replayed
-// layer forwards rebuild exactly the activations the backward needs, so the loss, every gradient
-// and the expert loads are bitwise those of a step that kept them, in fp32 and bf16, on tiny
-// DeepSeek-V3 (dense + MoE layers, aux loss) and DeepSeek-V4 (hash routing, CSA / HCA / sliding,
-// an MTP block) configs with odd sizes and packed rows; the activation peak is lower.
+// Activation recompute (TrainOptions::recompute, [train] recompute = "full" / "selective"): the
+// replayed layer forwards (full) or MoE block forwards (selective, recompute_modules = ["moe"])
+// rebuild exactly the activations the backward needs, so the loss, every gradient and the expert
+// loads are bitwise those of a step that kept them, in fp32 and bf16, on tiny DeepSeek-V3 (dense
+// + MoE layers, aux loss, MTP layers) and DeepSeek-V4 (hash routing, CSA / HCA / sliding, an MTP
+// block) configs with odd sizes and packed rows; the activation peak is lower, and under
+// selective recompute equal to the estimate (train/activation_estimate.h) to the byte.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -11,6 +13,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/model.h"
+#include "train/activation_estimate.h"
 #include "train/run_config.h"
 #include "tests/tiny_configs.h"
 
@@ -26,10 +29,20 @@ struct Run {
   size_t peak = 0;
 };
 
-Run step(const json& mj, kern::Prec prec, model::Recompute rc, double mtp) {
-  model::Model m(model::parse_config(mj, "tiny"), prec, {0.01, mtp, rc});
+constexpr int64_t kB = 2, kT = 17;
+
+// The model as `trex train` builds it with mtp_loss_weight mtp (with_mtp: its MTP layers / blocks).
+model::ModelConfig config(const json& mj, double mtp) {
+  const model::ModelConfig c = model::parse_config(mj, "tiny");
+  return model::with_mtp(c, mtp > 0 ? c.num_nextn_predict_layers : 0);
+}
+
+// packed: two documents in every row (else one; the estimate counts DeepSeek-V4's key lists for one
+// document a row, an upper bound for packed rows).
+Run step(const json& mj, kern::Prec prec, model::Recompute rc, double mtp, bool packed = true) {
+  model::Model m(config(mj, mtp), prec, {0.01, mtp, rc});
   m.init_random(7);
-  const int64_t B = 2, T = 17, N = B * T;
+  const int64_t B = kB, T = kT, N = B * T;
   std::vector<int32_t> ids(N), tg(N), seg(N);
   Rng r(3);
   for (int64_t i = 0; i < N; ++i) {
@@ -38,16 +51,16 @@ Run step(const json& mj, kern::Prec prec, model::Recompute rc, double mtp) {
     seg[i] = (int32_t)((i % T) < 9 ? 0 : 1);  // two documents in every row
   }
   Run out;
-  out.loss = m.forward_backward({B, T, ids.data(), tg.data(), nullptr, seg.data()});
+  out.loss = m.forward_backward({B, T, ids.data(), tg.data(), nullptr, packed ? seg.data() : nullptr});
   out.grads.assign(m.G(), m.G() + m.layout.total);
   out.load = m.expert_load();
   out.peak = m.peak_activation_bytes();
   return out;
 }
 
-void expect_same_step(const json& mj, kern::Prec prec, double mtp) {
+void expect_same_step(const json& mj, kern::Prec prec, double mtp, model::Recompute rc = model::Recompute::Full) {
   const Run keep = step(mj, prec, model::Recompute::None, mtp);
-  const Run full = step(mj, prec, model::Recompute::Full, mtp);
+  const Run full = step(mj, prec, rc, mtp);
   EXPECT_EQ(keep.loss.loss, full.loss.loss);
   EXPECT_EQ(keep.loss.aux, full.loss.aux) << "the replay must not add the aux loss again";
   EXPECT_EQ(keep.loss.mtp, full.loss.mtp);
@@ -59,8 +72,17 @@ void expect_same_step(const json& mj, kern::Prec prec, double mtp) {
   for (float g : keep.grads) norm += (double)g * g;
   EXPECT_GT(norm, 0.0);
   EXPECT_LT(full.peak, keep.peak) << "recompute must lower the activation peak";
-  std::printf("[recompute] %s %s: activation peak %zu -> %zu bytes\n", mj["model_type"].get<std::string>().c_str(),
-              prec == kern::Prec::BF16 ? "bf16" : "fp32", keep.peak, full.peak);
+  std::printf("[recompute] %s %s %s: activation peak %zu -> %zu bytes\n", mj["model_type"].get<std::string>().c_str(),
+              prec == kern::Prec::BF16 ? "bf16" : "fp32", rc == model::Recompute::Full ? "full" : "selective",
+              keep.peak, full.peak);
+  if (rc == model::Recompute::Selective) {  // the estimate replays the arena: to the byte (one document a row)
+    const model::TrainOptions o{0.01, mtp, rc};
+    for (model::Recompute r : {model::Recompute::None, rc})
+      EXPECT_EQ((double)step(mj, prec, r, mtp, false).peak,
+                train::activation_peak_bytes(config(mj, mtp), kB, kT, prec, r, 1, 1, false, {}, o))
+          << (r == rc ? "selective" : "none");
+    EXPECT_LE((double)full.peak, train::activation_peak_bytes(config(mj, mtp), kB, kT, prec, rc, 1, 1, false, {}, o));
+  }
 }
 
 json deeper_v3() {  // 5 layers (1 dense + 4 MoE) so that kept inputs are well below the saved activations
@@ -104,18 +126,89 @@ TEST(Recompute, ForwardOnlyGivesTheSameLoss) {
   }
 }
 
+TEST(Recompute, SelectiveMoeIsBitwiseTheSameV3WithMtp) {
+  json m = deeper_v3();
+  m["num_nextn_predict_layers"] = 1;
+  expect_same_step(m, kern::Prec::F32, 0.3, model::Recompute::Selective);
+  expect_same_step(m, kern::Prec::BF16, 0.3, model::Recompute::Selective);
+}
+
+TEST(Recompute, SelectiveMoeIsBitwiseTheSameV4WithMtp) {
+  expect_same_step(deeper_v4(), kern::Prec::F32, 0.3, model::Recompute::Selective);
+  expect_same_step(deeper_v4(), kern::Prec::BF16, 0.3, model::Recompute::Selective);
+}
+
+// Selective keeps the attention's activations: its peak lies between full's and none's.
+TEST(Recompute, SelectiveSitsBetweenNoneAndFull) {
+  for (const json& mj : {deeper_v3(), deeper_v4()}) {
+    const size_t none = step(mj, kern::Prec::BF16, model::Recompute::None, 0).peak;
+    const size_t sel = step(mj, kern::Prec::BF16, model::Recompute::Selective, 0).peak;
+    const size_t full = step(mj, kern::Prec::BF16, model::Recompute::Full, 0).peak;
+    EXPECT_LT(sel, none) << mj["model_type"];
+    EXPECT_GT(sel, full) << mj["model_type"];
+  }
+}
+
+// Grad accumulation: two micro-batches into the same gradients, bitwise as without recompute.
+TEST(Recompute, SelectiveAccumulatesTheSameGradients) {
+  for (const json& mj : {deeper_v3(), deeper_v4()}) {
+    std::vector<std::vector<float>> g;
+    for (model::Recompute rc : {model::Recompute::None, model::Recompute::Selective}) {
+      model::Model m(model::parse_config(mj, "tiny"), kern::Prec::F32, {0.01, 0, rc});
+      m.init_random(9);
+      std::vector<int32_t> ids(2 * 19), tg(2 * 19);
+      const int V = (int)m.cfg.vocab_size;
+      for (int i = 0; i < 38; ++i) ids[i] = (i * 11 + 2) % V, tg[i] = (i * 3 + 5) % V;
+      m.forward_backward({1, 19, ids.data(), tg.data(), nullptr, nullptr});
+      m.forward_backward({1, 19, ids.data() + 19, tg.data() + 19, nullptr, nullptr});
+      g.emplace_back(m.G(), m.G() + m.layout.total);
+    }
+    ASSERT_EQ(g[0].size(), g[1].size());
+    EXPECT_EQ(0, std::memcmp(g[0].data(), g[1].data(), g[0].size() * sizeof(float))) << mj["model_type"];
+  }
+}
+
 TEST(Recompute, RunConfigKey) {
   json j = {{"model", trex::testing::tiny_v3()}, {"train", {{"recompute", "full"}}}};
   EXPECT_EQ(train::parse_run_config(j, "run.toml").train.recompute, model::Recompute::Full);
   j["train"]["recompute"] = "none";
   EXPECT_EQ(train::parse_run_config(j, "run.toml").train.recompute, model::Recompute::None);
   j["train"]["recompute"] = "selective";
-  try {
-    train::parse_run_config(j, "run.toml");
-    FAIL() << "selective recompute is not implemented and must be refused";
-  } catch (const UserError& e) {
-    const std::string msg = std::string(e.what()) + " | " + e.hint;
-    EXPECT_NE(msg.find("recompute"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("full"), std::string::npos) << msg;
+  train::RunConfig rc = train::parse_run_config(j, "run.toml");
+  EXPECT_EQ(rc.train.recompute, model::Recompute::Selective);
+  EXPECT_EQ(rc.train.recompute_modules, model::kRecomputeMoe) << "default: [\"moe\"]";
+  j["train"]["recompute_modules"] = {"moe"};
+  EXPECT_EQ(train::parse_run_config(j, "run.toml").train.recompute_modules, model::kRecomputeMoe);
+  auto refused = [&](const json& jj, std::vector<std::string> words) {
+    try {
+      train::parse_run_config(jj, "run.toml");
+      ADD_FAILURE() << "accepted: " << jj["train"].dump();
+    } catch (const UserError& e) {
+      const std::string msg = std::string(e.what()) + " | " + e.hint;
+      for (const std::string& w : words) EXPECT_NE(msg.find(w), std::string::npos) << w << " not in: " << msg;
+    }
+  };
+  // Modules trex does not recompute: the field, the value and the supported names.
+  for (const char* name : {"core_attn", "moe_act", "mla_up_proj", "layernorm", "mlp", "Moe"}) {
+    json k = j;
+    k["train"]["recompute_modules"] = {"moe", name};
+    refused(k, {"train.recompute_modules", std::string("\"") + name + "\"", "\"moe\""});
   }
+  json k = j;
+  k["train"]["recompute_modules"] = json::array();
+  refused(k, {"train.recompute_modules", "\"moe\""});
+  k["train"]["recompute_modules"] = "moe";
+  refused(k, {"train.recompute_modules", "list"});
+  // recompute_modules is used only with "selective": ignored (a warning) with the other modes.
+  for (const char* mode : {"none", "full"}) {
+    k = j;
+    k["train"]["recompute"] = mode;
+    const train::RunConfig r = train::parse_run_config(k, "run.toml");
+    EXPECT_EQ(r.train.recompute, std::string(mode) == "full" ? model::Recompute::Full : model::Recompute::None);
+    model::TrainOptions o{0, 0, r.train.recompute};
+    o.recompute_modules = r.train.recompute_modules;
+    EXPECT_FALSE(o.recomputes(model::kRecomputeMoe)) << mode;
+  }
+  j["train"]["recompute"] = "partial";
+  refused(j, {"recompute", "selective", "full"});
 }

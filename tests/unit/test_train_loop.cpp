@@ -92,7 +92,8 @@ TEST(TrainLoop, ConfigOverridesAndErrors) {
   EXPECT_EQ(msg({"parallel.pp=2"}), "");  // pipeline parallel: checked against the world at launch
   EXPECT_NE(msg({"parallel.pp_layers=3"}).find("parallel.pp_layers must be a list"), std::string::npos);
   EXPECT_NE(msg({"parallel.pp_layers=[1, -1]"}).find("pp_layers"), std::string::npos);
-  EXPECT_NE(msg({"train.recompute=selective"}).find("none, full"), std::string::npos);
+  EXPECT_NE(msg({"train.recompute=partial"}).find("none, full"), std::string::npos);
+  EXPECT_EQ(msg({"train.recompute=selective"}), "");
   EXPECT_NE(msg({"extra.key=1"}).find("[extra]"), std::string::npos);
   EXPECT_NE(msg({"nodot"}).find("section.key=value"), std::string::npos);
   // The two fault bounds: the heartbeat's (dead peer) below the watchdog's (slow step).

@@ -4,10 +4,11 @@
 # each bound to its own core), one after the other, with the load average before each. Prints one
 # Markdown row per run: step time, tokens/s, MFU, the attention core's share of the step (from
 # --profile), and each rank's peak RSS against the estimate the start-up memory check computes
-# (train/activation_estimate.h, train/preflight.h).
+# (train/activation_estimate.h, train/preflight.h), and the activation arena's measured peak
+# against its estimate.
 #
 #   tools/bench/long_context.sh [TREX=build/trex] [CONFIG=configs/bench-v3.toml] [SEQ=32768] [CP=1|2]
-#                               [RECOMPUTE=none|full]
+#                               [RECOMPUTE=none|full|selective] [MODULES='["moe"]' (selective's modules)]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 TREX=$(realpath "${1:-$ROOT/build/trex}")
@@ -15,11 +16,13 @@ CONFIG=$(realpath "${2:-$ROOT/configs/bench-v3.toml}")
 SEQ=${3:-32768}
 CP=${4:-1}
 RECOMPUTE=${5:-none}
+MODULES=${6:-}
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 common=(bench step --config "$CONFIG" --steps 1 --warmup 0 --profile --set "data.seq_len=$SEQ" --set train.batch_size=1
         --set train.grad_accum=1 --set "train.recompute=$RECOMPUTE")
+if [ -n "$MODULES" ]; then common+=(--set "train.recompute_modules=$MODULES"); fi
 L1=$(load)
 TREX_THREADS=2 "$TREX" "${common[@]}" --set train.threads=2 > "$OUT/one.json" 2> "$OUT/one.log" \
   || { tail -20 "$OUT/one.log"; exit 1; }
@@ -30,7 +33,7 @@ if [ "$CP" = 2 ]; then
     "$TREX" "${common[@]}" --set train.threads=1 --set parallel.cp=2 > "$OUT/cp.json" 2> "$OUT/cp.log" \
     || { tail -20 "$OUT/cp.log"; exit 1; }
 fi
-python3 - "$OUT" "$CONFIG" "$SEQ" "$L1" "$L2" "$RECOMPUTE" <<'PY'
+python3 - "$OUT" "$CONFIG" "$SEQ" "$L1" "$L2" "$RECOMPUTE $MODULES" <<'PY'
 import json, os, re, sys
 out, config, seq, l1, l2, rec = sys.argv[1:]
 def attn_share(log):
@@ -42,8 +45,9 @@ def attn_share(log):
         if m: tot += float(m.group(3))
     return tot
 print(f"{os.path.basename(config)}, one sequence of {seq} tokens a step, recompute {rec}")
-print("| run | load before | step ms | tokens/s | MFU | attention core ms (share) | peak RSS MiB / rank | estimate MiB | RSS / estimate |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| run | load before | step ms | tokens/s | MFU | attention core ms (share) | peak RSS MiB / rank | estimate MiB | "
+      "RSS / estimate | activations MiB (estimate) |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for name, f, l in (("1 rank x 2 threads", "one", l1), ("cp 2: 2 ranks x 1 thread", "cp", l2)):
     p = os.path.join(out, f + ".json")
     if not os.path.exists(p): continue
@@ -51,5 +55,5 @@ for name, f, l in (("1 rank x 2 threads", "one", l1), ("cp 2: 2 ranks x 1 thread
     a = attn_share(os.path.join(out, f + ".log"))
     print(f"| {name} | {l} | {j['step_ms_median']:.0f} | {j['tokens_per_s']:.0f} | {100 * j['mfu']:.1f}% | "
           f"{a:.0f} ({100 * a / j['step_ms_median']:.0f}%) | {j['peak_rss_mb']:.0f} | {j['memory_estimate_mb']:.0f} | "
-          f"{j['peak_rss_mb'] / j['memory_estimate_mb']:.3f} |")
+          f"{j['peak_rss_mb'] / j['memory_estimate_mb']:.3f} | {j['activation_mb']:.0f} ({j['activation_estimate_mb']:.0f}) |")
 PY

@@ -8,7 +8,7 @@
 # topics:
 #   overlap        bench-v3 and bench-v4 on 1 rank x T threads, dp 2, dp 2 + ep 2 (--profile), and
 #                  a Chrome trace of bench-v3 at ep 2 rendered to OUT/overlap/trace-ep2.png
-#   recompute      bench-v3 / bench-v4 with train.recompute none and full, and the start-up
+#   recompute      bench-v3 / bench-v4 with train.recompute none, full and selective, and the start-up
 #                  estimate against the arena peak (--steps 1 --warmup 0)
 #   seq            bench-v3 at seq 1024, 2048, 4096, 8192 (--profile: the attention core's share)
 #   attn-bf16      bench-v3 (bf16) at seq 2048 and 8192 with the attention core on the bf16 dot
@@ -97,7 +97,7 @@ for topic in "${TOPICS[@]}"; do
         --set parallel.ep=2 --trace "$DIR/trace-ep2.json"
       python3 tools/trace/trace_png.py "$DIR/trace-ep2.json" "$DIR/trace-ep2.png" --from-step 1 || true ;;
     recompute)
-      for c in v3 v4; do for r in none full; do
+      for c in v3 v4; do for r in none full selective; do
         run $c.$r step $(v $c) --steps "$STEPS" --set train.recompute=$r
         run $c.$r.estimate "$TREX" bench step $(v $c) --steps 1 --warmup 0 --peak-gflops "$PEAK" --set train.recompute=$r
       done; done ;;
