@@ -9,6 +9,10 @@
 #
 #   tools/bench/long_context.sh [TREX=build/trex] [CONFIG=configs/bench-v3.toml] [SEQ=32768] [CP=1|2]
 #                               [RECOMPUTE=none|full|selective] [MODULES='["moe"]' (selective's modules)]
+#                               [WARMUP=0]
+# WARMUP 0 measures the first step, which also pays the first touch of the activation arena's
+# pages (at 32768 tokens on bench-v3: 190 s against 129 s for a later step); WARMUP 1 measures
+# the steady state (twice the time).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 TREX=$(realpath "${1:-$ROOT/build/trex}")
@@ -17,10 +21,11 @@ SEQ=${3:-32768}
 CP=${4:-1}
 RECOMPUTE=${5:-none}
 MODULES=${6:-}
+WARMUP=${7:-0}
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 load() { cut -d' ' -f1-3 /proc/loadavg; }
-common=(bench step --config "$CONFIG" --steps 1 --warmup 0 --profile --set "data.seq_len=$SEQ" --set train.batch_size=1
+common=(bench step --config "$CONFIG" --steps 1 --warmup "$WARMUP" --profile --set "data.seq_len=$SEQ" --set train.batch_size=1
         --set train.grad_accum=1 --set "train.recompute=$RECOMPUTE")
 if [ -n "$MODULES" ]; then common+=(--set "train.recompute_modules=$MODULES"); fi
 L1=$(load)
