@@ -43,8 +43,9 @@ int world_rank_or_minus1() {
 
 namespace trex::parallel {
 
-// f32 staging buffers of bf16 reductions and of the sum reduce-scatter's received blocks, kept between calls (a fresh 64 MB buffer costs more
-// in page faults than the conversion itself). Shared by a communicator and its requests.
+// f32 staging buffers of bf16 reductions and of the sum reduce-scatter's received blocks, kept
+// between calls (a fresh 64 MB buffer costs more in page faults than the conversion itself).
+// Shared by a communicator and its requests.
 struct StagePool {
   struct Buf {
     std::unique_ptr<float[]> p;
