@@ -95,6 +95,41 @@ void cp_reduce_scatter(const ContextParallel& cp, const CpSplit& s, int64_t B, c
   A.release(mk);
 }
 
+void pack_cols(const Ctx& c, float* dst, int64_t w, int64_t rows, std::initializer_list<ColsIn> parts) {
+  const int64_t f = sizeof(float);
+  int64_t off = 0;
+  for (const ColsIn& q : parts) {
+    if (q.cols) c.k().copy_rows(dst + off, w * f, q.p, q.cols * f, q.cols * f, rows);
+    off += q.cols;
+  }
+  TREX_CHECK(off == w, "pack_cols: parts of ", off, " columns into rows of ", w);
+}
+
+void unpack_cols(const Ctx& c, const float* src, int64_t w, int64_t rows, std::initializer_list<ColsOut> parts) {
+  const int64_t f = sizeof(float);
+  int64_t off = 0;
+  for (const ColsOut& q : parts) {
+    if (q.cols) c.k().copy_rows(q.p, q.cols * f, src + off, w * f, q.cols * f, rows);
+    off += q.cols;
+  }
+  TREX_CHECK(off == w, "unpack_cols: parts of ", off, " columns from rows of ", w);
+}
+
+void cp_reduce_scatter_cols(const Ctx& c, const ContextParallel& cp, const CpSplit& s, int64_t B,
+                            std::initializer_list<ColsIn> full, std::initializer_list<ColsOut> local) {
+  int64_t w = 0;
+  for (const ColsIn& q : full) w += q.cols;
+  const int64_t NK = B * s.T, N = B * s.local();
+  StackArena& A = *c.ws;
+  const auto mk = A.mark();
+  float* all = A.alloc<float>(NK * w);
+  float* loc = A.alloc<float>(N * w);
+  pack_cols(c, all, w, NK, full);
+  cp_reduce_scatter(cp, s, B, all, loc, w, A);
+  unpack_cols(c, loc, w, N, local);
+  A.release(mk);
+}
+
 void check_context_parallel(int cp) {
   TREX_USER_CHECK(cp >= 1, "set parallel.cp >= 1", "parallel.cp = ", cp, " must be >= 1");
 }

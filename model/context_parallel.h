@@ -18,10 +18,12 @@
 // Local token order: row b of the local batch is [chunk r | chunk 2 cp - 1 - r] of row b.
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "core/stack_arena.h"
 #include "model/config.h"
+#include "model/linear.h"
 #include "parallel/comm.h"
 
 namespace trex::model {
@@ -84,6 +86,27 @@ void cp_all_gather_finish(const ContextParallel& cp, const CpSplit& s, CpGather&
 // of this rank's chunks (the adjoint of cp_all_gather).
 void cp_reduce_scatter(const ContextParallel& cp, const CpSplit& s, int64_t B, const float* full, float* local,
                        int64_t w, StackArena& A);
+
+// Several per-token tensors exchanged in one collective travel packed side by side: rows of
+// [rows, w] with w the sum of the parts' columns. A part is [rows, cols] with contiguous rows; a
+// part of 0 columns is skipped (its pointer may be null).
+struct ColsIn {
+  const float* p;
+  int64_t cols;
+};
+struct ColsOut {
+  float* p;
+  int64_t cols;
+};
+// dst [rows, w] <- the parts side by side.
+void pack_cols(const Ctx& c, float* dst, int64_t w, int64_t rows, std::initializer_list<ColsIn> parts);
+// The parts <- src [rows, w], side by side.
+void unpack_cols(const Ctx& c, const float* src, int64_t w, int64_t rows, std::initializer_list<ColsOut> parts);
+// cp_reduce_scatter of several tensors in one collective: the whole rows' full [B T, cols_i]
+// (partial sums on every cp rank) -> local [B 2c, cols_i] (the same widths, in the same order),
+// through a packed [B T, w] and [B 2c, w] from c.ws (released on return).
+void cp_reduce_scatter_cols(const Ctx& c, const ContextParallel& cp, const CpSplit& s, int64_t B,
+                            std::initializer_list<ColsIn> full, std::initializer_list<ColsOut> local);
 
 // Throws trex::UserError (naming parallel.cp, the value and what to do) when cp < 1. Every model
 // family runs context parallel, with tensor parallelism and DeepSeek-V4's indexer loss too.

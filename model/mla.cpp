@@ -97,8 +97,7 @@ void mla_project(const Ctx& c, const AttnIn& in, const float* x, MlaSaved& s) {
     kpe_all = A.alloc<float>(NK * (dr ? dr : 1));
     mkg = A.mark();
     float* loc = A.alloc<float>(N * w);
-    c.k().copy_rows(loc, w * f, s.latn, r * f, r * f, N);
-    if (dr) c.k().copy_rows(loc + r, w * f, kpe, dr * f, dr * f, N);
+    pack_cols(c, loc, w, N, {{s.latn, r}, {kpe, dr}});
     gather = cp_all_gather_start(*in.cp->cp, in.cp->split, in.B, loc, w, A);
   }
 
@@ -117,8 +116,7 @@ void mla_project(const Ctx& c, const AttnIn& in, const float* x, MlaSaved& s) {
   if (in.cp) {
     float* all = A.alloc<float>(NK * w);
     cp_all_gather_finish(*in.cp->cp, in.cp->split, gather, all);
-    c.k().copy_rows(s.latn_all, r * f, all, w * f, r * f, NK);
-    if (dr) c.k().copy_rows(kpe_all, dr * f, all + r, w * f, dr * f, NK);
+    unpack_cols(c, all, w, NK, {{s.latn_all, r}, {kpe_all, dr}});
     A.release(mkg);
     latk = s.latn_all, kpek = kpe_all;
   }

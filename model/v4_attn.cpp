@@ -94,11 +94,7 @@ void v4_cp_gather_keys(const Ctx& c, const V4AttnIn& in, const float* x, float* 
     A.release(mt);
   }
   cp_all_gather(*in.cp->cp, in.cp->split, in.B, loc, all, w, A);
-  c.k().copy_rows(kvp, hd * f, all, w * f, hd * f, NK);
-  if (cw) {
-    c.k().copy_rows(ckv, cw * f, all + hd, w * f, cw * f, NK);
-    c.k().copy_rows(cgate, cw * f, all + hd + cw, w * f, cw * f, NK);
-  }
+  unpack_cols(c, all, w, NK, {{kvp, hd}, {ckv, cw}, {cgate, cw}});
   A.release(mk);
 }
 
@@ -107,24 +103,9 @@ void v4_cp_gather_keys(const Ctx& c, const V4AttnIn& in, const float* x, float* 
 // lckv, lcg [N, cw].
 void v4_cp_return_keys(const Ctx& c, const V4AttnIn& in, int64_t cw, const float* dkvp, const float* dckv,
                        const float* dcg, float* lkvp, float* lckv, float* lcg) {
-  const int64_t N = in.B * in.T, NK = in.B * in.cp->split.T, hd = in.cfg->v4.head_dim, w = hd + 2 * cw;
-  const int64_t f = sizeof(float);
-  StackArena& A = *c.ws;
-  auto mk = A.mark();
-  float* all = A.alloc<float>(NK * w);
-  float* loc = A.alloc<float>(N * w);
-  c.k().copy_rows(all, w * f, dkvp, hd * f, hd * f, NK);
-  if (cw) {
-    c.k().copy_rows(all + hd, w * f, dckv, cw * f, cw * f, NK);
-    c.k().copy_rows(all + hd + cw, w * f, dcg, cw * f, cw * f, NK);
-  }
-  cp_reduce_scatter(*in.cp->cp, in.cp->split, in.B, all, loc, w, A);
-  c.k().copy_rows(lkvp, hd * f, loc, w * f, hd * f, N);
-  if (cw) {
-    c.k().copy_rows(lckv, cw * f, loc + hd, w * f, cw * f, N);
-    c.k().copy_rows(lcg, cw * f, loc + hd + cw, w * f, cw * f, N);
-  }
-  A.release(mk);
+  const int64_t hd = in.cfg->v4.head_dim;
+  cp_reduce_scatter_cols(c, *in.cp->cp, in.cp->split, in.B, {{dkvp, hd}, {dckv, cw}, {dcg, cw}},
+                         {{lkvp, hd}, {lckv, cw}, {lcg, cw}});
 }
 
 // Grouped low-rank projection: Y[:, g*olr : (g+1)*olr] = X[:, g*Dg : (g+1)*Dg] @ W_g^T with

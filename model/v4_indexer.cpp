@@ -72,8 +72,7 @@ Proj project(const Ctx& c, const V4AttnIn& in, const float* x, const float* qres
       linear_fwd(c, x, N, d, wt(in, p.i_gate), 2 * dI, t);
       c.k().copy_rows(loc + 2 * dI, w * f, t, 2 * dI * f, 2 * dI * f, N);
       cp_all_gather(*in.cp->cp, in.cp->split, B, loc, all, w, A);
-      c.k().copy_rows(pr.kv, 2 * dI * f, all, w * f, 2 * dI * f, NK);
-      c.k().copy_rows(pr.gate, 2 * dI * f, all + 2 * dI, w * f, 2 * dI * f, NK);
+      unpack_cols(c, all, w, NK, {{pr.kv, 2 * dI}, {pr.gate, 2 * dI}});
       A.release(mk);
     } else {
       linear_fwd(c, x, N, d, wt(in, p.i_kv), 2 * dI, pr.kv);
@@ -98,18 +97,8 @@ Proj project(const Ctx& c, const V4AttnIn& in, const float* x, const float* qres
 // compressor's projections dkv, dg [NK, 2 dI] (this rank's queries' share), packed [NK, kv | gate]
 // and summed over the cp ranks in one reduce-scatter into the local tokens' rows -> lkv, lg [N, 2 dI].
 void return_keys(const Ctx& c, const V4AttnIn& in, const float* dkv, const float* dg, float* lkv, float* lg) {
-  const int64_t N = in.B * in.T, NK = in.B * in.cp->split.T, dI = in.cfg->v4.index_head_dim, w = 4 * dI;
-  const int64_t f = sizeof(float);
-  StackArena& A = *c.ws;
-  auto mk = A.mark();
-  float* all = A.alloc<float>(NK * w);
-  float* loc = A.alloc<float>(N * w);
-  c.k().copy_rows(all, w * f, dkv, 2 * dI * f, 2 * dI * f, NK);
-  c.k().copy_rows(all + 2 * dI, w * f, dg, 2 * dI * f, 2 * dI * f, NK);
-  cp_reduce_scatter(*in.cp->cp, in.cp->split, in.B, all, loc, w, A);
-  c.k().copy_rows(lkv, 2 * dI * f, loc, w * f, 2 * dI * f, N);
-  c.k().copy_rows(lg, 2 * dI * f, loc + 2 * dI, w * f, 2 * dI * f, N);
-  A.release(mk);
+  const int64_t dI = in.cfg->v4.index_head_dim;
+  cp_reduce_scatter_cols(c, *in.cp->cp, in.cp->split, in.B, {{dkv, 2 * dI}, {dg, 2 * dI}}, {{lkv, 2 * dI}, {lg, 2 * dI}});
 }
 
 double log_sum_exp(const std::vector<double>& v) {
