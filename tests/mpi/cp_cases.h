@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "tests/mpi/train_parity.h"
+#include "train/activation_estimate.h"
 #include "train/loop.h"
 
 namespace trex::testing {
@@ -79,6 +80,25 @@ inline void resumes_across_cp_sizes(const json& model, const std::string& prefix
     fs::remove_all(root);
   }
   w.barrier();
+}
+
+// One forward_backward of cfg with options o under cp 2 x tp 2 (groups of dims tp 2, cp 2 over
+// w), B rows of T tokens: the activation estimate bounds this rank's arena peak and equals the
+// largest of the 4 ranks' peaks.
+inline void expect_cp_tp_estimate(parallel::Communicator& w, const parallel::ProcessGroups& groups,
+                                  const model::ModelConfig& cfg, kern::Prec prec, const model::TrainOptions& o,
+                                  bool sp, int64_t B, int64_t T, bool packed, const std::string& what) {
+  model::Model m(cfg, prec, o);
+  m.init_random(3);
+  m.set_tensor_parallel(groups.tp.get(), sp);
+  m.set_context_parallel(groups.cp.get());
+  const Global g = make_global(1, 1, 1, B, T, cfg.vocab_size, 29, packed);
+  m.forward_backward(g.batch(0, 0, 0));
+  const double est = train::activation_peak_bytes(m.cfg, B, T, prec, o.recompute, 2, 1, sp, {}, o, 2);
+  int64_t peak = (int64_t)m.peak_activation_bytes();
+  EXPECT_LE((double)peak, est) << what;
+  w.all_reduce(&peak, 1, parallel::ReduceOp::Max);
+  EXPECT_EQ(est, (double)peak) << what;
 }
 
 // CpV4Train's DeepSeek-V4 model (tests/mpi/test_cp_v4.cpp; test_cp_tp_v4.cpp splits its heads):

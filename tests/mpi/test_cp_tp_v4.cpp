@@ -78,7 +78,7 @@ TEST(CpTpV4Train, RunLoopMatchesOneProcessAndResumesInOne) {
 
 // The activation estimate with cp 2 and tp 2 (this rank's heads and groups, the whole rows' key
 // side; sequence parallel: the rank's shard outside the attention) equals the largest measured
-// arena peak of the 4 ranks, and no rank's peak exceeds it. bf16 and fp32, no and full
+// arena peak of the 4 ranks, and no rank's peak exceeds it. bf16 and fp32, no, full and selective
 // recompute, with and without the MTP layer, one document a row.
 TEST(CpTpV4Train, ActivationEstimateMatchesTheArena) {
   parallel::Communicator& w = parallel::test_world();
@@ -91,23 +91,12 @@ TEST(CpTpV4Train, ActivationEstimateMatchesTheArena) {
     for (bool sp : {false, true})
       for (int64_t B : {1, 3})
         for (kern::Prec prec : {kern::Prec::BF16, kern::Prec::F32})
-          for (model::Recompute rec : {model::Recompute::None, model::Recompute::Full}) {
+          for (model::Recompute rec : {model::Recompute::None, model::Recompute::Full, model::Recompute::Selective}) {
             json mj = cp_tp_v4();
             if (mtp == 0) mj["num_nextn_predict_layers"] = 0;
             const model::ModelConfig cfg = model::parse_config(mj, "tiny");
-            const model::TrainOptions o{0.01, mtp, rec};
-            model::Model m(cfg, prec, o);
-            m.init_random(3);
-            m.set_tensor_parallel(groups.tp.get(), sp);
-            m.set_context_parallel(groups.cp.get());
-            const Global g = make_global(1, 1, 1, B, kSeq, cfg.vocab_size, 29, false);
-            m.forward_backward(g.batch(0, 0, 0));
-            const double est = activation_peak_bytes(m.cfg, B, kSeq, prec, rec, 2, 1, sp, {}, o, 2);
-            int64_t peak = (int64_t)m.peak_activation_bytes();
-            EXPECT_LE((double)peak, est);
-            w.all_reduce(&peak, 1, parallel::ReduceOp::Max);
-            EXPECT_EQ(est, (double)peak) << (sp ? "sp " : "") << (prec == kern::Prec::BF16 ? "bf16" : "fp32")
-                                         << (rec == model::Recompute::Full ? " full" : " none") << " B " << B
-                                         << " mtp " << mtp;
+            expect_cp_tp_estimate(w, groups, cfg, prec, {0.01, mtp, rec}, sp, B, kSeq, false,
+                                  std::string(sp ? "sp " : "") + (prec == kern::Prec::BF16 ? "bf16" : "fp32") +
+                                      recompute_label(rec) + " B " + std::to_string(B) + " mtp " + std::to_string(mtp));
           }
 }

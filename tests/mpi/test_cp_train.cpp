@@ -315,19 +315,8 @@ TEST(CpTrain, ActivationEstimateWithTensorParallel) {
       for (kern::Prec prec : {kern::Prec::BF16, kern::Prec::F32})
         for (model::Recompute rec : {model::Recompute::None, model::Recompute::Full, model::Recompute::Selective}) {
           const model::ModelConfig base = model::parse_config(mj, "tiny");
-          const int64_t T = seq_for(2), B = 3;
-          const model::TrainOptions o{0.01, 0.3, rec};
-          model::Model m(base, prec, o);
-          m.init_random(3);
-          m.set_tensor_parallel(groups.tp.get(), sp);
-          m.set_context_parallel(groups.cp.get());
-          const Global g = make_global(1, 1, 1, B, T, base.vocab_size, 29, !base.is_v32());
-          m.forward_backward(g.batch(0, 0, 0));
-          const double est = activation_peak_bytes(m.cfg, B, T, prec, rec, 2, 1, sp, {}, o, 2);
-          int64_t peak = (int64_t)m.peak_activation_bytes();
-          EXPECT_LE((double)peak, est);
-          w.all_reduce(&peak, 1, parallel::ReduceOp::Max);
-          EXPECT_EQ(est, (double)peak) << base.model_type << (sp ? " sp" : "") << (prec == kern::Prec::BF16 ? " bf16" : " fp32")
-                                       << recompute_label(rec);
+          expect_cp_tp_estimate(w, groups, base, prec, {0.01, 0.3, rec}, sp, 3, seq_for(2), !base.is_v32(),
+                                base.model_type + (sp ? " sp" : "") + (prec == kern::Prec::BF16 ? " bf16" : " fp32") +
+                                    recompute_label(rec));
         }
 }

@@ -210,23 +210,20 @@ TEST(SpTrain, V3MatchesSingleRankWithMtp) {
   parity(su, sp_options(997, true), 3, 2, 3, 7, 1, tp_for(n));
 }
 
-TEST(SpTrain, V4MatchesSingleRankWithMtp) {
+// The tiny V4 with its MTP block under sequence parallel, recomputed as rec, against one rank.
+static void v4_sp_parity(model::Recompute rec) {
   const int n = parallel::test_world().size();
   Case su = tp_case(tp_v4(), 0.01, 0.3);
   su.lr = su.ocfg.lr = 1e-3f;
-  su.recompute = model::Recompute::Full;
+  su.recompute = rec;
   parity(su, sp_options(1500, true), 3, 2, 1, 13, 1, tp_for(n));
 }
 
+TEST(SpTrain, V4MatchesSingleRankWithMtp) { v4_sp_parity(model::Recompute::Full); }
+
 // Selective recompute of the MoE blocks on each rank's token shard: the replays repeat the aux
 // loss's count sums over the tp group.
-TEST(SpTrain, V4SelectiveMoeRecomputeMatchesSingleRank) {
-  const int n = parallel::test_world().size();
-  Case su = tp_case(tp_v4(), 0.01, 0.3);
-  su.lr = su.ocfg.lr = 1e-3f;
-  su.recompute = model::Recompute::Selective;
-  parity(su, sp_options(1500, true), 3, 2, 1, 13, 1, tp_for(n));
-}
+TEST(SpTrain, V4SelectiveMoeRecomputeMatchesSingleRank) { v4_sp_parity(model::Recompute::Selective); }
 
 TEST(SpTrain, WithExpertParallel) {
   if (parallel::test_world().size() != 4) GTEST_SKIP() << "dp 2 x tp 2 with ep 2 needs 4 ranks";
