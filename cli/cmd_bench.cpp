@@ -224,7 +224,7 @@ void add_bench(CLI::App& app) {
     train::RunConfig rc = train::load_run_config(o->config, sets);
     const std::unique_ptr<kern::Backend> device = train::open_device(rc.train.device, "train.device");
     const parallel::ParallelDims dims = train::resolve_parallel(rc, R);  // dp = the ranks / tp; ep, tp as set
-    train::check_memory(rc, R);  // as trex train: refused with the estimate, not killed by the OS
+    const train::MemoryEstimate mem = train::check_memory(rc, R);  // as trex train: refused, not killed by the OS
     int threads = init_threads((int)rc.train.threads);
     const int steps = o->steps > 0 ? o->steps : (int)rc.train.steps;
     model::TrainOptions topt{rc.train.aux_loss_alpha, rc.train.mtp_loss_weight, rc.train.recompute};
@@ -234,6 +234,7 @@ void add_bench(CLI::App& app) {
                    train::stage_shard_of(dims, rank, rc.model),   // pp > 1: this rank's stage only
                    train::tp_shard_of(dims, rank));                // tp > 1: this rank's slice only
     if (device) m.use_backend(*device);
+    m.acts.reserve((size_t)mem.activations);  // a device's arena: the step in one block
     if (!rc.model_path.empty()) model::load_hf_weights(m, rc.model_path);
     else m.init_random(rc.train.seed);
     const float lr = (float)rc.optim.schedule.lr;
@@ -264,7 +265,7 @@ void add_bench(CLI::App& app) {
     const bool profiling = o->profile && rank == 0;
     ParStats par_stats;
     HeapCounter& heap = heap_counter();
-    size_t arena_blocks0 = 0, arena_bytes0 = 0;
+    size_t arena_grows0 = 0, arena_bytes0 = 0;
     // Under mpirun: a stuck rank or a lost peer ends the job, as in training (train/job_guard.h).
     train::JobGuard guard(mpi.world.get(), rc.parallel, "benchmark step", ".", 0);
     for (int s = 0; s < o->warmup + steps; ++s) {
@@ -275,7 +276,7 @@ void add_bench(CLI::App& app) {
       }
       if (s == o->warmup && profiling) {
         heap.clear();
-        arena_blocks0 = m.acts.blocks();
+        arena_grows0 = m.acts.grows();
         arena_bytes0 = m.acts.reserved();
       }
       if (s == o->warmup && tracing) {
@@ -326,7 +327,7 @@ void add_bench(CLI::App& app) {
       ov.heap_frees = (double)heap.frees.load();
       ov.heap_mb = heap.bytes.load() / 1048576.0;
       ov.heap_ms = heap.ns.load() / 1e6;
-      ov.arena_blocks = (double)(m.acts.blocks() - arena_blocks0);
+      ov.arena_grows = (double)(m.acts.grows() - arena_grows0);
       ov.arena_mb = (m.acts.reserved() - arena_bytes0) / 1048576.0;
       double sum = 0;
       for (double t : times) sum += t;

@@ -29,9 +29,9 @@ struct StepOverheads {
   // Global operator new / delete (core/heap_count.h): calls, bytes, time in them.
   bool heap = false;
   double heap_allocs = 0, heap_frees = 0, heap_mb = 0, heap_ms = 0;
-  // Growth of the activation arena (core/stack_arena.h): blocks taken from the system.
+  // Growth of the activation arena (core/stack_arena.h): times it took memory from the system.
   bool arena = false;
-  double arena_blocks = 0, arena_mb = 0;
+  double arena_grows = 0, arena_mb = 0;
 };
 
 class Profiler {
@@ -127,8 +127,8 @@ class Profiler {
                    o.heap_allocs / steps, o.heap_ms / steps, o.heap_mb / steps, o.heap_frees / steps);
     }
     if (o.arena)
-      std::fprintf(f, "    (activation arena growth: %.1f blocks/step, %.1f MB/step from the system)\n",
-                   o.arena_blocks / steps, o.arena_mb / steps);
+      std::fprintf(f, "    (activation arena growth: %.1f grows/step, %.1f MB/step from the system)\n",
+                   o.arena_grows / steps, o.arena_mb / steps);
   }
 
   struct Entry {

@@ -16,36 +16,24 @@ namespace trex::train {
 namespace {
 
 // ---- Activation arena peak (activation_peak_bytes) ------------------------------------------
-// StackArena (core/stack_arena.h) replayed on sizes alone: each allocation rounded up to 64
-// bytes (0 -> 64) and placed in the current block if it fits, else in the next block (the
-// skipped tail stays counted: used() counts every block before the current one whole); a new
-// block is max(bytes, 64 MiB), the default block of Model::acts. mark / release as the arena's.
+// StackArena (core/stack_arena.h, host memory: one contiguous stack) replayed on sizes alone:
+// each allocation rounded up to 64 bytes (0 -> 64); mark / release as the arena's.
 class ArenaReplay {
  public:
-  struct Mark {
-    size_t block, offset;
-  };
+  using Mark = size_t;
   void bytes(size_t n) {
     size_t b = (n + kAlign - 1) / kAlign * kAlign;
     if (b == 0) b = kAlign;
-    while (cur_ < blocks_.size() && off_ + b > blocks_[cur_]) ++cur_, off_ = 0;
-    if (cur_ == blocks_.size()) {
-      blocks_.push_back(std::max(b, kBlock));
-      off_ = 0;
-    }
-    off_ += b;
-    size_t used = off_;
-    for (size_t i = 0; i < cur_; ++i) used += blocks_[i];
-    peak_ = std::max(peak_, used);
+    used_ += b;
+    peak_ = std::max(peak_, used_);
   }
-  Mark mark() const { return {cur_, off_}; }
-  void release(Mark m) { cur_ = m.block, off_ = m.offset; }
+  Mark mark() const { return used_; }
+  void release(Mark m) { used_ = m; }
   size_t peak() const { return peak_; }
 
  private:
-  static constexpr size_t kAlign = 64, kBlock = size_t(64) << 20;
-  std::vector<size_t> blocks_;
-  size_t cur_ = 0, off_ = 0, peak_ = 0;
+  static constexpr size_t kAlign = 64;
+  size_t used_ = 0, peak_ = 0;
 };
 
 // One training step's arena allocations in the engine's order: model/model.cpp run() (V3) and

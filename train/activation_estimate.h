@@ -26,9 +26,8 @@ namespace trex::train {
 //     rows a rank receives depend on the routing and the estimate takes their expectation, N x top_k
 //     (the busiest rank of an unbalanced routing sits above it);
 //   - DeepSeek-V4 key lists: one document per row (packed rows attend fewer keys: an upper bound);
-//   - every allocation rounded up to 64 bytes, and the arena's 64 MiB blocks: an allocation that
-//     does not fit the rest of the current block starts the next one, and the tail it skips
-//     counts as used, as StackArena::used() counts it;
+//   - every allocation rounded up to 64 bytes (host memory holds the arena as one contiguous
+//     stack: the bytes in use are the allocations not yet released);
 //   the peak is the maximum over the forward and the backward of the bytes in use.
 // c: the config as Model holds it (with_mtp applied when the run trains MTP blocks); tp / ep:
 // tensor / expert parallel sizes (this rank's heads, output groups and dense MLP columns);

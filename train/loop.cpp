@@ -119,7 +119,8 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   // machine (train/preflight.h).
   const std::unique_ptr<kern::Backend> device = open_device(rc.train.device, "train.device");
   if (root) check_run_dir_writable(run_dir);
-  res.memory_estimate = check_memory(rc, dims.world()).total();
+  const MemoryEstimate mem = check_memory(rc, dims.world());
+  res.memory_estimate = mem.total();
   // Rank 0 reads (and caches) the data first; the others then read the token cache.
   if (world && !root) world->barrier();
 
@@ -171,6 +172,7 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   model::Model m(rc.model, rc.train.precision, topt,
                  expert_shard_of(dims, rank, rc.model), stage_shard_of(dims, rank, rc.model), tp_shard_of(dims, rank));
   if (device) m.use_backend(*device);
+  m.acts.reserve((size_t)mem.activations);  // a device's arena: the step in one block (host memory grows in place)
   if (!rc.model_path.empty()) {
     model::load_hf_weights(m, rc.model_path);
   } else {

@@ -158,8 +158,8 @@ json v4_b() {
   return m;
 }
 
-// Shapes past the arena's 64 MiB block (the tiny ones fit in one): a block's tail that the next
-// allocation skips counts as used, and the LM head workspace is near its 32 MiB cap.
+// Shapes with allocations past the arena's 64 MiB growth step, and the LM head workspace near its
+// 32 MiB cap.
 json v3_blocks() {
   json m = v3_b();
   m["hidden_size"] = 260;

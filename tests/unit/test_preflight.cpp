@@ -92,8 +92,8 @@ TEST(Preflight, EstimateParts) {
     EXPECT_DOUBLE_EQ(et.optimizer, P);
   }
   EXPECT_GT(e1.activations, 4.0 * 4096 * 129280);  // at least the logits chunk
-  // Twice the tokens, about twice the activations: not exactly, as the arena's 64 MiB block tails
-  // and the LM head workspace (at most 32 MiB) do not scale (train/preflight.h).
+  // Twice the tokens, about twice the activations: not exactly, as the LM head workspace (at most
+  // 32 MiB) does not scale (train/preflight.h).
   rc.data.seq_len = 8192;
   EXPECT_NEAR(train::estimate_train_memory(rc, 1).activations, 2 * e1.activations, 0.02 * e1.activations);
   rc.train.precision = kern::Prec::F32;
