@@ -224,7 +224,8 @@ void add_bench(CLI::App& app) {
     train::RunConfig rc = train::load_run_config(o->config, sets);
     const std::unique_ptr<kern::Backend> device = train::open_device(rc.train.device, "train.device");
     const parallel::ParallelDims dims = train::resolve_parallel(rc, R);  // dp = the ranks / tp; ep, tp as set
-    const train::MemoryEstimate mem = train::check_memory(rc, R);  // as trex train: refused, not killed by the OS
+    // As trex train: refused, not killed by the OS (the ranks on this machine share its memory).
+    const train::MemoryEstimate mem = train::check_memory(rc, R, parallel::MpiContext::local_size(1));
     int threads = init_threads((int)rc.train.threads);
     const int steps = o->steps > 0 ? o->steps : (int)rc.train.steps;
     model::TrainOptions topt{rc.train.aux_loss_alpha, rc.train.mtp_loss_weight, rc.train.recompute};

@@ -60,7 +60,8 @@ void add_train(CLI::App& app) {
     train::resolve_parallel(rc, world ? world->size() : 1);
     train::TrainResult r;
     try {
-      r = train::run_training(rc, tokenizer_fns(tok, rc.data.eos_token, rc.data.tokenizer), world.get());
+      r = train::run_training(rc, tokenizer_fns(tok, rc.data.eos_token, rc.data.tokenizer), world.get(),
+                              world ? parallel::MpiContext::local_size(1) : 1);
     } catch (const std::exception& e) {
       // Under MPI a rank that fails alone would leave the others waiting in a collective: report
       // and end the whole job.

@@ -221,7 +221,7 @@ bool MpiContext::launched() {
 }
 
 int MpiContext::local_size(int fallback) {
-  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"})
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})
     if (const char* e = std::getenv(v); e && *e) {
       const int n = std::atoi(e);
       if (n > 0) return n;

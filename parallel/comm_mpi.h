@@ -54,8 +54,8 @@ class MpiContext {
   [[noreturn]] static void abort(int code);
   // True when mpirun / srun (OpenMPI, PMIx, PMI) started this process (checked before MPI_Init).
   static bool launched();
-  // Ranks of this job on this node (OMPI_COMM_WORLD_LOCAL_SIZE, else SLURM_NTASKS_PER_NODE,
-  // else `fallback`).
+  // Ranks of this job on this node (OpenMPI's OMPI_COMM_WORLD_LOCAL_SIZE, else MPICH's
+  // MPI_LOCALNRANKS, else SLURM_NTASKS_PER_NODE, else `fallback`).
   static int local_size(int fallback);
 
  private:

@@ -105,7 +105,8 @@ std::string nan_hint(const std::string& run_dir, const std::string& resumed_from
 
 }  // namespace
 
-TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel::Communicator* world) {
+TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel::Communicator* world,
+                         int local_ranks) {
   TrainResult res;
   // Parallel layout: data parallel over the ranks of `world` (parallel.dp = 0: all of them).
   const parallel::ParallelDims dims = resolve_parallel(rc, world ? world->size() : 1);
@@ -119,7 +120,7 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   // machine (train/preflight.h).
   const std::unique_ptr<kern::Backend> device = open_device(rc.train.device, "train.device");
   if (root) check_run_dir_writable(run_dir);
-  const MemoryEstimate mem = check_memory(rc, dims.world());
+  const MemoryEstimate mem = check_memory(rc, dims.world(), world ? local_ranks : 1);
   res.memory_estimate = mem.total();
   // Rank 0 reads (and caches) the data first; the others then read the token cache.
   if (world && !root) world->barrier();

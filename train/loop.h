@@ -38,7 +38,9 @@ struct TrainResult {
 };
 
 // world: the MPI ranks of a data-parallel run (every rank calls run_training; rank 0 logs and
-// writes checkpoints), or nullptr for one process. See train/dist.h.
-TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel::Communicator* world = nullptr);
+// writes checkpoints), or nullptr for one process. See train/dist.h. local_ranks: the ranks that
+// share this machine's memory (the start-up memory check counts each of them).
+TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel::Communicator* world = nullptr,
+                         int local_ranks = 1);
 
 }  // namespace trex::train

@@ -124,19 +124,19 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks) {
   return e;
 }
 
+namespace {
+double meminfo_bytes(const std::string& field) {  // a /proc/meminfo field ("MemTotal:"), or -1
+  std::ifstream f("/proc/meminfo");
+  std::string key, unit;
+  double kb;
+  while (f >> key >> kb >> unit)
+    if (key == field) return kb * 1024;
+  return -1;
+}
+}  // namespace
+
 double machine_memory_bytes() {
-  double total = 0;
-  {
-    std::ifstream f("/proc/meminfo");
-    std::string key;
-    double kb;
-    std::string unit;
-    while (f >> key >> kb >> unit)
-      if (key == "MemTotal:") {
-        total = kb * 1024;
-        break;
-      }
-  }
+  double total = meminfo_bytes("MemTotal:");
   if (total <= 0) total = (double)::sysconf(_SC_PHYS_PAGES) * (double)::sysconf(_SC_PAGESIZE);
   for (const char* p : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
     const double lim = read_number(p);
@@ -145,31 +145,43 @@ double machine_memory_bytes() {
   return std::max(total, 0.0);
 }
 
+double available_memory_bytes() {
+  const double total = machine_memory_bytes(), avail = meminfo_bytes("MemAvailable:");
+  if (avail <= 0) return total;
+  return std::clamp(avail, 0.0, total);
+}
+
 double peak_rss_bytes() {
   struct rusage u {};
   ::getrusage(RUSAGE_SELF, &u);
   return (double)u.ru_maxrss * 1024.0;  // Linux: kilobytes
 }
 
-MemoryEstimate check_memory(const RunConfig& rc, int ranks) {
+MemoryEstimate check_memory(const RunConfig& rc, int ranks, int local_ranks) {
   const MemoryEstimate e = estimate_train_memory(rc, ranks);
-  const double have = machine_memory_bytes();
+  const double have = available_memory_bytes();
   if (!rc.train.memory_check || have <= 0) return e;
-  TREX_USER_CHECK(e.total() <= have,
+  const int local = std::max(local_ranks, 1);
+  TREX_USER_CHECK(e.total() * local <= have,
                   std::string(rc.train.recompute == model::Recompute::None
                                   ? "set train.recompute = \"selective\" (recompute_modules = [\"moe\"]) or "
                                     "\"full\" (activations are most of a long sequence's memory), "
                                   : rc.train.recompute == model::Recompute::Selective
                                       ? "set train.recompute = \"full\" (keeps only each layer's input), "
                                       : "") +
+                      (local > 1 ? "start fewer ranks on each machine, " : "") +
                       "lower train.batch_size or data.seq_len, use a smaller model, add data-parallel ranks (the "
                       "optimizer state is sharded) or context-parallel ranks (parallel.cp), or set "
                       "train.memory_check = false to try anyway",
                   "the run needs about ", gib_str(e.total()), " per rank (weights ", gib_str(e.weights), ", gradients ",
                   gib_str(e.grads), ", optimizer ", gib_str(e.optimizer), ", activations ", gib_str(e.activations),
-                  e.buffers > 0 ? ", communication buffers " + gib_str(e.buffers) : std::string(),
-                  " for ", rc.train.batch_size, " x ", rc.data.seq_len, " tokens) but this machine has ",
-                  gib_str(have));
+                  e.buffers > 0 ? ", communication buffers " + gib_str(e.buffers) : std::string(), ", runtime ",
+                  gib_str(e.runtime),
+                  " for ", rc.train.batch_size, " x ", rc.data.seq_len, " tokens)",
+                  local > 1 ? ", " + gib_str(e.total() * local) + " for the " + std::to_string(local) +
+                                  " ranks on this machine,"
+                            : std::string(),
+                  " but this machine has ", gib_str(have), " available (", gib_str(machine_memory_bytes()), " in all)");
   return e;
 }
 

@@ -1,8 +1,8 @@
 // Start-up checks of a training run (issue 9): what would fail an hour in is refused before the
 // first step, with the field to change.
-//   - memory: an estimate of what this rank holds (below) against the machine's memory (the
-//     smaller of MemTotal and the cgroup limit); over it, the run is refused; train.memory_check
-//     = false skips the check.
+//   - memory: an estimate of what this rank holds (below), times the ranks on this machine,
+//     against the memory available now (MemAvailable, at most the cgroup limit); over it, the
+//     run is refused; train.memory_check = false skips the check.
 //   - run directory: created and probed with a write (checkpoint.run_dir).
 // Data files are read before the model is built (train/loop.cpp), so an unreadable one already
 // fails before any allocation.
@@ -17,6 +17,7 @@
 //   activations the peak of the activation arena (Model::peak_activation_bytes) for one micro-batch
 //               of batch_size x seq_len tokens: activation_peak_bytes (train/activation_estimate.h)
 //   buffers     data parallel: the planner's (plan/memory.h) copies of the in-flight buckets
+//   runtime     kRuntimeBytes: libraries, threads, per-thread scratch, heap
 // It is checked against measured peak RSS in RELIABILITY.md.
 #pragma once
 #include <cstdint>
@@ -26,24 +27,36 @@
 
 namespace trex::train {
 
+// The rest of a training process, outside the parts above: the runtime libraries (oneDNN,
+// OpenMP, MPI), thread stacks, the kernels' per-thread scratch and the heap (RELIABILITY.md: at
+// most 0.3 GiB measured on the bench configs up to 65536 tokens).
+inline constexpr double kRuntimeBytes = 512.0 * 1024 * 1024;
+
 struct MemoryEstimate {
   double weights = 0, grads = 0, optimizer = 0, activations = 0;
   double buffers = 0;  // data parallel: the MPI library's copies of the in-flight gradient buckets
-  double total() const { return weights + grads + optimizer + activations + buffers; }
+  double runtime = kRuntimeBytes;
+  double total() const { return weights + grads + optimizer + activations + buffers + runtime; }
 };
 
 MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks);
 
-// Physical memory available to this process: min(MemTotal, cgroup v2 memory.max / v1
-// memory.limit_in_bytes); 0 if unknown.
+// Physical memory of this machine as this process sees it: min(MemTotal, cgroup v2 memory.max /
+// v1 memory.limit_in_bytes); 0 if unknown.
 double machine_memory_bytes();
+
+// Memory a new allocation can take now without swapping: MemAvailable (free memory and the
+// reclaimable caches; the kernel and other processes hold the rest), at most
+// machine_memory_bytes(); machine_memory_bytes() where MemAvailable is unknown.
+double available_memory_bytes();
 
 // Peak resident set of this process so far (getrusage), bytes.
 double peak_rss_bytes();
 
-// Refuses (UserError) a run whose estimate exceeds machine_memory_bytes(), naming the parts and
-// what to change. Returns the estimate.
-MemoryEstimate check_memory(const RunConfig& rc, int ranks);
+// Refuses (UserError) a run whose estimate, times the ranks that share this machine
+// (local_ranks: mpirun's ranks on this node), exceeds available_memory_bytes(), naming the parts
+// and what to change. Returns the estimate (of one rank).
+MemoryEstimate check_memory(const RunConfig& rc, int ranks, int local_ranks = 1);
 
 // Creates `dir` and writes a probe file into it; UserError naming checkpoint.run_dir otherwise.
 void check_run_dir_writable(const std::string& dir);

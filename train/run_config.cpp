@@ -310,7 +310,8 @@ const std::vector<SectionSpec>& sections() {
            field("max_skipped_steps", Kind::Int, &R::train, &TrainConfig::max_skipped_steps,
                  "stop the run after this many steps in a row skipped for a NaN / Inf loss or gradient", 1),
            field("memory_check", Kind::Bool, &R::train, &TrainConfig::memory_check,
-                 "refuse a run whose memory estimate exceeds the machine's memory"),
+                 "refuse at start a run whose memory estimate, times the ranks on this machine, exceeds the memory "
+                 "available (MemAvailable, at most the cgroup limit)"),
            field("exit_signal_save", Kind::Bool, &R::train, &TrainConfig::exit_signal_save,
                  "SIGTERM / SIGINT finish the current step, write a checkpoint and exit with code 75 (a second "
                  "signal exits at once); false: the signals end the process as usual"),

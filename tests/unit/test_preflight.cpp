@@ -123,6 +123,27 @@ TEST(Preflight, TooLargeForThisMachineIsRefusedBeforeAnyWork) {
   EXPECT_NE(m2.find("missing.jsonl"), std::string::npos) << m2;
 }
 
+// Ranks started on one machine share its memory: the check counts each of them.
+TEST(Preflight, RanksOnOneMachineShareItsMemory) {
+  json mc = {{"model_type", "deepseek_v3"}, {"vocab_size", 1000}, {"hidden_size", 96}, {"num_hidden_layers", 3},
+            {"first_k_dense_replace", 1}, {"intermediate_size", 200}, {"moe_intermediate_size", 40},
+            {"n_routed_experts", 6}, {"n_shared_experts", 1}, {"num_experts_per_tok", 2}, {"n_group", 1},
+            {"topk_group", 1}, {"num_attention_heads", 3}, {"q_lora_rank", 48}, {"kv_lora_rank", 24},
+            {"qk_nope_head_dim", 16}, {"qk_rope_head_dim", 8}, {"v_head_dim", 16}};
+  json j = {{"model", mc}, {"data", {{"seq_len", 4096}}}, {"train", {{"batch_size", 1}}}};
+  const train::RunConfig rc = train::parse_run_config(j, "run.toml");
+  const double one = train::estimate_train_memory(rc, 1).total(), have = train::available_memory_bytes();
+  ASSERT_GT(have, 0);
+  EXPECT_LE(have, train::machine_memory_bytes());
+  // Ranks that fit now; halved and doubled, as other processes' memory moves while tests run.
+  const int fit = (int)(have / one);
+  ASSERT_GE(fit, 2) << "one rank of the test model needs " << one << " bytes; " << have << " available";
+  EXPECT_NO_THROW(train::check_memory(rc, 1, fit / 2));
+  const std::string m = test::user_error([&] { train::check_memory(rc, 1, 2 * fit); }, /*with_hint=*/true);
+  EXPECT_NE(m.find("for the " + std::to_string(2 * fit) + " ranks on this machine"), std::string::npos) << m;
+  EXPECT_NE(m.find("start fewer ranks on each machine"), std::string::npos) << m;
+}
+
 TEST(Preflight, UnwritableRunDirectoryIsRefused) {
   test::TmpDir dir("trex_preflight");
   const std::string file = (dir.path / "a_file").string();
