@@ -16,6 +16,12 @@ std::string num(const char* f, double v) {
   return b;
 }
 
+// Three significant figures without an exponent (989, 2250, 8.00, 0.352): the CPU's rates are
+// below 1 TFLOP/s and 1 TB/s.
+std::string fig(double v) {
+  return num(v >= 100 ? "%.0f" : v >= 10 ? "%.1f" : v >= 1 ? "%.2f" : "%.3g", v);
+}
+
 bool has_low_precision(const ClusterSpec& s) { return s.peak_fp8 > 0; }
 
 }  // namespace
@@ -25,7 +31,7 @@ std::vector<Limit> step_limits(const ClusterSpec& s, const Layout& l, const Step
   const double m = (double)t.micro_batches;
   const PrecisionModel p = precision_model(s, l.precision);
   const std::string prec = precision_name(l.precision);
-  const std::string peak = num("%.0f", p.gemm_peak / 1e12) + " TFLOP/s " + (p.low ? prec : "bf16") + " peak";
+  const std::string peak = fig(p.gemm_peak / 1e12) + " TFLOP/s " + (p.low ? prec : "bf16") + " peak";
   const bool bf16 = !p.low;
   const std::string lower = s.mx_formats ? "precision=mxfp8" : "precision=fp8";
   // Compute: forward + backward (2x forward) on the slowest pipeline rank; compute runs on the
@@ -54,7 +60,7 @@ std::vector<Limit> step_limits(const ClusterSpec& s, const Layout& l, const Step
           "compute-bound at bf16; shorter sequences (context parallelism is not modelled)");
   const double mem = 3 * m * (t.memory_bound - t.quant_fwd) + m * (t.quant_fwd + t.quant_bwd);
   compute("memory-bound kernels", mem,
-          "HBM bandwidth (" + num("%.1f", s.mem_bw / 1e12) + " TB/s at " + num("%.2f", s.eff.memory) + ")" +
+          "HBM bandwidth (" + fig(s.mem_bw / 1e12) + " TB/s at " + num("%.2f", s.eff.memory) + ")" +
               (t.quant_fwd > 0 ? ", " + num("%.0f%%", 100 * m * (t.quant_fwd + t.quant_bwd) / mem) +
                                      " of it " + prec + " quantize / transpose kernels" +
                                      (s.eff.quantize > 0 ? num(" (at %.2f)", s.eff.quantize) : "") +
