@@ -22,7 +22,9 @@ enum class Recompute { None, Full, Selective };
 // recompute_modules, named as Megatron-Core's --recompute-modules).
 //   kRecomputeMoe ("moe"): a layer's whole MoE block (router, dispatch, routed and shared experts,
 //   combine) keeps only its input; its forward is replayed just before its backward.
-enum RecomputeModule : unsigned { kRecomputeMoe = 1u << 0 };
+//   kRecomputeMoeAct ("moe_act"): the routed experts' SwiGLU output h [rows, F] is not kept; the
+//   backward computes it again from the kept gate|up product (one elementwise pass per layer).
+enum RecomputeModule : unsigned { kRecomputeMoe = 1u << 0, kRecomputeMoeAct = 1u << 1 };
 
 // Stage of the lightning indexer's training (TrainOptions::indexer_stage, [train] indexer_stage;
 // DeepSeek-V3.2 report, "DeepSeek Sparse Attention"). Sparse: the attention sees the indexer's

@@ -556,6 +556,7 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
     MoeIn mi{&cfg, &lp, P, Pb, G, bias, B, T, opt.aux_loss_alpha, grad_scale};
     mi.dispatcher = &moe_dispatcher();
     mi.slab_first = ep_.slab_first;
+    mi.recompute_act = opt.recomputes(kRecomputeMoeAct);
     if (sh.on()) {
       mi.n0 = n0, mi.rows = Nl;
       mi.seq_sum = [this](double* v, size_t n) { tp_sum(v, (int64_t)n); };

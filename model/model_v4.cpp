@@ -166,6 +166,7 @@ struct Env {
   // Selective recompute of "moe" (TrainOptions::recomputes): layer_forward drops the MoE block's
   // activations (keeps its input s.n2 and output s.f); moe_replay rebuilds them before the backward.
   bool drop_moe = false;
+  bool moe_act = false;   // selective recompute of "moe_act": the experts' SwiGLU output is recomputed
   int64_t N() const { return sh.rows; }  // token rows of every per-token array here
 };
 
@@ -188,6 +189,7 @@ MoeIn moe_in(const Env& e, int64_t l) {
   mi.swiglu_limit = (float)e.c.v4.swiglu_limit;
   mi.dispatcher = e.dispatcher;
   mi.slab_first = e.slab_first;
+  mi.recompute_act = e.moe_act;
   if (e.sh.on()) {
     mi.n0 = e.sh.n0, mi.rows = e.sh.rows;
     const Model* m = e.model;
@@ -438,6 +440,7 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
   LossParts out;
   e.ix_loss = opt.indexer_metrics(), e.ix_dense = opt.dense_warmup(), e.ix_grad = ix_grad;
   e.drop_moe = opt.recomputes(kRecomputeMoe);
+  e.moe_act = opt.recomputes(kRecomputeMoeAct);
   e.ix_sum = &out.indexer, e.ix_recall = &out.indexer_recall;
   e.seg = b.seg ? e.ctx.device(b.seg, N) : nullptr;
   if (cp_full_) {

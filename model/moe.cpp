@@ -80,13 +80,14 @@ ExpertW expert_w(const Ctx& c, const MoeIn& in, int64_t e0) {
 }
 
 // Routed experts on rows grouped by expert (off: [n + 1], experts e0 ..): xs [rows, d] ->
-// gu [rows, 2F], h [rows, F], y [rows, d].
+// gu [rows, 2F], h [rows, F], y [rows, d]. h null: a scratch one, released (recompute "moe_act").
 void experts_fwd(const Ctx& c, const MoeIn& in, const std::vector<int64_t>& off, int64_t e0, const float* xs,
                  float* gu, float* h, float* y) {
   const int64_t d = in.cfg->hidden_size, F = in.cfg->moe_intermediate_size, R = off.back();
   const ExpertW w = expert_w(c, in, e0);
   StackArena& A = *c.ws;
   auto mk = A.mark();
+  if (!h) h = A.alloc<float>(R * F);
   const void* xin = nullptr;
   {
     ProfScope ps(c.prof, "fwd.moe.experts.cast");
@@ -113,13 +114,19 @@ void experts_fwd(const Ctx& c, const MoeIn& in, const std::vector<int64_t>& off,
 }
 
 // Backward of experts_fwd: dy [rows, d] -> dxs [rows, d] (overwrite); the experts' weight
-// gradients accumulate. xs, gu, h: the forward's.
+// gradients accumulate. xs, gu, h: the forward's (h null: computed again from gu, as the forward did).
 void experts_bwd(const Ctx& c, const MoeIn& in, const std::vector<int64_t>& off, int64_t e0, const float* xs,
                  const float* gu, const float* h, const float* dy, float* dxs) {
   const int64_t d = in.cfg->hidden_size, F = in.cfg->moe_intermediate_size, R = off.back();
   const ExpertW w = expert_w(c, in, e0);
   StackArena& A = *c.ws;
   auto mk = A.mark();
+  if (!h) {
+    ProfScope ps(c.prof, "bwd.moe.experts.act");
+    float* hr = A.alloc<float>(R * F);
+    c.k().swiglu_fwd(gu, R, F, in.swiglu_limit, hr);
+    h = hr;
+  }
   float* dh = A.alloc<float>(R * F);
   float* dgu = A.alloc<float>(R * 2 * F);
   auto cast = [&](const float* x, int64_t n) {
@@ -207,7 +214,7 @@ double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, Mo
   const int64_t Rl = std::max<int64_t>(r.rows, 1);
   s.y = A.alloc<float>(R * d);
   s.gu = A.alloc<float>(Rl * 2 * F);
-  s.h = A.alloc<float>(Rl * F);
+  s.h = in.recompute_act ? nullptr : A.alloc<float>(Rl * F);
   // The shared experts write `out`: while the rows are in flight (their saved activations below the
   // exchange's scratch), else after the routed experts (in the space their scratch leaves).
   const bool overlap = disp.in_flight();

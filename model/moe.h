@@ -29,7 +29,7 @@ struct MoeSaved {
   Dispatch disp;
   MoeRoute local;       // the rows computed here (the dispatcher's plan)
   float* gu = nullptr;  // [Rl, 2F] local rows
-  float* h = nullptr;   // [Rl, F]
+  float* h = nullptr;   // [Rl, F] (null under MoeIn::recompute_act: the backward recomputes it)
   float* y = nullptr;   // [N*K, d] expert outputs before weighting, sorted rows
   MlpSaved shared;
 };
@@ -46,6 +46,7 @@ struct MoeIn {
   float aux_grad_scale = 1.f;
   const int32_t* hash_idx = nullptr;  // [N, K] fixed experts (DeepSeek-V4 hash layers) or null (host memory)
   float swiglu_limit = 0.f;           // clamp of routed and shared experts (V4), 0 = none
+  bool recompute_act = false;         // selective recompute "moe_act": the experts' h is not kept
   const MoeDispatcher* dispatcher = nullptr;  // where the routed rows go (AllToAll: a collective)
   int64_t slab_first = 0;  // the first routed expert the weight slab holds (expert-sharded models)
   // Sequence parallel (model/seq_parallel.h): x holds the token rows [n0, n0 + rows) of the B x T

@@ -46,6 +46,7 @@ struct StepWalk {
   const bool bf;                 // bf16 GEMM inputs (transient bf16 copies of activations)
   const bool replay;             // full recompute
   const bool drop_moe;           // selective recompute of "moe": MoE blocks replayed before their backward
+  const bool moe_act;            // selective recompute of "moe_act": the experts' h recomputed in the backward
   const int64_t tp, ep;          // tensor / expert parallel sizes
   const bool sp;                 // sequence parallel (tp > 1)
   const int64_t Nl;              // token rows outside the split blocks: N, or rank 0's shard (the largest)
@@ -64,6 +65,7 @@ struct StepWalk {
       : c(cfg), B(b), T(t), N(b * t / std::max<int64_t>(cp_, 1)), d(cfg.hidden_size), cp(std::max<int64_t>(cp_, 1)),
         NK(b * t), bf(p == kern::Prec::BF16), replay(r == model::Recompute::Full),
         drop_moe(r == model::Recompute::Selective && (o.recompute_modules & model::kRecomputeMoe)),
+        moe_act(r == model::Recompute::Selective && (o.recompute_modules & model::kRecomputeMoeAct)),
         tp(std::max<int64_t>(tp_, 1)), ep(std::max<int64_t>(ep_, 1)), sp(sp_ && tp > 1),
         Nl(sp ? (N + tp - 1) / tp : N), l0(st.on() ? st.l0 : 0), l1(st.on() ? st.l1 : cfg.num_hidden_layers),
         last(!st.on() || st.last), ix_fwd(cfg.indexer_layers() > 0 && o.indexer_metrics()),
@@ -138,12 +140,14 @@ struct StepWalk {
   // routing).
   void experts_fwd(int64_t R, int64_t F) {
     const auto m = A.mark();
+    if (moe_act) f32(R * F);  // h, a scratch one
     gemm_input(R * d);
     gemm_input(R * F);
     A.release(m);
   }
   void experts_bwd(int64_t R, int64_t F) {
     const auto m = A.mark();
+    if (moe_act) f32(R * F);  // h, computed again
     f32(R * F);          // dh
     gemm_input(R * d);   // dy
     gemm_input(R * F);   // h
@@ -163,7 +167,8 @@ struct StepWalk {
     i32(R), i32(R), i64(E + 1);  // row_token, slot_row, offsets
     if (moves) i32(Rl), f32(Rl * d);  // plan: perm, the kept inputs
     f32(R * d);                        // y
-    f32(Rl * 2 * F), f32(Rl * F);      // gu, h
+    f32(Rl * 2 * F);                   // gu
+    if (!moe_act) f32(Rl * F);         // h
     const bool shared = c.n_shared_experts > 0;
     if (moves && shared) f32(Nl * 2 * Fs), f32(Nl * Fs);  // shared experts in flight: saved first
     const auto m = A.mark();

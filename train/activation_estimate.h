@@ -18,7 +18,9 @@ namespace trex::train {
 //     each layer's kept input [N, d] or V4 streams [N, n, d]; the replayed layer's set is rebuilt
 //     inside the backward's mark; under selective recompute of "moe" (recompute Selective with
 //     ix.recompute_modules holding model::kRecomputeMoe) no MoE block's activations, one block's
-//     rebuilt inside its layer's backward) + the transients of the point reached: the bf16 copies of GEMM
+//     rebuilt inside its layer's backward; with "moe_act" (model::kRecomputeMoeAct) no routed
+//     experts' h, a scratch one in their forward and backward) + the transients of the point
+//     reached: the bf16 copies of GEMM
 //     inputs (bf16 runs), the LM head / cross-entropy workspace (kern::lm_head_ce_workspace_floats),
 //     the backward's gradient buffers, the attention, indexer, compressor and hyper-connection
 //     workspaces (their kernels' *_workspace_floats);

@@ -131,7 +131,8 @@ const char* recompute_name(model::Recompute r) {
 }
 // train.recompute_modules: each name's model::RecomputeModule bit (0: not supported).
 const std::vector<std::pair<std::string, unsigned>>& recompute_modules_table() {
-  static const std::vector<std::pair<std::string, unsigned>> t = {{"moe", model::kRecomputeMoe}};
+  static const std::vector<std::pair<std::string, unsigned>> t = {{"moe", model::kRecomputeMoe},
+                                                                     {"moe_act", model::kRecomputeMoeAct}};
   return t;
 }
 unsigned recompute_module_bit(const std::string& name) {
@@ -256,13 +257,15 @@ const std::vector<SectionSpec>& sections() {
                  "dropped after their forward and replayed before their backward, named as Megatron-Core's "
                  "--recompute-modules. moe: a MoE "
                  "layer's whole block (router, dispatch, routed and shared experts, combine) keeps only its input; "
-                 "under expert parallelism the replay repeats the dispatch and combine all-to-alls",
+                 "under expert parallelism the replay repeats the dispatch and combine all-to-alls. moe_act: the "
+                 "routed experts' SwiGLU output is not kept and the backward computes it again from the kept "
+                 "gate|up product (one elementwise pass; with moe, also inside the replayed block)",
                  [](R& r, const json& v) {
                    r.train.recompute_modules = 0;
                    for (const json& e : v) r.train.recompute_modules |= recompute_module_bit(e.get<std::string>());
                  },
                  [](const R& r) { return recompute_module_names(r.train.recompute_modules); });
-             k.type = "list of module names: \"moe\"";
+             k.type = "list of module names: \"moe\", \"moe_act\"";
              k.check = [](const Ctx& c, const json& v, const std::string& key) {
                TREX_USER_CHECK(v.is_array() && !v.empty(),
                                "list the modules to recompute, e.g. [\"moe\"] (supported: " +

@@ -101,6 +101,7 @@ struct Case {
   float lr = 3e-3f, gamma = 0.01f;
   AdamWConfig ocfg{3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
   model::Recompute recompute = model::Recompute::None;
+  unsigned modules = model::kRecomputeMoe;  // selective recompute's (model::RecomputeModule bits)
   double ix_weight = 0;  // the indexer loss (DeepSeek-V3.2 model/v32_indexer_loss.h, V4 model/v4_indexer.h)
   model::IndexerStage ix_stage = model::IndexerStage::Sparse;
   bool ix_recall = false;  // compute the indexer's recall (train.indexer_recall)
@@ -109,9 +110,9 @@ struct Case {
   // shard: the routed experts the model holds (expert-parallel memory sharding; default all).
   std::unique_ptr<model::Model> make(uint64_t seed, model::ExpertShard shard = {}, model::StageShard stage = {},
                                      model::TpShard tp = {}) const {
-    auto m = std::make_unique<model::Model>(cfg(), kern::Prec::F32, model::TrainOptions{aux, mtp, recompute, ix_weight, ix_stage, ix_recall},
-                                            shard,
-                                            stage, tp);
+    model::TrainOptions o{aux, mtp, recompute, ix_weight, ix_stage, ix_recall};
+    o.recompute_modules = modules;
+    auto m = std::make_unique<model::Model>(cfg(), kern::Prec::F32, o, shard, stage, tp);
     m->init_random(seed);
     // Off the symmetric init (V4's HC bases 0, scales 1): there some gradients are exactly 0 in
     // exact arithmetic and pure rounding noise in f32, which AdamW turns into noise-sized steps.

@@ -39,8 +39,12 @@ model::ModelConfig config(const json& mj, double mtp) {
 
 // packed: two documents in every row (else one; the estimate counts DeepSeek-V4's key lists for one
 // document a row, an upper bound for packed rows).
-Run step(const json& mj, kern::Prec prec, model::Recompute rc, double mtp, bool packed = true) {
-  model::Model m(config(mj, mtp), prec, {0.01, mtp, rc});
+// modules: selective recompute's (model::RecomputeModule bits).
+Run step(const json& mj, kern::Prec prec, model::Recompute rc, double mtp, bool packed = true,
+         unsigned modules = model::kRecomputeMoe) {
+  model::TrainOptions o{0.01, mtp, rc};
+  o.recompute_modules = modules;
+  model::Model m(config(mj, mtp), prec, o);
   m.init_random(7);
   const int64_t B = kB, T = kT, N = B * T;
   std::vector<int32_t> ids(N), tg(N), seg(N);
@@ -58,9 +62,10 @@ Run step(const json& mj, kern::Prec prec, model::Recompute rc, double mtp, bool 
   return out;
 }
 
-void expect_same_step(const json& mj, kern::Prec prec, double mtp, model::Recompute rc = model::Recompute::Full) {
+void expect_same_step(const json& mj, kern::Prec prec, double mtp, model::Recompute rc = model::Recompute::Full,
+                      unsigned modules = model::kRecomputeMoe) {
   const Run keep = step(mj, prec, model::Recompute::None, mtp);
-  const Run full = step(mj, prec, rc, mtp);
+  const Run full = step(mj, prec, rc, mtp, true, modules);
   EXPECT_EQ(keep.loss.loss, full.loss.loss);
   EXPECT_EQ(keep.loss.aux, full.loss.aux) << "the replay must not add the aux loss again";
   EXPECT_EQ(keep.loss.mtp, full.loss.mtp);
@@ -72,13 +77,14 @@ void expect_same_step(const json& mj, kern::Prec prec, double mtp, model::Recomp
   for (float g : keep.grads) norm += (double)g * g;
   EXPECT_GT(norm, 0.0);
   EXPECT_LT(full.peak, keep.peak) << "recompute must lower the activation peak";
-  std::printf("[recompute] %s %s %s: activation peak %zu -> %zu bytes\n", mj["model_type"].get<std::string>().c_str(),
-              prec == kern::Prec::BF16 ? "bf16" : "fp32", rc == model::Recompute::Full ? "full" : "selective",
-              keep.peak, full.peak);
+  std::printf("[recompute] %s %s %s (modules %u): activation peak %zu -> %zu bytes\n",
+              mj["model_type"].get<std::string>().c_str(), prec == kern::Prec::BF16 ? "bf16" : "fp32",
+              rc == model::Recompute::Full ? "full" : "selective", modules, keep.peak, full.peak);
   if (rc == model::Recompute::Selective) {  // the estimate replays the arena: to the byte (one document a row)
-    const model::TrainOptions o{0.01, mtp, rc};
+    model::TrainOptions o{0.01, mtp, rc};
+    o.recompute_modules = modules;
     for (model::Recompute r : {model::Recompute::None, rc})
-      EXPECT_EQ((double)step(mj, prec, r, mtp, false).peak,
+      EXPECT_EQ((double)step(mj, prec, r, mtp, false, modules).peak,
                 train::activation_peak_bytes(config(mj, mtp), kB, kT, prec, r, 1, 1, false, {}, o))
           << (r == rc ? "selective" : "none");
     EXPECT_LE((double)full.peak, train::activation_peak_bytes(config(mj, mtp), kB, kT, prec, rc, 1, 1, false, {}, o));
@@ -138,6 +144,33 @@ TEST(Recompute, SelectiveMoeIsBitwiseTheSameV4WithMtp) {
   expect_same_step(deeper_v4(), kern::Prec::BF16, 0.3, model::Recompute::Selective);
 }
 
+// "moe_act": the routed experts' SwiGLU output computed again in the backward, alone and inside
+// the replayed MoE blocks.
+TEST(Recompute, SelectiveMoeActIsBitwiseTheSameV3WithMtp) {
+  json m = deeper_v3();
+  m["num_nextn_predict_layers"] = 1;
+  for (unsigned mods : {unsigned(model::kRecomputeMoeAct), unsigned(model::kRecomputeMoe | model::kRecomputeMoeAct)}) {
+    expect_same_step(m, kern::Prec::F32, 0.3, model::Recompute::Selective, mods);
+    expect_same_step(m, kern::Prec::BF16, 0.3, model::Recompute::Selective, mods);
+  }
+}
+
+TEST(Recompute, SelectiveMoeActIsBitwiseTheSameV4WithMtp) {
+  for (unsigned mods : {unsigned(model::kRecomputeMoeAct), unsigned(model::kRecomputeMoe | model::kRecomputeMoeAct)}) {
+    expect_same_step(deeper_v4(), kern::Prec::F32, 0.3, model::Recompute::Selective, mods);
+    expect_same_step(deeper_v4(), kern::Prec::BF16, 0.3, model::Recompute::Selective, mods);
+  }
+}
+
+// "moe_act" with "moe" keeps less than "moe" alone (the replayed block's h is a scratch one).
+TEST(Recompute, MoeActLowersThePeak) {
+  for (const json& mj : {deeper_v3(), deeper_v4()}) {
+    const size_t none = step(mj, kern::Prec::BF16, model::Recompute::None, 0).peak;
+    const size_t act = step(mj, kern::Prec::BF16, model::Recompute::Selective, 0, true, model::kRecomputeMoeAct).peak;
+    EXPECT_LT(act, none) << mj["model_type"];
+  }
+}
+
 // Selective keeps the attention's activations: its peak lies between full's and none's.
 TEST(Recompute, SelectiveSitsBetweenNoneAndFull) {
   for (const json& mj : {deeper_v3(), deeper_v4()}) {
@@ -189,12 +222,17 @@ TEST(Recompute, RunConfigKey) {
     }
   };
   // Modules trex does not recompute: the field, the value and the supported names.
-  for (const char* name : {"core_attn", "moe_act", "mla_up_proj", "layernorm", "mlp", "Moe"}) {
+  for (const char* name : {"core_attn", "mla_up_proj", "layernorm", "mlp", "Moe"}) {
     json k = j;
     k["train"]["recompute_modules"] = {"moe", name};
-    refused(k, {"train.recompute_modules", std::string("\"") + name + "\"", "\"moe\""});
+    refused(k, {"train.recompute_modules", std::string("\"") + name + "\"", "\"moe\"", "\"moe_act\""});
   }
   json k = j;
+  k["train"]["recompute_modules"] = {"moe_act"};
+  EXPECT_EQ(train::parse_run_config(k, "run.toml").train.recompute_modules, model::kRecomputeMoeAct);
+  k["train"]["recompute_modules"] = {"moe_act", "moe"};
+  EXPECT_EQ(train::parse_run_config(k, "run.toml").train.recompute_modules,
+            model::kRecomputeMoe | model::kRecomputeMoeAct);
   k["train"]["recompute_modules"] = json::array();
   refused(k, {"train.recompute_modules", "\"moe\""});
   k["train"]["recompute_modules"] = "moe";
