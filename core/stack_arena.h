@@ -18,6 +18,7 @@
 #include <unistd.h>
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -53,6 +54,8 @@ class StackArena {
 
   template <class T>
   T* alloc(size_t n) {
+    TREX_CHECK(n <= (SIZE_MAX - kAlign) / sizeof(T), "activation arena: allocation of ", n, " elements of ",
+               sizeof(T), " bytes overflows");
     size_t bytes = round_up(n * sizeof(T));
     if (bytes == 0) bytes = kAlign;
     std::byte* p = src_ ? alloc_block(bytes) : alloc_host(bytes);
@@ -111,7 +114,7 @@ class StackArena {
   void commit(size_t end) {
     if (!base_) reserve_range(end);
     TREX_CHECK(end <= range_, "activation arena: out of memory: ", end, " bytes in use exceed the ", range_,
-               " bytes of address space it reserved (twice this machine's memory)");
+               " bytes of address space it reserved (twice this machine's memory, or less under ulimit -v)");
     const size_t page = (size_t)sysconf(_SC_PAGESIZE);
     size_t to = (end + step_ - 1) / step_ * step_;
     to = std::min((to + page - 1) / page * page, range_);

@@ -40,6 +40,16 @@ TEST(StackArena, HostStackCountsOnlyLiveBytes) {
   EXPECT_TRUE(A.host());
 }
 
+// Sizes past the address space reserved (or past size_t) are errors, not a wrapped allocation.
+TEST(StackArena, ImpossibleSizesAreErrors) {
+  StackArena A(size_t(1) << 20);
+  A.alloc<float>(16);
+  EXPECT_THROW(A.alloc<std::byte>(size_t(1) << 62), Error);
+  EXPECT_THROW(A.alloc<double>(SIZE_MAX / 4), Error);
+  EXPECT_EQ(A.used(), 64u);  // a failed allocation takes nothing
+  EXPECT_NE(A.alloc<float>(16), nullptr);
+}
+
 TEST(StackArena, SteadyStateStepsTakeNoMemory) {
   StackArena A(size_t(1) << 20);
   auto step = [&A] {
