@@ -167,9 +167,7 @@ TrainResult run_training(const RunConfig& rc, const TokenizerFns& tok, parallel:
   // Model, optimizer, resume.
   // Expert / pipeline / tensor parallel: this rank allocates and loads only its ep rank's routed
   // experts, its stage's tensors and its tp rank's slice of the attention and dense MLPs.
-  const model::TrainOptions topt{rc.train.aux_loss_alpha, rc.train.mtp_loss_weight, rc.train.recompute,
-                                 rc.train.indexer_loss_weight, rc.train.indexer_stage, rc.train.indexer_recall,
-                                 rc.train.recompute_modules};
+  const model::TrainOptions topt = train_options(rc);
   model::Model m(rc.model, rc.train.precision, topt,
                  expert_shard_of(dims, rank, rc.model), stage_shard_of(dims, rank, rc.model), tp_shard_of(dims, rank));
   if (device) m.use_backend(*device);

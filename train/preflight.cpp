@@ -70,9 +70,7 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks) {
   double held = P, stage_all = P;
   double acts = 0;  // the activation arena's peak, the largest over the stages
   auto stage_acts = [&](const model::StageShard& st) {
-    const model::TrainOptions ix{rc.train.aux_loss_alpha, rc.train.mtp_loss_weight, rc.train.recompute,
-                                 rc.train.indexer_loss_weight, rc.train.indexer_stage, rc.train.indexer_recall,
-                                 rc.train.recompute_modules};
+    const model::TrainOptions ix = train_options(rc);
     return activation_peak_bytes(run_cfg, rc.train.batch_size, rc.data.seq_len, rc.train.precision,
                                  rc.train.recompute, rc.parallel.tp, rc.parallel.ep, rc.parallel.sequence_parallel, st,
                                  ix, rc.data.seq_len % (2 * std::max<int64_t>(rc.parallel.cp, 1))
@@ -122,6 +120,12 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks) {
   const plan::MemoryReport r = plan::plan_memory(a, s, l);
   e.buffers = r.peak().buffers;
   return e;
+}
+
+model::TrainOptions train_options(const RunConfig& rc) {
+  const TrainConfig& t = rc.train;
+  return {t.aux_loss_alpha, t.mtp_loss_weight, t.recompute,        t.indexer_loss_weight,
+          t.indexer_stage,  t.indexer_recall,  t.recompute_modules};
 }
 
 namespace {

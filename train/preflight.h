@@ -41,6 +41,10 @@ struct MemoryEstimate {
 
 MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks);
 
+// The model's training options from the run config's [train] section: what trex train builds the
+// model with, and so what the estimate counts.
+model::TrainOptions train_options(const RunConfig& rc);
+
 // Physical memory of this machine as this process sees it: min(MemTotal, cgroup v2 memory.max /
 // v1 memory.limit_in_bytes); 0 if unknown.
 double machine_memory_bytes();

@@ -40,7 +40,7 @@ struct TrainConfig {
   double aux_loss_alpha = 0.0;
   double mtp_loss_weight = 0.0;  // DeepSeek-V4: > 0 trains the config's MTP blocks (loss += weight x MTP CE)
   model::Recompute recompute = model::Recompute::None;  // "none" | "full" | "selective" (model/config.h)
-  unsigned recompute_modules = model::kRecomputeMoe;    // selective: model::RecomputeModule bits ("moe")
+  unsigned recompute_modules = model::kRecomputeMoe;    // selective: model::RecomputeModule bits ("moe", "moe_act")
   // DeepSeek-V3.2 / V4 (CSA): > 0 trains the lightning indexer with its KL loss (loss += weight x indexer loss)
   double indexer_loss_weight = 0.0;
   model::IndexerStage indexer_stage = model::IndexerStage::Sparse;  // "sparse" | "dense_warmup"
@@ -65,7 +65,7 @@ struct ParallelConfig {
   int64_t tp = 1, pp = 1, ep = 1;
   // Context-parallel size: each of cp ranks holds 2 of the 2 cp chunks of every sequence
   // (model/context_parallel.h). Needs data.seq_len divisible by 2 cp; DeepSeek-V3 / V3.2 / V2
-  // and V4 models, with tp too (V4: not with the indexer loss or recall).
+  // and V4 models, with tp too (the V3.2 / V4 indexer loss and recall are refused with tp, as without cp).
   int64_t cp = 1;
   std::vector<int64_t> pp_layers;  // optional: decoder layers per stage (size pp; even split if empty)
   int64_t bucket_size = 4 << 20;  // slab elements per gradient bucket (0: one bucket)
