@@ -24,7 +24,19 @@ enum class Recompute { None, Full, Selective };
 //   combine) keeps only its input; its forward is replayed just before its backward.
 //   kRecomputeMoeAct ("moe_act"): the routed experts' SwiGLU output h [rows, F] is not kept; the
 //   backward computes it again from the kept gate|up product (one elementwise pass per layer).
-enum RecomputeModule : unsigned { kRecomputeMoe = 1u << 0, kRecomputeMoeAct = 1u << 1 };
+//   kRecomputeMlaUpProj ("mla_up_proj"; DeepSeek-V4): the query up-projection's output (q_b of
+//   q_res, [N, heads x head_dim]) is not kept; the backward runs q_b again (one GEMM a layer).
+//   kRecomputeMhc ("mhc"; DeepSeek-V4): of the hyper-connections only the layer's input streams,
+//   its block outputs and the post / comb mixes are kept; the streams between the attention and
+//   the MoE, and each mix's input row, its rstd and mix logits, are computed again in the backward
+//   (elementwise passes and the small mix projection; DeepSeek's mHC paper recomputes them too).
+// The DeepSeek-V4-only modules are refused at load for other models.
+enum RecomputeModule : unsigned {
+  kRecomputeMoe = 1u << 0,
+  kRecomputeMoeAct = 1u << 1,
+  kRecomputeMlaUpProj = 1u << 2,
+  kRecomputeMhc = 1u << 3,
+};
 
 // Stage of the lightning indexer's training (TrainOptions::indexer_stage, [train] indexer_stage;
 // DeepSeek-V3.2 report, "DeepSeek Sparse Attention"). Sparse: the attention sees the indexer's

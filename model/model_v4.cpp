@@ -49,11 +49,11 @@ struct HcSaved {
 
 struct V4LayerSaved {
   float* X_in;   // [N, n, d] streams entering the layer
-  HcSaved ha;    // attn_hc
+  HcSaved ha;    // attn_hc (selective "mhc": y, mix, rstd null)
   float *n1, *rstd1, *a;  // normed block input, rstd, attention output [N, d]
   V4AttnSaved att;
-  float* X_mid;  // [N, n, d] after the attention half
-  HcSaved hf;    // ffn_hc
+  float* X_mid;  // [N, n, d] after the attention half (selective "mhc": null)
+  HcSaved hf;    // ffn_hc (as ha)
   float *n2, *rstd2, *f;
   MoeSaved moe;
 };
@@ -167,6 +167,11 @@ struct Env {
   // activations (keeps its input s.n2 and output s.f); moe_replay rebuilds them before the backward.
   bool drop_moe = false;
   bool moe_act = false;   // selective recompute of "moe_act": the experts' SwiGLU output is recomputed
+  bool up_proj = false;   // "mla_up_proj": the attention's q_b output is recomputed (V4AttnIn::drop_qb)
+  // "mhc": layer_forward keeps of the hyper-connections only X_in, a, f, the normed block inputs
+  // and the post / comb mixes (V4LayerSaved: X_mid and the mixes' y, mix, rstd null); the
+  // backward computes the rest again (layer_backward).
+  bool mhc = false;
   int64_t N() const { return sh.rows; }  // token rows of every per-token array here
 };
 
@@ -176,6 +181,7 @@ V4AttnIn attn_in(const Env& e, int64_t l) {
               e.cos[1], e.sin[1], e.seg, e.b.B, e.b.T,
               e.model ? e.model->tensor_parallel().slice : TpSlice{}};
   in.ix_loss = e.ix_loss, in.ix_dense = e.ix_dense, in.ix_grad = e.ix_grad;
+  in.drop_qb = e.up_proj;
   if (e.cp) in.cp = e.cp, in.seg = e.cp->seg_full;  // the keys' documents: the whole rows'
   return in;
 }
@@ -199,22 +205,61 @@ MoeIn moe_in(const Env& e, int64_t l) {
   return mi;
 }
 
+// A block's input from the streams X [N, n, d]: (y, post, comb, mix, rstd) = hc_pre(X) with the
+// mix tensors at fn / base / scale, then nrm = rmsnorm(y) with weight `norm` -> nrm [N, d], rstd [N]
+// (arena). Returns the mix's saved set; under "mhc" only post and comb are kept (y, mix and its
+// rstd are scratch, rebuilt by mix_again in the backward).
+HcSaved block_input(Env& e, const float* X, int64_t fn, int64_t base, int64_t scale, int64_t norm, float*& nrm,
+                    float*& rstd) {
+  StackArena& A = *e.ctx.ws;
+  const int64_t N = e.N(), n = e.c.v4.hc_mult, d = e.c.hidden_size;
+  const float* P = e.P;
+  HcSaved h{};
+  StackArena::Mark mk{};
+  if (e.mhc) {
+    h.post = A.alloc<float>(N * n);
+    h.comb = A.alloc<float>(N * n * n);
+    nrm = A.alloc<float>(N * d);
+    rstd = A.alloc<float>(N);
+    mk = A.mark();
+    h.y = A.alloc<float>(N * d);
+    h.mix = A.alloc<float>(N * (2 + n) * n);
+    h.rstd = A.alloc<float>(N);
+  } else {
+    h = hc_alloc(A, N, n, d);
+    nrm = A.alloc<float>(N * d);
+    rstd = A.alloc<float>(N);
+  }
+  e.ctx.k().hc_pre_fwd(e.hs, X, P + fn, P + base, P + scale, h.y, h.post, h.comb, h.mix, h.rstd);
+  e.ctx.k().rmsnorm_fwd(h.y, N, d, P + norm, (float)e.c.rms_norm_eps, nrm, rstd);
+  if (e.mhc) {
+    A.release(mk);
+    h.y = h.mix = h.rstd = nullptr;
+  }
+  return h;
+}
+
+// "mhc": the mix of the streams X again (hc_pre, the forward's bits) -> the whole set (arena);
+// post and comb land in scratch too (the kept ones hold the same values).
+HcSaved mix_again(Env& e, const float* X, int64_t fn, int64_t base, int64_t scale) {
+  const int64_t N = e.N(), n = e.c.v4.hc_mult, d = e.c.hidden_size;
+  HcSaved h = hc_alloc(*e.ctx.ws, N, n, d);
+  e.ctx.k().hc_pre_fwd(e.hs, X, e.P + fn, e.P + base, e.P + scale, h.y, h.post, h.comb, h.mix, h.rstd);
+  return h;
+}
+
 // One decoder layer: X [N, n, d] -> returns the output streams (arena). Adds the aux loss and
 // counts the expert loads; aux null: neither (the backward replaying the layer, full recompute).
 float* layer_forward(Env& e, int64_t l, float* X, V4LayerSaved& s, double* aux) {
   StackArena& A = *e.ctx.ws;
   const int64_t N = e.N(), n = e.c.v4.hc_mult, d = e.c.hidden_size;
-  const float eps = (float)e.c.rms_norm_eps;
   const LayerParams& lp = e.L.layers[l];
   const V4LayerParams& q = e.L.v4[l];
-  const float* P = e.P;
   s.X_in = X;
-  s.ha = hc_alloc(A, N, n, d);
-  e.ctx.k().hc_pre_fwd(e.hs, X, P + q.attn_hc_fn, P + q.attn_hc_base, P + q.attn_hc_scale, s.ha.y, s.ha.post,
-                       s.ha.comb, s.ha.mix, s.ha.rstd);
-  s.n1 = A.alloc<float>(N * d);
-  s.rstd1 = A.alloc<float>(N);
-  e.ctx.k().rmsnorm_fwd(s.ha.y, N, d, P + lp.in_norm, eps, s.n1, s.rstd1);
+  // Selective "mhc": the output streams' buffer holds the mid-layer streams until the MoE's output
+  // turns them into the layer's output (they are not kept apart).
+  float* out = e.mhc ? A.alloc<float>(N * n * d) : nullptr;
+  s.ha = block_input(e, X, q.attn_hc_fn, q.attn_hc_base, q.attn_hc_scale, lp.in_norm, s.n1, s.rstd1);
   s.a = A.alloc<float>(N * d);
   {
     ProfScope ps(e.ctx.prof, "fwd.attn");
@@ -228,14 +273,10 @@ float* layer_forward(Env& e, int64_t l, float* X, V4LayerSaved& s, double* aux) 
     }
   }
   if (aux && e.ix_sum && e.c.v4.attn[l] == AttnKind::CSA) *e.ix_sum += s.att.ix_loss, *e.ix_recall += s.att.ix_recall;
-  s.X_mid = A.alloc<float>(N * n * d);
-  e.ctx.k().hc_post_fwd(e.hs, X, s.a, s.ha.post, s.ha.comb, s.X_mid);
-  s.hf = hc_alloc(A, N, n, d);
-  e.ctx.k().hc_pre_fwd(e.hs, s.X_mid, P + q.ffn_hc_fn, P + q.ffn_hc_base, P + q.ffn_hc_scale, s.hf.y, s.hf.post,
-                       s.hf.comb, s.hf.mix, s.hf.rstd);
-  s.n2 = A.alloc<float>(N * d);
-  s.rstd2 = A.alloc<float>(N);
-  e.ctx.k().rmsnorm_fwd(s.hf.y, N, d, P + lp.post_norm, eps, s.n2, s.rstd2);
+  s.X_mid = e.mhc ? nullptr : A.alloc<float>(N * n * d);
+  float* X_mid = e.mhc ? out : s.X_mid;
+  e.ctx.k().hc_post_fwd(e.hs, X, s.a, s.ha.post, s.ha.comb, X_mid);
+  s.hf = block_input(e, X_mid, q.ffn_hc_fn, q.ffn_hc_base, q.ffn_hc_scale, lp.post_norm, s.n2, s.rstd2);
   s.f = A.alloc<float>(N * d);
   {
     ProfScope ps(e.ctx.prof, "fwd.moe");
@@ -244,8 +285,16 @@ float* layer_forward(Env& e, int64_t l, float* X, V4LayerSaved& s, double* aux) 
     if (aux) *aux += a;
     if (e.drop_moe) A.release(mk);
   }
-  float* out = A.alloc<float>(N * n * d);
-  e.ctx.k().hc_post_fwd(e.hs, s.X_mid, s.f, s.hf.post, s.hf.comb, out);
+  if (e.mhc) {  // out = hc_post(X_mid, f) over X_mid's buffer, through a copy
+    const auto mk = A.mark();
+    float* xm = A.alloc<float>(N * n * d);
+    e.ctx.k().copy(xm, out, N * n * d * sizeof(float));
+    e.ctx.k().hc_post_fwd(e.hs, xm, s.f, s.hf.post, s.hf.comb, out);
+    A.release(mk);
+  } else {
+    out = A.alloc<float>(N * n * d);
+    e.ctx.k().hc_post_fwd(e.hs, s.X_mid, s.f, s.hf.post, s.hf.comb, out);
+  }
   return out;
 }
 
@@ -307,15 +356,29 @@ void layer_backward(Env& e, int64_t l, V4LayerSaved& s, float* dX, const BwdScra
   const V4LayerParams& q = e.L.v4[l];
   const float* P = e.P;
   float* G = e.G;
-  e.ctx.k().hc_post_bwd(e.hs, s.X_mid, s.f, s.hf.post, s.hf.comb, dX, w.dX2, w.df, w.dpost, w.dcomb);
+  StackArena& A = *e.ctx.ws;
+  // Selective "mhc": the mid-layer streams again (hc_post of the kept X_in and a: the forward's
+  // bits), once for each of their two uses so they are not held through the MoE's backward.
+  auto mid = [&]() -> const float* {
+    if (s.X_mid) return s.X_mid;
+    float* xm = A.alloc<float>(N * e.c.v4.hc_mult * d);
+    e.ctx.k().hc_post_fwd(e.hs, s.X_in, s.a, s.ha.post, s.ha.comb, xm);
+    return xm;
+  };
+  auto mk = A.mark();
+  e.ctx.k().hc_post_bwd(e.hs, mid(), s.f, s.hf.post, s.hf.comb, dX, w.dX2, w.df, w.dpost, w.dcomb);
+  A.release(mk);
   {
     ProfScope ps(e.ctx.prof, "bwd.moe");
     moe_backward(e.ctx, moe_in(e, l), s.moe, w.df, w.dnorm);
   }
-  e.ctx.k().rmsnorm_bwd(w.dnorm, s.hf.y, N, d, P + lp.post_norm, s.rstd2, w.dy, G + lp.post_norm);
-  e.ctx.k().hc_pre_bwd(e.hs, s.X_mid, P + q.ffn_hc_fn, P + q.ffn_hc_base, P + q.ffn_hc_scale, s.hf.mix, s.hf.rstd,
+  const float* X_mid = mid();
+  const HcSaved hf = e.mhc ? mix_again(e, X_mid, q.ffn_hc_fn, q.ffn_hc_base, q.ffn_hc_scale) : s.hf;
+  e.ctx.k().rmsnorm_bwd(w.dnorm, hf.y, N, d, P + lp.post_norm, s.rstd2, w.dy, G + lp.post_norm);
+  e.ctx.k().hc_pre_bwd(e.hs, X_mid, P + q.ffn_hc_fn, P + q.ffn_hc_base, P + q.ffn_hc_scale, hf.mix, hf.rstd,
                        w.dy, w.dpost, w.dcomb, w.dX2, G + q.ffn_hc_fn, G + q.ffn_hc_base, G + q.ffn_hc_scale,
                        w.hc_work);
+  A.release(mk);
   e.ctx.k().hc_post_bwd(e.hs, s.X_in, s.a, s.ha.post, s.ha.comb, w.dX2, dX, w.df, w.dpost, w.dcomb);
   {
     ProfScope ps(e.ctx.prof, "bwd.attn");
@@ -328,10 +391,13 @@ void layer_backward(Env& e, int64_t l, V4LayerSaved& s, float* dX, const BwdScra
       v4_attn_backward(e.ctx, attn_in(e, l), s.att, w.df, w.dnorm);
     }
   }
-  e.ctx.k().rmsnorm_bwd(w.dnorm, s.ha.y, N, d, P + lp.in_norm, s.rstd1, w.dy, G + lp.in_norm);
-  e.ctx.k().hc_pre_bwd(e.hs, s.X_in, P + q.attn_hc_fn, P + q.attn_hc_base, P + q.attn_hc_scale, s.ha.mix,
-                       s.ha.rstd, w.dy, w.dpost, w.dcomb, dX, G + q.attn_hc_fn, G + q.attn_hc_base,
-                       G + q.attn_hc_scale, w.hc_work);
+  mk = A.mark();
+  const HcSaved ha = e.mhc ? mix_again(e, s.X_in, q.attn_hc_fn, q.attn_hc_base, q.attn_hc_scale) : s.ha;
+  e.ctx.k().rmsnorm_bwd(w.dnorm, ha.y, N, d, P + lp.in_norm, s.rstd1, w.dy, G + lp.in_norm);
+  e.ctx.k().hc_pre_bwd(e.hs, s.X_in, P + q.attn_hc_fn, P + q.attn_hc_base, P + q.attn_hc_scale, ha.mix, ha.rstd,
+                       w.dy, w.dpost, w.dcomb, dX, G + q.attn_hc_fn, G + q.attn_hc_base, G + q.attn_hc_scale,
+                       w.hc_work);
+  A.release(mk);
 }
 
 // A head: hc_head collapse, final norm, LM head fused with cross-entropy (its backward to dhf
@@ -393,7 +459,7 @@ struct MtpSaved {
   const int32_t *ids_d, *tg_d;  // their copies in backend memory
   int64_t n_valid;
   float *e, *en, *e_rstd;  // [N, d] embedding rows, normed, rstd [N]
-  float *hn, *h_rstd;      // [N*n, d] normed previous streams, rstd [N*n]
+  float* h_rstd;           // [N*n] rstd of the previous streams (their normed rows are not kept)
   float* ep;               // [N, d] e_proj output
   float* X;                // [N, n, d] block input
   V4LayerSaved layer;
@@ -441,6 +507,8 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
   e.ix_loss = opt.indexer_metrics(), e.ix_dense = opt.dense_warmup(), e.ix_grad = ix_grad;
   e.drop_moe = opt.recomputes(kRecomputeMoe);
   e.moe_act = opt.recomputes(kRecomputeMoeAct);
+  e.up_proj = opt.recomputes(kRecomputeMlaUpProj);
+  e.mhc = opt.recomputes(kRecomputeMhc);
   e.ix_sum = &out.indexer, e.ix_recall = &out.indexer_recall;
   e.seg = b.seg ? e.ctx.device(b.seg, N) : nullptr;
   if (cp_full_) {
@@ -591,13 +659,17 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
     m.en = A.alloc<float>(Nl * d);
     m.e_rstd = A.alloc<float>(Nl);
     e.ctx.k().rmsnorm_fwd(m.e, Nl, d, P + t.enorm, eps, m.en, m.e_rstd);
-    m.hn = A.alloc<float>(Nl * n * d);
     m.h_rstd = A.alloc<float>(Nl * n);
-    e.ctx.k().rmsnorm_fwd(Xprev, Nl * n, d, P + t.hnorm, eps, m.hn, m.h_rstd);
     m.ep = A.alloc<float>(Nl * d);
     linear_fwd(e.ctx, m.en, Nl, d, W{P + t.e_proj, e.Pb ? e.Pb + t.e_proj : nullptr}, d, m.ep);
     m.X = A.alloc<float>(Nl * n * d);
-    linear_fwd(e.ctx, m.hn, Nl * n, d, W{P + t.h_proj, e.Pb ? e.Pb + t.h_proj : nullptr}, d, m.X);
+    {  // the normed streams hn are scratch: the backward norms them again
+      const auto mk = A.mark();
+      float* hn = A.alloc<float>(Nl * n * d);
+      e.ctx.k().rmsnorm_fwd(Xprev, Nl * n, d, P + t.hnorm, eps, hn, m.h_rstd);
+      linear_fwd(e.ctx, hn, Nl * n, d, W{P + t.h_proj, e.Pb ? e.Pb + t.h_proj : nullptr}, d, m.X);
+      A.release(mk);
+    }
     {  // X[i, r] += ep[i] for every stream r
       const auto mk = A.mark();
       float* epn = A.alloc<float>(Nl * n * d);
@@ -626,10 +698,13 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
     head_backward(e, m.head, dX);
     if (dprev) cx.k().add(dX, dprev, Nl * n * d);  // from depth k+1
     backward_replayed(Lm + k, m.layer, dX, w);
-    // X = h_proj(hn) + e_proj(en) broadcast over streams
+    // X = h_proj(hn) + e_proj(en) broadcast over streams; hn normed again (the forward's bits)
     auto mk = A.mark();
+    const float* Xp = k ? ms[k - 1].head.X : X;
+    float* hn = A.alloc<float>(Nl * n * d);
+    e.ctx.k().rmsnorm_fwd(Xp, Nl * n, d, P + t.hnorm, (float)c.rms_norm_eps, hn, A.alloc<float>(Nl * n));
     float* dhn = A.alloc<float>(Nl * n * d);
-    linear_bwd(e.ctx, dX, m.hn, Nl * n, d, W{P + t.h_proj, e.Pb ? e.Pb + t.h_proj : nullptr}, d, dhn, false,
+    linear_bwd(e.ctx, dX, hn, Nl * n, d, W{P + t.h_proj, e.Pb ? e.Pb + t.h_proj : nullptr}, d, dhn, false,
                G + t.h_proj);
     float* dep = A.alloc<float>(Nl * d);  // sum over the streams, in stream order
     cx.k().sum_heads(dX, Nl, n, n * d, d, d, dep, d);
@@ -639,7 +714,6 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
     float* de = A.alloc<float>(Nl * d);
     e.ctx.k().rmsnorm_bwd(den, m.e, Nl, d, P + t.enorm, m.e_rstd, de, G + t.enorm);
     embed_backward(cx, G + layout.embed, m.ids, de, Nl, 1, d);
-    const float* Xp = k ? ms[k - 1].head.X : X;
     e.ctx.k().rmsnorm_bwd(dhn, Xp, Nl * n, d, P + t.hnorm, m.h_rstd, dprev, G + t.hnorm);
     A.release(mk);
     if (grad_ready) grad_ready(Lm + k);

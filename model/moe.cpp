@@ -121,28 +121,34 @@ void experts_bwd(const Ctx& c, const MoeIn& in, const std::vector<int64_t>& off,
   const ExpertW w = expert_w(c, in, e0);
   StackArena& A = *c.ws;
   auto mk = A.mark();
-  if (!h) {
-    ProfScope ps(c.prof, "bwd.moe.experts.act");
-    float* hr = A.alloc<float>(R * F);
-    c.k().swiglu_fwd(gu, R, F, in.swiglu_limit, hr);
-    h = hr;
-  }
-  float* dh = A.alloc<float>(R * F);
-  float* dgu = A.alloc<float>(R * 2 * F);
   auto cast = [&](const float* x, int64_t n) {
     ProfScope ps(c.prof, "bwd.moe.experts.cast");
     return gemm_input(c, x, n);
   };
-  const void* dyin = cast(dy, R * d);
-  const void* hin = cast(h, R * F);
+  // The down projection's backward and the SwiGLU's: dgu first, the rest (h when recomputed, dh,
+  // the GEMM inputs' copies) scratch released before the gate|up projection's backward.
+  float* dgu = A.alloc<float>(R * 2 * F);
   {
-    ProfScope ps(c.prof, "bwd.moe.experts.gemm");
-    expert_gemm_dx(c, off, dyin, w.down, d, F, dh);
-    expert_gemm_dw(c, off, dyin, hin, d, F, w.ddown);
-  }
-  {
-    ProfScope ps(c.prof, "bwd.moe.experts.act");
-    c.k().swiglu_bwd(dh, gu, R, F, in.swiglu_limit, dgu);
+    auto mh = A.mark();
+    if (!h) {
+      ProfScope ps(c.prof, "bwd.moe.experts.act");
+      float* hr = A.alloc<float>(R * F);
+      c.k().swiglu_fwd(gu, R, F, in.swiglu_limit, hr);
+      h = hr;
+    }
+    float* dh = A.alloc<float>(R * F);
+    const void* dyin = cast(dy, R * d);
+    const void* hin = cast(h, R * F);
+    {
+      ProfScope ps(c.prof, "bwd.moe.experts.gemm");
+      expert_gemm_dx(c, off, dyin, w.down, d, F, dh);
+      expert_gemm_dw(c, off, dyin, hin, d, F, w.ddown);
+    }
+    {
+      ProfScope ps(c.prof, "bwd.moe.experts.act");
+      c.k().swiglu_bwd(dh, gu, R, F, in.swiglu_limit, dgu);
+    }
+    A.release(mh);
   }
   const void* dguin = cast(dgu, R * 2 * F);
   const void* xin = cast(xs, R * d);

@@ -152,6 +152,30 @@ void grouped_bwd(const Ctx& c, const Grouped& g, const float* X, W w, const floa
   c.ws->release(mk);
 }
 
+// The queries: Q = rope(rmsnorm_unweighted_per_head(qb)) -> Q [N, H, hd], rstd [N H] (the
+// forward's and the backward's rebuild: the same kernels on the same qb, the same bits).
+void v4_queries(const Ctx& c, const V4AttnIn& in, const float* qb, const int32_t* tpos, float* Q, float* rstd) {
+  const ModelConfig& cf = *in.cfg;
+  const int64_t N = in.B * in.T, H = local_slice(in).Hl, hd = cf.v4.head_dim;
+  {
+    auto mk = c.ws->mark();
+    c.k().rmsnorm_fwd(qb, N * H, hd, ones(c, hd), (float)cf.rms_norm_eps, Q, rstd);
+    c.ws->release(mk);
+  }
+  rope_heads(c, Q, N, (int)H, hd, cf.qk_rope_head_dim, tpos, in.cos, in.sin, false);
+}
+
+// The attention output with its RoPE dims rotated back: -> Or [N, H hd] (arena), the grouped
+// o_a's input; the forward's and the backward's, the same bits.
+float* v4_unrotated(const Ctx& c, const V4AttnIn& in, const float* O, const int32_t* tpos) {
+  const ModelConfig& cf = *in.cfg;
+  const int64_t N = in.B * in.T, H = local_slice(in).Hl, hd = cf.v4.head_dim;
+  float* Or = c.ws->alloc<float>(N * H * hd);
+  c.k().copy(Or, O, N * H * hd * sizeof(float));
+  rope_heads(c, Or, N, (int)H, hd, cf.qk_rope_head_dim, tpos, in.cos, in.sin, true);
+  return Or;
+}
+
 }  // namespace
 
 void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* out, V4AttnSaved& s) {
@@ -178,16 +202,12 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   s.qres = A.alloc<float>(N * qr);
   linear_fwd(c, x, N, d, wt(in, p.q_a), qr, s.qa);
   c.k().rmsnorm_fwd(s.qa, N, qr, in.P + p.q_a_norm, eps, s.qres, s.qa_rstd);
-  s.qb = A.alloc<float>(N * H * hd);
+  // q_b's output qb and the queries Q are rebuilt below, after the kept buffers (qb kept unless
+  // in.drop_qb).
+  const int64_t qb_off = p.q_b + sl.sh0 * hd * qr;  // q_b rows of the local heads
+  s.qb = in.drop_qb ? nullptr : A.alloc<float>(N * H * hd);
   s.q_rstd = A.alloc<float>(N * H);
-  s.Q = A.alloc<float>(N * H * hd);
-  linear_fwd(c, s.qres, N, qr, wt(in, p.q_b + sl.sh0 * hd * qr), H * hd, s.qb);
-  {
-    auto mk = A.mark();
-    c.k().rmsnorm_fwd(s.qb, N * H, hd, ones(c, hd), eps, s.Q, s.q_rstd);
-    A.release(mk);
-  }
-  rope_heads(c, s.Q, N, (int)H, hd, rd, tpos, in.cos, in.sin, false);
+  if (s.qb) linear_fwd(c, s.qres, N, qr, wt(in, qb_off), H * hd, s.qb);
 
   // Sliding key/value rows, then compressed entries.
   s.nw = kind == AttnKind::Sliding ? 0 : Tf / m;
@@ -252,27 +272,38 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
     c.k().v4_key_fill(ks, in.seg, cnt, sel, s.off, s.idx);
   }
 
-  // Attention with sinks, inverse RoPE, grouped output projection.
+  // Attention with sinks, inverse RoPE, grouped output projection. The kept buffers first (O, lse,
+  // Y, the indexer loss's pairs), then the scratch: Q (and qb when dropped) and Or, rebuilt by the
+  // backward (v4_queries, v4_unrotated).
   s.O = A.alloc<float>(N * H * hd);
   s.lse = A.alloc<float>(N * H);
+  const int64_t olr = v.o_lora_rank, Dg = Hf * hd / Gf;
+  s.Y = A.alloc<float>(N * G * olr);
+  const bool ix = kind == AttnKind::CSA && in.ix_loss;
+  if (ix) v4_index_loss_pairs(c, in, s);
+  const auto mq = A.mark();
+  float* qb = s.qb;
+  if (!qb) {
+    qb = A.alloc<float>(N * H * hd);
+    linear_fwd(c, s.qres, N, qr, wt(in, qb_off), H * hd, qb);
+  }
+  float* Q = A.alloc<float>(N * H * hd);
+  v4_queries(c, in, qb, tpos, Q, s.q_rstd);
   kern::SparseAttnShape sh{N, (int)H, (int)hd, (float)std::pow((double)hd, -0.5), c.prec};
   {
     ProfScope ps(c.prof, "fwd.attn.core");
-    c.k().sparse_attn_fwd(sh, s.Q, s.KV, s.M, s.off, s.idx, in.P + p.sinks + sl.sh0, s.O, s.lse);
+    c.k().sparse_attn_fwd(sh, Q, s.KV, s.M, s.off, s.idx, in.P + p.sinks + sl.sh0, s.O, s.lse);
   }
-  if (kind == AttnKind::CSA && in.ix_loss) {
+  if (ix) {
     ProfScope ps(c.prof, "fwd.attn.indexer_loss");
-    v4_index_loss_forward(c, in, s, cnt, sel);
+    v4_index_loss_forward(c, in, s, Q, cnt, sel);
   }
-  s.Or = A.alloc<float>(N * H * hd);
-  c.k().copy(s.Or, s.O, N * H * hd * sizeof(float));
-  rope_heads(c, s.Or, N, (int)H, hd, rd, tpos, in.cos, in.sin, true);
+  float* Or = v4_unrotated(c, in, s.O, tpos);
   // o_a [Gf olr, Hf hd / Gf] group-major: rows of the local groups; o_b [d, Gf olr]: their columns
   // (row-parallel, out is a partial sum).
-  const int64_t olr = v.o_lora_rank, Dg = Hf * hd / Gf;
   const Grouped g{N, G, Dg, olr};
-  s.Y = A.alloc<float>(N * G * olr);
-  grouped_fwd(c, g, s.Or, wt(in, p.o_a + sl.sg0 * olr * Dg), s.Y);
+  grouped_fwd(c, g, Or, wt(in, p.o_a + sl.sg0 * olr * Dg), s.Y);
+  A.release(mq);
   linear_fwd(c, s.Y, N, G * olr, wt(in, p.o_b + sl.sg0 * olr, sl.Gs * olr), d, out);
 }
 
@@ -298,19 +329,32 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
   linear_bwd(c, dout, s.Y, N, GO, wt(in, ob, sl.Gs * olr), d, dY, false, gr(in, ob));
   float* dO = A.alloc<float>(N * H * hd);
   const Grouped g{N, G, Dg, olr};
-  grouped_bwd(c, g, s.Or, wt(in, oa), dY, dO, gr(in, oa));
+  {
+    auto mw = A.mark();
+    grouped_bwd(c, g, v4_unrotated(c, in, s.O, tpos), wt(in, oa), dY, dO, gr(in, oa));
+    A.release(mw);
+  }
   rope_heads(c, dO, N, (int)H, hd, rd, tpos, in.cos, in.sin, false);  // adjoint of the inverse rotation
 
-  // Attention.
+  // Attention, on the queries rebuilt from qb (itself rebuilt by q_b when the forward dropped it;
+  // kept until the per-head norm's backward below).
   float* dQ = A.alloc<float>(N * H * hd);
   float* dKV = A.alloc<float>(s.M * hd);
   c.k().zero(dKV, s.M * hd * sizeof(float));
+  const int64_t qb_off = p.q_b + sl.sh0 * hd * qr;  // q_b rows of the local heads
+  float* qb = s.qb;
+  if (!qb) {
+    qb = A.alloc<float>(N * H * hd);
+    linear_fwd(c, s.qres, N, qr, wt(in, qb_off), H * hd, qb);
+  }
   kern::SparseAttnShape sh{N, (int)H, (int)hd, (float)std::pow((double)hd, -0.5), c.prec};
   {
     auto mw = A.mark();
+    float* Q = A.alloc<float>(N * H * hd);
+    v4_queries(c, in, qb, tpos, Q, A.alloc<float>(N * H));
     float* work = A.alloc<float>(std::max<size_t>(kern::sparse_attn_bwd_workspace_floats(sh, s.M), 1));
     ProfScope ps(c.prof, "bwd.attn.core");
-    c.k().sparse_attn_bwd(sh, s.Q, s.KV, s.M, s.off, s.idx, in.P + p.sinks + sl.sh0, s.O, s.lse, dO, dQ, dKV,
+    c.k().sparse_attn_bwd(sh, Q, s.KV, s.M, s.off, s.idx, in.P + p.sinks + sl.sh0, s.O, s.lse, dO, dQ, dKV,
                           gr(in, p.sinks + sl.sh0), work);
     A.release(mw);
   }
@@ -367,12 +411,11 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
     auto mw = A.mark();
     float* dw = A.alloc<float>(hd);
     c.k().zero(dw, hd * sizeof(float));
-    c.k().rmsnorm_bwd(dQ, s.qb, N * H, hd, ones(c, hd), s.q_rstd, dqb, dw);
+    c.k().rmsnorm_bwd(dQ, qb, N * H, hd, ones(c, hd), s.q_rstd, dqb, dw);
     A.release(mw);
   }
   float* dqres = A.alloc<float>(N * qr);
-  const int64_t qb = p.q_b + sl.sh0 * hd * qr;  // q_b rows of the local heads
-  linear_bwd(c, dqb, s.qres, N, qr, wt(in, qb), H * hd, dqres, false, gr(in, qb));
+  linear_bwd(c, dqb, s.qres, N, qr, wt(in, qb_off), H * hd, dqres, false, gr(in, qb_off));
   float* dqa = A.alloc<float>(N * qr);
   c.k().rmsnorm_bwd(dqres, s.qa, N, qr, in.P + p.q_a_norm, s.qa_rstd, dqa, gr(in, p.q_a_norm));
   linear_bwd(c, dqa, s.x, N, d, wt(in, p.q_a), qr, dx, true, gr(in, p.q_a));

@@ -59,13 +59,18 @@ struct V4AttnIn {
   // indexer's keys are the whole rows' too and the loss and recall this rank's queries' share of
   // the micro-batch's (model/v4_indexer.h). null: off.
   const CpAttn* cp = nullptr;
+  // Selective recompute of "mla_up_proj" (TrainOptions::recomputes): q_b's output qb is not kept;
+  // the backward computes it again from q_res (one GEMM).
+  bool drop_qb = false;
 };
 
 struct V4AttnSaved {
   const float* x = nullptr;                   // [N, d]
   float *qa = nullptr, *qa_rstd = nullptr, *qres = nullptr;  // [N, qr] x2, [N]
-  float *qb = nullptr, *q_rstd = nullptr;     // [N, H*hd] before the per-head norm, [N*H]
-  float* Q = nullptr;                         // [N, H, hd]
+  // qb [N, H*hd] before the per-head norm (null with drop_qb), its rstd [N*H]. The queries Q and
+  // the unrotated output Or ([N, H*hd] each) are not kept: the backward rebuilds them from qb and
+  // O (one elementwise pass each).
+  float *qb = nullptr, *q_rstd = nullptr;
   // NK = N key rows (context parallel: B x the whole rows' length).
   float *kvp = nullptr, *kv_rstd = nullptr;   // [NK, hd], [NK]
   int64_t nw = 0, M = 0;                      // compressed entries per row, KV rows (NK + B*nw)
@@ -75,7 +80,6 @@ struct V4AttnSaved {
   int64_t* off = nullptr;                     // [N+1] key lists
   int32_t* idx = nullptr;
   float *O = nullptr, *lse = nullptr;         // [N, H, hd] attention output, [N, H]
-  float* Or = nullptr;                        // [N, H*hd] after the inverse RoPE
   float* Y = nullptr;                         // [N, G*olr] grouped o_a output
   // CSA with V4AttnIn::ix_loss (model/v4_indexer.h): per query its attended compressed entries
   // ix_ent[ix_off[i] .. ix_off[i+1]) (B nw-flat, ascending) and q - p there; the loss and recall.

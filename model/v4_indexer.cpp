@@ -128,18 +128,8 @@ void v4_index_select(const Ctx& c, const V4AttnIn& in, const float* x, const flo
   A.release(mk);
 }
 
-void v4_index_loss_forward(const Ctx& c, const V4AttnIn& in, V4AttnSaved& s, const int32_t* cnt, const int32_t* sel) {
-  const ModelConfig& cf = *in.cfg;
-  const V4Config& v = cf.v4;
-  TREX_CHECK(!in.tp.on(), "the V4 indexer loss needs every attention head on one rank");
-  const int64_t B = in.B, T = in.T, N = B * T, H = cf.num_attention_heads, hd = v.head_dim;
-  const int64_t nI = v.index_n_heads, dI = v.index_head_dim, nw = s.nw, m = v.rate(in.layer), kt = v.index_topk;
-  // Context parallel: the key rows are the whole rows' NK (the entries follow them in s.KV), the
-  // queries this rank's N at their sequence indices; the loss and recall are divided by the whole
-  // micro-batch's query count NK, so their sums over the cp ranks are one process's.
-  const int64_t Tf = in.cp ? in.cp->split.T : T, NK = B * Tf;
-  auto seq_index = [&](int64_t i) { return in.cp ? (int64_t)in.cp->qidx[i % T] : i % T; };
-  const double scale = std::pow((double)hd, -0.5), cI = std::pow((double)dI, -0.5);
+void v4_index_loss_pairs(const Ctx& c, const V4AttnIn& in, V4AttnSaved& s) {
+  const int64_t N = in.B * in.T, NK = in.B * (in.cp ? in.cp->split.T : in.T);
   StackArena& A = *c.ws;
   // Pairs: the compressed entries (kv rows >= NK, ascending) of each query's key list.
   s.ix_off = A.alloc<int64_t>(N + 1);
@@ -157,6 +147,22 @@ void v4_index_loss_forward(const Ctx& c, const V4AttnIn& in, V4AttnSaved& s, con
     for (int64_t k = s.off[i]; k < s.off[i + 1]; ++k)
       if (s.idx[k] >= NK) s.ix_ent[at++] = (int32_t)(s.idx[k] - NK);
   }
+}
+
+void v4_index_loss_forward(const Ctx& c, const V4AttnIn& in, V4AttnSaved& s, const float* Q, const int32_t* cnt,
+                           const int32_t* sel) {
+  const ModelConfig& cf = *in.cfg;
+  const V4Config& v = cf.v4;
+  TREX_CHECK(!in.tp.on(), "the V4 indexer loss needs every attention head on one rank");
+  const int64_t B = in.B, T = in.T, N = B * T, H = cf.num_attention_heads, hd = v.head_dim;
+  const int64_t nI = v.index_n_heads, dI = v.index_head_dim, nw = s.nw, m = v.rate(in.layer), kt = v.index_topk;
+  // Context parallel: the key rows are the whole rows' NK (the entries follow them in s.KV), the
+  // queries this rank's N at their sequence indices; the loss and recall are divided by the whole
+  // micro-batch's query count NK, so their sums over the cp ranks are one process's.
+  const int64_t Tf = in.cp ? in.cp->split.T : T, NK = B * Tf;
+  auto seq_index = [&](int64_t i) { return in.cp ? (int64_t)in.cp->qidx[i % T] : i % T; };
+  const double scale = std::pow((double)hd, -0.5), cI = std::pow((double)dI, -0.5);
+  StackArena& A = *c.ws;
   auto mk = A.mark();
   const Pos pos = positions(c, in, nw, m);
   const Proj pr = project(c, in, s.x, s.qres, pos, nw, false);
@@ -166,7 +172,7 @@ void v4_index_loss_forward(const Ctx& c, const V4AttnIn& in, V4AttnSaved& s, con
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t b = i / T, t = seq_index(i), n = s.ix_off[i + 1] - s.ix_off[i];
       const int32_t* ent = s.ix_ent + s.ix_off[i];
-      const float* qi = s.Q + i * H * hd;
+      const float* qi = Q + i * H * hd;
       p.assign(n, 0.0), I.assign(n, 0.0);
       double psum = 0;
       for (int64_t k = 0; k < n; ++k) {

@@ -51,9 +51,13 @@ inline bool v4_entry_visible(const int32_t* seg, int64_t T, int64_t b, int64_t t
 void v4_index_select(const Ctx&, const V4AttnIn&, const float* x, const float* qres, int64_t nw, int32_t* cnt,
                      int32_t* sel);
 
-// After the attention (s.off / s.idx / s.Q / s.KV / s.lse set): -> s.ix_off, s.ix_ent, s.ix_dI
-// (kept for the backward), s.ix_loss, s.ix_recall. cnt / sel: v4_index_select's.
-void v4_index_loss_forward(const Ctx&, const V4AttnIn&, V4AttnSaved& s, const int32_t* cnt, const int32_t* sel);
+// After the key lists (s.off / s.idx set): the pairs, each query's attended compressed entries
+// -> s.ix_off, s.ix_ent, and s.ix_dI's room (kept for the backward; arena).
+void v4_index_loss_pairs(const Ctx&, const V4AttnIn&, V4AttnSaved& s);
+// After the attention (the pairs, s.KV, s.lse set; Q [N, H, hd] the queries it attended with):
+// -> s.ix_dI, s.ix_loss, s.ix_recall. cnt / sel: v4_index_select's.
+void v4_index_loss_forward(const Ctx&, const V4AttnIn&, V4AttnSaved& s, const float* Q, const int32_t* cnt,
+                           const int32_t* sel);
 // Gradients of in.ix_grad * loss: += into the indexer's tensors in in.G.
 void v4_index_loss_backward(const Ctx&, const V4AttnIn&, const V4AttnSaved& s);
 

@@ -47,6 +47,8 @@ struct StepWalk {
   const bool replay;             // full recompute
   const bool drop_moe;           // selective recompute of "moe": MoE blocks replayed before their backward
   const bool moe_act;            // selective recompute of "moe_act": the experts' h recomputed in the backward
+  const bool up_proj;            // "mla_up_proj": V4's q_b output qb recomputed in the backward
+  const bool mhc;                // "mhc": V4's mid-layer streams and hyper-connection inputs recomputed
   const int64_t tp, ep;          // tensor / expert parallel sizes
   const bool sp;                 // sequence parallel (tp > 1)
   const int64_t Nl;              // token rows outside the split blocks: N, or rank 0's shard (the largest)
@@ -66,6 +68,8 @@ struct StepWalk {
         NK(b * t), bf(p == kern::Prec::BF16), replay(r == model::Recompute::Full),
         drop_moe(r == model::Recompute::Selective && (o.recompute_modules & model::kRecomputeMoe)),
         moe_act(r == model::Recompute::Selective && (o.recompute_modules & model::kRecomputeMoeAct)),
+        up_proj(r == model::Recompute::Selective && (o.recompute_modules & model::kRecomputeMlaUpProj)),
+        mhc(r == model::Recompute::Selective && (o.recompute_modules & model::kRecomputeMhc)),
         tp(std::max<int64_t>(tp_, 1)), ep(std::max<int64_t>(ep_, 1)), sp(sp_ && tp > 1),
         Nl(sp ? (N + tp - 1) / tp : N), l0(st.on() ? st.l0 : 0), l1(st.on() ? st.l1 : cfg.num_hidden_layers),
         last(!st.on() || st.last), ix_fwd(cfg.indexer_layers() > 0 && o.indexer_metrics()),
@@ -147,11 +151,13 @@ struct StepWalk {
   }
   void experts_bwd(int64_t R, int64_t F) {
     const auto m = A.mark();
+    f32(R * 2 * F);  // dgu
+    const auto mh = A.mark();
     if (moe_act) f32(R * F);  // h, computed again
     f32(R * F);          // dh
     gemm_input(R * d);   // dy
     gemm_input(R * F);   // h
-    f32(R * 2 * F);      // dgu
+    A.release(mh);
     gemm_input(R * 2 * F);
     gemm_input(R * d);   // xs
     A.release(m);
@@ -507,11 +513,10 @@ struct StepWalk {
     if (cp > 1) i32(NK);               // kpos
     f32(N * qr), f32(N), f32(N * qr);  // qa, rstd, qres
     linear_fwd(N, d);
-    f32(N * H * hd), f32(N * H), f32(N * H * hd);  // qb, q_rstd, Q
-    linear_fwd(N, qr);
+    if (!up_proj) f32(N * H * hd);  // qb
+    f32(N * H);                     // q_rstd
+    if (!up_proj) linear_fwd(N, qr);
     auto mk = A.mark();
-    f32(hd);  // ones
-    A.release(mk);
     f32(M * hd), f32(NK * hd), f32(NK);  // KV, kvp, kv_rstd
     if (cp > 1) {
       if (cc) f32(NK * cc * hd), f32(NK * cc * hd);  // ckv, cgate
@@ -539,20 +544,33 @@ struct StepWalk {
     i64(N + 1);                                      // off
     i32(std::max<int64_t>(B * v4_keys(l), 1));      // idx
     f32(N * H * hd), f32(N * H);                    // O, lse
-    if (kind == model::AttnKind::CSA && ix_fwd) {    // v4_index_loss_forward: kept pairs, then scratch
+    const int64_t olr = v.o_lora_rank;
+    f32(N * G * olr);  // Y
+    const bool ix = kind == model::AttnKind::CSA && ix_fwd;
+    if (ix) {  // v4_index_loss_pairs: ix_off, ix_ent, ix_dI
       const int64_t pairs = v4_index_pairs(l);
-      i64(N + 1), i32(std::max<int64_t>(pairs, 1)), f32(std::max<int64_t>(pairs, 1));  // ix_off, ix_ent, ix_dI
+      i64(N + 1), i32(std::max<int64_t>(pairs, 1)), f32(std::max<int64_t>(pairs, 1));
+    }
+    const auto mq = A.mark();  // the scratch: qb (mla_up_proj), Q, Or
+    if (up_proj) f32(N * H * hd), linear_fwd(N, qr);
+    v4_queries(H, hd);
+    if (ix) {  // v4_index_loss_forward's scratch
       mk = A.mark();
       v4_index_project(l, false);
       A.release(mk);
     }
     f32(N * H * hd);  // Or
-    const int64_t olr = v.o_lora_rank;
-    f32(N * G * olr);  // Y
-    mk = A.mark();     // grouped_fwd
+    mk = A.mark();    // grouped_fwd
     gemm_input(N * H * hd);
     A.release(mk);
+    A.release(mq);
     linear_fwd(N, G * olr);
+  }
+  void v4_queries(int64_t H, int64_t hd) {  // model/v4_attn.cpp: Q, then the norm's ones
+    f32(N * H * hd);
+    const auto mk = A.mark();
+    f32(hd);
+    A.release(mk);
   }
   void v4_attn_backward(int64_t l) {
     const model::V4Config& v = c.v4;
@@ -566,12 +584,18 @@ struct StepWalk {
     f32(N * GO);  // dY
     linear_bwd(N, GO, d);
     f32(N * H * hd);  // dO
-    auto mw = A.mark();  // grouped_bwd
-    gemm_input(N * GO);
+    auto mw = A.mark();
+    f32(N * H * hd);  // Or
+    gemm_input(N * GO);  // grouped_bwd
     gemm_input(N * H * hd);
     A.release(mw);
     f32(N * H * hd), f32(M * hd);  // dQ, dKV
+    if (up_proj) f32(N * H * hd), linear_fwd(N, qr);  // qb again
     mw = A.mark();
+    f32(N * H * hd), f32(N * H);  // Q, its rstd
+    const auto mo = A.mark();
+    f32(hd);  // ones (v4_queries)
+    A.release(mo);
     const kern::SparseAttnShape sh{N, (int)H, (int)hd, 1.f};
     f32((int64_t)std::max<size_t>(kern::sparse_attn_bwd_workspace_floats(sh, M), 1));
     A.release(mw);
@@ -627,18 +651,32 @@ struct StepWalk {
 
   // model/model_v4.cpp run_v4(): DeepSeek-V4 (hyper-connection streams n, MTP blocks).
   void hc_alloc(int64_t n) { f32(Nl * d), f32(Nl * n), f32(Nl * n * n), f32(Nl * (2 + n) * n), f32(Nl); }
+  void v4_block_input(int64_t n) {  // model_v4.cpp block_input: the mix, the normed input and its rstd
+    if (!mhc) {
+      hc_alloc(n);
+      f32(Nl * d), f32(Nl);  // nrm, rstd
+      return;
+    }
+    f32(Nl * n), f32(Nl * n * n), f32(Nl * d), f32(Nl);  // post, comb, nrm, rstd
+    const auto m = A.mark();
+    f32(Nl * d), f32(Nl * (2 + n) * n), f32(Nl);  // y, mix, rstd (scratch)
+    A.release(m);
+  }
   void v4_layer_forward(int64_t l) {
     const int64_t n = c.v4.hc_mult;
-    hc_alloc(n);
-    f32(Nl * d), f32(Nl), f32(Nl * d);  // n1, rstd1, a
+    if (mhc) f32(Nl * n * d);  // out (holding X_mid first)
+    v4_block_input(n);
+    f32(Nl * d);  // a
     block_in(d), block_out_buf(d);
     v4_attn_forward(l);
     sp_pad(d);
-    f32(Nl * n * d);  // X_mid
-    hc_alloc(n);
-    f32(Nl * d), f32(Nl), f32(Nl * d);  // n2, rstd2, f
+    if (!mhc) f32(Nl * n * d);  // X_mid
+    v4_block_input(n);
+    f32(Nl * d);  // f
     moe_forward_kept();
-    f32(Nl * n * d);  // out
+    const auto m = A.mark();
+    f32(Nl * n * d);  // out (mhc: the copy of X_mid, scratch)
+    if (mhc) A.release(m);
   }
   void v4_forward_kept(int64_t l) {
     if (!replay) return v4_layer_forward(l);
@@ -651,10 +689,19 @@ struct StepWalk {
     const auto m = A.mark();
     if (replay) v4_layer_forward(l);
     moe_replayed();
+    const int64_t n = c.v4.hc_mult;
+    auto mm = A.mark();
+    if (mhc) f32(Nl * n * d);  // X_mid again (hc_post_bwd)
+    A.release(mm);
     moe_backward();
+    if (mhc) f32(Nl * n * d), hc_alloc(n);  // X_mid and the ffn mix again
+    A.release(mm);
     block_in(d), block_out_buf(d);
     v4_attn_backward(l);
     sp_pad(d);
+    mm = A.mark();
+    if (mhc) hc_alloc(n);  // the attention's mix again
+    A.release(mm);
     A.release(m);
   }
   void v4_head_forward() {
@@ -689,11 +736,16 @@ struct StepWalk {
     for (int64_t k = 0; k < D; ++k) {
       i32(Nl), i32(Nl);                  // ids, tg
       f32(Nl * d), f32(Nl * d), f32(Nl);  // e, en, e_rstd
-      f32(Nl * n * d), f32(Nl * n);      // hn, h_rstd
+      f32(Nl * n);                       // h_rstd
       f32(Nl * d);                      // ep
       linear_fwd(Nl, d);
       f32(Nl * n * d);  // X
+      auto m = A.mark();
+      f32(Nl * n * d);  // hn (scratch)
       linear_fwd(Nl * n, d);
+      A.release(m);
+      f32(Nl * n * d), i32(Nl * n);  // ep over the streams (scratch), its rows
+      A.release(m);
       v4_forward_kept(Lm + k);
       v4_head_forward();
     }
@@ -705,11 +757,13 @@ struct StepWalk {
       v4_head_backward(hs);
       v4_backward_replayed(Lm + k);
       const auto m = A.mark();
+      f32(Nl * n * d), f32(Nl * n);  // hn again, its rstd
       f32(Nl * n * d);  // dhn
       linear_bwd(Nl * n, d, d);
       f32(Nl * d), f32(Nl * d);  // dep, den
       linear_bwd(Nl, d, d);
       f32(Nl * d);  // de
+      i32(Nl);      // embed_backward's rows
       A.release(m);
     }
     v4_head_backward(hs);

@@ -19,7 +19,10 @@ namespace trex::train {
 //     inside the backward's mark; under selective recompute of "moe" (recompute Selective with
 //     ix.recompute_modules holding model::kRecomputeMoe) no MoE block's activations, one block's
 //     rebuilt inside its layer's backward; with "moe_act" (model::kRecomputeMoeAct) no routed
-//     experts' h, a scratch one in their forward and backward) + the transients of the point
+//     experts' h, a scratch one in their forward and backward; on DeepSeek-V4 with
+//     "mla_up_proj" (kRecomputeMlaUpProj) no q_b output, with "mhc" (kRecomputeMhc) no mid-layer
+//     streams and no mix inputs / logits, each rebuilt as scratch in the layer's backward)
+//     + the transients of the point
 //     reached: the bf16 copies of GEMM
 //     inputs (bf16 runs), the LM head / cross-entropy workspace (kern::lm_head_ce_workspace_floats),
 //     the backward's gradient buffers, the attention, indexer, compressor and hyper-connection

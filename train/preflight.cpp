@@ -166,12 +166,18 @@ MemoryEstimate check_memory(const RunConfig& rc, int ranks, int local_ranks) {
   const double have = available_memory_bytes();
   if (!rc.train.memory_check || have <= 0) return e;
   const int local = std::max(local_ranks, 1);
+  // DeepSeek-V4's own selective modules, when the run does not use them all yet.
+  const unsigned v4_mods = model::kRecomputeMoe | model::kRecomputeMhc | model::kRecomputeMlaUpProj;
+  const bool v4_more = rc.model.is_v4() && (rc.train.recompute == model::Recompute::None ||
+                                            (rc.train.recompute_modules & v4_mods) != v4_mods);
+  const std::string selective = rc.model.is_v4() ? "[\"moe\", \"mhc\", \"mla_up_proj\"]" : "[\"moe\"]";
   TREX_USER_CHECK(e.total() * local <= have,
                   std::string(rc.train.recompute == model::Recompute::None
-                                  ? "set train.recompute = \"selective\" (recompute_modules = [\"moe\"]) or "
+                                  ? "set train.recompute = \"selective\" (recompute_modules = " + selective + ") or "
                                     "\"full\" (activations are most of a long sequence's memory), "
                                   : rc.train.recompute == model::Recompute::Selective
-                                      ? "set train.recompute = \"full\" (keeps only each layer's input), "
+                                      ? (v4_more ? "set train.recompute_modules = " + selective + " or " : "set ") +
+                                            "train.recompute = \"full\" (keeps only each layer's input), "
                                       : "") +
                       (local > 1 ? "start fewer ranks on each machine, " : "") +
                       "lower train.batch_size or data.seq_len, use a smaller model, add data-parallel ranks (the "

@@ -132,7 +132,9 @@ const char* recompute_name(model::Recompute r) {
 // train.recompute_modules: each name's model::RecomputeModule bit (0: not supported).
 const std::vector<std::pair<std::string, unsigned>>& recompute_modules_table() {
   static const std::vector<std::pair<std::string, unsigned>> t = {{"moe", model::kRecomputeMoe},
-                                                                     {"moe_act", model::kRecomputeMoeAct}};
+                                                                     {"moe_act", model::kRecomputeMoeAct},
+                                                                     {"mla_up_proj", model::kRecomputeMlaUpProj},
+                                                                     {"mhc", model::kRecomputeMhc}};
   return t;
 }
 unsigned recompute_module_bit(const std::string& name) {
@@ -259,13 +261,18 @@ const std::vector<SectionSpec>& sections() {
                  "layer's whole block (router, dispatch, routed and shared experts, combine) keeps only its input; "
                  "under expert parallelism the replay repeats the dispatch and combine all-to-alls. moe_act: the "
                  "routed experts' SwiGLU output is not kept and the backward computes it again from the kept "
-                 "gate|up product (one elementwise pass; with moe, also inside the replayed block)",
+                 "gate|up product (one elementwise pass; with moe, also inside the replayed block). "
+                 "DeepSeek-V4 only: mla_up_proj: the query up-projection's output (q_b) is not kept and the "
+                 "backward runs q_b again (one GEMM a layer); mhc: of the hyper-connections only each layer's "
+                 "input streams, block outputs and post/comb mixes are kept, the streams between the attention "
+                 "and the MoE and each mix's input row are computed again in the backward (elementwise passes "
+                 "and the small mix projection)",
                  [](R& r, const json& v) {
                    r.train.recompute_modules = 0;
                    for (const json& e : v) r.train.recompute_modules |= recompute_module_bit(e.get<std::string>());
                  },
                  [](const R& r) { return recompute_module_names(r.train.recompute_modules); });
-             k.type = "list of module names: \"moe\", \"moe_act\"";
+             k.type = "list of module names: \"moe\", \"moe_act\", \"mla_up_proj\", \"mhc\"";
              k.check = [](const Ctx& c, const json& v, const std::string& key) {
                TREX_USER_CHECK(v.is_array() && !v.empty(),
                                "list the modules to recompute, e.g. [\"moe\"] (supported: " +
@@ -555,6 +562,17 @@ void check_recompute(const RunConfig& r, const std::string& where) {
   if (t.is_object() && t.contains("recompute_modules") && r.train.recompute != model::Recompute::Selective)
     TREX_LOG_WARN(where, ": train.recompute_modules is ignored: train.recompute = \"", recompute_name(r.train.recompute),
                   "\" (the modules are used only with \"selective\")");
+  // The DeepSeek-V4 modules: its query up-projection (no KV up-projection: one shared KV head) and
+  // its hyper-connection streams; other models have neither.
+  const unsigned v4_only = model::kRecomputeMlaUpProj | model::kRecomputeMhc;
+  if (r.train.recompute == model::Recompute::Selective && (r.train.recompute_modules & v4_only))
+    TREX_USER_CHECK(r.model.is_v4(),
+                    "remove " + recompute_module_names(r.train.recompute_modules & v4_only).dump() +
+                        " from train.recompute_modules (\"moe\" and \"moe_act\" apply to every MoE model)",
+                    where, ": train.recompute_modules = ", recompute_module_names(r.train.recompute_modules).dump(),
+                    ": ", recompute_module_names(r.train.recompute_modules & v4_only).dump(),
+                    " recompute DeepSeek-V4's query up-projection and hyper-connection streams; model_type ",
+                    r.model.model_type, " has none");
 }
 
 // The two fault bounds (docs/PARALLEL.md, "Dead or slow"): the heartbeat's must be the shorter,

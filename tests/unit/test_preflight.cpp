@@ -12,6 +12,7 @@
 #include "train/loop.h"
 #include "train/preflight.h"
 #include "train/run_config.h"
+#include "tests/tiny_configs.h"
 #include "tests/unit/test_util.h"
 
 using namespace trex;
@@ -153,4 +154,24 @@ TEST(Preflight, UnwritableRunDirectoryIsRefused) {
   EXPECT_NE(m.find("checkpoint.run_dir '" + file + "/run'"), std::string::npos) << m;
   EXPECT_NE(m.find("cannot create"), std::string::npos) << m;
   EXPECT_NO_THROW(train::check_run_dir_writable((dir.path / "ok" / "deeper").string()));
+}
+
+// The refusal's hint names the selective modules of the model's family: DeepSeek-V4's "mhc" and
+// "mla_up_proj" when the run does not use them yet, never for another model.
+TEST(Preflight, HintNamesTheModelsRecomputeModules) {
+  auto refusal = [](const json& model, const std::string& recompute, const json& modules) {
+    json j = {{"model", model}, {"data", {{"seq_len", 1 << 22}}}, {"train", {{"recompute", recompute}}}};
+    if (!modules.is_null()) j["train"]["recompute_modules"] = modules;
+    const train::RunConfig rc = train::parse_run_config(j, "long.toml");
+    return test::user_error([&] { train::check_memory(rc, 1); }, /*with_hint=*/true);
+  };
+  const json v4 = trex::testing::tiny_v4();
+  for (const std::string& m : {refusal(v4, "none", nullptr), refusal(v4, "selective", {"moe"})})
+    EXPECT_NE(m.find("recompute_modules = [\"moe\", \"mhc\", \"mla_up_proj\"]"), std::string::npos) << m;
+  const std::string all = refusal(v4, "selective", {"moe", "mhc", "mla_up_proj"});
+  EXPECT_EQ(all.find("\"mhc\""), std::string::npos) << all;
+  EXPECT_NE(all.find("train.recompute = \"full\""), std::string::npos) << all;
+  const std::string v3 = refusal(v3_671b(), "none", nullptr);
+  EXPECT_NE(v3.find("recompute_modules = [\"moe\"]"), std::string::npos) << v3;
+  EXPECT_EQ(v3.find("\"mhc\""), std::string::npos) << v3;
 }

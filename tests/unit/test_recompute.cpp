@@ -1,10 +1,12 @@
 // Activation recompute (TrainOptions::recompute, [train] recompute = "full" / "selective"): the
-// replayed layer forwards (full) or MoE block forwards (selective, recompute_modules = ["moe"])
-// rebuild exactly the activations the backward needs, so the loss, every gradient and the expert
-// loads are bitwise those of a step that kept them, in fp32 and bf16, on tiny DeepSeek-V3 (dense
-// + MoE layers, aux loss, MTP layers) and DeepSeek-V4 (hash routing, CSA / HCA / sliding, an MTP
-// block) configs with odd sizes and packed rows; the activation peak is lower, and under
-// selective recompute equal to the estimate (train/activation_estimate.h) to the byte.
+// replayed layer forwards (full) or the selective modules (recompute_modules: "moe" replays MoE
+// blocks, "moe_act" the experts' SwiGLU, DeepSeek-V4's "mla_up_proj" its q_b and "mhc" its
+// hyper-connection streams) rebuild exactly the activations the backward needs, so the loss,
+// every gradient and the expert loads are bitwise those of a step that kept them, in fp32 and
+// bf16, on tiny DeepSeek-V3 (dense + MoE layers, aux loss, MTP layers) and DeepSeek-V4 (hash
+// routing, CSA / HCA / sliding, an MTP block) configs with odd sizes and packed rows; the
+// activation peak is lower, and under selective recompute equal to the estimate
+// (train/activation_estimate.h) to the byte.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -162,6 +164,29 @@ TEST(Recompute, SelectiveMoeActIsBitwiseTheSameV4WithMtp) {
   }
 }
 
+// DeepSeek-V4's "mla_up_proj" (q_b run again) and "mhc" (the mid-layer streams and the mixes'
+// inputs computed again), alone, together and with the MoE modules.
+TEST(Recompute, SelectiveMhcAndUpProjAreBitwiseTheSameV4WithMtp) {
+  const unsigned up = model::kRecomputeMlaUpProj, mhc = model::kRecomputeMhc;
+  const unsigned all = up | mhc | model::kRecomputeMoe | model::kRecomputeMoeAct;
+  for (unsigned mods : {up, mhc, up | mhc, all}) {
+    expect_same_step(deeper_v4(), kern::Prec::F32, 0.3, model::Recompute::Selective, mods);
+    expect_same_step(deeper_v4(), kern::Prec::BF16, 0.3, model::Recompute::Selective, mods);
+  }
+}
+
+// Each V4 module lowers the peak on its own, and all four keep less than "moe" alone.
+TEST(Recompute, MhcAndUpProjLowerThePeak) {
+  const json mj = deeper_v4();
+  auto peak = [&](model::Recompute r, unsigned mods) { return step(mj, kern::Prec::BF16, r, 0.3, true, mods).peak; };
+  const size_t none = peak(model::Recompute::None, 0);
+  EXPECT_LT(peak(model::Recompute::Selective, model::kRecomputeMhc), none);
+  EXPECT_LT(peak(model::Recompute::Selective, model::kRecomputeMlaUpProj), none);
+  EXPECT_LT(peak(model::Recompute::Selective, model::kRecomputeMoe | model::kRecomputeMoeAct | model::kRecomputeMhc |
+                                                  model::kRecomputeMlaUpProj),
+            peak(model::Recompute::Selective, model::kRecomputeMoe));
+}
+
 // "moe_act" with "moe" keeps less than "moe" alone (the replayed block's h is a scratch one).
 TEST(Recompute, MoeActLowersThePeak) {
   for (const json& mj : {deeper_v3(), deeper_v4()}) {
@@ -222,10 +247,20 @@ TEST(Recompute, RunConfigKey) {
     }
   };
   // Modules trex does not recompute: the field, the value and the supported names.
-  for (const char* name : {"core_attn", "mla_up_proj", "layernorm", "mlp", "Moe"}) {
+  for (const char* name : {"core_attn", "layernorm", "mlp", "Moe"}) {
     json k = j;
     k["train"]["recompute_modules"] = {"moe", name};
-    refused(k, {"train.recompute_modules", std::string("\"") + name + "\"", "\"moe\"", "\"moe_act\""});
+    refused(k, {"train.recompute_modules", std::string("\"") + name + "\"", "\"moe\"", "\"moe_act\"",
+                "\"mla_up_proj\"", "\"mhc\""});
+  }
+  // DeepSeek-V4's modules: refused for a V3 model (the field, the module, the model type), read for V4.
+  for (const char* name : {"mla_up_proj", "mhc"}) {
+    json k = j;
+    k["train"]["recompute_modules"] = {"moe", name};
+    refused(k, {"train.recompute_modules", std::string("\"") + name + "\"", "deepseek_v3", "remove"});
+    k["model"] = trex::testing::tiny_v4();
+    EXPECT_EQ(train::parse_run_config(k, "run.toml").train.recompute_modules,
+              model::kRecomputeMoe | (std::string(name) == "mhc" ? model::kRecomputeMhc : model::kRecomputeMlaUpProj));
   }
   json k = j;
   k["train"]["recompute_modules"] = {"moe_act"};
