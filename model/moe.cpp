@@ -113,9 +113,18 @@ void experts_fwd(const Ctx& c, const MoeIn& in, const std::vector<int64_t>& off,
   A.release(mk);
 }
 
-// Backward of experts_fwd: dy [rows, d] -> dxs [rows, d] (overwrite); the experts' weight
-// gradients accumulate. xs, gu, h: the forward's (h null: computed again from gu, as the forward did).
-void experts_bwd(const Ctx& c, const MoeIn& in, const std::vector<int64_t>& off, int64_t e0, const float* xs,
+// The rows' inputs of experts_bwd: the kept rows, or (rows null) gathered from the tokens x
+// [tokens, d] by row_token [rows] when the backward reaches the gate|up projection.
+struct ExpertInputs {
+  const float* rows = nullptr;
+  const float* x = nullptr;
+  const int32_t* row_token = nullptr;
+};
+
+// Backward of experts_fwd: dy [rows, d] -> dxs [rows, d] (overwrite; it may be dy itself, read in
+// full before dxs is written); the experts' weight gradients accumulate. xs, gu, h: the forward's
+// (h null: computed again from gu, as the forward did).
+void experts_bwd(const Ctx& c, const MoeIn& in, const std::vector<int64_t>& off, int64_t e0, const ExpertInputs& xs,
                  const float* gu, const float* h, const float* dy, float* dxs) {
   const int64_t d = in.cfg->hidden_size, F = in.cfg->moe_intermediate_size, R = off.back();
   const ExpertW w = expert_w(c, in, e0);
@@ -150,8 +159,14 @@ void experts_bwd(const Ctx& c, const MoeIn& in, const std::vector<int64_t>& off,
     }
     A.release(mh);
   }
+  const float* xr = xs.rows;
+  if (!xr) {
+    float* g = A.alloc<float>(R * d);
+    c.k().gather_rows(xs.x, xs.row_token, R, d, g);
+    xr = g;
+  }
   const void* dguin = cast(dgu, R * 2 * F);
-  const void* xin = cast(xs, R * d);
+  const void* xin = cast(xr, R * d);
   ProfScope ps(c.prof, "bwd.moe.experts.gemm");
   expert_gemm_dx(c, off, dguin, w.gu, 2 * F, d, dxs);
   expert_gemm_dw(c, off, dguin, xin, 2 * F, d, w.dgu);
@@ -274,10 +289,11 @@ void moe_backward(const Ctx& c, const MoeIn& in, const MoeSaved& s, const float*
   auto mk = A.mark();
 
   // Combine adjoint: dy[row] = p * dout[token]; dprobs = dout[token] . y[row].
+  const bool overlap = disp.in_flight();
   float* dy = A.alloc<float>(R * d);
   float* dprobs = A.alloc<float>(R);
-  float* dxs = A.alloc<float>(R * d);
-  const bool overlap = disp.in_flight();
+  // On one rank the rows' input gradients overwrite dy (experts_bwd reads it in full first).
+  float* dxs = overlap ? A.alloc<float>(R * d) : dy;
   auto shared_bwd = [&] {  // writes dx: while dy is in flight, else after the routed experts
     ProfScope ps(c.prof, "bwd.moe.shared");
     if (m.n_shared_experts > 0) mlp_backward(c, shared_w(in), s.shared, N, dout, dx, false);
@@ -299,12 +315,8 @@ void moe_backward(const Ctx& c, const MoeIn& in, const MoeSaved& s, const float*
   float* dxl = disp.output_rows(r, dxs, d, A);
   {
     ProfScope ps(c.prof, "bwd.moe.experts");
-    const float* xl = disp.saved_inputs(r, D, s.x, d, A);
-    if (!xl) {
-      float* xs = A.alloc<float>(r.rows * d);
-      c.k().gather_rows(s.x, D.row_token_dev, r.rows, d, xs);
-      xl = xs;
-    }
+    // The rows' inputs: kept by the dispatcher, else gathered again inside experts_bwd.
+    const ExpertInputs xl{disp.saved_inputs(r, D, s.x, d, A), s.x, D.row_token_dev};
     experts_bwd(c, in, r.offsets, r.first, xl, s.gu, s.h, dyx.local, dxl);
   }
   {

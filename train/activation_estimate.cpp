@@ -149,7 +149,7 @@ struct StepWalk {
     gemm_input(R * F);
     A.release(m);
   }
-  void experts_bwd(int64_t R, int64_t F) {
+  void experts_bwd(int64_t R, int64_t F, bool gather) {  // gather: the rows' inputs gathered again
     const auto m = A.mark();
     f32(R * 2 * F);  // dgu
     const auto mh = A.mark();
@@ -158,6 +158,7 @@ struct StepWalk {
     gemm_input(R * d);   // dy
     gemm_input(R * F);   // h
     A.release(mh);
+    if (gather) f32(R * d);  // xs
     gemm_input(R * 2 * F);
     gemm_input(R * d);   // xs
     A.release(m);
@@ -191,15 +192,14 @@ struct StepWalk {
     const int64_t Fs = c.shared_intermediate(), Rl = std::max<int64_t>(R, 1);
     const bool moves = ep > 1;
     const auto m = A.mark();
-    f32(R * d), f32(R);  // dy, dprobs
-    f32(R * d);          // dxs
+    f32(R * d), f32(R);     // dy, dprobs
+    if (moves) f32(R * d);  // dxs (one rank: dy's buffer)
     const bool shared = c.n_shared_experts > 0;
     const auto m2 = A.mark();
     if (moves) f32(Rl * d), f32(Rl * d);  // dispatch: received rows, local rows
     if (moves && shared) mlp_backward(Nl, Fs, false);  // while dy is in flight
     if (moves) f32(Rl * d);  // output rows (dxl)
-    else f32(R * d);         // the inputs gathered again (xs)
-    experts_bwd(Rl, F);
+    experts_bwd(Rl, F, !moves);
     A.release(m2);
     if (!moves && shared) mlp_backward(Nl, Fs, false);  // after the routed experts
     f32(Nl * E);  // dscores
