@@ -228,8 +228,7 @@ void add_bench(CLI::App& app) {
     const train::MemoryEstimate mem = train::check_memory(rc, R, parallel::MpiContext::local_size(1));
     int threads = init_threads((int)rc.train.threads);
     const int steps = o->steps > 0 ? o->steps : (int)rc.train.steps;
-    model::TrainOptions topt{rc.train.aux_loss_alpha, rc.train.mtp_loss_weight, rc.train.recompute};
-    topt.recompute_modules = rc.train.recompute_modules;
+    const model::TrainOptions topt = train::train_options(rc);  // as trex train (and its memory estimate)
     model::Model m(rc.model, rc.train.precision, topt,
                    train::expert_shard_of(dims, rank, rc.model),  // ep > 1: this rank's experts only
                    train::stage_shard_of(dims, rank, rc.model),   // pp > 1: this rank's stage only

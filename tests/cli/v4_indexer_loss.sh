@@ -5,7 +5,8 @@
 #     and the router biases stay byte for byte), 2 of the sparse stage (the indexer trains with the
 #     rest), and 2 with weight 0 and train.indexer_recall = true (the indexer stays byte for byte);
 #     metrics.jsonl reports indexer_loss and indexer_recall in all three;
-#   - trex grad --indexer-loss-weight gives the indexer's tensors a gradient.
+#   - trex grad --indexer-loss-weight gives the indexer's tensors a gradient;
+#   - trex bench step trains the loss as trex train does (its step loss has the indexer's term).
 #
 #   tests/cli/v4_indexer_loss.sh TREX_BINARY
 #
@@ -81,6 +82,19 @@ for k in ix:
     a, b = hdr[k]["data_offsets"]
     assert any(data[a:b]), k  # not all zero bytes
 PY
+
+# trex bench step trains what trex train does: with the indexer loss its step's loss has the
+# indexer's term (the same micro-batch, the same weights: only the weight differs).
+bench_loss() {
+  run "$TREX" bench step --config from.toml --steps 1 --warmup 0 --set train.indexer_loss_weight="$1" > /dev/null
+  sed -n 's/.*\[bench step\] step 0 loss \([0-9.]*\).*/\1/p' err.txt
+}
+L0=$(bench_loss 0)
+L1=$(bench_loss 1.0)
+[ -n "$L0" ] && [ -n "$L1" ] || fail "trex bench step printed no loss"
+python3 -c "import sys; sys.exit(0 if float('$L1') > float('$L0') else 1)" \
+  || fail "trex bench step with train.indexer_loss_weight = 1: loss $L1, without: $L0 (the indexer loss is not trained)"
+echo "ok: bench step trains the indexer loss ($L0 -> $L1)"
 
 cd /
 rm -rf "$WORK"
