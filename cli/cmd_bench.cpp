@@ -372,6 +372,8 @@ void add_bench(CLI::App& app) {
     const train::MemoryEstimate est = train::estimate_train_memory(rc, R);  // the start-up check's figure
     const double rss = mpi.max(peak_rss_mb()), act = mpi.max(m.peak_activation_bytes() / 1048576.0);
     const double mfu = fpt * tps / (peak * 1e9);
+    if (const std::string w = implausible_mfu(mfu, pc); rank == 0 && !w.empty())
+      std::fprintf(stderr, "[bench step] warning: %s\n", w.c_str());
     const Prediction pr = predict(rc, R, o->calibration);
     if (tracing) {  // every rank writes its part, rank 0 joins them
       write_trace_part(tlog, rank, o->trace + ".rank" + std::to_string(rank) + ".part");

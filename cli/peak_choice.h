@@ -70,4 +70,21 @@ inline PeakChoice choose_peak(const std::vector<double>& tries, const Calibratio
   return c;
 }
 
+// A step cannot beat the machine's peak: an MFU above 1 means the peak it was divided by is too
+// low (measured while other processes took the cores, or a --peak-gflops below the machine's).
+// Returns the warning to print (empty when mfu <= 1).
+inline std::string implausible_mfu(double mfu, const PeakChoice& c) {
+  if (!(mfu > 1.0)) return {};
+  char buf[512];
+  if (c.source == "flag")
+    std::snprintf(buf, sizeof buf, "MFU %.1f%% is above 100%%: --peak-gflops %.1f is below what this step reached",
+                  100 * mfu, c.gflops);
+  else
+    std::snprintf(buf, sizeof buf,
+                  "MFU %.1f%% is above 100%%: the %s peak %.1f GFLOP/s is too low (the machine was busy while it "
+                  "was measured); run `trex bench calibrate` on a quiet machine or pass --peak-gflops",
+                  100 * mfu, c.source.c_str(), c.gflops);
+  return buf;
+}
+
 }  // namespace trex::cli

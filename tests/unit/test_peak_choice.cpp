@@ -82,3 +82,16 @@ TEST(PeakChoice, NoTriesAndNoFlagIsABug) {
   EXPECT_THROW(choose_peak({}, cal(185), 0, 2), std::exception);
   EXPECT_THROW(choose_peak({-1.0}, cal(185), 0, 2), std::exception);
 }
+
+// MFU above 100% names the peak that made it so; none at or below 100%.
+TEST(PeakChoice, MfuAboveOneIsFlagged) {
+  const PeakChoice m = choose_peak({230.0}, cal(0), 0, 2);
+  EXPECT_TRUE(implausible_mfu(0.69, m).empty());
+  EXPECT_TRUE(implausible_mfu(1.0, m).empty());
+  const std::string w = implausible_mfu(1.353, m);
+  EXPECT_NE(w.find("135.3%"), std::string::npos) << w;
+  EXPECT_NE(w.find("measured peak 230.0"), std::string::npos) << w;
+  EXPECT_NE(w.find("trex bench calibrate"), std::string::npos) << w;
+  const std::string f = implausible_mfu(1.2, choose_peak({}, cal(0), 100, 2));
+  EXPECT_NE(f.find("--peak-gflops 100.0"), std::string::npos) << f;
+}
