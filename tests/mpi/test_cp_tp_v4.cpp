@@ -91,12 +91,18 @@ TEST(CpTpV4Train, ActivationEstimateMatchesTheArena) {
     for (bool sp : {false, true})
       for (int64_t B : {1, 3})
         for (kern::Prec prec : {kern::Prec::BF16, kern::Prec::F32})
-          for (model::Recompute rec : {model::Recompute::None, model::Recompute::Full, model::Recompute::Selective}) {
-            json mj = cp_tp_v4();
-            if (mtp == 0) mj["num_nextn_predict_layers"] = 0;
-            const model::ModelConfig cfg = model::parse_config(mj, "tiny");
-            expect_cp_tp_estimate(w, groups, cfg, prec, {0.01, mtp, rec}, sp, B, kSeq, false,
-                                  std::string(sp ? "sp " : "") + (prec == kern::Prec::BF16 ? "bf16" : "fp32") +
-                                      recompute_label(rec) + " B " + std::to_string(B) + " mtp " + std::to_string(mtp));
-          }
+          for (model::Recompute rec : {model::Recompute::None, model::Recompute::Full, model::Recompute::Selective})
+            for (unsigned mods : {unsigned(model::kRecomputeMoe),
+                                  unsigned(model::kRecomputeMhc | model::kRecomputeMlaUpProj | model::kRecomputeMoeAct)}) {
+              if (rec != model::Recompute::Selective && mods != model::kRecomputeMoe) continue;
+              json mj = cp_tp_v4();
+              if (mtp == 0) mj["num_nextn_predict_layers"] = 0;
+              const model::ModelConfig cfg = model::parse_config(mj, "tiny");
+              model::TrainOptions o{0.01, mtp, rec};
+              o.recompute_modules = mods;
+              expect_cp_tp_estimate(w, groups, cfg, prec, o, sp, B, kSeq, false,
+                                    std::string(sp ? "sp " : "") + (prec == kern::Prec::BF16 ? "bf16" : "fp32") +
+                                        recompute_label(rec) + " modules " + std::to_string(mods) + " B " +
+                                        std::to_string(B) + " mtp " + std::to_string(mtp));
+            }
 }

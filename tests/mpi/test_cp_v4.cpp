@@ -56,6 +56,15 @@ TEST(CpV4Train, TwoMicroBatchesSelectiveRecomputeMatchesOneProcess) {
   parity(cp_v4_case(false, model::Recompute::Selective), DpOptions{0, false}, 4, 2, 3, seq_v4(cp), 1, 1, 1, {}, cp);
 }
 
+// V4's own selective modules ("mhc", "mla_up_proj") with "moe" under cp: the streams and the
+// queries of the rank's tokens rebuilt in its backward.
+TEST(CpV4Train, TwoMicroBatchesSelectiveMhcUpProjMatchesOneProcess) {
+  const int cp = cp_of_world();
+  Case su = cp_v4_case(false, model::Recompute::Selective);
+  su.modules = model::kRecomputeMoe | model::kRecomputeMhc | model::kRecomputeMlaUpProj;
+  parity(su, DpOptions{0, false}, 4, 2, 3, seq_v4(cp), 1, 1, 1, {}, cp);
+}
+
 // The CSA indexer's KL loss (weight 0.8) and its recall under cp (the whole world; on 4 ranks
 // cp 2 x dp 2), sparse stage and dense warm-up: each rank scores its local queries against the
 // whole rows' entries, the key-side gradients reduce-scattered to their owners, the loss and recall

@@ -210,12 +210,14 @@ TEST(SpTrain, V3MatchesSingleRankWithMtp) {
   parity(su, sp_options(997, true), 3, 2, 3, 7, 1, tp_for(n));
 }
 
-// The tiny V4 with its MTP block under sequence parallel, recomputed as rec, against one rank.
-static void v4_sp_parity(model::Recompute rec) {
+// The tiny V4 with its MTP block under sequence parallel, recomputed as rec (selective: modules),
+// against one rank.
+static void v4_sp_parity(model::Recompute rec, unsigned modules = model::kRecomputeMoe) {
   const int n = parallel::test_world().size();
   Case su = tp_case(tp_v4(), 0.01, 0.3);
   su.lr = su.ocfg.lr = 1e-3f;
   su.recompute = rec;
+  su.modules = modules;
   parity(su, sp_options(1500, true), 3, 2, 1, 13, 1, tp_for(n));
 }
 
@@ -224,6 +226,12 @@ TEST(SpTrain, V4MatchesSingleRankWithMtp) { v4_sp_parity(model::Recompute::Full)
 // Selective recompute of the MoE blocks on each rank's token shard: the replays repeat the aux
 // loss's count sums over the tp group.
 TEST(SpTrain, V4SelectiveMoeRecomputeMatchesSingleRank) { v4_sp_parity(model::Recompute::Selective); }
+
+// V4's own modules on each rank's token shard and heads: the mid-layer streams and the mixes'
+// inputs rebuilt on the shard, q_b of the local heads run again.
+TEST(SpTrain, V4SelectiveMhcUpProjRecomputeMatchesSingleRank) {
+  v4_sp_parity(model::Recompute::Selective, model::kRecomputeMhc | model::kRecomputeMlaUpProj);
+}
 
 TEST(SpTrain, WithExpertParallel) {
   if (parallel::test_world().size() != 4) GTEST_SKIP() << "dp 2 x tp 2 with ep 2 needs 4 ranks";
