@@ -96,7 +96,8 @@ class StackArena {
 
  private:
   static constexpr size_t kAlign = 64;
-  static size_t round_up(size_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
+  static size_t round_to(size_t b, size_t unit) { return (b + unit - 1) / unit * unit; }
+  static size_t round_up(size_t b) { return round_to(b, kAlign); }
   struct Block {
     std::byte* ptr;
     size_t size;
@@ -116,8 +117,7 @@ class StackArena {
     TREX_CHECK(end <= range_, "activation arena: out of memory: ", end, " bytes in use exceed the ", range_,
                " bytes of address space it reserved (twice this machine's memory, or less under ulimit -v)");
     const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    size_t to = (end + step_ - 1) / step_ * step_;
-    to = std::min((to + page - 1) / page * page, range_);
+    const size_t to = std::min(round_to(round_to(end, step_), page), range_);
     TREX_CHECK(mprotect(base_ + committed_, to - committed_, PROT_READ | PROT_WRITE) == 0,
                "activation arena: out of memory growing to ", to, " bytes");
     committed_ = to;
@@ -128,8 +128,8 @@ class StackArena {
     // Twice the machine's memory: the stack can never usefully grow past it. A smaller range when
     // the address space is limited (ulimit -v), down to what this allocation needs.
     size_t want = std::max(2 * phys, need + step_);
-    want = (want + page - 1) / page * page;
-    const size_t least = (need + step_ + page - 1) / page * page;
+    want = round_to(want, page);
+    const size_t least = round_to(need + step_, page);
     for (;;) {
       void* p = mmap(nullptr, want, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
       if (p != MAP_FAILED) {
