@@ -152,6 +152,14 @@ void grouped_bwd(const Ctx& c, const Grouped& g, const float* X, W w, const floa
   c.ws->release(mk);
 }
 
+// q_b's output of the local heads: qres [N, qr] -> qb [N, H hd] (the forward's, and the
+// backward's rebuild under "mla_up_proj": the same GEMM, the same bits).
+void v4_q_up(const Ctx& c, const V4AttnIn& in, const float* qres, float* qb) {
+  const ModelConfig& cf = *in.cfg;
+  const int64_t N = in.B * in.T, H = local_slice(in).Hl, hd = cf.v4.head_dim, qr = cf.q_lora_rank;
+  linear_fwd(c, qres, N, qr, wt(in, in.p->q_b + local_slice(in).sh0 * hd * qr), H * hd, qb);
+}
+
 // The queries: Q = rope(rmsnorm_unweighted_per_head(qb)) -> Q [N, H, hd], rstd [N H] (the
 // forward's and the backward's rebuild: the same kernels on the same qb, the same bits).
 void v4_queries(const Ctx& c, const V4AttnIn& in, const float* qb, const int32_t* tpos, float* Q, float* rstd) {
@@ -202,12 +210,10 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   s.qres = A.alloc<float>(N * qr);
   linear_fwd(c, x, N, d, wt(in, p.q_a), qr, s.qa);
   c.k().rmsnorm_fwd(s.qa, N, qr, in.P + p.q_a_norm, eps, s.qres, s.qa_rstd);
-  // q_b's output qb and the queries Q are rebuilt below, after the kept buffers (qb kept unless
-  // in.drop_qb).
-  const int64_t qb_off = p.q_b + sl.sh0 * hd * qr;  // q_b rows of the local heads
+  // q_b's output qb (kept unless in.drop_qb); the queries Q are built below, after the kept buffers.
   s.qb = in.drop_qb ? nullptr : A.alloc<float>(N * H * hd);
   s.q_rstd = A.alloc<float>(N * H);
-  if (s.qb) linear_fwd(c, s.qres, N, qr, wt(in, qb_off), H * hd, s.qb);
+  if (s.qb) v4_q_up(c, in, s.qres, s.qb);
 
   // Sliding key/value rows, then compressed entries.
   s.nw = kind == AttnKind::Sliding ? 0 : Tf / m;
@@ -285,7 +291,7 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   float* qb = s.qb;
   if (!qb) {
     qb = A.alloc<float>(N * H * hd);
-    linear_fwd(c, s.qres, N, qr, wt(in, qb_off), H * hd, qb);
+    v4_q_up(c, in, s.qres, qb);
   }
   float* Q = A.alloc<float>(N * H * hd);
   v4_queries(c, in, qb, tpos, Q, s.q_rstd);
@@ -341,11 +347,10 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
   float* dQ = A.alloc<float>(N * H * hd);
   float* dKV = A.alloc<float>(s.M * hd);
   c.k().zero(dKV, s.M * hd * sizeof(float));
-  const int64_t qb_off = p.q_b + sl.sh0 * hd * qr;  // q_b rows of the local heads
   float* qb = s.qb;
   if (!qb) {
     qb = A.alloc<float>(N * H * hd);
-    linear_fwd(c, s.qres, N, qr, wt(in, qb_off), H * hd, qb);
+    v4_q_up(c, in, s.qres, qb);
   }
   kern::SparseAttnShape sh{N, (int)H, (int)hd, (float)std::pow((double)hd, -0.5), c.prec};
   {
@@ -415,6 +420,7 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
     A.release(mw);
   }
   float* dqres = A.alloc<float>(N * qr);
+  const int64_t qb_off = p.q_b + sl.sh0 * hd * qr;  // q_b rows of the local heads
   linear_bwd(c, dqb, s.qres, N, qr, wt(in, qb_off), H * hd, dqres, false, gr(in, qb_off));
   float* dqa = A.alloc<float>(N * qr);
   c.k().rmsnorm_bwd(dqres, s.qa, N, qr, in.P + p.q_a_norm, s.qa_rstd, dqa, gr(in, p.q_a_norm));
