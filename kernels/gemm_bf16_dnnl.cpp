@@ -10,6 +10,7 @@
 #include <vector>
 #include "core/cpu.h"
 #include "core/error.h"
+#include "kernels/peak.h"
 
 namespace trex::kern {
 
@@ -65,23 +66,39 @@ struct Objects {
 }  // namespace
 
 bool bf16_dot_gemm() {
-  static const bool on = [] {
-    const char* e = std::getenv("TREX_GEMM_BF16");
-    const std::string mode = e ? e : "";
-    TREX_USER_CHECK(mode.empty() || mode == "dot" || mode == "widen",
-                    "set TREX_GEMM_BF16 to dot (the bf16 dot-product units, the default where CPUID reports "
-                    "AVX512_BF16) or widen (f32 panels on the FMA units), or unset it",
-                    "environment variable TREX_GEMM_BF16=", mode, " names no bf16 GEMM path");
-    if (mode == "widen") return false;
+  static const bool units = [] {
     if (cpu_isa() < Isa::Avx512Bf16) return false;
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512bf16") != 0;  // reported, not only probed: full rate
   }();
-  return on;
+  // Read on every call, which costs nothing next to a GEMM: the parity test switches it between
+  // two runs of one process (as TREX_ATTN, kernels/attention.cpp).
+  const char* e = std::getenv("TREX_GEMM_BF16");
+  const bool widen = e && !std::strcmp(e, "widen");
+  TREX_USER_CHECK(!e || !*e || widen || !std::strcmp(e, "dot"),
+                  "set TREX_GEMM_BF16 to dot (the bf16 dot-product units, the default where CPUID reports "
+                  "AVX512_BF16) or widen (f32 panels on the FMA units), or unset it",
+                  "environment variable TREX_GEMM_BF16=", e ? e : "", " names no bf16 GEMM path");
+  return units && !widen;
 }
+
+namespace {
+
+// oneDNN before 3.0 runs some AMX bf16 matmuls with an odd K and a row-major B (K x N, not
+// transposed) on a tile configuration that does not fit them and faults (SIGILL at tdpbf16ps;
+// oneDNN issue #1661; Debian's 2.6.3 on a Sapphire Rapids class CPU: a dx GEMM with K = 63 in
+// `trex bench kernels`, dW GEMMs with K = 73-89 in a tiny model's step). A transposed B (the
+// forward's x W^T) with an odd K runs.
+bool amx_odd_k_faults() {
+  static const bool faults = [] { return dnnl_version()->major < 3 && amx_bf16_usable(); }();
+  return faults;
+}
+
+}  // namespace
 
 bool gemm_bf16_dnnl(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
                     const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if ((K & 1) && !tb && amx_odd_k_faults()) return false;  // the caller widens
   // Row-major operands as strided 2-d views: op(A) [M, K], op(B) [K, N], C [M, N].
   const dnnl_dims_t ad = {M, K}, bd = {K, N}, cd = {M, N};
   const dnnl_dims_t as = {ta ? 1 : lda, ta ? lda : 1}, bs = {tb ? 1 : ldb, tb ? ldb : 1}, cs = {ldc, 1};

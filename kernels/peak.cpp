@@ -14,6 +14,8 @@ namespace trex::kern {
 namespace cpu {
 float peak_fma_f32_avx512(int64_t iters);      // kernels/cpu/peak_avx512.cpp: 512 FLOPs / iter
 float peak_dpbf16_avx512bf16(int64_t iters);   // kernels/cpu/peak_avx512bf16.cpp: 1024 FLOPs / iter
+bool amx_bf16_usable();                        // kernels/cpu/peak_amx.cpp
+float peak_amx_bf16(int64_t iters);            // kernels/cpu/peak_amx.cpp: 65536 FLOPs / iter
 }  // namespace cpu
 
 namespace {
@@ -101,7 +103,10 @@ Peak measure_peak(double seconds_per_test) {
   p.bf16_native = isa >= Isa::Avx512Bf16;
   p.bf16_gflops = p.bf16_native ? throughput(cpu::peak_dpbf16_avx512bf16, 1024.0, p.threads, seconds_per_test)
                                 : p.fp32_gflops;
+  if (amx_bf16_usable()) p.amx_bf16_gflops = throughput(cpu::peak_amx_bf16, 65536.0, p.threads, seconds_per_test);
   return p;
 }
+
+bool amx_bf16_usable() { return !isa_ref_forced() && cpu::amx_bf16_usable(); }
 
 }  // namespace trex::kern

@@ -5,23 +5,33 @@
 // Without AVX512-BF16 bf16_gflops = fp32_gflops and bf16_native = false. Without AVX-512 the
 // fp32 figure comes from an AVX2 FMA loop (the units oneDNN's sgemm uses there), or from a
 // baseline SSE mul+add loop on CPUs without AVX2 / FMA or under TREX_ISA=ref.
+// Where the CPU has AMX-BF16 and Linux grants its tiles, oneDNN runs the bf16 GEMMs on them
+// (brgemm avx512_core_amx_bf16), so amx_bf16_gflops (a tdpbf16ps loop on four accumulator tiles)
+// joins the peak; 0 where there are no usable tiles.
 // MFU note: on CPUs where vdpbf16ps runs at half the fp32 FMA rate (e.g. the Emerald Rapids
 // VMs this was written on: ~86 vs ~176 GFLOP/s per core) bf16 GEMMs run on the fp32 units
-// (kernels/gemm.h widens bf16), so the honest denominator is best_gflops().
+// (kernels/gemm.h widens bf16), so the honest denominator is best_gflops(): the fastest unit a
+// GEMM of the step can use.
 #pragma once
 
 namespace trex::kern {
 
 struct Peak {
-  double fp32_gflops = 0, bf16_gflops = 0;
+  double fp32_gflops = 0, bf16_gflops = 0, amx_bf16_gflops = 0;
   int threads = 0;
   bool bf16_native = false;
   // The fastest arithmetic the machine offers for a GEMM of either precision.
-  double best_gflops() const { return fp32_gflops > bf16_gflops ? fp32_gflops : bf16_gflops; }
+  double best_gflops() const {
+    const double v = fp32_gflops > bf16_gflops ? fp32_gflops : bf16_gflops;
+    return v > amx_bf16_gflops ? v : amx_bf16_gflops;
+  }
 };
 
 // Runs each throughput loop on num_threads() threads for about seconds_per_test seconds
 // (best of 3 timed rounds after a calibration round).
 Peak measure_peak(double seconds_per_test = 0.3);
+// True where measure_peak measures AMX bf16 tiles: the CPU reports AMX-TILE and AMX-BF16, Linux
+// grants this process the tile state, and TREX_ISA is not "ref".
+bool amx_bf16_usable();
 
 }  // namespace trex::kern

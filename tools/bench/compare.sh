@@ -32,7 +32,7 @@ t = json.load(open(f"{out}/trex.json"))
 fpt, pk = t["model_flops_per_token"], t["peak_gflops"]
 rows = [("trex", t)] + [(f"pytorch {m}", json.load(open(f"{out}/peer_{m}.json"))) for m in peers]
 print(f"peak: fp32 FMA {peak['fp32_gflops']:.1f} GFLOP/s, bf16 dot {peak['bf16_gflops']:.1f} GFLOP/s, "
-      f"best {peak['best_gflops']:.1f} ({peak['threads']} threads)")
+      f"AMX bf16 {peak.get('amx_bf16_gflops', 0):.1f} GFLOP/s, best {peak['best_gflops']:.1f} ({peak['threads']} threads)")
 print(f"model FLOPs/token {fpt:.4g} (6 x {t['active_params']} active params + causal attention), "
       f"batch {t['batch']} x seq {t['seq']}, {t['precision']}, {t['threads']} threads")
 print("| impl | step ms (median) | step ms (min) | tokens/s | MFU (vs best peak) | trex speedup | peak RSS MB |")

@@ -80,7 +80,8 @@ class Table:
             tries = ", ".join(f"{t['best_gflops']:.1f}" for t in self.tries)
             out.append(f"- Peak (`trex bench peak`): fp32 FMA {self.peak['fp32_gflops']:.1f} GFLOP/s, bf16 dot "
                        f"{self.peak['bf16_gflops']:.1f} ({'native' if self.peak.get('bf16_native') else 'not native'}), "
-                       f"best {self.best:.1f} GFLOP/s ({self.peak['threads']} threads, {self.peak['isa']}; best of "
+                       + (f"AMX bf16 {self.peak['amx_bf16_gflops']:.1f}, " if self.peak.get('amx_bf16_gflops') else "")
+                       + f"best {self.best:.1f} GFLOP/s ({self.peak['threads']} threads, {self.peak['isa']}; best of "
                        f"{len(self.tries)} tries at the start and the end of the run: {tries}); every MFU below is "
                        f"against it (a try on a busy machine reads low), model FLOPs as `trex bench step` counts them.")
         else:
