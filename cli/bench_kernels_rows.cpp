@@ -488,7 +488,8 @@ void router(Plan& p, const Run& r, const std::string& w) {
 //   dispatch: moe_sort (counting sort of the R = N K (token, slot) pairs by expert), then
 //     moe_gather of x rows into sorted order (run again in backward for dW of gate|up): bytes 8 R d + 12 R
 //   combine: out[n] += sum_k p[n,k] y[row(n,k)]: bytes 4 (R d + 2 N d), FLOPs 2 R d
-//   combine bwd: dy[row] = p dout[n], dprobs = dout[n] . y[row]: bytes 4 (N d + 2 R d), FLOPs 4 R d
+//   combine bwd: dy[row] = p dout[n]: bytes 4 (N d + R d), FLOPs R d (the probabilities' gradient
+//     comes from the experts' backward, kern::moe_probs_bwd)
 //   dispatch bwd: dx[n] += dxs[row(n,k)]: bytes 4 (R d + 2 N d), FLOPs R d
 void moe_glue(Plan& p, const Run& r, const std::string& w) {
   const int64_t N = r.N, K = r.c.num_experts_per_tok, d = r.c.hidden_size, E = r.c.n_routed_experts, R = N * K;
@@ -499,8 +500,8 @@ void moe_glue(Plan& p, const Run& r, const std::string& w) {
     Op o;
     o.kernel = names[v];
     o.shape = fmt("N=%lld K=%lld d=%lld", (ll)N, (ll)K, (ll)d);
-    o.flops = v == 0 ? 0.0 : v == 1 ? 2.0 * R * d : v == 2 ? 4.0 * R * d : 1.0 * R * d;
-    o.bytes = v == 0 ? 8.0 * R * d + 12.0 * R : v == 2 ? 4.0 * (N * d + 2 * R * d) : 4.0 * (R * d + 2 * N * d);
+    o.flops = v == 0 ? 0.0 : v == 1 ? 2.0 * R * d : 1.0 * R * d;
+    o.bytes = v == 0 ? 8.0 * R * d + 12.0 * R : v == 2 ? 4.0 * (N * d + R * d) : 4.0 * (R * d + 2 * N * d);
     o.make = [=](Bufs& b) -> Runner {
       int32_t *row_token = b.i32(R), *slot_row = b.i32(R);
       auto offsets = std::make_shared<std::vector<int64_t>>();
@@ -514,11 +515,10 @@ void moe_glue(Plan& p, const Run& r, const std::string& w) {
           kern::gather_rows(x, row_token, R, d, xs);
         };
       float* out = b.f(N * d, 3);
-      float* dp = b.f(R);
       auto pv = std::make_shared<std::vector<float>>(probs);
       if (v == 1) return [=] { kern::moe_combine(xs, pv->data(), slot_row, N, K, d, out); };
       float* dy = b.f(R * d);
-      if (v == 2) return [=] { kern::moe_combine_bwd(x, xs, pv->data(), slot_row, N, K, d, dy, dp); };
+      if (v == 2) return [=] { kern::moe_combine_bwd(x, pv->data(), slot_row, N, K, d, dy); };
       return [=] { kern::moe_dispatch_bwd(xs, slot_row, N, K, d, out); };
     };
     if (v == 0) p.add(o, w);  // dispatch's gather runs again in backward (without the sort)

@@ -94,6 +94,7 @@ class Backend {
   // Row operations (kernels/rows.h).
   virtual void copy_rows(void* dst, int64_t ldd, const void* src, int64_t lds, int64_t row_bytes, int64_t rows) = 0;
   virtual void add(float* y, const float* x, int64_t n) = 0;
+  virtual void row_dot(const float* a, const float* b, int64_t R, int64_t w, double* out) = 0;
   virtual void to_bf16(const float* x, int64_t ldx, int64_t rows, int64_t cols, bf16* y) = 0;
   virtual void gather_rows(const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst) = 0;
   virtual void scatter_add_rows(const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst) = 0;
@@ -101,8 +102,10 @@ class Backend {
                          int64_t ldy) = 0;
   virtual void moe_combine(const float* y, const float* probs, const int32_t* slot_row, int64_t N, int64_t K,
                            int64_t d, float* out) = 0;
-  virtual void moe_combine_bwd(const float* dout, const float* y, const float* probs, const int32_t* slot_row,
-                               int64_t N, int64_t K, int64_t d, float* dy, float* dprobs) = 0;
+  virtual void moe_combine_bwd(const float* dout, const float* probs, const int32_t* slot_row, int64_t N, int64_t K,
+                               int64_t d, float* dy) = 0;
+  virtual void moe_probs_bwd(const double* q, const float* probs, const int32_t* slot_row, int64_t N, int64_t K,
+                             float* dprobs) = 0;
   virtual void moe_dispatch_bwd(const float* dxs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d,
                                 float* dx) = 0;
   // The MoE router (kernels/router.h).

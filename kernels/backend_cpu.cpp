@@ -95,6 +95,9 @@ class CpuBackend final : public Backend {
     kern::copy_rows(dst, ldd, src, lds, row_bytes, rows);
   }
   void add(float* y, const float* x, int64_t n) override { kern::add(y, x, n); }
+  void row_dot(const float* a, const float* b, int64_t R, int64_t w, double* out) override {
+    kern::row_dot(a, b, R, w, out);
+  }
   void to_bf16(const float* x, int64_t ldx, int64_t rows, int64_t cols, bf16* y) override {
     kern::to_bf16(x, ldx, rows, cols, y);
   }
@@ -112,9 +115,13 @@ class CpuBackend final : public Backend {
                    float* out) override {
     kern::moe_combine(y, probs, slot_row, N, K, d, out);
   }
-  void moe_combine_bwd(const float* dout, const float* y, const float* probs, const int32_t* slot_row, int64_t N,
-                       int64_t K, int64_t d, float* dy, float* dprobs) override {
-    kern::moe_combine_bwd(dout, y, probs, slot_row, N, K, d, dy, dprobs);
+  void moe_combine_bwd(const float* dout, const float* probs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d,
+                       float* dy) override {
+    kern::moe_combine_bwd(dout, probs, slot_row, N, K, d, dy);
+  }
+  void moe_probs_bwd(const double* q, const float* probs, const int32_t* slot_row, int64_t N, int64_t K,
+                     float* dprobs) override {
+    kern::moe_probs_bwd(q, probs, slot_row, N, K, dprobs);
   }
   void moe_dispatch_bwd(const float* dxs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d,
                         float* dx) override {

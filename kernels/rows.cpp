@@ -53,6 +53,17 @@ void scatter_add_rows(const float* src, const int32_t* idx, int64_t R, int64_t d
   });
 }
 
+void row_dot(const float* a, const float* b, int64_t R, int64_t w, double* out) {
+  parallel_for(R, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float *x = a + r * w, *y = b + r * w;
+      double dot = 0;
+      for (int64_t j = 0; j < w; ++j) dot += (double)x[j] * y[j];
+      out[r] = dot;
+    }
+  });
+}
+
 void sum_heads(const float* x, int64_t N, int64_t H, int64_t ldn, int64_t ldh, int64_t w, float* y, int64_t ldy) {
   parallel_for(N, 64, [&](int64_t b, int64_t e) {
     for (int64_t n = b; n < e; ++n) {
@@ -80,25 +91,23 @@ void moe_combine(const float* y, const float* probs, const int32_t* slot_row, in
   });
 }
 
-void moe_combine_bwd(const float* dout, const float* y, const float* probs, const int32_t* slot_row, int64_t N,
-                     int64_t K, int64_t d, float* dy, float* dprobs) {
+void moe_combine_bwd(const float* dout, const float* probs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d,
+                     float* dy) {
   parallel_for(N, 16, [&](int64_t b, int64_t e) {
     for (int64_t n = b; n < e; ++n) {
       const float* g = dout + n * d;
       for (int64_t k = 0; k < K; ++k) {
-        const int64_t row = slot_row[n * K + k];
         const float w = probs[n * K + k];
-        const float* yr = y + row * d;
-        float* dyr = dy + row * d;
-        double dot = 0;
-        for (int64_t j = 0; j < d; ++j) {
-          dyr[j] = w * g[j];
-          dot += (double)g[j] * yr[j];
-        }
-        dprobs[n * K + k] = (float)dot;
+        float* dyr = dy + (int64_t)slot_row[n * K + k] * d;
+        for (int64_t j = 0; j < d; ++j) dyr[j] = w * g[j];
       }
     }
   });
+}
+
+void moe_probs_bwd(const double* q, const float* probs, const int32_t* slot_row, int64_t N, int64_t K,
+                   float* dprobs) {
+  for (int64_t s = 0; s < N * K; ++s) dprobs[s] = probs[s] != 0.f ? (float)(q[slot_row[s]] / probs[s]) : 0.f;
 }
 
 void moe_dispatch_bwd(const float* dxs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d, float* dx) {

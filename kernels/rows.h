@@ -13,6 +13,9 @@ namespace trex::kern {
 void copy_rows(void* dst, int64_t ldd, const void* src, int64_t lds, int64_t row_bytes, int64_t rows);
 // y [n] += x [n]
 void add(float* y, const float* x, int64_t n);
+// out [R] = a [R, w] . b [R, w] row by row (each dot accumulated in double, ascending j; kept in
+// double: model/moe.cpp divides it by the routing probability).
+void row_dot(const float* a, const float* b, int64_t R, int64_t w, double* out);
 // x [rows, cols] at row stride ldx -> y [rows, cols] packed, round to nearest even.
 void to_bf16(const float* x, int64_t ldx, int64_t rows, int64_t cols, bf16* y);
 // dst [R, d] = src [idx[r], :] (src has at least max(idx) + 1 rows of d).
@@ -27,10 +30,17 @@ void sum_heads(const float* x, int64_t N, int64_t H, int64_t ldn, int64_t ldh, i
 // out [N, d] += sum_k probs[n K + k] y[slot_row[n K + k]] (slot order per token).
 void moe_combine(const float* y, const float* probs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d,
                  float* out);
-// The combine's adjoint: dy[slot_row[n K + k]] = probs[n K + k] dout[n] and
-// dprobs[n K + k] = dout[n] . y[slot_row[n K + k]] (the dot accumulated in double).
-void moe_combine_bwd(const float* dout, const float* y, const float* probs, const int32_t* slot_row, int64_t N,
-                     int64_t K, int64_t d, float* dy, float* dprobs);
+// The combine's adjoint for the rows: dy[slot_row[n K + k]] = probs[n K + k] dout[n].
+void moe_combine_bwd(const float* dout, const float* probs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d,
+                     float* dy);
+// The combine's adjoint for the probabilities from q [R] (sorted order), q[row] = dy[row] . y[row]
+// = probs (dout[n] . y[row]) (row_dot of moe_combine_bwd's dy and the routed outputs, where the
+// rows are computed: model/moe.cpp): dprobs[n K + k] = q[slot_row[n K + k]] / probs[n K + k]; 0
+// where the probability is 0 (its score underflowed: a gradient through it is below float precision).
+// In double up to the one rounding of dprobs: only the rounding of p dout in dy separates it from
+// dout . y.
+void moe_probs_bwd(const double* q, const float* probs, const int32_t* slot_row, int64_t N, int64_t K,
+                   float* dprobs);
 // The dispatch's adjoint: dx [N, d] += sum_k dxs[slot_row[n K + k]] (fixed slot order).
 void moe_dispatch_bwd(const float* dxs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d, float* dx);
 

@@ -24,6 +24,12 @@ enum class Recompute { None, Full, Selective };
 //   combine) keeps only its input; its forward is replayed just before its backward.
 //   kRecomputeMoeAct ("moe_act"): the routed experts' SwiGLU output h [rows, F] is not kept; the
 //   backward computes it again from the kept gate|up product (one elementwise pass per layer).
+//   kRecomputeMoeOut ("moe_out"): the routed experts' outputs y [rows, d], kept only for the router
+//   probabilities' gradient (dy . y), are not kept; the experts' backward runs their down
+//   projection again, the forward's own call (the same bits), one grouped GEMM a layer.
+//   kRecomputeSharedExperts ("shared_experts"): the shared experts' gate|up product and SwiGLU
+//   output ([tokens, 3 x shared width]) are not kept; the backward runs their gate|up GEMM and
+//   SwiGLU again (a third of the shared experts' forward).
 //   kRecomputeMlaUpProj ("mla_up_proj"; DeepSeek-V4): the query up-projection's output (q_b of
 //   q_res, [N, heads x head_dim]) is not kept; the backward runs q_b again (one GEMM a layer).
 //   kRecomputeMhc ("mhc"; DeepSeek-V4): of the hyper-connections only the layer's input streams,
@@ -36,6 +42,8 @@ enum RecomputeModule : unsigned {
   kRecomputeMoeAct = 1u << 1,
   kRecomputeMlaUpProj = 1u << 2,
   kRecomputeMhc = 1u << 3,
+  kRecomputeSharedExperts = 1u << 4,
+  kRecomputeMoeOut = 1u << 5,
 };
 
 // Stage of the lightning indexer's training (TrainOptions::indexer_stage, [train] indexer_stage;

@@ -40,6 +40,11 @@ void mlp_forward(const Ctx& c, const MlpW& w, const float* x, int64_t N, float* 
 }
 
 void mlp_forward_saved(const Ctx& c, const MlpW& w, const float* x, int64_t N, float* y, float beta, MlpSaved& s) {
+  mlp_hidden(c, w, x, N, s);
+  linear_fwd(c, s.h, N, w.F, w.down, w.d, y, beta);
+}
+
+void mlp_hidden(const Ctx& c, const MlpW& w, const float* x, int64_t N, MlpSaved& s) {
   s.x = x;
   if (!w.up_off || w.up_off == w.F * w.d) {
     linear_fwd(c, x, N, w.d, w.gu, 2 * w.F, s.gu);
@@ -48,7 +53,6 @@ void mlp_forward_saved(const Ctx& c, const MlpW& w, const float* x, int64_t N, f
     linear_fwd(c, x, N, w.d, up_rows(w.gu, w.up_off), w.F, s.gu + w.F, 0.f, 2 * w.F);
   }
   c.k().swiglu_fwd(s.gu, N, w.F, w.limit, s.h);
-  linear_fwd(c, s.h, N, w.F, w.down, w.d, y, beta);
 }
 
 void mlp_backward(const Ctx& c, const MlpW& w, const MlpSaved& s, int64_t N, const float* dy, float* dx,

@@ -37,6 +37,9 @@ void mlp_forward(const Ctx&, const MlpW&, const float* x, int64_t N, float* y, f
 // The same into s.gu [N, 2F] and s.h [N, F] allocated by the caller (who may have scratch of its
 // own above them in the arena).
 void mlp_forward_saved(const Ctx&, const MlpW&, const float* x, int64_t N, float* y, float beta, MlpSaved& s);
+// The forward without its down projection: x [N, d] -> s.gu [N, 2F], s.h [N, F] (the caller's
+// buffers), the same bits as mlp_forward's (selective recompute rebuilds them for the backward).
+void mlp_hidden(const Ctx&, const MlpW&, const float* x, int64_t N, MlpSaved& s);
 // dy: [N, d] -> dx: [N, d] (overwrite, or += when dx_accum)
 void mlp_backward(const Ctx&, const MlpW&, const MlpSaved& s, int64_t N, const float* dy, float* dx, bool dx_accum);
 

@@ -557,6 +557,8 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
     mi.dispatcher = &moe_dispatcher();
     mi.slab_first = ep_.slab_first;
     mi.recompute_act = opt.recomputes(kRecomputeMoeAct);
+    mi.recompute_shared = opt.recomputes(kRecomputeSharedExperts);
+    mi.recompute_out = opt.recomputes(kRecomputeMoeOut);
     if (sh.on()) {
       mi.n0 = n0, mi.rows = Nl;
       mi.seq_sum = [this](double* v, size_t n) { tp_sum(v, (int64_t)n); };

@@ -167,6 +167,8 @@ struct Env {
   // activations (keeps its input s.n2 and output s.f); moe_replay rebuilds them before the backward.
   bool drop_moe = false;
   bool moe_act = false;   // selective recompute of "moe_act": the experts' SwiGLU output is recomputed
+  bool shared_act = false;  // "shared_experts": the shared experts' gate|up and SwiGLU are recomputed
+  bool moe_out = false;     // "moe_out": the routed experts' outputs are recomputed
   bool up_proj = false;   // "mla_up_proj": the attention's q_b output is recomputed (V4AttnIn::drop_qb)
   // "mhc": layer_forward keeps of the hyper-connections only X_in, a, f, the normed block inputs
   // and the post / comb mixes (V4LayerSaved: X_mid and the mixes' y, mix, rstd null); the
@@ -196,6 +198,8 @@ MoeIn moe_in(const Env& e, int64_t l) {
   mi.dispatcher = e.dispatcher;
   mi.slab_first = e.slab_first;
   mi.recompute_act = e.moe_act;
+  mi.recompute_shared = e.shared_act;
+  mi.recompute_out = e.moe_out;
   if (e.sh.on()) {
     mi.n0 = e.sh.n0, mi.rows = e.sh.rows;
     const Model* m = e.model;
@@ -507,6 +511,8 @@ LossParts Model::run_v4(const Batch& b, float grad_scale, bool backward, const S
   e.ix_loss = opt.indexer_metrics(), e.ix_dense = opt.dense_warmup(), e.ix_grad = ix_grad;
   e.drop_moe = opt.recomputes(kRecomputeMoe);
   e.moe_act = opt.recomputes(kRecomputeMoeAct);
+  e.shared_act = opt.recomputes(kRecomputeSharedExperts);
+  e.moe_out = opt.recomputes(kRecomputeMoeOut);
   e.up_proj = opt.recomputes(kRecomputeMlaUpProj);
   e.mhc = opt.recomputes(kRecomputeMhc);
   e.ix_sum = &out.indexer, e.ix_recall = &out.indexer_recall;

@@ -123,9 +123,11 @@ struct ExpertInputs {
 
 // Backward of experts_fwd: dy [rows, d] -> dxs [rows, d] (overwrite; it may be dy itself, read in
 // full before dxs is written); the experts' weight gradients accumulate. xs, gu, h: the forward's
-// (h null: computed again from gu, as the forward did).
+// (h null: computed again from gu, as the forward did). q non-null (the outputs y were not kept):
+// q [rows] = dy . y with y the down projection's output computed again, first, by the forward's
+// own calls (the same bits), in a scratch released before the rest.
 void experts_bwd(const Ctx& c, const MoeIn& in, const std::vector<int64_t>& off, int64_t e0, const ExpertInputs& xs,
-                 const float* gu, const float* h, const float* dy, float* dxs) {
+                 const float* gu, const float* h, const float* dy, float* dxs, double* q) {
   const int64_t d = in.cfg->hidden_size, F = in.cfg->moe_intermediate_size, R = off.back();
   const ExpertW w = expert_w(c, in, e0);
   StackArena& A = *c.ws;
@@ -134,6 +136,21 @@ void experts_bwd(const Ctx& c, const MoeIn& in, const std::vector<int64_t>& off,
     ProfScope ps(c.prof, "bwd.moe.experts.cast");
     return gemm_input(c, x, n);
   };
+  if (q) {
+    ProfScope ps(c.prof, "bwd.moe.experts.out");
+    auto mq = A.mark();
+    const float* hq = h;
+    if (!hq) {
+      float* hr = A.alloc<float>(R * F);
+      c.k().swiglu_fwd(gu, R, F, in.swiglu_limit, hr);
+      hq = hr;
+    }
+    const void* hin = gemm_input(c, hq, R * F);
+    float* y = A.alloc<float>(R * d);
+    expert_gemm_fwd(c, off, hin, w.down, d, F, y);
+    c.k().row_dot(dy, y, R, d, q);
+    A.release(mq);
+  }
   // The down projection's backward and the SwiGLU's: dgu first, the rest (h when recomputed, dh,
   // the GEMM inputs' copies) scratch released before the gate|up projection's backward.
   float* dgu = A.alloc<float>(R * 2 * F);
@@ -233,20 +250,24 @@ double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, Mo
     disp.plan(D.offsets, d, A, r);
   }
   const int64_t Rl = std::max<int64_t>(r.rows, 1);
-  s.y = A.alloc<float>(R * d);
   s.gu = A.alloc<float>(Rl * 2 * F);
   s.h = in.recompute_act ? nullptr : A.alloc<float>(Rl * F);
-  // The shared experts write `out`: while the rows are in flight (their saved activations below the
-  // exchange's scratch), else after the routed experts (in the space their scratch leaves).
-  const bool overlap = disp.in_flight();
+  // The shared experts write `out`: while the rows are in flight, else after the routed experts
+  // (in the space their scratch leaves). Their gu and h, and the routed rows' outputs y [R, d]
+  // (sorted order), are kept, or scratch under recompute_shared / recompute_out.
+  const bool overlap = disp.in_flight(), shared = m.n_shared_experts > 0;
+  auto shared_saved = [&] { s.shared.gu = A.alloc<float>(N * 2 * Fs), s.shared.h = A.alloc<float>(N * Fs); };
+  if (shared && !in.recompute_shared) shared_saved();
+  if (!in.recompute_out) s.y = A.alloc<float>(R * d);
+  auto mk = A.mark();
+  float* y = in.recompute_out ? A.alloc<float>(R * d) : s.y;
+  if (shared && in.recompute_shared) shared_saved();
   auto shared_fwd = [&] {
     ProfScope ps(c.prof, "fwd.moe.shared");
-    if (m.n_shared_experts == 0) c.k().zero(out, N * d * sizeof(float));
-    else if (overlap) mlp_forward_saved(c, shared_w(in), x, N, out, 0.f, s.shared);
-    else mlp_forward(c, shared_w(in), x, N, out, 0.f, s.shared);
+    if (shared) mlp_forward_saved(c, shared_w(in), x, N, out, 0.f, s.shared);
+    else c.k().zero(out, N * d * sizeof(float));
   };
-  if (overlap && m.n_shared_experts > 0) s.shared.gu = A.alloc<float>(N * 2 * Fs), s.shared.h = A.alloc<float>(N * Fs);
-  auto mk = A.mark();
+  auto mk2 = A.mark();
   float* xs = A.alloc<float>(R * d);
   MoeExchange xin;
   {
@@ -259,21 +280,24 @@ double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, Mo
     ProfScope ps(c.prof, "fwd.moe.dispatch");
     disp.wait(r, xin, d);
   }
-  float* yl = disp.output_rows(r, s.y, d, A);
+  float* yl = disp.output_rows(r, y, d, A);
   {
     ProfScope ps(c.prof, "fwd.moe.experts");
     experts_fwd(c, in, r.offsets, r.first, xin.local, s.gu, s.h, yl);
   }
   {
     ProfScope ps(c.prof, "fwd.moe.combine");
-    disp.combine(r, xin, yl, s.y, d);
+    disp.combine(r, xin, yl, y, d);
   }
-  A.release(mk);
+  A.release(mk2);
   if (!overlap) shared_fwd();
   {
     ProfScope ps(c.prof, "fwd.moe.combine");
-    c.k().moe_combine(s.y, s.probs_dev, D.slot_row_dev, N, K, d, out);  // the routed outputs in slot order per token
+    c.k().moe_combine(y, s.probs_dev, D.slot_row_dev, N, K, d, out);  // the routed outputs in slot order per token
   }
+  A.release(mk);
+  if (in.recompute_shared) s.shared.gu = s.shared.h = nullptr;  // rebuilt by moe_backward
+  if (in.recompute_out) s.y = nullptr;
   return aux;
 }
 
@@ -288,22 +312,37 @@ void moe_backward(const Ctx& c, const MoeIn& in, const MoeSaved& s, const float*
   StackArena& A = *c.ws;
   auto mk = A.mark();
 
-  // Combine adjoint: dy[row] = p * dout[token]; dprobs = dout[token] . y[row].
+  // Combine adjoint: dy[row] = p * dout[token]; the probabilities' gradient dout[token] . y[row]
+  // = q[row] / p with q = dy . y: here from the kept y, else (recompute_out) from the experts'
+  // backward, back along the combine route with the rows' input gradients.
   const bool overlap = disp.in_flight();
   float* dy = A.alloc<float>(R * d);
   float* dprobs = A.alloc<float>(R);
+  double* q = A.alloc<double>(R);  // sorted order
   // On one rank the rows' input gradients overwrite dy (experts_bwd reads it in full first).
   float* dxs = overlap ? A.alloc<float>(R * d) : dy;
   auto shared_bwd = [&] {  // writes dx: while dy is in flight, else after the routed experts
     ProfScope ps(c.prof, "bwd.moe.shared");
-    if (m.n_shared_experts > 0) mlp_backward(c, shared_w(in), s.shared, N, dout, dx, false);
-    else c.k().zero(dx, N * d * sizeof(float));
+    if (m.n_shared_experts == 0) {
+      c.k().zero(dx, N * d * sizeof(float));
+      return;
+    }
+    const MlpW w = shared_w(in);
+    auto ms = A.mark();
+    MlpSaved sv = s.shared;
+    if (!sv.gu) {  // recompute_shared: the forward's gu and h again
+      sv.gu = A.alloc<float>(N * 2 * w.F), sv.h = A.alloc<float>(N * w.F);
+      mlp_hidden(c, w, s.shared.x, N, sv);
+    }
+    mlp_backward(c, w, sv, N, dout, dx, false);
+    A.release(ms);
   };
   auto mk2 = A.mark();
   MoeExchange dyx;
   {
     ProfScope ps(c.prof, "bwd.moe.combine");
-    c.k().moe_combine_bwd(dout, s.y, s.probs_dev, D.slot_row_dev, N, K, d, dy, dprobs);
+    c.k().moe_combine_bwd(dout, s.probs_dev, D.slot_row_dev, N, K, d, dy);
+    if (s.y) c.k().row_dot(dy, s.y, R, d, q);
     dyx = disp.dispatch(r, dy, nullptr, d, A);  // dy out along the dispatch route
   }
   if (overlap) shared_bwd();
@@ -313,15 +352,18 @@ void moe_backward(const Ctx& c, const MoeIn& in, const MoeSaved& s, const float*
   }
   // Experts: down, SwiGLU, gate|up -> dx rows in local order, then back along the combine route.
   float* dxl = disp.output_rows(r, dxs, d, A);
+  // q travels as two floats a row (the dispatcher moves f32 rows).
+  double* ql = s.y ? nullptr : (double*)disp.output_rows(r, (float*)q, 2, A);
   {
     ProfScope ps(c.prof, "bwd.moe.experts");
     // The rows' inputs: kept by the dispatcher, else gathered again inside experts_bwd.
     const ExpertInputs xl{disp.saved_inputs(r, D, s.x, d, A), s.x, D.row_token_dev};
-    experts_bwd(c, in, r.offsets, r.first, xl, s.gu, s.h, dyx.local, dxl);
+    experts_bwd(c, in, r.offsets, r.first, xl, s.gu, s.h, dyx.local, dxl, ql);
   }
   {
     ProfScope ps(c.prof, "bwd.moe.dispatch");
     disp.combine(r, dyx, dxl, dxs, d);
+    if (ql) disp.combine(r, dyx, (const float*)ql, (float*)q, 2);  // dyx's receive buffer [Rl, d] holds [Rl, 2]
   }
   A.release(mk2);
   if (!overlap) shared_bwd();
@@ -333,6 +375,7 @@ void moe_backward(const Ctx& c, const MoeIn& in, const MoeSaved& s, const float*
   // Router: probs (and the aux loss) -> scores -> logits -> x and the gate weight (f32).
   ProfScope ps(c.prof, "bwd.moe.route");
   const kern::RouterShape rs = router_shape(m, N);
+  c.k().moe_probs_bwd(q, s.probs_dev, D.slot_row_dev, N, K, dprobs);
   float* dlogits = A.alloc<float>(N * E);
   c.k().zero(dlogits, N * E * sizeof(float));
   c.k().router_probs_bwd(rs, s.route.scores, s.route.idx, dprobs, dlogits);

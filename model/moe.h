@@ -30,8 +30,11 @@ struct MoeSaved {
   MoeRoute local;       // the rows computed here (the dispatcher's plan)
   float* gu = nullptr;  // [Rl, 2F] local rows
   float* h = nullptr;   // [Rl, F] (null under MoeIn::recompute_act: the backward recomputes it)
-  float* y = nullptr;   // [N*K, d] expert outputs before weighting, sorted rows
-  MlpSaved shared;
+  // The routed experts' outputs before weighting [N*K, d], sorted rows, kept only for the router
+  // probabilities' gradient (dy . y = p dout . y, kern::moe_probs_bwd); null under
+  // MoeIn::recompute_out: the experts' backward runs their down projection again for it.
+  float* y = nullptr;
+  MlpSaved shared;  // the shared experts' input and activations (gu, h null under recompute_shared)
 };
 
 struct MoeIn {
@@ -47,6 +50,8 @@ struct MoeIn {
   const int32_t* hash_idx = nullptr;  // [N, K] fixed experts (DeepSeek-V4 hash layers) or null (host memory)
   float swiglu_limit = 0.f;           // clamp of routed and shared experts (V4), 0 = none
   bool recompute_act = false;         // selective recompute "moe_act": the experts' h is not kept
+  bool recompute_shared = false;      // selective recompute "shared_experts": their gu, h are not kept
+  bool recompute_out = false;         // selective recompute "moe_out": the routed experts' y is not kept
   const MoeDispatcher* dispatcher = nullptr;  // where the routed rows go (AllToAll: a collective)
   int64_t slab_first = 0;  // the first routed expert the weight slab holds (expert-sharded models)
   // Sequence parallel (model/seq_parallel.h): x holds the token rows [n0, n0 + rows) of the B x T

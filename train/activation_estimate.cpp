@@ -47,6 +47,8 @@ struct StepWalk {
   const bool replay;             // full recompute
   const bool drop_moe;           // selective recompute of "moe": MoE blocks replayed before their backward
   const bool moe_act;            // selective recompute of "moe_act": the experts' h recomputed in the backward
+  const bool shared_act;         // "shared_experts": the shared experts' gu and h recomputed in the backward
+  const bool moe_out;            // "moe_out": the routed experts' outputs y recomputed in the backward
   const bool up_proj;            // "mla_up_proj": V4's q_b output qb recomputed in the backward
   const bool mhc;                // "mhc": V4's mid-layer streams and hyper-connection inputs recomputed
   const int64_t tp, ep;          // tensor / expert parallel sizes
@@ -68,6 +70,8 @@ struct StepWalk {
         NK(b * t), bf(p == kern::Prec::BF16), replay(r == model::Recompute::Full),
         drop_moe(r == model::Recompute::Selective && (o.recompute_modules & model::kRecomputeMoe)),
         moe_act(r == model::Recompute::Selective && (o.recompute_modules & model::kRecomputeMoeAct)),
+        shared_act(r == model::Recompute::Selective && (o.recompute_modules & model::kRecomputeSharedExperts)),
+        moe_out(r == model::Recompute::Selective && (o.recompute_modules & model::kRecomputeMoeOut)),
         up_proj(r == model::Recompute::Selective && (o.recompute_modules & model::kRecomputeMlaUpProj)),
         mhc(r == model::Recompute::Selective && (o.recompute_modules & model::kRecomputeMhc)),
         tp(std::max<int64_t>(tp_, 1)), ep(std::max<int64_t>(ep_, 1)), sp(sp_ && tp > 1),
@@ -150,6 +154,13 @@ struct StepWalk {
     A.release(m);
   }
   void experts_bwd(int64_t R, int64_t F, bool gather) {  // gather: the rows' inputs gathered again
+    if (moe_out) {  // y computed again for the probabilities' gradient
+      const auto mq = A.mark();
+      if (moe_act) f32(R * F);  // h
+      gemm_input(R * F);
+      f32(R * d);  // y
+      A.release(mq);
+    }
     const auto m = A.mark();
     f32(R * 2 * F);  // dgu
     const auto mh = A.mark();
@@ -169,39 +180,50 @@ struct StepWalk {
   void moe_forward() {
     const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok, F = c.moe_intermediate_size, R = Nl * K;
     const int64_t Fs = c.shared_intermediate(), Rl = std::max<int64_t>(R, 1);
-    const bool moves = ep > 1;
+    const bool moves = ep > 1, shared = c.n_shared_experts > 0;
     f32(Nl * E), i32(R), f32(R);  // scores, idx, probs
     i32(R), i32(R), i64(E + 1);  // row_token, slot_row, offsets
     if (moves) i32(Rl), f32(Rl * d);  // plan: perm, the kept inputs
-    f32(R * d);                        // y
     f32(Rl * 2 * F);                   // gu
     if (!moe_act) f32(Rl * F);         // h
-    const bool shared = c.n_shared_experts > 0;
-    if (moves && shared) f32(Nl * 2 * Fs), f32(Nl * Fs);  // shared experts in flight: saved first
+    if (shared && !shared_act) f32(Nl * 2 * Fs), f32(Nl * Fs);  // the shared experts' gu, h
+    if (!moe_out) f32(R * d);                                   // y
     const auto m = A.mark();
+    if (moe_out) f32(R * d);                                   // y, scratch
+    if (shared && shared_act) f32(Nl * 2 * Fs), f32(Nl * Fs);  // the shared experts' gu, h, scratch
+    const auto m2 = A.mark();
     f32(R * d);                                          // xs
     if (moves) f32(Rl * d);                              // dispatch: received rows
     if (moves && shared) linear_fwd(Nl, d), linear_fwd(Nl, Fs);
     if (moves) f32(Rl * d);                              // output rows
     experts_fwd(Rl, F);
+    A.release(m2);
+    if (!moves && shared) linear_fwd(Nl, d), linear_fwd(Nl, Fs);  // after the routed experts
     A.release(m);
-    if (!moves && shared) mlp_forward(Nl, Fs, false);  // after the routed experts
+  }
+  void shared_backward() {  // moe_backward's shared_bwd
+    const int64_t Fs = c.shared_intermediate();
+    const auto m = A.mark();
+    if (shared_act) f32(Nl * 2 * Fs), f32(Nl * Fs), linear_fwd(Nl, d);  // gu, h again
+    mlp_backward(Nl, Fs, false);
+    A.release(m);
   }
   void moe_backward() {
     const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok, F = c.moe_intermediate_size, R = Nl * K;
-    const int64_t Fs = c.shared_intermediate(), Rl = std::max<int64_t>(R, 1);
+    const int64_t Rl = std::max<int64_t>(R, 1);
     const bool moves = ep > 1;
     const auto m = A.mark();
-    f32(R * d), f32(R);     // dy, dprobs
-    if (moves) f32(R * d);  // dxs (one rank: dy's buffer)
+    f32(R * d), f32(R), f32(2 * R);  // dy, dprobs, q (double)
+    if (moves) f32(R * d);       // dxs (one rank: dy's buffer)
     const bool shared = c.n_shared_experts > 0;
     const auto m2 = A.mark();
     if (moves) f32(Rl * d), f32(Rl * d);  // dispatch: received rows, local rows
-    if (moves && shared) mlp_backward(Nl, Fs, false);  // while dy is in flight
-    if (moves) f32(Rl * d);  // output rows (dxl)
+    if (moves && shared) shared_backward();  // while dy is in flight
+    if (moves) f32(Rl * d);             // output rows (dxl)
+    if (moves && moe_out) f32(2 * Rl);  // and ql (double)
     experts_bwd(Rl, F, !moves);
     A.release(m2);
-    if (!moves && shared) mlp_backward(Nl, Fs, false);  // after the routed experts
+    if (!moves && shared) shared_backward();  // after the routed experts
     f32(Nl * E);  // dscores
     A.release(m);
   }

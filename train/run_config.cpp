@@ -131,10 +131,13 @@ const char* recompute_name(model::Recompute r) {
 }
 // train.recompute_modules: each name's model::RecomputeModule bit (0: not supported).
 const std::vector<std::pair<std::string, unsigned>>& recompute_modules_table() {
-  static const std::vector<std::pair<std::string, unsigned>> t = {{"moe", model::kRecomputeMoe},
-                                                                     {"moe_act", model::kRecomputeMoeAct},
-                                                                     {"mla_up_proj", model::kRecomputeMlaUpProj},
-                                                                     {"mhc", model::kRecomputeMhc}};
+  static const std::vector<std::pair<std::string, unsigned>> t = {
+      {"moe", model::kRecomputeMoe},
+      {"moe_act", model::kRecomputeMoeAct},
+      {"moe_out", model::kRecomputeMoeOut},
+      {"shared_experts", model::kRecomputeSharedExperts},
+      {"mla_up_proj", model::kRecomputeMlaUpProj},
+      {"mhc", model::kRecomputeMhc}};
   return t;
 }
 unsigned recompute_module_bit(const std::string& name) {
@@ -261,8 +264,12 @@ const std::vector<SectionSpec>& sections() {
                  "layer's whole block (router, dispatch, routed and shared experts, combine) keeps only its input; "
                  "under expert parallelism the replay repeats the dispatch and combine all-to-alls. moe_act: the "
                  "routed experts' SwiGLU output is not kept and the backward computes it again from the kept "
-                 "gate|up product (one elementwise pass; with moe, also inside the replayed block). "
-                 "DeepSeek-V4 only: mla_up_proj: the query up-projection's output (q_b) is not kept and the "
+                 "gate|up product (one elementwise pass; with moe, also inside the replayed block). moe_out: "
+                 "the routed experts' outputs (kept only for the router probabilities' gradient) are not kept "
+                 "and the experts' backward runs their down projection again (one grouped GEMM a layer). "
+                 "shared_experts: the shared experts' gate|up product and SwiGLU output are not kept and the "
+                 "backward runs their gate|up GEMM and SwiGLU again (a third of their forward; nothing, with a "
+                 "warning, on a model without shared experts). DeepSeek-V4 only: mla_up_proj: the query up-projection's output (q_b) is not kept and the "
                  "backward runs q_b again (one GEMM a layer); mhc: of the hyper-connections only each layer's "
                  "input streams, block outputs and post/comb mixes are kept, the streams between the attention "
                  "and the MoE and each mix's input row are computed again in the backward (elementwise passes "
@@ -568,11 +575,16 @@ void check_recompute(const RunConfig& r, const std::string& where) {
   if (r.train.recompute == model::Recompute::Selective && (r.train.recompute_modules & v4_only))
     TREX_USER_CHECK(r.model.is_v4(),
                     "remove " + recompute_module_names(r.train.recompute_modules & v4_only).dump() +
-                        " from train.recompute_modules (\"moe\" and \"moe_act\" apply to every MoE model)",
+                        " from train.recompute_modules (\"moe\", \"moe_act\", \"moe_out\" and \"shared_experts\" "
+                        "apply to every MoE model)",
                     where, ": train.recompute_modules = ", recompute_module_names(r.train.recompute_modules).dump(),
                     ": ", recompute_module_names(r.train.recompute_modules & v4_only).dump(),
                     " recompute DeepSeek-V4's query up-projection and hyper-connection streams; model_type ",
                     r.model.model_type, " has none");
+  if (r.train.recompute == model::Recompute::Selective &&
+      (r.train.recompute_modules & model::kRecomputeSharedExperts) && r.model.n_shared_experts == 0)
+    TREX_LOG_WARN(where, ": train.recompute_modules names \"shared_experts\", which changes nothing: the model has "
+                  "no shared experts (n_shared_experts = 0)");
 }
 
 // The two fault bounds (docs/PARALLEL.md, "Dead or slow"): the heartbeat's must be the shorter,

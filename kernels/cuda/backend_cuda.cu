@@ -156,6 +156,9 @@ class CudaBackend final : public Backend {
     cuda::copy_rows(ctx_, dst, ldd, src, lds, row_bytes, rows);
   }
   void add(float* y, const float* x, int64_t n) override { cuda::add(ctx_, y, x, n); }
+  void row_dot(const float* a, const float* b, int64_t R, int64_t w, double* out) override {
+    cuda::row_dot(ctx_, a, b, R, w, out);
+  }
   void to_bf16(const float* x, int64_t ldx, int64_t rows, int64_t cols, bf16* y) override {
     cuda::to_bf16(ctx_, x, ldx, rows, cols, y);
   }
@@ -173,9 +176,13 @@ class CudaBackend final : public Backend {
                    float* out) override {
     cuda::moe_combine(ctx_, y, probs, slot_row, N, K, d, out);
   }
-  void moe_combine_bwd(const float* dout, const float* y, const float* probs, const int32_t* slot_row, int64_t N,
-                       int64_t K, int64_t d, float* dy, float* dprobs) override {
-    cuda::moe_combine_bwd(ctx_, dout, y, probs, slot_row, N, K, d, dy, dprobs);
+  void moe_combine_bwd(const float* dout, const float* probs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d,
+                       float* dy) override {
+    cuda::moe_combine_bwd(ctx_, dout, probs, slot_row, N, K, d, dy);
+  }
+  void moe_probs_bwd(const double* q, const float* probs, const int32_t* slot_row, int64_t N, int64_t K,
+                     float* dprobs) override {
+    cuda::moe_probs_bwd(ctx_, q, probs, slot_row, N, K, dprobs);
   }
   void moe_dispatch_bwd(const float* dxs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d,
                         float* dx) override {

@@ -92,6 +92,7 @@ double lm_head_ce(const Ctx& c, const CeArgs& args, int64_t* n_valid);
 // Row operations (kernels/rows.h, kernels/cuda/rows.cu).
 void copy_rows(const Ctx& c, void* dst, int64_t ldd, const void* src, int64_t lds, int64_t row_bytes, int64_t rows);
 void add(const Ctx& c, float* y, const float* x, int64_t n);
+void row_dot(const Ctx& c, const float* a, const float* b, int64_t R, int64_t w, double* out);
 void to_bf16(const Ctx& c, const float* x, int64_t ldx, int64_t rows, int64_t cols, bf16* y);
 void gather_rows(const Ctx& c, const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst);
 void scatter_add_rows(const Ctx& c, const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst);
@@ -99,8 +100,10 @@ void sum_heads(const Ctx& c, const float* x, int64_t N, int64_t H, int64_t ldn, 
                int64_t ldy);
 void moe_combine(const Ctx& c, const float* y, const float* probs, const int32_t* slot_row, int64_t N, int64_t K,
                  int64_t d, float* out);
-void moe_combine_bwd(const Ctx& c, const float* dout, const float* y, const float* probs, const int32_t* slot_row,
-                     int64_t N, int64_t K, int64_t d, float* dy, float* dprobs);
+void moe_combine_bwd(const Ctx& c, const float* dout, const float* probs, const int32_t* slot_row, int64_t N,
+                     int64_t K, int64_t d, float* dy);
+void moe_probs_bwd(const Ctx& c, const double* q, const float* probs, const int32_t* slot_row, int64_t N, int64_t K,
+                   float* dprobs);
 void moe_dispatch_bwd(const Ctx& c, const float* dxs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d,
                       float* dx);
 // The MoE router (kernels/router.h, kernels/cuda/router.cu).

@@ -64,23 +64,31 @@ __global__ void moe_combine_k(const float* __restrict__ y, const float* __restri
   }
 }
 
-// One block per (token, slot): dy row = p dout[n], dprobs = dout[n] . y[row] in double.
-__global__ void moe_combine_bwd_k(const float* __restrict__ dout, const float* __restrict__ y,
-                                  const float* __restrict__ probs, const int32_t* __restrict__ slot_row, int64_t N,
-                                  int64_t K, int64_t d, float* __restrict__ dy, float* __restrict__ dprobs) {
-  for (int64_t s = blockIdx.x; s < N * K; s += gridDim.x) {
-    const int64_t n = s / K, row = slot_row[s];
-    const float w = probs[s];
-    const float* g = dout + n * d;
-    const float* yr = y + row * d;
-    float* dyr = dy + row * d;
+// dy rows = p dout[n], one element a thread.
+__global__ void moe_combine_bwd_k(const float* __restrict__ dout, const float* __restrict__ probs,
+                                  const int32_t* __restrict__ slot_row, int64_t N, int64_t K, int64_t d,
+                                  float* __restrict__ dy) {
+  const int64_t n_all = N * K * d;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_all; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t s = i / d, j = i - s * d;
+    dy[(int64_t)slot_row[s] * d + j] = probs[s] * dout[(s / K) * d + j];
+  }
+}
+
+__global__ void moe_probs_bwd_k(const double* __restrict__ q, const float* __restrict__ probs,
+                                const int32_t* __restrict__ slot_row, int64_t R, float* __restrict__ dprobs) {
+  for (int64_t s = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; s < R; s += int64_t(gridDim.x) * blockDim.x)
+    dprobs[s] = probs[s] != 0.f ? (float)(q[slot_row[s]] / probs[s]) : 0.f;
+}
+
+// One block per row: out[r] = a[r] . b[r] in double.
+__global__ void row_dot_k(const float* __restrict__ a, const float* __restrict__ b, int64_t R, int64_t w,
+                          double* __restrict__ out) {
+  for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
     double dot = 0;
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-      dyr[j] = w * g[j];
-      dot += (double)g[j] * yr[j];
-    }
+    for (int64_t j = threadIdx.x; j < w; j += blockDim.x) dot += (double)a[r * w + j] * b[r * w + j];
     dot = block_sum(dot);
-    if (threadIdx.x == 0) dprobs[s] = (float)dot;
+    if (threadIdx.x == 0) out[r] = dot;
   }
 }
 
@@ -143,11 +151,24 @@ void moe_combine(const Ctx& c, const float* y, const float* probs, const int32_t
   TREX_CUDA_LAUNCHED("moe_combine");
 }
 
-void moe_combine_bwd(const Ctx& c, const float* dout, const float* y, const float* probs, const int32_t* slot_row,
-                     int64_t N, int64_t K, int64_t d, float* dy, float* dprobs) {
-  if (N <= 0 || K <= 0) return;
-  moe_combine_bwd_k<<<row_blocks(N * K), 128, 0, c.stream>>>(dout, y, probs, slot_row, N, K, d, dy, dprobs);
+void moe_combine_bwd(const Ctx& c, const float* dout, const float* probs, const int32_t* slot_row, int64_t N,
+                     int64_t K, int64_t d, float* dy) {
+  if (N <= 0 || K <= 0 || d <= 0) return;
+  moe_combine_bwd_k<<<grid_for(N * K * d), 256, 0, c.stream>>>(dout, probs, slot_row, N, K, d, dy);
   TREX_CUDA_LAUNCHED("moe_combine_bwd");
+}
+
+void moe_probs_bwd(const Ctx& c, const double* q, const float* probs, const int32_t* slot_row, int64_t N, int64_t K,
+                   float* dprobs) {
+  if (N <= 0 || K <= 0) return;
+  moe_probs_bwd_k<<<grid_for(N * K), 256, 0, c.stream>>>(q, probs, slot_row, N * K, dprobs);
+  TREX_CUDA_LAUNCHED("moe_probs_bwd");
+}
+
+void row_dot(const Ctx& c, const float* a, const float* b, int64_t R, int64_t w, double* out) {
+  if (R <= 0) return;
+  row_dot_k<<<row_blocks(R), 128, 0, c.stream>>>(a, b, R, w, out);
+  TREX_CUDA_LAUNCHED("row_dot");
 }
 
 void moe_dispatch_bwd(const Ctx& c, const float* dxs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d,

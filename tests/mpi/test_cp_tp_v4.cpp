@@ -93,7 +93,8 @@ TEST(CpTpV4Train, ActivationEstimateMatchesTheArena) {
         for (kern::Prec prec : {kern::Prec::BF16, kern::Prec::F32})
           for (model::Recompute rec : {model::Recompute::None, model::Recompute::Full, model::Recompute::Selective})
             for (unsigned mods : {unsigned(model::kRecomputeMoe),
-                                  unsigned(model::kRecomputeMhc | model::kRecomputeMlaUpProj | model::kRecomputeMoeAct)}) {
+                                  unsigned(model::kRecomputeMhc | model::kRecomputeMlaUpProj | model::kRecomputeMoeAct),
+                                  unsigned(model::kRecomputeMoeOut | model::kRecomputeSharedExperts)}) {
               if (rec != model::Recompute::Selective && mods != model::kRecomputeMoe) continue;
               json mj = cp_tp_v4();
               if (mtp == 0) mj["num_nextn_predict_layers"] = 0;

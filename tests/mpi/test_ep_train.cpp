@@ -87,6 +87,21 @@ TEST(EpTrain, SelectiveMoeActRecomputeMatchesSingleRank) {
   parity(v4, DpOptions{1500, true}, 3, 2, 1, 13, ep_for(parallel::test_world().size()));
 }
 
+// "moe_out" and "shared_experts": the routed experts' down projection computed again on the rows'
+// rank, its q = dy . y sent back along the combine route; the shared experts' gate|up again while
+// dy is in flight (V3 with "moe_act", V4 alone).
+TEST(EpTrain, SelectiveMoeOutSharedExpertsRecomputeMatchesSingleRank) {
+  Case v3{six_experts(tiny_v3_mtp()), 0.01, 0.3};
+  v3.lr = v3.ocfg.lr = 1e-3f;
+  v3.recompute = model::Recompute::Selective;
+  v3.modules = model::kRecomputeMoeAct | model::kRecomputeMoeOut | model::kRecomputeSharedExperts;
+  parity(v3, DpOptions{997, true}, 3, 2, 2, 11, ep_for(parallel::test_world().size()));
+  Case v4{six_experts(tiny_v4()), 0.0, 0.3};
+  v4.recompute = model::Recompute::Selective;
+  v4.modules = model::kRecomputeMoeOut | model::kRecomputeSharedExperts;
+  parity(v4, DpOptions{1500, true}, 3, 2, 1, 13, ep_for(parallel::test_world().size()));
+}
+
 // One forward_backward per rank on its own batch: the loss is the single model's on that batch;
 // the rank's gradient has nothing outside its own experts' slab ranges (and the dense part), and
 // the sum over ranks equals the single model's gradient accumulated over all the batches. Also

@@ -105,19 +105,27 @@ bool sum_heads_case(int64_t N, int64_t H, int64_t w) {
 bool combine_case(int64_t N, int64_t K, int64_t d) {
   const std::string name = "cuda moe combine N=" + std::to_string(N) + " K=" + std::to_string(K) + " d=" + std::to_string(d);
   const int64_t R = N * K;
-  const std::vector<float> y = randv(R * d, 13), probs = randv(R, 14), dout = randv(N * d, 15), o0 = randv(N * d, 16);
+  std::vector<float> probs = randv(R, 14);
+  const std::vector<float> y = randv(R * d, 13), dout = randv(N * d, 15), o0 = randv(N * d, 16), qf = randv(R, 17);
+  const std::vector<double> q(qf.begin(), qf.end());
+  if (R > 2) probs[1] = 0.f;  // a probability that underflowed: its gradient is 0
   std::vector<int32_t> slot(R);
   for (int64_t i = 0; i < R; ++i) slot[i] = (int32_t)((i * 5 + 2) % R);  // a permutation (gcd(5, R) = 1)
   Guarded<float> out(N * d), dy(R * d), dp(R), dx(N * d);
+  Guarded<double> rd(R);
   for (int64_t i = 0; i < N * d; ++i) out[i] = o0[i], dx[i] = o0[i];
   auto Y = upload(y), P = upload(probs), DO = upload(dout);
+  auto Q = upload(q);
   auto S = upload(slot);
   DevCopy<float> O(out), DY(dy), DP(dp), DX(dx);
+  DevCopy<double> RD(rd);
   dev().moe_combine(Y.get(), P.get(), S.get(), N, K, d, O.get());
-  dev().moe_combine_bwd(DO.get(), Y.get(), P.get(), S.get(), N, K, d, DY.get(), DP.get());
+  dev().moe_combine_bwd(DO.get(), P.get(), S.get(), N, K, d, DY.get());
+  dev().moe_probs_bwd(Q.get(), P.get(), S.get(), N, K, DP.get());
   dev().moe_dispatch_bwd(Y.get(), S.get(), N, K, d, DX.get());
-  O.fetch(), DY.fetch(), DP.fetch(), DX.fetch();
-  std::vector<double> outr(N * d), dyr(R * d), dpr(R), dxr(N * d);
+  dev().row_dot(Y.get(), DY.get(), R, d, RD.get());
+  O.fetch(), DY.fetch(), DP.fetch(), DX.fetch(), RD.fetch();
+  std::vector<double> outr(N * d), dyr(R * d), dpr(R), dxr(N * d), rdr(R);
   for (int64_t n = 0; n < N; ++n)
     for (int64_t j = 0; j < d; ++j) {
       double o = o0[n * d + j], x = o0[n * d + j];
@@ -129,21 +137,24 @@ bool combine_case(int64_t N, int64_t K, int64_t d) {
     }
   for (int64_t n = 0; n < N; ++n)
     for (int64_t k = 0; k < K; ++k) {
-      const int64_t row = slot[n * K + k];
-      double dot = 0;
-      for (int64_t j = 0; j < d; ++j) {
-        dyr[row * d + j] = (double)probs[n * K + k] * dout[n * d + j];
-        dot += (double)dout[n * d + j] * y[row * d + j];
-      }
-      dpr[n * K + k] = dot;
+      const int64_t s = n * K + k, row = slot[s];
+      for (int64_t j = 0; j < d; ++j) dyr[row * d + j] = (double)probs[s] * dout[n * d + j];
+      dpr[s] = probs[s] != 0.f ? q[row] / probs[s] : 0.0;
     }
-  bool ok = true, m1, m2, m3, m4;
+  for (int64_t r = 0; r < R; ++r) {
+    double dot = 0;
+    for (int64_t j = 0; j < d; ++j) dot += (double)y[r * d + j] * dy[r * d + j];  // dy as the device wrote it
+    rdr[r] = dot;
+  }
+  bool ok = true, m1, m2, m3, m4, m5;
   const double e1 = nmse(out.data(), outr.data(), outr.size(), &m1), e2 = nmse(dy.data(), dyr.data(), dyr.size(), &m2),
-               e3 = nmse(dp.data(), dpr.data(), dpr.size(), &m3), e4 = nmse(dx.data(), dxr.data(), dxr.size(), &m4);
+               e3 = nmse(dp.data(), dpr.data(), dpr.size(), &m3), e4 = nmse(dx.data(), dxr.data(), dxr.size(), &m4),
+               e5 = nmse(rd.data(), rdr.data(), rdr.size(), &m5);
   ok &= report(name, "out", e1, 1e-12, !m1 && out.guard_ok(), "nan/guard");
   ok &= report(name, "dy", e2, 1e-12, !m2 && dy.guard_ok(), "nan/guard");
   ok &= report(name, "dprobs", e3, 1e-12, !m3 && dp.guard_ok(), "nan/guard");
   ok &= report(name, "dx", e4, 1e-12, !m4 && dx.guard_ok(), "nan/guard");
+  ok &= report(name, "row_dot", e5, 1e-12, !m5 && rd.guard_ok(), "nan/guard");
   return ok;
 }
 

@@ -76,6 +76,9 @@ class ForwardingBackend : public kern::Backend {
     TREX_FORWARD(copy_rows(d, ldd, s, lds, rb, rows));
   }
   void add(float* y, const float* x, int64_t n) override { TREX_FORWARD(add(y, x, n)); }
+  void row_dot(const float* a, const float* b, int64_t R, int64_t w, double* o) override {
+    TREX_FORWARD(row_dot(a, b, R, w, o));
+  }
   void to_bf16(const float* x, int64_t ldx, int64_t r, int64_t c, bf16* y) override {
     TREX_FORWARD(to_bf16(x, ldx, r, c, y));
   }
@@ -93,9 +96,12 @@ class ForwardingBackend : public kern::Backend {
                    float* o) override {
     TREX_FORWARD(moe_combine(y, p, sr, N, K, d, o));
   }
-  void moe_combine_bwd(const float* g, const float* y, const float* p, const int32_t* sr, int64_t N, int64_t K,
-                       int64_t d, float* dy, float* dp) override {
-    TREX_FORWARD(moe_combine_bwd(g, y, p, sr, N, K, d, dy, dp));
+  void moe_combine_bwd(const float* g, const float* p, const int32_t* sr, int64_t N, int64_t K, int64_t d,
+                       float* dy) override {
+    TREX_FORWARD(moe_combine_bwd(g, p, sr, N, K, d, dy));
+  }
+  void moe_probs_bwd(const double* q, const float* p, const int32_t* sr, int64_t N, int64_t K, float* dp) override {
+    TREX_FORWARD(moe_probs_bwd(q, p, sr, N, K, dp));
   }
   void moe_dispatch_bwd(const float* g, const int32_t* sr, int64_t N, int64_t K, int64_t d, float* dx) override {
     TREX_FORWARD(moe_dispatch_bwd(g, sr, N, K, d, dx));

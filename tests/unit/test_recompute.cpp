@@ -1,6 +1,6 @@
 // Activation recompute (TrainOptions::recompute, [train] recompute = "full" / "selective"): the
 // replayed layer forwards (full) or the selective modules (recompute_modules: "moe" replays MoE
-// blocks, "moe_act" the experts' SwiGLU, DeepSeek-V4's "mla_up_proj" its q_b and "mhc" its
+// blocks, "moe_act" the experts' SwiGLU, "moe_out" their down projection, "shared_experts" the shared experts' gate|up and SwiGLU, DeepSeek-V4's "mla_up_proj" its q_b and "mhc" its
 // hyper-connection streams) rebuild exactly the activations the backward needs, so the loss,
 // every gradient and the expert loads are bitwise those of a step that kept them, in fp32 and
 // bf16, on tiny DeepSeek-V3 (dense + MoE layers, aux loss, MTP layers) and DeepSeek-V4 (hash
@@ -164,12 +164,45 @@ TEST(Recompute, SelectiveMoeActIsBitwiseTheSameV4WithMtp) {
   }
 }
 
+// "shared_experts" (the shared experts' gate|up GEMM and SwiGLU run again in the backward) and
+// "moe_out" (the routed experts' down projection run again for the router probabilities'
+// gradient): alone, together, with "moe_act" and inside the replayed blocks of "moe".
+TEST(Recompute, SelectiveSharedExpertsAndMoeOutAreBitwiseTheSame) {
+  json v3 = deeper_v3();
+  v3["num_nextn_predict_layers"] = 1;
+  const unsigned sh = model::kRecomputeSharedExperts, out = model::kRecomputeMoeOut, act = model::kRecomputeMoeAct;
+  for (const json& mj : {v3, deeper_v4()})
+    for (unsigned mods : {sh, out, sh | out | act, sh | out | act | model::kRecomputeMoe}) {
+      expect_same_step(mj, kern::Prec::F32, 0.3, model::Recompute::Selective, mods);
+      expect_same_step(mj, kern::Prec::BF16, 0.3, model::Recompute::Selective, mods);
+    }
+}
+
+// "shared_experts" and "moe_out" each keep less than no recompute and, with "moe_act", less than
+// "moe_act" alone.
+TEST(Recompute, SharedExpertsAndMoeOutLowerThePeak) {
+  for (const json& mj : {deeper_v3(), deeper_v4()}) {
+    ASSERT_GT(mj.value("n_shared_experts", 0), 0);
+    auto peak = [&](model::Recompute r, unsigned mods) { return step(mj, kern::Prec::BF16, r, 0, true, mods).peak; };
+    EXPECT_LT(peak(model::Recompute::Selective, model::kRecomputeSharedExperts), peak(model::Recompute::None, 0))
+        << mj["model_type"];
+    EXPECT_LT(peak(model::Recompute::Selective, model::kRecomputeMoeOut), peak(model::Recompute::None, 0))
+        << mj["model_type"];
+    const size_t act = peak(model::Recompute::Selective, model::kRecomputeMoeAct);
+    EXPECT_LT(peak(model::Recompute::Selective, model::kRecomputeSharedExperts | model::kRecomputeMoeAct), act)
+        << mj["model_type"];
+    EXPECT_LT(peak(model::Recompute::Selective, model::kRecomputeMoeOut | model::kRecomputeMoeAct), act)
+        << mj["model_type"];
+  }
+}
+
 // DeepSeek-V4's "mla_up_proj" (q_b run again) and "mhc" (the mid-layer streams and the mixes'
 // inputs computed again), alone, together and with the MoE modules.
 TEST(Recompute, SelectiveMhcAndUpProjAreBitwiseTheSameV4WithMtp) {
   const unsigned up = model::kRecomputeMlaUpProj, mhc = model::kRecomputeMhc;
   const unsigned all = up | mhc | model::kRecomputeMoe | model::kRecomputeMoeAct;
-  for (unsigned mods : {up, mhc, up | mhc, all}) {
+  const unsigned no_moe = up | mhc | model::kRecomputeMoeAct | model::kRecomputeMoeOut | model::kRecomputeSharedExperts;
+  for (unsigned mods : {up, mhc, up | mhc, all, no_moe}) {
     expect_same_step(deeper_v4(), kern::Prec::F32, 0.3, model::Recompute::Selective, mods);
     expect_same_step(deeper_v4(), kern::Prec::BF16, 0.3, model::Recompute::Selective, mods);
   }
@@ -251,7 +284,7 @@ TEST(Recompute, RunConfigKey) {
     json k = j;
     k["train"]["recompute_modules"] = {"moe", name};
     refused(k, {"train.recompute_modules", std::string("\"") + name + "\"", "\"moe\"", "\"moe_act\"",
-                "\"mla_up_proj\"", "\"mhc\""});
+                "\"moe_out\"", "\"shared_experts\"", "\"mla_up_proj\"", "\"mhc\""});
   }
   // DeepSeek-V4's modules: refused for a V3 model (the field, the module, the model type), read for V4.
   for (const char* name : {"mla_up_proj", "mhc"}) {
@@ -268,6 +301,9 @@ TEST(Recompute, RunConfigKey) {
   k["train"]["recompute_modules"] = {"moe_act", "moe"};
   EXPECT_EQ(train::parse_run_config(k, "run.toml").train.recompute_modules,
             model::kRecomputeMoe | model::kRecomputeMoeAct);
+  k["train"]["recompute_modules"] = {"moe_act", "moe_out", "shared_experts"};
+  EXPECT_EQ(train::parse_run_config(k, "run.toml").train.recompute_modules,
+            model::kRecomputeMoeAct | model::kRecomputeMoeOut | model::kRecomputeSharedExperts);
   k["train"]["recompute_modules"] = json::array();
   refused(k, {"train.recompute_modules", "\"moe\""});
   k["train"]["recompute_modules"] = "moe";
