@@ -161,6 +161,20 @@ double peak_rss_bytes() {
   return (double)u.ru_maxrss * 1024.0;  // Linux: kilobytes
 }
 
+std::string fitting_recompute_modules(const RunConfig& rc, int ranks, int local_ranks, double have) {
+  const unsigned v4 = rc.model.is_v4() ? model::kRecomputeMhc | model::kRecomputeMlaUpProj : 0u;
+  const unsigned sets[] = {model::kRecomputeMoeAct | model::kRecomputeMoeOut | model::kRecomputeSharedExperts | v4,
+                           model::kRecomputeMoe | v4};
+  for (unsigned mods : sets) {
+    if (rc.train.recompute == model::Recompute::Selective && rc.train.recompute_modules == mods) continue;
+    RunConfig r = rc;
+    r.train.recompute = model::Recompute::Selective;
+    r.train.recompute_modules = mods;
+    if (estimate_train_memory(r, ranks).total() * std::max(local_ranks, 1) <= have) return recompute_modules_toml(mods);
+  }
+  return "";
+}
+
 MemoryEstimate check_memory(const RunConfig& rc, int ranks, int local_ranks) {
   const MemoryEstimate e = estimate_train_memory(rc, ranks);
   const double have = available_memory_bytes();
@@ -171,8 +185,13 @@ MemoryEstimate check_memory(const RunConfig& rc, int ranks, int local_ranks) {
   const bool v4_more = rc.model.is_v4() && (rc.train.recompute == model::Recompute::None ||
                                             (rc.train.recompute_modules & v4_mods) != v4_mods);
   const std::string selective = rc.model.is_v4() ? "[\"moe\", \"mhc\", \"mla_up_proj\"]" : "[\"moe\"]";
+  // The fastest module set that fits, when one does (computed only for a refusal).
+  const std::string fits = e.total() * local <= have ? "" : fitting_recompute_modules(rc, ranks, local, have);
   TREX_USER_CHECK(e.total() * local <= have,
-                  std::string(rc.train.recompute == model::Recompute::None
+                  std::string(!fits.empty()
+                                  ? "set train.recompute = \"selective\" with train.recompute_modules = " + fits +
+                                        " (the fastest set of modules whose estimate fits this machine), "
+                                  : rc.train.recompute == model::Recompute::None
                                   ? "set train.recompute = \"selective\" (recompute_modules = " + selective + ") or "
                                     "\"full\" (activations are most of a long sequence's memory), "
                                   : rc.train.recompute == model::Recompute::Selective

@@ -57,6 +57,13 @@ double available_memory_bytes();
 // Peak resident set of this process so far (getrusage), bytes.
 double peak_rss_bytes();
 
+// The selective recompute modules the memory refusal names first: the first of the model's module
+// sets, fastest first, whose estimate times local_ranks fits in `have` bytes, as the TOML value of
+// train.recompute_modules, skipping the set the run already uses; "" when none fits. The sets: no MoE replay
+// (["moe_act", "moe_out", "shared_experts"], DeepSeek-V4 with "mhc" and "mla_up_proj"), then the
+// MoE blocks replayed (["moe"], V4 with the same two).
+std::string fitting_recompute_modules(const RunConfig& rc, int ranks, int local_ranks, double have);
+
 // Refuses (UserError) a run whose estimate, times the ranks that share this machine
 // (local_ranks: mpirun's ranks on this node), exceeds available_memory_bytes(), naming the parts
 // and what to change. Returns the estimate (of one rank).

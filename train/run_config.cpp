@@ -328,7 +328,8 @@ const std::vector<SectionSpec>& sections() {
                  "stop the run after this many steps in a row skipped for a NaN / Inf loss or gradient", 1),
            field("memory_check", Kind::Bool, &R::train, &TrainConfig::memory_check,
                  "refuse at start a run whose memory estimate, times the ranks on this machine, exceeds the memory "
-                 "available (MemAvailable, at most the cgroup limit)"),
+                 "available (MemAvailable, at most the cgroup limit); the error names the fastest set of "
+                 "recompute_modules whose estimate fits, when one does"),
            field("exit_signal_save", Kind::Bool, &R::train, &TrainConfig::exit_signal_save,
                  "SIGTERM / SIGINT finish the current step, write a checkpoint and exit with code 75 (a second "
                  "signal exits at once); false: the signals end the process as usual"),
@@ -753,6 +754,12 @@ parallel::ParallelDims resolve_parallel(const RunConfig& rc, int world_size) {
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
   return parse_run_config(io::load_toml_as_json(path), path, overrides);
+}
+
+std::string recompute_modules_toml(unsigned bits) {
+  std::string s;
+  for (const json& n : recompute_module_names(bits)) s += (s.empty() ? "[\"" : ", \"") + n.get<std::string>() + "\"";
+  return s.empty() ? "[]" : s + "]";
 }
 
 }  // namespace trex::train

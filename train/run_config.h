@@ -127,4 +127,7 @@ kern::Prec parse_precision(const std::string& s, const std::string& where);
 // parser reads (`trex config reference` prints it).
 std::string run_config_reference();
 
+// model::RecomputeModule bits as the TOML value of train.recompute_modules: ["moe", "mhc"].
+std::string recompute_modules_toml(unsigned bits);
+
 }  // namespace trex::train

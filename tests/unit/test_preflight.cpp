@@ -175,3 +175,38 @@ TEST(Preflight, HintNamesTheModelsRecomputeModules) {
   EXPECT_NE(v3.find("recompute_modules = [\"moe\"]"), std::string::npos) << v3;
   EXPECT_EQ(v3.find("\"mhc\""), std::string::npos) << v3;
 }
+
+// The refusal names the fastest module set that fits: no MoE replay when its estimate fits, the
+// replayed blocks when only they fit, nothing (then "full") when neither does. (On these tiny
+// models either set may be the smaller: weights dominate.)
+TEST(Preflight, FastestFittingRecomputeModules) {
+  for (const json& model : {trex::testing::tiny_v4(), trex::testing::tiny_v3()})
+    for (const int seq : {1031, 4099}) {
+      const bool v4 = model["model_type"] == "deepseek_v4";
+      json j = {{"model", model}, {"data", {{"seq_len", seq}}}, {"train", {{"recompute", "none"}}}};
+      const train::RunConfig rc = train::parse_run_config(j, "long.toml");
+      auto total = [&](unsigned mods) {
+        train::RunConfig r = rc;
+        r.train.recompute = model::Recompute::Selective;
+        r.train.recompute_modules = mods;
+        return train::estimate_train_memory(r, 1).total();
+      };
+      const unsigned extra = v4 ? model::kRecomputeMhc | model::kRecomputeMlaUpProj : 0u;
+      const unsigned fast_m = model::kRecomputeMoeAct | model::kRecomputeMoeOut | model::kRecomputeSharedExperts | extra;
+      const double fast = total(fast_m), replay = total(model::kRecomputeMoe | extra);
+      const std::string fast_s = v4 ? "[\"moe_act\", \"moe_out\", \"shared_experts\", \"mla_up_proj\", \"mhc\"]"
+                                    : "[\"moe_act\", \"moe_out\", \"shared_experts\"]";
+      const std::string replay_s = v4 ? "[\"moe\", \"mla_up_proj\", \"mhc\"]" : "[\"moe\"]";
+      const std::string where = model["model_type"].get<std::string>() + " seq " + std::to_string(seq);
+      EXPECT_EQ(train::fitting_recompute_modules(rc, 1, 1, fast), fast_s) << where;
+      EXPECT_EQ(train::fitting_recompute_modules(rc, 1, 2, 2 * fast), fast_s) << where << ": two ranks";
+      EXPECT_NE(train::fitting_recompute_modules(rc, 1, 2, fast), fast_s) << where << ": two ranks";
+      if (replay < fast)
+        EXPECT_EQ(train::fitting_recompute_modules(rc, 1, 1, (fast + replay) / 2), replay_s) << where;
+      EXPECT_EQ(train::fitting_recompute_modules(rc, 1, 1, std::min(fast, replay) - 1), "") << where;
+      train::RunConfig sel = rc;  // a run already on the fast set: the replay when it fits, else nothing
+      sel.train.recompute = model::Recompute::Selective;
+      sel.train.recompute_modules = fast_m;
+      EXPECT_EQ(train::fitting_recompute_modules(sel, 1, 1, fast), replay <= fast ? replay_s : "") << where;
+    }
+}
