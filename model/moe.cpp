@@ -136,16 +136,18 @@ void experts_bwd(const Ctx& c, const MoeIn& in, const std::vector<int64_t>& off,
     ProfScope ps(c.prof, "bwd.moe.experts.cast");
     return gemm_input(c, x, n);
   };
+  // The forward's h: kept, or (null) computed again from gu into scratch from A, as the forward did.
+  auto h_rows = [&]() -> const float* {
+    if (h) return h;
+    ProfScope ps(c.prof, "bwd.moe.experts.act");
+    float* hr = A.alloc<float>(R * F);
+    c.k().swiglu_fwd(gu, R, F, in.swiglu_limit, hr);
+    return hr;
+  };
   if (q) {
     ProfScope ps(c.prof, "bwd.moe.experts.out");
     auto mq = A.mark();
-    const float* hq = h;
-    if (!hq) {
-      float* hr = A.alloc<float>(R * F);
-      c.k().swiglu_fwd(gu, R, F, in.swiglu_limit, hr);
-      hq = hr;
-    }
-    const void* hin = gemm_input(c, hq, R * F);
+    const void* hin = cast(h_rows(), R * F);
     float* y = A.alloc<float>(R * d);
     expert_gemm_fwd(c, off, hin, w.down, d, F, y);
     c.k().row_dot(dy, y, R, d, q);
@@ -156,15 +158,10 @@ void experts_bwd(const Ctx& c, const MoeIn& in, const std::vector<int64_t>& off,
   float* dgu = A.alloc<float>(R * 2 * F);
   {
     auto mh = A.mark();
-    if (!h) {
-      ProfScope ps(c.prof, "bwd.moe.experts.act");
-      float* hr = A.alloc<float>(R * F);
-      c.k().swiglu_fwd(gu, R, F, in.swiglu_limit, hr);
-      h = hr;
-    }
+    const float* hb = h_rows();
     float* dh = A.alloc<float>(R * F);
     const void* dyin = cast(dy, R * d);
-    const void* hin = cast(h, R * F);
+    const void* hin = cast(hb, R * F);
     {
       ProfScope ps(c.prof, "bwd.moe.experts.gemm");
       expert_gemm_dx(c, off, dyin, w.down, d, F, dh);
