@@ -61,6 +61,7 @@ void scale_c(int64_t M, int64_t N, float beta, float* C, int64_t ldc) {
 
 void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
            const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  dnnl_apply_isa_cap();
   dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   TREX_CHECK(st == dnnl_success, "dnnl_sgemm failed: status ", static_cast<int>(st), " M=", M, " N=", N,
              " K=", K, " lda=", lda, " ldb=", ldb, " ldc=", ldc);

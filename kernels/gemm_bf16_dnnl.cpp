@@ -6,6 +6,7 @@
 #include <oneapi/dnnl/dnnl.h>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <vector>
 #include "core/cpu.h"
@@ -23,6 +24,7 @@ void check(dnnl_status_t st, const char* what) {
 // The CPU engine (thread-safe) and this thread's stream (streams are not).
 dnnl_engine_t engine() {
   static const dnnl_engine_t e = [] {
+    dnnl_apply_isa_cap();
     dnnl_engine_t x = nullptr;
     check(dnnl_engine_create(&x, dnnl_cpu, 0), "engine");
     return x;
@@ -64,6 +66,34 @@ struct Objects {
 };
 
 }  // namespace
+
+bool amx_capped() {
+  static const bool capped = [] {
+    const char* e = std::getenv("TREX_ISA");
+    if (!e) return false;
+    for (const char* level : {"ref", "avx2", "avx512", "avx512bf16"})
+      if (!std::strcmp(e, level)) return true;
+    return false;
+  }();
+  return capped;
+}
+
+void dnnl_apply_isa_cap() {
+  static const bool done = [] {
+    if (!amx_capped()) return true;
+    // Fails only after oneDNN generated a kernel, which every trex call site rules out.
+    check(dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx512_core_bf16), "capping the ISA below AMX (TREX_ISA)");
+    return true;
+  }();
+  (void)done;
+}
+
+bool dnnl_uses_amx() {
+  dnnl_apply_isa_cap();
+  const int isa = static_cast<int>(dnnl_get_effective_cpu_isa());
+  const int amx = static_cast<int>(dnnl_cpu_isa_avx512_core_amx);
+  return (isa & amx) == amx;  // the ISA values are nested bit masks
+}
 
 bool bf16_dot_gemm() {
   static const bool units = [] {

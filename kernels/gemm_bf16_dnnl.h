@@ -29,4 +29,19 @@ bool bf16_dot_gemm();
 bool gemm_bf16_dnnl(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
                     const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// TREX_ISA names a level below amx (ref, avx2, avx512, avx512bf16; core/cpu.h): trex runs no GEMM
+// on the AMX tiles and the machine's peak leaves them out (kernels/peak.h). Unset or "amx": no cap.
+bool amx_capped();
+
+// Where TREX_ISA caps the kernels below amx (amx_capped), caps oneDNN at
+// avx512_core_bf16 (dnnl_set_max_cpu_isa), so its bf16 matmuls run on the vector dot-product
+// units instead of the AMX tiles: the same work measured against the peak of those units. Once
+// per process, before oneDNN's first kernel; every oneDNN call in trex (sgemm, the bf16 matmul,
+// dnnl_uses_amx) goes through it first. ONEDNN_MAX_CPU_ISA, oneDNN's own switch, still works.
+void dnnl_apply_isa_cap();
+
+// True when oneDNN may run kernels on the AMX tiles (its effective ISA, after the cap above and
+// ONEDNN_MAX_CPU_ISA): kernels/peak.cpp then counts the tiles in the machine's peak.
+bool dnnl_uses_amx();
+
 }  // namespace trex::kern

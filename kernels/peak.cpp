@@ -9,6 +9,7 @@
 #include "core/cpu.h"
 #include "core/parallel.h"
 #include "core/timer.h"
+#include "kernels/gemm_bf16_dnnl.h"
 
 namespace trex::kern {
 namespace cpu {
@@ -107,6 +108,6 @@ Peak measure_peak(double seconds_per_test) {
   return p;
 }
 
-bool amx_bf16_usable() { return !isa_ref_forced() && cpu::amx_bf16_usable(); }
+bool amx_bf16_usable() { return !isa_ref_forced() && !amx_capped() && cpu::amx_bf16_usable() && dnnl_uses_amx(); }
 
 }  // namespace trex::kern

@@ -31,7 +31,8 @@ struct Peak {
 // (best of 3 timed rounds after a calibration round).
 Peak measure_peak(double seconds_per_test = 0.3);
 // True where measure_peak measures AMX bf16 tiles: the CPU reports AMX-TILE and AMX-BF16, Linux
-// grants this process the tile state, and TREX_ISA is not "ref".
+// grants this process the tile state, TREX_ISA names no level below amx, and oneDNN runs its
+// kernels there (ONEDNN_MAX_CPU_ISA does not cap it below AMX).
 bool amx_bf16_usable();
 
 }  // namespace trex::kern

@@ -4,9 +4,11 @@
 #include <cmath>
 #include <limits>
 #include <vector>
+#include "core/cpu.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_bf16_dnnl.h"
 #include "kernels/lm_head_ce.h"
 #include "kernels/peak.h"
 
@@ -116,6 +118,16 @@ TEST(Peak, CountsAmxTilesWhereUsable) {
   }
   EXPECT_GT(p.amx_bf16_gflops, 2 * p.fp32_gflops);
   EXPECT_EQ(p.best_gflops(), p.amx_bf16_gflops);
+}
+
+// TREX_ISA below amx (the ctest entry gemm_isa_capped runs the Gemm and Peak tests with
+// TREX_ISA=avx512bf16) keeps oneDNN's GEMMs off the AMX tiles and leaves the tiles out of the
+// peak, so MFU is measured against the units the GEMMs run on.
+TEST(Peak, IsaCapBelowAmxLeavesTheTilesOut) {
+  if (!amx_capped()) GTEST_SKIP() << "TREX_ISA names no level below amx (ctest gemm_isa_capped sets it)";
+  EXPECT_FALSE(dnnl_uses_amx());
+  EXPECT_FALSE(amx_bf16_usable());
+  EXPECT_EQ(measure_peak(0.02).amx_bf16_gflops, 0.0);
 }
 
 }  // namespace
