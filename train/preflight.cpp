@@ -3,9 +3,11 @@
 #include <sys/resource.h>
 #include <unistd.h>
 #include <algorithm>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <vector>
 #include "core/error.h"
 #include "plan/arch.h"
@@ -38,6 +40,22 @@ double read_number(const char* path) {
   } catch (...) {
     return -1;
   }
+}
+
+// The parameters of the largest block whose backward writes its gradients at once: a layer
+// (decoder or MTP: "model.layers.N." / "mtp.N."), or a tensor of its own (embedding, head, final
+// norm).
+double largest_block(const model::ParamLayout& L) {
+  std::map<std::string, double> block;
+  for (const model::ParamEntry& en : L.entries) {
+    std::string key = en.name;
+    for (const char* pre : {"model.layers.", "mtp."})
+      if (key.rfind(pre, 0) == 0) key = key.substr(0, key.find('.', std::strlen(pre)));
+    block[key] += (double)en.shape.numel();
+  }
+  double n = 0;
+  for (const auto& [name, m] : block) n = std::max(n, m);
+  return n;
 }
 
 }  // namespace
@@ -77,8 +95,9 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks) {
                                          ? 1 : rc.parallel.cp);  // (layouts refused later: cp 1)
   };
   if (!by_stage) acts = stage_acts({});
+  double block = largest_block(model::build_layout(run_cfg));
   if (by_expert || by_stage || by_tp) {
-    held = stage_all = 0;
+    held = stage_all = block = 0;
     auto count = [](const model::ParamLayout& L) {
       double n = 0;
       for (const model::ParamEntry& en : L.entries) n += (double)en.shape.numel();
@@ -94,7 +113,9 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks) {
       }
       const model::ExpertShard ex = by_expert ? model::ExpertShard{0, E / dims.ep, 16} : model::ExpertShard{};
       const model::TpShard ts = by_tp ? model::TpShard{0, tp, 16} : model::TpShard{};
-      held = std::max(held, count(model::build_layout(run_cfg, ex, st, ts)));
+      const model::ParamLayout L = model::build_layout(run_cfg, ex, st, ts);
+      held = std::max(held, count(L));
+      block = std::max(block, largest_block(L));
       stage_all = std::max(stage_all, count(model::build_layout(run_cfg, {}, st)));
       if (by_stage) acts = std::max(acts, stage_acts(st));
     }
@@ -103,13 +124,26 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks) {
   e.weights = 4 * held + (rc.train.precision == kern::Prec::BF16 ? 2 * held : 0);
   e.grads = 4 * held;
   e.optimizer = 8 * stage_all * (by_stage ? dims.pp : 1) / std::max(ranks, 1);
+  // ZeRO-2 (docs/PARALLEL.md): this rank's shard of the gradients (the moments' share, 4 bytes
+  // where they take 8), a second one for the accumulator with gradient accumulation, and during a
+  // backward the buckets being written (at most the largest block's, plus a partial bucket at
+  // each edge) and the 2 reduce-scatters in flight.
+  const bool zero2 = rc.parallel.zero_stage == 2 && ranks > 1 && rc.parallel.bucket_size > 0;
+  if (zero2) {
+    const double shard = e.optimizer / 2 * (rc.train.grad_accum > 1 ? 2 : 1);
+    e.grads = std::min(e.grads, shard + 4 * (block + 4.0 * (double)rc.parallel.bucket_size));
+  }
   // Activations: the peak of the activation arena as the engine allocates it (above; under pp,
   // the largest stage's: each part is the largest over the stages, an upper bound when those
   // are different stages). The planner (plan/memory.h) models a bf16 GPU run; here it gives the
   // communication buffers only.
   e.activations = acts;
   const plan::ArchModel a = plan::arch_from_config(c, "run");
-  const plan::ClusterSpec s = plan::cpu_spec_from_calibration(plan::default_calibration());
+  plan::ClusterSpec s = plan::cpu_spec_from_calibration(plan::default_calibration());
+  // ZeRO-2 keeps at most 2 reduce-scatters in flight (parallel/grad_sync.h), so the MPI library
+  // holds copies of 2 buckets, not of every bucket of the backward.
+  const double reduce_temp = s.dp_reduce_temp;
+  if (zero2) s.dp_reduce_temp = 0;
   plan::Layout l;
   l.dp = std::max(ranks, 1);
   l.mbs = rc.train.batch_size;
@@ -119,6 +153,7 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks) {
   l.recompute = rc.train.recompute == model::Recompute::Full ? plan::Recompute::Full : plan::Recompute::None;
   const plan::MemoryReport r = plan::plan_memory(a, s, l);
   e.buffers = r.peak().buffers;
+  if (zero2) e.buffers += reduce_temp * 2 * 4.0 * (double)rc.parallel.bucket_size;
   return e;
 }
 

@@ -11,12 +11,15 @@
 //   weights     4 P (f32 master) + 2 P in bf16 mode (the shadow the matmuls read); P counts what
 //               the rank holds: with expert parallel its ep rank's routed experts only, with
 //               pipeline parallel its stage's tensors only (the largest stage's)
-//   grads       4 P (f32; the same P)
+//   grads       4 P (f32; the same P); ZeRO-2 (parallel.zero_stage = 2, more than one rank): the
+//               rank's shard (half the moments' bytes; twice that with grad_accum > 1, the
+//               accumulator) + 4 (the largest layer's P + 4 buckets), at most 4 P
 //   optimizer   8 P / R (AdamW moments, ZeRO-1 shard over every rank; pipeline parallel: the
 //               largest stage's tensors over that stage's R / pp ranks)
 //   activations the peak of the activation arena (Model::peak_activation_bytes) for one micro-batch
 //               of batch_size x seq_len tokens: activation_peak_bytes (train/activation_estimate.h)
 //   buffers     data parallel: the planner's (plan/memory.h) copies of the in-flight buckets
+//               (ZeRO-2: of the 2 buckets it keeps in flight)
 //   runtime     kRuntimeBytes: libraries, threads, per-thread scratch, heap
 // It is checked against measured peak RSS in RELIABILITY.md.
 #pragma once

@@ -102,6 +102,53 @@ TEST(Preflight, EstimateParts) {
   EXPECT_GT(train::machine_memory_bytes(), 0);
 }
 
+// ZeRO-2 (parallel.zero_stage = 2): a rank holds its shard of the gradients, the accumulator's
+// with gradient accumulation, and during a backward at most the largest layer's gradients and
+// the buckets at its edges and in flight (docs/PARALLEL.md, "ZeRO-2"); never more than ZeRO-1.
+TEST(Preflight, Zero2HoldsTheShardAndOneLayer) {
+  json j = {{"model", v3_671b()}, {"data", {{"seq_len", 4096}}}, {"train", {{"batch_size", 1}}}};
+  train::RunConfig rc = train::parse_run_config(j, "run.toml");
+  const double P = (double)rc.model.num_params();
+  auto layer = [&](const train::RunConfig& r, const std::string& prefix) {
+    double n = 0;
+    const model::ExpertShard ex = r.parallel.ep > 1 ? model::ExpertShard{0, r.model.n_routed_experts / r.parallel.ep, 16}
+                                                    : model::ExpertShard{};
+    for (const model::ParamEntry& en : model::build_layout(r.model, ex).entries)
+      if (en.name.rfind(prefix, 0) == 0) n += (double)en.shape.numel();
+    return n;
+  };
+  const double moe = layer(rc, "model.layers.3."), dense = layer(rc, "model.layers.0.");
+  ASSERT_GT(moe, 10 * dense);  // DeepSeek-V3: an MoE layer is the largest block
+  ASSERT_GT(moe, 4.0 * 7168 * 129280);  // (larger than the embedding and the head too)
+  const double bucket = 4.0 * (double)rc.parallel.bucket_size;
+  rc.parallel.zero_stage = 2;
+  const train::MemoryEstimate e8 = train::estimate_train_memory(rc, 8);
+  EXPECT_DOUBLE_EQ(e8.optimizer, P);
+  EXPECT_NEAR(e8.grads, 4 * P / 8 + 4 * moe + 4 * bucket, 1e-9 * P);
+  rc.train.grad_accum = 3;  // the accumulator: a second shard
+  EXPECT_NEAR(train::estimate_train_memory(rc, 8).grads, 2 * 4 * P / 8 + 4 * moe + 4 * bucket, 1e-9 * P);
+  rc.train.grad_accum = 1;
+  EXPECT_DOUBLE_EQ(train::estimate_train_memory(rc, 1).grads, 4 * P);  // one rank: nothing sharded
+  EXPECT_NEAR(train::estimate_train_memory(rc, 2).grads, 4 * P / 2 + 4 * moe + 4 * bucket, 1e-9 * P);
+  {  // Expert parallel: the largest block is the rank's layer, its ep rank's experts only.
+    train::RunConfig re = rc;
+    re.parallel.ep = 8;
+    const train::MemoryEstimate ee = train::estimate_train_memory(re, 16);
+    EXPECT_NEAR(ee.grads, 4 * P / 16 + 4 * layer(re, "model.layers.3.") + 4 * bucket, 1e-9 * P);
+    re.parallel.zero_stage = 1;
+    EXPECT_LT(ee.grads, 0.5 * train::estimate_train_memory(re, 16).grads);
+  }
+  {  // The MPI library's copies: of the 2 reduce-scatters ZeRO-2 keeps in flight, not of the backward's.
+    train::RunConfig r1 = rc;
+    r1.parallel.zero_stage = 1;
+    EXPECT_LT(e8.buffers, train::estimate_train_memory(r1, 8).buffers - 2 * P);
+  }
+  rc.parallel.bucket_size = int64_t{1} << 40;  // never above ZeRO-1's whole gradients
+  EXPECT_DOUBLE_EQ(train::estimate_train_memory(rc, 8).grads, 4 * P);
+  rc.parallel.bucket_size = 0;  // one bucket: all of the gradients are written before any is sent
+  EXPECT_DOUBLE_EQ(train::estimate_train_memory(rc, 8).grads, 4 * P);
+}
+
 TEST(Preflight, TooLargeForThisMachineIsRefusedBeforeAnyWork) {
   test::TmpDir dir("trex_preflight");
   json j = {{"model", v3_671b()},

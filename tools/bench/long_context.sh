@@ -10,6 +10,8 @@
 #   tools/bench/long_context.sh [TREX=build/trex] [CONFIG=configs/bench-v3.toml] [SEQ=32768] [CP=1|2]
 #                               [RECOMPUTE=none|full|selective] [MODULES='["moe"]' (selective's modules)]
 #                               [WARMUP=0]
+# SETS (environment, optional): more `key=value` settings for both runs, space-separated (e.g.
+# SETS="parallel.zero_stage=2").
 # WARMUP 0 measures the first step, which also pays the first touch of the activation arena's
 # pages (at 32768 tokens on bench-v3: 190 s against 129 s for a later step); WARMUP 1 measures
 # the steady state (twice the time).
@@ -28,6 +30,7 @@ load() { cut -d' ' -f1-3 /proc/loadavg; }
 common=(bench step --config "$CONFIG" --steps 1 --warmup "$WARMUP" --profile --set "data.seq_len=$SEQ" --set train.batch_size=1
         --set train.grad_accum=1 --set "train.recompute=$RECOMPUTE")
 if [ -n "$MODULES" ]; then common+=(--set "train.recompute_modules=$MODULES"); fi
+for kv in ${SETS:-}; do common+=(--set "$kv"); done
 L1=$(load)
 TREX_THREADS=2 "$TREX" "${common[@]}" --set train.threads=2 > "$OUT/one.json" 2> "$OUT/one.log" \
   || { tail -20 "$OUT/one.log"; exit 1; }
@@ -49,7 +52,8 @@ def attn_share(log):
         m = re.match(r"(fwd|bwd)\.(mla\.attn_core|attn\.core)\s+([0-9.]+)\s", line)
         if m: tot += float(m.group(3))
     return tot
-print(f"{os.path.basename(config)}, one sequence of {seq} tokens a step, recompute {rec}")
+sets = os.environ.get("SETS", "")
+print(f"{os.path.basename(config)}, one sequence of {seq} tokens a step, recompute {rec}" + (f", {sets}" if sets else ""))
 print("| run | load before | step ms | tokens/s | MFU | attention core ms (share) | peak RSS MiB / rank | estimate MiB | "
       "RSS / estimate | activations MiB (estimate) |")
 print("|---|---|---|---|---|---|---|---|---|---|")
