@@ -409,7 +409,7 @@ const std::vector<SectionSpec>& sections() {
                  0),
            [] {
              KeySpec k = key_spec("zero_stage", Kind::Custom,
-                                  "1: optimizer state sharded over dp; 2: gradients sharded too (not with pp > 1)",
+                                  "1: optimizer state sharded over dp; 2: gradients sharded too (with pp: per stage, the shared embedding at 1)",
                                   [](R& r, const json& v) { r.parallel.zero_stage = v.get<int64_t>(); },
                                   [](const R& r) { return json(r.parallel.zero_stage); });
              k.type = "1 or 2";

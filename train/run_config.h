@@ -74,7 +74,7 @@ struct ParallelConfig {
   // With tp > 1: norms, MoE layers, embedding and head on each tp rank's shard of the tokens
   // (Megatron's sequence parallel; model/model.h TensorParallel). Needs data.seq_len >= tp.
   bool sequence_parallel = false;
-  int64_t zero_stage = 1;         // 1: sharded optimizer state; 2: gradients sharded too (not with pp > 1)
+  int64_t zero_stage = 1;         // 1: sharded optimizer state; 2: gradients sharded too (with pp: per stage)
   // More than one rank: no finished training step for this many seconds ends the whole job with
   // an error (a stuck or stopped rank would leave the others waiting in a collective). 0 = off.
   double watchdog_s = 600;
