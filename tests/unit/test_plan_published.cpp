@@ -11,9 +11,12 @@
 //
 // Every row's error is pinned to within 4 points of the value docs/PLAN.md states, so that a
 // change to the model that moves a row shows here; rows within 15% are also held to it. Two rows
-// remain over-predicted (B200 MXFP8 +35%, GB300 MXFP8 +29%) with MXFP8's quantize, scale-swizzle
-// and expert-padding kernels priced from their bytes (plan/precision.h); the host, priced per
-// launch from published per-op figures, adds about 1% to them (docs/PLAN.md, "The host").
+// remain over-predicted, both B200 MXFP8 at pp 16 / ep 8 on Transformer Engine releases whose
+// MXFP8 grouped GEMM was one cuBLAS GEMM per expert over 4 streams (25.11: TE 2.9, +35%; 26.02:
+// TE 2.12, +18%); the same layout on TE 2.14, which added a single-launch MXFP8 grouped GEMM,
+// reads +13% (26.04). The planner prices grouped kernels; MXFP8's quantize, scale-swizzle and
+// expert-padding kernels are priced from their bytes (plan/precision.h); the host, priced per
+// launch from published per-op figures, adds about 1% (docs/PLAN.md, "The host").
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -43,15 +46,16 @@ double error_of(const Row& r) {
   return p.time.tokens_per_s / (double)r.devices / r.published - 1;
 }
 
-// Megatron-Bridge performance summary (25.09 and 25.11 containers), DeepSeek-V3, seq 4096, MBS 1;
+// Megatron-Bridge performance summary (25.09 and 25.11 containers; later B200 rows below), DeepSeek-V3, seq 4096, MBS 1;
 // MTP as the 25.11 table says ("w/o MTP" on GB200 / GB300, "w/ MTP" on B200; on for the 25.09 H100
 // rows); the 25.11 recipes' optimizer settings (scripts/performance/configs/deepseek/
 // deepseek_llm_pretrain.py and recipes/deepseek/deepseek_v3.py as of December 2025: bf16 main
 // gradients (grad_reduce_in_fp32 off, main_grads_dtype bf16) and bf16 moments); B200's dispatcher
 // the all-to-all one (no flex backend in its workload config: dedup=0, the MXFP8 expert padding
 // copied); GB200 / GB300 MXFP8 with the parameter all-gather not overlapped (the recipe turns
-// overlap_param_gather off for fp8_mx); a2a overlap off except on the GB200 / GB300 MXFP8 rows
-// (an assumption: A2aOverlapSensitivity below);
+// overlap_param_gather off for fp8_mx); the all-to-all not overlapped on every 25.11 row
+// (moe_a2a_overlap=False: B200 by Megatron-Bridge commit b098e90af, "b200 no a2a overlap"; GB300 in
+// the config that matches its published layout, commit d19cb73c8; A2aOverlapSensitivity below);
 // CUDA graphs as the recipes of December 2025 set them (scripts/performance/configs/deepseek/
 // deepseek_workload_base_configs.py): H100 and B200 none; GB300 `attn moe_router moe_preprocess`
 // (partial); GB200 `moe_router moe_preprocess` (taken as partial: the planner's partial also
@@ -76,7 +80,7 @@ const Row kGB200Bf16 = {"GB200 x256 BF16 (25.11)", "gb200-nvl72", 256,
                         "pp=4,vp=4,ep=64,gbs=4096,precision=bf16,mtp=0,recompute=selective,overlap=dp,graphs=partial,"
                         "grads=bf16,moments=bf16", 3139};
 const Row kGB200Mx = {"GB200 x256 MXFP8 (25.11)", "gb200-nvl72", 256,
-                      "pp=8,vp=4,ep=32,gbs=4096,precision=mxfp8,mtp=0,recompute=selective,overlap=ep+dp,graphs=partial,"
+                      "pp=8,vp=4,ep=32,gbs=4096,precision=mxfp8,mtp=0,recompute=selective,overlap=dp,graphs=partial,"
                       "grads=bf16,moments=bf16,param_gather=exposed", 4018};
 // Megatron-Core's GB200 guide, final: 970 TFLOP/s at 249.5 GFLOP per token (the 25.11 table's ratio);
 // its `--recompute-modules mlp moe_act` is recompute=mlp. The H100 recipe's `mla_up_proj mlp` is
@@ -84,8 +88,22 @@ const Row kGB200Mx = {"GB200 x256 MXFP8 (25.11)", "gb200-nvl72", 256,
 const Row kGB200Guide = {"GB200 x256 MXFP8, Megatron-Core GB200 guide", "gb200-nvl72", 256,
                          "pp=8,vp=4,ep=32,gbs=2048,precision=mxfp8,mtp=0,recompute=mlp,overlap=dp,graphs=partial", 970e12 / 249.5e9};
 const Row kGB300Mx = {"GB300 x256 MXFP8 (25.11)", "gb300-nvl72", 256,
-                      "pp=2,vp=4,ep=32,gbs=4096,precision=mxfp8,mtp=0,recompute=none,overlap=ep+dp,graphs=partial,"
+                      "pp=2,vp=4,ep=32,gbs=4096,precision=mxfp8,mtp=0,recompute=none,overlap=dp,graphs=partial,"
                       "grads=bf16,moments=bf16,param_gather=exposed", 4357};
+// Later releases, B200 MXFP8 (the recipes at the publishing commits, docs/PLAN.md): MTP 1, bf16 main
+// gradients and moments, the parameter all-gather overlapped. 26.02 and 26.04: pp 16 / ep 8 as the
+// 25.11 row but gbs 4096, HybridEP, no CUDA graphs, a2a not overlapped; TE 2.12, then TE 2.14 with
+// the MXFP8 grouped GEMM. 26.04.01: pp 8 / vp 2 / ep 32, DeepEP, a2a overlapped, CUDA graphs on
+// attention, router and preprocess, recompute mla_up_proj + mlp.
+const Row kB200Mx2602 = {"B200 x256 MXFP8 (26.02)", "b200", 256,
+                         "pp=16,ep=8,gbs=4096,precision=mxfp8,mtp=1,recompute=selective,overlap=dp,graphs=off,"
+                         "grads=bf16,moments=bf16", 2689};
+const Row kB200Mx2604 = {"B200 x256 MXFP8 (26.04)", "b200", 256,
+                         "pp=16,ep=8,gbs=4096,precision=mxfp8,mtp=1,recompute=selective,overlap=dp,graphs=off,"
+                         "grads=bf16,moments=bf16", 2815};
+const Row kB200Mx260401 = {"B200 x256 MXFP8 (26.04.01)", "b200", 256,
+                           "pp=8,vp=2,ep=32,gbs=4096,precision=mxfp8,mtp=1,recompute=selective+mlp,overlap=ep+dp,"
+                           "graphs=partial,grads=bf16,moments=bf16", 3328};
 
 struct Pinned {
   Row row;
@@ -95,7 +113,8 @@ struct Pinned {
 // docs/PLAN.md, "Validation against published runs".
 const Pinned kPinned[] = {
     {kH100Cs, -0.024},  {kH100Block, +0.123}, {kGB300Bf16, +0.021}, {kGB200Graphs, -0.076},
-    {kGB200Bf16, +0.037}, {kGB200Mx, +0.121}, {kGB200Guide, +0.029}, {kB200Mx, +0.354}, {kGB300Mx, +0.287},
+    {kGB200Bf16, +0.037}, {kGB200Mx, -0.009}, {kGB200Guide, +0.029}, {kB200Mx, +0.354}, {kGB300Mx, +0.121},
+    {kB200Mx2602, +0.182}, {kB200Mx2604, +0.129}, {kB200Mx260401, +0.109},
 };
 
 }  // namespace
@@ -108,14 +127,15 @@ TEST(PlanPublished, ErrorsAsDocumented) {
 }
 
 TEST(PlanPublished, WithinFifteenPercent) {
-  for (const Row& r : {kH100Cs, kH100Block, kGB300Bf16, kGB200Graphs, kGB200Bf16, kGB200Mx, kGB200Guide}) {
+  for (const Row& r : {kH100Cs, kH100Block, kGB300Bf16, kGB200Graphs, kGB200Bf16, kGB200Mx, kGB200Guide, kGB300Mx,
+                       kB200Mx2604, kB200Mx260401}) {
     const double e = error_of(r);
     EXPECT_LT(std::abs(e), 0.15) << r.what << ": planner error " << e;
   }
 }
 
-TEST(PlanPublished, BlackwellMxfp8RunsStillOverPredicted) {
-  for (const Row& r : {kB200Mx, kGB300Mx}) {
+TEST(PlanPublished, B200Mxfp8BeforeTheGroupedGemmStillOverPredicted) {
+  for (const Row& r : {kB200Mx, kB200Mx2602}) {
     const Plan p = plan_of(r);
     const double e = p.time.tokens_per_s / (double)r.devices / r.published - 1;
     EXPECT_GT(e, 0.15) << r.what << ": " << e << " (now within 15%: move the row to WithinFifteenPercent)";
@@ -125,7 +145,7 @@ TEST(PlanPublished, BlackwellMxfp8RunsStillOverPredicted) {
     EXPECT_LT(p.time.host_wait, 0.03 * p.time.step) << r.what;
     // MXFP8's own kernels (quantize by operand role, scale swizzle, expert padding, the weights'
     // quantization), priced from their bytes, are a small share of the step: not the gap either
-    // (docs/PLAN.md: 4.5% of the B200 row's step, 10% of the GB300 row's).
+    // (docs/PLAN.md: 4.5% of the 25.11 B200 row's step).
     const double m = (double)p.time.micro_batches;
     const double mx = m * (p.time.quant_fwd + p.time.quant_bwd) + p.time.weight_cast;
     EXPECT_GT(mx, 0.03 * p.time.step) << r.what;
@@ -133,10 +153,15 @@ TEST(PlanPublished, BlackwellMxfp8RunsStillOverPredicted) {
     EXPECT_GT(p.time.swizzle, 0) << r.what;
     EXPECT_LT(p.time.swizzle, 0.2 * (p.time.quant_fwd + p.time.quant_bwd)) << r.what;
   }
-  // The B200 run's all-to-all dispatcher copies the experts' rows into a padded buffer; HybridEP
-  // (GB300) pads in the dispatch.
+  // The same layout on TE 2.14 (26.04) reads 5 points closer than on TE 2.12 (26.02): the planner
+  // predicts the same for both, the published figure rose.
+  EXPECT_DOUBLE_EQ(plan_of(kB200Mx2602).time.tokens_per_s, plan_of(kB200Mx2604).time.tokens_per_s);
+  EXPECT_LT(error_of(kB200Mx2604), 0.15);
+  // The 25.11 B200 run's all-to-all dispatcher copies the experts' rows into a padded buffer;
+  // HybridEP (GB300, and B200 from 26.02) pads in the dispatch.
   EXPECT_GT(plan_of(kB200Mx).time.pad_copies, 0);
   EXPECT_EQ(plan_of(kGB300Mx).time.pad_copies, 0);
+  EXPECT_EQ(plan_of(kB200Mx2604).time.pad_copies, 0);
 }
 
 // What closed the GB200 rows: the sustained clock at the power limit. GB200's and GB300's are
@@ -155,17 +180,18 @@ TEST(PlanPublished, SustainedClockSensitivity) {
   }
 }
 
-// The GB200 / GB300 MXFP8 rows assume the all-to-all overlapped (overlap=ep+dp); December 2025's
-// workload base configs had it off, with other layouts than the published ones (docs/PLAN.md,
-// "The all-to-all overlap of the GB200 / GB300 MXFP8 rows"). Off, the rows read about -1% and +12%:
-// the assumption is worth more than every MXFP8 kernel the planner prices.
+// The GB200 / GB300 MXFP8 rows ran with the all-to-all not overlapped (docs/PLAN.md, "The
+// all-to-all overlap of the GB200 / GB300 MXFP8 rows": the config matching the GB300 row's layout
+// has moe_a2a_overlap=False, and NVIDIA found the overlap's benefit negative on GB200 NVL72).
+// Taken as overlapped, as the table did before, the rows read about +12% and +29%: the setting is
+// worth more than every MXFP8 kernel the planner prices.
 TEST(PlanPublished, A2aOverlapSensitivity) {
-  for (const auto& [r, want] : {std::pair{kGB200Mx, -0.009}, std::pair{kGB300Mx, +0.121}}) {
+  for (const auto& [r, want] : {std::pair{kGB200Mx, +0.121}, std::pair{kGB300Mx, +0.287}}) {
     ArchModel a = resolve_model("deepseek-v3");
-    const Layout l = parse_layout(std::string(r.layout) + ",overlap=dp", Layout{});
+    const Layout l = parse_layout(std::string(r.layout) + ",overlap=ep+dp", Layout{});
     const double e = evaluate(a, load_spec(r.cluster), r.devices, l).time.tokens_per_s / (double)r.devices / r.published - 1;
     EXPECT_NEAR(e, want, 0.04) << r.what << ": " << e;
-    EXPECT_LT(e, error_of(r) - 0.08) << r.what;
+    EXPECT_GT(e, error_of(r) + 0.08) << r.what;
   }
 }
 
