@@ -222,8 +222,18 @@ MemoryEstimate check_memory(const RunConfig& rc, int ranks, int local_ranks) {
   const std::string selective = rc.model.is_v4() ? "[\"moe\", \"mhc\", \"mla_up_proj\"]" : "[\"moe\"]";
   // The fastest module set that fits, when one does (computed only for a refusal).
   const std::string fits = e.total() * local <= have ? "" : fitting_recompute_modules(rc, ranks, local, have);
+  // More than one rank on the CPU with ZeRO-1: sharded gradients (ZeRO-2), when they make it fit.
+  std::string zero2;
+  if (e.total() * local > have && ranks > 1 && rc.parallel.zero_stage == 1 && rc.train.device == "cpu") {
+    RunConfig r2 = rc;
+    r2.parallel.zero_stage = 2;
+    const double t2 = estimate_train_memory(r2, ranks).total();
+    if (t2 * local <= have)
+      zero2 = "set parallel.zero_stage = 2 (the gradients sharded over the ranks: about " + gib_str(t2) +
+              " per rank), ";
+  }
   TREX_USER_CHECK(e.total() * local <= have,
-                  std::string(!fits.empty()
+                  zero2 + std::string(!fits.empty()
                                   ? "set train.recompute = \"selective\" with train.recompute_modules = " + fits +
                                         " (the fastest set of modules whose estimate fits this machine), "
                                   : rc.train.recompute == model::Recompute::None

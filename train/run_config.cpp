@@ -329,7 +329,8 @@ const std::vector<SectionSpec>& sections() {
            field("memory_check", Kind::Bool, &R::train, &TrainConfig::memory_check,
                  "refuse at start a run whose memory estimate, times the ranks on this machine, exceeds the memory "
                  "available (MemAvailable, at most the cgroup limit); the error names the fastest set of "
-                 "recompute_modules whose estimate fits, when one does"),
+                 "recompute_modules whose estimate fits, when one does, and parallel.zero_stage = 2 when sharded "
+                 "gradients fit"),
            field("exit_signal_save", Kind::Bool, &R::train, &TrainConfig::exit_signal_save,
                  "SIGTERM / SIGINT finish the current step, write a checkpoint and exit with code 75 (a second "
                  "signal exits at once); false: the signals end the process as usual"),

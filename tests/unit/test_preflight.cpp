@@ -192,6 +192,41 @@ TEST(Preflight, RanksOnOneMachineShareItsMemory) {
   EXPECT_NE(m.find("start fewer ranks on each machine"), std::string::npos) << m;
 }
 
+// A refusal that sharded gradients would lift names parallel.zero_stage = 2 (CPU ranks, ZeRO-1),
+// with the per-rank figure; a run already on ZeRO-2, or on a GPU (no ZeRO-2 there), is not told so.
+TEST(Preflight, RefusalNamesZero2WhenItFits) {
+  json mc = {{"model_type", "deepseek_v3"}, {"vocab_size", 32000}, {"hidden_size", 512}, {"num_hidden_layers", 3},
+             {"first_k_dense_replace", 1}, {"intermediate_size", 1024}, {"moe_intermediate_size", 512},
+             {"n_routed_experts", 64}, {"n_shared_experts", 1}, {"num_experts_per_tok", 2}, {"n_group", 1},
+             {"topk_group", 1}, {"num_attention_heads", 4}, {"q_lora_rank", 64}, {"kv_lora_rank", 32},
+             {"qk_nope_head_dim", 32}, {"qk_rope_head_dim", 16}, {"v_head_dim", 32}};
+  json j = {{"model", mc}, {"data", {{"seq_len", 256}}}, {"train", {{"batch_size", 1}}}};
+  const train::RunConfig rc = train::parse_run_config(j, "run.toml");
+  train::RunConfig r2 = rc;
+  r2.parallel.zero_stage = 2;
+  const int ranks = 64;
+  const double one = train::estimate_train_memory(rc, ranks).total(), two = train::estimate_train_memory(r2, ranks).total();
+  ASSERT_LT(two, 0.8 * one);  // the gradients and the MPI copies of every bucket: most of the model's memory
+  const double have = train::available_memory_bytes();
+  ASSERT_GT(have, 0);
+  // Ranks on this machine for which ZeRO-1 does not fit and ZeRO-2 does (a margin of 5% of the
+  // memory on both sides, as other processes' memory moves while tests run).
+  const int local = (int)(0.95 * have / two);
+  ASSERT_GT(local * one, 1.05 * have) << "one rank needs " << one << " bytes, " << two << " with ZeRO-2; " << have
+                                      << " available";
+  const std::string m = test::user_error([&] { train::check_memory(rc, ranks, local); }, /*with_hint=*/true);
+  EXPECT_NE(m.find("set parallel.zero_stage = 2 (the gradients sharded over the ranks: about "), std::string::npos) << m;
+  EXPECT_NO_THROW(train::check_memory(r2, ranks, local));
+  train::RunConfig gpu = rc;
+  gpu.train.device = "cuda";
+  const std::string mg = test::user_error([&] { train::check_memory(gpu, ranks, local); }, /*with_hint=*/true);
+  EXPECT_EQ(mg.find("zero_stage"), std::string::npos) << mg;
+  // Where even ZeRO-2 does not fit, the hint does not name it.
+  const std::string m3 = test::user_error([&] { train::check_memory(rc, ranks, (int)(1.1 * have / two) + 1); },
+                                          /*with_hint=*/true);
+  EXPECT_EQ(m3.find("zero_stage"), std::string::npos) << m3;
+}
+
 TEST(Preflight, UnwritableRunDirectoryIsRefused) {
   test::TmpDir dir("trex_preflight");
   const std::string file = (dir.path / "a_file").string();
