@@ -155,10 +155,9 @@ void add_bench(CLI::App& app) {
     init_threads(*pthreads);
     kern::Peak p = kern::measure_peak(0.5);
     std::printf("{\"fp32_gflops\": %.1f, \"bf16_gflops\": %.1f, \"amx_bf16_gflops\": %.1f, \"best_gflops\": %.1f, "
-                "\"bf16_native\": %s, \"threads\": %d, \"isa\": \"%s\"}\n",
+                "\"bf16_native\": %s, \"bf16_dot_fast\": %s, \"threads\": %d, \"isa\": \"%s\"}\n",
                 p.fp32_gflops, p.bf16_gflops, p.amx_bf16_gflops, p.best_gflops(), p.bf16_native ? "true" : "false",
-                p.threads,
-                isa_name(cpu_isa()));
+                kern::bf16_dot_fast() ? "true" : "false", p.threads, isa_name(cpu_isa()));
   });
 
   auto* cal = bench->add_subcommand("calibrate", "measure this machine for the planner (trex plan --cluster cpu-this)");

@@ -1,5 +1,5 @@
-// Dispatch of causal attention (see attention.h): with AttnShape::prec == BF16 on a CPU with
-// AVX512_BF16 the bf16 dot-product kernel, else the AVX-512 kernel, else the AVX2 + FMA one,
+// Dispatch of causal attention (see attention.h): with AttnShape::prec == BF16 on a CPU whose
+// AVX512_BF16 dot product outruns its FMAs (kernels/peak.h bf16_dot_fast) the bf16 kernel, else the AVX-512 kernel, else the AVX2 + FMA one,
 // else the GEMM-based one (oneDNN, any x86-64), else (TREX_ISA=ref) the scalar reference.
 // For A/B measurements: TREX_ATTN=blas picks the GEMM-based kernel on a CPU below AVX-512;
 // TREX_ATTN=f32 keeps the f32 kernels in a bf16 run. Query rows Tq != T (and acc_dkv): the flash
@@ -15,6 +15,7 @@
 #include "kernels/cpu/attention_avx512.h"
 #include "kernels/cpu/attention_avx512bf16.h"
 #include "kernels/cpu/attention_blas.h"
+#include "kernels/peak.h"
 #include "kernels/ref/attention.h"
 
 namespace trex::kern {
@@ -38,7 +39,7 @@ AttnImpl attn_impl() {
 // (read on every call, which costs nothing next to the attention: the parity test switches it
 // between two runs of one process).
 bool attn_bf16(const AttnShape& sh) {
-  if (sh.prec != Prec::BF16 || cpu_isa() < Isa::Avx512Bf16) return false;
+  if (sh.prec != Prec::BF16 || cpu_isa() < Isa::Avx512Bf16 || !bf16_dot_fast()) return false;
   const char* e = std::getenv("TREX_ATTN");
   return !(e && !std::strcmp(e, "f32"));
 }

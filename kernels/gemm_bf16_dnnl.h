@@ -4,9 +4,10 @@
 // Why: trex's other bf16 GEMM widens the bf16 operands to f32 panels and runs oneDNN's sgemm on
 // the FMA units. That is the fastest path where vdpbf16ps is slow or hidden (the hypervisor of
 // BENCHMARKS.md's first machine hides the CPUID bit and the instruction runs at half the fp32
-// rate). Where CPUID reports AVX512_BF16, the dot-product units run at twice the fp32 FMA rate
-// (AMD Zen 4: 459 against 228 GFLOP/s on 2 cores, `trex bench peak`), and oneDNN's bf16 matmul
-// (brgemm kernels) uses them. Numerics: products of bf16 values are exact in f32 and the sums
+// rate; Intel's Xeons that report it run it at about half their FMA rate too). On AMD Zen 4 the
+// dot-product units run at twice the fp32 FMA rate (459 against 228 GFLOP/s on 2 cores, `trex
+// bench peak`), and where AMX tiles are usable (Sapphire Rapids and later) oneDNN's bf16 matmul
+// (brgemm kernels) runs on them, far faster again. Numerics: products of bf16 values are exact in f32 and the sums
 // are f32, as on the widened path; only the order of the additions differs.
 #pragma once
 #include <cstdint>
@@ -14,8 +15,10 @@
 
 namespace trex::kern {
 
-// True when bf16 GEMMs run on the dot-product units: CPUID reports AVX512_BF16 (not just the
-// SIGILL probe of core/cpu.h), TREX_ISA is not capped below avx512bf16, and TREX_GEMM_BF16 is not
+// True when bf16 GEMMs run on oneDNN's bf16 matmul: CPUID reports AVX512_BF16 (not just the
+// SIGILL probe of core/cpu.h), TREX_ISA is not capped below avx512bf16, oneDNN can use the AMX
+// tiles (kernels/peak.h amx_bf16_usable) or vdpbf16ps outruns the FMAs (bf16_dot_fast: Zen 4, not
+// Intel's Xeons without the tiles), and TREX_GEMM_BF16 is not
 // `widen` (`dot` or unset: this path; `widen`: the widened path for A/B runs; anything else is an
 // error). Per GEMM it is as accurate as the widened path (tests/ops/gemm_ops.cpp, against double);
 // only the order of the f32 additions differs, which the tiny parity models' 10-step bf16

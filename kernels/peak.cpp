@@ -4,9 +4,12 @@
 #include <immintrin.h>
 #include <omp.h>
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <cstdint>
 #include <vector>
 #include "core/cpu.h"
+#include "core/error.h"
 #include "core/parallel.h"
 #include "core/timer.h"
 #include "kernels/gemm_bf16_dnnl.h"
@@ -109,5 +112,33 @@ Peak measure_peak(double seconds_per_test) {
 }
 
 bool amx_bf16_usable() { return !isa_ref_forced() && !amx_capped() && cpu::amx_bf16_usable() && dnnl_uses_amx(); }
+
+bool bf16_dot_fast() {
+  static const bool fast = [] {
+    if (cpu_isa() < Isa::Avx512Bf16) return false;
+    if (const char* e = std::getenv("TREX_BF16_DOT")) {
+      TREX_USER_CHECK(!std::strcmp(e, "fast") || !std::strcmp(e, "slow"),
+                      "set TREX_BF16_DOT to fast (the bf16 dot-product kernels) or slow (the f32 ones), or unset it "
+                      "(measured once at start)",
+                      "environment variable TREX_BF16_DOT=", e, " names no choice");
+      return !std::strcmp(e, "fast");
+    }
+    // One thread, the two register-only loops interleaved, the best of 5 runs of each (about
+    // 0.2 ms a run): a run slowed by another process does not decide.
+    volatile float sink = 0;
+    constexpr int64_t kIters = 1 << 16;
+    double fma = 0, dot = 0;
+    for (int r = 0; r < 5; ++r) {
+      double t0 = now_ms();
+      sink = sink + cpu::peak_fma_f32_avx512(kIters);
+      fma = std::max(fma, 512.0 * kIters / std::max(now_ms() - t0, 1e-6));
+      t0 = now_ms();
+      sink = sink + cpu::peak_dpbf16_avx512bf16(kIters);
+      dot = std::max(dot, 1024.0 * kIters / std::max(now_ms() - t0, 1e-6));
+    }
+    return dot > fma;
+  }();
+  return fast;
+}
 
 }  // namespace trex::kern

@@ -34,5 +34,12 @@ Peak measure_peak(double seconds_per_test = 0.3);
 // grants this process the tile state, TREX_ISA names no level below amx, and oneDNN runs its
 // kernels there (ONEDNN_MAX_CPU_ISA does not cap it below AMX).
 bool amx_bf16_usable();
+// True where the CPU has AVX512_BF16 (reported or probed, core/cpu.h) and its vdpbf16ps runs
+// faster than its fp32 FMAs, in FLOPs: AMD Zen 4 (2x); not the Intel Xeons with AVX512_BF16
+// (Cooper Lake to Emerald Rapids: about half the FMA rate), where the f32 kernels are faster. The
+// bf16 attention kernels and, where no AMX tiles are usable, oneDNN's bf16 matmul run only where
+// it holds. Measured once per process on one thread (both loops interleaved, best of 5, about
+// 2 ms); TREX_BF16_DOT=fast|slow sets it instead (runs that must take the same kernels everywhere).
+bool bf16_dot_fast();
 
 }  // namespace trex::kern

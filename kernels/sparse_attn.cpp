@@ -1,5 +1,6 @@
 // Dispatch of sparse shared-KV sink attention (see sparse_attn.h): with SparseAttnShape::prec ==
-// BF16 on a CPU with AVX512_BF16 the bf16 dot-product kernel (unless TREX_ATTN=f32), else the
+// BF16 on a CPU whose AVX512_BF16 dot product outruns its FMAs (kernels/peak.h bf16_dot_fast) the
+// bf16 dot-product kernel (unless TREX_ATTN=f32), else the
 // AVX-512 kernel, the AVX2 kernel or the scalar reference. Checks the shape and the key lists
 // (O(N + off[N]), cheap next to the O(off[N] H D) work) before any runs.
 #include "kernels/sparse_attn.h"
@@ -13,14 +14,15 @@
 #include "kernels/cpu/sparse_attn_avx2.h"
 #include "kernels/cpu/sparse_attn_avx512.h"
 #include "kernels/cpu/sparse_attn_avx512bf16.h"
+#include "kernels/peak.h"
 #include "kernels/ref/sparse_attn.h"
 
 namespace trex::kern {
 
-// The bf16 kernel for a BF16 shape on a CPU with the bf16 dot product, unless TREX_ATTN=f32
+// The bf16 kernel for a BF16 shape on a CPU with a fast bf16 dot product, unless TREX_ATTN=f32
 // (read on every call, as in kernels/attention.cpp: the parity test switches it between runs).
 static bool sparse_bf16(const SparseAttnShape& sh) {
-  if (sh.prec != Prec::BF16 || cpu_isa() < Isa::Avx512Bf16) return false;
+  if (sh.prec != Prec::BF16 || cpu_isa() < Isa::Avx512Bf16 || !bf16_dot_fast()) return false;
   const char* e = std::getenv("TREX_ATTN");
   return !(e && !std::strcmp(e, "f32"));
 }

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <cmath>
 #include <limits>
+#include <string>
+#include <cstdlib>
 #include <vector>
 #include "core/cpu.h"
 #include "core/dtype.h"
@@ -128,6 +130,25 @@ TEST(Peak, IsaCapBelowAmxLeavesTheTilesOut) {
   EXPECT_FALSE(dnnl_uses_amx());
   EXPECT_FALSE(amx_bf16_usable());
   EXPECT_EQ(measure_peak(0.02).amx_bf16_gflops, 0.0);
+}
+
+// bf16_dot_fast agrees with the peaks measured on every thread: a dot product clearly faster than
+// the FMAs (Zen 4: 2x) is fast, one clearly slower (Intel's Xeons: about 0.5x) is not; between, the
+// noise of a shared machine decides nothing here. TREX_BF16_DOT sets it (ctest bf16_dot_forced).
+TEST(Peak, Bf16DotFastFollowsTheMeasuredRates) {
+  if (const char* e = std::getenv("TREX_BF16_DOT")) {
+    EXPECT_EQ(bf16_dot_fast(), cpu_isa() >= Isa::Avx512Bf16 && std::string(e) == "fast");
+    return;
+  }
+  if (cpu_isa() < Isa::Avx512Bf16) {
+    EXPECT_FALSE(bf16_dot_fast());
+    GTEST_SKIP() << "no AVX512_BF16 on this CPU";
+  }
+  const Peak p = measure_peak(0.05);
+  const double ratio = p.bf16_gflops / p.fp32_gflops;
+  if (ratio > 1.4) EXPECT_TRUE(bf16_dot_fast()) << "dot / fma " << ratio;
+  else if (ratio < 0.7) EXPECT_FALSE(bf16_dot_fast()) << "dot / fma " << ratio;
+  else GTEST_SKIP() << "dot / fma " << ratio << ": too close to tell on this machine";
 }
 
 }  // namespace

@@ -12,8 +12,9 @@
 #                  estimate against the arena peak (--steps 1 --warmup 0)
 #   seq            bench-v3 at seq 1024, 2048, 4096, 8192 (--profile: the attention core's share)
 #   attn-bf16      bench-v3 (bf16) at seq 2048 and 8192 with the attention core on the bf16 dot
-#                  product (the default on an AVX512_BF16 CPU) and on the f32 kernel
-#                  (TREX_ATTN=f32), alternating, --profile; then `trex_ops perf` of both kernels
+#                  product (TREX_BF16_DOT=fast: the default where vdpbf16ps outruns the FMAs) and on
+#                  the f32 kernel (the same with TREX_ATTN=f32), alternating, --profile; then
+#                  `trex_ops perf` of both kernels
 #   experts        bench-v3 cut to 3 layers, 16 / 32 / 64 / 128 experts, 1 and 4 micro-batches (--profile)
 #   tp             bench-v3 / bench-v4 on 2 ranks: dp 2, tp 2, tp 2 + sequence parallel
 #   zero           bench-v3 dp 2, 2 micro-batches, ZeRO-1 against ZeRO-2
@@ -105,7 +106,7 @@ for topic in "${TOPICS[@]}"; do
       for s in 1024 2048 4096 8192; do run v3.seq-$s step $(v v3) --steps "$STEPS" --set data.seq_len=$s --profile; done ;;
     attn-bf16)
       for s in 2048 8192; do for a in f32 bf16; do
-        run v3.seq-$s.attn-$a env TREX_ATTN=$([ $a = f32 ] && echo f32 || echo default) \
+        run v3.seq-$s.attn-$a env TREX_BF16_DOT=fast TREX_ATTN=$([ $a = f32 ] && echo f32 || echo default) \
           "$TREX" bench step $(v v3) --steps "$STEPS" --warmup 1 --peak-gflops "$PEAK" --set data.seq_len=$s --profile
       done; done
       OPS=$(dirname "$TREX")/trex_ops
