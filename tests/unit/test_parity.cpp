@@ -202,9 +202,12 @@ TEST_P(Parity, TenAdamWStepsFp32AndBf16) {
   // v2_5_group_yarn 3.4e-2 at step 8 (0.1238 against fp32 0.2171, PyTorch's drift 0.0595), so
   // 4e-2.
   // DeepSeek-V3.2: as V4 for (a), the indexer's top-k gaps (~3e-4) are below what bf16 moves, and
-  // PyTorch's own bf16 runs leave its fp32 losses by 0.05-0.14 at steps 1-2; a selection that flips
+  // PyTorch's own bf16 runs leave its fp32 losses by 0.05-0.14 at steps 1-2. A selection that flips
   // moves every later step, while PyTorch's drift can shrink back by chance, so (b) takes the
-  // largest PyTorch drift of the steps so far.
+  // largest PyTorch drift of the steps so far, for every case: v2_5_group_yarn's PyTorch drift is
+  // 0.061 at step 1, 0.015 at step 2 and 0.18-0.48 at steps 3-5, and on a Sapphire Rapids class
+  // CPU (AMX GEMMs, the f32 attention core that trex takes there) trex's step 2 is 2.887 against
+  // fp32 2.968 (measured 2026-12-05), inside the step-1 drift + 4e-2 and not inside step 2's.
   const size_t bf16_strict = c.cfg.is_v4() || c.cfg.is_v32() ? 1 : std::min<size_t>(strict, 3);
   const double drift_room = 4e-2;
   double torch_drift_max = 0;
@@ -216,7 +219,7 @@ TEST_P(Parity, TenAdamWStepsFp32AndBf16) {
     const double drift_i = std::max(std::abs(ra[i].get<double>() - ref[i].get<double>()),
                                     std::abs(rb[i].get<double>() - ref[i].get<double>()));
     torch_drift_max = std::max(torch_drift_max, drift_i);
-    const double torch_drift = c.cfg.is_v32() ? torch_drift_max : drift_i;
+    const double torch_drift = torch_drift_max;
     EXPECT_LE(std::abs(l16[i] - l32[i]), torch_drift + drift_room)
         << "bf16 step " << i << ": " << l16[i] << " vs fp32 " << l32[i] << " (PyTorch bf16 drift " << torch_drift
         << ")";
