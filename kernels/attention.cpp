@@ -1,6 +1,6 @@
 // Dispatch of causal attention (see attention.h): with AttnShape::prec == BF16 on a CPU whose
-// AVX512_BF16 dot product outruns its FMAs (kernels/peak.h bf16_dot_fast) the bf16 kernel, else the AVX-512 kernel, else the AVX2 + FMA one,
-// else the GEMM-based one (oneDNN, any x86-64), else (TREX_ISA=ref) the scalar reference.
+// AVX512_BF16 dot product outruns its FMAs (kernels/peak.h bf16_dot_fast) the bf16 kernel, else
+// the AVX-512 kernel, else the AVX2 + FMA one, else the GEMM-based one (oneDNN, any x86-64), else (TREX_ISA=ref) the scalar reference.
 // For A/B measurements: TREX_ATTN=blas picks the GEMM-based kernel on a CPU below AVX-512;
 // TREX_ATTN=f32 keeps the f32 kernels in a bf16 run. Query rows Tq != T (and acc_dkv): the flash
 // kernels only (attention_supports_rows).

@@ -7,8 +7,8 @@
 // rate; Intel's Xeons that report it run it at about half their FMA rate too). On AMD Zen 4 the
 // dot-product units run at twice the fp32 FMA rate (459 against 228 GFLOP/s on 2 cores, `trex
 // bench peak`), and where AMX tiles are usable (Sapphire Rapids and later) oneDNN's bf16 matmul
-// (brgemm kernels) runs on them, far faster again. Numerics: products of bf16 values are exact in f32 and the sums
-// are f32, as on the widened path; only the order of the additions differs.
+// (brgemm kernels) runs on them, far faster again. Numerics: products of bf16 values are exact in
+// f32 and the sums are f32, as on the widened path; only the order of the additions differs.
 #pragma once
 #include <cstdint>
 #include "core/tensor.h"
@@ -18,8 +18,7 @@ namespace trex::kern {
 // True when bf16 GEMMs run on oneDNN's bf16 matmul: CPUID reports AVX512_BF16 (not just the
 // SIGILL probe of core/cpu.h), TREX_ISA is not capped below avx512bf16, oneDNN can use the AMX
 // tiles (kernels/peak.h amx_bf16_usable) or vdpbf16ps outruns the FMAs (bf16_dot_fast: Zen 4, not
-// Intel's Xeons without the tiles), and TREX_GEMM_BF16 is not
-// `widen` (`dot` or unset: this path; `widen`: the widened path for A/B runs; anything else is an
+// Intel's Xeons without the tiles), and TREX_GEMM_BF16 is not `widen` (`dot` or unset: this path; `widen`: the widened path for A/B runs; anything else is an
 // error). Per GEMM it is as accurate as the widened path (tests/ops/gemm_ops.cpp, against double);
 // only the order of the f32 additions differs, which the tiny parity models' 10-step bf16
 // trajectories amplify after their first updates exactly as they amplify a change of the widened
@@ -36,9 +35,9 @@ bool gemm_bf16_dnnl(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alp
 // on the AMX tiles and the machine's peak leaves them out (kernels/peak.h). Unset or "amx": no cap.
 bool amx_capped();
 
-// Where TREX_ISA caps the kernels below amx (amx_capped), caps oneDNN at
-// avx512_core_bf16 (dnnl_set_max_cpu_isa), so its bf16 matmuls run on the vector dot-product
-// units instead of the AMX tiles: the same work measured against the peak of those units. Once
+// Where TREX_ISA caps the kernels below amx (amx_capped), caps oneDNN at avx512_core_bf16
+// (dnnl_set_max_cpu_isa), so its bf16 matmuls run on the vector dot-product units instead of the
+// AMX tiles: the same work measured against the peak of those units. Once
 // per process, before oneDNN's first kernel; every oneDNN call in trex (sgemm, the bf16 matmul,
 // dnnl_uses_amx) goes through it first. ONEDNN_MAX_CPU_ISA, oneDNN's own switch, still works.
 void dnnl_apply_isa_cap();

@@ -111,7 +111,9 @@ Peak measure_peak(double seconds_per_test) {
   return p;
 }
 
-bool amx_bf16_usable() { return !isa_ref_forced() && !amx_capped() && cpu::amx_bf16_usable() && dnnl_uses_amx(); }
+bool amx_bf16_usable() {
+  return !isa_ref_forced() && !amx_capped() && cpu::amx_bf16_usable() && dnnl_uses_amx();
+}
 
 bool bf16_dot_fast() {
   static const bool fast = [] {

@@ -1,8 +1,8 @@
 // Dispatch of sparse shared-KV sink attention (see sparse_attn.h): with SparseAttnShape::prec ==
 // BF16 on a CPU whose AVX512_BF16 dot product outruns its FMAs (kernels/peak.h bf16_dot_fast) the
-// bf16 dot-product kernel (unless TREX_ATTN=f32), else the
-// AVX-512 kernel, the AVX2 kernel or the scalar reference. Checks the shape and the key lists
-// (O(N + off[N]), cheap next to the O(off[N] H D) work) before any runs.
+// bf16 dot-product kernel (unless TREX_ATTN=f32), else the AVX-512 kernel, the AVX2 kernel or the
+// scalar reference. Checks the shape and the key lists (O(N + off[N]), cheap next to the
+// O(off[N] H D) work) before any runs.
 #include "kernels/sparse_attn.h"
 
 #include <algorithm>

@@ -127,11 +127,14 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks) {
   // ZeRO-2 (docs/PARALLEL.md): this rank's shard of the gradients (the moments' share, 4 bytes
   // where they take 8), a second one for the accumulator with gradient accumulation, and during a
   // backward the buckets being written (at most the largest block's, plus a partial bucket at
-  // each edge) and the 2 reduce-scatters in flight.
+  // each edge) and the 2 reduce-scatters in flight. Under pp the embedding that the first and last
+  // stage share (tied head, V4's MTP blocks) stays whole (ZeRO-1 there, train/dist.cpp).
   const bool zero2 = rc.parallel.zero_stage == 2 && ranks > 1 && rc.parallel.bucket_size > 0;
   if (zero2) {
     const double shard = e.optimizer / 2 * (rc.train.grad_accum > 1 ? 2 : 1);
-    e.grads = std::min(e.grads, shard + 4 * (block + 4.0 * (double)rc.parallel.bucket_size));
+    const double shared = by_stage && (c.tie_word_embeddings || (mtp && c.is_v4()))
+                              ? (double)c.vocab_size * (double)c.hidden_size : 0.0;
+    e.grads = std::min(e.grads, shard + 4 * (shared + block + 4.0 * (double)rc.parallel.bucket_size));
   }
   // Activations: the peak of the activation arena as the engine allocates it (above; under pp,
   // the largest stage's: each part is the largest over the stages, an upper bound when those

@@ -146,9 +146,13 @@ TEST(Peak, Bf16DotFastFollowsTheMeasuredRates) {
   }
   const Peak p = measure_peak(0.05);
   const double ratio = p.bf16_gflops / p.fp32_gflops;
-  if (ratio > 1.4) EXPECT_TRUE(bf16_dot_fast()) << "dot / fma " << ratio;
-  else if (ratio < 0.7) EXPECT_FALSE(bf16_dot_fast()) << "dot / fma " << ratio;
-  else GTEST_SKIP() << "dot / fma " << ratio << ": too close to tell on this machine";
+  if (ratio > 1.4) {
+    EXPECT_TRUE(bf16_dot_fast()) << "dot / fma " << ratio;
+  } else if (ratio < 0.7) {
+    EXPECT_FALSE(bf16_dot_fast()) << "dot / fma " << ratio;
+  } else {
+    GTEST_SKIP() << "dot / fma " << ratio << ": too close to tell on this machine";
+  }
 }
 
 }  // namespace

@@ -46,7 +46,8 @@ double error_of(const Row& r) {
   return p.time.tokens_per_s / (double)r.devices / r.published - 1;
 }
 
-// Megatron-Bridge performance summary (25.09 and 25.11 containers; later B200 rows below), DeepSeek-V3, seq 4096, MBS 1;
+// Megatron-Bridge performance summary (25.09 and 25.11 containers; later B200 rows below),
+// DeepSeek-V3, seq 4096, MBS 1;
 // MTP as the 25.11 table says ("w/o MTP" on GB200 / GB300, "w/ MTP" on B200; on for the 25.09 H100
 // rows); the 25.11 recipes' optimizer settings (scripts/performance/configs/deepseek/
 // deepseek_llm_pretrain.py and recipes/deepseek/deepseek_v3.py as of December 2025: bf16 main

@@ -143,6 +143,17 @@ TEST(Preflight, Zero2HoldsTheShardAndOneLayer) {
     r1.parallel.zero_stage = 1;
     EXPECT_LT(e8.buffers, train::estimate_train_memory(r1, 8).buffers - 2 * P);
   }
+  {  // Pipeline parallel with a tied head: the embedding the first and last stage share stays whole.
+    train::RunConfig rp = rc;
+    rp.parallel.pp = 2;
+    rp.model.tie_word_embeddings = true;
+    const train::MemoryEstimate ep = train::estimate_train_memory(rp, 8);
+    const double vd = (double)rp.model.vocab_size * (double)rp.model.hidden_size;
+    EXPECT_NEAR(ep.grads, ep.optimizer / 2 + 4 * (vd + moe) + 4 * bucket, 1e-9 * P);
+    rp.model.tie_word_embeddings = false;
+    const train::MemoryEstimate eu = train::estimate_train_memory(rp, 8);
+    EXPECT_NEAR(eu.grads, eu.optimizer / 2 + 4 * moe + 4 * bucket, 1e-9 * P);
+  }
   rc.parallel.bucket_size = int64_t{1} << 40;  // never above ZeRO-1's whole gradients
   EXPECT_DOUBLE_EQ(train::estimate_train_memory(rc, 8).grads, 4 * P);
   rc.parallel.bucket_size = 0;  // one bucket: all of the gradients are written before any is sent
@@ -283,8 +294,9 @@ TEST(Preflight, FastestFittingRecomputeModules) {
       EXPECT_EQ(train::fitting_recompute_modules(rc, 1, 1, fast), fast_s) << where;
       EXPECT_EQ(train::fitting_recompute_modules(rc, 1, 2, 2 * fast), fast_s) << where << ": two ranks";
       EXPECT_NE(train::fitting_recompute_modules(rc, 1, 2, fast), fast_s) << where << ": two ranks";
-      if (replay < fast)
+      if (replay < fast) {
         EXPECT_EQ(train::fitting_recompute_modules(rc, 1, 1, (fast + replay) / 2), replay_s) << where;
+      }
       EXPECT_EQ(train::fitting_recompute_modules(rc, 1, 1, std::min(fast, replay) - 1), "") << where;
       train::RunConfig sel = rc;  // a run already on the fast set: the replay when it fits, else nothing
       sel.train.recompute = model::Recompute::Selective;
