@@ -126,7 +126,8 @@ bool bf16_dot_fast() {
       return !std::strcmp(e, "fast");
     }
     // One thread, the two register-only loops interleaved, the best of 5 runs of each (about
-    // 0.2 ms a run): a run slowed by another process does not decide.
+    // 0.2 ms a run): a run slowed by another process does not decide. Fast only with a margin (the
+    // CPUs measured sit at 2x and 0.5x), so that every rank of a run on such CPUs decides alike.
     volatile float sink = 0;
     constexpr int64_t kIters = 1 << 16;
     double fma = 0, dot = 0;
@@ -138,7 +139,7 @@ bool bf16_dot_fast() {
       sink = sink + cpu::peak_dpbf16_avx512bf16(kIters);
       dot = std::max(dot, 1024.0 * kIters / std::max(now_ms() - t0, 1e-6));
     }
-    return dot > fma;
+    return dot > 1.3 * fma;
   }();
   return fast;
 }

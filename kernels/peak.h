@@ -35,7 +35,7 @@ Peak measure_peak(double seconds_per_test = 0.3);
 // kernels there (ONEDNN_MAX_CPU_ISA does not cap it below AMX).
 bool amx_bf16_usable();
 // True where the CPU has AVX512_BF16 (reported or probed, core/cpu.h) and its vdpbf16ps runs
-// faster than its fp32 FMAs, in FLOPs: AMD Zen 4 (2x); not the Intel Xeons with AVX512_BF16
+// clearly faster than its fp32 FMAs, in FLOPs (over 1.3x): AMD Zen 4 (2x); not the Intel Xeons with AVX512_BF16
 // (Cooper Lake to Emerald Rapids: about half the FMA rate), where the f32 kernels are faster. The
 // bf16 attention kernels and, where no AMX tiles are usable, oneDNN's bf16 matmul run only where
 // it holds. Measured once per process on one thread (both loops interleaved, best of 5, about

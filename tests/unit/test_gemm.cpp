@@ -132,9 +132,9 @@ TEST(Peak, IsaCapBelowAmxLeavesTheTilesOut) {
   EXPECT_EQ(measure_peak(0.02).amx_bf16_gflops, 0.0);
 }
 
-// bf16_dot_fast agrees with the peaks measured on every thread: a dot product clearly faster than
-// the FMAs (Zen 4: 2x) is fast, one clearly slower (Intel's Xeons: about 0.5x) is not; between, the
-// noise of a shared machine decides nothing here. TREX_BF16_DOT sets it (ctest bf16_dot_forced).
+// bf16_dot_fast agrees with the peaks measured on every thread: a dot product well over 1.3x the
+// FMAs (Zen 4: 2x) is fast, one slower (Intel's Xeons: about 0.5x) is not; between, the noise of a
+// shared machine decides nothing here. TREX_BF16_DOT sets it (ctest bf16_dot_forced).
 TEST(Peak, Bf16DotFastFollowsTheMeasuredRates) {
   if (const char* e = std::getenv("TREX_BF16_DOT")) {
     EXPECT_EQ(bf16_dot_fast(), cpu_isa() >= Isa::Avx512Bf16 && std::string(e) == "fast");
@@ -146,9 +146,9 @@ TEST(Peak, Bf16DotFastFollowsTheMeasuredRates) {
   }
   const Peak p = measure_peak(0.05);
   const double ratio = p.bf16_gflops / p.fp32_gflops;
-  if (ratio > 1.4) {
+  if (ratio > 1.6) {
     EXPECT_TRUE(bf16_dot_fast()) << "dot / fma " << ratio;
-  } else if (ratio < 0.7) {
+  } else if (ratio < 1.0) {
     EXPECT_FALSE(bf16_dot_fast()) << "dot / fma " << ratio;
   } else {
     GTEST_SKIP() << "dot / fma " << ratio << ": too close to tell on this machine";
