@@ -35,16 +35,15 @@ AttnImpl attn_impl() {
   return impl;
 }
 
-// The bf16 kernel for a BF16 shape on a CPU with the bf16 dot product, unless TREX_ATTN=f32
-// (read on every call, which costs nothing next to the attention: the parity test switches it
-// between two runs of one process).
-bool attn_bf16(const AttnShape& sh) {
-  if (sh.prec != Prec::BF16 || cpu_isa() < Isa::Avx512Bf16 || !bf16_dot_fast()) return false;
+bool attn_bf16(const AttnShape& sh) { return attention_bf16_kernels(sh.prec); }
+
+}  // namespace
+
+bool attention_bf16_kernels(Prec prec) {
+  if (prec != Prec::BF16 || cpu_isa() < Isa::Avx512Bf16 || !bf16_dot_fast()) return false;
   const char* e = std::getenv("TREX_ATTN");
   return !(e && !std::strcmp(e, "f32"));
 }
-
-}  // namespace
 
 bool attention_supports_rows(const AttnShape& sh) {
   return attn_bf16(sh) || attn_impl() == AttnImpl::Avx512 || attn_impl() == AttnImpl::Avx2;

@@ -55,4 +55,10 @@ void attention_bwd(const AttnShape& sh, const float* q, const float* k, const fl
 // (TREX_ISA=ref) do not.
 bool attention_supports_rows(const AttnShape& sh);
 
+// A bf16 shape's products run on the bf16 dot-product kernels (this file's and
+// kernels/sparse_attn.h's): the CPU has AVX512_BF16, its dot product outruns the FMAs
+// (kernels/peak.h bf16_dot_fast), and TREX_ATTN is not f32 (read on every call, which costs nothing
+// next to the attention: the parity test switches it between two runs of one process).
+bool attention_bf16_kernels(Prec prec);
+
 }  // namespace trex::kern

@@ -6,26 +6,18 @@
 #include "kernels/sparse_attn.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include "core/cpu.h"
 #include "core/error.h"
+#include "kernels/attention.h"
 #include "kernels/cpu/sparse_attn_avx2.h"
 #include "kernels/cpu/sparse_attn_avx512.h"
 #include "kernels/cpu/sparse_attn_avx512bf16.h"
-#include "kernels/peak.h"
 #include "kernels/ref/sparse_attn.h"
 
 namespace trex::kern {
 
-// The bf16 kernel for a BF16 shape on a CPU with a fast bf16 dot product, unless TREX_ATTN=f32
-// (read on every call, as in kernels/attention.cpp: the parity test switches it between runs).
-static bool sparse_bf16(const SparseAttnShape& sh) {
-  if (sh.prec != Prec::BF16 || cpu_isa() < Isa::Avx512Bf16 || !bf16_dot_fast()) return false;
-  const char* e = std::getenv("TREX_ATTN");
-  return !(e && !std::strcmp(e, "f32"));
-}
+static bool sparse_bf16(const SparseAttnShape& sh) { return attention_bf16_kernels(sh.prec); }
 
 static void check_args(const SparseAttnShape& sh, int64_t M, const int64_t* off,
                        const int32_t* idx) {

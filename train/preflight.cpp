@@ -95,9 +95,13 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks) {
                                          ? 1 : rc.parallel.cp);  // (layouts refused later: cp 1)
   };
   if (!by_stage) acts = stage_acts({});
-  double block = largest_block(model::build_layout(run_cfg));
-  if (by_expert || by_stage || by_tp) {
-    held = stage_all = block = 0;
+  // ZeRO-2's gradients (below) need the largest block of the rank's layout.
+  const bool zero2 = rc.parallel.zero_stage == 2 && ranks > 1 && rc.parallel.bucket_size > 0;
+  double block = 0;
+  const bool sharded = by_expert || by_stage || by_tp;
+  if (zero2 && !sharded) block = largest_block(model::build_layout(run_cfg));
+  if (sharded) {
+    held = stage_all = 0;
     auto count = [](const model::ParamLayout& L) {
       double n = 0;
       for (const model::ParamEntry& en : L.entries) n += (double)en.shape.numel();
@@ -115,7 +119,7 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks) {
       const model::TpShard ts = by_tp ? model::TpShard{0, tp, 16} : model::TpShard{};
       const model::ParamLayout L = model::build_layout(run_cfg, ex, st, ts);
       held = std::max(held, count(L));
-      block = std::max(block, largest_block(L));
+      if (zero2) block = std::max(block, largest_block(L));
       stage_all = std::max(stage_all, count(model::build_layout(run_cfg, {}, st)));
       if (by_stage) acts = std::max(acts, stage_acts(st));
     }
@@ -129,7 +133,6 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks) {
   // backward the buckets being written (at most the largest block's, plus a partial bucket at
   // each edge) and the 2 reduce-scatters in flight. Under pp the embedding that the first and last
   // stage share (tied head, V4's MTP blocks) stays whole (ZeRO-1 there, train/dist.cpp).
-  const bool zero2 = rc.parallel.zero_stage == 2 && ranks > 1 && rc.parallel.bucket_size > 0;
   if (zero2) {
     const double shard = e.optimizer / 2 * (rc.train.grad_accum > 1 ? 2 : 1);
     const double shared = by_stage && (c.tie_word_embeddings || (mtp && c.is_v4()))

@@ -96,12 +96,10 @@ const Row kGB300Mx = {"GB300 x256 MXFP8 (25.11)", "gb300-nvl72", 256,
 // 25.11 row but gbs 4096, HybridEP, no CUDA graphs, a2a not overlapped; TE 2.12, then TE 2.14 with
 // the MXFP8 grouped GEMM. 26.04.01: pp 8 / vp 2 / ep 32, DeepEP, a2a overlapped, CUDA graphs on
 // attention, router and preprocess, recompute mla_up_proj + mlp.
-const Row kB200Mx2602 = {"B200 x256 MXFP8 (26.02)", "b200", 256,
-                         "pp=16,ep=8,gbs=4096,precision=mxfp8,mtp=1,recompute=selective,overlap=dp,graphs=off,"
-                         "grads=bf16,moments=bf16", 2689};
-const Row kB200Mx2604 = {"B200 x256 MXFP8 (26.04)", "b200", 256,
-                         "pp=16,ep=8,gbs=4096,precision=mxfp8,mtp=1,recompute=selective,overlap=dp,graphs=off,"
-                         "grads=bf16,moments=bf16", 2815};
+constexpr const char* kB200Pp16Gbs4096 =
+    "pp=16,ep=8,gbs=4096,precision=mxfp8,mtp=1,recompute=selective,overlap=dp,graphs=off,grads=bf16,moments=bf16";
+const Row kB200Mx2602 = {"B200 x256 MXFP8 (26.02)", "b200", 256, kB200Pp16Gbs4096, 2689};
+const Row kB200Mx2604 = {"B200 x256 MXFP8 (26.04)", "b200", 256, kB200Pp16Gbs4096, 2815};
 const Row kB200Mx260401 = {"B200 x256 MXFP8 (26.04.01)", "b200", 256,
                            "pp=8,vp=2,ep=32,gbs=4096,precision=mxfp8,mtp=1,recompute=selective+mlp,overlap=ep+dp,"
                            "graphs=partial,grads=bf16,moments=bf16", 3328};
