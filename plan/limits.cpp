@@ -57,7 +57,9 @@ std::vector<Limit> step_limits(const ClusterSpec& s, const Layout& l, const Step
   compute("attention core", 3 * m * t.attention,
           "tensor cores at bf16 (the attention core stays bf16 under every recipe), " +
               num("%.2f", s.eff.attention) + " of the bf16 peak",
-          "compute-bound at bf16; shorter sequences (context parallelism is not modelled)");
+          l.cp > 1 ? "compute-bound at bf16; a larger cp splits each sequence's attention over more devices"
+                   : "compute-bound at bf16; context parallelism (cp=2, 3, ...) splits each sequence's attention "
+                     "over more devices");
   const double mem = 3 * m * (t.memory_bound - t.quant_fwd) + m * (t.quant_fwd + t.quant_bwd);
   compute("memory-bound kernels", mem,
           "HBM bandwidth (" + fig(s.mem_bw / 1e12) + " TB/s at " + num("%.2f", s.eff.memory) + ")" +

@@ -5,7 +5,7 @@
 # usage: scripts/calibrate_check.sh [--trex PATH] [--ranks R] [--steps N] [--out DIR] [CONFIG ...]
 # default configs: configs/bench-v3.toml configs/bench-v4.toml. Run on an otherwise idle machine.
 set -euo pipefail
-TREX=build/trex; R=2; STEPS=3; OUT=runs/calibrate
+TREX=build/trex; R=2; STEPS=5; OUT=runs/calibrate
 CONFIGS=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -21,12 +21,16 @@ done
 mkdir -p "$OUT"
 ROOT=(); [ "$(id -u)" = 0 ] && ROOT=(--allow-run-as-root)
 MPI=(mpirun "${ROOT[@]}" --oversubscribe -np "$R" -x TREX_THREADS=1 -x TREX_CALIBRATION="$OUT/calib$R.json")
-"$TREX" bench calibrate --out "$OUT/calib1.json" > /dev/null
-"${MPI[@]}" "$TREX" bench calibrate --out "$OUT/calib$R.json" > /dev/null
+# Each run is calibrated right before it: on a shared machine whose rates drift over minutes, a
+# calibration predicts the steps measured next to it (docs/PLAN.md, "Calibration against trex").
 for c in "${CONFIGS[@]}"; do
   n=$(basename "$c" .toml)
+  "$TREX" bench calibrate --out "$OUT/calib1.json" > /dev/null 2>&1
+  cp "$OUT/calib1.json" "$OUT/$n.calib1.json"
   TREX_CALIBRATION="$OUT/calib1.json" "$TREX" bench step --config "$c" --steps "$STEPS" --warmup 1 \
     > "$OUT/$n.r1.json" 2> "$OUT/$n.r1.err"
+  "${MPI[@]}" "$TREX" bench calibrate --out "$OUT/calib$R.json" > /dev/null 2>&1
+  cp "$OUT/calib$R.json" "$OUT/$n.calib$R.json"
   "${MPI[@]}" "$TREX" bench step --config "$c" --steps "$STEPS" --warmup 1 > "$OUT/$n.r$R.json" 2> "$OUT/$n.r$R.err"
 done
 python3 - "$OUT" "$R" "${CONFIGS[@]}" <<'P'

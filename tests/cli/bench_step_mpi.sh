@@ -51,6 +51,8 @@ w = sys.argv[1]
 cal2 = json.load(open(f"{w}/cal2.json")); cal1 = json.load(open(f"{w}/cal1.json"))
 assert cal2["ranks_per_node"] == 2 and cal2["network"]["intra_node_gbs"] > 0, cal2
 assert cal1["ranks_per_node"] == 1, cal1
+# measured on 2 ranks: the share of a bucket's reduce-scatter that hides behind GEMMs
+assert 0 <= cal2["efficiency"]["overlap"] <= 1, cal2["efficiency"]
 for k in ("gemm", "grouped_gemm", "head", "attention", "sparse_attention", "indexer", "optimizer", "memory"):
     assert 0 < cal2["efficiency"][k] <= 1 and 0 < cal1["efficiency"][k] <= 1, k
 s2 = json.loads(open(f"{w}/step2.json").read().strip().splitlines()[-1])

@@ -1,5 +1,5 @@
-// Planner against published DeepSeek-V3 training runs of Megatron-Bridge / Megatron-Core on H100,
-// B200, GB200 NVL72 and GB300 NVL72 (docs/PLAN.md has the table, sources and the assumptions of
+// Planner against published DeepSeek-V3 (and, last, DeepSeek-V4-Flash) training runs of
+// Megatron-Bridge / Megatron-Core on H100, B200, GB200 NVL72 and GB300 NVL72 (docs/PLAN.md has the table, sources and the assumptions of
 // each row). Tokens per second per GPU are compared (independent of how a run counts FLOPs).
 // No efficiency was fitted to any row here: every row is held out of the fits (the only fitted
 // figures are the Hopper fp8 efficiency and the H800 goodput, on the DeepSeek-V3 report). The
@@ -14,7 +14,8 @@
 // remain over-predicted, both B200 MXFP8 at pp 16 / ep 8 on Transformer Engine releases whose
 // MXFP8 grouped GEMM was one cuBLAS GEMM per expert over 4 streams (25.11: TE 2.9, +35%; 26.02:
 // TE 2.12, +18%); the same layout on TE 2.14, which added a single-launch MXFP8 grouped GEMM,
-// reads +13% (26.04). The planner prices grouped kernels; MXFP8's quantize, scale-swizzle and
+// reads +13% (26.04). DeepSeek-V4-Flash on 128 GB200 / GB300 (26.08) is over-predicted by 19% and
+// 36% (V4FlashOnBlackwellOverPredicted). The planner prices grouped kernels; MXFP8's quantize, scale-swizzle and
 // expert-padding kernels are priced from their bytes (plan/precision.h); the host, priced per
 // launch from published per-op figures, adds about 1% (docs/PLAN.md, "The host").
 #include <gtest/gtest.h>
@@ -104,6 +105,29 @@ const Row kB200Mx260401 = {"B200 x256 MXFP8 (26.04.01)", "b200", 256,
                            "pp=8,vp=2,ep=32,gbs=4096,precision=mxfp8,mtp=1,recompute=selective+mlp,overlap=ep+dp,"
                            "graphs=partial,grads=bf16,moments=bf16", 3328};
 
+// GB300 MXFP8 at 26.02 (c0b9a0003, TE 2.12) and 26.04 (74695a06d, TE 2.14): the GB300 workload
+// config's default at both commits: pp 2 / vp 8 / ep 32, mbs 2, gbs 4096, MTP 1 (layout
+// `Et*4|(t*4|)*14tmL`), recompute mla_up_proj, HybridEP, a2a not overlapped, no CUDA graphs, bf16
+// main gradients and moments, the parameter all-gather overlapped.
+constexpr const char* kGB300Pp2Vp8 =
+    "pp=2,vp=8,ep=32,mbs=2,gbs=4096,precision=mxfp8,mtp=1,recompute=selective,overlap=dp,graphs=off,grads=bf16,"
+    "moments=bf16";
+const Row kGB300Mx2602 = {"GB300 x256 MXFP8 (26.02)", "gb300-nvl72", 256, kGB300Pp2Vp8, 4612};
+const Row kGB300Mx2604 = {"GB300 x256 MXFP8 (26.04)", "gb300-nvl72", 256, kGB300Pp2Vp8, 4965};
+// DeepSeek-V4-Flash, 128 GPUs, 26.08 (4ab94dfad; src/megatron/bridge/perf_recipes/deepseek/
+// {gb200,gb300}/deepseek_v4.py): dp 128 / ep 64, mbs 1, gbs 2048, MTP 1, recompute mla_up_proj,
+// HybridEP, a2a not overlapped, full-iteration CUDA graph, f32 main gradients, bf16 moments.
+constexpr const char* kV4FlashLayout =
+    "dp=128,ep=64,mbs=1,gbs=2048,precision=mxfp8,mtp=1,recompute=selective,overlap=dp,graphs=full,grads=f32,"
+    "moments=bf16";
+const Row kV4FlashGB200 = {"DeepSeek-V4-Flash, GB200 x128 MXFP8 (26.08)", "gb200-nvl72", 128, kV4FlashLayout, 7776};
+const Row kV4FlashGB300 = {"DeepSeek-V4-Flash, GB300 x128 MXFP8 (26.08)", "gb300-nvl72", 128, kV4FlashLayout, 8224};
+
+Plan plan_v4_flash(const Row& r) {
+  return evaluate(resolve_model("deepseek-v4-flash"), load_spec(r.cluster), r.devices, parse_layout(r.layout, Layout{}));
+}
+double error_v4_flash(const Row& r) { return plan_v4_flash(r).time.tokens_per_s / (double)r.devices / r.published - 1; }
+
 struct Pinned {
   Row row;
   double error;  // the planner's error docs/PLAN.md states (prediction / published - 1)
@@ -113,7 +137,8 @@ struct Pinned {
 const Pinned kPinned[] = {
     {kH100Cs, -0.024},  {kH100Block, +0.123}, {kGB300Bf16, +0.021}, {kGB200Graphs, -0.076},
     {kGB200Bf16, +0.037}, {kGB200Mx, -0.009}, {kGB200Guide, +0.029}, {kB200Mx, +0.354}, {kGB300Mx, +0.121},
-    {kB200Mx2602, +0.182}, {kB200Mx2604, +0.129}, {kB200Mx260401, +0.109},
+    {kB200Mx2602, +0.182}, {kB200Mx2604, +0.129}, {kB200Mx260401, +0.109}, {kGB300Mx2602, +0.024},
+    {kGB300Mx2604, -0.048},
 };
 
 }  // namespace
@@ -127,7 +152,7 @@ TEST(PlanPublished, ErrorsAsDocumented) {
 
 TEST(PlanPublished, WithinFifteenPercent) {
   for (const Row& r : {kH100Cs, kH100Block, kGB300Bf16, kGB200Graphs, kGB200Bf16, kGB200Mx, kGB200Guide, kGB300Mx,
-                       kB200Mx2604, kB200Mx260401}) {
+                       kB200Mx2604, kB200Mx260401, kGB300Mx2602, kGB300Mx2604}) {
     const double e = error_of(r);
     EXPECT_LT(std::abs(e), 0.15) << r.what << ": planner error " << e;
   }
@@ -206,4 +231,27 @@ TEST(PlanPublished, LowPrecisionSpeedupIsBelowThePeakRatio) {
   const double mx = evaluate(a, s, 256, parse_layout(base + "mxfp8", Layout{})).time.tokens_per_s;
   EXPECT_GT(mx / bf16, 1.15);
   EXPECT_LT(mx / bf16, 1.35);
+}
+
+// DeepSeek-V4-Flash on Blackwell (held out, docs/PLAN.md): the planner over-predicts both rows,
+// GB200 by 19% and GB300 by 36%. Published, GB300 is 1.06x GB200 on the same layout; the planner
+// gives it 1.21x (its sustained clock at the higher power limit, 0.93 against 0.81, and the
+// doubled scale-out network for the data-parallel collectives across the two NVL72 domains). The
+// V4-specific work the planner prices (hyper-connection mixing, compressors, indexer, sparse
+// attention) is not validated against a measurement on any GPU. Pinned so that a change that moves
+// them shows here; move a row to WithinFifteenPercent when it gets there.
+TEST(PlanPublished, V4FlashOnBlackwellOverPredicted) {
+  const double e200 = error_v4_flash(kV4FlashGB200), e300 = error_v4_flash(kV4FlashGB300);
+  EXPECT_NEAR(e200, +0.193, 0.04);
+  EXPECT_NEAR(e300, +0.360, 0.04);
+  EXPECT_GT(e200, 0.15);
+  EXPECT_GT(e300, 0.15);
+  const double ratio = plan_v4_flash(kV4FlashGB300).time.tokens_per_s / plan_v4_flash(kV4FlashGB200).time.tokens_per_s;
+  EXPECT_NEAR(ratio, 1.205, 0.03);
+  EXPECT_GT(ratio, 8224.0 / 7776.0 + 0.1);
+  // The model's FLOPs per token are close to Megatron-Bridge's count for this run (748 TFLOP/s at
+  // 8224 tokens/s: 90.95 GFLOP; its formula leaves out the hyper-connections and the router).
+  const double f = plan_v4_flash(kV4FlashGB300).time.model_flops_per_token;
+  EXPECT_GT(f, 0.85 * 90.95e9);
+  EXPECT_LT(f, 1.05 * 90.95e9);
 }
