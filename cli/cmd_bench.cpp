@@ -68,23 +68,10 @@ struct MaybeMpi {
   }
 };
 
-// Seconds of the best of `reps` runs of fn (after one warm-up run); every rank runs it together.
+// Seconds of `reps` runs of fn (after one warm-up run), sorted; every rank runs each one
+// together, after a barrier.
 template <class F>
-double best_s(parallel::Communicator& w, int reps, F&& fn) {
-  fn();
-  double best = 1e30;
-  for (int i = 0; i < reps; ++i) {
-    w.barrier();
-    auto t0 = std::chrono::steady_clock::now();
-    fn();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
-
-// The median over reps runs of fn on every rank (after a barrier each; one warm-up run).
-template <class F>
-double median_s(parallel::Communicator& w, int reps, F&& fn) {
+std::vector<double> times_s(parallel::Communicator& w, int reps, F&& fn) {
   fn();
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
@@ -94,6 +81,15 @@ double median_s(parallel::Communicator& w, int reps, F&& fn) {
     t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(t.begin(), t.end());
+  return t;
+}
+template <class F>
+double best_s(parallel::Communicator& w, int reps, F&& fn) {
+  return times_s(w, reps, fn).front();
+}
+template <class F>
+double median_s(parallel::Communicator& w, int reps, F&& fn) {
+  const std::vector<double> t = times_s(w, reps, fn);
   return t[t.size() / 2];
 }
 
