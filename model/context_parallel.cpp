@@ -115,21 +115,6 @@ void unpack_cols(const Ctx& c, const float* src, int64_t w, int64_t rows, std::i
   TREX_CHECK(off == w, "unpack_cols: parts of ", off, " columns from rows of ", w);
 }
 
-void cp_reduce_scatter_cols(const Ctx& c, const ContextParallel& cp, const CpSplit& s, int64_t B,
-                            std::initializer_list<ColsIn> full, std::initializer_list<ColsOut> local) {
-  int64_t w = 0;
-  for (const ColsIn& q : full) w += q.cols;
-  const int64_t NK = B * s.T, N = B * s.local();
-  StackArena& A = *c.ws;
-  const auto mk = A.mark();
-  float* all = A.alloc<float>(NK * w);
-  float* loc = A.alloc<float>(N * w);
-  pack_cols(c, all, w, NK, full);
-  cp_reduce_scatter(cp, s, B, all, loc, w, A);
-  unpack_cols(c, loc, w, N, local);
-  A.release(mk);
-}
-
 void check_context_parallel(int cp) {
   TREX_USER_CHECK(cp >= 1, "set parallel.cp >= 1", "parallel.cp = ", cp, " must be >= 1");
 }

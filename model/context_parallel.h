@@ -102,11 +102,6 @@ struct ColsOut {
 void pack_cols(const Ctx& c, float* dst, int64_t w, int64_t rows, std::initializer_list<ColsIn> parts);
 // The parts <- src [rows, w], side by side.
 void unpack_cols(const Ctx& c, const float* src, int64_t w, int64_t rows, std::initializer_list<ColsOut> parts);
-// cp_reduce_scatter of several tensors in one collective: the whole rows' full [B T, cols_i]
-// (partial sums on every cp rank) -> local [B 2c, cols_i] (the same widths, in the same order),
-// through a packed [B T, w] and [B 2c, w] from c.ws (released on return).
-void cp_reduce_scatter_cols(const Ctx& c, const ContextParallel& cp, const CpSplit& s, int64_t B,
-                            std::initializer_list<ColsIn> full, std::initializer_list<ColsOut> local);
 
 // Throws trex::UserError (naming parallel.cp, the value and what to do) when cp < 1. Every model
 // family runs context parallel, with tensor parallelism and DeepSeek-V4's indexer loss too.

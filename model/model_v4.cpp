@@ -159,8 +159,8 @@ struct Env {
   const int32_t* seg = nullptr;        // the batch's documents [B, T] in backend memory (or null)
   const float* dbuf = nullptr;         // buffers in backend memory (the router biases); null: buffers
   // Context parallel (Model::run_cp): b is this rank's part of the micro-batch; the attention's
-  // keys are the whole rows' (V4AttnIn::cp) and cp_sum sums the aux loss's counts over the cp group
-  // (sequence parallel: over the tp group first).
+  // keys are the whole rows', exchanged as each layer needs (V4AttnIn::cp), and cp_sum sums the
+  // aux loss's counts over the cp group (sequence parallel: over the tp group first).
   const CpAttn* cp = nullptr;
   std::function<void(double*, size_t)> cp_sum = {};
   // Selective recompute of "moe" (TrainOptions::recomputes): layer_forward drops the MoE block's

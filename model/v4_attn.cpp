@@ -68,12 +68,28 @@ const int32_t* query_positions(const Ctx& c, const V4AttnIn& in) {
   return c.device(v4_cp_query_positions(*in.cp, in.B, c.host_ws()), N);
 }
 
+// Context parallel: the held key rows of this rank for the layer (model/v4_context_parallel.h).
+V4CpKeys cp_keys(const V4AttnIn& in) {
+  const V4Config& v = in.cfg->v4;
+  const AttnKind kind = v.attn[in.layer];
+  return v4_cp_keys(in.cp->split, v.sliding_window, v.rate(in.layer),
+                    kind == AttnKind::CSA ? 2 : kind == AttnKind::HCA ? 1 : 0);
+}
+
+// The sequence index of each held key row [B np], backend memory.
+const int32_t* held_positions(const Ctx& c, const V4CpKeys& k, int64_t B) {
+  int32_t* p = c.host_ws().alloc<int32_t>(std::max<int64_t>(B * k.np, 1));
+  for (int64_t i = 0; i < B * k.np; ++i) p[i] = k.pos[i % k.np];
+  return c.device(p, std::max<int64_t>(B * k.np, 1));
+}
+
 // Context parallel: the local tokens' kv(x) [N, hd] and, with a compressor of cc channels,
-// c_kv(x), c_gate(x) [N, cc hd], all-gathered in one exchange into the whole rows' kvp [NK, hd],
-// ckv, cgate [NK, cc hd] (ckv null: a sliding layer).
-void v4_cp_gather_keys(const Ctx& c, const V4AttnIn& in, const float* x, float* kvp, float* ckv, float* cgate) {
+// c_kv(x), c_gate(x) [N, cc hd], packed, exchanged in one halo exchange into this rank's held rows
+// kvp [NK, hd], ckv, cgate [NK, cc hd] (NK = B np; ckv null: a sliding layer).
+void v4_cp_gather_keys(const Ctx& c, const V4AttnIn& in, const V4CpKeys& k, const float* x, float* kvp, float* ckv,
+                       float* cgate) {
   const V4LayerParams& p = *in.p;
-  const int64_t N = in.B * in.T, NK = in.B * in.cp->split.T, d = in.cfg->hidden_size, hd = in.cfg->v4.head_dim;
+  const int64_t N = in.B * in.T, NK = in.B * k.np, d = in.cfg->hidden_size, hd = in.cfg->v4.head_dim;
   const int64_t cw = ckv ? (in.cfg->v4.attn[in.layer] == AttnKind::CSA ? 2 : 1) * hd : 0, w = hd + 2 * cw;
   const int64_t f = sizeof(float);
   StackArena& A = *c.ws;
@@ -93,18 +109,18 @@ void v4_cp_gather_keys(const Ctx& c, const V4AttnIn& in, const float* x, float* 
     }
     A.release(mt);
   }
-  cp_all_gather(*in.cp->cp, in.cp->split, in.B, loc, all, w, A);
+  v4_cp_halo_gather(*in.cp->cp, k, in.B, loc, all, w, A);
   unpack_cols(c, all, w, NK, {{kvp, hd}, {ckv, cw}, {cgate, cw}});
   A.release(mk);
 }
 
-// The adjoint: the whole rows' gradients dkvp [NK, hd], dckv, dcg [NK, cw] (this rank's queries'
-// share; dckv null: none) summed over the cp ranks into the local tokens' rows -> lkvp [N, hd],
-// lckv, lcg [N, cw].
-void v4_cp_return_keys(const Ctx& c, const V4AttnIn& in, int64_t cw, const float* dkvp, const float* dckv,
-                       const float* dcg, float* lkvp, float* lckv, float* lcg) {
+// The adjoint: the held rows' gradients dkvp [NK, hd], dckv, dcg [NK, cw] (this rank's queries'
+// share; dckv null: none), packed, returned to their owners and summed there into the local
+// tokens' rows -> lkvp [N, hd], lckv, lcg [N, cw].
+void v4_cp_return_keys(const Ctx& c, const V4AttnIn& in, const V4CpKeys& k, int64_t cw, const float* dkvp,
+                       const float* dckv, const float* dcg, float* lkvp, float* lckv, float* lcg) {
   const int64_t hd = in.cfg->v4.head_dim;
-  cp_reduce_scatter_cols(c, *in.cp->cp, in.cp->split, in.B, {{dkvp, hd}, {dckv, cw}, {dcg, cw}},
+  v4_cp_halo_return_cols(c, *in.cp->cp, k, in.B, {{dkvp, hd}, {dckv, cw}, {dcg, cw}},
                          {{lkvp, hd}, {lckv, cw}, {lcg, cw}});
 }
 
@@ -199,10 +215,14 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   const float eps = (float)cf.rms_norm_eps;
   StackArena& A = *c.ws;
   s.x = x;
-  // Key rows: the whole rows' Tf tokens (context parallel), else the queries' own.
-  const int64_t Tf = in.cp ? in.cp->split.T : T, NK = B * Tf;
+  // Key rows: this rank's held rows of the whole rows of Tf tokens (context parallel), else the
+  // queries' own.
+  const int cc = kind == AttnKind::CSA ? 2 : kind == AttnKind::HCA ? 1 : 0;  // compressor channels
+  const int64_t Tf = in.cp ? in.cp->split.T : T;
+  const V4CpKeys keys = in.cp ? cp_keys(in) : V4CpKeys{};
+  const int64_t NK = in.cp ? B * keys.np : N;
   const int32_t* tpos = query_positions(c, in);
-  const int32_t* kpos = in.cp ? positions(c, NK, Tf, 0, 0) : tpos;
+  const int32_t* kpos = in.cp ? held_positions(c, keys, B) : tpos;
 
   // Query path.
   s.qa = A.alloc<float>(N * qr);
@@ -218,27 +238,41 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   // Sliding key/value rows, then compressed entries.
   s.nw = kind == AttnKind::Sliding ? 0 : Tf / m;
   const int64_t nw = s.nw;
-  const int cc = kind == AttnKind::CSA ? 2 : kind == AttnKind::HCA ? 1 : 0;  // compressor channels
-  s.M = NK + B * nw;
+  s.NK = NK, s.M = NK + B * nw;
   s.KV = A.alloc<float>(s.M * hd);
   s.kvp = A.alloc<float>(NK * hd);
   s.kv_rstd = A.alloc<float>(NK);
-  if (in.cp) {  // the local tokens' key-side projections, all-gathered into the whole rows
+  if (in.cp) {  // the local tokens' key-side projections, their halos exchanged into the held rows
     if (cc) s.ckv = A.alloc<float>(NK * cc * hd), s.cgate = A.alloc<float>(NK * cc * hd);
-    v4_cp_gather_keys(c, in, x, s.kvp, s.ckv, s.cgate);
+    v4_cp_gather_keys(c, in, keys, x, s.kvp, s.ckv, s.cgate);
   } else {
     linear_fwd(c, x, N, d, wt(in, p.kv), hd, s.kvp);
   }
   c.k().rmsnorm_fwd(s.kvp, NK, hd, in.P + p.kv_norm, eps, s.KV, s.kv_rstd);
   rope_heads(c, s.KV, NK, 1, hd, rd, kpos, in.cos, in.sin, false);
-  const int32_t* cpos = positions(c, std::max<int64_t>(B * nw, 1), Tf, nw, m);
-  if (kind != AttnKind::Sliding) {
-    if (!in.cp) {
-      s.ckv = A.alloc<float>(N * cc * hd);
-      s.cgate = A.alloc<float>(N * cc * hd);
-      linear_fwd(c, x, N, d, wt(in, p.c_kv), cc * hd, s.ckv);
-      linear_fwd(c, x, N, d, wt(in, p.c_gate), cc * hd, s.cgate);
+  if (kind != AttnKind::Sliding && in.cp) {
+    // This rank's entries: pooled from its held rows, normalized and roped, then all-gathered
+    // into C. s.cpool / c_rstd keep its own [B, 2, emax] (model/v4_context_parallel.h).
+    const int64_t NO = B * 2 * keys.emax;
+    s.cpool = A.alloc<float>(std::max<int64_t>(NO, 1) * hd);
+    s.c_rstd = A.alloc<float>(std::max<int64_t>(NO, 1));
+    if (nw > 0) {
+      ProfScope ps(c.prof, "fwd.attn.compress_pool");
+      const int32_t* epos = c.device(v4_cp_entry_positions(keys, B, m, c.host_ws()), std::max<int64_t>(NO, 1));
+      v4_cp_pool_fwd(c, keys, B, m, hd, cc, s.ckv, s.cgate, in.P + p.c_pb, s.cpool);
+      const auto mo = A.mark();
+      float* own = A.alloc<float>(NO * hd);
+      c.k().rmsnorm_fwd(s.cpool, NO, hd, in.P + p.c_norm, eps, own, s.c_rstd);
+      rope_heads(c, own, NO, 1, hd, rd, epos, in.ccos, in.csin, false);
+      v4_cp_entries_gather(*in.cp->cp, keys, B, own, s.KV + NK * hd, hd, A);
+      A.release(mo);
     }
+  } else if (kind != AttnKind::Sliding) {
+    const int32_t* cpos = positions(c, std::max<int64_t>(B * nw, 1), Tf, nw, m);
+    s.ckv = A.alloc<float>(N * cc * hd);
+    s.cgate = A.alloc<float>(N * cc * hd);
+    linear_fwd(c, x, N, d, wt(in, p.c_kv), cc * hd, s.ckv);
+    linear_fwd(c, x, N, d, wt(in, p.c_gate), cc * hd, s.cgate);
     s.cpool = A.alloc<float>(std::max<int64_t>(B * nw, 1) * hd);
     s.c_rstd = A.alloc<float>(std::max<int64_t>(B * nw, 1));
     if (nw > 0) {
@@ -269,7 +303,7 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
                             (int)topk};
   s.off = A.alloc<int64_t>(N + 1);
   if (in.cp) {  // the local queries at their sequence indices (host: cp runs on the CPU)
-    v4_cp_key_lists(ks, *in.cp, in.seg, cnt, sel, s.off, &s.idx, A);
+    v4_cp_key_lists(ks, *in.cp, keys, in.seg, cnt, sel, s.off, &s.idx, A);
   } else {
     c.k().v4_key_offsets(ks, in.seg, cnt, sel, s.off);
     int64_t n_rows = 0;
@@ -324,9 +358,10 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
   const int64_t qr = cf.q_lora_rank, rd = cf.qk_rope_head_dim, m = v.rate(in.layer), nw = s.nw;
   StackArena& A = *c.ws;
   auto mk = A.mark();
-  const int64_t Tf = in.cp ? in.cp->split.T : T, NK = B * Tf;  // key rows, as in the forward
+  const int64_t Tf = in.cp ? in.cp->split.T : T, NK = s.NK;  // key rows, as in the forward
+  const V4CpKeys keys = in.cp ? cp_keys(in) : V4CpKeys{};
   const int32_t* tpos = query_positions(c, in);
-  const int32_t* kpos = in.cp ? positions(c, NK, Tf, 0, 0) : tpos;
+  const int32_t* kpos = in.cp ? held_positions(c, keys, B) : tpos;
 
   // Output projections.
   const int64_t olr = v.o_lora_rank, Dg = Hf * hd / Gf, GO = G * olr;
@@ -364,7 +399,7 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
     A.release(mw);
   }
 
-  // Sliding KV rows -> kv_norm -> kv_proj (context parallel: the whole rows' NK, their
+  // Sliding KV rows -> kv_norm -> kv_proj (context parallel: the held rows' NK, their
   // projections' gradients returned to the owners below).
   rope_heads(c, dKV, NK, 1, hd, rd, kpos, in.cos, in.sin, true);
   float* dkvp = A.alloc<float>(NK * hd);
@@ -374,7 +409,25 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
   // Compressed entries -> kv_norm -> pooling -> kv_proj / gate_proj.
   const int cc = kind == AttnKind::CSA ? 2 : 1;
   float *dckv = nullptr, *dcg = nullptr;  // [NK, cc hd]
-  if (kind != AttnKind::Sliding && nw > 0) {
+  if (kind != AttnKind::Sliding && nw > 0 && in.cp) {
+    // The entries' gradients (this rank's queries' share) summed into their owners; the owners'
+    // norm and pooling backward add into the held rows' dckv, dcg.
+    const int64_t NO = B * 2 * keys.emax;
+    float* dCo = A.alloc<float>(NO * hd);
+    v4_cp_entries_return(*in.cp->cp, keys, B, dKV + NK * hd, dCo, hd, A);
+    const int32_t* epos = c.device(v4_cp_entry_positions(keys, B, m, c.host_ws()), NO);
+    rope_heads(c, dCo, NO, 1, hd, rd, epos, in.ccos, in.csin, true);
+    float* dpool = A.alloc<float>(NO * hd);
+    c.k().rmsnorm_bwd(dCo, s.cpool, NO, hd, in.P + p.c_norm, s.c_rstd, dpool, gr(in, p.c_norm));
+    dckv = A.alloc<float>(NK * cc * hd);
+    dcg = A.alloc<float>(NK * cc * hd);
+    c.k().zero(dckv, NK * cc * hd * sizeof(float));
+    c.k().zero(dcg, NK * cc * hd * sizeof(float));
+    float* dpb = in.G ? in.G + p.c_pb : A.alloc<float>(m * cc * hd);
+    if (!in.G) c.k().zero(dpb, m * cc * hd * sizeof(float));
+    ProfScope ps(c.prof, "bwd.attn.compress_pool");
+    v4_cp_pool_bwd(c, keys, B, m, hd, cc, s.ckv, s.cgate, in.P + p.c_pb, dpool, dckv, dcg, dpb);
+  } else if (kind != AttnKind::Sliding && nw > 0) {
     const int32_t* cpos = positions(c, B * nw, Tf, nw, m);
     float* dC = dKV + NK * hd;
     rope_heads(c, dC, B * nw, 1, hd, rd, cpos, in.ccos, in.csin, true);
@@ -391,17 +444,15 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
       c.k().compress_pool_bwd(B, Tf, m, hd, cc, s.ckv, s.cgate, in.P + p.c_pb, dpool, dckv, dcg, dpb, work);
       A.release(mw);
     }
-    if (!in.cp) {
-      linear_bwd(c, dckv, s.x, N, d, wt(in, p.c_kv), cc * hd, dx, true, gr(in, p.c_kv));
-      linear_bwd(c, dcg, s.x, N, d, wt(in, p.c_gate), cc * hd, dx, true, gr(in, p.c_gate));
-    }
+    linear_bwd(c, dckv, s.x, N, d, wt(in, p.c_kv), cc * hd, dx, true, gr(in, p.c_kv));
+    linear_bwd(c, dcg, s.x, N, d, wt(in, p.c_gate), cc * hd, dx, true, gr(in, p.c_gate));
   }
   if (in.cp) {  // the key-side gradients summed into the owners' rows, then the projections
     const int64_t cw = dckv ? cc * hd : 0;
     float* lkvp = A.alloc<float>(N * hd);
     float* lckv = cw ? A.alloc<float>(N * cw) : nullptr;
     float* lcg = cw ? A.alloc<float>(N * cw) : nullptr;
-    v4_cp_return_keys(c, in, cw, dkvp, dckv, dcg, lkvp, lckv, lcg);
+    v4_cp_return_keys(c, in, keys, cw, dkvp, dckv, dcg, lkvp, lckv, lcg);
     linear_bwd(c, lkvp, s.x, N, d, wt(in, p.kv), hd, dx, false, gr(in, p.kv));
     if (cw) {
       linear_bwd(c, lckv, s.x, N, d, wt(in, p.c_kv), cw, dx, true, gr(in, p.c_kv));

@@ -52,12 +52,14 @@ struct V4AttnIn {
   float ix_grad = 0.f;
   // Context parallel (model/v4_context_parallel.h): B rows of T = 2c local tokens (x, out, the
   // queries), the keys those of the whole rows of cp->split.T tokens, seg then the whole rows'
-  // documents [B, cp->split.T]. The saved key side (kvp, kv_rstd, KV, ckv, cgate, cpool) holds
-  // the whole rows. With tp, cp is the cp group of this tp rank: the key side runs in full on
-  // every tp rank, each exchanging it over its own cp group, and the key-side gradients it returns
-  // to the owners are this rank's heads' share (partial over tp, as without cp). With ix_loss, the
-  // indexer's keys are the whole rows' too and the loss and recall this rank's queries' share of
-  // the micro-batch's (model/v4_indexer.h). null: off.
+  // documents [B, cp->split.T]. The saved key side holds this rank's held rows (kvp, kv_rstd, the
+  // sliding rows of KV, ckv, cgate: the local tokens and their halos) and its own compressed
+  // entries (cpool, c_rstd); KV's entries are every rank's, gathered. With tp, cp is the cp group
+  // of this tp rank: the key side runs in full on every tp rank, each exchanging it over its own
+  // cp group, and the key-side gradients it returns to the owners are this rank's heads' share
+  // (partial over tp, as without cp). With ix_loss, the indexer scores every compressed entry the
+  // same way and the loss and recall are this rank's queries' share of the micro-batch's
+  // (model/v4_indexer.h). null: off.
   const CpAttn* cp = nullptr;
   // Selective recompute of "mla_up_proj" (TrainOptions::recomputes): q_b's output qb is not kept;
   // the backward computes it again from q_res (one GEMM).
@@ -71,12 +73,15 @@ struct V4AttnSaved {
   // the unrotated output Or ([N, H*hd] each) are not kept: the backward rebuilds them from qb and
   // O (one elementwise pass each).
   float *qb = nullptr, *q_rstd = nullptr;
-  // NK = N key rows (context parallel: B x the whole rows' length).
+  // NK = N key rows (context parallel: B np, this rank's held rows; model/v4_context_parallel.h).
+  int64_t NK = 0;
   float *kvp = nullptr, *kv_rstd = nullptr;   // [NK, hd], [NK]
   int64_t nw = 0, M = 0;                      // compressed entries per row, KV rows (NK + B*nw)
   float* KV = nullptr;                        // [M, hd] sliding rows, then compressed entries
   float *ckv = nullptr, *cgate = nullptr;     // [NK, c*hd]
-  float *cpool = nullptr, *c_rstd = nullptr;  // [B*nw, hd], [B*nw]
+  // The pooled entries before their norm and its rstd: [B*nw, hd], [B*nw] (context parallel: this
+  // rank's own, [B, 2, emax, hd], [B, 2, emax]).
+  float *cpool = nullptr, *c_rstd = nullptr;
   int64_t* off = nullptr;                     // [N+1] key lists
   int32_t* idx = nullptr;
   float *O = nullptr, *lse = nullptr;         // [N, H, hd] attention output, [N, H]

@@ -10,6 +10,7 @@
 #include "kernels/indexer.h"
 #include "kernels/rope.h"
 #include "model/indexer_score_bwd.h"
+#include "model/v4_context_parallel.h"
 
 namespace trex::model {
 
@@ -23,32 +24,43 @@ void rope_heads(const Ctx& c, float* x, int64_t N, int H, int64_t hd, int64_t rd
   c.k().rope_apply(x + (hd - rd), N, H, H * hd, hd, (int)rd, pos, cos, sin, kern::RopeLayout::Interleaved, inverse);
 }
 
+// Context parallel: this rank's held rows and own entries for the layer (the CSA attention's
+// plan: the same window, rate and channels; model/v4_context_parallel.h).
+V4CpKeys index_keys(const V4AttnIn& in) {
+  const V4Config& v = in.cfg->v4;
+  return v4_cp_keys(in.cp->split, v.sliding_window, v.rate(in.layer), 2);
+}
+
 // Positions: token i of its row at i % T (context parallel: at its sequence index); entry e of
-// its row (e % nw) at (e % nw) m. Computed on the host, in backend memory.
+// its row (e % nw) at (e % nw) m; context parallel, e: this rank's own entries [B, 2, emax]
+// (v4_cp_entry_positions). Computed on the host, in backend memory.
 struct Pos {
-  int32_t *t, *c;
+  int32_t *t, *c, *e = nullptr;
 };
-Pos positions(const Ctx& c, const V4AttnIn& in, int64_t nw, int64_t m) {
+Pos positions(const Ctx& c, const V4AttnIn& in, int64_t nw, int64_t m, const V4CpKeys* keys) {
   const int64_t B = in.B, T = in.T;
   StackArena& H = c.host_ws();
   Pos p{H.alloc<int32_t>(std::max<int64_t>(B * T, 1)), H.alloc<int32_t>(std::max<int64_t>(B * nw, 1))};
   for (int64_t i = 0; i < B * T; ++i) p.t[i] = (int32_t)(in.cp ? in.cp->qidx[i % T] : i % T);
   for (int64_t i = 0; i < std::max<int64_t>(B * nw, 1); ++i) p.c[i] = i < B * nw ? (int32_t)((i % nw) * m) : 0;
-  return {c.device(p.t, std::max<int64_t>(B * T, 1)), c.device(p.c, std::max<int64_t>(B * nw, 1))};
+  Pos d{c.device(p.t, std::max<int64_t>(B * T, 1)), c.device(p.c, std::max<int64_t>(B * nw, 1))};
+  if (keys) d.e = c.device(v4_cp_entry_positions(*keys, B, m, H), std::max<int64_t>(B * 2 * keys->emax, 1));
+  return d;
 }
 
 // The indexer's projections (scratch in c.ws): q [N, nI, dI] (roped), w [N, nI] (times nI^-0.5),
 // k [B nw, dI]; with keep, also what the key path's backward needs: kv, gate [NK, 2 dI] (the
 // compressor's projections), pool [B nw, dI] (before the norm) and its rstd [B nw]. Context
-// parallel: kv and gate are the local tokens' all-gathered into the whole rows (NK = B x their
-// length, nw their entries); else NK = N.
+// parallel (keys): kv and gate are this rank's held rows (NK = B np: the local tokens' and their
+// halos, exchanged), pool and rstd its own entries [B, 2, emax], and k every rank's entries,
+// gathered; else NK = N.
 struct Proj {
   float *q, *w, *k;
   float *kv = nullptr, *gate = nullptr, *pool = nullptr, *rstd = nullptr;
 };
 
-Proj project(const Ctx& c, const V4AttnIn& in, const float* x, const float* qres, const Pos& pos, int64_t nw,
-             bool keep) {
+Proj project(const Ctx& c, const V4AttnIn& in, const V4CpKeys* keys, const float* x, const float* qres,
+             const Pos& pos, int64_t nw, bool keep) {
   const ModelConfig& cf = *in.cfg;
   const V4Config& v = cf.v4;
   const V4LayerParams& p = *in.p;
@@ -57,11 +69,11 @@ Proj project(const Ctx& c, const V4AttnIn& in, const float* x, const float* qres
   StackArena& A = *c.ws;
   Proj pr{};
   pr.k = A.alloc<float>(std::max<int64_t>(B * nw, 1) * dI);
-  if (nw > 0) {
-    const int64_t Tf = in.cp ? in.cp->split.T : T, NK = B * Tf;
+  if (nw > 0 && in.cp) {
+    const int64_t NK = B * keys->np, NO = B * 2 * keys->emax;
     pr.kv = A.alloc<float>(NK * 2 * dI);
     pr.gate = A.alloc<float>(NK * 2 * dI);
-    if (in.cp) {
+    {
       const int64_t f = sizeof(float), w = 4 * dI;
       auto mk = A.mark();
       float* loc = A.alloc<float>(N * w);  // [N, kv | gate]
@@ -71,16 +83,30 @@ Proj project(const Ctx& c, const V4AttnIn& in, const float* x, const float* qres
       c.k().copy_rows(loc, w * f, t, 2 * dI * f, 2 * dI * f, N);
       linear_fwd(c, x, N, d, wt(in, p.i_gate), 2 * dI, t);
       c.k().copy_rows(loc + 2 * dI, w * f, t, 2 * dI * f, 2 * dI * f, N);
-      cp_all_gather(*in.cp->cp, in.cp->split, B, loc, all, w, A);
+      v4_cp_halo_gather(*in.cp->cp, *keys, B, loc, all, w, A);
       unpack_cols(c, all, w, NK, {{pr.kv, 2 * dI}, {pr.gate, 2 * dI}});
       A.release(mk);
-    } else {
+    }
+    pr.pool = A.alloc<float>(NO * dI);
+    pr.rstd = keep ? A.alloc<float>(NO) : nullptr;
+    v4_cp_pool_fwd(c, *keys, B, m, dI, 2, pr.kv, pr.gate, in.P + p.i_pb, pr.pool);
+    auto mo = A.mark();
+    float* own = A.alloc<float>(NO * dI);
+    c.k().rmsnorm_fwd(pr.pool, NO, dI, in.P + p.i_norm, (float)cf.rms_norm_eps, own, pr.rstd);
+    rope_heads(c, own, NO, 1, dI, rd, pos.e, in.ccos, in.csin, false);
+    v4_cp_entries_gather(*in.cp->cp, *keys, B, own, pr.k, dI, A);
+    A.release(mo);
+  } else if (nw > 0) {
+    const int64_t NK = N;
+    pr.kv = A.alloc<float>(NK * 2 * dI);
+    pr.gate = A.alloc<float>(NK * 2 * dI);
+    {
       linear_fwd(c, x, N, d, wt(in, p.i_kv), 2 * dI, pr.kv);
       linear_fwd(c, x, N, d, wt(in, p.i_gate), 2 * dI, pr.gate);
     }
     pr.pool = A.alloc<float>(B * nw * dI);
     pr.rstd = keep ? A.alloc<float>(B * nw) : nullptr;
-    c.k().compress_pool_fwd(B, Tf, m, dI, 2, pr.kv, pr.gate, in.P + p.i_pb, pr.pool);
+    c.k().compress_pool_fwd(B, T, m, dI, 2, pr.kv, pr.gate, in.P + p.i_pb, pr.pool);
     c.k().rmsnorm_fwd(pr.pool, B * nw, dI, in.P + p.i_norm, (float)cf.rms_norm_eps, pr.k, pr.rstd);
     rope_heads(c, pr.k, B * nw, 1, dI, rd, pos.c, in.ccos, in.csin, false);
   }
@@ -93,12 +119,13 @@ Proj project(const Ctx& c, const V4AttnIn& in, const float* x, const float* qres
   return pr;
 }
 
-// Context parallel, the adjoint of project's gather: the whole rows' gradients of the
-// compressor's projections dkv, dg [NK, 2 dI] (this rank's queries' share), packed [NK, kv | gate]
-// and summed over the cp ranks in one reduce-scatter into the local tokens' rows -> lkv, lg [N, 2 dI].
-void return_keys(const Ctx& c, const V4AttnIn& in, const float* dkv, const float* dg, float* lkv, float* lg) {
+// Context parallel, the adjoint of project's halo exchange: the held rows' gradients of the
+// compressor's projections dkv, dg [NK, 2 dI] (this rank's share), packed [NK, kv | gate],
+// returned to their owners and summed there into the local tokens' rows -> lkv, lg [N, 2 dI].
+void return_keys(const Ctx& c, const V4AttnIn& in, const V4CpKeys& k, const float* dkv, const float* dg, float* lkv,
+                 float* lg) {
   const int64_t dI = in.cfg->v4.index_head_dim;
-  cp_reduce_scatter_cols(c, *in.cp->cp, in.cp->split, in.B, {{dkv, 2 * dI}, {dg, 2 * dI}}, {{lkv, 2 * dI}, {lg, 2 * dI}});
+  v4_cp_halo_return_cols(c, *in.cp->cp, k, in.B, {{dkv, 2 * dI}, {dg, 2 * dI}}, {{lkv, 2 * dI}, {lg, 2 * dI}});
 }
 
 double log_sum_exp(const std::vector<double>& v) {
@@ -118,8 +145,10 @@ void v4_index_select(const Ctx& c, const V4AttnIn& in, const float* x, const flo
   const int64_t m = v.rate(in.layer);
   StackArena& A = *c.ws;
   auto mk = A.mark();
-  const Pos pos = positions(c, in, nw, m);
-  const Proj pr = project(c, in, x, qres, pos, nw, false);
+  const V4CpKeys keys = in.cp ? index_keys(in) : V4CpKeys{};
+  const V4CpKeys* kp = in.cp ? &keys : nullptr;
+  const Pos pos = positions(c, in, nw, m, kp);
+  const Proj pr = project(c, in, kp, x, qres, pos, nw, false);
   kern::IndexerShape sh{in.B, in.T, nw, (int)v.index_n_heads, (int)v.index_head_dim, m, (int)v.index_topk,
                         (float)std::pow((double)v.index_head_dim, -0.5)};
   float* work = A.alloc<float>(std::max<size_t>(kern::indexer_workspace_floats(sh), 1));
@@ -129,7 +158,7 @@ void v4_index_select(const Ctx& c, const V4AttnIn& in, const float* x, const flo
 }
 
 void v4_index_loss_pairs(const Ctx& c, const V4AttnIn& in, V4AttnSaved& s) {
-  const int64_t N = in.B * in.T, NK = in.B * (in.cp ? in.cp->split.T : in.T);
+  const int64_t N = in.B * in.T, NK = s.NK;
   StackArena& A = *c.ws;
   // Pairs: the compressed entries (kv rows >= NK, ascending) of each query's key list.
   s.ix_off = A.alloc<int64_t>(N + 1);
@@ -156,16 +185,18 @@ void v4_index_loss_forward(const Ctx& c, const V4AttnIn& in, V4AttnSaved& s, con
   TREX_CHECK(!in.tp.on(), "the V4 indexer loss needs every attention head on one rank");
   const int64_t B = in.B, T = in.T, N = B * T, H = cf.num_attention_heads, hd = v.head_dim;
   const int64_t nI = v.index_n_heads, dI = v.index_head_dim, nw = s.nw, m = v.rate(in.layer), kt = v.index_topk;
-  // Context parallel: the key rows are the whole rows' NK (the entries follow them in s.KV), the
-  // queries this rank's N at their sequence indices; the loss and recall are divided by the whole
-  // micro-batch's query count NK, so their sums over the cp ranks are one process's.
-  const int64_t Tf = in.cp ? in.cp->split.T : T, NK = B * Tf;
+  // Context parallel: the key rows are this rank's held rows NK (the entries follow them in s.KV),
+  // the queries this rank's N at their sequence indices; the loss and recall are divided by the
+  // whole micro-batch's query count NQ, so their sums over the cp ranks are one process's.
+  const int64_t Tf = in.cp ? in.cp->split.T : T, NK = s.NK, NQ = B * Tf;
   auto seq_index = [&](int64_t i) { return in.cp ? (int64_t)in.cp->qidx[i % T] : i % T; };
   const double scale = std::pow((double)hd, -0.5), cI = std::pow((double)dI, -0.5);
   StackArena& A = *c.ws;
   auto mk = A.mark();
-  const Pos pos = positions(c, in, nw, m);
-  const Proj pr = project(c, in, s.x, s.qres, pos, nw, false);
+  const V4CpKeys keys = in.cp ? index_keys(in) : V4CpKeys{};
+  const V4CpKeys* kp = in.cp ? &keys : nullptr;
+  const Pos pos = positions(c, in, nw, m, kp);
+  const Proj pr = project(c, in, kp, s.x, s.qres, pos, nw, false);
   std::vector<double> loss(N), recall(N);
   parallel_for(N, 4, [&](int64_t i0, int64_t i1) {
     std::vector<double> p, I, sc, ss;
@@ -224,8 +255,8 @@ void v4_index_loss_forward(const Ctx& c, const V4AttnIn& in, V4AttnSaved& s, con
   A.release(mk);
   double ls = 0, rs = 0;
   for (int64_t i = 0; i < N; ++i) ls += loss[i], rs += recall[i];
-  s.ix_loss = NK ? ls / (double)NK : 0.0;
-  s.ix_recall = NK ? rs / (double)NK : 0.0;
+  s.ix_loss = NQ ? ls / (double)NQ : 0.0;
+  s.ix_recall = NQ ? rs / (double)NQ : 0.0;
 }
 
 void v4_index_loss_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s) {
@@ -234,19 +265,21 @@ void v4_index_loss_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved&
   const V4LayerParams& lp = *in.p;
   const int64_t B = in.B, T = in.T, N = B * T, d = cf.hidden_size, nw = s.nw, m = v.rate(in.layer);
   const int64_t nI = v.index_n_heads, dI = v.index_head_dim, rd = cf.qk_rope_head_dim, NE = B * nw;
-  // Context parallel: the key path (the entries, the compressor's projections) is the whole rows'
-  // (Tf tokens a row, NK in all), the queries this rank's N; the loss is a mean over NK queries.
-  const int64_t Tf = in.cp ? in.cp->split.T : T, NK = B * Tf;
-  // No pair: every gradient is 0 (under cp only when no rank has one: the others' exchange below
-  // needs this rank).
+  // Context parallel: the entries are every rank's, the compressor's projections this rank's held
+  // rows, the queries this rank's N; the loss is a mean over the whole micro-batch's NQ queries.
+  const int64_t Tf = in.cp ? in.cp->split.T : T, NQ = B * Tf;
+  // No pair: every gradient is 0 (under cp only when no rank has one: the others' exchanges below
+  // need this rank).
   if (NE == 0 || (!in.cp && s.ix_off[N] == 0)) return;
-  // g(i, k) = ix_grad / NK (q - p) dI^-0.5: the score's scale folded in.
-  const double g0 = (double)in.ix_grad / (double)NK * std::pow((double)dI, -0.5);
+  // g(i, k) = ix_grad / NQ (q - p) dI^-0.5: the score's scale folded in.
+  const double g0 = (double)in.ix_grad / (double)NQ * std::pow((double)dI, -0.5);
   const double wsc = std::pow((double)nI, -0.5);
   StackArena& A = *c.ws;
   auto mk = A.mark();
-  const Pos pos = positions(c, in, nw, m);
-  const Proj pr = project(c, in, s.x, s.qres, pos, nw, true);
+  const V4CpKeys keys = in.cp ? index_keys(in) : V4CpKeys{};
+  const V4CpKeys* kp = in.cp ? &keys : nullptr;
+  const Pos pos = positions(c, in, nw, m, kp);
+  const Proj pr = project(c, in, kp, s.x, s.qres, pos, nw, true);
   float* dw = A.alloc<float>(N * nI);
   float* dq = A.alloc<float>(N * nI * dI);
   float* dk = A.alloc<float>(NE * dI);
@@ -265,22 +298,34 @@ void v4_index_loss_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved&
   rope_heads(c, dq, N, (int)nI, dI, rd, pos.t, in.ccos, in.csin, true);
   linear_bwd(c, dq, s.qres, N, cf.q_lora_rank, wt(in, lp.i_qb), nI * dI, nullptr, false, G + lp.i_qb);
   // ik = rope(rmsnorm(pool(i_kv(x), i_gate(x), i_pb))).
-  rope_heads(c, dk, NE, 1, dI, rd, pos.c, in.ccos, in.csin, true);
-  float* dpool = A.alloc<float>(NE * dI);
-  c.k().rmsnorm_bwd(dk, pr.pool, NE, dI, in.P + lp.i_norm, pr.rstd, dpool, G + lp.i_norm);
-  float* dkv = A.alloc<float>(NK * 2 * dI);  // [NK, 2 dI] (under cp this rank's queries' share)
-  float* dg = A.alloc<float>(NK * 2 * dI);
-  {
+  float *dkv, *dg;  // [N, 2 dI], the local tokens'
+  if (in.cp) {
+    // The entries' gradients (this rank's share) summed into their owners; the owners' norm and
+    // pooling backward add into their held rows' gradients, which go back to the rows' owners.
+    const int64_t NK = B * keys.np, NO = B * 2 * keys.emax;
+    float* dko = A.alloc<float>(NO * dI);
+    v4_cp_entries_return(*in.cp->cp, keys, B, dk, dko, dI, A);
+    rope_heads(c, dko, NO, 1, dI, rd, pos.e, in.ccos, in.csin, true);
+    float* dpool = A.alloc<float>(NO * dI);
+    c.k().rmsnorm_bwd(dko, pr.pool, NO, dI, in.P + lp.i_norm, pr.rstd, dpool, G + lp.i_norm);
+    float* hkv = A.alloc<float>(NK * 2 * dI);  // the held rows' [NK, 2 dI]
+    float* hg = A.alloc<float>(NK * 2 * dI);
+    c.k().zero(hkv, NK * 2 * dI * sizeof(float));
+    c.k().zero(hg, NK * 2 * dI * sizeof(float));
+    v4_cp_pool_bwd(c, keys, B, m, dI, 2, pr.kv, pr.gate, in.P + lp.i_pb, dpool, hkv, hg, G + lp.i_pb);
+    dkv = A.alloc<float>(N * 2 * dI);
+    dg = A.alloc<float>(N * 2 * dI);
+    return_keys(c, in, keys, hkv, hg, dkv, dg);
+  } else {
+    rope_heads(c, dk, NE, 1, dI, rd, pos.c, in.ccos, in.csin, true);
+    float* dpool = A.alloc<float>(NE * dI);
+    c.k().rmsnorm_bwd(dk, pr.pool, NE, dI, in.P + lp.i_norm, pr.rstd, dpool, G + lp.i_norm);
+    dkv = A.alloc<float>(N * 2 * dI);
+    dg = A.alloc<float>(N * 2 * dI);
     auto mw = A.mark();
-    float* work = A.alloc<float>(std::max<size_t>(kern::compress_pool_bwd_workspace_floats(B, Tf, m, dI, 2), 1));
-    c.k().compress_pool_bwd(B, Tf, m, dI, 2, pr.kv, pr.gate, in.P + lp.i_pb, dpool, dkv, dg, G + lp.i_pb, work);
+    float* work = A.alloc<float>(std::max<size_t>(kern::compress_pool_bwd_workspace_floats(B, T, m, dI, 2), 1));
+    c.k().compress_pool_bwd(B, T, m, dI, 2, pr.kv, pr.gate, in.P + lp.i_pb, dpool, dkv, dg, G + lp.i_pb, work);
     A.release(mw);
-  }
-  if (in.cp) {  // summed over the cp ranks into the local tokens' rows [N, 2 dI]
-    float* lkv = A.alloc<float>(N * 2 * dI);
-    float* lg = A.alloc<float>(N * 2 * dI);
-    return_keys(c, in, dkv, dg, lkv, lg);
-    dkv = lkv, dg = lg;
   }
   linear_bwd(c, dkv, s.x, N, d, wt(in, lp.i_kv), 2 * dI, nullptr, false, G + lp.i_kv);
   linear_bwd(c, dg, s.x, N, d, wt(in, lp.i_gate), 2 * dI, nullptr, false, G + lp.i_gate);

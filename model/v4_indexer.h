@@ -24,12 +24,14 @@
 // gradients of ix_grad * loss into i_w, i_qb, i_kv, i_gate, i_pb and i_norm only (no activation
 // gradient), the indexer's projections recomputed.
 // Context parallel (V4AttnIn::cp; model/v4_context_parallel.h): every term is one query's, so each
-// rank scores its local queries (at their sequence indices) against the whole rows' entries (the
-// indexer's i_kv / i_gate all-gathered, as for the selection); N in the means above is the whole
-// micro-batch's B T, so the ranks' losses and recalls sum to one process's (Model::run_cp sums
-// them). The backward's key-side gradients (dI/d i_kv(x), dI/d i_gate(x) of the whole rows, this
-// rank's queries' share) go back to their owners in one reduce-scatter; i_pb and i_norm get this
-// rank's share, summed by the gradient sync.
+// rank scores its local queries (at their sequence indices) against every compressed entry: the
+// indexer's compressor runs on each rank's held rows (its local tokens' i_kv / i_gate and their
+// halos), each entry pooled, normalized and roped by its owner and all-gathered, as the
+// attention's. N in the means above is the whole micro-batch's B T, so the ranks' losses and
+// recalls sum to one process's (Model::run_cp sums them). The backward returns the entries'
+// gradients (this rank's queries' share) to their owners, whose pooling backward gives their held
+// rows' gradients, returned in turn to the rows' owners; i_pb and i_norm get this rank's share,
+// summed by the gradient sync.
 #pragma once
 #include <cstdint>
 #include "model/v4_attn.h"

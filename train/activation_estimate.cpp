@@ -3,6 +3,8 @@
 #include "train/activation_estimate.h"
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 #include <vector>
 #include "core/error.h"
 #include "kernels/compress_pool.h"
@@ -10,6 +12,7 @@
 #include "kernels/indexer.h"
 #include "kernels/lm_head_ce.h"
 #include "kernels/sparse_attn.h"
+#include "model/v4_context_parallel.h"
 
 namespace trex::train {
 
@@ -448,7 +451,8 @@ struct StepWalk {
 
   // model/v4_attn.cpp (H, G: this rank's heads and output groups). Context parallel
   // (model/v4_context_parallel.h): the key side (kvp, KV's sliding rows, the compressors'
-  // projections, the indexer's) holds the whole rows' NK tokens, the queries the local N.
+  // projections, the indexer's) holds this rank's held rows (B np: its tokens and their halos),
+  // the pooled entries before their norm its own, KV every entry; the queries are the local N.
   int64_t v4_query_keys(int64_t l, int64_t t) const {  // key-list entries of the query at t
     const model::V4Config& v = c.v4;
     const model::AttnKind k = v.attn[l];
@@ -471,29 +475,76 @@ struct StepWalk {
     for (int64_t j = 0; j < T / cp; ++j) n += v4_query_keys(l, v4_seq_index(j));
     return n;
   }
-  // model/v4_attn.cpp v4_cp_gather_keys / v4_cp_return_keys and model/v4_indexer.cpp's gather:
-  // the packed local and whole rows [N | NK, w] and, inside, the collective's buffer
-  // (cp_all_gather / cp_reduce_scatter: [cp N, w], released). A gather (tw > 0) computes its
-  // projections into t [N, tw] first, released before the collective (the attention's) or after
-  // it (keep_t: the indexer's).
-  void cp_exchange(int64_t w, int64_t tw = 0, int64_t projections = 0, bool keep_t = false) {
+  // Context parallel, DeepSeek-V4: this rank's held rows and own entries for layer l
+  // (model/v4_context_parallel.h v4_cp_keys; the CSA indexer's plan is its layer's).
+  std::map<std::tuple<int64_t, int64_t, int>, model::V4CpKeys> plans;
+  const model::V4CpKeys& v4_cp_plan(int64_t l) {
+    const model::V4Config& v = c.v4;
+    const model::AttnKind k = v.attn[l];
+    const int cc = k == model::AttnKind::CSA ? 2 : k == model::AttnKind::HCA ? 1 : 0;
+    const auto key = std::make_tuple(v.sliding_window, v.rate(l), cc);
+    auto it = plans.find(key);
+    if (it == plans.end()) {
+      const model::CpSplit s{T, T / (2 * cp), (int)rank, (int)cp};
+      it = plans.emplace(key, model::v4_cp_keys(s, v.sliding_window, v.rate(l), cc)).first;
+    }
+    return it->second;
+  }
+  // v4_cp_halo_gather / v4_cp_halo_return's blocks (ret: the return, the other way round).
+  void halo_collective(const model::V4CpKeys& k, int64_t w, bool ret) {
+    const auto m = A.mark();
+    const int64_t S = k.send_at.back() * B * w, R = k.recv_at.back() * B * w;
+    f32(std::max<int64_t>(ret ? R : S, 1)), f32(std::max<int64_t>(ret ? S : R, 1));
+    A.release(m);
+  }
+  // model/v4_attn.cpp v4_cp_gather_keys / v4_cp_return_keys and model/v4_indexer.cpp's exchange
+  // and return_keys: the packed local and held rows [N | B np, w] and, inside, the exchange's
+  // blocks. A gather (tw > 0) computes its projections into t [N, tw] first, released before the
+  // exchange (the attention's) or after it (keep_t: the indexer's).
+  void halo_exchange(const model::V4CpKeys& k, int64_t w, int64_t tw = 0, int64_t projections = 0,
+                     bool keep_t = false) {
+    const int64_t NH = B * k.np;
     const auto m = A.mark();
     if (tw) {
-      f32(N * w), f32(NK * w);  // loc, all
+      f32(N * w), f32(NH * w);  // loc, all
       const auto mt = A.mark();
       f32(N * tw);
       for (int64_t i = 0; i < projections; ++i) linear_fwd(N, d);
       if (!keep_t) A.release(mt);
-      cp_collective(w);
+      halo_collective(k, w, false);
     } else {
-      f32(NK * w), f32(N * w);  // all, loc
-      cp_collective(w);
+      f32(NH * w), f32(N * w);  // all, loc
+      halo_collective(k, w, true);
     }
     A.release(m);
   }
-  void cp_collective(int64_t w) {
+  // v4_cp_entries_gather / _return: the collective's buffer [cp, B, 2, emax, w].
+  void entries_collective(const model::V4CpKeys& k, int64_t w) {
+    if (k.emax == 0) return;
     const auto m = A.mark();
-    f32(cp * N * w);
+    f32(cp * B * 2 * k.emax * w);
+    A.release(m);
+  }
+  int64_t pool_rows(const model::V4CpKeys& k) const { return std::max(k.own[0].L, k.own[1].L); }
+  void cp_pool_fwd(const model::V4CpKeys& k, int64_t m, int64_t hd) {  // v4_cp_pool_fwd
+    if (!pool_rows(k)) return;
+    const auto mk = A.mark();
+    f32(pool_rows(k) / m * hd);
+    A.release(mk);
+  }
+  void cp_pool_bwd(const model::V4CpKeys& k, int64_t m, int64_t hd, int cc) {  // v4_cp_pool_bwd
+    const int64_t L = pool_rows(k);
+    if (!L) return;
+    const auto mk = A.mark();
+    f32(L / m * hd), f32(L * cc * hd), f32(L * cc * hd);  // dt, dk, dg
+    f32((int64_t)std::max<size_t>(kern::compress_pool_bwd_workspace_floats(1, L, m, hd, cc), 1));
+    A.release(mk);
+  }
+  // The owners' entries: v4_cp_entry_positions, the normed and roped copy, the gather.
+  void cp_own_entries(const model::V4CpKeys& k, int64_t hd) {
+    const auto m = A.mark();
+    f32(B * 2 * k.emax * hd);  // own
+    entries_collective(k, hd);
     A.release(m);
   }
   // Compressed entries a query at t of a CSA layer attends (the dense warm-up: every visible one).
@@ -505,13 +556,22 @@ struct StepWalk {
   // model/v4_indexer.cpp project (positions first): keep, the key path's backward inputs too.
   void v4_index_project(int64_t l, bool keep) {
     const model::V4Config& v = c.v4;
-    const int64_t dI = v.index_head_dim, nI = v.index_n_heads, nw = T / v.rate(l);
+    const int64_t dI = v.index_head_dim, nI = v.index_n_heads, m = v.rate(l), nw = T / m;
     i32(std::max<int64_t>(N, 1)), i32(std::max<int64_t>(B * nw, 1));  // positions
+    if (cp > 1) i32(std::max<int64_t>(B * 2 * v4_cp_plan(l).emax, 1));  // the own entries'
     f32(std::max<int64_t>(B * nw, 1) * dI);                            // k
-    if (nw > 0) {
-      f32(NK * 2 * dI), f32(NK * 2 * dI);  // kv, gate (the whole rows' under cp)
-      if (cp > 1) cp_exchange(4 * dI, 2 * dI, 2, true);
-      else linear_fwd(N, d), linear_fwd(N, d);
+    if (nw > 0 && cp > 1) {
+      const model::V4CpKeys& k = v4_cp_plan(l);
+      const int64_t NH = B * k.np, NO = B * 2 * k.emax;
+      f32(NH * 2 * dI), f32(NH * 2 * dI);  // kv, gate (the held rows)
+      halo_exchange(k, 4 * dI, 2 * dI, 2, true);
+      f32(NO * dI);            // pool (the own entries)
+      if (keep) f32(NO);       // rstd
+      cp_pool_fwd(k, m, dI);
+      cp_own_entries(k, dI);
+    } else if (nw > 0) {
+      f32(N * 2 * dI), f32(N * 2 * dI);  // kv, gate
+      linear_fwd(N, d), linear_fwd(N, d);
       f32(B * nw * dI);  // pool
       if (keep) f32(B * nw);  // rstd
     }
@@ -529,10 +589,12 @@ struct StepWalk {
     const model::V4Config& v = c.v4;
     const model::AttnKind kind = v.attn[l];
     const int64_t H = c.num_attention_heads / tp, G = v.o_groups / tp, hd = v.head_dim, qr = c.q_lora_rank;
-    const int64_t m = v.rate(l), nw = kind == model::AttnKind::Sliding ? 0 : T / m, M = NK + B * nw;
+    const int64_t m = v.rate(l), nw = kind == model::AttnKind::Sliding ? 0 : T / m;
     const int64_t cc = kind == model::AttnKind::CSA ? 2 : kind == model::AttnKind::HCA ? 1 : 0;
-    i32(N);                            // tpos
-    if (cp > 1) i32(NK);               // kpos
+    const model::V4CpKeys* kp = cp > 1 ? &v4_cp_plan(l) : nullptr;
+    const int64_t NK = kp ? B * kp->np : N, M = NK + B * nw;  // key rows: the held ones under cp
+    i32(N);                                             // tpos
+    if (kp) i32(std::max<int64_t>(NK, 1));              // kpos
     f32(N * qr), f32(N), f32(N * qr);  // qa, rstd, qres
     linear_fwd(N, d);
     if (!up_proj) f32(N * H * hd);  // qb
@@ -540,19 +602,26 @@ struct StepWalk {
     if (!up_proj) linear_fwd(N, qr);
     auto mk = A.mark();
     f32(M * hd), f32(NK * hd), f32(NK);  // KV, kvp, kv_rstd
-    if (cp > 1) {
+    if (kp) {
       if (cc) f32(NK * cc * hd), f32(NK * cc * hd);  // ckv, cgate
-      cp_exchange(hd + 2 * cc * hd, std::max(hd, cc * hd), cc ? 3 : 1);
+      halo_exchange(*kp, hd + 2 * cc * hd, std::max(hd, cc * hd), cc ? 3 : 1);
+      if (kind != model::AttnKind::Sliding) {  // the own entries: cpool, c_rstd
+        const int64_t NO = B * 2 * kp->emax;
+        f32(std::max<int64_t>(NO, 1) * hd), f32(std::max<int64_t>(NO, 1));
+        if (nw > 0) {
+          i32(std::max<int64_t>(NO, 1));  // epos
+          cp_pool_fwd(*kp, m, hd);
+          cp_own_entries(*kp, hd);
+        }
+      }
     } else {
       linear_fwd(N, d);
-    }
-    i32(std::max<int64_t>(B * nw, 1));  // cpos
-    if (kind != model::AttnKind::Sliding) {
-      if (cp == 1) {
+      i32(std::max<int64_t>(B * nw, 1));  // cpos
+      if (kind != model::AttnKind::Sliding) {
         f32(N * cc * hd), f32(N * cc * hd);  // ckv, cgate
         linear_fwd(N, d), linear_fwd(N, d);
+        f32(std::max<int64_t>(B * nw, 1) * hd), f32(std::max<int64_t>(B * nw, 1));  // cpool, c_rstd
       }
-      f32(std::max<int64_t>(B * nw, 1) * hd), f32(std::max<int64_t>(B * nw, 1));  // cpool, c_rstd
     }
     if (kind == model::AttnKind::CSA) {  // v4_index_select
       const int64_t dI = v.index_head_dim, nI = v.index_n_heads, topk = v.index_topk;
@@ -598,11 +667,13 @@ struct StepWalk {
     const model::V4Config& v = c.v4;
     const model::AttnKind kind = v.attn[l];
     const int64_t H = c.num_attention_heads / tp, G = v.o_groups / tp, hd = v.head_dim, qr = c.q_lora_rank;
-    const int64_t m = v.rate(l), nw = kind == model::AttnKind::Sliding ? 0 : T / m, M = NK + B * nw;
+    const int64_t m = v.rate(l), nw = kind == model::AttnKind::Sliding ? 0 : T / m;
+    const model::V4CpKeys* kp = cp > 1 ? &v4_cp_plan(l) : nullptr;
+    const int64_t NK = kp ? B * kp->np : N, M = NK + B * nw;  // as in the forward
     const int64_t GO = G * v.o_lora_rank;
     const auto mk = A.mark();
     i32(N);       // tpos
-    if (cp > 1) i32(NK);  // kpos
+    if (kp) i32(std::max<int64_t>(NK, 1));  // kpos
     f32(N * GO);  // dY
     linear_bwd(N, GO, d);
     f32(N * H * hd);  // dO
@@ -624,7 +695,15 @@ struct StepWalk {
     f32(NK * hd);  // dkvp
     if (cp == 1) linear_bwd(N, d, hd);
     const bool comp = kind != model::AttnKind::Sliding && nw > 0;
-    if (comp) {
+    if (comp && kp) {
+      const int cc = kind == model::AttnKind::CSA ? 2 : 1;
+      const int64_t NO = B * 2 * kp->emax;
+      f32(NO * hd);  // dCo
+      entries_collective(*kp, hd);
+      i32(NO), f32(NO * hd);                 // epos, dpool
+      f32(NK * cc * hd), f32(NK * cc * hd);  // dckv, dcg (the held rows)
+      cp_pool_bwd(*kp, m, hd, cc);
+    } else if (comp) {
       const int cc = kind == model::AttnKind::CSA ? 2 : 1;
       i32(B * nw), f32(B * nw * hd);         // cpos, dpool
       f32(NK * cc * hd), f32(NK * cc * hd);  // dckv, dcg
@@ -633,11 +712,11 @@ struct StepWalk {
       A.release(mw);
       if (cp == 1) linear_bwd(N, d, cc * hd), linear_bwd(N, d, cc * hd);
     }
-    if (cp > 1) {  // lkvp, lckv, lcg; the exchange; the projections
+    if (kp) {  // lkvp, lckv, lcg; the return; the projections
       const int64_t cw = comp ? (kind == model::AttnKind::CSA ? 2 : 1) * hd : 0;
       f32(N * hd);
       if (cw) f32(N * cw), f32(N * cw);
-      cp_exchange(hd + 2 * cw);
+      halo_exchange(*kp, hd + 2 * cw);
       linear_bwd(N, d, hd);
       if (cw) linear_bwd(N, d, cw), linear_bwd(N, d, cw);
     }
@@ -658,13 +737,19 @@ struct StepWalk {
       f32(N * nI), f32(N * nI * dI), f32(NE * dI);  // dw, dq, dk
       linear_bwd(N, d, nI);
       linear_bwd(N, qr, nI * dI);
-      f32(NE * dI), f32(NK * 2 * dI), f32(NK * 2 * dI);  // dpool, dkv, dg (the whole rows' under cp)
-      const auto mw2 = A.mark();
-      f32((int64_t)std::max<size_t>(kern::compress_pool_bwd_workspace_floats(B, T, m, dI, 2), 1));
-      A.release(mw2);
-      if (cp > 1) {  // lkv, lg; return_keys's exchange
-        f32(N * 2 * dI), f32(N * 2 * dI);
-        cp_exchange(4 * dI);
+      if (kp) {
+        const int64_t NO = B * 2 * kp->emax;
+        f32(NO * dI);  // dko
+        entries_collective(*kp, dI);
+        f32(NO * dI), f32(NK * 2 * dI), f32(NK * 2 * dI);  // dpool, hkv, hg (the held rows)
+        cp_pool_bwd(*kp, m, dI, 2);
+        f32(N * 2 * dI), f32(N * 2 * dI);  // dkv, dg; return_keys's exchange
+        halo_exchange(*kp, 4 * dI);
+      } else {
+        f32(NE * dI), f32(N * 2 * dI), f32(N * 2 * dI);  // dpool, dkv, dg
+        const auto mw2 = A.mark();
+        f32((int64_t)std::max<size_t>(kern::compress_pool_bwd_workspace_floats(B, T, m, dI, 2), 1));
+        A.release(mw2);
       }
       linear_bwd(N, d, 2 * dI), linear_bwd(N, d, 2 * dI);
       A.release(mi);

@@ -61,12 +61,12 @@ namespace trex::train {
 // gradients (model/context_parallel.h); DeepSeek-V3.2 the gathered indexer keys too, and the key
 // lists of the cp rank attending the most keys. The attention kernel's scratch is thread-local,
 // outside the arena.
-// DeepSeek-V4 (model/v4_context_parallel.h): the key side of every attention layer on the whole
-// rows (kv projection, KV rows, the compressors' projections and the indexer's, and their
-// gradients in the backward) plus the exchanges' buffers; with the indexer loss its kept pairs of
-// the rank's queries, the whole rows' key-side gradients and their reduce-scatter. Each cp rank's
-// step is replayed (their key lists and pairs differ by the window's and the entries' rounding) and
-// the estimate is the largest rank's peak.
+// DeepSeek-V4 (model/v4_context_parallel.h): the key side of every attention layer on the rank's
+// held rows (its tokens and their halos: kv projection, sliding KV rows, the compressors'
+// projections and the indexer's, and their gradients in the backward), its own entries' pooling,
+// every rank's compressed entries, and the exchanges' buffers; with the indexer loss its kept pairs
+// of the rank's queries. Each cp rank's step is replayed (their held rows, entries, key lists and
+// pairs differ) and the estimate is the largest rank's peak.
 double activation_peak_bytes(const model::ModelConfig& c, int64_t B, int64_t T, kern::Prec prec,
                              model::Recompute recompute, int64_t tp = 1, int64_t ep = 1,
                              bool sequence_parallel = false, const model::StageShard& stage = {},

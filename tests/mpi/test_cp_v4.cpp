@@ -105,17 +105,18 @@ TEST(CpV4Train, WithPipelineParallel) {
 // cp 3, 1.3e-5 at cp 4, in the small hyper-connection scales; most tensors 1e-6: summation order).
 // With the indexer loss (sparse stage and dense warm-up) and its recall, one document a row (see
 // IndexerLossMatchesOneProcess), the indexer loss and recall too.
-TEST(CpV4Train, GradientsMatchOneProcess) {
+namespace {
+
+void gradients_match(const json& model, int64_t T, const char* tag) {
   init_threads(1);
   parallel::Communicator& w = parallel::test_world();
   for (int ix = 0; ix < 3; ++ix) {
-    Case su = cp_v4_case(ix == 0);
+    Case su = trex::testing::cp_v4_case(model, ix == 0);
     if (ix > 0) {
       su.ix_weight = 0.8, su.ix_recall = true;
       su.ix_stage = ix == 1 ? model::IndexerStage::Sparse : model::IndexerStage::DenseWarmup;
     }
     const model::ModelConfig cfg = su.cfg();
-    const int64_t T = seq_v4(w.size());
     const Global g = make_global(1, 1, 1, 2, T, cfg.vocab_size, 17, su.packed);
     auto ref = su.make(5);
     auto m = su.make(5);
@@ -131,7 +132,7 @@ TEST(CpV4Train, GradientsMatchOneProcess) {
     EXPECT_LT(std::fabs(b.indexer - a.indexer), 1e-6 * std::max(1e-3, std::fabs(a.indexer)))
         << b.indexer << " vs " << a.indexer;
     EXPECT_LT(std::fabs(b.indexer_recall - a.indexer_recall), 1e-6 * std::max(1e-3, std::fabs(a.indexer_recall)))
-        << b.indexer_recall << " vs " << a.indexer_recall;
+        << b.indexer_recall << " vs " << a.indexer_recall << tag;
     if (ix > 0) {
       EXPECT_GT(a.indexer, 0.0);
     }
@@ -149,10 +150,25 @@ TEST(CpV4Train, GradientsMatchOneProcess) {
       // (L2; its terms cancel), 4.6e-8 apart with or without the indexer loss.
       const double r = std::sqrt(dd / std::max(nn, 1e-6));
       if (nn > 0 && r > worst) worst = r, at = e.name;
-      EXPECT_LT(r, 1e-4) << e.name << ": gradient L2 " << std::sqrt(nn) << ", " << std::sqrt(dd) << " apart";
+      EXPECT_LT(r, 1e-4) << tag << " " << e.name << ": gradient L2 " << std::sqrt(nn) << ", " << std::sqrt(dd) << " apart";
     }
-    if (w.rank() == 0) std::printf("[cp v4 grads] cp=%d ix %d: loss %.3e, ce %.3e, mtp %.3e, aux %.3e, indexer %.3e, recall %.3e apart, worst gradient L2 %.2e (%s)\n", w.size(), ix, rel(b.loss, a.loss), rel(b.ce, a.ce), rel(b.mtp, a.mtp), rel(b.aux, a.aux), rel(b.indexer, a.indexer), rel(b.indexer_recall, a.indexer_recall), worst, at.c_str());
+    if (w.rank() == 0) std::printf("[cp v4 grads%s] cp=%d ix %d: loss %.3e, ce %.3e, mtp %.3e, aux %.3e, indexer %.3e, recall %.3e apart, worst gradient L2 %.2e (%s)\n", tag, w.size(), ix, rel(b.loss, a.loss), rel(b.ce, a.ce), rel(b.mtp, a.mtp), rel(b.aux, a.aux), rel(b.indexer, a.indexer), rel(b.indexer_recall, a.indexer_recall), worst, at.c_str());
   }
+}
+
+}  // namespace
+
+TEST(CpV4Train, GradientsMatchOneProcess) { gradients_match(cp_v4(), seq_v4(parallel::test_world().size()), ""); }
+
+// Halos wider than a chunk (model/v4_context_parallel.h): chunks of 4 tokens under a sliding
+// window of 11 (a chunk's window reaches back 10 rows, over two and a half chunks of other ranks),
+// CSA of rate 3 (its overlapping windows read 5 rows before a chunk's first entry) and HCA of rate
+// 7, longer than a chunk (some chunks, on 3 ranks a whole rank, own no entry). The same bounds.
+TEST(CpV4Train, HalosWiderThanAChunkMatchOneProcess) {
+  json m = cp_v4();
+  m["sliding_window"] = 11;
+  m["compress_rates"] = {{"compressed_sparse_attention", 3}, {"heavily_compressed_attention", 7}};
+  gradients_match(m, 2 * (int64_t)parallel::test_world().size() * 4, " wide halos");
 }
 
 // Nothing V4 runs is refused under cp when the run config is read or a model is put under cp: the
