@@ -115,6 +115,14 @@ constexpr const char* kGB300Pp2Vp8 =
     "moments=bf16";
 const Row kGB300Mx2602 = {"GB300 x256 MXFP8 (26.02)", "gb300-nvl72", 256, kGB300Pp2Vp8, 4612};
 const Row kGB300Mx2604 = {"GB300 x256 MXFP8 (26.04)", "gb300-nvl72", 256, kGB300Pp2Vp8, 4965};
+// GB300 MXFP8 at 26.08 (4ab94dfad; perf_recipes/deepseek/gb300/deepseek_v3.py, the fp8mx config):
+// the same parallel layout at mbs 1 without recompute, HybridEP with the all-to-all overlapped and
+// the weight gradients delayed, a full-iteration CUDA graph with static MoE shapes (capacity factor
+// 1.5, paged stashing). Its fp8 attention and output projection are not modelled (bf16 here).
+const Row kGB300Mx2608 = {"GB300 x256 MXFP8 (26.08)", "gb300-nvl72", 256,
+                          "pp=2,vp=8,ep=32,mbs=1,gbs=4096,precision=mxfp8,mtp=1,recompute=none,overlap=ep+dp,"
+                          "graphs=full,grads=bf16,moments=bf16",
+                          6288};
 // DeepSeek-V4-Flash, 128 GPUs, 26.08 (4ab94dfad; src/megatron/bridge/perf_recipes/deepseek/
 // {gb200,gb300}/deepseek_v4.py): dp 128 / ep 64, mbs 1, gbs 2048, MTP 1, recompute mla_up_proj,
 // HybridEP, a2a not overlapped, full-iteration CUDA graph, f32 main gradients, bf16 moments.
@@ -136,7 +144,7 @@ const Pinned kPinned[] = {
     {kH100Cs, -0.024},  {kH100Block, +0.123}, {kGB300Bf16, +0.021}, {kGB200Graphs, -0.076},
     {kGB200Bf16, +0.037}, {kGB200Mx, -0.009}, {kGB200Guide, +0.029}, {kB200Mx, +0.354}, {kGB300Mx, +0.121},
     {kB200Mx2602, +0.182}, {kB200Mx2604, +0.129}, {kB200Mx260401, +0.109}, {kGB300Mx2602, +0.024},
-    {kGB300Mx2604, -0.048},
+    {kGB300Mx2604, -0.048}, {kGB300Mx2608, -0.131},
 };
 
 }  // namespace
@@ -150,7 +158,7 @@ TEST(PlanPublished, ErrorsAsDocumented) {
 
 TEST(PlanPublished, WithinFifteenPercent) {
   for (const Row& r : {kH100Cs, kH100Block, kGB300Bf16, kGB200Graphs, kGB200Bf16, kGB200Mx, kGB200Guide, kGB300Mx,
-                       kB200Mx2604, kB200Mx260401, kGB300Mx2602, kGB300Mx2604}) {
+                       kB200Mx2604, kB200Mx260401, kGB300Mx2602, kGB300Mx2604, kGB300Mx2608}) {
     const double e = error_of(r);
     EXPECT_LT(std::abs(e), 0.15) << r.what << ": planner error " << e;
   }
@@ -236,8 +244,10 @@ TEST(PlanPublished, LowPrecisionSpeedupIsBelowThePeakRatio) {
 // gives it 1.21x (its sustained clock at the higher power limit, 0.93 against 0.81, and the
 // doubled scale-out network for the data-parallel collectives across the two NVL72 domains). The
 // V4-specific work the planner prices (hyper-connection mixing, compressors, indexer, sparse
-// attention) is not validated against a measurement on any GPU. Pinned so that a change that moves
-// them shows here; move a row to WithinFifteenPercent when it gets there.
+// attention) is not validated against a measurement on any GPU. The recipe's static MoE shapes
+// (capacity 1.5, paged stashing) pad buffers, not GEMM rows, and DeepSeek-V3 on GB300 with the
+// same machinery is under-predicted (kGB300Mx2608). Pinned so that a change that moves them shows
+// here; move a row to WithinFifteenPercent when it gets there.
 TEST(PlanPublished, V4FlashOnBlackwellOverPredicted) {
   const double e200 = error_of(kV4FlashGB200), e300 = error_of(kV4FlashGB300);
   EXPECT_NEAR(e200, +0.193, 0.04);
