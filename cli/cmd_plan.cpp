@@ -136,7 +136,8 @@ void add_plan(CLI::App& app) {
   c->add_option("--layout", o->layout,
                 "dp=..,tp=..,pp=..,cp=..,ep=..,etp=..,mbs=..,gbs=..,seq=..,recompute=none|selective|full,zero=0-3,"
                 "schedule=1f1b|dualpipe,vp=..,precision=bf16|fp8|fp8-tensor|mxfp8|mxfp4,overlap=ep+tp+dp+pp+cp|all|none,mtp=0|1,moments=f32|bf16,"
-                "grads=f32|bf16,dedup=0|1,graphs=off|partial|full,param_gather=overlap|exposed,expert_load=X (with --search: the keys given are held fixed)");
+                "grads=f32|bf16,dedup=0|1,graphs=off|partial|full,param_gather=overlap|exposed,expert_load=X,indexer_loss=0|1 "
+                "(with --search: the keys given are held fixed)");
   c->add_option("--routing", o->routing,
                 "measured routing: a trex metrics.jsonl (train with [log] expert_loads = true) or a JSON "
                 "{\"expert_loads\": [[tokens per expert of a layer], ...]}; sets each layout's expert_load to its "

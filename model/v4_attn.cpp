@@ -250,7 +250,7 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   }
   c.k().rmsnorm_fwd(s.kvp, NK, hd, in.P + p.kv_norm, eps, s.KV, s.kv_rstd);
   rope_heads(c, s.KV, NK, 1, hd, rd, kpos, in.cos, in.sin, false);
-  if (kind != AttnKind::Sliding && in.cp) {
+  if (in.cp && kind != AttnKind::Sliding) {
     // This rank's entries: pooled from its held rows, normalized and roped, then all-gathered
     // into C. s.cpool / c_rstd keep its own [B, 2, emax] (model/v4_context_parallel.h).
     const int64_t NO = B * 2 * keys.emax;
@@ -267,8 +267,9 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
       v4_cp_entries_gather(*in.cp->cp, keys, B, own, s.KV + NK * hd, hd, A);
       A.release(mo);
     }
-  } else if (kind != AttnKind::Sliding) {
-    const int32_t* cpos = positions(c, std::max<int64_t>(B * nw, 1), Tf, nw, m);
+  }
+  const int32_t* cpos = in.cp ? nullptr : positions(c, std::max<int64_t>(B * nw, 1), Tf, nw, m);
+  if (!in.cp && kind != AttnKind::Sliding) {
     s.ckv = A.alloc<float>(N * cc * hd);
     s.cgate = A.alloc<float>(N * cc * hd);
     linear_fwd(c, x, N, d, wt(in, p.c_kv), cc * hd, s.ckv);

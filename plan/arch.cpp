@@ -80,6 +80,22 @@ double indexer_fwd_flops(const AttnShape& a, int64_t T) {
   return 2.0 * a.index_heads * a.index_dim * sum_floor(T, a.compress_ratio) / (double)T;
 }
 
+double kernel_attended_keys(const AttnShape& a, int64_t T, int64_t slot_pad) {
+  const bool sparse = a.kind != AttnKind::MLA || a.index_topk > 0;
+  if (slot_pad <= 0 || !sparse) return mean_attended_keys(a, T);
+  const int64_t entries = a.compress_ratio > 0 ? T / a.compress_ratio : 0;
+  int64_t slots = 0;
+  if (a.kind == AttnKind::MLA) slots = std::min(a.index_topk, T);
+  else slots = std::min(a.window, T) + (a.kind == AttnKind::CSA ? std::min(a.index_topk, entries) : 0) +
+               (a.kind == AttnKind::HCA ? entries : 0);
+  return (double)((slots + slot_pad - 1) / slot_pad * slot_pad);
+}
+
+double indexer_kernel_flops(const AttnShape& a, int64_t T, int64_t slot_pad) {
+  if (slot_pad <= 0 || a.kind != AttnKind::CSA) return indexer_fwd_flops(a, T);
+  return 2.0 * a.index_heads * a.index_dim * (double)(T / a.compress_ratio);
+}
+
 double attn_core_fwd_flops(const AttnShape& a, int64_t T) {
   return 2.0 * a.heads * (a.qk_dim + a.v_dim) * mean_attended_keys(a, T) + indexer_fwd_flops(a, T);
 }
@@ -271,10 +287,10 @@ LayerCost v4_layer(const model::ModelConfig& c, model::AttnKind kind, bool hash)
   const double hc_mm = 2 * (2 + hc) * hc * hc * d;  // mixing projection of both sublayers
   attn_other += 2 * ((2 + hc) * hc + 3);
   L.upproj_fwd = 2 * (ql * H * hd + (csa ? ql * Hi * di : 0));
-  // Quantized operands: q_a, q_b, kv, o_a (grouped), o_b; the compressor's two linears; the CSA
-  // indexer's wq_b, weights and its compressor's two linears (forward only).
-  L.q_in = d + ql + d + H * hd + g * ol;
-  L.q_grad = ql + H * hd + hd + g * ol + d;
+  // Quantized operands: q_a, q_b, kv, o_b; the compressor's two linears; the CSA indexer's wq_b,
+  // weights and its compressor's two linears (forward only). The grouped o_a stays bf16 (below).
+  L.q_in = d + ql + d + g * ol;
+  L.q_grad = ql + H * hd + hd + d;
   if (compressed) L.q_in += 2 * d, L.q_grad += 2 * coff * hd;
   if (csa) L.q_in += ql + d + 2 * d;
 
@@ -287,7 +303,9 @@ LayerCost v4_layer(const model::ModelConfig& c, model::AttnKind kind, bool hash)
   L.dense_params = attn_mm + attn_other + hc_mm + mlp_mm;
   L.active_matmul_params = attn_mm + hc_mm + mlp_mm + k * 3 * d * I;
   L.gemm_fwd = 2 * (attn_mm + hc_mm + mlp_mm);
-  L.bf16_gemm_fwd = 2 * (hc_mm + E * d);  // hyper-connection mixing and the router stay bf16
+  // Hyper-connection mixing, the router and the grouped output projection o_a stay bf16 (o_a is a
+  // bf16 batched GEMM in Megatron-Core's DeepSeek-V4 attention, a torch.einsum: no fp8 module).
+  L.bf16_gemm_fwd = 2 * (hc_mm + E * d + H * hd * ol);
   L.expert_fwd = 2 * k * 3 * d * I;
   if (Is > 0) L.q_in += d + Is, L.q_grad += 2 * Is + d;  // shared expert fc1, fc2
   L.q_in_routed = k * (d + I), L.q_grad_routed = k * (2 * I + d);

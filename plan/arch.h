@@ -40,6 +40,18 @@ double attn_core_fwd_flops(const AttnShape& a, int64_t T);
 // (0 for other kinds).
 double indexer_fwd_flops(const AttnShape& a, int64_t T);
 
+// What the kernels compute, for the time (the FLOPs above are the model's, for MFU). slot_pad 0:
+// the attended keys (trex's kernels run each query over its own key list). slot_pad > 0: a sparse
+// kernel that runs every query over a fixed slot list whatever its position, the list padded to a
+// multiple of slot_pad (FlashMLA's sparse kernels and cuDNN's sparse backward as Megatron-Core
+// calls them for DeepSeek-V3.2 and V4: the causally invalid slots are masked, not skipped): the
+// sliding window plus the index top-k (CSA; DeepSeek-V3.2 the top-k alone) or every compressed
+// entry of the row (HCA). Dense MLA is the attended keys either way.
+double kernel_attended_keys(const AttnShape& a, int64_t T, int64_t slot_pad);
+// The CSA indexer's scoring as its kernel runs: with slot_pad > 0 every compressed entry of the
+// row for every query (the fused scoring writes [T, T / rate] scores), else indexer_fwd_flops.
+double indexer_kernel_flops(const AttnShape& a, int64_t T, int64_t slot_pad);
+
 // Context parallelism (plan/layout.h): what one layer's attention exchanges over a cp group for
 // one sequence of T tokens on one device of a tp group, in elements, each direction (forward:
 // keys and values; backward: their gradients):

@@ -28,6 +28,7 @@ sm_count = 132             # SMs (H100 SXM5 / H800 / H200)
 tile_m = 128               # grouped-GEMM output tile per MMA unit: 128 x 256 on one SM (DeepGEMM / CUTLASS SM90 warpgroup MMA)
 tile_n = 256
 tile_sms = 1
+sparse_attention_slot_pad = 64  # FlashMLA sparse attention: every query over its full slot list (window + top-k or all entries), padded to 64
 
 [network]
 devices_per_node = 8
@@ -76,6 +77,7 @@ sm_count = 132             # SMs (H100 SXM5 / H800 / H200)
 tile_m = 128               # grouped-GEMM output tile per MMA unit: 128 x 256 on one SM (DeepGEMM / CUTLASS SM90 warpgroup MMA)
 tile_n = 256
 tile_sms = 1
+sparse_attention_slot_pad = 64  # FlashMLA sparse attention: every query over its full slot list (window + top-k or all entries), padded to 64
 
 [network]
 devices_per_node = 8
@@ -123,6 +125,7 @@ sm_count = 132             # SMs (H100 SXM5 / H800 / H200)
 tile_m = 128               # grouped-GEMM output tile per MMA unit: 128 x 256 on one SM (DeepGEMM / CUTLASS SM90 warpgroup MMA)
 tile_n = 256
 tile_sms = 1
+sparse_attention_slot_pad = 64  # FlashMLA sparse attention: every query over its full slot list (window + top-k or all entries), padded to 64
 
 [network]
 devices_per_node = 8
@@ -173,6 +176,7 @@ sm_count = 148             # SMs
 tile_m = 256               # grouped-GEMM output tile per MMA unit: Blackwell's 2-SM UMMA, 256 x 256 on an SM pair (CUTLASS / DeepGEMM SM100 2-CTA kernels)
 tile_n = 256
 tile_sms = 2
+sparse_attention_slot_pad = 64  # FlashMLA sparse attention: every query over its full slot list (window + top-k or all entries), padded to 64
 
 [network]
 devices_per_node = 8
@@ -192,6 +196,7 @@ gemm_fp8 = 0.619           # gemm 0.677 x 1.83 / 2: Transformer Engine MXFP8 ove
 grouped_gemm = 0.580       # MAMF bf16 0.776 x 0.747 (Hopper: grouped_gemm 0.60 / H100 MAMF 0.803)
 grouped_gemm_fp8 = 0.495   # MXFP8 grouped GEMMs at DeepSeek-V3 shapes on B200 (torchao): 0.421 sustained = 0.495 at boost (/ 0.85); x MAMF fp8 0.763 / 0.763
 attention = 0.50
+sparse_attention = 0.26      # DeepSeek-V4 sparse attention at its shape (64 heads, d 512), forward + backward: 3 / (1 / 0.644 + 2.5 / 0.248): FlashMLA sparse forward up to 1450 of 2250 TFLOP/s on B200 (https://github.com/deepseek-ai/FlashMLA, README), cuDNN sparse backward 557 TFLOP/s at top-k 512, seq 4096, SM100, counted as 2.5 x the forward (https://github.com/NVIDIA/cudnn-frontend/pull/318); the planner charges the backward as 2 x the forward
 memory = 0.75              # B200 device-to-device copy over 6,000 of 8,000 GB/s (https://www.newmind.ai/journal/18)
 quantize = 0.57            # MXFP8 quantize kernels on B200 (torchao, DeepSeek-V3 shapes): rowwise 4.91, columnwise 4.25 TB/s -> 4.55 of 8 TB/s
 swizzle = 0.19             # MX scale swizzle before each GEMM: torchao's CUDA scale-rearrange kernels on B200 (its README, MXFP8 kernel breakdown by pass): 7168 x 4096 and 2048 x 4096 e8m0 scales read and written in 31.6 + 17.4 us -> 1.54 of 8 TB/s
@@ -228,6 +233,7 @@ sm_count = 148             # SMs
 tile_m = 256               # grouped-GEMM output tile per MMA unit: Blackwell's 2-SM UMMA, 256 x 256 on an SM pair (CUTLASS / DeepGEMM SM100 2-CTA kernels)
 tile_n = 256
 tile_sms = 2
+sparse_attention_slot_pad = 64  # FlashMLA sparse attention: every query over its full slot list (window + top-k or all entries), padded to 64
 
 [network]
 devices_per_node = 72      # the NVLink domain
@@ -247,6 +253,7 @@ gemm_fp8 = 0.582           # gemm 0.636 x 1.83 / 2: Transformer Engine MXFP8 ove
 grouped_gemm = 0.545       # MAMF bf16 0.729 x 0.747 (Hopper: grouped_gemm 0.60 / H100 MAMF 0.803)
 grouped_gemm_fp8 = 0.469   # MXFP8 grouped GEMMs at DeepSeek-V3 shapes on B200 (torchao): 0.421 sustained = 0.495 at boost (/ 0.85); x MAMF fp8 0.723 / 0.763
 attention = 0.50
+sparse_attention = 0.26      # DeepSeek-V4 sparse attention at its shape (64 heads, d 512), forward + backward: 3 / (1 / 0.644 + 2.5 / 0.248): FlashMLA sparse forward up to 1450 of 2250 TFLOP/s on B200 (https://github.com/deepseek-ai/FlashMLA, README), cuDNN sparse backward 557 TFLOP/s at top-k 512, seq 4096, SM100, counted as 2.5 x the forward (https://github.com/NVIDIA/cudnn-frontend/pull/318); the planner charges the backward as 2 x the forward
 memory = 0.75              # B200 device-to-device copy over 6,000 of 8,000 GB/s (https://www.newmind.ai/journal/18)
 quantize = 0.57            # MXFP8 quantize kernels on B200 (torchao, DeepSeek-V3 shapes): rowwise 4.91, columnwise 4.25 TB/s -> 4.55 of 8 TB/s
 swizzle = 0.19             # MX scale swizzle before each GEMM: torchao's CUDA scale-rearrange kernels on B200 (its README, MXFP8 kernel breakdown by pass): 7168 x 4096 and 2048 x 4096 e8m0 scales read and written in 31.6 + 17.4 us -> 1.54 of 8 TB/s
@@ -281,6 +288,7 @@ sm_count = 160             # SMs
 tile_m = 256               # grouped-GEMM output tile per MMA unit: Blackwell's 2-SM UMMA, 256 x 256 on an SM pair (CUTLASS / DeepGEMM SM100 2-CTA kernels)
 tile_n = 256
 tile_sms = 2
+sparse_attention_slot_pad = 64  # FlashMLA sparse attention: every query over its full slot list (window + top-k or all entries), padded to 64
 
 [network]
 devices_per_node = 72      # the NVLink domain
@@ -300,6 +308,7 @@ gemm_fp8 = 0.627           # gemm 0.685 x 1.83 / 2: Transformer Engine MXFP8 ove
 grouped_gemm = 0.587       # MAMF bf16 0.786 x 0.747 (Hopper: grouped_gemm 0.60 / H100 MAMF 0.803)
 grouped_gemm_fp8 = 0.484   # MXFP8 grouped GEMMs at DeepSeek-V3 shapes on B200 (torchao): 0.421 sustained = 0.495 at boost (/ 0.85); x MAMF fp8 0.745 / 0.763
 attention = 0.50
+sparse_attention = 0.26      # DeepSeek-V4 sparse attention at its shape (64 heads, d 512), forward + backward: 3 / (1 / 0.644 + 2.5 / 0.248): FlashMLA sparse forward up to 1450 of 2250 TFLOP/s on B200 (https://github.com/deepseek-ai/FlashMLA, README), cuDNN sparse backward 557 TFLOP/s at top-k 512, seq 4096, SM100, counted as 2.5 x the forward (https://github.com/NVIDIA/cudnn-frontend/pull/318); the planner charges the backward as 2 x the forward
 memory = 0.75              # B200 device-to-device copy over 6,000 of 8,000 GB/s (https://www.newmind.ai/journal/18)
 quantize = 0.57            # MXFP8 quantize kernels on B200 (torchao, DeepSeek-V3 shapes): rowwise 4.91, columnwise 4.25 TB/s -> 4.55 of 8 TB/s
 swizzle = 0.19             # MX scale swizzle before each GEMM: torchao's CUDA scale-rearrange kernels on B200 (its README, MXFP8 kernel breakdown by pass): 7168 x 4096 and 2048 x 4096 e8m0 scales read and written in 31.6 + 17.4 us -> 1.54 of 8 TB/s

@@ -1,5 +1,6 @@
 #include "plan/layout.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include "core/error.h"
@@ -45,7 +46,7 @@ const char* kLayoutHint =
     "layout keys: dp tp pp ep etp cp mbs gbs seq recompute(none|selective|full|mlp|selective+mlp) zero(0-3) schedule(1f1b|dualpipe) "
     "vp(>=1) precision(bf16|fp8|fp8-block|fp8-tensor|mxfp8|mxfp4) overlap(ep+tp+dp+pp+cp|all|none) mtp(0|1) "
     "moments(f32|bf16) grads(f32|bf16) dedup(0|1) graphs(off|partial|full) param_gather(overlap|exposed) "
-    "expert_load(>=1), e.g. dp=8,tp=2,pp=4,ep=8";
+    "expert_load(>=1) indexer_loss(0|1), e.g. dp=8,tp=2,pp=4,ep=8";
 
 int64_t to_int(const std::string& k, const std::string& v, int64_t min) {
   size_t pos = 0;
@@ -144,6 +145,7 @@ Layout parse_layout(const std::string& s, Layout l) {
         }
       }
     } else if (k == "mtp") l.mtp = to_bool(k, v);
+    else if (k == "indexer_loss") l.indexer_loss = to_bool(k, v);
     else if (k == "moments") l.moment_bytes = dtype_bytes(k, v);
     else if (k == "grads") l.grad_bytes = dtype_bytes(k, v);
     else if (k == "dedup") l.ep_dedup = to_bool(k, v);
@@ -191,7 +193,7 @@ std::string layout_string(const Layout& l) {
                      ",overlap=", ov.empty() ? "none" : ov, ",mtp=", l.mtp ? 1 : 0,
                      ",moments=", l.moment_bytes == 4 ? "f32" : "bf16", ",grads=", l.grad_bytes == 4 ? "f32" : "bf16",
                      ",dedup=", l.ep_dedup ? 1 : 0, ",graphs=", graphs_name(l.graphs), ",expert_load=", l.expert_load,
-                     l.overlap_param_gather ? "" : ",param_gather=exposed");
+                     l.overlap_param_gather ? "" : ",param_gather=exposed", l.indexer_loss ? ",indexer_loss=1" : "");
 }
 
 std::vector<std::string> layout_problems(Layout& l, const ArchModel& a, int64_t devices) {
@@ -256,6 +258,9 @@ std::vector<std::string> layout_problems(Layout& l, const ArchModel& a, int64_t 
   if (l.zero == 3 && l.pp > 1)
     p.push_back(cat("zero=3 with pp (", l.pp, ") > 1 is not modelled: use zero<=2 with pipeline parallel"));
   if (a.mtp_modules == 0 && l.mtp) p.push_back("mtp=1 but the model has no MTP modules (num_nextn_predict_layers = 0)");
+  if (l.indexer_loss &&
+      std::none_of(a.layers.begin(), a.layers.end(), [](const LayerCost& L) { return L.attn.index_topk > 0; }))
+    p.push_back("indexer_loss=1 but the model has no sparse-attention indexer (DeepSeek-V3.2 / V4 CSA layers)");
   return p;
 }
 

@@ -54,6 +54,11 @@ struct Layout {
   // DeepSeek-V3 MXFP8 recipes of December 2025 turned it off). `--layout param_gather=overlap|exposed`.
   bool overlap_param_gather = true;
   bool mtp = false;          // train the checkpoint's MTP modules too
+  // Train the sparse-attention indexer with its KL loss (DeepSeek-V3.2 / V4; trex's
+  // train.indexer_loss_weight > 0, Megatron-Core's dsa_indexer_loss_coeff): the indexer's scoring
+  // and projections get a backward and the main attention's scores over the selected keys are
+  // computed again for the loss's target. `--layout indexer_loss=0|1`.
+  bool indexer_loss = false;
   int grad_bytes = 4;        // main gradients (f32) that the optimizer reads and DP reduces
   int moment_bytes = 4;      // AdamW moments (f32; DeepSeek-V3 used bf16)
   bool ep_dedup = true;      // DeepEP-style: a token crosses to a remote node once, then fans out
@@ -71,7 +76,8 @@ struct Layout {
 std::string recompute_label(const Layout& l);  // "selective", "mlp", "selective+mlp", ...
 
 // Parses "dp=8,tp=2,pp=4,ep=8,cp=1,mbs=1,gbs=512,seq=4096,recompute=selective,zero=1,
-// schedule=1f1b,vp=1,precision=bf16,overlap=ep+dp,mtp=0,moments=f32,grads=f32,dedup=1,expert_load=1.1"
+// schedule=1f1b,vp=1,precision=bf16,overlap=ep+dp,mtp=0,moments=f32,grads=f32,dedup=1,expert_load=1.1,
+// indexer_loss=0"
 // on top of `base`; any subset of keys, any order.
 Layout parse_layout(const std::string& s, Layout base);
 std::string layout_string(const Layout& l);

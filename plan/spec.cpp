@@ -80,7 +80,8 @@ ClusterSpec parse_spec_toml(const std::string& text, const std::string& where) {
 
   Section dev{root["device"].as_table(), where, "device"};
   dev.only({"peak_bf16_tflops", "peak_fp8_tflops", "peak_fp4_tflops", "mx_formats", "memory_gb",
-            "memory_bandwidth_gbs", "reserved_gb", "sustained_clock", "sm_count", "tile_m", "tile_n", "tile_sms"});
+            "memory_bandwidth_gbs", "reserved_gb", "sustained_clock", "sm_count", "tile_m", "tile_n", "tile_sms",
+            "sparse_attention_slot_pad"});
   s.peak_bf16 = dev.num("peak_bf16_tflops", 0, true, 1e-6) * 1e12;
   s.peak_fp8 = dev.num("peak_fp8_tflops", 0) * 1e12;
   s.peak_fp4 = dev.num("peak_fp4_tflops", 0) * 1e12;
@@ -100,6 +101,7 @@ ClusterSpec parse_spec_toml(const std::string& text, const std::string& where) {
   s.tile_m = (int64_t)dev.num("tile_m", (double)s.tile_m, false, 1);
   s.tile_n = (int64_t)dev.num("tile_n", (double)s.tile_n, false, 1);
   s.tile_sms = (int64_t)dev.num("tile_sms", (double)s.tile_sms, false, 1);
+  s.sparse_slot_pad = (int64_t)dev.num("sparse_attention_slot_pad", 0, false, 0);
   TREX_USER_CHECK(s.sm_count == 0 || s.sm_count >= s.tile_sms, kHint, where,
                   ": [device] sm_count (", s.sm_count, ") must be at least tile_sms (", s.tile_sms, ")");
 

@@ -81,6 +81,10 @@ struct ClusterSpec {
   // 256 x 256 on a pair). sm_count 0: the GEMMs run at their class rate whatever their shape.
   int64_t sm_count = 0, tile_m = 128, tile_n = 256, tile_sms = 1;
   double reserved_bytes = 0;
+  // The sparse-attention kernels' slot lists (plan/arch.h kernel_attended_keys): 0, each query
+  // over its attended keys (trex's kernels); > 0, every query over its full slot list padded to a
+  // multiple of this (FlashMLA's sparse kernels: 64). [device] sparse_attention_slot_pad.
+  int64_t sparse_slot_pad = 0;
   // Bytes per saved activation element: 0 = as a bf16 GPU run stores each tensor (SavedTensor::
   // bytes); 4 for cpu-this, where trex's CPU engine keeps every saved activation in f32.
   double activation_bytes = 0;

@@ -102,6 +102,7 @@ struct Rates {
   double head;  // bf16 GEMM rate: the LM head and router stay bf16 under every recipe (DeepSeek-V3 sec. 3.3.1)
   PrecisionModel prec;
   GemmDevice grouped;  // the routed experts' grouped GEMMs at their shapes (plan/gemm.h)
+  int64_t slot_pad;    // ClusterSpec::sparse_slot_pad
 };
 
 // Forward time of one layer for `tokens` tokens on one device, split by class.
@@ -123,11 +124,25 @@ void layer_fwd(const LayerCost& L, const Rates& R, const Layout& l, int64_t hidd
   if (L.moe && t.expert_rows == 0) t.expert_rows = xg.rows, t.expert_tile_eff = xg.tile_eff;
   t.expert_memory_bound = t.expert_memory_bound || xg.memory_bound;
   t.expert_wgrad_adj += xg.wgrad - xg.fwd;
-  const double idx = indexer_fwd_flops(L.attn, seq);
-  const double core = tokens * (attn_core_fwd_flops(L.attn, seq) - idx) /
+  // The attention core and the CSA indexer as their kernels run them (plan/arch.h).
+  const double idx = indexer_kernel_flops(L.attn, seq, R.slot_pad);
+  const double core = tokens * 2.0 * L.attn.heads * (L.attn.qk_dim + L.attn.v_dim) *
+                      kernel_attended_keys(L.attn, seq, R.slot_pad) /
                       (L.attn.kind == AttnKind::MLA ? R.attention : R.sparse_attention);
-  const double at = core + tokens * idx / R.indexer;
-  t.fwd_only += tokens * idx / R.indexer + tokens * 2 * L.fwd_only_matmul_params / R.gemm;
+  double at = core + tokens * idx / R.indexer;
+  // The indexer's KL loss (Layout::indexer_loss): the main attention's scores over the selected
+  // keys once more for the target (forward only), and a backward through the indexer: its scoring
+  // (2 x its forward, as any op here) and its projections' weight gradients only (1 x: their
+  // inputs are detached). Without it the indexer runs forward only.
+  if (l.indexer_loss && L.attn.index_topk > 0) {
+    const int64_t entries = L.attn.kind == AttnKind::MLA ? seq : seq / std::max<int64_t>(L.attn.compress_ratio, 1);
+    const double target = tokens * 2.0 * L.attn.heads * L.attn.qk_dim * (double)std::min(L.attn.index_topk, entries) /
+                          (L.attn.kind == AttnKind::MLA ? R.attention : R.sparse_attention);
+    at += target;
+    t.fwd_only += target + tokens * L.fwd_only_matmul_params / R.gemm;
+  } else {
+    t.fwd_only += tokens * idx / R.indexer + tokens * 2 * L.fwd_only_matmul_params / R.gemm;
+  }
   // Quantize kernels (plan/precision.h): the linear layers' inputs forward, their output gradients
   // (and, for the 1x128 recipe, the inputs' transposed copies) backward; the MX scale swizzle.
   const PrecisionModel& P = R.prec;
@@ -169,7 +184,8 @@ Rates make_rates(const ClusterSpec& s, const Layout& l) {
           s.mem_bw * e.optimizer_or_memory(),
           c * s.peak_bf16 * e.gemm,
           p,
-          gemm_device(s, c * p.gemm_peak * p.grouped_eff)};
+          gemm_device(s, c * p.gemm_peak * p.grouped_eff),
+          s.sparse_slot_pad};
 }
 
 RankTime chunk_time(const ArchModel& a, const ClusterSpec& s, const Layout& l, const Chunk& c, const Rates& R) {

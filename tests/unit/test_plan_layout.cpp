@@ -82,6 +82,14 @@ TEST(PlanLayout, InvalidLayoutsNameTheFailure) {
   EXPECT_NE(error_of("pp=4,schedule=dualpipe,gbs=4", 8).find("even number of micro-batches"), std::string::npos);
   EXPECT_NE(error_of("zero=3,pp=2", 4).find("zero=3 with pp (2)"), std::string::npos);
   EXPECT_EQ(error_of("mtp=1", 8, "deepseek-v4-flash"), "");
+  // The indexer's KL loss needs an indexer (V3.2, V4's CSA layers); it round-trips in the string.
+  EXPECT_EQ(error_of("indexer_loss=1", 8, "deepseek-v4-flash"), "");
+  EXPECT_EQ(error_of("indexer_loss=1", 8, "deepseek-v3.2"), "");
+  EXPECT_NE(error_of("indexer_loss=1", 8).find("indexer_loss=1 but the model has no sparse-attention indexer"),
+            std::string::npos);
+  EXPECT_TRUE(parse_layout(layout_string(parse_layout("dp=8,gbs=32,indexer_loss=1", Layout{})), Layout{}).indexer_loss);
+  EXPECT_EQ(layout_string(Layout{}).find("indexer_loss"), std::string::npos);
+  EXPECT_NE(parse_error("indexer_loss=2").find("indexer_loss=2"), std::string::npos);
   EXPECT_NE(error_of("ep=7", 8, "deepseek-v4-pro").find("routed experts (384) must be divisible by ep (7)"),
             std::string::npos);
   // Several problems are all reported.

@@ -14,13 +14,14 @@
 // remain over-predicted, both B200 MXFP8 at pp 16 / ep 8 on Transformer Engine releases whose
 // MXFP8 grouped GEMM was one cuBLAS GEMM per expert over 4 streams (25.11: TE 2.9, +35%; 26.02:
 // TE 2.12, +18%); the same layout on TE 2.14, which added a single-launch MXFP8 grouped GEMM,
-// reads +13% (26.04). DeepSeek-V4-Flash on 128 GB200 / GB300 (26.08) is over-predicted by 19% and
-// 36% (V4FlashOnBlackwellOverPredicted). The planner prices grouped kernels; MXFP8's quantize, scale-swizzle and
+// reads +13% (26.04). DeepSeek-V4-Flash on 128 GB200 / GB300 (26.08) reads +8% and +23%
+// (V4FlashOnBlackwell), its sparse attention priced as Megatron-Core's kernels run it. The planner prices grouped kernels; MXFP8's quantize, scale-swizzle and
 // expert-padding kernels are priced from their bytes (plan/precision.h); the host, priced per
 // launch from published per-op figures, adds about 1% (docs/PLAN.md, "The host").
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include "plan/planner.h"
 
@@ -125,10 +126,11 @@ const Row kGB300Mx2608 = {"GB300 x256 MXFP8 (26.08)", "gb300-nvl72", 256,
                           6288};
 // DeepSeek-V4-Flash, 128 GPUs, 26.08 (4ab94dfad; src/megatron/bridge/perf_recipes/deepseek/
 // {gb200,gb300}/deepseek_v4.py): dp 128 / ep 64, mbs 1, gbs 2048, MTP 1, recompute mla_up_proj,
-// HybridEP, a2a not overlapped, full-iteration CUDA graph, f32 main gradients, bf16 moments.
+// HybridEP, a2a not overlapped, full-iteration CUDA graph, f32 main gradients, bf16 moments, the
+// indexer trained by its KL loss (dsa_indexer_loss_coeff 0.01, the sparse loss).
 constexpr const char* kV4FlashLayout =
     "dp=128,ep=64,mbs=1,gbs=2048,precision=mxfp8,mtp=1,recompute=selective,overlap=dp,graphs=full,grads=f32,"
-    "moments=bf16";
+    "moments=bf16,indexer_loss=1";
 const Row kV4FlashGB200 = {"DeepSeek-V4-Flash, GB200 x128 MXFP8 (26.08)", "gb200-nvl72", 128, kV4FlashLayout, 7776,
                            "deepseek-v4-flash"};
 const Row kV4FlashGB300 = {"DeepSeek-V4-Flash, GB300 x128 MXFP8 (26.08)", "gb300-nvl72", 128, kV4FlashLayout, 8224,
@@ -144,7 +146,7 @@ const Pinned kPinned[] = {
     {kH100Cs, -0.024},  {kH100Block, +0.123}, {kGB300Bf16, +0.021}, {kGB200Graphs, -0.076},
     {kGB200Bf16, +0.037}, {kGB200Mx, -0.009}, {kGB200Guide, +0.029}, {kB200Mx, +0.354}, {kGB300Mx, +0.121},
     {kB200Mx2602, +0.182}, {kB200Mx2604, +0.129}, {kB200Mx260401, +0.109}, {kGB300Mx2602, +0.024},
-    {kGB300Mx2604, -0.048}, {kGB300Mx2608, -0.131},
+    {kGB300Mx2604, -0.048}, {kGB300Mx2608, -0.131}, {kV4FlashGB200, +0.084}, {kV4FlashGB300, +0.234},
 };
 
 }  // namespace
@@ -158,7 +160,7 @@ TEST(PlanPublished, ErrorsAsDocumented) {
 
 TEST(PlanPublished, WithinFifteenPercent) {
   for (const Row& r : {kH100Cs, kH100Block, kGB300Bf16, kGB200Graphs, kGB200Bf16, kGB200Mx, kGB200Guide, kGB300Mx,
-                       kB200Mx2604, kB200Mx260401, kGB300Mx2602, kGB300Mx2604, kGB300Mx2608}) {
+                       kB200Mx2604, kB200Mx260401, kGB300Mx2602, kGB300Mx2604, kGB300Mx2608, kV4FlashGB200}) {
     const double e = error_of(r);
     EXPECT_LT(std::abs(e), 0.15) << r.what << ": planner error " << e;
   }
@@ -198,10 +200,10 @@ TEST(PlanPublished, B200Mxfp8BeforeTheGroupedGemmStillOverPredicted) {
 // extrapolated from B200's measurement (docs/PLAN.md); without them (the spec's clock held) the
 // GB200 rows read +7% to +28% again.
 TEST(PlanPublished, SustainedClockSensitivity) {
-  ArchModel a = resolve_model("deepseek-v3");
   for (const Pinned& p : kPinned) {
     ClusterSpec s = load_spec(p.row.cluster);
     if (s.name != "gb200-nvl72") continue;
+    const ArchModel a = resolve_model(p.row.model);
     EXPECT_NEAR(s.sustained_clock, 0.81, 1e-12);
     s.sustained_clock = 1;
     const double e = evaluate(a, s, p.row.devices, parse_layout(p.row.layout, Layout{})).time.tokens_per_s /
@@ -239,21 +241,18 @@ TEST(PlanPublished, LowPrecisionSpeedupIsBelowThePeakRatio) {
   EXPECT_LT(mx / bf16, 1.35);
 }
 
-// DeepSeek-V4-Flash on Blackwell (held out, docs/PLAN.md): the planner over-predicts both rows,
-// GB200 by 19% and GB300 by 36%. Published, GB300 is 1.06x GB200 on the same layout; the planner
-// gives it 1.21x (its sustained clock at the higher power limit, 0.93 against 0.81, and the
-// doubled scale-out network for the data-parallel collectives across the two NVL72 domains). The
-// V4-specific work the planner prices (hyper-connection mixing, compressors, indexer, sparse
-// attention) is not validated against a measurement on any GPU. The recipe's static MoE shapes
-// (capacity 1.5, paged stashing) pad buffers, not GEMM rows, and DeepSeek-V3 on GB300 with the
-// same machinery is under-predicted (kGB300Mx2608). Pinned so that a change that moves them shows
-// here; move a row to WithinFifteenPercent when it gets there.
-TEST(PlanPublished, V4FlashOnBlackwellOverPredicted) {
+// DeepSeek-V4-Flash on Blackwell (held out, docs/PLAN.md): GB200 within 15% (+8%), GB300 still
+// over-predicted (+23%). Published, GB300 is 1.06x GB200 on the same layout; the planner gives it
+// 1.21x (its sustained clock at the higher power limit, 0.93 against 0.81, and the doubled
+// scale-out network for the data-parallel collectives across the two NVL72 domains). What closed
+// most of the GB200 row is how the V4 attention runs on these GPUs (Megatron-Core's kernels, read
+// in its code): every query over its full padded slot list (FlashMLA's sparse kernels), the sparse
+// attention's measured rate at this shape (cuDNN's backward), the grouped o_a in bf16 and the
+// indexer's KL loss; V4SparseAttentionSensitivity says how much each moves the row.
+TEST(PlanPublished, V4FlashOnBlackwell) {
   const double e200 = error_of(kV4FlashGB200), e300 = error_of(kV4FlashGB300);
-  EXPECT_NEAR(e200, +0.193, 0.04);
-  EXPECT_NEAR(e300, +0.360, 0.04);
-  EXPECT_GT(e200, 0.15);
-  EXPECT_GT(e300, 0.15);
+  EXPECT_LT(std::abs(e200), 0.15);
+  EXPECT_GT(e300, 0.15) << "now within 15%: move the row to WithinFifteenPercent";
   const double ratio = plan_of(kV4FlashGB300).time.tokens_per_s / plan_of(kV4FlashGB200).time.tokens_per_s;
   EXPECT_NEAR(ratio, 1.205, 0.03);
   EXPECT_GT(ratio, 8224.0 / 7776.0 + 0.1);
@@ -262,4 +261,34 @@ TEST(PlanPublished, V4FlashOnBlackwellOverPredicted) {
   const double f = plan_of(kV4FlashGB300).time.model_flops_per_token;
   EXPECT_GT(f, 0.85 * 90.95e9);
   EXPECT_LT(f, 1.05 * 90.95e9);
+}
+
+// Each V4 attention item of the GB200 row, taken out alone (the error it then reads, within 2
+// points of docs/PLAN.md's table): the padded slot lists (sparse_attention_slot_pad 0: each
+// query over its attended keys), the sparse attention's rate (sparse_attention unset: the dense
+// attention's 0.50) and the indexer's KL loss (indexer_loss=0). The grouped o_a's bf16 is part of
+// the model (plan/arch.cpp) and not toggled here.
+TEST(PlanPublished, V4SparseAttentionSensitivity) {
+  const ArchModel a = resolve_model("deepseek-v4-flash");
+  const Layout l = parse_layout(kV4FlashGB200.layout, Layout{});
+  auto err = [&](const ClusterSpec& s, const Layout& lay) {
+    return evaluate(a, s, 128, lay).time.tokens_per_s / 128.0 / kV4FlashGB200.published - 1;
+  };
+  const ClusterSpec base = load_spec("gb200-nvl72");
+  EXPECT_EQ(base.sparse_slot_pad, 64);
+  EXPECT_NEAR(base.eff.sparse_attention, 0.26, 1e-12);
+  ClusterSpec unpadded = base, dense_rate = base, neither = base;
+  unpadded.sparse_slot_pad = 0;
+  dense_rate.eff.sparse_attention = 0;
+  neither.sparse_slot_pad = 0, neither.eff.sparse_attention = 0;
+  Layout no_ix = l;
+  no_ix.indexer_loss = false;
+  const double e = err(base, l);
+  std::printf("[v4 sensitivity] GB200: %+.3f; unpadded %+.3f, dense rate %+.3f, no indexer loss %+.3f, none %+.3f\n", e,
+              err(unpadded, l), err(dense_rate, l), err(base, no_ix), err(neither, no_ix));
+  EXPECT_NEAR(err(unpadded, l), +0.113, 0.02) << err(unpadded, l);
+  EXPECT_NEAR(err(dense_rate, l), +0.147, 0.02) << err(dense_rate, l);
+  EXPECT_NEAR(err(base, no_ix), +0.103, 0.02) << err(base, no_ix);
+  EXPECT_NEAR(err(neither, no_ix), +0.179, 0.02) << err(neither, no_ix);
+  for (double x : {err(unpadded, l), err(dense_rate, l), err(base, no_ix), err(neither, no_ix)}) EXPECT_GT(x, e);
 }

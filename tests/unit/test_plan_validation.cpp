@@ -106,7 +106,39 @@ TEST(PlanValidation, AttendedContext) {
       EXPECT_NEAR(mean_attended_keys(a, T), keys / T, 1e-9) << attn_kind_name(k) << " T " << T;
       EXPECT_NEAR(attn_core_fwd_flops(a, T), 2.0 * 64 * 1024 * keys / T + 2.0 * 64 * 128 * idx / T,
                   1e-6 * attn_core_fwd_flops(a, T));
+      // Without padded slot lists the kernels compute the attended keys.
+      EXPECT_DOUBLE_EQ(kernel_attended_keys(a, T, 0), mean_attended_keys(a, T));
+      EXPECT_DOUBLE_EQ(indexer_kernel_flops(a, T, 0), indexer_fwd_flops(a, T));
     }
+}
+
+// FlashMLA-style sparse kernels (a spec's sparse_attention_slot_pad) run every query over the
+// whole slot list, padded: at 4096 tokens, DeepSeek-V4-Flash's CSA (window 128, rate 4, top-512)
+// computes 640 keys a query where the causal mean attends 510, HCA (rate 128) 160 -> 192 where it
+// attends 142, the sliding window 128; DeepSeek-V3.2's top-2048 2048 where it attends 1536. The
+// CSA indexer scores all 1024 entries of the row for every query. Dense MLA is unchanged.
+TEST(PlanValidation, PaddedSparseSlots) {
+  const int64_t T = 4096;
+  AttnShape csa{AttnKind::CSA, 64, 512, 512, 128, 4, 512, 64, 128};
+  AttnShape hca{AttnKind::HCA, 64, 512, 512, 128, 128};
+  AttnShape swa{AttnKind::SlidingWindow, 64, 512, 512, 128};
+  AttnShape v32{AttnKind::MLA, 128, 192, 128};
+  v32.index_topk = 2048;
+  AttnShape mla{AttnKind::MLA, 128, 192, 128};
+  EXPECT_DOUBLE_EQ(kernel_attended_keys(csa, T, 64), 640);
+  EXPECT_NEAR(mean_attended_keys(csa, T), 510, 1);
+  EXPECT_DOUBLE_EQ(kernel_attended_keys(hca, T, 64), 192);
+  EXPECT_NEAR(mean_attended_keys(hca, T), 142, 1);
+  EXPECT_DOUBLE_EQ(kernel_attended_keys(swa, T, 64), 128);
+  EXPECT_DOUBLE_EQ(kernel_attended_keys(v32, T, 64), 2048);
+  EXPECT_NEAR(mean_attended_keys(v32, T), 1536, 1);
+  EXPECT_DOUBLE_EQ(kernel_attended_keys(mla, T, 64), mean_attended_keys(mla, T));
+  EXPECT_DOUBLE_EQ(indexer_kernel_flops(csa, T, 64), 2.0 * 64 * 128 * 1024);
+  EXPECT_NEAR(indexer_kernel_flops(csa, T, 64) / indexer_fwd_flops(csa, T), 2.0, 0.01);
+  // Short rows: the lists hold what exists (a window of 100 tokens, 25 entries), padded.
+  EXPECT_DOUBLE_EQ(kernel_attended_keys(csa, 100, 64), 128);
+  EXPECT_DOUBLE_EQ(kernel_attended_keys(hca, 100, 64), 128);
+  EXPECT_DOUBLE_EQ(kernel_attended_keys(csa, 100, 7), 126);
 }
 
 TEST(PlanValidation, DeepSeekV3OnH800) {
