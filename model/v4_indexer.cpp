@@ -97,13 +97,10 @@ Proj project(const Ctx& c, const V4AttnIn& in, const V4CpKeys* keys, const float
     v4_cp_entries_gather(*in.cp->cp, *keys, B, own, pr.k, dI, A);
     A.release(mo);
   } else if (nw > 0) {
-    const int64_t NK = N;
-    pr.kv = A.alloc<float>(NK * 2 * dI);
-    pr.gate = A.alloc<float>(NK * 2 * dI);
-    {
-      linear_fwd(c, x, N, d, wt(in, p.i_kv), 2 * dI, pr.kv);
-      linear_fwd(c, x, N, d, wt(in, p.i_gate), 2 * dI, pr.gate);
-    }
+    pr.kv = A.alloc<float>(N * 2 * dI);
+    pr.gate = A.alloc<float>(N * 2 * dI);
+    linear_fwd(c, x, N, d, wt(in, p.i_kv), 2 * dI, pr.kv);
+    linear_fwd(c, x, N, d, wt(in, p.i_gate), 2 * dI, pr.gate);
     pr.pool = A.alloc<float>(B * nw * dI);
     pr.rstd = keep ? A.alloc<float>(B * nw) : nullptr;
     c.k().compress_pool_fwd(B, T, m, dI, 2, pr.kv, pr.gate, in.P + p.i_pb, pr.pool);
