@@ -58,6 +58,14 @@ int owner_of(const CpSplit& s, int64_t u, int64_t* row) {
   return (int)(early ? ch : 2 * s.size - 1 - ch);
 }
 
+// The buffer offsets of the blocks of `at` (rows of one batch row) with rank self's block left out
+// (its rows are copied directly, not sent).
+std::vector<int64_t> remote_at(const std::vector<int64_t>& at, int self) {
+  std::vector<int64_t> r(at.size(), 0);
+  for (size_t q = 0; q + 1 < at.size(); ++q) r[q + 1] = r[q] + ((int)q == self ? 0 : at[q + 1] - at[q]);
+  return r;
+}
+
 std::vector<size_t> scaled(const std::vector<int64_t>& at, int64_t unit, bool counts) {
   std::vector<size_t> v(at.size() - 1);
   for (size_t q = 0; q + 1 < at.size(); ++q) v[q] = (size_t)((counts ? at[q + 1] - at[q] : at[q]) * unit);
@@ -65,7 +73,7 @@ std::vector<size_t> scaled(const std::vector<int64_t>& at, int64_t unit, bool co
 }
 
 // One all-to-all-v of rows: to rank q go the blocks [B][n_q][w] of `send` at sat[q] B w, from q
-// come those of `recv` at rat[q] B w.
+// come those of `recv` at rat[q] B w (remote_at offsets: nothing to or from this rank itself).
 void exchange(const ContextParallel& cp, const std::vector<int64_t>& sat, const std::vector<int64_t>& rat, int64_t B,
               int64_t w, const float* send, float* recv) {
   const int64_t unit = B * w;
@@ -76,24 +84,27 @@ void exchange(const ContextParallel& cp, const std::vector<int64_t>& sat, const 
   cp.wait_ms += now_ms() - t0;
 }
 
-// The rows of one all-to-all-v block side: rows[at[q] .. at[q + 1]) of every batch row, packed
-// [B][n_q][w] at at[q] B w of buf (pack) or read back from it (unpack, adding with add).
-void pack_rows(const std::vector<int32_t>& rows, const std::vector<int64_t>& at, int64_t B, int64_t ld,
-               const float* from, float* buf, int64_t w) {
+// The rows of the other ranks' blocks: rows[at[q] .. at[q + 1]) of every batch row (ld rows
+// apart), packed [B][n_q][w] at bat[q] B w of buf (pack) or read back from it (unpack, adding with
+// add); rank self's block is skipped.
+void pack_rows(const std::vector<int32_t>& rows, const std::vector<int64_t>& at, const std::vector<int64_t>& bat,
+               int self, int64_t B, int64_t ld, const float* from, float* buf, int64_t w) {
   for (size_t q = 0; q + 1 < at.size(); ++q) {
+    if ((int)q == self) continue;
     const int64_t n = at[q + 1] - at[q];
     for (int64_t b = 0; b < B; ++b)
       for (int64_t i = 0; i < n; ++i)
-        std::memcpy(buf + ((at[q] * B + b * n + i) * w), from + (b * ld + rows[at[q] + i]) * w, w * sizeof(float));
+        std::memcpy(buf + ((bat[q] * B + b * n + i) * w), from + (b * ld + rows[at[q] + i]) * w, w * sizeof(float));
   }
 }
-void unpack_rows(const std::vector<int32_t>& rows, const std::vector<int64_t>& at, int64_t B, int64_t ld,
-                 const float* buf, float* to, int64_t w, bool add) {
+void unpack_rows(const std::vector<int32_t>& rows, const std::vector<int64_t>& at, const std::vector<int64_t>& bat,
+                 int self, int64_t B, int64_t ld, const float* buf, float* to, int64_t w, bool add) {
   for (size_t q = 0; q + 1 < at.size(); ++q) {
+    if ((int)q == self) continue;
     const int64_t n = at[q + 1] - at[q];
     for (int64_t b = 0; b < B; ++b)
       for (int64_t i = 0; i < n; ++i) {
-        const float* src = buf + (at[q] * B + b * n + i) * w;
+        const float* src = buf + (bat[q] * B + b * n + i) * w;
         float* dst = to + (b * ld + rows[at[q] + i]) * w;
         if (add)
           for (int64_t e = 0; e < w; ++e) dst[e] += src[e];
@@ -103,12 +114,25 @@ void unpack_rows(const std::vector<int32_t>& rows, const std::vector<int64_t>& a
   }
 }
 
+// The self block: this rank's local rows [B, 2c, w] <-> their held rows [B, np, w] (to_held: local
+// -> held; else held -> local, overwriting: every local row is held once by its own rank).
+void copy_own(const V4CpKeys& k, int64_t B, const float* from, float* to, int64_t w, bool to_held) {
+  const int64_t n = k.own_rows(), s0 = k.send_at[k.rank], r0 = k.recv_at[k.rank], Tl = 2 * k.c;
+  TREX_CHECK(n == k.recv_at[k.rank + 1] - r0 && n == Tl, "v4_cp: the self block holds ", n, " rows of ", Tl);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t l = b * Tl + k.send_rows[s0 + i], h = b * k.np + k.recv_rows[r0 + i];
+      if (to_held) std::memcpy(to + h * w, from + l * w, w * sizeof(float));
+      else std::memcpy(to + l * w, from + h * w, w * sizeof(float));
+    }
+}
+
 }  // namespace
 
 V4CpKeys v4_cp_keys(const CpSplit& s, int64_t W, int64_t m, int cc) {
   TREX_CHECK(s.c > 0 && s.T == 2 * s.size * s.c, "v4_cp_keys: a split of ", s.T, " positions in chunks of ", s.c);
   V4CpKeys k;
-  k.T = s.T, k.c = s.c, k.nw = m > 0 ? s.T / m : 0;
+  k.T = s.T, k.c = s.c, k.nw = m > 0 ? s.T / m : 0, k.rank = s.rank;
   k.pos = held_rows(s, W, m, cc, s.rank);
   k.np = (int64_t)k.pos.size();
   k.slot.assign(s.T, -1);
@@ -152,23 +176,26 @@ V4CpKeys v4_cp_keys(const CpSplit& s, int64_t W, int64_t m, int cc) {
 void v4_cp_halo_gather(const ContextParallel& cp, const V4CpKeys& k, int64_t B, const float* local, float* held,
                        int64_t w, StackArena& A) {
   const auto mk = A.mark();
-  float* sb = A.alloc<float>(std::max<int64_t>(k.send_at.back() * B * w, 1));
-  float* rb = A.alloc<float>(std::max<int64_t>(k.recv_at.back() * B * w, 1));
-  pack_rows(k.send_rows, k.send_at, B, 2 * k.c, local, sb, w);
-  exchange(cp, k.send_at, k.recv_at, B, w, sb, rb);
-  unpack_rows(k.recv_rows, k.recv_at, B, k.np, rb, held, w, false);
+  const auto sat = remote_at(k.send_at, k.rank), rat = remote_at(k.recv_at, k.rank);
+  float* sb = A.alloc<float>(std::max<int64_t>(k.sent_rows() * B * w, 1));
+  float* rb = A.alloc<float>(std::max<int64_t>(k.received_rows() * B * w, 1));
+  pack_rows(k.send_rows, k.send_at, sat, k.rank, B, 2 * k.c, local, sb, w);
+  exchange(cp, sat, rat, B, w, sb, rb);
+  copy_own(k, B, local, held, w, true);
+  unpack_rows(k.recv_rows, k.recv_at, rat, k.rank, B, k.np, rb, held, w, false);
   A.release(mk);
 }
 
 void v4_cp_halo_return(const ContextParallel& cp, const V4CpKeys& k, int64_t B, const float* held, float* local,
                        int64_t w, StackArena& A) {
   const auto mk = A.mark();
-  float* sb = A.alloc<float>(std::max<int64_t>(k.recv_at.back() * B * w, 1));
-  float* rb = A.alloc<float>(std::max<int64_t>(k.send_at.back() * B * w, 1));
-  pack_rows(k.recv_rows, k.recv_at, B, k.np, held, sb, w);
-  exchange(cp, k.recv_at, k.send_at, B, w, sb, rb);
-  std::memset(local, 0, (size_t)(B * 2 * k.c * w) * sizeof(float));
-  unpack_rows(k.send_rows, k.send_at, B, 2 * k.c, rb, local, w, true);
+  const auto sat = remote_at(k.send_at, k.rank), rat = remote_at(k.recv_at, k.rank);
+  float* sb = A.alloc<float>(std::max<int64_t>(k.received_rows() * B * w, 1));
+  float* rb = A.alloc<float>(std::max<int64_t>(k.sent_rows() * B * w, 1));
+  pack_rows(k.recv_rows, k.recv_at, rat, k.rank, B, k.np, held, sb, w);
+  exchange(cp, rat, sat, B, w, sb, rb);
+  copy_own(k, B, held, local, w, false);
+  unpack_rows(k.send_rows, k.send_at, sat, k.rank, B, 2 * k.c, rb, local, w, true);
   A.release(mk);
 }
 

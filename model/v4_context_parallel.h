@@ -5,8 +5,8 @@
 //   sliding rows: a local chunk k (positions [k c, (k + 1) c)) attends rows back to k c - W + 1;
 //             the rank receives that halo of the per-token key-side projections (kv(x) and the
 //             compressor's c_kv(x) / c_gate(x), packed) from the ranks holding it, point to point
-//             (one all-to-all-v), and runs kv_norm and RoPE over its held rows [B, np, w] (its
-//             local rows plus the halos, np <= 2 c + 2 halo);
+//             (one all-to-all-v; its own rows are copied, not sent), and runs kv_norm and RoPE
+//             over its held rows [B, np, w] (its local rows plus the halos, np <= 2 c + 2 halo);
 //   compressed entries: entry w belongs to the rank holding its window's last token (w + 1) m - 1;
 //             the owner pools it from its held rows (a window crossing a rank boundary reads the
 //             halo: up to cc m - 1 rows before the chunk), normalizes and ropes it; the entries of
@@ -56,9 +56,14 @@ struct V4CpKeys {
   } own[2];
   // The halo exchange, in rows of one batch row (times B w at use). To rank q: local rows
   // send_rows[send_at[q] .. send_at[q + 1]) (in the order of q's held rows); from rank q: held rows
-  // recv_rows[recv_at[q] .. recv_at[q + 1]). Both include this rank itself.
+  // recv_rows[recv_at[q] .. recv_at[q + 1]). Both include this rank itself (rank), whose block
+  // pairs its local rows with their held rows and is copied directly, not sent.
+  int rank = 0;
   std::vector<int32_t> send_rows, recv_rows;
   std::vector<int64_t> send_at, recv_at;
+  int64_t own_rows() const { return send_at[rank + 1] - send_at[rank]; }  // the self block
+  int64_t sent_rows() const { return send_at.back() - own_rows(); }      // to the other ranks
+  int64_t received_rows() const { return recv_at.back() - own_rows(); }  // from them
   std::vector<int64_t> chunk_e0, chunk_n;  // [2 cp] every chunk's entries (first, count)
 };
 // -> the plan of rank s.rank for a layer of window W, rate m (0: sliding), cc channels.

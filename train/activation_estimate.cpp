@@ -490,10 +490,11 @@ struct StepWalk {
     }
     return it->second;
   }
-  // v4_cp_halo_gather / v4_cp_halo_return's blocks (ret: the return, the other way round).
+  // v4_cp_halo_gather / v4_cp_halo_return's blocks of the other ranks (ret: the return, the
+  // other way round; the rank's own rows are copied directly).
   void halo_collective(const model::V4CpKeys& k, int64_t w, bool ret) {
     const auto m = A.mark();
-    const int64_t S = k.send_at.back() * B * w, R = k.recv_at.back() * B * w;
+    const int64_t S = k.sent_rows() * B * w, R = k.received_rows() * B * w;
     f32(std::max<int64_t>(ret ? R : S, 1)), f32(std::max<int64_t>(ret ? S : R, 1));
     A.release(m);
   }

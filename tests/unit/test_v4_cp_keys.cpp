@@ -96,6 +96,10 @@ TEST(V4CpKeys, HoldWhatTheQueriesAndTheOwnEntriesNeedAndTheExchangeAgrees) {
           ASSERT_EQ((int64_t)k.send_at.size(), cp + 1) << what;
           ASSERT_EQ((int64_t)k.recv_at.size(), cp + 1) << what;
           EXPECT_EQ(k.recv_at.back(), k.np) << what;
+          // The self block pairs the rank's 2c tokens with their held rows.
+          EXPECT_EQ(k.rank, r) << what;
+          EXPECT_EQ(k.own_rows(), 2 * c) << what;
+          EXPECT_EQ(k.recv_at[r + 1] - k.recv_at[r], 2 * c) << what;
           for (int q = 0; q < cp; ++q) {
             const V4CpKeys& kq = plans[q];
             std::vector<int64_t> sent, expected;
@@ -122,4 +126,8 @@ TEST(V4CpKeys, HoldTheHaloNotTheWholeRow) {
   // Sent: its own tokens to itself, and the last 127 rows of each of its chunks to the ranks
   // holding the chunks after them (3 and 6).
   EXPECT_EQ(k2.send_at.back(), 8192 + 2 * 127);
+  // Its own rows are copied, not sent: 254 rows go out, 254 come in.
+  EXPECT_EQ(k2.own_rows(), 8192);
+  EXPECT_EQ(k2.sent_rows(), 254);
+  EXPECT_EQ(k2.received_rows(), 254);
 }
