@@ -173,30 +173,40 @@ V4CpKeys v4_cp_keys(const CpSplit& s, int64_t W, int64_t m, int cc) {
   return k;
 }
 
+namespace {
+
+// One direction of the halo exchange. to_held: the local rows [B, 2c, w] go to the ranks holding
+// them and the held rows [B, np, w] are filled (the gather); else the held rows go back to their
+// owners and are summed into the local rows (the return, the adjoint). The self block is copied.
+void halo_move(const ContextParallel& cp, const V4CpKeys& k, int64_t B, const float* from, float* to, int64_t w,
+               bool to_held, StackArena& A) {
+  // Sending side and receiving side: row lists, blocks, rows a batch row.
+  const std::vector<int32_t>& srows = to_held ? k.send_rows : k.recv_rows;
+  const std::vector<int32_t>& rrows = to_held ? k.recv_rows : k.send_rows;
+  const std::vector<int64_t>& sat = to_held ? k.send_at : k.recv_at;
+  const std::vector<int64_t>& rat = to_held ? k.recv_at : k.send_at;
+  const int64_t sld = to_held ? 2 * k.c : k.np, rld = to_held ? k.np : 2 * k.c;
+  const auto sbat = remote_at(sat, k.rank), rbat = remote_at(rat, k.rank);
+  const auto mk = A.mark();
+  float* sb = A.alloc<float>(std::max<int64_t>(sbat.back() * B * w, 1));
+  float* rb = A.alloc<float>(std::max<int64_t>(rbat.back() * B * w, 1));
+  pack_rows(srows, sat, sbat, k.rank, B, sld, from, sb, w);
+  exchange(cp, sbat, rbat, B, w, sb, rb);
+  copy_own(k, B, from, to, w, to_held);
+  unpack_rows(rrows, rat, rbat, k.rank, B, rld, rb, to, w, !to_held);
+  A.release(mk);
+}
+
+}  // namespace
+
 void v4_cp_halo_gather(const ContextParallel& cp, const V4CpKeys& k, int64_t B, const float* local, float* held,
                        int64_t w, StackArena& A) {
-  const auto mk = A.mark();
-  const auto sat = remote_at(k.send_at, k.rank), rat = remote_at(k.recv_at, k.rank);
-  float* sb = A.alloc<float>(std::max<int64_t>(k.sent_rows() * B * w, 1));
-  float* rb = A.alloc<float>(std::max<int64_t>(k.received_rows() * B * w, 1));
-  pack_rows(k.send_rows, k.send_at, sat, k.rank, B, 2 * k.c, local, sb, w);
-  exchange(cp, sat, rat, B, w, sb, rb);
-  copy_own(k, B, local, held, w, true);
-  unpack_rows(k.recv_rows, k.recv_at, rat, k.rank, B, k.np, rb, held, w, false);
-  A.release(mk);
+  halo_move(cp, k, B, local, held, w, true, A);
 }
 
 void v4_cp_halo_return(const ContextParallel& cp, const V4CpKeys& k, int64_t B, const float* held, float* local,
                        int64_t w, StackArena& A) {
-  const auto mk = A.mark();
-  const auto sat = remote_at(k.send_at, k.rank), rat = remote_at(k.recv_at, k.rank);
-  float* sb = A.alloc<float>(std::max<int64_t>(k.received_rows() * B * w, 1));
-  float* rb = A.alloc<float>(std::max<int64_t>(k.sent_rows() * B * w, 1));
-  pack_rows(k.recv_rows, k.recv_at, rat, k.rank, B, k.np, held, sb, w);
-  exchange(cp, rat, sat, B, w, sb, rb);
-  copy_own(k, B, held, local, w, false);
-  unpack_rows(k.send_rows, k.send_at, sat, k.rank, B, 2 * k.c, rb, local, w, true);
-  A.release(mk);
+  halo_move(cp, k, B, held, local, w, false, A);
 }
 
 void v4_cp_halo_return_cols(const Ctx& c, const ContextParallel& cp, const V4CpKeys& k, int64_t B,

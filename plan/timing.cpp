@@ -126,9 +126,9 @@ void layer_fwd(const LayerCost& L, const Rates& R, const Layout& l, int64_t hidd
   t.expert_wgrad_adj += xg.wgrad - xg.fwd;
   // The attention core and the CSA indexer as their kernels run them (plan/arch.h).
   const double idx = indexer_kernel_flops(L.attn, seq, R.slot_pad);
+  const double attn_rate = L.attn.kind == AttnKind::MLA ? R.attention : R.sparse_attention;
   const double core = tokens * 2.0 * L.attn.heads * (L.attn.qk_dim + L.attn.v_dim) *
-                      kernel_attended_keys(L.attn, seq, R.slot_pad) /
-                      (L.attn.kind == AttnKind::MLA ? R.attention : R.sparse_attention);
+                      kernel_attended_keys(L.attn, seq, R.slot_pad) / attn_rate;
   double at = core + tokens * idx / R.indexer;
   // The indexer's KL loss (Layout::indexer_loss): the main attention's scores over the selected
   // keys once more for the target (forward only), and a backward through the indexer: its scoring
@@ -136,8 +136,8 @@ void layer_fwd(const LayerCost& L, const Rates& R, const Layout& l, int64_t hidd
   // inputs are detached). Without it the indexer runs forward only.
   if (l.indexer_loss && L.attn.index_topk > 0) {
     const int64_t entries = L.attn.kind == AttnKind::MLA ? seq : seq / std::max<int64_t>(L.attn.compress_ratio, 1);
-    const double target = tokens * 2.0 * L.attn.heads * L.attn.qk_dim * (double)std::min(L.attn.index_topk, entries) /
-                          (L.attn.kind == AttnKind::MLA ? R.attention : R.sparse_attention);
+    const double target =
+        tokens * 2.0 * L.attn.heads * L.attn.qk_dim * (double)std::min(L.attn.index_topk, entries) / attn_rate;
     at += target;
     t.fwd_only += target + tokens * L.fwd_only_matmul_params / R.gemm;
   } else {
