@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include "core/error.h"
 #include "core/rng.h"
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
@@ -35,6 +36,29 @@ std::string fmt(const char* f, ...) {
   std::vsnprintf(buf, sizeof buf, f, a);
   va_end(a);
   return buf;
+}
+
+// Operands of a grouped call's groups against the buffers they were cut from (base, elements):
+// each group's op(A) [M, K], op(B) [K, N] and C [M, N] must lie inside them, so a row whose
+// buffers are sized for another shape fails here instead of reading past them.
+struct Span {
+  const void* base;
+  int64_t n;
+};
+void check_groups(const char* row, const std::vector<kern::GemmGroup>& g, bool ta, bool tb, int64_t eb, Span a,
+                  Span b, Span c) {
+  auto inside = [&](const char* what, const void* p, const Span& s, int64_t es, int64_t rows, int64_t cols,
+                    int64_t ld) {
+    const int64_t off = ((const char*)p - (const char*)s.base) / es;
+    const int64_t end = rows && cols ? off + (rows - 1) * ld + cols : off;
+    TREX_CHECK(off >= 0 && end <= s.n, "bench kernels: ", row, ": a group's ", what, " reaches elements [", off, ", ",
+               end, ") of a buffer of ", s.n);
+  };
+  for (const kern::GemmGroup& q : g) {
+    inside("A", q.A, a, eb, ta ? q.K : q.M, ta ? q.M : q.K, q.lda);
+    inside("B", q.B, b, eb, tb ? q.N : q.K, tb ? q.K : q.N, q.ldb);
+    inside("C", q.C, c, 4, q.M, q.N, q.ldc);
+  }
 }
 
 // ---- Dense linear algebra -------------------------------------------------------------------
@@ -113,9 +137,11 @@ void experts(Plan& p, const Run& r, const std::string& w, int64_t out, int64_t i
       auto in_op = [&](int64_t n, uint64_t s) -> const char* {
         return bf ? (const char*)b.b(n, s) : (const char*)b.f(n, s);
       };
-      const char* X = in_op(R * (v == 1 ? out : in), 1);   // X (fwd), dY (dx), dY (dW)
-      const char* Wt = in_op(v == 2 ? R * in : E * out * in, 2);  // W slab, or X (dW)
-      float* C = b.f(v == 2 ? E * out * in : R * (v == 0 ? out : in));
+      const int64_t nX = R * (v == 0 ? in : out), nW = v == 2 ? R * in : E * out * in;
+      const int64_t nC = v == 2 ? E * out * in : R * (v == 0 ? out : in);
+      const char* X = in_op(nX, 1);   // X [R, in] (fwd), dY [R, out] (dx, dW)
+      const char* Wt = in_op(nW, 2);  // W slab [E, out, in], or X [R, in] (dW)
+      float* C = b.f(nC);
       auto g = std::make_shared<std::vector<kern::GemmGroup>>();
       int64_t r0 = 0;
       for (int64_t e = 0; e < E; ++e) {
@@ -129,6 +155,7 @@ void experts(Plan& p, const Run& r, const std::string& w, int64_t out, int64_t i
       }
       const bool ta = v == 2, tb = v == 0;
       const float beta = v == 2 ? 1.f : 0.f;
+      check_groups("grouped_gemm (experts)", *g, ta, tb, eb, {X, nX}, {Wt, nW}, {C, nC});
       return [=] { kern::grouped_gemm(pr, ta, tb, 1.f, beta, g->data(), (int)g->size()); };
     };
     p.add(std::move(o), w);
@@ -427,10 +454,11 @@ void grouped_oa(Plan& p, const Run& r, const std::string& w, int64_t G, int64_t 
       auto in_op = [&](int64_t n, uint64_t s) -> const char* {
         return bf ? (const char*)b.b(n, s) : (const char*)b.f(n, s);
       };
-      const char* X = in_op(N * G * Dg, 1);
-      const char* dY = in_op(N * G * olr, 2);
-      const char* Wt = in_op(G * olr * Dg, 3);
-      float* C = b.f(std::max(N * G * std::max(Dg, olr), G * olr * Dg));
+      const Span sx{in_op(N * G * Dg, 1), N * G * Dg}, sy{in_op(N * G * olr, 2), N * G * olr};
+      const Span sw{in_op(G * olr * Dg, 3), G * olr * Dg};
+      const int64_t nC = std::max(N * G * std::max(Dg, olr), G * olr * Dg);
+      const char *X = (const char*)sx.base, *dY = (const char*)sy.base, *Wt = (const char*)sw.base;
+      float* C = b.f(nC);
       auto g = std::make_shared<std::vector<kern::GemmGroup>>();
       for (int64_t k = 0; k < G; ++k) {
         const char *x = X + k * Dg * eb, *dy = dY + k * olr * eb, *wk = Wt + k * olr * Dg * eb;
@@ -441,6 +469,7 @@ void grouped_oa(Plan& p, const Run& r, const std::string& w, int64_t G, int64_t 
       const kern::Prec pr = bf ? kern::Prec::BF16 : kern::Prec::F32;
       const bool ta = v == 2, tb = v == 0;
       const float beta = v == 2 ? 1.f : 0.f;
+      check_groups("grouped_gemm (o_a)", *g, ta, tb, eb, v == 0 ? sx : sy, v == 2 ? sx : sw, {C, nC});
       return [=] { kern::grouped_gemm(pr, ta, tb, 1.f, beta, g->data(), (int)g->size()); };
     };
     p.add(std::move(o), w);
