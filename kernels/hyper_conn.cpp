@@ -4,6 +4,9 @@
 // per-token coefficient math (sigmoids, softmax, Sinkhorn and its backward, O(iters * n^2)) is
 // the reference's (kernels/ref/hyper_conn.h).
 //
+// On CPUs with AVX-512 the per-token passes over the streams (dots, collapse, post mixing and its
+// backward, the dx update) run in kernels/cpu/hyper_conn_avx512.cpp instead of the loops here.
+//
 // Work is cut into token chunks that depend only on the shape; each chunk runs its passes back
 // to back (projection + norm + coefficients + collapse in forward; dots, coefficient backward,
 // dx GEMM and dx update in backward). Every GEMM runs on one thread (inside an active parallel
@@ -15,8 +18,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include "core/cpu.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "kernels/cpu/hyper_conn_avx512.h"
 #include "kernels/gemm.h"
 #include "kernels/ref/hyper_conn.h"
 
@@ -77,8 +82,30 @@ inline void axpy(float a, const float* x, float* y, int64_t n) {
 
 // y: [d] = sum_j w[j] * x[j*d + i]   (collapse of n streams)
 inline void collapse(int n, int64_t d, const float* w, const float* x, float* y) {
+  if (cpu_isa() >= Isa::Avx512) return cpu::hc_collapse_avx512(n, d, w, x, y);
   for (int64_t i = 0; i < d; ++i) y[i] = w[0] * x[i];
   for (int j = 1; j < n; ++j) axpy(w[j], x + j * d, y, d);
+}
+
+// out[j] = a . x_j for the n streams x [n, d] of one token.
+inline void stream_dots(int n, int64_t d, const float* a, const float* x, float* out) {
+  if (cpu_isa() >= Isa::Avx512) return cpu::hc_dots_avx512(n, d, a, x, out);
+  for (int j = 0; j < n; ++j) out[j] = dot(a, x + j * d, d);
+}
+
+// One token's dx [n, d] += p[j] * dy - c * x_j (dy null: - c * x_j).
+inline void dx_update(int n, int64_t d, const float* p, float c, const float* dy, const float* x, float* dx) {
+  if (cpu_isa() >= Isa::Avx512) return cpu::hc_dx_update_avx512(n, d, p, c, dy, x, dx);
+  for (int j = 0; j < n; ++j) {
+    const float* xj = x + j * d;
+    float* dxj = dx + j * d;
+    const float pj = p[j];
+    if (dy) {
+      for (int64_t i = 0; i < d; ++i) dxj[i] += pj * dy[i] - c * xj[i];
+    } else {
+      for (int64_t i = 0; i < d; ++i) dxj[i] -= c * xj[i];
+    }
+  }
 }
 
 // Forward projection of one chunk of tokens [t0, t0+tc): mix = rstd * (x @ fn^T) ([tc, R]).
@@ -88,7 +115,8 @@ void project_chunk(const HcShape& s, int R, int64_t t0, int64_t tc, const float*
   gemm_f32(false, true, tc, R, K, 1.f, x + t0 * K, K, fn, K, 0.f, mix + t0 * R, R);
   for (int64_t t = t0; t < t0 + tc; ++t) {
     const float* xt = x + t * K;
-    const float r = 1.f / std::sqrt(dot(xt, xt, K) / static_cast<float>(K) + s.norm_eps);
+    const float ss = cpu_isa() >= Isa::Avx512 ? cpu::hc_dot_avx512(xt, xt, K) : dot(xt, xt, K);
+    const float r = 1.f / std::sqrt(ss / static_cast<float>(K) + s.norm_eps);
     rstd[t] = r;
     for (int q = 0; q < R; ++q) mix[t * R + q] *= r;
   }
@@ -168,7 +196,8 @@ void hc_pre_bwd(const HcShape& s, const float* x, const float* fn, const float* 
     float dpre[kMaxN];
     for (int64_t t = t0; t < t0 + tc; ++t) {
       const float* xt = x + t * K;
-      for (int j = 0; j < n; ++j) dpre[j] = dy ? dot(dy + t * d, xt + j * d, d) : 0.f;
+      if (dy) stream_dots(n, d, dy + t * d, xt, dpre);
+      else std::fill(dpre, dpre + n, 0.f);
       const float* m = mix + t * R;
       float* z = dz + t * R;
       ref::hc_coeffs_bwd<float>(n, s.iters, s.hc_eps, m, base, scale, dpre, dpost ? dpost + t * n : nullptr,
@@ -186,17 +215,7 @@ void hc_pre_bwd(const HcShape& s, const float* x, const float* fn, const float* 
     // dx += dmixs @ fn + pre (x) dy - cx * x
     gemm_f32(false, false, tc, K, R, 1.f, dmixs + t0 * R, R, fn, K, 1.f, dx + t0 * K, K);
     for (int64_t t = t0; t < t0 + tc; ++t)
-      for (int j = 0; j < n; ++j) {
-        const float* xj = x + t * K + j * d;
-        float* dxj = dx + t * K + j * d;
-        const float p = pre[t * n + j], cc = cx[t];
-        if (dy) {
-          const float* dyt = dy + t * d;
-          for (int64_t i = 0; i < d; ++i) dxj[i] += p * dyt[i] - cc * xj[i];
-        } else {
-          for (int64_t i = 0; i < d; ++i) dxj[i] -= cc * xj[i];
-        }
-      }
+      dx_update(n, d, pre + t * n, cx[t], dy ? dy + t * d : nullptr, x + t * K, dx + t * K);
   });
   dfn_gemm(s, R, dmixs, x, dfn);
   reduce_base_scale(s, R, 3, dz, mix, dbase, dscale);
@@ -210,7 +229,9 @@ void hc_post_fwd(const HcShape& s, const float* x, const float* f, const float* 
   TREX_CHECK(out != x, "hc_post_fwd: out must not alias x");
   const int n = s.n;
   const int64_t d = s.d, K = n * d;
+  const bool v512 = cpu_isa() >= Isa::Avx512;
   parallel_for(s.N, std::max<int64_t>(1, 16384 / K), [&](int64_t t0, int64_t t1) {
+    if (v512) return cpu::hc_post_fwd_avx512(n, d, t0, t1, x, f, post, comb, out);
     for (int64_t t = t0; t < t1; ++t) {
       const float* xt = x + t * K;
       const float* ft = f + t * d;
@@ -232,7 +253,9 @@ void hc_post_bwd(const HcShape& s, const float* x, const float* f, const float* 
   TREX_CHECK(x && f && post && comb && dout && dx && df && dpost && dcomb, "hc_post_bwd: null pointer");
   const int n = s.n;
   const int64_t d = s.d, K = n * d;
+  const bool v512 = cpu_isa() >= Isa::Avx512;
   parallel_for(s.N, std::max<int64_t>(1, 8192 / K), [&](int64_t t0, int64_t t1) {
+    if (v512) return cpu::hc_post_bwd_avx512(n, d, t0, t1, x, f, post, comb, dout, dx, df, dpost, dcomb);
     for (int64_t t = t0; t < t1; ++t) {
       const float* xt = x + t * K;
       const float* ft = f + t * d;
@@ -291,15 +314,16 @@ void hc_head_bwd(const HcShape& s, const float* x, const float* hc_fn, const flo
   float* cx = pre + N * n;     // [N]
   for_each_block(num_chunks(s), [&](int64_t c) {
     const int64_t t0 = c * ct, tc = std::min(ct, N - t0);
+    float dyx[kMaxN];
     for (int64_t t = t0; t < t0 + tc; ++t) {
-      const float* xt = x + t * K;
       const float r = rstd[t];
       float dm = 0;
+      stream_dots(n, d, dy + t * d, x + t * K, dyx);
       for (int j = 0; j < n; ++j) {
         const float mj = mix[t * n + j];
         const float sg = ref::hc_sigmoid(mj * hc_scale[0] + hc_base[j]);
         pre[t * n + j] = sg + s.hc_eps;
-        const float z = dot(dy + t * d, xt + j * d, d) * sg * (1.f - sg);
+        const float z = dyx[j] * sg * (1.f - sg);
         dz[t * n + j] = z;
         dmixs[t * n + j] = z * hc_scale[0] * r;
         dm += z * hc_scale[0] * mj;
@@ -308,14 +332,7 @@ void hc_head_bwd(const HcShape& s, const float* x, const float* hc_fn, const flo
     }
     // dx = dmixs @ fn + pre (x) dy - cx * x
     gemm_f32(false, false, tc, K, n, 1.f, dmixs + t0 * n, n, hc_fn, K, 0.f, dx + t0 * K, K);
-    for (int64_t t = t0; t < t0 + tc; ++t)
-      for (int j = 0; j < n; ++j) {
-        const float* xj = x + t * K + j * d;
-        const float* dyt = dy + t * d;
-        float* dxj = dx + t * K + j * d;
-        const float p = pre[t * n + j], cc = cx[t];
-        for (int64_t i = 0; i < d; ++i) dxj[i] += p * dyt[i] - cc * xj[i];
-      }
+    for (int64_t t = t0; t < t0 + tc; ++t) dx_update(n, d, pre + t * n, cx[t], dy + t * d, x + t * K, dx + t * K);
   });
   dfn_gemm(s, n, dmixs, x, dfn);
   reduce_base_scale(s, n, 1, dz, mix, dbase, dscale);

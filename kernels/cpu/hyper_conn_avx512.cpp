@@ -1,0 +1,126 @@
+// AVX-512 mHC loops (see kernels/cpu/hyper_conn_avx512.h). Every loop runs 16 columns at a time
+// with a masked tail, so no operand needs padding. The streams of one token ([n, d], 16 KiB at
+// n = 4, d = 1024) stay in L1 while it is mixed: the post step reads them n times from there and
+// writes each output once, where the baseline loops made n + 1 passes over every output row.
+// GCC 12 warns falsely about the _mm512_undefined_ps() inside some intrinsics (GCC PR105593).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include "kernels/cpu/hyper_conn_avx512.h"
+#include <immintrin.h>
+#include "kernels/cpu/simd_avx512.h"
+#include "kernels/hyper_conn.h"
+
+namespace trex::kern::cpu {
+
+using avx512::hsum;
+using avx512::tail_mask;
+
+float hc_dot_avx512(const float* a, const float* b, int64_t len) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t i = 0; i < len; i += 16) {
+    const __mmask16 m = tail_mask(len - i);
+    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc);
+  }
+  return hsum(acc);
+}
+
+void hc_dots_avx512(int n, int64_t d, const float* a, const float* x, float* out) {
+  __m512 acc[kHcMaxStreams];
+  for (int j = 0; j < n; ++j) acc[j] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < d; i += 16) {
+    const __mmask16 m = tail_mask(d - i);
+    const __m512 av = _mm512_maskz_loadu_ps(m, a + i);
+    for (int j = 0; j < n; ++j) acc[j] = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + j * d + i), acc[j]);
+  }
+  for (int j = 0; j < n; ++j) out[j] = hsum(acc[j]);
+}
+
+void hc_collapse_avx512(int n, int64_t d, const float* w, const float* x, float* y) {
+  for (int64_t i = 0; i < d; i += 16) {
+    const __mmask16 m = tail_mask(d - i);
+    __m512 acc = _mm512_mul_ps(_mm512_set1_ps(w[0]), _mm512_maskz_loadu_ps(m, x + i));
+    for (int j = 1; j < n; ++j) acc = _mm512_fmadd_ps(_mm512_set1_ps(w[j]), _mm512_maskz_loadu_ps(m, x + j * d + i), acc);
+    _mm512_mask_storeu_ps(y + i, m, acc);
+  }
+}
+
+void hc_dx_update_avx512(int n, int64_t d, const float* p, float c, const float* dy, const float* x, float* dx) {
+  const __m512 cv = _mm512_set1_ps(c);
+  for (int j = 0; j < n; ++j) {
+    const float* xj = x + j * d;
+    float* dxj = dx + j * d;
+    const __m512 pv = _mm512_set1_ps(p[j]);
+    for (int64_t i = 0; i < d; i += 16) {
+      const __mmask16 m = tail_mask(d - i);
+      __m512 v = _mm512_maskz_loadu_ps(m, dxj + i);
+      if (dy) v = _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(m, dy + i), v);
+      v = _mm512_fnmadd_ps(cv, _mm512_maskz_loadu_ps(m, xj + i), v);
+      _mm512_mask_storeu_ps(dxj + i, m, v);
+    }
+  }
+}
+
+void hc_post_fwd_avx512(int n, int64_t d, int64_t t0, int64_t t1, const float* x, const float* f, const float* post,
+                        const float* comb, float* out) {
+  const int64_t K = n * d;
+  __m512 xv[kHcMaxStreams];
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* xt = x + t * K;
+    const float* ft = f + t * d;
+    const float* cm = comb + t * n * n;
+    const float* pt = post + t * n;
+    float* ot = out + t * K;
+    for (int64_t i = 0; i < d; i += 16) {
+      const __mmask16 m = tail_mask(d - i);
+      const __m512 fv = _mm512_maskz_loadu_ps(m, ft + i);
+      for (int j = 0; j < n; ++j) xv[j] = _mm512_maskz_loadu_ps(m, xt + j * d + i);
+      for (int k = 0; k < n; ++k) {
+        __m512 acc = _mm512_mul_ps(_mm512_set1_ps(pt[k]), fv);
+        for (int j = 0; j < n; ++j) acc = _mm512_fmadd_ps(_mm512_set1_ps(cm[j * n + k]), xv[j], acc);
+        _mm512_mask_storeu_ps(ot + k * d + i, m, acc);
+      }
+    }
+  }
+}
+
+void hc_post_bwd_avx512(int n, int64_t d, int64_t t0, int64_t t1, const float* x, const float* f, const float* post,
+                        const float* comb, const float* dout, float* dx, float* df, float* dpost, float* dcomb) {
+  const int64_t K = n * d;
+  __m512 gv[kHcMaxStreams];
+  __m512 acc[kHcMaxStreams + 1];
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* xt = x + t * K;
+    const float* ft = f + t * d;
+    const float* go = dout + t * K;
+    const float* cm = comb + t * n * n;
+    const float* pt = post + t * n;
+    float* dxt = dx + t * K;
+    // df and dx: each output column once, the token's gradient rows from L1.
+    for (int64_t i = 0; i < d; i += 16) {
+      const __mmask16 m = tail_mask(d - i);
+      for (int k = 0; k < n; ++k) gv[k] = _mm512_maskz_loadu_ps(m, go + k * d + i);
+      __m512 s = _mm512_mul_ps(_mm512_set1_ps(pt[0]), gv[0]);
+      for (int k = 1; k < n; ++k) s = _mm512_fmadd_ps(_mm512_set1_ps(pt[k]), gv[k], s);
+      _mm512_mask_storeu_ps(df + t * d + i, m, s);
+      for (int j = 0; j < n; ++j) {
+        __m512 v = _mm512_mul_ps(_mm512_set1_ps(cm[j * n]), gv[0]);
+        for (int k = 1; k < n; ++k) v = _mm512_fmadd_ps(_mm512_set1_ps(cm[j * n + k]), gv[k], v);
+        _mm512_mask_storeu_ps(dxt + j * d + i, m, v);
+      }
+    }
+    // dpost[k] = g_k . f and dcomb[j][k] = g_k . x_j: one pass per k over g_k, f and the streams.
+    for (int k = 0; k < n; ++k) {
+      const float* gk = go + k * d;
+      for (int j = 0; j <= n; ++j) acc[j] = _mm512_setzero_ps();
+      for (int64_t i = 0; i < d; i += 16) {
+        const __mmask16 m = tail_mask(d - i);
+        const __m512 g = _mm512_maskz_loadu_ps(m, gk + i);
+        acc[n] = _mm512_fmadd_ps(g, _mm512_maskz_loadu_ps(m, ft + i), acc[n]);
+        for (int j = 0; j < n; ++j) acc[j] = _mm512_fmadd_ps(g, _mm512_maskz_loadu_ps(m, xt + j * d + i), acc[j]);
+      }
+      dpost[t * n + k] = hsum(acc[n]);
+      for (int j = 0; j < n; ++j) dcomb[(t * n + j) * n + k] = hsum(acc[j]);
+    }
+  }
+}
+
+}  // namespace trex::kern::cpu
