@@ -271,11 +271,13 @@ void hc_perf(HcShape s) {
 }  // namespace
 
 TREX_OP_CASES(hyper_conn_cases) {
-  // {N, n, d, iters, hc_eps, norm_eps}; N = 200 and 1000 end in a partial chunk.
+  // {N, n, d, iters, hc_eps, norm_eps}; N = 200 and 1000 end in a partial chunk; n = 13 and the
+  // largest n (kHcMaxStreams) with d off the 16-lane width.
   const HcShape shapes[] = {{1, 1, 7, 1, 1e-6f, 1e-6f},       {2, 3, 5, 4, 1e-2f, 0.1f},
                             {3, 3, 37, 4, 1e-6f, 1e-6f},      {37, 4, 129, 20, 1e-6f, 1e-6f},
                             {5, 5, 37, 3, 0.05f, 0.3f},       {200, 4, 64, 20, 1e-6f, 1e-6f},
-                            {129, 4, 1000, 20, 1e-6f, 1e-6f}, {1000, 2, 37, 7, 1e-3f, 1e-5f}};
+                            {129, 4, 1000, 20, 1e-6f, 1e-6f}, {1000, 2, 37, 7, 1e-3f, 1e-5f},
+                            {7, 13, 45, 5, 1e-6f, 1e-6f},     {3, 64, 17, 2, 1e-6f, 1e-6f}};
   for (const auto& s : shapes) {
     cases.push_back({"hc_pre", [=] { return pre_test(s, 0, -1); }, nullptr, nullptr});
     cases.push_back({"hc_post", [=] { return post_test(s); }, nullptr, nullptr});
