@@ -96,23 +96,28 @@ Calibration measure_calibration(double seconds) {
     c.efficiency["gemm"] = 3 * 2.0 * M * N * K / (ms / 1000) / peak;
   }
   // Grouped expert GEMMs of a routed-expert MLP, forward and backward as the MoE layer runs them:
-  // 32 experts x 256 token rows, d 1024, I 512; up (gate|up, [2I, d]) and down ([d, I]), each as
-  // Y = X W^T, dX = dY W, dW += dY^T X, bf16 operands.
+  // 32 experts, d 1024, I 512; up (gate|up, [2I, d]) and down ([d, I]), each as Y = X W^T,
+  // dX = dY W, dW += dY^T X, bf16 operands. The experts get 224-288 token rows each (about 256),
+  // not all one count: a routed step gives each expert its own, mostly not a multiple of a
+  // kernel's block, and the tails cost (kernels/gemm_bf16_dnnl.cpp).
   {
     const int E = 32;
-    const int64_t rows = 256, d = 1024, I = 512;
-    auto X = random_bf16(E * rows * d, 4), Wu = random_bf16(E * 2 * I * d, 5), Hh = random_bf16(E * rows * I, 9),
-         Wd = random_bf16(E * d * I, 10), dYu = random_bf16(E * rows * 2 * I, 11), dYd = random_bf16(E * rows * d, 12);
-    std::vector<float> Yu(E * rows * 2 * I), Yd(E * rows * d), dX(E * rows * d), dH(E * rows * I),
-        dWu(E * 2 * I * d, 0.f), dWd(E * d * I, 0.f);
+    const int64_t d = 1024, I = 512;
+    std::vector<int64_t> r0(E + 1, 0);
+    for (int e = 0; e < E; ++e) r0[e + 1] = r0[e] + 224 + (e * 37) % 65;
+    const int64_t R = r0[E];
+    auto X = random_bf16(R * d, 4), Wu = random_bf16(E * 2 * I * d, 5), Hh = random_bf16(R * I, 9),
+         Wd = random_bf16(E * d * I, 10), dYu = random_bf16(R * 2 * I, 11), dYd = random_bf16(R * d, 12);
+    std::vector<float> Yu(R * 2 * I), Yd(R * d), dX(R * d), dH(R * I), dWu(E * 2 * I * d, 0.f), dWd(E * d * I, 0.f);
     std::vector<kern::GemmGroup> fu, fd, xu, xd, wu, wd;
     for (int e = 0; e < E; ++e) {
-      const bf16 *x = X.data() + e * rows * d, *wup = Wu.data() + e * 2 * I * d, *h = Hh.data() + e * rows * I,
-                 *wdn = Wd.data() + e * d * I, *gu = dYu.data() + e * rows * 2 * I, *gd = dYd.data() + e * rows * d;
-      fu.push_back({x, wup, Yu.data() + e * rows * 2 * I, rows, 2 * I, d, d, d, 2 * I});
-      fd.push_back({h, wdn, Yd.data() + e * rows * d, rows, d, I, I, I, d});
-      xu.push_back({gu, wup, dX.data() + e * rows * d, rows, d, 2 * I, 2 * I, d, d});
-      xd.push_back({gd, wdn, dH.data() + e * rows * I, rows, I, d, d, I, I});
+      const int64_t o = r0[e], rows = r0[e + 1] - o;
+      const bf16 *x = X.data() + o * d, *wup = Wu.data() + e * 2 * I * d, *h = Hh.data() + o * I,
+                 *wdn = Wd.data() + e * d * I, *gu = dYu.data() + o * 2 * I, *gd = dYd.data() + o * d;
+      fu.push_back({x, wup, Yu.data() + o * 2 * I, rows, 2 * I, d, d, d, 2 * I});
+      fd.push_back({h, wdn, Yd.data() + o * d, rows, d, I, I, I, d});
+      xu.push_back({gu, wup, dX.data() + o * d, rows, d, 2 * I, 2 * I, d, d});
+      xd.push_back({gd, wdn, dH.data() + o * I, rows, I, d, d, I, I});
       wu.push_back({gu, x, dWu.data() + e * 2 * I * d, 2 * I, d, rows, 2 * I, d, d});
       wd.push_back({gd, h, dWd.data() + e * d * I, d, I, rows, d, I, I});
     }
@@ -124,7 +129,7 @@ Calibration measure_calibration(double seconds) {
       kern::grouped_gemm(kern::Prec::BF16, false, false, 1.f, 0.f, xu.data(), E);
       kern::grouped_gemm(kern::Prec::BF16, true, false, 1.f, 1.f, wu.data(), E);
     }, seconds);
-    c.efficiency["grouped_gemm"] = 3 * 2.0 * E * rows * 3 * I * d / (ms / 1000) / peak;
+    c.efficiency["grouped_gemm"] = 3 * 2.0 * R * 3 * I * d / (ms / 1000) / peak;
   }
   // LM head fused with cross-entropy (kernels/lm_head_ce.h), loss and gradients: 2048 rows, d 1024,
   // vocabulary 16384, bf16. Rated in the planner's 6 N V d (the fused kernel computes the logits
