@@ -1,5 +1,6 @@
 // AVX-512 mHC loops (see kernels/cpu/hyper_conn_avx512.h). Every loop runs 16 columns at a time
-// with a masked tail, so no operand needs padding. The streams of one token ([n, d], 16 KiB at
+// with a masked tail, so no operand needs padding. Products and sums are rounded one at a time,
+// in the baseline loops' order (no fused multiply-add): the outputs equal theirs bit for bit. The streams of one token ([n, d], 16 KiB at
 // n = 4, d = 1024) stay in L1 while it is mixed: the post step reads them n times from there and
 // writes each output once, where the baseline loops made n + 1 passes over every output row.
 // GCC 12 warns falsely about the _mm512_undefined_ps() inside some intrinsics (GCC PR105593).
@@ -14,11 +15,16 @@ namespace trex::kern::cpu {
 using avx512::hsum;
 using avx512::tail_mask;
 
+// acc += a * b on the lanes of m (a product, then a sum: the baseline loops' two roundings).
+inline __m512 mul_add(__m512 acc, __m512 a, __m512 b, __mmask16 m = 0xFFFF) {
+  return _mm512_mask_add_ps(acc, m, acc, _mm512_mul_ps(a, b));
+}
+
 float hc_dot_avx512(const float* a, const float* b, int64_t len) {
   __m512 acc = _mm512_setzero_ps();
   for (int64_t i = 0; i < len; i += 16) {
     const __mmask16 m = tail_mask(len - i);
-    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc);
+    acc = mul_add(acc, _mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), m);
   }
   return hsum(acc);
 }
@@ -29,7 +35,7 @@ void hc_dots_avx512(int n, int64_t d, const float* a, const float* x, float* out
   for (int64_t i = 0; i < d; i += 16) {
     const __mmask16 m = tail_mask(d - i);
     const __m512 av = _mm512_maskz_loadu_ps(m, a + i);
-    for (int j = 0; j < n; ++j) acc[j] = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + j * d + i), acc[j]);
+    for (int j = 0; j < n; ++j) acc[j] = mul_add(acc[j], av, _mm512_maskz_loadu_ps(m, x + j * d + i), m);
   }
   for (int j = 0; j < n; ++j) out[j] = hsum(acc[j]);
 }
@@ -38,7 +44,7 @@ void hc_collapse_avx512(int n, int64_t d, const float* w, const float* x, float*
   for (int64_t i = 0; i < d; i += 16) {
     const __mmask16 m = tail_mask(d - i);
     __m512 acc = _mm512_mul_ps(_mm512_set1_ps(w[0]), _mm512_maskz_loadu_ps(m, x + i));
-    for (int j = 1; j < n; ++j) acc = _mm512_fmadd_ps(_mm512_set1_ps(w[j]), _mm512_maskz_loadu_ps(m, x + j * d + i), acc);
+    for (int j = 1; j < n; ++j) acc = mul_add(acc, _mm512_set1_ps(w[j]), _mm512_maskz_loadu_ps(m, x + j * d + i));
     _mm512_mask_storeu_ps(y + i, m, acc);
   }
 }
@@ -51,10 +57,11 @@ void hc_dx_update_avx512(int n, int64_t d, const float* p, float c, const float*
     const __m512 pv = _mm512_set1_ps(p[j]);
     for (int64_t i = 0; i < d; i += 16) {
       const __mmask16 m = tail_mask(d - i);
-      __m512 v = _mm512_maskz_loadu_ps(m, dxj + i);
-      if (dy) v = _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(m, dy + i), v);
-      v = _mm512_fnmadd_ps(cv, _mm512_maskz_loadu_ps(m, xj + i), v);
-      _mm512_mask_storeu_ps(dxj + i, m, v);
+      const __m512 v = _mm512_maskz_loadu_ps(m, dxj + i), cx = _mm512_mul_ps(cv, _mm512_maskz_loadu_ps(m, xj + i));
+      // dx += p dy - c x (dy null: dx -= c x), in the baseline's order
+      const __m512 r = dy ? _mm512_add_ps(v, _mm512_sub_ps(_mm512_mul_ps(pv, _mm512_maskz_loadu_ps(m, dy + i)), cx))
+                          : _mm512_sub_ps(v, cx);
+      _mm512_mask_storeu_ps(dxj + i, m, r);
     }
   }
 }
@@ -75,7 +82,7 @@ void hc_post_fwd_avx512(int n, int64_t d, int64_t t0, int64_t t1, const float* x
       for (int j = 0; j < n; ++j) xv[j] = _mm512_maskz_loadu_ps(m, xt + j * d + i);
       for (int k = 0; k < n; ++k) {
         __m512 acc = _mm512_mul_ps(_mm512_set1_ps(pt[k]), fv);
-        for (int j = 0; j < n; ++j) acc = _mm512_fmadd_ps(_mm512_set1_ps(cm[j * n + k]), xv[j], acc);
+        for (int j = 0; j < n; ++j) acc = mul_add(acc, _mm512_set1_ps(cm[j * n + k]), xv[j]);
         _mm512_mask_storeu_ps(ot + k * d + i, m, acc);
       }
     }
@@ -99,11 +106,11 @@ void hc_post_bwd_avx512(int n, int64_t d, int64_t t0, int64_t t1, const float* x
       const __mmask16 m = tail_mask(d - i);
       for (int k = 0; k < n; ++k) gv[k] = _mm512_maskz_loadu_ps(m, go + k * d + i);
       __m512 s = _mm512_mul_ps(_mm512_set1_ps(pt[0]), gv[0]);
-      for (int k = 1; k < n; ++k) s = _mm512_fmadd_ps(_mm512_set1_ps(pt[k]), gv[k], s);
+      for (int k = 1; k < n; ++k) s = mul_add(s, _mm512_set1_ps(pt[k]), gv[k]);
       _mm512_mask_storeu_ps(df + t * d + i, m, s);
       for (int j = 0; j < n; ++j) {
         __m512 v = _mm512_mul_ps(_mm512_set1_ps(cm[j * n]), gv[0]);
-        for (int k = 1; k < n; ++k) v = _mm512_fmadd_ps(_mm512_set1_ps(cm[j * n + k]), gv[k], v);
+        for (int k = 1; k < n; ++k) v = mul_add(v, _mm512_set1_ps(cm[j * n + k]), gv[k]);
         _mm512_mask_storeu_ps(dxt + j * d + i, m, v);
       }
     }
@@ -114,8 +121,8 @@ void hc_post_bwd_avx512(int n, int64_t d, int64_t t0, int64_t t1, const float* x
       for (int64_t i = 0; i < d; i += 16) {
         const __mmask16 m = tail_mask(d - i);
         const __m512 g = _mm512_maskz_loadu_ps(m, gk + i);
-        acc[n] = _mm512_fmadd_ps(g, _mm512_maskz_loadu_ps(m, ft + i), acc[n]);
-        for (int j = 0; j < n; ++j) acc[j] = _mm512_fmadd_ps(g, _mm512_maskz_loadu_ps(m, xt + j * d + i), acc[j]);
+        acc[n] = mul_add(acc[n], g, _mm512_maskz_loadu_ps(m, ft + i), m);
+        for (int j = 0; j < n; ++j) acc[j] = mul_add(acc[j], g, _mm512_maskz_loadu_ps(m, xt + j * d + i), m);
       }
       dpost[t * n + k] = hsum(acc[n]);
       for (int j = 0; j < n; ++j) dcomb[(t * n + j) * n + k] = hsum(acc[j]);

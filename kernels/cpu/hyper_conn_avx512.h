@@ -3,8 +3,9 @@
 // kernels/hyper_conn.cpp calls them on CPUs with AVX-512 and keeps its baseline loops
 // elsewhere; the projections stay on kern::gemm_f32.
 // Dots sum 16 lanes (lane l holds the elements i = l mod 16) and add the lanes in a fixed order,
-// as the baseline loops do; sums over the streams run in stream order. Results depend only on the
-// token's data, so they stay independent of the thread count.
+// as the baseline loops do; sums over the streams run in stream order; every product and sum is
+// rounded on its own (no fused multiply-add), as in the baseline build. So the outputs are the
+// baseline loops' bits, and depend only on the token's data (not on the thread count).
 #pragma once
 #include <cstdint>
 
