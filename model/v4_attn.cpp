@@ -85,9 +85,11 @@ const int32_t* held_positions(const Ctx& c, const V4CpKeys& k, int64_t B) {
 
 // Context parallel: the local tokens' kv(x) [N, hd] and, with a compressor of cc channels,
 // c_kv(x), c_gate(x) [N, cc hd], packed, exchanged in one halo exchange into this rank's held rows
-// kvp [NK, hd], ckv, cgate [NK, cc hd] (NK = B np; ckv null: a sliding layer).
+// kvp [NK, hd], ckv, cgate [NK, cc hd] (NK = B np; ckv null: a sliding layer). between() runs while
+// the rows travel; what it keeps must be allocated before the call.
+template <class Between>
 void v4_cp_gather_keys(const Ctx& c, const V4AttnIn& in, const V4CpKeys& k, const float* x, float* kvp, float* ckv,
-                       float* cgate) {
+                       float* cgate, Between&& between) {
   const V4LayerParams& p = *in.p;
   const int64_t N = in.B * in.T, NK = in.B * k.np, d = in.cfg->hidden_size, hd = in.cfg->v4.head_dim;
   const int64_t cw = ckv ? (in.cfg->v4.attn[in.layer] == AttnKind::CSA ? 2 : 1) * hd : 0, w = hd + 2 * cw;
@@ -109,7 +111,9 @@ void v4_cp_gather_keys(const Ctx& c, const V4AttnIn& in, const V4CpKeys& k, cons
     }
     A.release(mt);
   }
-  v4_cp_halo_gather(*in.cp->cp, k, in.B, loc, all, w, A);
+  V4HaloMove g = v4_cp_halo_gather_start(*in.cp->cp, k, in.B, loc, w, A);
+  between();
+  v4_cp_halo_gather_finish(*in.cp->cp, k, g, all);
   unpack_cols(c, all, w, NK, {{kvp, hd}, {ckv, cw}, {cgate, cw}});
   A.release(mk);
 }
@@ -224,16 +228,19 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   const int32_t* tpos = query_positions(c, in);
   const int32_t* kpos = in.cp ? held_positions(c, keys, B) : tpos;
 
-  // Query path.
+  // Query path: q_a, its norm, q_b's output qb (kept unless in.drop_qb; the queries Q are built
+  // below, after the kept buffers). Context parallel: it runs while the key side's halos travel.
   s.qa = A.alloc<float>(N * qr);
   s.qa_rstd = A.alloc<float>(N);
   s.qres = A.alloc<float>(N * qr);
-  linear_fwd(c, x, N, d, wt(in, p.q_a), qr, s.qa);
-  c.k().rmsnorm_fwd(s.qa, N, qr, in.P + p.q_a_norm, eps, s.qres, s.qa_rstd);
-  // q_b's output qb (kept unless in.drop_qb); the queries Q are built below, after the kept buffers.
   s.qb = in.drop_qb ? nullptr : A.alloc<float>(N * H * hd);
   s.q_rstd = A.alloc<float>(N * H);
-  if (s.qb) v4_q_up(c, in, s.qres, s.qb);
+  auto query_path = [&] {
+    linear_fwd(c, x, N, d, wt(in, p.q_a), qr, s.qa);
+    c.k().rmsnorm_fwd(s.qa, N, qr, in.P + p.q_a_norm, eps, s.qres, s.qa_rstd);
+    if (s.qb) v4_q_up(c, in, s.qres, s.qb);
+  };
+  if (!in.cp) query_path();
 
   // Sliding key/value rows, then compressed entries.
   s.nw = kind == AttnKind::Sliding ? 0 : Tf / m;
@@ -244,7 +251,7 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   s.kv_rstd = A.alloc<float>(NK);
   if (in.cp) {  // the local tokens' key-side projections, their halos exchanged into the held rows
     if (cc) s.ckv = A.alloc<float>(NK * cc * hd), s.cgate = A.alloc<float>(NK * cc * hd);
-    v4_cp_gather_keys(c, in, keys, x, s.kvp, s.ckv, s.cgate);
+    v4_cp_gather_keys(c, in, keys, x, s.kvp, s.ckv, s.cgate, query_path);
   } else {
     linear_fwd(c, x, N, d, wt(in, p.kv), hd, s.kvp);
   }

@@ -72,16 +72,16 @@ std::vector<size_t> scaled(const std::vector<int64_t>& at, int64_t unit, bool co
   return v;
 }
 
-// One all-to-all-v of rows: to rank q go the blocks [B][n_q][w] of `send` at sat[q] B w, from q
-// come those of `recv` at rat[q] B w (remote_at offsets: nothing to or from this rank itself).
-void exchange(const ContextParallel& cp, const std::vector<int64_t>& sat, const std::vector<int64_t>& rat, int64_t B,
-              int64_t w, const float* send, float* recv) {
+// One all-to-all-v of rows, started: to rank q go the blocks [B][n_q][w] of `send` at sat[q] B w,
+// from q come those of `recv` at rat[q] B w (remote_at offsets: nothing to or from this rank
+// itself).
+parallel::Handle exchange_start(const ContextParallel& cp, const std::vector<int64_t>& sat,
+                                const std::vector<int64_t>& rat, int64_t B, int64_t w, const float* send,
+                                float* recv) {
   const int64_t unit = B * w;
   const auto sc = scaled(sat, unit, true), sd = scaled(sat, unit, false);
   const auto rc = scaled(rat, unit, true), rd = scaled(rat, unit, false);
-  const double t0 = now_ms();
-  cp.comm->all_to_all_v(send, sc, sd, recv, rc, rd, DType::F32);
-  cp.wait_ms += now_ms() - t0;
+  return cp.comm->iall_to_all_v(send, sc, sd, recv, rc, rd, DType::F32);
 }
 
 // The rows of the other ranks' blocks: rows[at[q] .. at[q + 1]) of every batch row (ld rows
@@ -175,38 +175,73 @@ V4CpKeys v4_cp_keys(const CpSplit& s, int64_t W, int64_t m, int cc) {
 
 namespace {
 
-// One direction of the halo exchange. to_held: the local rows [B, 2c, w] go to the ranks holding
-// them and the held rows [B, np, w] are filled (the gather); else the held rows go back to their
-// owners and are summed into the local rows (the return, the adjoint). The self block is copied.
-void halo_move(const ContextParallel& cp, const V4CpKeys& k, int64_t B, const float* from, float* to, int64_t w,
-               bool to_held, StackArena& A) {
-  // Sending side and receiving side: row lists, blocks, rows a batch row.
-  const std::vector<int32_t>& srows = to_held ? k.send_rows : k.recv_rows;
-  const std::vector<int32_t>& rrows = to_held ? k.recv_rows : k.send_rows;
-  const std::vector<int64_t>& sat = to_held ? k.send_at : k.recv_at;
-  const std::vector<int64_t>& rat = to_held ? k.recv_at : k.send_at;
-  const int64_t sld = to_held ? 2 * k.c : k.np, rld = to_held ? k.np : 2 * k.c;
-  const auto sbat = remote_at(sat, k.rank), rbat = remote_at(rat, k.rank);
-  const auto mk = A.mark();
-  float* sb = A.alloc<float>(std::max<int64_t>(sbat.back() * B * w, 1));
-  float* rb = A.alloc<float>(std::max<int64_t>(rbat.back() * B * w, 1));
-  pack_rows(srows, sat, sbat, k.rank, B, sld, from, sb, w);
-  exchange(cp, sbat, rbat, B, w, sb, rb);
-  copy_own(k, B, from, to, w, to_held);
-  unpack_rows(rrows, rat, rbat, k.rank, B, rld, rb, to, w, !to_held);
-  A.release(mk);
+// One direction of the halo exchange's lists. to_held: the local rows [B, 2c, w] go to the ranks
+// holding them and the held rows [B, np, w] are filled (the gather); else the held rows go back
+// to their owners and are summed into the local rows (the return, the adjoint).
+struct Direction {
+  const std::vector<int32_t>& srows;  // sending side's rows, by destination block
+  const std::vector<int32_t>& rrows;  // receiving side's rows, by source block
+  const std::vector<int64_t>& sat;
+  const std::vector<int64_t>& rat;
+  int64_t sld, rld;  // rows a batch row on each side
+  std::vector<int64_t> sbat, rbat;  // the blocks' offsets in the buffers (the self block left out)
+};
+Direction direction(const V4CpKeys& k, bool to_held) {
+  Direction d{to_held ? k.send_rows : k.recv_rows, to_held ? k.recv_rows : k.send_rows,
+              to_held ? k.send_at : k.recv_at,     to_held ? k.recv_at : k.send_at,
+              to_held ? 2 * k.c : k.np,            to_held ? k.np : 2 * k.c,
+              {},                                  {}};
+  d.sbat = remote_at(d.sat, k.rank), d.rbat = remote_at(d.rat, k.rank);
+  return d;
+}
+
+V4HaloMove halo_start(const ContextParallel& cp, const V4CpKeys& k, int64_t B, const float* from, int64_t w,
+                      bool to_held, StackArena& A) {
+  const Direction d = direction(k, to_held);
+  V4HaloMove g;
+  g.from = from, g.B = B, g.w = w, g.to_held = to_held;
+  g.sb = A.alloc<float>(std::max<int64_t>(d.sbat.back() * B * w, 1));
+  g.rb = A.alloc<float>(std::max<int64_t>(d.rbat.back() * B * w, 1));
+  pack_rows(d.srows, d.sat, d.sbat, k.rank, B, d.sld, from, g.sb, w);
+  g.h = exchange_start(cp, d.sbat, d.rbat, B, w, g.sb, g.rb);
+  return g;
+}
+
+void halo_finish(const ContextParallel& cp, const V4CpKeys& k, V4HaloMove& g, float* to) {
+  const Direction d = direction(k, g.to_held);
+  const double t0 = now_ms();
+  g.h.wait();
+  cp.wait_ms += now_ms() - t0;
+  copy_own(k, g.B, g.from, to, g.w, g.to_held);
+  unpack_rows(d.rrows, d.rat, d.rbat, k.rank, g.B, d.rld, g.rb, to, g.w, !g.to_held);
 }
 
 }  // namespace
 
+V4HaloMove v4_cp_halo_gather_start(const ContextParallel& cp, const V4CpKeys& k, int64_t B, const float* local,
+                                   int64_t w, StackArena& A) {
+  return halo_start(cp, k, B, local, w, true, A);
+}
+
+void v4_cp_halo_gather_finish(const ContextParallel& cp, const V4CpKeys& k, V4HaloMove& g, float* held) {
+  TREX_CHECK(g.to_held, "v4_cp_halo_gather_finish: the move was not started by v4_cp_halo_gather_start");
+  halo_finish(cp, k, g, held);
+}
+
 void v4_cp_halo_gather(const ContextParallel& cp, const V4CpKeys& k, int64_t B, const float* local, float* held,
                        int64_t w, StackArena& A) {
-  halo_move(cp, k, B, local, held, w, true, A);
+  const auto mk = A.mark();
+  V4HaloMove g = halo_start(cp, k, B, local, w, true, A);
+  halo_finish(cp, k, g, held);
+  A.release(mk);
 }
 
 void v4_cp_halo_return(const ContextParallel& cp, const V4CpKeys& k, int64_t B, const float* held, float* local,
                        int64_t w, StackArena& A) {
-  halo_move(cp, k, B, held, local, w, false, A);
+  const auto mk = A.mark();
+  V4HaloMove g = halo_start(cp, k, B, held, w, false, A);
+  halo_finish(cp, k, g, local);
+  A.release(mk);
 }
 
 void v4_cp_halo_return_cols(const Ctx& c, const ContextParallel& cp, const V4CpKeys& k, int64_t B,

@@ -72,6 +72,22 @@ V4CpKeys v4_cp_keys(const CpSplit& s, int64_t W, int64_t m, int cc);
 // The halo exchange: local [B, 2c, w] (this rank's tokens) -> held [B, np, w].
 void v4_cp_halo_gather(const ContextParallel& cp, const V4CpKeys& k, int64_t B, const float* local, float* held,
                        int64_t w, StackArena& A);
+// v4_cp_halo_gather in two halves, so that work that needs neither side runs while the rows
+// travel (the attention: the query projection), as MLA's cp_all_gather_start / _finish: start
+// packs the rows the other ranks hold into buffers from A and starts the all-to-all-v; finish
+// waits (cp.wait_ms), copies this rank's own rows and unpacks the others' into held. local must
+// stay unchanged and A must not be released below the buffers until finish: allocate what the
+// work in between keeps before start.
+struct V4HaloMove {
+  parallel::Handle h;
+  float *sb = nullptr, *rb = nullptr;  // the other ranks' blocks, to send and received
+  const float* from = nullptr;         // the sending side's rows (the own block is copied from it)
+  int64_t B = 0, w = 0;
+  bool to_held = true;
+};
+V4HaloMove v4_cp_halo_gather_start(const ContextParallel& cp, const V4CpKeys& k, int64_t B, const float* local,
+                                   int64_t w, StackArena& A);
+void v4_cp_halo_gather_finish(const ContextParallel& cp, const V4CpKeys& k, V4HaloMove& g, float* held);
 // Its adjoint: held [B, np, w] (partial sums: this rank's share) -> local [B, 2c, w] = the sum over
 // the cp ranks of the rows each holds of this rank's tokens (overwritten).
 void v4_cp_halo_return(const ContextParallel& cp, const V4CpKeys& k, int64_t B, const float* held, float* local,

@@ -3,6 +3,7 @@
 #include "train/activation_estimate.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <tuple>
 #include <vector>
@@ -491,11 +492,13 @@ struct StepWalk {
     return it->second;
   }
   // v4_cp_halo_gather / v4_cp_halo_return's blocks of the other ranks (ret: the return, the
-  // other way round; the rank's own rows are copied directly).
-  void halo_collective(const model::V4CpKeys& k, int64_t w, bool ret) {
+  // other way round; the rank's own rows are copied directly); between: the work run while a
+  // gather's rows travel (v4_cp_halo_gather_start / _finish).
+  void halo_collective(const model::V4CpKeys& k, int64_t w, bool ret, const std::function<void()>& between = {}) {
     const auto m = A.mark();
     const int64_t S = k.sent_rows() * B * w, R = k.received_rows() * B * w;
     f32(std::max<int64_t>(ret ? R : S, 1)), f32(std::max<int64_t>(ret ? S : R, 1));
+    if (between) between();
     A.release(m);
   }
   // model/v4_attn.cpp v4_cp_gather_keys / v4_cp_return_keys and model/v4_indexer.cpp's exchange
@@ -503,7 +506,7 @@ struct StepWalk {
   // blocks. A gather (tw > 0) computes its projections into t [N, tw] first, released before the
   // exchange (the attention's) or after it (keep_t: the indexer's).
   void halo_exchange(const model::V4CpKeys& k, int64_t w, int64_t tw = 0, int64_t projections = 0,
-                     bool keep_t = false) {
+                     bool keep_t = false, const std::function<void()>& between = {}) {
     const int64_t NH = B * k.np;
     const auto m = A.mark();
     if (tw) {
@@ -512,7 +515,7 @@ struct StepWalk {
       f32(N * tw);
       for (int64_t i = 0; i < projections; ++i) linear_fwd(N, d);
       if (!keep_t) A.release(mt);
-      halo_collective(k, w, false);
+      halo_collective(k, w, false, between);
     } else {
       f32(NH * w), f32(N * w);  // all, loc
       halo_collective(k, w, true);
@@ -597,15 +600,18 @@ struct StepWalk {
     i32(N);                                             // tpos
     if (kp) i32(std::max<int64_t>(NK, 1));              // kpos
     f32(N * qr), f32(N), f32(N * qr);  // qa, rstd, qres
-    linear_fwd(N, d);
-    if (!up_proj) f32(N * H * hd);  // qb
-    f32(N * H);                     // q_rstd
-    if (!up_proj) linear_fwd(N, qr);
+    if (!up_proj) f32(N * H * hd);     // qb
+    f32(N * H);                        // q_rstd
+    auto query_path = [&] {            // q_a, q_b (cp: while the key side's halos travel)
+      linear_fwd(N, d);
+      if (!up_proj) linear_fwd(N, qr);
+    };
+    if (!kp) query_path();
     auto mk = A.mark();
     f32(M * hd), f32(NK * hd), f32(NK);  // KV, kvp, kv_rstd
     if (kp) {
       if (cc) f32(NK * cc * hd), f32(NK * cc * hd);  // ckv, cgate
-      halo_exchange(*kp, hd + 2 * cc * hd, std::max(hd, cc * hd), cc ? 3 : 1);
+      halo_exchange(*kp, hd + 2 * cc * hd, std::max(hd, cc * hd), cc ? 3 : 1, false, query_path);
       if (kind != model::AttnKind::Sliding) {  // the own entries: cpool, c_rstd
         const int64_t NO = B * 2 * kp->emax;
         f32(std::max<int64_t>(NO, 1) * hd), f32(std::max<int64_t>(NO, 1));
