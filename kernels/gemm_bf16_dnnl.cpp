@@ -130,7 +130,6 @@ bool amx_odd_k_faults() {
   return faults;
 }
 
-
 // One oneDNN matmul; false: no implementation for these strides (nothing done).
 bool matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
             const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
@@ -180,6 +179,9 @@ struct KPadded {
   std::vector<bf16> a, b;
 };
 thread_local KPadded t_padded;
+// The most elements both padded operands may hold (16 MiB of bf16): a larger GEMM pads only the
+// last K % kKBlock steps of its reduction, so the copies stay small next to the operands.
+constexpr int64_t kPadWhole = int64_t{1} << 23;
 
 // src: rows x cols at ld -> dst: rows_pad x cols_pad (>= rows, cols), dense, the rest 0.
 void copy_padded(const bf16* src, int64_t ld, int64_t rows, int64_t cols, int64_t rows_pad, int64_t cols_pad,
@@ -196,20 +198,30 @@ bool gemm_bf16_dnnl(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alp
   // (odd K with a row-major B, oneDNN before 3.0) not at all: an expert's weight gradient over 255
   // rows ran at 290 GFLOP/s against 920 over 256 (2 cores of a Sapphire Rapids class CPU). There
   // both operands are copied with the reduction zero-padded to a multiple of kKBlock (the padding
-  // adds 0 x 0 to every sum); the copies move (M + N) Kp bf16 against the 2 M N Kp FLOPs.
+  // adds 0 x 0 to every sum); the copies move (M + N) Kp bf16 against the 2 M N Kp FLOPs. Where
+  // they would exceed kPadWhole elements, the first K - K % kKBlock steps run in place and only
+  // the rest is copied, padded to one block, and accumulated into C by a second matmul.
+  static const bool amx = dnnl_uses_amx();
   const int64_t Kp = (K + kKBlock - 1) / kKBlock * kKBlock;
-  if (Kp == K || !dnnl_uses_amx()) {
+  if (Kp == K || !amx) {
     if ((K & 1) && !tb && amx_odd_k_faults()) return false;  // the caller widens
     return matmul(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
-  // op(A) [M, K]: A stored [K, M] (ta: pad rows) or [M, K] (pad columns); op(B) [K, N]: B stored
-  // [K, N] (pad rows) or [N, K] (tb: pad columns).
+  const int64_t K0 = (M + N) * Kp <= kPadWhole ? 0 : K / kKBlock * kKBlock;  // steps run in place
+  if (K0 > 0 && !matmul(ta, tb, M, N, K0, alpha, A, lda, B, ldb, beta, C, ldc)) return false;
+  // Steps K0 .. K of op(A) [M, K]: A stored [K, M] (ta: rows) or [M, K] (columns); of op(B)
+  // [K, N]: B stored [K, N] (rows) or [N, K] (tb: columns); padded to Kt.
+  const int64_t Kr = K - K0, Kt = Kp - K0;
   KPadded& p = t_padded;
-  if (ta) copy_padded(A, lda, K, M, Kp, M, p.a);
-  else copy_padded(A, lda, M, K, M, Kp, p.a);
-  if (tb) copy_padded(B, ldb, N, K, N, Kp, p.b);
-  else copy_padded(B, ldb, K, N, Kp, N, p.b);
-  return matmul(ta, tb, M, N, Kp, alpha, p.a.data(), ta ? M : Kp, p.b.data(), tb ? Kp : N, beta, C, ldc);
+  if (ta) copy_padded(A + K0 * lda, lda, Kr, M, Kt, M, p.a);
+  else copy_padded(A + K0, lda, M, Kr, M, Kt, p.a);
+  if (tb) copy_padded(B + K0, ldb, N, Kr, N, Kt, p.b);
+  else copy_padded(B + K0 * ldb, ldb, Kr, N, Kt, N, p.b);
+  const bool ok = matmul(ta, tb, M, N, Kt, alpha, p.a.data(), ta ? M : Kt, p.b.data(), tb ? Kt : N,
+                         K0 > 0 ? 1.f : beta, C, ldc);
+  TREX_CHECK(ok || K0 == 0, "oneDNN bf16 matmul: no implementation for the dense ", M, " x ", N, " x ", Kt,
+             " block after the first ", K0, " steps of the reduction");
+  return ok;
 }
 
 }  // namespace trex::kern

@@ -27,7 +27,9 @@ bool bf16_dot_gemm();
 
 // C[M, N] = alpha * op(A) op(B) + beta * C (row-major; op = transpose when ta / tb), A and B bf16,
 // C f32; beta == 0 never reads C. Returns false (and does nothing) when oneDNN has no
-// implementation for these strides; the caller then takes the widened path.
+// implementation for these strides; the caller then takes the widened path. On the AMX tiles a K
+// that is not a multiple of 32 is zero-padded to one (copies of the operands, or of their last
+// K % 32 steps where whole copies would pass 16 MiB), as oneDNN runs such reductions far slower.
 bool gemm_bf16_dnnl(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
                     const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc);
 

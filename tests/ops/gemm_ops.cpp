@@ -223,8 +223,10 @@ TREX_OP_CASES(gemm_cases) {
         cases.push_back({"gemm", [=] { return gemm_case(pa, pb, ta, tb, M, N, K, alpha, beta, pad); }, nullptr, nullptr});
       }
   // K > 1024: K blocks (with a tail) in the widened-panel path; several inner blocks on the
-  // side that is not widened whole (A whole when M <= N, else B whole).
-  const int64_t big[][3] = {{40, 1100, 1300}, {1100, 40, 1300}, {3, 4500, 200}};
+  // side that is not widened whole (A whole when M <= N, else B whole). On AMX (oneDNN's matmul)
+  // a K off the 32-step block is zero-padded: 64 x 8200 x 1001 is beyond the padded copies' limit,
+  // so its first 992 steps run in place and the last 9, padded, accumulate into C.
+  const int64_t big[][3] = {{40, 1100, 1300}, {1100, 40, 1300}, {3, 4500, 200}, {64, 8200, 1001}};
   for (auto& s : big)
     for (int t = 0; t < 4; ++t) {
       const bool ta = t & 1, tb = t & 2;
