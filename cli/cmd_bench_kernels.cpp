@@ -17,8 +17,9 @@
 // every output written once and also read when accumulated into); AI = FLOPs / byte; roofline time
 // = max(FLOPs / peak, bytes / bandwidth), i.e. the roofline rate is min(peak, AI x bandwidth);
 // roofline % = roofline time / measured time. Peak: kern::measure_peak (as `trex bench peak`), its
-// best of fp32 / bf16 for bf16 GEMMs (they may run on the fp32 FMA units, kernels/gemm.h: the MFU
-// denominator of `bench step`) and the fp32 FMA peak for every other kernel (all f32); bandwidth:
+// best of fp32 / bf16 / AMX tiles for bf16 GEMMs (they may run on the fp32 FMA units or, where
+// oneDNN uses them, the tiles, kernels/gemm.h: the MFU denominator of `bench step`) and the fp32
+// FMA peak for every other kernel (all f32); bandwidth:
 // the triad of `trex bench calibrate` (plan/measure.cpp), measured in the same run. Loops of the
 // model that are not kernels (residual adds, embedding gather / scatter, MLA split copies) are not
 // listed: the total is the step's kernel time, not its step time.
@@ -312,6 +313,7 @@ void run(const Opts& o) {
     const kern::Peak pk = kern::measure_peak(std::clamp(o.seconds, 0.05, 0.5));
     mc.peak.fp32_gflops = std::max(mc.peak.fp32_gflops, pk.fp32_gflops);
     mc.peak.bf16_gflops = std::max(mc.peak.bf16_gflops, pk.bf16_gflops);
+    mc.peak.amx_bf16_gflops = std::max(mc.peak.amx_bf16_gflops, pk.amx_bf16_gflops);
     mc.bw_gbs = std::max(mc.bw_gbs, triad_gbs(o.seconds));
   };
   for (int pass = 0; pass < o.passes; ++pass) {
@@ -346,7 +348,7 @@ void run(const Opts& o) {
                         {"precision", prec}, {"batch", B}, {"seq", T}, {"tokens", r.N},
                         {"grad_accum", rc.train.grad_accum}, {"threads", threads}, {"isa", isa},
                         {"fp32_gflops", mc.peak.fp32_gflops}, {"bf16_gflops", mc.peak.bf16_gflops},
-                        {"best_gflops", mc.peak.best_gflops()}, {"mem_bw_gbs", mc.bw_gbs}, {"seconds", o.seconds},
+                        {"amx_bf16_gflops", mc.peak.amx_bf16_gflops}, {"best_gflops", mc.peak.best_gflops()}, {"mem_bw_gbs", mc.bw_gbs}, {"seconds", o.seconds},
                         {"passes", o.passes}};
     std::printf("%s\n", m.dump().c_str());
     for (const Op& op : p.ops) {
@@ -369,10 +371,12 @@ void run(const Opts& o) {
   std::printf("## trex bench kernels: %s\n\n", o.config.c_str());
   std::printf("%s, %s, %lld x %lld = %lld tokens per micro-batch, grad_accum %lld; %d threads, ISA %s; median of "
               "runs filling %g s per kernel, lowest of %d pass(es). Peak (kern::measure_peak): fp32 FMA %.1f "
-              "GFLOP/s, bf16 dot %.1f GFLOP/s; bf16 GEMMs rated against %.1f, all else against fp32. Bandwidth "
+              "GFLOP/s, bf16 dot %.1f GFLOP/s%s; bf16 GEMMs rated against %.1f, all else against fp32. Bandwidth "
               "(triad as `bench calibrate`): %.1f GB/s.",
               cfg.model_type.c_str(), prec, (ll)B, (ll)T, (ll)r.N, (ll)rc.train.grad_accum, threads, isa.c_str(),
-              o.seconds, o.passes, mc.peak.fp32_gflops, mc.peak.bf16_gflops, mc.peak.best_gflops(), mc.bw_gbs);
+              o.seconds, o.passes, mc.peak.fp32_gflops, mc.peak.bf16_gflops,
+              mc.peak.amx_bf16_gflops > 0 ? fmt(", AMX bf16 tiles %.1f GFLOP/s", mc.peak.amx_bf16_gflops).c_str() : "",
+              mc.peak.best_gflops(), mc.bw_gbs);
   if (!r.rows.empty())
     std::printf(" MoE rows: one random top-%lld routing (not balanced), %lld..%lld rows per expert.",
                 (ll)cfg.num_experts_per_tok, (ll)*std::min_element(r.rows.begin(), r.rows.end()),

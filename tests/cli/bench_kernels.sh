@@ -137,6 +137,9 @@ for cfg in ("v3", "v4"):
     assert recs[0]["passes"] == (2 if cfg == "v3" else 1), recs[0]
     m = recs[0]
     assert m["fp32_gflops"] > 0 and m["mem_bw_gbs"] > 0 and m["tokens"] == N[cfg], m
+    # bf16 GEMMs are rated against the fastest units, the AMX tiles included where oneDNN uses them
+    assert m["amx_bf16_gflops"] >= 0 and m["best_gflops"] == max(m["fp32_gflops"], m["bf16_gflops"],
+                                                                  m["amx_bf16_gflops"]), m
     ks = [r for r in recs if r["record"] == "kernel"]
     assert {r["kernel"] for r in ks} == names, (cfg, {r["kernel"] for r in ks} ^ names)
     for r in ks:
