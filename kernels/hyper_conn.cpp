@@ -4,8 +4,9 @@
 // per-token coefficient math (sigmoids, softmax, Sinkhorn and its backward, O(iters * n^2)) is
 // the reference's (kernels/ref/hyper_conn.h).
 //
-// On CPUs with AVX-512 the per-token passes over the streams (dots, collapse, post mixing and its
-// backward, the dx update) run in kernels/cpu/hyper_conn_avx512.cpp instead of the loops here.
+// The per-token passes over the streams (dots, collapse, post mixing and its backward, the dx
+// update) run in kernels/cpu/hyper_conn_avx512.cpp on CPUs with AVX-512, else in their baseline
+// loops (kernels/hyper_conn_baseline.h); both give the same bits.
 //
 // Work is cut into token chunks that depend only on the shape; each chunk runs its passes back
 // to back (projection + norm + coefficients + collapse in forward; dots, coefficient backward,
@@ -23,6 +24,7 @@
 #include "core/parallel.h"
 #include "kernels/cpu/hyper_conn_avx512.h"
 #include "kernels/gemm.h"
+#include "kernels/hyper_conn_baseline.h"
 #include "kernels/ref/hyper_conn.h"
 
 namespace trex::kern {
@@ -63,49 +65,24 @@ void for_each_block(int64_t nb, F&& fn) {
   parallel_dynamic(nb, fn);
 }
 
-// sum_i a[i] * b[i] with 16 independent partial sums (vectorizes without reassociation).
+// The per-token loops: AVX-512 where the CPU has it, else the baseline (the same bits).
 inline float dot(const float* a, const float* b, int64_t n) {
-  float acc[16] = {};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int l = 0; l < 16; ++l) acc[l] += a[i + l] * b[i + l];
-  for (int l = 0; i < n; ++i, ++l) acc[l] += a[i] * b[i];
-  for (int w = 8; w >= 1; w /= 2)
-    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
-  return acc[0];
+  return cpu_isa() >= Isa::Avx512 ? cpu::hc_dot_avx512(a, b, n) : hc_baseline::dot(a, b, n);
 }
 
-// y[i] += a * x[i]
-inline void axpy(float a, const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
-}
-
-// y: [d] = sum_j w[j] * x[j*d + i]   (collapse of n streams)
 inline void collapse(int n, int64_t d, const float* w, const float* x, float* y) {
   if (cpu_isa() >= Isa::Avx512) return cpu::hc_collapse_avx512(n, d, w, x, y);
-  for (int64_t i = 0; i < d; ++i) y[i] = w[0] * x[i];
-  for (int j = 1; j < n; ++j) axpy(w[j], x + j * d, y, d);
+  hc_baseline::collapse(n, d, w, x, y);
 }
 
-// out[j] = a . x_j for the n streams x [n, d] of one token.
 inline void stream_dots(int n, int64_t d, const float* a, const float* x, float* out) {
   if (cpu_isa() >= Isa::Avx512) return cpu::hc_dots_avx512(n, d, a, x, out);
-  for (int j = 0; j < n; ++j) out[j] = dot(a, x + j * d, d);
+  hc_baseline::dots(n, d, a, x, out);
 }
 
-// One token's dx [n, d] += p[j] * dy - c * x_j (dy null: - c * x_j).
 inline void dx_update(int n, int64_t d, const float* p, float c, const float* dy, const float* x, float* dx) {
   if (cpu_isa() >= Isa::Avx512) return cpu::hc_dx_update_avx512(n, d, p, c, dy, x, dx);
-  for (int j = 0; j < n; ++j) {
-    const float* xj = x + j * d;
-    float* dxj = dx + j * d;
-    const float pj = p[j];
-    if (dy) {
-      for (int64_t i = 0; i < d; ++i) dxj[i] += pj * dy[i] - c * xj[i];
-    } else {
-      for (int64_t i = 0; i < d; ++i) dxj[i] -= c * xj[i];
-    }
-  }
+  hc_baseline::dx_update(n, d, p, c, dy, x, dx);
 }
 
 // Forward projection of one chunk of tokens [t0, t0+tc): mix = rstd * (x @ fn^T) ([tc, R]).
@@ -115,8 +92,7 @@ void project_chunk(const HcShape& s, int R, int64_t t0, int64_t tc, const float*
   gemm_f32(false, true, tc, R, K, 1.f, x + t0 * K, K, fn, K, 0.f, mix + t0 * R, R);
   for (int64_t t = t0; t < t0 + tc; ++t) {
     const float* xt = x + t * K;
-    const float ss = cpu_isa() >= Isa::Avx512 ? cpu::hc_dot_avx512(xt, xt, K) : dot(xt, xt, K);
-    const float r = 1.f / std::sqrt(ss / static_cast<float>(K) + s.norm_eps);
+    const float r = 1.f / std::sqrt(dot(xt, xt, K) / static_cast<float>(K) + s.norm_eps);
     rstd[t] = r;
     for (int q = 0; q < R; ++q) mix[t * R + q] *= r;
   }
@@ -231,18 +207,8 @@ void hc_post_fwd(const HcShape& s, const float* x, const float* f, const float* 
   const int64_t d = s.d, K = n * d;
   const bool v512 = cpu_isa() >= Isa::Avx512;
   parallel_for(s.N, std::max<int64_t>(1, 16384 / K), [&](int64_t t0, int64_t t1) {
-    if (v512) return cpu::hc_post_fwd_avx512(n, d, t0, t1, x, f, post, comb, out);
-    for (int64_t t = t0; t < t1; ++t) {
-      const float* xt = x + t * K;
-      const float* ft = f + t * d;
-      const float* cm = comb + t * n * n;
-      for (int k = 0; k < n; ++k) {
-        float* o = out + t * K + k * d;
-        const float pk = post[t * n + k];
-        for (int64_t i = 0; i < d; ++i) o[i] = pk * ft[i];
-        for (int j = 0; j < n; ++j) axpy(cm[j * n + k], xt + j * d, o, d);
-      }
-    }
+    if (v512) cpu::hc_post_fwd_avx512(n, d, t0, t1, x, f, post, comb, out);
+    else hc_baseline::post_fwd(n, d, t0, t1, x, f, post, comb, out);
   });
 }
 
@@ -255,23 +221,8 @@ void hc_post_bwd(const HcShape& s, const float* x, const float* f, const float* 
   const int64_t d = s.d, K = n * d;
   const bool v512 = cpu_isa() >= Isa::Avx512;
   parallel_for(s.N, std::max<int64_t>(1, 8192 / K), [&](int64_t t0, int64_t t1) {
-    if (v512) return cpu::hc_post_bwd_avx512(n, d, t0, t1, x, f, post, comb, dout, dx, df, dpost, dcomb);
-    for (int64_t t = t0; t < t1; ++t) {
-      const float* xt = x + t * K;
-      const float* ft = f + t * d;
-      const float* go = dout + t * K;
-      const float* cm = comb + t * n * n;
-      collapse(n, d, post + t * n, go, df + t * d);
-      for (int j = 0; j < n; ++j) {
-        float* dxj = dx + t * K + j * d;
-        for (int64_t i = 0; i < d; ++i) dxj[i] = cm[j * n] * go[i];
-        for (int k = 1; k < n; ++k) axpy(cm[j * n + k], go + k * d, dxj, d);
-      }
-      for (int k = 0; k < n; ++k) {
-        dpost[t * n + k] = dot(go + k * d, ft, d);
-        for (int j = 0; j < n; ++j) dcomb[(t * n + j) * n + k] = dot(go + k * d, xt + j * d, d);
-      }
-    }
+    if (v512) cpu::hc_post_bwd_avx512(n, d, t0, t1, x, f, post, comb, dout, dx, df, dpost, dcomb);
+    else hc_baseline::post_bwd(n, d, t0, t1, x, f, post, comb, dout, dx, df, dpost, dcomb);
   });
 }
 

@@ -20,6 +20,13 @@ inline __m512 mul_add(__m512 acc, __m512 a, __m512 b, __mmask16 m = 0xFFFF) {
   return _mm512_mask_add_ps(acc, m, acc, _mm512_mul_ps(a, b));
 }
 
+// sum_k w[k] v[k] over k < n, in order (n >= 1)
+inline __m512 weighted(int n, const float* w, const __m512* v) {
+  __m512 s = _mm512_mul_ps(_mm512_set1_ps(w[0]), v[0]);
+  for (int k = 1; k < n; ++k) s = mul_add(s, _mm512_set1_ps(w[k]), v[k]);
+  return s;
+}
+
 float hc_dot_avx512(const float* a, const float* b, int64_t len) {
   __m512 acc = _mm512_setzero_ps();
   for (int64_t i = 0; i < len; i += 16) {
@@ -105,14 +112,8 @@ void hc_post_bwd_avx512(int n, int64_t d, int64_t t0, int64_t t1, const float* x
     for (int64_t i = 0; i < d; i += 16) {
       const __mmask16 m = tail_mask(d - i);
       for (int k = 0; k < n; ++k) gv[k] = _mm512_maskz_loadu_ps(m, go + k * d + i);
-      __m512 s = _mm512_mul_ps(_mm512_set1_ps(pt[0]), gv[0]);
-      for (int k = 1; k < n; ++k) s = mul_add(s, _mm512_set1_ps(pt[k]), gv[k]);
-      _mm512_mask_storeu_ps(df + t * d + i, m, s);
-      for (int j = 0; j < n; ++j) {
-        __m512 v = _mm512_mul_ps(_mm512_set1_ps(cm[j * n]), gv[0]);
-        for (int k = 1; k < n; ++k) v = mul_add(v, _mm512_set1_ps(cm[j * n + k]), gv[k]);
-        _mm512_mask_storeu_ps(dxt + j * d + i, m, v);
-      }
+      _mm512_mask_storeu_ps(df + t * d + i, m, weighted(n, pt, gv));
+      for (int j = 0; j < n; ++j) _mm512_mask_storeu_ps(dxt + j * d + i, m, weighted(n, cm + j * n, gv));
     }
     // dpost[k] = g_k . f and dcomb[j][k] = g_k . x_j: one pass per k over g_k, f and the streams.
     for (int k = 0; k < n; ++k) {
