@@ -124,7 +124,7 @@ void check_cp_seq_len(int64_t T, int cp, const char* field) {
                   detail::cat("choose a sequence length that is a multiple of 2 x parallel.cp = ", 2 * cp,
                               ", or another parallel.cp"),
                   field, " = ", T, " is not a multiple of 2 x parallel.cp = ", 2 * cp,
-                  " (each cp rank holds two of the 2 cp equal chunks of every sequence)");
+                  " (each cp rank holds two of the ", 2 * cp, " equal chunks of every sequence)");
 }
 
 }  // namespace trex::model

@@ -508,18 +508,40 @@ std::string allowed_keys(const SectionSpec& s) {
   return a;
 }
 
+// "section.key=value", or "section.key.sub=value" for a key inside a table (model.compress_rates,
+// model.rope_parameters). The value is read as JSON, else as a TOML value (inline tables
+// {a = 1}, single-quoted strings), else taken as a bare string.
 void apply_override(json& j, const std::string& ov) {
   size_t eq = ov.find('='), dot = ov.find('.');
   TREX_USER_CHECK(eq != std::string::npos && dot != std::string::npos && dot < eq,
                   "write --set section.key=value", "--set '", ov, "' is not section.key=value");
-  std::string sec = ov.substr(0, dot), key = ov.substr(dot + 1, eq - dot - 1), val = ov.substr(eq + 1);
+  std::vector<std::string> path;
+  for (size_t a = 0; a <= eq;) {
+    size_t b = std::min(ov.find('.', a), eq);
+    path.push_back(ov.substr(a, b - a));
+    a = b + 1;
+  }
+  for (const std::string& part : path)
+    TREX_USER_CHECK(!part.empty(), "write --set section.key=value", "--set '", ov, "' has an empty key part");
+  const std::string val = ov.substr(eq + 1);
   json v;
   try {
     v = json::parse(val);
   } catch (const json::exception&) {
-    v = val;  // bare words are strings
+    std::optional<json> t = io::parse_toml_value(val);
+    v = t ? *t : json(val);  // bare words are strings
   }
-  j[sec][key] = v;
+  json* at = &j;
+  std::string walked;
+  for (size_t i = 0; i + 1 < path.size(); ++i) {
+    walked += (i ? "." : "") + path[i];
+    json& next = (*at)[path[i]];
+    if (next.is_null()) next = json::object();
+    TREX_USER_CHECK(next.is_object(), "set " + walked + " itself, or a key of a table",
+                    "--set '", ov, "': ", walked, " is not a table");
+    at = &next;
+  }
+  (*at)[path.back()] = v;
 }
 
 // [model] inline: every key must be one a supported config class knows (a typo would otherwise
@@ -685,9 +707,11 @@ std::string run_config_reference() {
       "model's is optional. An unknown section or key, a wrong type or an out-of-range value is an error\n"
       "that names the file and the key (and the nearest known key, for a typo).\n"
       "`--set section.key=value` overrides any key from the command line; the value is read as JSON\n"
-      "when it parses and as a string otherwise (`--set data.train='[\"a.jsonl\", \"b.jsonl\"]'`,\n"
-      "`--set optim.schedule=wsd`). `--resume` and `--trace` of `trex train` set checkpoint.resume and\n"
-      "log.trace.\n\n"
+      "when it parses, else as a TOML value, else as a string (`--set data.train='[\"a.jsonl\", \"b.jsonl\"]'`,\n"
+      "`--set 'model.compress_rates={compressed_sparse_attention = 4, heavily_compressed_attention = 128}'`,\n"
+      "`--set optim.schedule=wsd`); `section.table.key=value` sets one key of a table\n"
+      "(`--set model.rope_parameters.factor=32`). `--resume` and `--trace` of `trex train` set\n"
+      "checkpoint.resume and log.trace.\n\n"
       "```toml\n"
       "[model]\npath = \"base/checkpoints/step-00000250\"   # or the config.json keys inline\n\n"
       "[data]\nmode = \"sft\"\ntrain = [\"chats.jsonl\"]\neval_fraction = 0.02\nseq_len = 1024\n\n"
@@ -741,9 +765,9 @@ parallel::ParallelDims resolve_parallel(const RunConfig& rc, int world_size) {
   for (int64_t n : rc.parallel.pp_layers) d.pp_layers.push_back((int)n);
   d.dp = rc.parallel.dp > 0 ? (int)rc.parallel.dp : std::max(1, world_size / std::max(1, d.tp * d.cp * d.pp));
   TREX_USER_CHECK(world_size > 1 || d.world() == 1,
-                  "launch with mpirun -np " + std::to_string(d.world()) + " trex train ...",
+                  "launch with mpirun -np " + std::to_string(d.world()) + " trex ...",
                   d.cp > 1 ? "parallel.dp x tp x cp x pp = " : "parallel.dp x tp x pp = ", d.world(), " needs ",
-                  d.world(), " MPI ranks but trex train runs as one process");
+                  d.world(), " MPI ranks but trex runs as one process");
   validate_layout(d, world_size, rc.model);
   if (d.cp > 1) model::check_cp_seq_len(rc.data.seq_len, d.cp, "data.seq_len");
   TREX_USER_CHECK(!rc.parallel.sequence_parallel || d.tp == 1 || rc.data.seq_len >= d.tp,

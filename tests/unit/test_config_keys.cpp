@@ -41,6 +41,28 @@ TEST(ConfigKeys, ModelKeyTypoIsAnErrorNamingTheNearestKey) {
   EXPECT_TRUE(has(far, "remove it")) << far;
 }
 
+// --set reaches one key of a table (section.table.key=value) and reads TOML values as a config
+// file writes them (inline tables, single-quoted strings), as well as JSON.
+TEST(ConfigKeys, SetOverridesNestedKeysAndTomlValues) {
+  const json base = run_config(trex::testing::tiny_v4());
+  auto parse = [&](std::vector<std::string> ov) { return train::parse_run_config(base, "run.toml", ov); };
+  const train::RunConfig a = parse({"model.compress_rates.compressed_sparse_attention=5"});
+  EXPECT_EQ(a.model.v4.csa_rate, 5);
+  EXPECT_EQ(a.model.v4.hca_rate, 7);  // the other key of the table is kept
+  const train::RunConfig b =
+      parse({"model.compress_rates={compressed_sparse_attention = 6, heavily_compressed_attention = 11}"});
+  EXPECT_EQ(b.model.v4.csa_rate, 6);
+  EXPECT_EQ(b.model.v4.hca_rate, 11);
+  const train::RunConfig c = parse({"model.rope_parameters.factor=5.5", "optim.schedule='wsd'"});
+  EXPECT_DOUBLE_EQ(c.model.v4.compress_rope.factor, 5.5);  // V4: flat YaRN keys are the compressed layers'
+  EXPECT_EQ(c.model.v4.compress_rope.original_max_position_embeddings, 8);
+  EXPECT_EQ(c.optim.schedule.kind, train::Schedule::Wsd);
+  // A key below a value that is not a table, and an empty key part, are errors naming the option.
+  const std::string e = trex::testing::run_config_error(base, {"model.hidden_size.x=3"});
+  EXPECT_TRUE(has(e, "model.hidden_size is not a table")) << e;
+  EXPECT_TRUE(has(trex::testing::run_config_error(base, {"model..hidden_size=3"}), "empty key part"));
+}
+
 TEST(ConfigKeys, KnownKeysTrexDoesNotUseAreAcceptedAndListed) {
   json m = trex::testing::tiny_v3();
   m["bos_token_id"] = 0;
