@@ -11,6 +11,7 @@
 #include "core/parallel.h"
 #include "kernels/cpu/gemm_avx512.h"
 #include "kernels/gemm_bf16_dnnl.h"
+#include "kernels/rows.h"
 
 namespace trex::kern {
 namespace {
@@ -156,9 +157,8 @@ double lm_head_ce(const CeArgs& a, int64_t* n_valid) {
         else softmax_scalar(L + i0 * vc, vc, i1 - i0, vb, m + i0, s + i0);
         for (int64_t i = i0; i < i1; ++i)
           if (y[i] >= v0 && y[i] < v0 + vb) L[i * vc + (y[i] - v0)] -= s[i];
-        if (round_p)
-          for (int64_t i = i0; i < i1; ++i)
-            for (int64_t j = 0; j < vb; ++j) Pb[i * vc + j] = f32_to_bf16(L[i * vc + j]);
+        if (round_p)  // row by row: Pb keeps L's row stride vc
+          for (int64_t i = i0; i < i1; ++i) to_bf16(L + i * vc, vb, 1, vb, Pb + i * vc);
       });
       const Prec pp = round_p ? Prec::BF16 : Prec::F32;
       const void* P = round_p ? static_cast<const void*>(Pb) : static_cast<const void*>(L);

@@ -1,7 +1,9 @@
 #include "kernels/rows.h"
 
 #include <cstring>
+#include "core/cpu.h"
 #include "core/parallel.h"
+#include "kernels/cpu/rows_avx512.h"
 
 namespace trex::kern {
 
@@ -24,15 +26,17 @@ void add(float* y, const float* x, int64_t n) {
 }
 
 void to_bf16(const float* x, int64_t ldx, int64_t rows, int64_t cols, bf16* y) {
+  const bool avx = cpu_isa() >= Isa::Avx512;
+  auto run = [avx](const float* a, int64_t n, bf16* b) {
+    if (avx) return cpu::to_bf16_avx512(a, n, b);
+    for (int64_t i = 0; i < n; ++i) b[i] = f32_to_bf16(a[i]);
+  };
   if (ldx == cols) {
-    parallel_for(rows * cols, 1 << 16, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) y[i] = f32_to_bf16(x[i]);
-    });
+    parallel_for(rows * cols, 1 << 16, [&](int64_t b, int64_t e) { run(x + b, e - b, y + b); });
     return;
   }
   parallel_for(rows, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t j = 0; j < cols; ++j) y[r * cols + j] = f32_to_bf16(x[r * ldx + j]);
+    for (int64_t r = r0; r < r1; ++r) run(x + r * ldx, cols, y + r * cols);
   });
 }
 

@@ -1,14 +1,11 @@
 #include "model/linear.h"
 
 #include "core/parallel.h"
+#include "kernels/rows.h"
 
 namespace trex::model {
 
-void to_bf16(const float* x, bf16* y, int64_t n) {
-  parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) y[i] = f32_to_bf16(x[i]);
-  });
-}
+void to_bf16(const float* x, bf16* y, int64_t n) { kern::to_bf16(x, n, 1, n, y); }
 
 const void* gemm_input(const Ctx& c, const float* x, int64_t n) {
   if (c.prec == kern::Prec::F32) return x;

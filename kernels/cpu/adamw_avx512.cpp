@@ -7,6 +7,7 @@
 #include <immintrin.h>
 #include <algorithm>
 #include "core/parallel.h"
+#include "kernels/cpu/simd_avx512.h"
 #include "kernels/ref/adamw.h"
 
 namespace trex::kern::cpu {
@@ -15,17 +16,7 @@ namespace {
 constexpr int64_t kBlock = 8192;  // sum_squares block (part of the definition of the result)
 constexpr int64_t kGroup = 4096;  // block sums kept at a time (32 KiB of stack)
 
-// 16 f32 -> 16 bf16, round to nearest even, NaN -> quiet NaN (as f32_to_bf16 in core/dtype.h).
-inline __m256i to_bf16(__m512 x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                                _mm512_set1_epi32(0x7f800000));
-  const __m512i hi = _mm512_srli_epi32(u, 16);
-  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(hi, _mm512_set1_epi32(1))));
-  r = _mm512_srli_epi32(r, 16);
-  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
-  return _mm512_cvtepi32_epi16(r);
-}
+using avx512::to_bf16;
 
 void adamw_range(const ref::AdamWScalars<float>& s, float* p, const float* g, float* m, float* v, int64_t b,
                  int64_t e, bf16* p_bf16) {

@@ -1,8 +1,9 @@
-// AVX-512 helpers shared by the kernels/cpu/*_avx512*.cpp files: tail masks, a fixed-order
-// horizontal sum, exp and exp2, the in-register 16 x 16 transpose, and V16, the 16-float vector
-// traits the ISA-generic tile drivers are written against (kernels/cpu/attention_tiles.h; the
-// AVX2 twin is kernels/cpu/simd_avx2.h). Include only from files built with the AVX-512 flags
-// (named *_avx512.cpp, see CMakeLists.txt); everything here is inline in namespace avx512.
+// AVX-512 helpers shared by the kernels/cpu/*_avx512*.cpp files: tail masks, f32 -> bf16, a
+// fixed-order horizontal sum, exp and exp2, the in-register 16 x 16 transpose, and V16, the
+// 16-float vector traits the ISA-generic tile drivers are written against
+// (kernels/cpu/attention_tiles.h; the AVX2 twin is kernels/cpu/simd_avx2.h). Include only from
+// files built with the AVX-512 flags (named *_avx512.cpp, see CMakeLists.txt); everything here is
+// inline in namespace avx512.
 #pragma once
 // GCC 12 reports the _mm512_undefined_ps() idiom inside its own intrinsics as (maybe-)
 // uninitialized; the warnings point into the header, so silencing them there is enough.
@@ -19,6 +20,19 @@ namespace trex::kern::cpu::avx512 {
 // Lanes i < n set (all for n >= 16, none for n <= 0).
 inline __mmask16 tail_mask(int64_t n) {
   return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1u);
+}
+
+// 16 f32 -> 16 bf16: round to nearest even, NaN -> quiet NaN, subnormals kept (the bits of
+// f32_to_bf16 in core/dtype.h; vcvtneps2bf16 would flush subnormal inputs to zero).
+inline __m256i to_bf16(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  const __m512i hi = _mm512_srli_epi32(u, 16);
+  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(hi, _mm512_set1_epi32(1))));
+  r = _mm512_srli_epi32(r, 16);
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+  return _mm512_cvtepi32_epi16(r);
 }
 
 // Sum of the 16 lanes in a fixed order (halves, then quarters, ...).
