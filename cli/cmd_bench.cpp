@@ -5,8 +5,10 @@
 // random tokens, routing as the model chooses) and prints one JSON line, with the planner's
 // prediction of the same run when a calibration exists. Under `mpirun -np R` the ranks train data
 // parallel (ZeRO-1, train/dist.h), each on batch_size sequences of its own. MFU is against the
-// best of 3 peak measurements taken after the steps, or the calibration's peak when that best is
-// below 80% of it (a busy machine; cli/peak_choice.h), or --peak-gflops: "peak_source" says which.
+// best of the peak measurements taken after each measured step and 3 after the last (a shared
+// machine's speed moves within minutes: the best over the run's own window), or the
+// calibration's peak when that best is below 80% of it (a busy machine; cli/peak_choice.h), or
+// --peak-gflops: "peak_source" says which.
 // With --profile: the step's breakdown (core/profile.h), with the threading overhead of trex's
 // parallel regions (core/par_stats.h), the heap allocations (core/heap_count.h, counted by
 // cli/heap_hooks.cpp) and the activation arena's growth over the measured steps, also in the JSON.
@@ -245,8 +247,9 @@ void add_bench(CLI::App& app) {
   step->add_option("--steps", o->steps, "measured steps (default train.steps)");
   step->add_option("--warmup", o->warmup, "steps run before measuring (default 1)");
   step->add_option("--peak-gflops", o->peak_gflops,
-                   "peak of the whole machine to compute MFU against (default: the best of 3 measurements now, "
-                   "or the calibration's peak when that is below 80% of it)");
+                   "peak of the whole machine to compute MFU against (default: the best of measurements after "
+                   "each measured step and 3 after the last, or the calibration's peak when that is below 80% "
+                   "of it)");
   step->add_option("--calibration", o->calibration,
                    "calibration for the planner's prediction and the peak check (default: "
                    "$TREX_CALIBRATION or ~/.cache/trex/calibration.json)");
@@ -303,6 +306,22 @@ void add_bench(CLI::App& app) {
     ParStats par_stats;
     HeapCounter& heap = heap_counter();
     size_t arena_grows0 = 0, arena_bytes0 = 0;
+    // MFU denominator: the fastest arithmetic the machine offers for this precision's GEMMs.
+    // bf16 GEMMs may run on the fp32 FMA units (kernels/gemm.h) where vdpbf16ps is slower, so
+    // the peak is max(fp32, bf16) for bf16 runs and the fp32 peak for fp32 runs. Under MPI every
+    // rank measures its share at once and the machine's peak is their sum. A busy shared machine
+    // measures low and inflates MFU: short measurements after every measured step (outside its
+    // time) and kPeakTries after the last, the best of them checked against the calibration
+    // file's peak (cli/peak_choice.h).
+    std::vector<double> tries;
+    double bf16_dot = 0;
+    auto measure_peak_try = [&] {
+      if (o->peak_gflops > 0) return;
+      if (mpi.world) mpi.world->barrier();
+      kern::Peak p = kern::measure_peak(0.15);
+      tries.push_back(mpi.sum(rc.train.precision == kern::Prec::BF16 ? p.best_gflops() : p.fp32_gflops));
+      bf16_dot = std::max(bf16_dot, mpi.sum(p.bf16_gflops));
+    };
     // Under mpirun: a stuck rank or a lost peer ends the job, as in training (train/job_guard.h).
     train::JobGuard guard(mpi.world.get(), rc.parallel, "benchmark step", ".", 0);
     for (int s = 0; s < o->warmup + steps; ++s) {
@@ -347,6 +366,7 @@ void add_bench(CLI::App& app) {
       }
       if (rank == 0) std::fprintf(stderr, "[bench step] step %d loss %.4f %.1f ms\n", s, st.loss, ms);
       guard.done(s + 1);
+      if (s >= o->warmup && s + 1 < o->warmup + steps) measure_peak_try();
     }
     guard.finish();
     std::sort(times.begin(), times.end());
@@ -373,23 +393,8 @@ void add_bench(CLI::App& app) {
       prof.print_breakdown(stderr, (int)times.size(), own_ms / times.size());
     }
     const double fpt = m.cfg.train_flops_per_token(T);  // m.cfg: with the MTP blocks the run trains
-    // MFU denominator: the fastest arithmetic the machine offers for this precision's GEMMs.
-    // bf16 GEMMs may run on the fp32 FMA units (kernels/gemm.h) where vdpbf16ps is slower, so
-    // the peak is max(fp32, bf16) for bf16 runs and the fp32 peak for fp32 runs. Under MPI every
-    // rank measures its share at once and the machine's peak is their sum.
-    // A busy shared machine measures low and inflates MFU: the best of kPeakTries short
-    // measurements, checked against the calibration file's peak (cli/peak_choice.h).
-    std::vector<double> tries;
-    double bf16_dot = 0;
-    if (o->peak_gflops <= 0) {
-      constexpr int kPeakTries = 3;
-      for (int t = 0; t < kPeakTries; ++t) {
-        if (mpi.world) mpi.world->barrier();
-        kern::Peak p = kern::measure_peak(0.15);
-        tries.push_back(mpi.sum(rc.train.precision == kern::Prec::BF16 ? p.best_gflops() : p.fp32_gflops));
-        bf16_dot = std::max(bf16_dot, mpi.sum(p.bf16_gflops));
-      }
-    }
+    constexpr int kPeakTries = 3;
+    for (int t = 0; t < kPeakTries; ++t) measure_peak_try();
     CalibrationPeak calp;
     if (o->peak_gflops <= 0) {
       const plan::Calibration cal = plan::find_calibration(o->calibration);
