@@ -17,7 +17,7 @@ namespace trex::kern {
 namespace {
 
 constexpr int64_t kDefaultChunk = 4096;
-constexpr int64_t kMaxBlockFloats = int64_t{1} << 23;  // logits block: at most 32 MiB
+constexpr int64_t kMaxBlockFloats = int64_t{1} << 24;  // logits block: at most 64 MiB
 constexpr int64_t kMinRowsWholeVocab = 256;            // rows per block when one chunk is the vocabulary
 constexpr int64_t kIgnore = -100;
 
