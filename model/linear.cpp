@@ -1,6 +1,5 @@
 #include "model/linear.h"
 
-#include "core/parallel.h"
 #include "kernels/rows.h"
 
 namespace trex::model {

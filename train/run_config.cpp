@@ -509,8 +509,8 @@ std::string allowed_keys(const SectionSpec& s) {
 }
 
 // "section.key=value", or "section.key.sub=value" for a key inside a table (model.compress_rates,
-// model.rope_parameters). The value is read as JSON, else as a TOML value (inline tables
-// {a = 1}, single-quoted strings), else taken as a bare string.
+// model.rope_parameters). The value is read as JSON, else as a TOML table, array or string
+// ({a = 1}, ['x'], 'text'), else taken as a bare string.
 void apply_override(json& j, const std::string& ov) {
   size_t eq = ov.find('='), dot = ov.find('.');
   TREX_USER_CHECK(eq != std::string::npos && dot != std::string::npos && dot < eq,
@@ -528,8 +528,10 @@ void apply_override(json& j, const std::string& ov) {
   try {
     v = json::parse(val);
   } catch (const json::exception&) {
+    // TOML for what JSON cannot write (inline tables, arrays and strings in single quotes); a
+    // bare word, or a TOML date or inf / nan, stays the string it was.
     std::optional<json> t = io::parse_toml_value(val);
-    v = t ? *t : json(val);  // bare words are strings
+    v = t && (t->is_object() || t->is_array() || t->is_string()) ? *t : json(val);
   }
   json* at = &j;
   std::string walked;

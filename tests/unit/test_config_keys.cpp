@@ -57,6 +57,8 @@ TEST(ConfigKeys, SetOverridesNestedKeysAndTomlValues) {
   EXPECT_DOUBLE_EQ(c.model.v4.compress_rope.factor, 5.5);  // V4: flat YaRN keys are the compressed layers'
   EXPECT_EQ(c.model.v4.compress_rope.original_max_position_embeddings, 8);
   EXPECT_EQ(c.optim.schedule.kind, train::Schedule::Wsd);
+  // What JSON can write stays JSON; a bare word or a TOML date stays a string.
+  EXPECT_EQ(parse({"checkpoint.run_dir=2026-12-06"}).checkpoint.run_dir, "2026-12-06");
   // A key below a value that is not a table, and an empty key part, are errors naming the option.
   const std::string e = trex::testing::run_config_error(base, {"model.hidden_size.x=3"});
   EXPECT_TRUE(has(e, "model.hidden_size is not a table")) << e;
