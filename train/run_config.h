@@ -119,7 +119,8 @@ struct RunConfig {
 // validated against the world size and the model (parallel/dims.h): throws trex::UserError.
 parallel::ParallelDims resolve_parallel(const RunConfig& rc, int world_size);
 
-// overrides: "section.key=value" (value parsed as JSON when it parses, else taken as a string).
+// overrides: "section.key=value" or "section.table.key=value" (value parsed as JSON when it parses,
+// else as a TOML table, array or single-quoted string, else taken as a string).
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
 RunConfig parse_run_config(nlohmann::json j, const std::string& where, const std::vector<std::string>& overrides = {});
 kern::Prec parse_precision(const std::string& s, const std::string& where);
