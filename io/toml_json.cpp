@@ -38,10 +38,9 @@ nlohmann::json load_toml_as_json(const std::string& path) {
 }
 
 std::optional<nlohmann::json> parse_toml_value(const std::string& text) {
-  if (text.find('\n') != std::string::npos) return std::nullopt;
   try {
     toml::table t = toml::parse("v = " + text);
-    if (const toml::node* n = t.get("v"); n && t.size() == 1) return to_json(*n);
+    if (const toml::node* n = t.get("v"); n && t.size() == 1) return to_json(*n);  // not "1\nw = 2"
   } catch (const toml::parse_error&) {
   }
   return std::nullopt;

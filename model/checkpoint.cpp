@@ -10,6 +10,7 @@
 #include "io/checksum.h"
 #include "io/quant.h"
 #include "io/safetensors.h"
+#include "kernels/rows.h"
 #include "model/mtp_v3.h"
 
 namespace trex::model {
@@ -90,7 +91,7 @@ void TensorList::add(const std::string& name, const Shape& s, const float* src) 
     return;
   }
   std::vector<bf16>& v = conv.emplace_back(s.numel());
-  for (int64_t i = 0; i < s.numel(); ++i) v[i] = f32_to_bf16(src[i]);
+  kern::to_bf16(src, s.numel(), 1, s.numel(), v.data());
   ts.push_back({name, DType::BF16, s, v.data()});
 }
 
