@@ -5,10 +5,10 @@
 // random tokens, routing as the model chooses) and prints one JSON line, with the planner's
 // prediction of the same run when a calibration exists. Under `mpirun -np R` the ranks train data
 // parallel (ZeRO-1, train/dist.h), each on batch_size sequences of its own. MFU is against the
-// best of the peak measurements taken after each measured step and 3 after the last (a shared
-// machine's speed moves within minutes: the best over the run's own window), or the
-// calibration's peak when that best is below 80% of it (a busy machine; cli/peak_choice.h), or
-// --peak-gflops: "peak_source" says which.
+// best of the peak measurements taken between measured steps (at least 10 s of steps apart) and 3
+// after the last (a shared machine's speed moves within minutes: the best over the run's own
+// window), or the calibration's peak when that best is below 80% of it (a busy machine;
+// cli/peak_choice.h), or --peak-gflops: "peak_source" says which.
 // With --profile: the step's breakdown (core/profile.h), with the threading overhead of trex's
 // parallel regions (core/par_stats.h), the heap allocations (core/heap_count.h, counted by
 // cli/heap_hooks.cpp) and the activation arena's growth over the measured steps, also in the JSON.
@@ -247,9 +247,9 @@ void add_bench(CLI::App& app) {
   step->add_option("--steps", o->steps, "measured steps (default train.steps)");
   step->add_option("--warmup", o->warmup, "steps run before measuring (default 1)");
   step->add_option("--peak-gflops", o->peak_gflops,
-                   "peak of the whole machine to compute MFU against (default: the best of measurements after "
-                   "each measured step and 3 after the last, or the calibration's peak when that is below 80% "
-                   "of it)");
+                   "peak of the whole machine to compute MFU against (default: the best of measurements between "
+                   "measured steps, at least 10 s of steps apart, and 3 after the last, or the calibration's "
+                   "peak when that is below 80% of it)");
   step->add_option("--calibration", o->calibration,
                    "calibration for the planner's prediction and the peak check (default: "
                    "$TREX_CALIBRATION or ~/.cache/trex/calibration.json)");
@@ -310,11 +310,13 @@ void add_bench(CLI::App& app) {
     // bf16 GEMMs may run on the fp32 FMA units (kernels/gemm.h) where vdpbf16ps is slower, so
     // the peak is max(fp32, bf16) for bf16 runs and the fp32 peak for fp32 runs. Under MPI every
     // rank measures its share at once and the machine's peak is their sum. A busy shared machine
-    // measures low and inflates MFU: short measurements after every measured step (outside its
-    // time) and kPeakTries after the last, the best of them checked against the calibration
-    // file's peak (cli/peak_choice.h).
+    // measures low and inflates MFU: short measurements between measured steps at least
+    // kPeakEveryMs apart (outside their time) and kPeakTries after the last, the best of them
+    // checked against the calibration file's peak (cli/peak_choice.h).
     std::vector<double> tries;
     double bf16_dot = 0;
+    constexpr double kPeakEveryMs = 10000;  // a try costs about 0.5 s: not after every short step
+    double since_try_ms = 0;
     auto measure_peak_try = [&] {
       if (o->peak_gflops > 0) return;
       if (mpi.world) mpi.world->barrier();
@@ -366,7 +368,12 @@ void add_bench(CLI::App& app) {
       }
       if (rank == 0) std::fprintf(stderr, "[bench step] step %d loss %.4f %.1f ms\n", s, st.loss, ms);
       guard.done(s + 1);
-      if (s >= o->warmup && s + 1 < o->warmup + steps) measure_peak_try();
+      // A try once at least kPeakEveryMs of measured steps have passed since the last (ms is the
+      // same on every rank, so all of them measure, and meet at its barrier, after the same steps).
+      if (s >= o->warmup && s + 1 < o->warmup + steps && (since_try_ms += ms) >= kPeakEveryMs) {
+        measure_peak_try();
+        since_try_ms = 0;
+      }
     }
     guard.finish();
     std::sort(times.begin(), times.end());
