@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "kernels/backend.h"
 #include "kernels/rmsnorm.h"
+#include "kernels/rows.h"
 #include "kernels/swiglu.h"
 
 namespace trex::kern {
@@ -31,7 +32,7 @@ class CpuBackend final : public Backend {
   void to_device(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void copy(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
-  void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
+  void zero(void* p, size_t bytes) override { kern::zero_bytes(p, bytes); }
 
   Stream new_stream() override { return reinterpret_cast<Stream>(++next_token_); }
   void delete_stream(Stream) override {}

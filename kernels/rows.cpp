@@ -1,5 +1,6 @@
 #include "kernels/rows.h"
 
+#include <algorithm>
 #include <cstring>
 #include "core/cpu.h"
 #include "core/parallel.h"
@@ -16,6 +17,22 @@ void copy_rows(void* dst, int64_t ldd, const void* src, int64_t lds, int64_t row
   }
   parallel_for(rows, 64, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) std::memcpy(d + r * ldd, s + r * lds, (size_t)row_bytes);
+  });
+}
+
+void zero_bytes(void* p, size_t bytes) {
+  if (bytes < kZeroStreamBytes) {
+    if (bytes) std::memset(p, 0, bytes);
+    return;
+  }
+  const bool avx = cpu_isa() >= Isa::Avx512;
+  auto* a = static_cast<char*>(p);
+  const int64_t chunk = int64_t{1} << 22;  // 4 MiB a task
+  parallel_for(((int64_t)bytes + chunk - 1) / chunk, 1, [&](int64_t b, int64_t e) {
+    char* s = a + b * chunk;
+    const size_t n = (size_t)std::min<int64_t>(e * chunk, (int64_t)bytes) - (size_t)(b * chunk);
+    if (avx) cpu::zero_stream_avx512(s, n);
+    else std::memset(s, 0, n);
   });
 }
 

@@ -7,6 +7,7 @@
 #include "core/rng.h"
 #include "core/timer.h"
 #include "kernels/lm_head_ce.h"
+#include "kernels/rows.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "model/linear.h"
@@ -176,7 +177,7 @@ Model::Model(const ModelConfig& c, kern::Prec p, TrainOptions o, ExpertShard sha
 void Model::zero_grads() {
   // On a device only the device's copy: G() is what the last grads_to_host() brought back.
   if (on_device()) be_->zero(dgrads_.get(), (size_t)layout.total * sizeof(float));
-  else grads.zero();
+  else kern::zero_bytes(grads.base(), grads.capacity());
 }
 
 void Model::refuse_on_device(const char* what) const {

@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "core/parallel.h"
 #include "core/timer.h"
+#include "kernels/rows.h"
 
 namespace trex::parallel {
 
@@ -100,7 +101,7 @@ GradSync::~GradSync() {
 void GradSync::zero(float* p, size_t n) const {
   if (n == 0) return;
   if (dev_) dev_->zero(p, n * sizeof(float));
-  else std::memset(p, 0, n * sizeof(float));
+  else kern::zero_bytes(p, n * sizeof(float));
 }
 
 void GradSync::zero_padding(float* buf) const {

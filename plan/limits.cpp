@@ -115,7 +115,7 @@ std::vector<Limit> step_limits(const ClusterSpec& s, const Layout& l, const Step
                            (l.grad_bytes > 2 ? "; bf16 gradients (grads=bf16)" : "")});
   if (t.optimizer + t.weight_cast > 0)
     v.push_back({"optimizer step", t.optimizer + t.weight_cast, t.optimizer + t.weight_cast,
-                 "HBM bandwidth over the local shard" + std::string(t.weight_cast > 0 ? " (+ the weights' quantization)" : ""),
+                 "HBM bandwidth over the local shard (and the gradient buffer zeroed)" + std::string(t.weight_cast > 0 ? " (+ the weights' quantization)" : ""),
                  "ZeRO sharding (zero>=1), bf16 moments"});
   if (t.host_mb > 0) {
     const std::string helps =

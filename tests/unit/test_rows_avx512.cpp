@@ -3,6 +3,8 @@
 // both directions, subnormals, infinities, NaNs with payloads, the largest finite values (which
 // round to infinity), at lengths on and off the 16- and 32-lane steps and at a row stride.
 // The direct kernel call is skipped on CPUs without AVX-512; the dispatch is tested everywhere.
+// And the zero fill (streaming stores on AVX-512): every byte of the range zeroed, none beside it,
+// at unaligned starts and ends, below and above the size where it streams and threads.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -70,4 +72,32 @@ TEST(RowsAvx512, ToBf16RowsAtAStrideEqualTheScalarConversion) {
   EXPECT_TRUE(equal_to_scalar(big.data(), yb.data(), n));
 }
 
+// Fills [off, off + n) of a buffer of 0xA5 bytes with kern::zero_bytes (or the AVX-512 kernel) and
+// checks the range and the guard bytes on both sides.
+void check_zero(size_t off, size_t n, bool direct) {
+  const size_t guard = 256;
+  std::vector<unsigned char> b(off + n + guard, 0xA5);
+  if (direct) trex::kern::cpu::zero_stream_avx512(b.data() + off, n);
+  else trex::kern::zero_bytes(b.data() + off, n);
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    const unsigned char want = i >= off && i < off + n ? 0 : 0xA5;
+    if (b[i] != want && bad++ == 0) first = i;
+  }
+  EXPECT_EQ(bad, 0u) << "off " << off << " n " << n << " direct " << direct << ": first wrong byte at " << first;
+}
+
+TEST(RowsAvx512, ZeroBytesClearsExactlyTheRange) {
+  const size_t big = trex::kern::kZeroStreamBytes;
+  for (size_t off : {0, 1, 63, 64, 100})
+    for (size_t n : {size_t{0}, size_t{1}, size_t{63}, size_t{64}, size_t{65}, size_t{1000}, big - 7, big + 4099,
+                     3 * big + 123})
+      check_zero(off, n, false);
+  if (trex::cpu_isa() < trex::Isa::Avx512) GTEST_SKIP() << "the CPU has no AVX-512 (or TREX_ISA caps it)";
+  for (size_t off : {0, 1, 63, 64, 100})
+    for (size_t n : {size_t{0}, size_t{1}, size_t{63}, size_t{64}, size_t{127}, size_t{128}, size_t{4097}})
+      check_zero(off, n, true);
+}
+
 }  // namespace
+
