@@ -98,8 +98,10 @@ double median_s(parallel::Communicator& w, int reps, F&& fn) {
 // The MPI link between the ranks of this node, in the planner's ring model (plan/timing.h):
 // latency from an 8-byte all-reduce (2 hops), bandwidth from an f32 reduce-scatter of one
 // default gradient bucket (parallel.bucket_size, 16 MB: the collective the data-parallel run
-// issues), the median of 7 (a best-of reads the rare quiet moment of a shared machine):
-// t = (R-1)/R bytes / bw + (R-1) lat. And how much of that reduce-scatter hides behind compute
+// issues), the median of 7 (a best-of reads the rare quiet moment of a shared machine), each on
+// a bucket not in the cache, as a step's gradients are not (the ranks' buckets together span
+// 512 MB, past the L3; one bucket reduce-scattered over and over ran 1.6x faster on the 2-core
+// Xeon than cold ones): t = (R-1)/R bytes / bw + (R-1) lat. And how much of that reduce-scatter hides behind compute
 // (efficiency.overlap): posted, then bf16 GEMMs run for about as long with test() between them,
 // as the backward drives the gradient buckets (train/dist.h); on CPUs the copies and sums of the
 // exchange run on the cores that compute, inside the MPI calls, so little of it hides.
@@ -109,9 +111,14 @@ void measure_link(parallel::Communicator& w, plan::Calibration& c) {
   const double t_small = best_s(w, 200, [&] { w.iall_reduce(&one, &one, 1, DType::F64, parallel::ReduceOp::Max).wait(); });
   const double lat = t_small / (2 * (R - 1));
   const size_t count = (size_t)train::ParallelConfig{}.bucket_size / w.size();  // elements each rank keeps
-  std::vector<float> buf(count * w.size(), 1.f);
-  auto rs = [&] { return w.ireduce_scatter(buf.data(), buf.data() + w.rank() * count, count, DType::F32,
-                                           parallel::ReduceOp::Sum); };
+  const size_t bucket = count * w.size();
+  const size_t nb = std::max<size_t>(4, ((size_t{512} << 20) / w.size() / 4 + bucket - 1) / bucket);
+  std::vector<float> buf(bucket * nb, 1.f);
+  size_t next = 0;  // the bucket the next reduce-scatter sums: each in turn
+  auto rs = [&] {
+    float* b = buf.data() + (next++ % nb) * bucket;
+    return w.ireduce_scatter(b, b + w.rank() * count, count, DType::F32, parallel::ReduceOp::Sum);
+  };
   const double t_rs = median_s(w, 7, [&] { rs().wait(); });
   const double bytes = 4.0 * count * w.size();
   c.intra_node_latency_us = lat * 1e6;
