@@ -591,10 +591,25 @@ void lm_head_ce(Plan& p, const Run& r, const std::string& w) {
 // The optimizer (train/optimizer.cpp), run once per step per parameter tensor; timed here as one
 // call over a slab of up to 16M elements and scaled to the parameter count (it is linear in n):
 // sum_squares of the gradients (bytes 4 n) and AdamW with the bf16 copy (bytes 30 n: grad,
-// master, moments read; master, moments, bf16 copy written; 28 n without the copy).
+// master, moments read; master, moments, bf16 copy written; 28 n without the copy); and the
+// gradient buffer zeroed for the next step (kern::zero_bytes, as Model::zero_grads; bytes 4 n).
 void optimizer(Plan& p, const Run& r, int64_t n_all, int64_t n_trained) {
   const int64_t cap = int64_t{16} << 20;
   const bool bf = r.bf;
+  {
+    const int64_t t = std::min(n_all, cap);
+    Op o;
+    o.kernel = "zero_grads";
+    o.shape = fmt("n=%lld", (ll)n_all);
+    o.bytes = 4.0 * n_all;
+    o.scale = (double)n_all / (double)t;
+    if (n_all > t) o.note = fmt("timed on %lld elements, scaled", (ll)t);
+    o.make = [=](Bufs& b) -> Runner {
+      float* g = b.f(t, 2, 1e-3f);
+      return [=] { kern::zero_bytes(g, (size_t)t * sizeof(float)); };
+    };
+    p.add(std::move(o), "step");
+  }
   for (int v = 0; v < 2; ++v) {
     const int64_t n = v ? n_trained : n_all, t = std::min(n, cap);
     Op o;

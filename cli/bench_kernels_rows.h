@@ -147,7 +147,7 @@ void router(Plan& p, const Run& r, const std::string& w);
 void moe_glue(Plan& p, const Run& r, const std::string& w);
 // kern::lm_head_ce with gradients.
 void lm_head_ce(Plan& p, const Run& r, const std::string& w);
-// sum_squares over n_all gradients and adamw_step over n_trained parameters.
+// zero_grads and sum_squares over n_all gradients, adamw_step over n_trained parameters.
 void optimizer(Plan& p, const Run& r, int64_t n_all, int64_t n_trained);
 
 }  // namespace trex::cli::kbench

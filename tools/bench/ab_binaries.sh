@@ -2,7 +2,9 @@
 # A/B of two trex binaries on one config, interleaved in one run (A B A B ...) so that the noise of
 # a shared machine falls on both alike: for refactors that must not change the speed.
 # Usage: tools/bench/ab_binaries.sh OLD_TREX NEW_TREX [CONFIG ...]
-# env: ROUNDS=3 (pairs of runs per config), STEPS=3 (measured steps per run), THREADS=$(nproc).
+# env: ROUNDS=3 (pairs of runs per config), STEPS=3 (measured steps per run), THREADS=$(nproc),
+#      REGIONS="step.zero_grads step.optimizer" (optional: runs with --profile and adds each
+#      region's median ms a step per binary, for changes smaller than the step's noise).
 # Prints the machine, date and both binaries' commits (from `git describe` of their trees when
 # given as TREE/build/trex), then one markdown row per config and binary: the minimum over its runs
 # of each run's fastest step, the median of the runs' median steps, and B / A of those medians.
@@ -15,6 +17,8 @@ CONFIGS=("$@")
 ROUNDS=${ROUNDS:-3}
 STEPS=${STEPS:-3}
 THREADS=${THREADS:-$(nproc)}
+REGIONS=${REGIONS:-}
+PROFILE=(); [ -n "$REGIONS" ] && PROFILE=(--profile)
 export TREX_THREADS=$THREADS
 commit_of() { git -C "$(dirname "$1")/.." rev-parse --short HEAD 2>/dev/null || echo "?"; }
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores, threads $THREADS"
@@ -27,14 +31,14 @@ for cfg in "${CONFIGS[@]}"; do
   for r in $(seq "$ROUNDS"); do
     for side in A B; do
       bin=$OLD; [ $side = B ] && bin=$NEW
-      "$bin" bench step --config "$cfg" --steps "$STEPS" --warmup 1 --peak-gflops "$PEAK" 2>/dev/null \
-        >> "$TMP/$(basename "$cfg").$side.jsonl"
+      "$bin" bench step --config "$cfg" --steps "$STEPS" --warmup 1 --peak-gflops "$PEAK" "${PROFILE[@]}" \
+        2>> "$TMP/$(basename "$cfg").$side.prof" >> "$TMP/$(basename "$cfg").$side.jsonl"
     done
   done
 done
-python3 - "$TMP" "${CONFIGS[@]}" <<'PY'
+python3 - "$TMP" "$REGIONS" "${CONFIGS[@]}" <<'PY'
 import json, os, statistics, sys
-tmp, cfgs = sys.argv[1], sys.argv[2:]
+tmp, regions, cfgs = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
 print("| config | binary | runs x steps | step ms (min) | step ms (median) | MFU (median) | B / A (median) |")
 print("|---|---|---|---|---|---|---|")
 for cfg in cfgs:
@@ -46,4 +50,23 @@ for cfg in cfgs:
         ratio = f"{med['B'] / med['A']:.3f}" if side == "B" else ""
         print(f"| {cfg} | {side} | {len(rows)} x {rows[0]['steps']} | {min(r['step_ms_min'] for r in rows):.0f} | "
               f"{med[side]:.0f} | {100 * mfu:.1f}% | {ratio} |")
+if regions:
+    # --profile's first table, one per run: "region  ms/step  calls  share"
+    print()
+    print("| config | region | A ms/step (median of runs) | B ms/step | B / A |")
+    print("|---|---|---|---|---|")
+    for cfg in cfgs:
+        for reg in regions:
+            m = {}
+            for side in "AB":
+                vals, seen = [], False
+                for line in open(os.path.join(tmp, f"{os.path.basename(cfg)}.{side}.prof")):
+                    f = line.split()
+                    if f and f[0] == "region":
+                        seen = False
+                    elif len(f) >= 4 and f[0] == reg and not seen:
+                        vals.append(float(f[1]))
+                        seen = True
+                m[side] = statistics.median(vals) if vals else float("nan")
+            print(f"| {cfg} | {reg} | {m['A']:.1f} | {m['B']:.1f} | {m['B'] / m['A']:.3f} |")
 PY
