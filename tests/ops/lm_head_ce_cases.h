@@ -15,9 +15,12 @@ namespace trex::ops {
 struct CeShape {
   int64_t N, d, V, chunk;
 };
-// Odd sizes, V = 1, one chunk, many, a chunk of 1.
+// Odd sizes, V = 1, one chunk, many, a chunk of 1; the default blocking at large vocabularies:
+// one chunk of 65521 in row blocks of 256 and a tail of 44 rows (the 64 MiB logits block), and
+// 70001 (past one chunk) in default chunks of 4096 with a tail of 369.
 inline constexpr CeShape kCeShapes[] = {{1, 7, 5, 0},      {5, 16, 1, 0},      {37, 64, 1000, 300}, {129, 33, 1000, 0},
-                                        {64, 100, 4099, 0}, {300, 48, 777, 128}, {17, 129, 1000, 1}};
+                                        {64, 100, 4099, 0}, {300, 48, 777, 128}, {17, 129, 1000, 1},
+                                        {300, 6, 65521, 0}, {5, 12, 70001, 0}};
 
 // Labels in [0, V), each -100 (ignored) with probability p_ignore.
 inline std::vector<int32_t> ce_labels(int64_t N, int64_t V, Rng& r, double p_ignore) {

@@ -60,7 +60,10 @@ bool ce_case(Prec prec, int64_t N, int64_t d, int64_t V, int64_t chunk, bool gra
   if (grads) {
     bool m1, m2;  // set by nmse before use (argument evaluation order is unspecified)
     const double e1 = nmse(dh.data(), dhr.data(), dh.n, &m1), e2 = nmse(dW.data(), dWr.data(), dW.n, &m2);
-    ok &= report(name, "dh", e1, 1e-9, !m1 && dh.guard_ok(), "nan/guard");
+    // dh sums V products a row: a plain f32 sum of them (the scalar reference GEMM) has an error
+    // variance growing with V, so its bound grows with V past the 4096 the small cases have.
+    const double tol_dh = 1e-9 * std::max(1.0, static_cast<double>(V) / 4096);
+    ok &= report(name, "dh", e1, tol_dh, !m1 && dh.guard_ok(), "nan/guard");
     ok &= report(name, "dW", e2, 1e-9, !m2 && dW.guard_ok(), "nan/guard");
   } else {
     bool untouched = true;

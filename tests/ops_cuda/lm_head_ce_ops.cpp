@@ -4,6 +4,7 @@
 // in double. bf16: the CUDA kernel rounds p to bf16 for the two gradient GEMMs (the reference does
 // the same with round_p); p itself is formed in f32 there and in double here, so a p that lies near
 // a bf16 rounding boundary can round the other way: the gradient bound is 1e-7 instead of 1e-9.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -58,7 +59,9 @@ bool ce_case(Prec prec, int64_t N, int64_t d, int64_t V, int64_t chunk, bool gra
     bool m1, m2;
     const double e1 = nmse(dh.data(), dhr.data(), dh.n, &m1), e2 = nmse(dW.data(), dWr.data(), dW.n, &m2);
     const double tol = bf ? 1e-7 : 1e-9;
-    ok &= report(name, "dh", e1, tol, !m1 && dh.guard_ok(), "nan/guard");
+    // dh sums V products a row: the bound grows with V past 4096, as in tests/ops/lm_head_ce_ops.cpp.
+    ok &= report(name, "dh", e1, tol * std::max(1.0, static_cast<double>(V) / 4096), !m1 && dh.guard_ok(),
+                 "nan/guard");
     ok &= report(name, "dW", e2, tol, !m2 && dW.guard_ok(), "nan/guard");
   }
   return ok;
