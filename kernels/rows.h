@@ -12,10 +12,10 @@ namespace trex::kern {
 
 // rows rows of row_bytes bytes: dst + r ldd <- src + r lds (byte strides; regions must not overlap).
 void copy_rows(void* dst, int64_t ldd, const void* src, int64_t lds, int64_t row_bytes, int64_t rows);
-// p [bytes] = 0. Regions larger than the caches hold (kZeroStreamBytes and up) are split over the
-// threads and, on AVX-512, written with streaming stores (no read of the old lines: about 4x a
-// one-thread memset of the 1.25 GB gradient buffer of bench-v3 on 2 cores); smaller ones stay a
-// memset, which leaves them in the cache for the writes that follow.
+// p [bytes] = 0. Regions of kZeroStreamBytes and up (a gradient buffer; far past the L2) are split
+// over the threads and, on AVX-512, written with streaming stores (no read of the old lines:
+// about 4x a one-thread memset of the 1.25 GB gradient buffer of bench-v3 on 2 cores); smaller
+// ones stay a memset, which leaves them in the cache for the writes that follow.
 void zero_bytes(void* p, size_t bytes);
 inline constexpr size_t kZeroStreamBytes = size_t{32} << 20;
 // y [n] += x [n]

@@ -471,9 +471,10 @@ StepTime plan_time(const ArchModel& a, const ClusterSpec& s, const Layout& l) {
   // AdamW over the local shard: read grad, master, 2 moments; write master, 2 moments, bf16 param.
   const double local = l.zero >= 1 ? dense_max / l.dpcp() + exp_max / l.edp() : dense_max + exp_max;
   st.optimizer = local * (l.grad_bytes + 4 + 2 * l.moment_bytes + 4 + 2 * l.moment_bytes + 2) / R.optimizer;
-  // The whole local gradient buffer (every ZeRO stage keeps one: the backward writes all of it) is
-  // zeroed for the next step: one write of it (trex: kern::zero_bytes; Megatron: zero_grad_buffer).
-  st.optimizer += (dense_max + exp_max) * l.grad_bytes / R.optimizer;
+  // The local gradient buffer is zeroed for the next step: one write of it (trex: kern::zero_bytes;
+  // Megatron: zero_grad_buffer). Up to ZeRO-2 it holds every local parameter's gradient (the
+  // backward writes all of them before the reduce-scatter); ZeRO-3 keeps the shard only.
+  st.optimizer += (l.zero >= 3 ? local : dense_max + exp_max) * l.grad_bytes / R.optimizer;
   // Low precision: the updated weights are quantized once per step (cached across the step's
   // micro-batches): read bf16, write the row- and column-wise copies.
   if (R.prec.low) st.weight_cast = (dense_max + exp_max) * 4.0 / R.quantize;

@@ -102,6 +102,21 @@ TEST(PlanCalibrated, OptimizerRunsAtItsShareOfBandwidth) {
   EXPECT_NEAR(plan_time(a, m, one_device(64)).optimizer, a.total_params() * 34 / (20e9 * 0.8), 1e-9 * t.optimizer);
 }
 
+TEST(PlanCalibrated, GradientZeroingCoversTheWholeBufferUpToZero2) {
+  // dp 4: AdamW runs on a quarter from ZeRO-1 on; the zeroing writes every local gradient up to
+  // ZeRO-2 (the backward writes all of them) and only the shard under ZeRO-3.
+  const ArchModel a = arch_from_config(odd_v4(), "odd-v4");
+  const ClusterSpec s = cpu_spec_from_calibration(calibration({{"memory", 0.8}, {"optimizer", 0.5}}));
+  const double P = (double)a.total_params(), bw = 20e9 * 0.5;
+  for (int zero : {1, 2, 3}) {
+    Layout l = one_device(64);
+    l.dp = 4, l.gbs = 4, l.zero = zero;
+    validate_layout(l, a, 4);
+    const double zeroed = zero >= 3 ? P / 4 : P;
+    EXPECT_NEAR(plan_time(a, s, l).optimizer, (P / 4 * 30 + zeroed * 4) / bw, 1e-6 * P * 34 / bw) << "zero " << zero;
+  }
+}
+
 TEST(PlanCalibrated, CpuThisActivationsAreF32) {
   const ArchModel a = arch_from_config(odd_v4(), "odd-v4");
   const ClusterSpec s = cpu_spec_from_calibration(calibration(nlohmann::json::object()));
