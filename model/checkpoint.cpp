@@ -10,7 +10,7 @@
 #include "io/checksum.h"
 #include "io/quant.h"
 #include "io/safetensors.h"
-#include "kernels/rows.h"
+#include "model/linear.h"
 #include "model/mtp_v3.h"
 
 namespace trex::model {
@@ -91,7 +91,7 @@ void TensorList::add(const std::string& name, const Shape& s, const float* src) 
     return;
   }
   std::vector<bf16>& v = conv.emplace_back(s.numel());
-  kern::to_bf16(src, s.numel(), 1, s.numel(), v.data());
+  to_bf16(src, v.data(), s.numel());
   ts.push_back({name, DType::BF16, s, v.data()});
 }
 

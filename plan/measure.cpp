@@ -84,6 +84,7 @@ namespace {
 struct Probe {
   const char* key;
   std::function<void()> run;
+  double flops = 0;        // a run's FLOPs, rated against the peak; 0: a memory probe, rated in bytes
   std::vector<double> ms;  // every timed run, over all passes
 };
 
@@ -180,8 +181,9 @@ std::function<void()> attention(double& flops) {
   constexpr int B = 1, T = 2048, H = 8, Dqk = 96, Dv = 64;
   flops = 3.0 * 2.0 * (Dqk + Dv) * ((double)T * (T + 1) / 2) * H * B;  // bwd = 2 x fwd matmul FLOPs
   struct S {
-    std::vector<float> q = std::vector<float>((size_t)B * T * H * Dqk), k = q, v = std::vector<float>((size_t)B * T * H * Dv),
-                       o = v, lse = std::vector<float>((size_t)B * H * T), dO = v, dq = q, dk = q, dv = v;
+    std::vector<float> q = std::vector<float>((size_t)B * T * H * Dqk), k = q,
+                       v = std::vector<float>((size_t)B * T * H * Dv), o = v,
+                       lse = std::vector<float>((size_t)B * H * T), dO = v, dq = q, dk = q, dv = v;
   };
   auto st = std::make_shared<S>();
   Rng r(6);
@@ -277,21 +279,20 @@ Calibration measure_calibration(double seconds) {
 
   // Compute probes: the FLOPs of one run and the planner's efficiency key.
   std::vector<Probe> probes;
-  std::vector<double> flops;
   for (auto [key, make] : std::initializer_list<std::pair<const char*, std::function<void()> (*)(double&)>>{
            {"gemm", dense_gemm}, {"grouped_gemm", grouped_gemm}, {"head", lm_head}, {"attention", attention},
            {"sparse_attention", sparse_attention}, {"indexer", indexer}}) {
-    flops.push_back(0);
-    probes.push_back({key, make(flops.back()), {}});
+    Probe p{key, {}, 0, {}};
+    p.run = make(p.flops);
+    probes.push_back(std::move(p));
   }
-  const size_t n_compute = probes.size();
   // Memory probes: a threaded triad (the bandwidth), a memory-bound model op (RMSNorm forward:
   // read x, write y) against it, and the optimizer step as train/optimizer.cpp runs it on every
   // parameter: the gradient's sum of squares (norm clipping), then AdamW with the bf16 copy;
   // rated in the planner's bytes per parameter (f32 grad, master and moments read; master and
   // moments written; bf16 written).
   auto triad = std::make_shared<Triad>();
-  probes.push_back({"triad", [triad] { (*triad)(); }, {}});
+  probes.push_back({"triad", [triad] { (*triad)(); }, 0, {}});
   constexpr int64_t rn = 16384, rd = 1024, on = int64_t{16} << 20;
   struct Mem {
     std::vector<float> a = std::vector<float>(rn * rd, 1.f), d = std::vector<float>(rn * rd),
@@ -304,13 +305,13 @@ Calibration measure_calibration(double seconds) {
   auto mem = std::make_shared<Mem>();
   probes.push_back({"memory", [mem] {
                       kern::rmsnorm_fwd(mem->a.data(), rn, rd, mem->w.data(), 1e-6f, mem->d.data(), mem->rs.data());
-                    }, {}});
+                    }, 0, {}});
   probes.push_back({"optimizer", [mem] {
                       Mem& s = *mem;
                       const double ss = kern::sum_squares(s.g.data(), on);
                       kern::AdamWParams hp{1e-4, 0.9, 0.95, 1e-8, 0.1, ++s.t, (float)(1.0 / (1.0 + ss))};
                       kern::adamw_step(hp, s.p.data(), s.g.data(), s.m1.data(), s.v1.data(), on, s.pb.data());
-                    }, {}});
+                    }, 0, {}});
 
   // The ops take turns: kPasses passes over all of them, each op running about seconds / kPasses
   // a pass, and the peak measured at the start of every pass and at the end. On a shared machine
@@ -319,21 +320,19 @@ Calibration measure_calibration(double seconds) {
   // typical speed, and the peak the best of its measurements (a peak measured low, another
   // process on a core, would make every efficiency too high).
   constexpr int kPasses = 3;
-  kern::Peak pk;
+  // The planner's matmul peak is the rate trex's bf16 GEMMs run at: the best of the FMA and
+  // bf16-dot peaks (bf16 operands are widened to f32 where the FMA units are faster).
+  c.bf16_gflops = c.fp32_gflops = 0;
   for (Probe& p : probes) p.run();  // warm-up (JIT, first touch)
   for (int pass = 0; pass <= kPasses; ++pass) {
-    kern::Peak now = kern::measure_peak(0.5);
-    if (now.best_gflops() > pk.best_gflops()) pk = now;
+    const kern::Peak now = kern::measure_peak(0.5);
+    c.bf16_gflops = std::max(c.bf16_gflops, now.best_gflops());
+    c.fp32_gflops = std::max(c.fp32_gflops, now.fp32_gflops);
     if (pass == kPasses) break;
     for (Probe& p : probes) append_runs(p.run, seconds / kPasses, 2, p.ms);
   }
-  // The planner's matmul peak is the rate trex's bf16 GEMMs run at: the best of the FMA and
-  // bf16-dot peaks (bf16 operands are widened to f32 where the FMA units are faster).
-  c.bf16_gflops = pk.best_gflops();
-  c.fp32_gflops = pk.fp32_gflops;
-  const double peak = pk.best_gflops() * 1e9;
-  for (size_t i = 0; i < n_compute; ++i)
-    c.efficiency[probes[i].key] = std::min(1.0, flops[i] / (median_of(probes[i].ms) / 1000) / peak);
+  for (const Probe& p : probes)
+    if (p.flops > 0) c.efficiency[p.key] = std::min(1.0, p.flops / (median_of(p.ms) / 1000) / (c.bf16_gflops * 1e9));
   auto ms_of = [&](const char* key) {
     for (const Probe& p : probes)
       if (std::string(p.key) == key) return median_of(p.ms);
