@@ -8,7 +8,8 @@
 // best of the peak measurements taken between measured steps (at least 10 s of steps apart) and 3
 // after the last (a shared machine's speed moves within minutes: the best over the run's own
 // window), or the calibration's peak when that best is below 80% of it (a busy machine;
-// cli/peak_choice.h), or --peak-gflops: "peak_source" says which.
+// cli/peak_choice.h), or --peak-gflops: "peak_source" says which, "peak_tries_gflops" lists
+// every measurement of the run.
 // With --profile: the step's breakdown (core/profile.h), with the threading overhead of trex's
 // parallel regions (core/par_stats.h), the heap allocations (core/heap_count.h, counted by
 // cli/heap_hooks.cpp) and the activation arena's growth over the measured steps, also in the JSON.
@@ -459,19 +460,23 @@ void add_bench(CLI::App& app) {
         ", \"heap_ms\": " + num_or_null(profiling, ov.heap_ms / nst, "%.3f") +
         ", \"heap_mb\": " + num_or_null(profiling, ov.heap_mb / nst, "%.3f") +
         ", \"arena_growth_mb\": " + num_or_null(profiling, ov.arena_mb / nst, "%.3f");
+    // Every peak measurement of the run, in order: on a machine whose clock moves, their spread
+    // says how far MFU moves with the denominator.
+    std::string tries_json;
+    for (double t : tries) tries_json += (tries_json.empty() ? "" : ", ") + num_or_null(true, t);
     std::printf(
         "{\"impl\": \"trex\", \"config\": \"%s\", \"precision\": \"%s\", \"ranks\": %d, \"ep\": %d, \"tp\": %d, \"pp\": %d, \"threads\": %d, "
         "\"batch\": %lld, \"grad_accum\": %lld, \"seq\": %lld, "
         "\"steps\": %d, \"step_ms\": %.1f, \"step_ms_median\": %.1f, \"step_ms_min\": %.1f, \"comm_ms\": %.1f, "
         "\"cp_comm_ms\": %.3f, \"tokens_per_s\": %.1f, "
         "\"model_flops_per_token\": %.4g, \"active_params\": %lld, \"peak_gflops\": %.1f, \"peak_measured\": %s, "
-        "\"peak_source\": \"%s\", \"peak_measured_gflops\": %s, "
+        "\"peak_source\": \"%s\", \"peak_measured_gflops\": %s, \"peak_tries_gflops\": [%s], "
         "\"mfu\": %.4f, \"mfu_vs_bf16_dot_peak\": %.4f, \"peak_rss_mb\": %.0f, \"last_loss\": %.4f, "
         "\"activation_mb\": %.0f, \"memory_estimate_mb\": %.0f, \"activation_estimate_mb\": %.0f, "
         "\"plan_step_ms\": %s, \"plan_memory_mb\": %s, %s}\n",
         o->config.c_str(), rc.train.precision == kern::Prec::BF16 ? "bf16" : "fp32", R, dims.ep, dims.tp, dims.pp, threads,
         (long long)B, (long long)GA, (long long)T, steps, med, med, mn, comm_med, cp_comm_med, tps, fpt, (long long)m.cfg.num_active_params(), peak,
-        measured ? "true" : "false", pc.source.c_str(), num_or_null(measured, pc.measured).c_str(), mfu,
+        measured ? "true" : "false", pc.source.c_str(), num_or_null(measured, pc.measured).c_str(), tries_json.c_str(), mfu,
         bf16_dot > 0 ? fpt * tps / (bf16_dot * 1e9) : 0.0, rss, last_loss, act,
         est.total() / 1048576.0, est.activations / 1048576.0, num_or_null(pr.ok, pr.step_s * 1000).c_str(),
         num_or_null(pr.ok, pr.memory_bytes / 1048576.0).c_str(), prof_json.c_str());

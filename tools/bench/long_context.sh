@@ -54,15 +54,17 @@ def attn_share(log):
     return tot
 sets = os.environ.get("SETS", "")
 print(f"{os.path.basename(config)}, one sequence of {seq} tokens a step, recompute {rec}" + (f", {sets}" if sets else ""))
-print("| run | load before | step ms | tokens/s | MFU | attention core ms (share) | peak RSS MiB / rank | estimate MiB | "
-      "RSS / estimate | activations MiB (estimate) |")
+print("| run | load before | step ms | tokens/s | MFU (of peak GFLOP/s; its tries' range) | attention core ms (share) | peak RSS MiB / rank | "
+      "estimate MiB | RSS / estimate | activations MiB (estimate) |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 for name, f, l in (("1 rank x 2 threads", "one", l1), ("cp 2: 2 ranks x 1 thread", "cp", l2)):
     p = os.path.join(out, f + ".json")
     if not os.path.exists(p): continue
     j = json.loads(open(p).read().strip().splitlines()[-1])
     a = attn_share(os.path.join(out, f + ".log"))
-    print(f"| {name} | {l} | {j['step_ms_median']:.0f} | {j['tokens_per_s']:.0f} | {100 * j['mfu']:.1f}% | "
+    t = j.get("peak_tries_gflops") or []
+    tries = f"{min(t):.0f}-{max(t):.0f}" if t else "-"
+    print(f"| {name} | {l} | {j['step_ms_median']:.0f} | {j['tokens_per_s']:.0f} | {100 * j['mfu']:.1f}% ({j['peak_gflops']:.0f}; {tries}) | "
           f"{a:.0f} ({100 * a / j['step_ms_median']:.0f}%) | {j['peak_rss_mb']:.0f} | {j['memory_estimate_mb']:.0f} | "
           f"{j['peak_rss_mb'] / j['memory_estimate_mb']:.3f} | {j['activation_mb']:.0f} ({j['activation_estimate_mb']:.0f}) |")
 PY
