@@ -25,6 +25,8 @@ void add(float* y, const float* x, int64_t n);
 void row_dot(const float* a, const float* b, int64_t R, int64_t w, double* out);
 // x [rows, cols] at row stride ldx -> y [rows, cols] packed, round to nearest even.
 void to_bf16(const float* x, int64_t ldx, int64_t rows, int64_t cols, bf16* y);
+// x [n] -> y [n], the same bits (one row).
+inline void to_bf16(const float* x, int64_t n, bf16* y) { to_bf16(x, n, 1, n, y); }
 // dst [R, d] = src [idx[r], :] (src has at least max(idx) + 1 rows of d).
 void gather_rows(const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst);
 // dst [idx[r], :] += src [r, :], for each element in ascending r (repeated indices sum in row order).

@@ -4,7 +4,7 @@
 
 namespace trex::model {
 
-void to_bf16(const float* x, bf16* y, int64_t n) { kern::to_bf16(x, n, 1, n, y); }
+void to_bf16(const float* x, bf16* y, int64_t n) { kern::to_bf16(x, n, y); }
 
 const void* gemm_input(const Ctx& c, const float* x, int64_t n) {
   if (c.prec == kern::Prec::F32) return x;

@@ -140,7 +140,7 @@ void widen(const void* src, float* dst, size_t n) {
 }
 void narrow(const float* src, void* dst, size_t n) {
   const int64_t len = static_cast<int64_t>(n);
-  kern::to_bf16(src, len, 1, len, static_cast<bf16*>(dst));  // f32_to_bf16's bits, vectorized
+  kern::to_bf16(src, len, static_cast<bf16*>(dst));  // f32_to_bf16's bits, vectorized
 }
 
 // The sum reduce-scatter's pieces: the index in tmp of rank `from`'s block (tmp holds the ranks

@@ -65,7 +65,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
+#include <random>
+#include <string>
 #include <vector>
 #include "core/error.h"
 #include "kernels/hyper_conn.h"
@@ -438,4 +441,45 @@ TEST(HyperConn, BadShapesThrow) {
   EXPECT_THROW(trex::kern::hc_pre_fwd(bad_iters, p, p, p, p, p, p, p, p, p), trex::Error);
   EXPECT_NO_THROW(trex::kern::hc_pre_fwd(empty, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
                                          nullptr, nullptr));
+}
+
+// The coefficient math with the stream count as a compile-time constant (kernels/hd/hyper_conn.h,
+// NC = 4, what kernels/hyper_conn.cpp runs for 4 streams) gives the same bits as with the count at
+// run time, forward and backward (with and without each incoming gradient), at several Sinkhorn
+// depths and on inputs large enough to saturate the sigmoids and the softmax.
+TEST(HyperConn, CoefficientsWithConstantStreamsEqualRunTime) {
+  namespace hd = trex::kern::hd;
+  constexpr int n = 4, R = (2 + n) * n;
+  std::mt19937 g(11);
+  for (float spread : {0.5f, 8.f})
+    for (int iters : {1, 3, 20}) {
+      SCOPED_TRACE("iters=" + std::to_string(iters) + " spread=" + std::to_string(spread));
+      std::normal_distribution<float> nd(0.f, spread);
+      std::vector<float> mix(R), base(R), scale(3), dpre(n), dpost(n), dcomb(n * n);
+      for (auto* v : {&mix, &base, &scale, &dpre, &dpost, &dcomb})
+        for (float& e : *v) e = nd(g);
+      const float eps = 1e-6f;
+      const size_t cs = hd::hc_coeffs_scratch(n, iters);
+      std::vector<float> pre(n), post(n), comb(n * n), hist(2 * iters * n * n);
+      std::vector<float> pre_r(n), post_r(n), comb_r(n * n), hist_r(2 * iters * n * n);
+      hd::hc_coeffs_fwd<float, 4>(n, iters, eps, mix.data(), base.data(), scale.data(), pre.data(), post.data(),
+                                  comb.data(), hist.data());
+      hd::hc_coeffs_fwd<float>(n, iters, eps, mix.data(), base.data(), scale.data(), pre_r.data(), post_r.data(),
+                               comb_r.data(), hist_r.data());
+      auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+        return std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+      };
+      EXPECT_TRUE(same(pre, pre_r) && same(post, post_r) && same(comb, comb_r) && same(hist, hist_r)) << "forward";
+      for (int with = 0; with < 8; ++with) {
+        const float* dp = with & 1 ? dpre.data() : nullptr;
+        const float* dq = with & 2 ? dpost.data() : nullptr;
+        const float* dc = with & 4 ? dcomb.data() : nullptr;
+        std::vector<float> dz(R), dz_r(R), pb(n), pb_r(n), scr(cs), scr_r(cs);
+        hd::hc_coeffs_bwd<float, 4>(n, iters, eps, mix.data(), base.data(), scale.data(), dp, dq, dc, dz.data(),
+                                    pb.data(), scr.data());
+        hd::hc_coeffs_bwd<float>(n, iters, eps, mix.data(), base.data(), scale.data(), dp, dq, dc, dz_r.data(),
+                                 pb_r.data(), scr_r.data());
+        EXPECT_TRUE(same(dz, dz_r) && same(pb, pb_r)) << "backward, incoming gradients " << with;
+      }
+    }
 }
