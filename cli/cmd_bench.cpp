@@ -103,9 +103,10 @@ double median_s(parallel::Communicator& w, int reps, F&& fn) {
 // a bucket not in the cache, as a step's gradients are not (the ranks' buckets together span
 // 512 MB, past the L3; one bucket reduce-scattered over and over ran 1.6x faster on the 2-core
 // Xeon than cold ones): t = (R-1)/R bytes / bw + (R-1) lat. And how much of that reduce-scatter
-// hides behind compute (efficiency.overlap): posted, then bf16 GEMMs run for about as long with test() between them,
-// as the backward drives the gradient buckets (train/dist.h); on CPUs the copies and sums of the
-// exchange run on the cores that compute, inside the MPI calls, so little of it hides.
+// hides behind compute (efficiency.overlap): posted, then bf16 GEMMs run for about as long with
+// test() between them, as the backward drives the gradient buckets (train/dist.h); on CPUs the
+// copies and sums of the exchange run on the cores that compute, inside the MPI calls, so little
+// of it hides.
 void measure_link(parallel::Communicator& w, plan::Calibration& c) {
   const double R = (double)w.size();
   double one = 1;

@@ -85,22 +85,6 @@ inline void dx_update(int n, int64_t d, const float* p, float c, const float* dy
   hc_baseline::dx_update(n, d, p, c, dy, x, dx);
 }
 
-// One token's coefficients (kernels/hd/hyper_conn.h): with DeepSeek-V4's 4 streams as a compile-time
-// count (the stream loops unrolled, the Sinkhorn divisions as vectors), else the count at run
-// time; both give the same bits.
-inline void coeffs_fwd(const HcShape& s, const float* mix, const float* base, const float* scale, float* pre,
-                       float* post, float* comb) {
-  if (s.n == 4) return ref::hc_coeffs_fwd<float, 4>(4, s.iters, s.hc_eps, mix, base, scale, pre, post, comb, nullptr);
-  ref::hc_coeffs_fwd<float>(s.n, s.iters, s.hc_eps, mix, base, scale, pre, post, comb, nullptr);
-}
-
-inline void coeffs_bwd(const HcShape& s, const float* mix, const float* base, const float* scale, const float* dpre,
-                       const float* dpost, const float* dcomb, float* dz, float* pre, float* scratch) {
-  if (s.n == 4)
-    return ref::hc_coeffs_bwd<float, 4>(4, s.iters, s.hc_eps, mix, base, scale, dpre, dpost, dcomb, dz, pre, scratch);
-  ref::hc_coeffs_bwd<float>(s.n, s.iters, s.hc_eps, mix, base, scale, dpre, dpost, dcomb, dz, pre, scratch);
-}
-
 // Forward projection of one chunk of tokens [t0, t0+tc): mix = rstd * (x @ fn^T) ([tc, R]).
 void project_chunk(const HcShape& s, int R, int64_t t0, int64_t tc, const float* x, const float* fn, float* mix,
                    float* rstd) {
@@ -156,7 +140,8 @@ void hc_pre_fwd(const HcShape& s, const float* x, const float* fn, const float* 
     project_chunk(s, R, t0, tc, x, fn, mix, rstd);
     float pre[kMaxN];
     for (int64_t t = t0; t < t0 + tc; ++t) {
-      coeffs_fwd(s, mix + t * R, base, scale, pre, post + t * n, comb + t * n * n);
+      ref::hc_coeffs_fwd<float>(n, s.iters, s.hc_eps, mix + t * R, base, scale, pre, post + t * n,
+                                comb + t * n * n, nullptr);
       collapse(n, d, pre, x + t * K, y + t * d);
     }
   });
@@ -191,8 +176,8 @@ void hc_pre_bwd(const HcShape& s, const float* x, const float* fn, const float* 
       else std::fill(dpre, dpre + n, 0.f);
       const float* m = mix + t * R;
       float* z = dz + t * R;
-      coeffs_bwd(s, m, base, scale, dpre, dpost ? dpost + t * n : nullptr, dcomb ? dcomb + t * n * n : nullptr, z,
-                 pre + t * n, scr + c * cs);
+      ref::hc_coeffs_bwd<float>(n, s.iters, s.hc_eps, m, base, scale, dpre, dpost ? dpost + t * n : nullptr,
+                                dcomb ? dcomb + t * n * n : nullptr, z, pre + t * n, scr + c * cs);
       // dmix = dz * scale; the RMSNorm backward needs sum(g * xhat) = dmix . mix.
       const float r = rstd[t];
       float dm = 0;

@@ -25,10 +25,11 @@ TREX_HD size_t hc_coeffs_scratch(int n, int iters) {
 // mix: [R]  base: [R]  scale: [3] -> pre: [n], post: [n], comb: [n*n] (comb[j*n+k]).
 // hist (may be null): [2*iters, n*n]: slot 0 = the softmax, slot 1+s = the input of
 // normalization step s (s = 0..2*iters-2; even s normalize columns, odd s rows).
-// NC > 0: n is the constant NC (the caller checks n == NC), so the loops over streams unroll and
-// the column steps' divisions run as vectors; the same operations in the same order, the same bits.
-template <class T, int NC = 0>
-TREX_HD void hc_coeffs_fwd(int n_, int iters, T eps, const T* mix, const T* base, const T* scale, T* pre, T* post,
+// hc_coeffs_fwd_n: NC > 0 takes n as the constant NC (the caller checks n == NC), so the loops
+// over streams unroll and the column steps' divisions run as vectors; NC = 0 the count at run
+// time. The same operations in the same order: the same bits. hc_coeffs_fwd (below) picks one.
+template <class T, int NC>
+TREX_HD void hc_coeffs_fwd_n(int n_, int iters, T eps, const T* mix, const T* base, const T* scale, T* pre, T* post,
                            T* comb, T* hist) {
   const int n = NC > 0 ? NC : n_;
   for (int j = 0; j < n; ++j) pre[j] = hc_sigmoid(mix[j] * scale[0] + base[j]) + eps;
@@ -81,9 +82,9 @@ TREX_HD void hc_coeffs_fwd(int n_, int iters, T eps, const T* mix, const T* base
 // Backward of hc_coeffs_fwd for one token, to the pre-activations a[q] = mix[q]*scale[g] + base[q].
 // dpre: [n] (may be null: zero)  dpost: [n] (may be null)  dcomb: [n*n] (may be null)
 // -> dz: [R] (OVERWRITES); pre: [n] (may be null) gets the forward pre. scratch: hc_coeffs_scratch.
-// NC: as in hc_coeffs_fwd.
-template <class T, int NC = 0>
-TREX_HD void hc_coeffs_bwd(int n_, int iters, T eps, const T* mix, const T* base, const T* scale, const T* dpre,
+// NC: as in hc_coeffs_fwd_n; hc_coeffs_bwd (below) picks one.
+template <class T, int NC>
+TREX_HD void hc_coeffs_bwd_n(int n_, int iters, T eps, const T* mix, const T* base, const T* scale, const T* dpre,
                            const T* dpost, const T* dcomb, T* dz, T* pre, T* scratch) {
   const int n = NC > 0 ? NC : n_;
   const int nn = n * n;
@@ -92,7 +93,7 @@ TREX_HD void hc_coeffs_bwd(int n_, int iters, T eps, const T* mix, const T* base
   T* pr = G + nn;                      // [n]
   T* po = pr + n;                      // [n]
   T* cm = dz + 2 * n;                  // the comb output lands in dz's slot, overwritten below
-  hc_coeffs_fwd<T, NC>(n, iters, eps, mix, base, scale, pr, po, cm, hist);
+  hc_coeffs_fwd_n<T, NC>(n, iters, eps, mix, base, scale, pr, po, cm, hist);
   if (pre)
     for (int j = 0; j < n; ++j) pre[j] = pr[j];
   for (int q = 0; q < nn; ++q) G[q] = dcomb ? dcomb[q] : T(0);
@@ -139,6 +140,22 @@ TREX_HD void hc_coeffs_bwd(int n_, int iters, T eps, const T* mix, const T* base
     const T sq = hc_sigmoid(mix[n + j] * scale[1] + base[n + j]);
     dz[n + j] = dpost ? dpost[j] * T(2) * sq * (T(1) - sq) : T(0);
   }
+}
+
+// The coefficients for any stream count: DeepSeek-V4's 4 streams as the compile-time count, others
+// at run time (the same bits either way).
+template <class T>
+TREX_HD void hc_coeffs_fwd(int n, int iters, T eps, const T* mix, const T* base, const T* scale, T* pre, T* post,
+                           T* comb, T* hist) {
+  if (n == 4) hc_coeffs_fwd_n<T, 4>(n, iters, eps, mix, base, scale, pre, post, comb, hist);
+  else hc_coeffs_fwd_n<T, 0>(n, iters, eps, mix, base, scale, pre, post, comb, hist);
+}
+
+template <class T>
+TREX_HD void hc_coeffs_bwd(int n, int iters, T eps, const T* mix, const T* base, const T* scale, const T* dpre,
+                           const T* dpost, const T* dcomb, T* dz, T* pre, T* scratch) {
+  if (n == 4) hc_coeffs_bwd_n<T, 4>(n, iters, eps, mix, base, scale, dpre, dpost, dcomb, dz, pre, scratch);
+  else hc_coeffs_bwd_n<T, 0>(n, iters, eps, mix, base, scale, dpre, dpost, dcomb, dz, pre, scratch);
 }
 
 }  // namespace trex::kern::hd

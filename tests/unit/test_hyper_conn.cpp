@@ -444,9 +444,10 @@ TEST(HyperConn, BadShapesThrow) {
 }
 
 // The coefficient math with the stream count as a compile-time constant (kernels/hd/hyper_conn.h,
-// NC = 4, what kernels/hyper_conn.cpp runs for 4 streams) gives the same bits as with the count at
-// run time, forward and backward (with and without each incoming gradient), at several Sinkhorn
-// depths and on inputs large enough to saturate the sigmoids and the softmax.
+// hc_coeffs_fwd_n / _bwd_n with NC = 4, what hc_coeffs_fwd / _bwd run for 4 streams on the CPU and
+// on CUDA) gives the same bits as with the count at run time (NC = 0), forward and backward (with
+// and without each incoming gradient), at several Sinkhorn depths and on inputs large enough to
+// saturate the sigmoids and the softmax.
 TEST(HyperConn, CoefficientsWithConstantStreamsEqualRunTime) {
   namespace hd = trex::kern::hd;
   constexpr int n = 4, R = (2 + n) * n;
@@ -462,10 +463,10 @@ TEST(HyperConn, CoefficientsWithConstantStreamsEqualRunTime) {
       const size_t cs = hd::hc_coeffs_scratch(n, iters);
       std::vector<float> pre(n), post(n), comb(n * n), hist(2 * iters * n * n);
       std::vector<float> pre_r(n), post_r(n), comb_r(n * n), hist_r(2 * iters * n * n);
-      hd::hc_coeffs_fwd<float, 4>(n, iters, eps, mix.data(), base.data(), scale.data(), pre.data(), post.data(),
-                                  comb.data(), hist.data());
-      hd::hc_coeffs_fwd<float>(n, iters, eps, mix.data(), base.data(), scale.data(), pre_r.data(), post_r.data(),
-                               comb_r.data(), hist_r.data());
+      hd::hc_coeffs_fwd_n<float, 4>(n, iters, eps, mix.data(), base.data(), scale.data(), pre.data(),
+                                    post.data(), comb.data(), hist.data());
+      hd::hc_coeffs_fwd_n<float, 0>(n, iters, eps, mix.data(), base.data(), scale.data(), pre_r.data(),
+                                    post_r.data(), comb_r.data(), hist_r.data());
       auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
         return std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
       };
@@ -475,10 +476,10 @@ TEST(HyperConn, CoefficientsWithConstantStreamsEqualRunTime) {
         const float* dq = with & 2 ? dpost.data() : nullptr;
         const float* dc = with & 4 ? dcomb.data() : nullptr;
         std::vector<float> dz(R), dz_r(R), pb(n), pb_r(n), scr(cs), scr_r(cs);
-        hd::hc_coeffs_bwd<float, 4>(n, iters, eps, mix.data(), base.data(), scale.data(), dp, dq, dc, dz.data(),
-                                    pb.data(), scr.data());
-        hd::hc_coeffs_bwd<float>(n, iters, eps, mix.data(), base.data(), scale.data(), dp, dq, dc, dz_r.data(),
-                                 pb_r.data(), scr_r.data());
+        hd::hc_coeffs_bwd_n<float, 4>(n, iters, eps, mix.data(), base.data(), scale.data(), dp, dq, dc,
+                                      dz.data(), pb.data(), scr.data());
+        hd::hc_coeffs_bwd_n<float, 0>(n, iters, eps, mix.data(), base.data(), scale.data(), dp, dq, dc,
+                                      dz_r.data(), pb_r.data(), scr_r.data());
         EXPECT_TRUE(same(dz, dz_r) && same(pb, pb_r)) << "backward, incoming gradients " << with;
       }
     }
