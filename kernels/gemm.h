@@ -38,6 +38,10 @@ void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
 void gemm_mixed(Prec pa, Prec pb, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
                 int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// bf16 -> f32, exact: src [rows, cols] (row stride lds) -> dst [rows, cols] (row stride cols), on
+// the worker threads unless called inside a parallel region (the widened path's conversion).
+void widen_bf16(const bf16* src, int64_t lds, int64_t rows, int64_t cols, float* dst);
+
 // One independent GEMM of a grouped call (an expert): A, B are float* or bf16* per the call's
 // Prec; M may be 0 (the group is skipped).
 struct GemmGroup {

@@ -32,6 +32,14 @@ int64_t row_block_of(const CeArgs& a, int64_t vc) {
 // BF16 on the bf16 dot-product GEMMs: p is rounded to bf16 for the two backward GEMMs (see the
 // header), into [rb, vc] bf16 after the f32 workspace.
 bool rounds_p(const CeArgs& a) { return a.prec == Prec::BF16 && bf16_dot_gemm(); }
+// BF16 where the bf16 GEMMs widen their operands to f32 (kernels/gemm.h): W_b is widened once a
+// call and each row block of h_b once, into the workspace after the rest, so the GEMMs run on f32
+// operands; else W_b would be widened again by each row block's logits and dh GEMMs. Only while
+// the widened W takes at most kMaxWideFloats (256 MiB): larger heads keep the per-GEMM panels.
+constexpr int64_t kMaxWideFloats = int64_t{1} << 26;
+bool widens_once(const CeArgs& a) {
+  return a.prec == Prec::BF16 && a.V * a.d <= kMaxWideFloats && !bf16_dot_gemm() && !isa_ref_forced();
+}
 
 // Scalar versions of the row operations in kernels/cpu/gemm_avx512.h (same semantics).
 void stats_scalar(const float* L, int64_t ld, int64_t rows, int64_t cols, float* m, float* s) {
@@ -75,7 +83,8 @@ double lm_head_ce_flops(const CeArgs& a, bool grads) {
 size_t lm_head_ce_workspace_floats(const CeArgs& a) {
   if (a.N <= 0 || a.V <= 0) return 0;
   const int64_t vc = chunk_of(a), rb = row_block_of(a, vc);
-  return static_cast<size_t>(rb * vc + 3 * rb + (rounds_p(a) ? (rb * vc + 1) / 2 : 0));
+  return static_cast<size_t>(rb * vc + 3 * rb + (rounds_p(a) ? (rb * vc + 1) / 2 : 0) +
+                             (widens_once(a) ? (a.V + rb) * a.d : 0));
 }
 
 double lm_head_ce(const CeArgs& a, int64_t* n_valid) {
@@ -109,17 +118,27 @@ double lm_head_ce(const CeArgs& a, int64_t* n_valid) {
   float* lab = s + rb;       // [rb] logit of the label
   const bool round_p = rounds_p(a);
   bf16* Pb = round_p ? reinterpret_cast<bf16*>(lab + rb) : nullptr;  // [rb, vc] p in bf16 (row stride vc)
-  const Prec ph = bf ? Prec::BF16 : Prec::F32;
-  const size_t es = bf ? sizeof(bf16) : sizeof(float);
+  const bool once = widens_once(a);
+  float* Wf = once ? lab + rb : nullptr;  // [V, d] W_b widened (once)
+  float* hf = once ? Wf + V * d : nullptr;  // [rb, d] the row block of h_b widened
+  if (once) widen_bf16(a.W_b, d, V, d, Wf);
+  const bool bops = bf && !once;  // the GEMMs' h and W operands are bf16
+  const Prec ph = bops ? Prec::BF16 : Prec::F32;
+  const size_t es = bops ? sizeof(bf16) : sizeof(float);
   const char* hbase = bf ? reinterpret_cast<const char*>(a.h_b) : reinterpret_cast<const char*>(a.h);
-  const char* Wbase = bf ? reinterpret_cast<const char*>(a.W_b) : reinterpret_cast<const char*>(a.W);
+  const char* Wbase = once ? reinterpret_cast<const char*>(Wf)
+                           : bf ? reinterpret_cast<const char*>(a.W_b) : reinterpret_cast<const char*>(a.W);
   const bool avx = cpu_isa() >= Isa::Avx512;
   const int64_t row_grain = std::max<int64_t>(1, 32768 / vc);
 
   double loss = 0;
   for (int64_t r0 = 0; r0 < N; r0 += rb) {
     const int64_t nb = std::min(rb, N - r0);
-    const void* hb = hbase + r0 * d * es;
+    const void* hb = hbase + r0 * d * (bf ? sizeof(bf16) : sizeof(float));
+    if (once) {
+      widen_bf16(a.h_b + r0 * d, d, nb, d, hf);
+      hb = hf;
+    }
     const int32_t* y = a.labels + r0;
     auto logits = [&](int64_t v0, int64_t vb) {  // L[nb, vb] = h_blk @ W_c^T
       mm(ph, ph, false, true, nb, vb, d, hb, d, Wbase + v0 * d * es, d, 0.f, L, vc);
