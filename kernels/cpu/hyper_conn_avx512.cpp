@@ -1,12 +1,15 @@
 // AVX-512 mHC loops (see kernels/cpu/hyper_conn_avx512.h). Every loop runs 16 columns at a time
 // with a masked tail, so no operand needs padding. Products and sums are rounded one at a time,
-// in the baseline loops' order (no fused multiply-add): the outputs equal theirs bit for bit. The streams of one token ([n, d], 16 KiB at
-// n = 4, d = 1024) stay in L1 while it is mixed: the post step reads them n times from there and
-// writes each output once, where the baseline loops made n + 1 passes over every output row.
+// in the baseline loops' order (no fused multiply-add): the outputs equal theirs bit for bit. The
+// streams of one token ([n, d], 16 KiB at n = 4, d = 1024) stay in L1 while it is mixed: the post
+// step reads them n times from there and writes each output once, where the baseline loops made
+// n + 1 passes over every output row. The exception is the pre step's projection, a GEMM with
+// fused multiply-adds (the baseline runs it on sgemm, whose bits differ between ISAs anyway).
 // GCC 12 warns falsely about the _mm512_undefined_ps() inside some intrinsics (GCC PR105593).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "kernels/cpu/hyper_conn_avx512.h"
 #include <immintrin.h>
+#include <algorithm>
 #include "kernels/cpu/simd_avx512.h"
 #include "kernels/hyper_conn.h"
 
@@ -69,6 +72,85 @@ void hc_dx_update_avx512(int n, int64_t d, const float* p, float c, const float*
       const __m512 r = dy ? _mm512_add_ps(v, _mm512_sub_ps(_mm512_mul_ps(pv, _mm512_maskz_loadu_ps(m, dy + i)), cx))
                           : _mm512_sub_ps(v, cx);
       _mm512_mask_storeu_ps(dxj + i, m, r);
+    }
+  }
+}
+
+namespace {
+
+constexpr int kTokTile = 4;      // tokens of a projection tile
+constexpr int kOutTile = 6;      // outputs of a tile: 4 x 6 accumulators, 4 + 6 loads per 24 FMAs
+constexpr int kOutBlock = 48;    // outputs whose partial sums stay on the stack (12 KiB)
+constexpr int64_t kKBlock = 512;  // K block: a tile's 4 x and 6 fn rows (20 KiB) stay in L1
+
+// acc[t][q] (part[t * kOutBlock + q]) += x_t[k0, k1) . fn_q[k0, k1), lane-wise.
+template <int TN, int QN>
+void project_tile(int64_t K, int64_t k0, int64_t k1, const float* x, const float* fn, __m512* part) {
+  __m512 acc[TN][QN];
+  for (int t = 0; t < TN; ++t)
+    for (int q = 0; q < QN; ++q) acc[t][q] = part[t * kOutBlock + q];
+  int64_t i = k0;
+  for (; i + 16 <= k1; i += 16) {
+    __m512 xv[TN];
+    for (int t = 0; t < TN; ++t) xv[t] = _mm512_loadu_ps(x + t * K + i);
+    for (int q = 0; q < QN; ++q) {
+      const __m512 f = _mm512_loadu_ps(fn + q * K + i);
+      for (int t = 0; t < TN; ++t) acc[t][q] = _mm512_fmadd_ps(xv[t], f, acc[t][q]);
+    }
+  }
+  if (i < k1) {  // the masked tail (zeros in the other lanes add nothing)
+    const __mmask16 m = tail_mask(k1 - i);
+    __m512 xv[TN];
+    for (int t = 0; t < TN; ++t) xv[t] = _mm512_maskz_loadu_ps(m, x + t * K + i);
+    for (int q = 0; q < QN; ++q) {
+      const __m512 f = _mm512_maskz_loadu_ps(m, fn + q * K + i);
+      for (int t = 0; t < TN; ++t) acc[t][q] = _mm512_fmadd_ps(xv[t], f, acc[t][q]);
+    }
+  }
+  for (int t = 0; t < TN; ++t)
+    for (int q = 0; q < QN; ++q) part[t * kOutBlock + q] = acc[t][q];
+}
+
+template <int TN>
+void project_tile_q(int qn, int64_t K, int64_t k0, int64_t k1, const float* x, const float* fn, __m512* part) {
+  switch (qn) {
+    case 1: return project_tile<TN, 1>(K, k0, k1, x, fn, part);
+    case 2: return project_tile<TN, 2>(K, k0, k1, x, fn, part);
+    case 3: return project_tile<TN, 3>(K, k0, k1, x, fn, part);
+    case 4: return project_tile<TN, 4>(K, k0, k1, x, fn, part);
+    case 5: return project_tile<TN, 5>(K, k0, k1, x, fn, part);
+    default: return project_tile<TN, kOutTile>(K, k0, k1, x, fn, part);
+  }
+}
+
+}  // namespace
+
+void hc_project_avx512(int R, int64_t K, int64_t tc, const float* x, const float* fn, float* mix) {
+  static_assert(kOutBlock % kOutTile == 0);
+  __m512 part[kTokTile * kOutBlock];
+  for (int64_t t0 = 0; t0 < tc; t0 += kTokTile) {
+    const int tn = static_cast<int>(std::min<int64_t>(kTokTile, tc - t0));
+    const float* xt = x + t0 * K;
+    for (int q0 = 0; q0 < R; q0 += kOutBlock) {
+      const int qb = std::min(kOutBlock, R - q0);
+      for (int t = 0; t < tn; ++t)
+        for (int q = 0; q < qb; ++q) part[t * kOutBlock + q] = _mm512_setzero_ps();
+      for (int64_t k0 = 0; k0 < K; k0 += kKBlock) {
+        const int64_t k1 = std::min(K, k0 + kKBlock);
+        for (int q = 0; q < qb; q += kOutTile) {
+          const int qn = std::min(kOutTile, qb - q);
+          const float* fq = fn + (q0 + q) * K;
+          __m512* pq = part + q;
+          switch (tn) {
+            case 1: project_tile_q<1>(qn, K, k0, k1, xt, fq, pq); break;
+            case 2: project_tile_q<2>(qn, K, k0, k1, xt, fq, pq); break;
+            case 3: project_tile_q<3>(qn, K, k0, k1, xt, fq, pq); break;
+            default: project_tile_q<kTokTile>(qn, K, k0, k1, xt, fq, pq); break;
+          }
+        }
+      }
+      for (int t = 0; t < tn; ++t)
+        for (int q = 0; q < qb; ++q) mix[(t0 + t) * R + q0 + q] = hsum(part[t * kOutBlock + q]);
     }
   }
 }

@@ -1,9 +1,13 @@
 // The AVX-512 mHC loops (kernels/cpu/hyper_conn_avx512.h) against the baseline loops that
 // kernels/hyper_conn.cpp runs without AVX-512 (kernels/hyper_conn_baseline.h, built here with the
 // same baseline flags: products and sums rounded one at a time): equal bit for bit, for 1 to 13
-// streams and widths on and off the 16-lane vectors. Skipped on CPUs without AVX-512.
+// streams and widths on and off the 16-lane vectors. The pre step's projection (fused
+// multiply-adds, where the baseline runs sgemm) against sums in double instead. Skipped on CPUs
+// without AVX-512.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -65,6 +69,44 @@ TEST(HyperConnAvx512, EqualsTheBaselineLoopsBitForBit) {
       const float s = hc_dot_avx512(x.data(), x.data(), K), s_ref = base::dot(x.data(), x.data(), K);
       EXPECT_EQ(0, std::memcmp(&s, &s_ref, sizeof s)) << "hc_dot";
     }
+}
+
+// mix [tc, R] = x [tc, K] @ fn^T against double sums: every token tail of the 4-token tiles, output
+// counts past one 6-output tile and one 48-output block (R = 97, 4224 = the largest at 64 streams),
+// K past one 512 block and off the 16 lanes; each output within 1e-5 of its sum of |products|; a
+// token's outputs do not depend on the tokens beside it (the same bits alone and in a chunk).
+TEST(HyperConnAvx512, ProjectionMatchesDoubleSums) {
+  if (trex::cpu_isa() < trex::Isa::Avx512) GTEST_SKIP() << "the CPU has no AVX-512 (or TREX_ISA caps it)";
+  std::mt19937 g(11);
+  std::normal_distribution<float> nd;
+  struct Case {
+    int R;
+    int64_t K, tc;
+  };
+  for (const Case c : {Case{1, 7, 1}, Case{5, 16, 2}, Case{15, 100, 3}, Case{24, 4096, 32}, Case{24, 1031, 9},
+                       Case{97, 529, 6}, Case{6, 1536, 5}, Case{4224, 33, 2}}) {
+    SCOPED_TRACE("R=" + std::to_string(c.R) + " K=" + std::to_string(c.K) + " tc=" + std::to_string(c.tc));
+    std::vector<float> x(c.tc * c.K), fn(c.R * c.K), mix(c.tc * c.R, NAN);
+    for (float& e : x) e = nd(g);
+    for (float& e : fn) e = nd(g);
+    hc_project_avx512(c.R, c.K, c.tc, x.data(), fn.data(), mix.data());
+    int bad = 0;
+    for (int64_t t = 0; t < c.tc; ++t)
+      for (int q = 0; q < c.R; ++q) {
+        double sum = 0, mag = 0;
+        for (int64_t k = 0; k < c.K; ++k) {
+          const double p = (double)x[t * c.K + k] * fn[q * c.K + k];
+          sum += p;
+          mag += std::fabs(p);
+        }
+        bad += !(std::fabs(mix[t * c.R + q] - sum) <= 1e-5 * mag);
+      }
+    EXPECT_EQ(bad, 0);
+    const int64_t t = std::min<int64_t>(1, c.tc - 1);  // a token of the first tile, alone
+    std::vector<float> one(c.R);
+    hc_project_avx512(c.R, c.K, 1, x.data() + t * c.K, fn.data(), one.data());
+    EXPECT_EQ(0, std::memcmp(one.data(), mix.data() + t * c.R, c.R * sizeof(float)));
+  }
 }
 
 }  // namespace
