@@ -659,10 +659,12 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
     // the whole micro-batch's target count).
     need(kGradGroupHead);
     if (layout.head == layout.embed) need(kGradGroupEmbed);  // tied
-    float* hf = acts.alloc<float>(Nl * d);
     float* rstdf = acts.alloc<float>(Nl);
-    c.k().rmsnorm_fwd(x, Nl, d, P + layout.final_norm, eps, hf, rstdf);
     float* dhf = backward ? acts.alloc<float>(Nl * d) : nullptr;
+    // The normed rows, their bf16 copy and the head's workspace: released once the head has run.
+    const auto head_mark = acts.mark();
+    float* hf = acts.alloc<float>(Nl * d);
+    c.k().rmsnorm_fwd(x, Nl, d, P + layout.final_norm, eps, hf, rstdf);
     kern::CeArgs ce{};
     ce.prec = prec;
     ce.N = Nl, ce.d = d, ce.V = V;
@@ -685,6 +687,7 @@ LossParts Model::run_v3(const Batch& b, float grad_scale, bool backward, const S
       ProfScope ps(prof, backward ? "head_ce.fwd+bwd" : "head_ce.fwd");
       ce_sum = c.k().lm_head_ce(ce, &nv);
     }
+    acts.release(head_mark);
     out.ce = n_valid ? ce_sum / (double)n_valid : 0.0;
     if (cfg.v3_mtp_layers > 0) {  // MTP layers on the main model's last hidden states (model/mtp_v3.h)
       need(kGradGroupEmbed);

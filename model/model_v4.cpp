@@ -419,10 +419,12 @@ double head_forward(Env& e, Head& h, const int32_t* targets, float ce_scale, ker
   h.mix = A.alloc<float>(N * n);
   h.rstdh = A.alloc<float>(N);
   e.ctx.k().hc_head_fwd(e.hs, h.X, e.P + h.fn, e.P + h.base, e.P + h.scale, h.yh, h.mix, h.rstdh);
-  float* hf = A.alloc<float>(N * d);
   h.rstdf = A.alloc<float>(N);
-  e.ctx.k().rmsnorm_fwd(h.yh, N, d, e.P + h.norm, (float)e.c.rms_norm_eps, hf, h.rstdf);
   h.dhf = e.G ? A.alloc<float>(N * d) : nullptr;
+  // The normed rows, their bf16 copy and the head's workspace: released once the head has run.
+  const auto mk = A.mark();
+  float* hf = A.alloc<float>(N * d);
+  e.ctx.k().rmsnorm_fwd(h.yh, N, d, e.P + h.norm, (float)e.c.rms_norm_eps, hf, h.rstdf);
   kern::CeArgs ce{};
   ce.prec = prec;
   ce.N = N, ce.d = d, ce.V = e.c.vocab_size;
@@ -440,8 +442,13 @@ double head_forward(Env& e, Head& h, const int32_t* targets, float ce_scale, ker
   ce.dW = e.G ? e.G + e.L.head : nullptr;
   ce.workspace = A.alloc<float>(kern::lm_head_ce_workspace_floats(ce));
   int64_t nv = 0;
-  ProfScope ps(e.ctx.prof, e.G ? "head_ce.fwd+bwd" : "head_ce.fwd");
-  return e.ctx.k().lm_head_ce(ce, &nv);
+  double sum;
+  {
+    ProfScope ps(e.ctx.prof, e.G ? "head_ce.fwd+bwd" : "head_ce.fwd");
+    sum = e.ctx.k().lm_head_ce(ce, &nv);
+  }
+  A.release(mk);
+  return sum;
 }
 
 // -> dX [N, n, d] (overwrite)

@@ -84,18 +84,20 @@ double mtp_v3_forward(const MtpV3In& in, const float* h0, std::vector<MtpV3Saved
     linear_fwd(in.ctx, m.cat, Nl, 2 * d, weight(in, t.eh_proj), d, x);
     m.h = layer(l, x);
     // shared_head: norm, then the head fused with the CE (and its gradients when training).
-    m.hf = A.alloc<float>(Nl * d);
     m.rstdf = A.alloc<float>(Nl);
-    in.ctx.k().rmsnorm_fwd(m.h, Nl, d, in.P + t.head_norm, eps, m.hf, m.rstdf);
     m.dhf = in.backward ? A.alloc<float>(Nl * d) : nullptr;
+    // The normed rows, their bf16 copy and the head's workspace: released once the head has run.
+    const auto head_mark = A.mark();
+    float* hf = A.alloc<float>(Nl * d);
+    in.ctx.k().rmsnorm_fwd(m.h, Nl, d, in.P + t.head_norm, eps, hf, m.rstdf);
     kern::CeArgs ce{};
     ce.prec = in.ctx.prec;
     ce.N = Nl, ce.d = d, ce.V = V;
-    ce.h = m.hf;
+    ce.h = hf;
     ce.W = in.P + t.head;
     if (in.ctx.prec == kern::Prec::BF16) {
       bf16* hb = A.alloc<bf16>(Nl * d);
-      in.ctx.k().to_bf16(m.hf, d, Nl, d, hb);
+      in.ctx.k().to_bf16(hf, d, Nl, d, hb);
       ce.h_b = hb;
       ce.W_b = in.Pb + t.head;
     }
@@ -109,6 +111,7 @@ double mtp_v3_forward(const MtpV3In& in, const float* h0, std::vector<MtpV3Saved
       ProfScope ps(in.ctx.prof, in.backward ? "mtp.head_ce.fwd+bwd" : "mtp.head_ce.fwd");
       sum = in.ctx.k().lm_head_ce(ce, nullptr);
     }
+    A.release(head_mark);
     mtp += (m.n_valid ? sum / (double)m.n_valid : 0.0) / (double)D;
     h_prev = m.h;
   }

@@ -48,8 +48,8 @@ struct MtpV3Saved {
   float* h_rstd = nullptr;                // [Nl]
   float* cat = nullptr;                   // [Nl, 2d] [enorm(e) | hnorm(h_prev)]
   float* h = nullptr;                     // [Nl, d] h_k (the layer's output)
-  float *hf = nullptr, *rstdf = nullptr;  // [Nl, d] shared_head.norm(h_k), rstd [Nl]
-  float* dhf = nullptr;                   // [Nl, d] gradient of hf (backward)
+  float* rstdf = nullptr;  // [Nl] rstd of shared_head.norm(h_k) (the normed rows are not kept)
+  float* dhf = nullptr;    // [Nl, d] gradient of the normed rows (backward)
 };
 
 // Runs decoder layer l on x [Nl, d] and returns its output [Nl, d] (arena).

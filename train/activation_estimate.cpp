@@ -419,9 +419,12 @@ struct StepWalk {
     A.release(m);
   }
   void v3_head() {
-    f32(Nl * d), f32(Nl), f32(Nl * d);  // norm out, rstd, dh
-    if (bf) b16(Nl * d);
+    f32(Nl), f32(Nl * d);  // rstd, dh
+    const auto m = A.mark();  // released once the head has run:
+    f32(Nl * d);              // the normed rows,
+    if (bf) b16(Nl * d);      // their bf16 copy
     f32((int64_t)ce_workspace());
+    A.release(m);
   }
   void run_v3() {
     const int64_t Lm = c.num_hidden_layers, D = last ? c.v3_mtp_layers : 0;
@@ -821,9 +824,12 @@ struct StepWalk {
   void v4_head_forward() {
     const int64_t n = c.v4.hc_mult;
     f32(Nl * d), f32(Nl * n), f32(Nl);  // yh, mix, rstdh
-    f32(Nl * d), f32(Nl), f32(Nl * d);  // hf, rstdf, dhf
+    f32(Nl), f32(Nl * d);               // rstdf, dhf
+    const auto m = A.mark();            // released once the head has run:
+    f32(Nl * d);                        // hf
     if (bf) b16(Nl * d);
     f32((int64_t)ce_workspace());
+    A.release(m);
   }
   void v4_head_backward(const kern::HcShape& hs) {
     const auto m = A.mark();
