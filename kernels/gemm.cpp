@@ -25,7 +25,9 @@ namespace {
 // panel is 2 MiB: with 512 KiB ones a narrow GEMM ran as many small sgemm calls (8192 x 128 x
 // 1024: 64 calls of 128 rows), and 2 MiB ran it 1.4x faster (its dW 128 x 1024 x 8192 1.25x,
 // M = 256 or 64 by 1024 x 1024 1.2x) with M <= 64 by up to 7168 x 1024 unchanged (2 cores of
-// a Sapphire Rapids class Xeon, best of repeated runs).
+// a Sapphire Rapids class Xeon, best of repeated runs). One shape of bench-v4 measured slower, in
+// two runs: 1024 x 512 x 8192 with A transposed (the shared experts' down dW), 1.12x, now one
+// block of 1024 rows for each K block where it was two of 512; bench-v4's dW rows together 0.965x.
 constexpr int64_t kFullPanel = int64_t{1} << 21;  // 8 MiB of f32
 constexpr int64_t kPartPanel = int64_t{1} << 21;  // 8 MiB of f32
 constexpr int64_t kPartMin = int64_t{1} << 19;    // 2 MiB of f32

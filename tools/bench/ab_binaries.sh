@@ -4,7 +4,8 @@
 # Usage: tools/bench/ab_binaries.sh OLD_TREX NEW_TREX [CONFIG ...]
 # env: ROUNDS=3 (pairs of runs per config), STEPS=3 (measured steps per run), THREADS=$(nproc),
 #      REGIONS="step.zero_grads step.optimizer" (optional: runs with --profile and adds each
-#      region's median ms a step per binary, for changes smaller than the step's noise).
+#      region's median ms a step per binary, for changes smaller than the step's noise),
+#      SETS="data.seq_len=8192 train.threads=2" (optional: --set KEY=VALUE for every run).
 # Prints the machine, date and both binaries' commits (from `git describe` of their trees when
 # given as TREE/build/trex), then one markdown row per config and binary: the minimum over its runs
 # of each run's fastest step, the median of the runs' median steps, and B / A of those medians.
@@ -19,6 +20,7 @@ STEPS=${STEPS:-3}
 THREADS=${THREADS:-$(nproc)}
 REGIONS=${REGIONS:-}
 PROFILE=(); [ -n "$REGIONS" ] && PROFILE=(--profile)
+SET_ARGS=(); for kv in ${SETS:-}; do SET_ARGS+=(--set "$kv"); done
 export TREX_THREADS=$THREADS
 commit_of() { git -C "$(dirname "$1")/.." rev-parse --short HEAD 2>/dev/null || echo "?"; }
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores, threads $THREADS"
@@ -31,7 +33,7 @@ for cfg in "${CONFIGS[@]}"; do
   for r in $(seq "$ROUNDS"); do
     for side in A B; do
       bin=$OLD; [ $side = B ] && bin=$NEW
-      "$bin" bench step --config "$cfg" --steps "$STEPS" --warmup 1 --peak-gflops "$PEAK" "${PROFILE[@]}" \
+      "$bin" bench step --config "$cfg" --steps "$STEPS" --warmup 1 --peak-gflops "$PEAK" "${PROFILE[@]}" "${SET_ARGS[@]}" \
         2>> "$TMP/$(basename "$cfg").$side.prof" >> "$TMP/$(basename "$cfg").$side.jsonl"
     done
   done
