@@ -134,11 +134,9 @@ double lm_head_ce(const CeArgs& a, int64_t* n_valid) {
   double loss = 0;
   for (int64_t r0 = 0; r0 < N; r0 += rb) {
     const int64_t nb = std::min(rb, N - r0);
-    const void* hb = hbase + r0 * d * (bf ? sizeof(bf16) : sizeof(float));
-    if (once) {
-      widen_bf16(a.h_b + r0 * d, d, nb, d, hf);
-      hb = hf;
-    }
+    const void* hb = hf;  // the row block of h: widened into hf, or in place
+    if (once) widen_bf16(a.h_b + r0 * d, d, nb, d, hf);
+    else hb = hbase + r0 * d * es;
     const int32_t* y = a.labels + r0;
     auto logits = [&](int64_t v0, int64_t vb) {  // L[nb, vb] = h_blk @ W_c^T
       mm(ph, ph, false, true, nb, vb, d, hb, d, Wbase + v0 * d * es, d, 0.f, L, vc);

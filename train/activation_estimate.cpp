@@ -418,13 +418,18 @@ struct StepWalk {
     sp_pad(d);
     A.release(m);
   }
-  void v3_head() {
-    f32(Nl), f32(Nl * d);  // rstd, dh
-    const auto m = A.mark();  // released once the head has run:
-    f32(Nl * d);              // the normed rows,
-    if (bf) b16(Nl * d);      // their bf16 copy
+  // A head's scratch (model/model.cpp, model/mtp_v3.cpp, model/model_v4.cpp): the normed rows,
+  // their bf16 copy and the LM head's workspace, released once the head has run.
+  void head_scratch() {
+    const auto m = A.mark();
+    f32(Nl * d);
+    if (bf) b16(Nl * d);
     f32((int64_t)ce_workspace());
     A.release(m);
+  }
+  void v3_head() {
+    f32(Nl), f32(Nl * d);  // rstd, dh
+    head_scratch();
   }
   void run_v3() {
     const int64_t Lm = c.num_hidden_layers, D = last ? c.v3_mtp_layers : 0;
@@ -825,11 +830,7 @@ struct StepWalk {
     const int64_t n = c.v4.hc_mult;
     f32(Nl * d), f32(Nl * n), f32(Nl);  // yh, mix, rstdh
     f32(Nl), f32(Nl * d);               // rstdf, dhf
-    const auto m = A.mark();            // released once the head has run:
-    f32(Nl * d);                        // hf
-    if (bf) b16(Nl * d);
-    f32((int64_t)ce_workspace());
-    A.release(m);
+    head_scratch();
   }
   void v4_head_backward(const kern::HcShape& hs) {
     const auto m = A.mark();
