@@ -4,28 +4,31 @@
 // per-token coefficient math (sigmoids, softmax, Sinkhorn and its backward, O(iters * n^2)) is
 // the reference's (kernels/ref/hyper_conn.h).
 //
-// The per-token passes over the streams (dots, collapse, post mixing and its backward, the dx
-// update) run in kernels/cpu/hyper_conn_avx512.cpp on CPUs with AVX-512, else in their baseline
-// loops (kernels/hyper_conn_baseline.h); both give the same bits. With AVX-512 the forward
-// projection runs on a register-tiled loop there too, with fused multiply-adds; its two backward
-// products stay on sgemm (loops of the same kind measured slower: dx is bound by its own memory
-// traffic, and dfn walks x across its rows, 16 KiB apart, where sgemm packs it first).
+// The per-token passes over the streams (dots, collapse, post mixing and its backward) run in
+// kernels/cpu/hyper_conn_avx512.cpp on CPUs with AVX-512, else in their baseline loops
+// (kernels/hyper_conn_baseline.h); both give the same bits, as do the coefficients of 4 streams,
+// which AVX-512 computes for 16 tokens at a time. With AVX-512 the forward projection and the
+// input gradient (dx += dmix @ fn + pre (x) dy - c x, one pass over each token's rows where the
+// baseline runs sgemm and then its dx update) run on register-tiled loops there too, with fused
+// multiply-adds. dfn stays on sgemm (a loop of that kind measured slower: it walks x across its
+// rows, 16 KiB apart, where sgemm packs it first).
 //
 // Work is cut into token chunks that depend only on the shape; each chunk runs its passes back
 // to back (projection + norm + coefficients + collapse in forward; dots, coefficient backward,
-// dx GEMM and dx update in backward). Every GEMM runs on one thread (inside an active parallel
-// region, or with one thread in all), so results are bitwise independent of the thread count.
-// dfn is one GEMM per fixed column block over all tokens; dbase / dscale are summed over tokens
-// in order.
+// dx in backward). Every GEMM runs on one thread (inside an active parallel region, or with one
+// thread in all), so results are bitwise independent of the thread count. dfn is one GEMM per
+// fixed column block over all tokens; dbase / dscale are summed over tokens in order.
 #include "kernels/hyper_conn.h"
 #include <omp.h>
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include "core/cpu.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "kernels/cpu/hyper_conn_avx512.h"
+#include "kernels/cpu/kernel_scratch.h"
 #include "kernels/gemm.h"
 #include "kernels/hyper_conn_baseline.h"
 #include "kernels/ref/hyper_conn.h"
@@ -46,7 +49,12 @@ void check_shape(const HcShape& s, const char* fn, bool need_iters) {
 // (noisy shared VM; min of 5 runs, N=2048 d=1024 and N=512 d=7168, n=4): chunks of 32 beat
 // 128 by ~15% in forward and ~25% in backward (the chunk's x is re-read from L2), although
 // sgemm alone prefers longer chunks.
-int64_t chunk_tokens(const HcShape& s) { return s.N < 256 ? 16 : 32; }
+constexpr int64_t kMaxChunk = 32;
+int64_t chunk_tokens(const HcShape& s) { return s.N < 256 || cpu_isa() >= Isa::Avx512 ? 16 : kMaxChunk; }
+
+// The coefficients of 16 tokens at a time on AVX-512 (kernels/cpu/hyper_conn_avx512.h): DeepSeek-V4's
+// 4 streams; other counts run the per-token code (the same bits).
+bool lanes4(const HcShape& s) { return s.n == 4 && cpu_isa() >= Isa::Avx512; }
 
 int64_t num_chunks(const HcShape& s) {
   const int64_t ct = chunk_tokens(s);
@@ -83,10 +91,6 @@ inline void stream_dots(int n, int64_t d, const float* a, const float* x, float*
   hc_baseline::dots(n, d, a, x, out);
 }
 
-inline void dx_update(int n, int64_t d, const float* p, float c, const float* dy, const float* x, float* dx) {
-  if (cpu_isa() >= Isa::Avx512) return cpu::hc_dx_update_avx512(n, d, p, c, dy, x, dx);
-  hc_baseline::dx_update(n, d, p, c, dy, x, dx);
-}
 
 // Forward projection of one chunk of tokens [t0, t0+tc): mix = rstd * (x @ fn^T) ([tc, R]). With
 // AVX-512 a register-tiled loop (kernels/cpu/hyper_conn_avx512.h): sgemm on these 32 x R x n d
@@ -103,6 +107,19 @@ void project_chunk(const HcShape& s, int R, int64_t t0, int64_t tc, const float*
     rstd[t] = r;
     for (int q = 0; q < R; ++q) mix[t * R + q] *= r;
   }
+}
+
+// fn [R, K] packed for the AVX-512 input gradient (kernels/cpu/hyper_conn_avx512.h), at the end of
+// a backward workspace (start: the floats before it), 64-byte aligned: its size with the slack
+// for the alignment (0 without AVX-512), and the packed copy.
+size_t packed_fn_floats(const HcShape& s, int R) {
+  return cpu_isa() >= Isa::Avx512 ? static_cast<size_t>(cpu::hc_pack_fn_floats(s.n, R, s.d)) + 16 : 0;
+}
+const float* pack_fn(const HcShape& s, int R, const float* fn, float* start) {
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(start) + 63) & ~uintptr_t{63};
+  float* p = reinterpret_cast<float*>(a);
+  cpu::hc_pack_fn_avx512(s.n, R, s.d, fn, p);
+  return p;
 }
 
 // Parameter gradients shared by pre and head backward.
@@ -145,6 +162,16 @@ void hc_pre_fwd(const HcShape& s, const float* x, const float* fn, const float* 
   for_each_block(num_chunks(s), [&](int64_t c) {
     const int64_t t0 = c * ct, tc = std::min(ct, s.N - t0);
     project_chunk(s, R, t0, tc, x, fn, mix, rstd);
+    if (lanes4(s)) {  // 16 tokens' coefficients at a time, then each token's collapse
+      float pre[cpu::kHcLanes * 4];
+      for (int64_t g0 = t0; g0 < t0 + tc; g0 += cpu::kHcLanes) {
+        const int64_t gn = std::min<int64_t>(cpu::kHcLanes, t0 + tc - g0);
+        cpu::hc_coeffs4_fwd_avx512(s.iters, s.hc_eps, gn, mix + g0 * R, base, scale, pre, post + g0 * n,
+                                   comb + g0 * n * n);
+        for (int64_t t = g0; t < g0 + gn; ++t) collapse(n, d, pre + (t - g0) * n, x + t * K, y + t * d);
+      }
+      return;
+    }
     float pre[kMaxN];
     for (int64_t t = t0; t < t0 + tc; ++t) {
       ref::hc_coeffs_fwd<float>(n, s.iters, s.hc_eps, mix + t * R, base, scale, pre, post + t * n,
@@ -156,7 +183,8 @@ void hc_pre_fwd(const HcShape& s, const float* x, const float* fn, const float* 
 
 size_t hc_pre_bwd_workspace_floats(const HcShape& s) {
   const size_t N = static_cast<size_t>(s.N), n = static_cast<size_t>(s.n), R = (2 + n) * n;
-  return 2 * N * R + N * n + N + static_cast<size_t>(num_chunks(s)) * ref::hc_coeffs_scratch(s.n, s.iters);
+  return 2 * N * R + N * n + N + static_cast<size_t>(num_chunks(s)) * ref::hc_coeffs_scratch(s.n, s.iters) +
+         packed_fn_floats(s, static_cast<int>(R));
 }
 
 void hc_pre_bwd(const HcShape& s, const float* x, const float* fn, const float* base, const float* scale,
@@ -174,17 +202,31 @@ void hc_pre_bwd(const HcShape& s, const float* x, const float* fn, const float* 
   float* pre = dmixs + N * R;   // [N, n]
   float* cx = pre + N * n;      // [N] coefficient of x in dx (RMSNorm backward)
   float* scr = cx + N;          // [chunks, cs]
+  const bool v512 = cpu_isa() >= Isa::Avx512, four = lanes4(s);
+  const float* fnp = v512 ? pack_fn(s, R, fn, scr + num_chunks(s) * cs) : nullptr;
   for_each_block(num_chunks(s), [&](int64_t c) {
     const int64_t t0 = c * ct, tc = std::min(ct, N - t0);
-    float dpre[kMaxN];
+    float dpre[kMaxChunk * kMaxN];  // [tc, n]
     for (int64_t t = t0; t < t0 + tc; ++t) {
-      const float* xt = x + t * K;
-      if (dy) stream_dots(n, d, dy + t * d, xt, dpre);
-      else std::fill(dpre, dpre + n, 0.f);
+      float* dp = dpre + (t - t0) * n;
+      if (dy) stream_dots(n, d, dy + t * d, x + t * K, dp);
+      else std::fill(dp, dp + n, 0.f);
+    }
+    if (four) {  // 16 tokens at a time, in the scratch of this thread (the same bits as below)
+      float* hist = cpu::thread_scratch(static_cast<size_t>(cpu::hc_coeffs4_scratch_floats(s.iters)));
+      for (int64_t g0 = t0; g0 < t0 + tc; g0 += cpu::kHcLanes)
+        cpu::hc_coeffs4_bwd_avx512(s.iters, s.hc_eps, std::min<int64_t>(cpu::kHcLanes, t0 + tc - g0), mix + g0 * R,
+                                   base, scale, dpre + (g0 - t0) * n, dpost ? dpost + g0 * n : nullptr,
+                                   dcomb ? dcomb + g0 * n * n : nullptr, dz + g0 * R, pre + g0 * n, hist);
+    } else {
+      for (int64_t t = t0; t < t0 + tc; ++t)
+        ref::hc_coeffs_bwd<float>(n, s.iters, s.hc_eps, mix + t * R, base, scale, dpre + (t - t0) * n,
+                                  dpost ? dpost + t * n : nullptr, dcomb ? dcomb + t * n * n : nullptr, dz + t * R,
+                                  pre + t * n, scr + c * cs);
+    }
+    for (int64_t t = t0; t < t0 + tc; ++t) {
       const float* m = mix + t * R;
-      float* z = dz + t * R;
-      ref::hc_coeffs_bwd<float>(n, s.iters, s.hc_eps, m, base, scale, dpre, dpost ? dpost + t * n : nullptr,
-                                dcomb ? dcomb + t * n * n : nullptr, z, pre + t * n, scr + c * cs);
+      const float* z = dz + t * R;
       // dmix = dz * scale; the RMSNorm backward needs sum(g * xhat) = dmix . mix.
       const float r = rstd[t];
       float dm = 0;
@@ -196,9 +238,12 @@ void hc_pre_bwd(const HcShape& s, const float* x, const float* fn, const float* 
       cx[t] = r * r * dm / static_cast<float>(K);
     }
     // dx += dmixs @ fn + pre (x) dy - cx * x
+    if (v512)
+      return cpu::hc_pre_dx_avx512(n, R, d, tc, dmixs + t0 * R, fnp, pre + t0 * n, cx + t0, dy ? dy + t0 * d : nullptr,
+                                   x + t0 * K, dx + t0 * K, true);
     gemm_f32(false, false, tc, K, R, 1.f, dmixs + t0 * R, R, fn, K, 1.f, dx + t0 * K, K);
     for (int64_t t = t0; t < t0 + tc; ++t)
-      dx_update(n, d, pre + t * n, cx[t], dy ? dy + t * d : nullptr, x + t * K, dx + t * K);
+      hc_baseline::dx_update(n, d, pre + t * n, cx[t], dy ? dy + t * d : nullptr, x + t * K, dx + t * K);
   });
   dfn_gemm(s, R, dmixs, x, dfn);
   reduce_base_scale(s, R, 3, dz, mix, dbase, dscale);
@@ -254,7 +299,7 @@ void hc_head_fwd(const HcShape& s, const float* x, const float* hc_fn, const flo
 
 size_t hc_head_bwd_workspace_floats(const HcShape& s) {
   const size_t N = static_cast<size_t>(s.N), n = static_cast<size_t>(s.n);
-  return 3 * N * n + N;
+  return 3 * N * n + N + packed_fn_floats(s, s.n);
 }
 
 void hc_head_bwd(const HcShape& s, const float* x, const float* hc_fn, const float* hc_base, const float* hc_scale,
@@ -270,6 +315,8 @@ void hc_head_bwd(const HcShape& s, const float* x, const float* hc_fn, const flo
   float* dmixs = dz + N * n;   // [N, n]
   float* pre = dmixs + N * n;  // [N, n]
   float* cx = pre + N * n;     // [N]
+  const bool v512 = cpu_isa() >= Isa::Avx512;
+  const float* fnp = v512 ? pack_fn(s, n, hc_fn, cx + N) : nullptr;
   for_each_block(num_chunks(s), [&](int64_t c) {
     const int64_t t0 = c * ct, tc = std::min(ct, N - t0);
     float dyx[kMaxN];
@@ -289,8 +336,11 @@ void hc_head_bwd(const HcShape& s, const float* x, const float* hc_fn, const flo
       cx[t] = r * r * dm / static_cast<float>(K);
     }
     // dx = dmixs @ fn + pre (x) dy - cx * x
+    if (v512)
+      return cpu::hc_pre_dx_avx512(n, n, d, tc, dmixs + t0 * n, fnp, pre + t0 * n, cx + t0, dy + t0 * d, x + t0 * K,
+                                   dx + t0 * K, false);
     gemm_f32(false, false, tc, K, n, 1.f, dmixs + t0 * n, n, hc_fn, K, 0.f, dx + t0 * K, K);
-    for (int64_t t = t0; t < t0 + tc; ++t) dx_update(n, d, pre + t * n, cx[t], dy + t * d, x + t * K, dx + t * K);
+    for (int64_t t = t0; t < t0 + tc; ++t) hc_baseline::dx_update(n, d, pre + t * n, cx[t], dy + t * d, x + t * K, dx + t * K);
   });
   dfn_gemm(s, n, dmixs, x, dfn);
   reduce_base_scale(s, n, 1, dz, mix, dbase, dscale);

@@ -3,13 +3,17 @@
 // in the baseline loops' order (no fused multiply-add): the outputs equal theirs bit for bit. The
 // streams of one token ([n, d], 16 KiB at n = 4, d = 1024) stay in L1 while it is mixed: the post
 // step reads them n times from there and writes each output once, where the baseline loops made
-// n + 1 passes over every output row. The exception is the pre step's projection, a GEMM with
-// fused multiply-adds (the baseline runs it on sgemm, whose bits differ between ISAs anyway).
+// n + 1 passes over every output row. The exceptions are the pre step's projection and its input
+// gradient, GEMMs with fused multiply-adds (the baseline runs them on sgemm, whose bits differ
+// between ISAs anyway). The per-token coefficients run 16 tokens to a vector, one per lane, with
+// the scalar code's operations: its bits.
 // GCC 12 warns falsely about the _mm512_undefined_ps() inside some intrinsics (GCC PR105593).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include "kernels/cpu/hyper_conn_avx512.h"
 #include <immintrin.h>
 #include <algorithm>
+#include <cmath>
 #include "kernels/cpu/simd_avx512.h"
 #include "kernels/hyper_conn.h"
 
@@ -56,23 +60,6 @@ void hc_collapse_avx512(int n, int64_t d, const float* w, const float* x, float*
     __m512 acc = _mm512_mul_ps(_mm512_set1_ps(w[0]), _mm512_maskz_loadu_ps(m, x + i));
     for (int j = 1; j < n; ++j) acc = mul_add(acc, _mm512_set1_ps(w[j]), _mm512_maskz_loadu_ps(m, x + j * d + i));
     _mm512_mask_storeu_ps(y + i, m, acc);
-  }
-}
-
-void hc_dx_update_avx512(int n, int64_t d, const float* p, float c, const float* dy, const float* x, float* dx) {
-  const __m512 cv = _mm512_set1_ps(c);
-  for (int j = 0; j < n; ++j) {
-    const float* xj = x + j * d;
-    float* dxj = dx + j * d;
-    const __m512 pv = _mm512_set1_ps(p[j]);
-    for (int64_t i = 0; i < d; i += 16) {
-      const __mmask16 m = tail_mask(d - i);
-      const __m512 v = _mm512_maskz_loadu_ps(m, dxj + i), cx = _mm512_mul_ps(cv, _mm512_maskz_loadu_ps(m, xj + i));
-      // dx += p dy - c x (dy null: dx -= c x), in the baseline's order
-      const __m512 r = dy ? _mm512_add_ps(v, _mm512_sub_ps(_mm512_mul_ps(pv, _mm512_maskz_loadu_ps(m, dy + i)), cx))
-                          : _mm512_sub_ps(v, cx);
-      _mm512_mask_storeu_ps(dxj + i, m, r);
-    }
   }
 }
 
@@ -152,6 +139,245 @@ void hc_project_avx512(int R, int64_t K, int64_t tc, const float* x, const float
       for (int t = 0; t < tn; ++t)
         for (int q = 0; q < qb; ++q) mix[(t0 + t) * R + q0 + q] = hsum(part[t * kOutBlock + q]);
     }
+  }
+}
+
+namespace {
+
+constexpr int kDxTok = 8;    // tokens of a dx tile: 8 x 2 accumulators, 2 + 8 loads per 16 FMAs
+constexpr int64_t kDxCols = 32;  // columns of a dx tile (a block of the packed fn)
+
+// One stream's columns [i, i + 32) of dx for TN tokens (see hc_pre_dx_avx512); fb: the packed
+// block [R, 32] of fn.
+template <int TN>
+void pre_dx_tile(int n, int R, int64_t d, int j, int64_t i, const float* dmixs, const float* fb, const float* pre,
+                 const float* cx, const float* dy, const float* x, float* dx, bool accumulate) {
+  const int64_t K = n * d, c = j * d + i;
+  const __mmask16 m[2] = {tail_mask(d - i), tail_mask(d - i - 16)};
+  __m512 acc[TN][2];
+  for (int t = 0; t < TN; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+  for (int q = 0; q < R; ++q) {
+    const __m512 f0 = _mm512_loadu_ps(fb + q * kDxCols), f1 = _mm512_loadu_ps(fb + q * kDxCols + 16);
+    for (int t = 0; t < TN; ++t) {
+      const __m512 w = _mm512_set1_ps(dmixs[t * R + q]);
+      acc[t][0] = _mm512_fmadd_ps(w, f0, acc[t][0]);
+      acc[t][1] = _mm512_fmadd_ps(w, f1, acc[t][1]);
+    }
+  }
+  for (int t = 0; t < TN; ++t) {
+    const __m512 pv = _mm512_set1_ps(pre[t * n + j]), cv = _mm512_set1_ps(cx[t]);
+    for (int h = 0; h < 2; ++h) {
+      if (!m[h]) continue;
+      float* o = dx + t * K + c + 16 * h;
+      const __m512 v = accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(m[h], o), acc[t][h]) : acc[t][h];
+      const __m512 cxv = _mm512_mul_ps(cv, _mm512_maskz_loadu_ps(m[h], x + t * K + c + 16 * h));
+      const __m512 r =
+          dy ? _mm512_add_ps(v, _mm512_sub_ps(_mm512_mul_ps(pv, _mm512_maskz_loadu_ps(m[h], dy + t * d + i + 16 * h)),
+                                              cxv))
+             : _mm512_sub_ps(v, cxv);
+      _mm512_mask_storeu_ps(o, m[h], r);
+    }
+  }
+}
+
+int64_t dx_blocks(int64_t d) { return (d + kDxCols - 1) / kDxCols; }
+
+}  // namespace
+
+int64_t hc_pack_fn_floats(int n, int R, int64_t d) { return n * dx_blocks(d) * R * kDxCols; }
+
+void hc_pack_fn_avx512(int n, int R, int64_t d, const float* fn, float* packed) {
+  const int64_t K = n * d, nb = dx_blocks(d);
+  for (int j = 0; j < n; ++j)
+    for (int64_t b = 0; b < nb; ++b) {
+      float* o = packed + (j * nb + b) * R * kDxCols;
+      const int64_t i = b * kDxCols, w = std::min(kDxCols, d - i);
+      for (int q = 0; q < R; ++q) {
+        std::copy(fn + q * K + j * d + i, fn + q * K + j * d + i + w, o + q * kDxCols);
+        std::fill(o + q * kDxCols + w, o + (q + 1) * kDxCols, 0.f);
+      }
+    }
+}
+
+void hc_pre_dx_avx512(int n, int R, int64_t d, int64_t tc, const float* dmixs, const float* fn_packed,
+                      const float* pre, const float* cx, const float* dy, const float* x, float* dx, bool accumulate) {
+  const int64_t K = n * d, nb = dx_blocks(d);
+  for (int64_t t0 = 0; t0 < tc; t0 += kDxTok) {
+    const int64_t tn = std::min<int64_t>(kDxTok, tc - t0);
+    const float* dm = dmixs + t0 * R;
+    const float* pt = pre + t0 * n;
+    const float* ct = cx + t0;
+    const float* dyt = dy ? dy + t0 * d : nullptr;
+    for (int j = 0; j < n; ++j)
+      for (int64_t b = 0; b < nb; ++b) {
+        const float* fb = fn_packed + (j * nb + b) * R * kDxCols;
+        const int64_t i = b * kDxCols;
+        if (tn == kDxTok) {
+          pre_dx_tile<kDxTok>(n, R, d, j, i, dm, fb, pt, ct, dyt, x + t0 * K, dx + t0 * K, accumulate);
+          continue;
+        }
+        for (int64_t t = 0; t < tn; ++t)  // the tail, token by token (the same bits per token)
+          pre_dx_tile<1>(n, R, d, j, i, dm + t * R, fb, pt + t * n, ct + t, dyt ? dyt + t * d : nullptr,
+                         x + (t0 + t) * K, dx + (t0 + t) * K, accumulate);
+      }
+  }
+}
+
+namespace {
+
+constexpr int kN4 = 4, kNN4 = 16, kR4 = (2 + kN4) * kN4;
+
+// Column q of a token-major [tc, stride] array as one vector (lane t = token t; lanes >= tc: 0).
+inline __m512 load_col(const float* a, int64_t stride, int64_t tc, int q) {
+  const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                         _mm512_set1_epi32(static_cast<int>(stride)));
+  return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), tail_mask(tc), idx, a + q, 4);
+}
+inline void store_col(float* a, int64_t stride, int64_t tc, int q, __m512 v) {
+  const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                         _mm512_set1_epi32(static_cast<int>(stride)));
+  _mm512_mask_i32scatter_ps(a + q, tail_mask(tc), idx, v, 4);
+}
+
+// std::exp on each lane: the scalar code's bits.
+inline __m512 exp_lanes(__m512 v) {
+  alignas(64) float a[16];
+  _mm512_store_ps(a, v);
+  for (float& e : a) e = std::exp(e);
+  return _mm512_load_ps(a);
+}
+// hd::hc_sigmoid: 1 / (1 + exp(-a))
+inline __m512 sigmoid(__m512 a) {
+  const __m512 one = _mm512_set1_ps(1.f);
+  return _mm512_div_ps(one, _mm512_add_ps(one, exp_lanes(_mm512_xor_ps(a, _mm512_set1_ps(-0.f)))));
+}
+
+// hd::hc_coeffs_fwd_n<float, 4> on 16 tokens; hist (may be null): [2 iters, 16] vectors.
+void coeffs4_fwd(int iters, float eps_s, const __m512* mix, const float* base, const float* scale, __m512* pre,
+                 __m512* post, __m512* comb, __m512* hist) {
+  const __m512 eps = _mm512_set1_ps(eps_s), s0 = _mm512_set1_ps(scale[0]), s1 = _mm512_set1_ps(scale[1]),
+               s2 = _mm512_set1_ps(scale[2]);
+  for (int j = 0; j < kN4; ++j)
+    pre[j] = _mm512_add_ps(sigmoid(_mm512_add_ps(_mm512_mul_ps(mix[j], s0), _mm512_set1_ps(base[j]))), eps);
+  for (int j = 0; j < kN4; ++j)
+    post[j] = _mm512_mul_ps(_mm512_set1_ps(2.f), sigmoid(_mm512_add_ps(_mm512_mul_ps(mix[kN4 + j], s1),
+                                                                       _mm512_set1_ps(base[kN4 + j]))));
+  for (int j = 0; j < kN4; ++j) {
+    __m512* c = comb + j * kN4;
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (int k = 0; k < kN4; ++k) {
+      const int q = 2 * kN4 + j * kN4 + k;
+      c[k] = _mm512_add_ps(_mm512_mul_ps(mix[q], s2), _mm512_set1_ps(base[q]));
+      m = _mm512_max_ps(c[k], m);  // c > m ? c : m (max returns its second operand on NaN or equal)
+    }
+    __m512 s = _mm512_setzero_ps();
+    for (int k = 0; k < kN4; ++k) {
+      c[k] = exp_lanes(_mm512_sub_ps(c[k], m));
+      s = _mm512_add_ps(s, c[k]);
+    }
+    for (int k = 0; k < kN4; ++k) c[k] = _mm512_div_ps(c[k], s);
+  }
+  if (hist)
+    for (int q = 0; q < kNN4; ++q) hist[q] = comb[q];
+  for (int q = 0; q < kNN4; ++q) comb[q] = _mm512_add_ps(comb[q], eps);
+  const int steps = 2 * iters - 1;
+  for (int st = 0; st < steps; ++st) {
+    if (hist)
+      for (int q = 0; q < kNN4; ++q) hist[(1 + st) * kNN4 + q] = comb[q];
+    if (st % 2 == 0) {  // columns
+      __m512 den[kN4];
+      for (int k = 0; k < kN4; ++k) den[k] = _mm512_setzero_ps();
+      for (int j = 0; j < kN4; ++j)
+        for (int k = 0; k < kN4; ++k) den[k] = _mm512_add_ps(den[k], comb[j * kN4 + k]);
+      for (int k = 0; k < kN4; ++k) den[k] = _mm512_add_ps(den[k], eps);
+      for (int j = 0; j < kN4; ++j)
+        for (int k = 0; k < kN4; ++k) comb[j * kN4 + k] = _mm512_div_ps(comb[j * kN4 + k], den[k]);
+    } else {  // rows
+      for (int j = 0; j < kN4; ++j) {
+        __m512 s = _mm512_setzero_ps();
+        for (int k = 0; k < kN4; ++k) s = _mm512_add_ps(s, comb[j * kN4 + k]);
+        const __m512 dj = _mm512_add_ps(s, eps);
+        for (int k = 0; k < kN4; ++k) comb[j * kN4 + k] = _mm512_div_ps(comb[j * kN4 + k], dj);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int64_t hc_coeffs4_scratch_floats(int iters) { return int64_t{2} * iters * kNN4 * kHcLanes; }
+
+void hc_coeffs4_fwd_avx512(int iters, float eps, int64_t tc, const float* mix, const float* base, const float* scale,
+                           float* pre, float* post, float* comb) {
+  __m512 mv[kR4], pv[kN4], qv[kN4], cv[kNN4];
+  for (int q = 0; q < kR4; ++q) mv[q] = load_col(mix, kR4, tc, q);
+  coeffs4_fwd(iters, eps, mv, base, scale, pv, qv, cv, nullptr);
+  for (int j = 0; j < kN4; ++j) {
+    store_col(pre, kN4, tc, j, pv[j]);
+    store_col(post, kN4, tc, j, qv[j]);
+  }
+  for (int q = 0; q < kNN4; ++q) store_col(comb, kNN4, tc, q, cv[q]);
+}
+
+void hc_coeffs4_bwd_avx512(int iters, float eps_s, int64_t tc, const float* mix, const float* base, const float* scale,
+                           const float* dpre, const float* dpost, const float* dcomb, float* dz, float* pre,
+                           float* scratch) {
+  __m512 mv[kR4], pr[kN4], po[kN4], cm[kNN4], G[kNN4];
+  __m512* hist = reinterpret_cast<__m512*>(scratch);  // [2 iters, 16]
+  for (int q = 0; q < kR4; ++q) mv[q] = load_col(mix, kR4, tc, q);
+  coeffs4_fwd(iters, eps_s, mv, base, scale, pr, po, cm, hist);
+  if (pre)
+    for (int j = 0; j < kN4; ++j) store_col(pre, kN4, tc, j, pr[j]);
+  for (int q = 0; q < kNN4; ++q) G[q] = dcomb ? load_col(dcomb, kNN4, tc, q) : _mm512_setzero_ps();
+  const __m512 eps = _mm512_set1_ps(eps_s);
+  for (int st = 2 * iters - 2; st >= 0; --st) {
+    const __m512* A = hist + (1 + st) * kNN4;
+    if (st % 2 == 0) {  // column step
+      __m512 den[kN4], gs[kN4];
+      for (int k = 0; k < kN4; ++k) den[k] = gs[k] = _mm512_setzero_ps();
+      for (int j = 0; j < kN4; ++j)
+        for (int k = 0; k < kN4; ++k) {
+          den[k] = _mm512_add_ps(den[k], A[j * kN4 + k]);
+          gs[k] = _mm512_add_ps(gs[k], _mm512_mul_ps(G[j * kN4 + k], A[j * kN4 + k]));
+        }
+      for (int k = 0; k < kN4; ++k) {
+        den[k] = _mm512_add_ps(den[k], eps);
+        gs[k] = _mm512_div_ps(gs[k], _mm512_mul_ps(den[k], den[k]));
+      }
+      for (int j = 0; j < kN4; ++j)
+        for (int k = 0; k < kN4; ++k)
+          G[j * kN4 + k] = _mm512_sub_ps(_mm512_div_ps(G[j * kN4 + k], den[k]), gs[k]);
+    } else {  // row step
+      for (int j = 0; j < kN4; ++j) {
+        __m512 s = _mm512_setzero_ps(), g = _mm512_setzero_ps();
+        for (int k = 0; k < kN4; ++k) {
+          s = _mm512_add_ps(s, A[j * kN4 + k]);
+          g = _mm512_add_ps(g, _mm512_mul_ps(G[j * kN4 + k], A[j * kN4 + k]));
+        }
+        const __m512 dj = _mm512_add_ps(s, eps), corr = _mm512_div_ps(g, _mm512_mul_ps(dj, dj));
+        for (int k = 0; k < kN4; ++k) G[j * kN4 + k] = _mm512_sub_ps(_mm512_div_ps(G[j * kN4 + k], dj), corr);
+      }
+    }
+  }
+  const __m512* S = hist;  // the softmax
+  for (int j = 0; j < kN4; ++j) {
+    __m512 s = _mm512_setzero_ps();
+    for (int k = 0; k < kN4; ++k) s = _mm512_add_ps(s, _mm512_mul_ps(G[j * kN4 + k], S[j * kN4 + k]));
+    for (int k = 0; k < kN4; ++k)
+      store_col(dz, kR4, tc, 2 * kN4 + j * kN4 + k, _mm512_mul_ps(S[j * kN4 + k], _mm512_sub_ps(G[j * kN4 + k], s)));
+  }
+  const __m512 one = _mm512_set1_ps(1.f), two = _mm512_set1_ps(2.f), s0 = _mm512_set1_ps(scale[0]),
+               s1 = _mm512_set1_ps(scale[1]);
+  for (int j = 0; j < kN4; ++j) {
+    const __m512 sp = sigmoid(_mm512_add_ps(_mm512_mul_ps(mv[j], s0), _mm512_set1_ps(base[j])));
+    const __m512 zp = dpre ? _mm512_mul_ps(_mm512_mul_ps(load_col(dpre, kN4, tc, j), sp), _mm512_sub_ps(one, sp))
+                           : _mm512_setzero_ps();
+    store_col(dz, kR4, tc, j, zp);
+    const __m512 sq = sigmoid(_mm512_add_ps(_mm512_mul_ps(mv[kN4 + j], s1), _mm512_set1_ps(base[kN4 + j])));
+    const __m512 zq =
+        dpost ? _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(load_col(dpost, kN4, tc, j), two), sq), _mm512_sub_ps(one, sq))
+              : _mm512_setzero_ps();
+    store_col(dz, kR4, tc, kN4 + j, zq);
   }
 }
 

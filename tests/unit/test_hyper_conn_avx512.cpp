@@ -14,6 +14,7 @@
 
 #include "core/cpu.h"
 #include "kernels/cpu/hyper_conn_avx512.h"
+#include "kernels/hd/hyper_conn.h"
 #include "kernels/hyper_conn_baseline.h"
 
 namespace {
@@ -60,12 +61,6 @@ TEST(HyperConnAvx512, EqualsTheBaselineLoopsBitForBit) {
       hc_collapse_avx512(n, d, post.data(), x.data(), y.data());
       base::collapse(n, d, post.data(), x.data(), y_ref.data());
       EXPECT_TRUE(same(y, y_ref)) << "hc_collapse";
-      for (const float* dy : {(const float*)f.data(), (const float*)nullptr}) {
-        std::vector<float> u(dout.begin(), dout.begin() + K), u_ref(u);
-        hc_dx_update_avx512(n, d, post.data(), 0.37f, dy, x.data(), u.data());
-        base::dx_update(n, d, post.data(), 0.37f, dy, x.data(), u_ref.data());
-        EXPECT_TRUE(same(u, u_ref)) << "hc_dx_update" << (dy ? "" : " (no dy)");
-      }
       const float s = hc_dot_avx512(x.data(), x.data(), K), s_ref = base::dot(x.data(), x.data(), K);
       EXPECT_EQ(0, std::memcmp(&s, &s_ref, sizeof s)) << "hc_dot";
     }
@@ -107,6 +102,107 @@ TEST(HyperConnAvx512, ProjectionMatchesDoubleSums) {
     hc_project_avx512(c.R, c.K, 1, x.data() + t * c.K, fn.data(), one.data());
     EXPECT_EQ(0, std::memcmp(one.data(), mix.data() + t * c.R, c.R * sizeof(float)));
   }
+}
+
+// dx (+)= dmixs @ fn + pre (x) dy - c x against double sums: token tails of the 8-token tiles,
+// widths off the 32-column tiles (d = 7, 37, 100), R from 1 to 24, with and without dy and the old
+// dx; each element within 1e-5 of its sum of |terms|; a token alone gives the bits it gets in a chunk.
+TEST(HyperConnAvx512, InputGradientMatchesDoubleSums) {
+  if (trex::cpu_isa() < trex::Isa::Avx512) GTEST_SKIP() << "the CPU has no AVX-512 (or TREX_ISA caps it)";
+  std::mt19937 g(13);
+  std::normal_distribution<float> nd;
+  struct Case {
+    int n, R;
+    int64_t d, tc;
+  };
+  for (const Case c : {Case{4, 24, 1024, 32}, Case{4, 4, 100, 11}, Case{3, 15, 37, 9}, Case{1, 1, 7, 3},
+                       Case{5, 35, 48, 17}, Case{2, 8, 16, 1}})
+    for (bool acc : {true, false})
+      for (bool with_dy : {true, false}) {
+        SCOPED_TRACE("n=" + std::to_string(c.n) + " R=" + std::to_string(c.R) + " d=" + std::to_string(c.d) +
+                     " tc=" + std::to_string(c.tc) + " acc=" + std::to_string(acc) + " dy=" + std::to_string(with_dy));
+        const int64_t K = c.n * c.d;
+        std::vector<float> dm(c.tc * c.R), fn(c.R * K), pre(c.tc * c.n), cx(c.tc), dy(c.tc * c.d), x(c.tc * K),
+            dx0(c.tc * K);
+        for (auto* v : {&dm, &fn, &pre, &cx, &dy, &x, &dx0})
+          for (float& e : *v) e = nd(g);
+        std::vector<float> dx(dx0);
+        const float* dyp = with_dy ? dy.data() : nullptr;
+        std::vector<float> fp(hc_pack_fn_floats(c.n, c.R, c.d));
+        hc_pack_fn_avx512(c.n, c.R, c.d, fn.data(), fp.data());
+        hc_pre_dx_avx512(c.n, c.R, c.d, c.tc, dm.data(), fp.data(), pre.data(), cx.data(), dyp, x.data(), dx.data(),
+                         acc);
+        int bad = 0;
+        for (int64_t t = 0; t < c.tc; ++t)
+          for (int j = 0; j < c.n; ++j)
+            for (int64_t i = 0; i < c.d; ++i) {
+              const int64_t k = j * c.d + i;
+              double sum = acc ? dx0[t * K + k] : 0.0, mag = std::fabs(sum);
+              for (int q = 0; q < c.R; ++q) {
+                const double p = (double)dm[t * c.R + q] * fn[q * K + k];
+                sum += p;
+                mag += std::fabs(p);
+              }
+              const double a = with_dy ? (double)pre[t * c.n + j] * dy[t * c.d + i] : 0.0,
+                           b = (double)cx[t] * x[t * K + k];
+              sum += a - b;
+              mag += std::fabs(a) + std::fabs(b);
+              bad += !(std::fabs(dx[t * K + k] - sum) <= 1e-5 * mag);
+            }
+        EXPECT_EQ(bad, 0);
+        const int64_t t = c.tc - 1;  // the last token, alone
+        std::vector<float> one(dx0.begin() + t * K, dx0.begin() + (t + 1) * K);
+        hc_pre_dx_avx512(c.n, c.R, c.d, 1, dm.data() + t * c.R, fp.data(), pre.data() + t * c.n, cx.data() + t,
+                         with_dy ? dy.data() + t * c.d : nullptr, x.data() + t * K, one.data(), acc);
+        EXPECT_EQ(0, std::memcmp(one.data(), dx.data() + t * K, K * sizeof(float)));
+      }
+}
+
+// The coefficients of 4 streams, 16 tokens to a vector, equal the per-token code bit for bit: every
+// group size 1..16, 1 and 20 Sinkhorn iterations, with and without each input gradient, and
+// inputs spread wide (softmax logits up to +-30, where exp rounds hard).
+TEST(HyperConnAvx512, FourStreamCoefficientsEqualThePerTokenCode) {
+  if (trex::cpu_isa() < trex::Isa::Avx512) GTEST_SKIP() << "the CPU has no AVX-512 (or TREX_ISA caps it)";
+  namespace hd = trex::kern::hd;
+  constexpr int n = 4, R = 24;
+  std::mt19937 g(17);
+  std::normal_distribution<float> nd;
+  for (int iters : {1, 20})
+    for (int64_t tc : {1, 5, 15, 16})
+      for (float spread : {1.f, 30.f})
+        for (int grads = 0; grads < 4; ++grads) {
+          SCOPED_TRACE("iters=" + std::to_string(iters) + " tc=" + std::to_string(tc) + " spread=" +
+                       std::to_string(spread) + " grads=" + std::to_string(grads));
+          std::vector<float> mix(tc * R), base(R), dpre(tc * n), dpost(tc * n), dcomb(tc * n * n);
+          for (float& e : mix) e = nd(g) * spread;
+          for (float& e : base) e = nd(g);
+          for (auto* v : {&dpre, &dpost, &dcomb})
+            for (float& e : *v) e = nd(g);
+          const float scale[3] = {0.7f, 1.3f, 0.9f}, eps = 1e-6f;
+          const float* dp = grads & 1 ? dpre.data() : nullptr;
+          const float* dq = grads & 2 ? dpost.data() : nullptr;
+          const float* dc = grads == 3 ? nullptr : dcomb.data();
+          std::vector<float> pre(tc * n), post(tc * n), comb(tc * n * n), pre_r(tc * n), post_r(tc * n),
+              comb_r(tc * n * n);
+          hc_coeffs4_fwd_avx512(iters, eps, tc, mix.data(), base.data(), scale, pre.data(), post.data(), comb.data());
+          std::vector<float> dz(tc * R), dz_r(tc * R), pb(tc * n), pb_r(tc * n);
+          std::vector<float> scr(hc_coeffs4_scratch_floats(iters) + 16);
+          float* s16 = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scr.data()) + 63) & ~uintptr_t{63});
+          hc_coeffs4_bwd_avx512(iters, eps, tc, mix.data(), base.data(), scale, dp, dq, dc, dz.data(), pb.data(), s16);
+          std::vector<float> sc(hd::hc_coeffs_scratch(n, iters));
+          for (int64_t t = 0; t < tc; ++t) {
+            hd::hc_coeffs_fwd<float>(n, iters, eps, mix.data() + t * R, base.data(), scale, pre_r.data() + t * n,
+                                     post_r.data() + t * n, comb_r.data() + t * n * n, nullptr);
+            hd::hc_coeffs_bwd<float>(n, iters, eps, mix.data() + t * R, base.data(), scale, dp ? dp + t * n : nullptr,
+                                     dq ? dq + t * n : nullptr, dc ? dc + t * n * n : nullptr, dz_r.data() + t * R,
+                                     pb_r.data() + t * n, sc.data());
+          }
+          EXPECT_TRUE(same(pre, pre_r)) << "pre";
+          EXPECT_TRUE(same(post, post_r)) << "post";
+          EXPECT_TRUE(same(comb, comb_r)) << "comb";
+          EXPECT_TRUE(same(dz, dz_r)) << "dz";
+          EXPECT_TRUE(same(pb, pb_r)) << "pre (backward)";
+        }
 }
 
 }  // namespace
