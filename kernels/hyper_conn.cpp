@@ -86,8 +86,10 @@ inline void collapse(int n, int64_t d, const float* w, const float* x, float* y)
   hc_baseline::collapse(n, d, w, x, y);
 }
 
-inline void stream_dots(int n, int64_t d, const float* a, const float* x, float* out) {
-  if (cpu_isa() >= Isa::Avx512) return cpu::hc_dots_avx512(n, d, a, x, out);
+// next: the next token's a and x are fetched on the way (AVX-512), which holds them at +d and +n d.
+inline void stream_dots(int n, int64_t d, const float* a, const float* x, float* out, bool next = false) {
+  if (cpu_isa() >= Isa::Avx512)
+    return cpu::hc_dots_avx512(n, d, a, x, out, next ? a + d : nullptr, next ? x + n * d : nullptr);
   hc_baseline::dots(n, d, a, x, out);
 }
 
@@ -209,7 +211,7 @@ void hc_pre_bwd(const HcShape& s, const float* x, const float* fn, const float* 
     float dpre[kMaxChunk * kMaxN];  // [tc, n]
     for (int64_t t = t0; t < t0 + tc; ++t) {
       float* dp = dpre + (t - t0) * n;
-      if (dy) stream_dots(n, d, dy + t * d, x + t * K, dp);
+      if (dy) stream_dots(n, d, dy + t * d, x + t * K, dp, t + 1 < N);
       else std::fill(dp, dp + n, 0.f);
     }
     if (four) {  // 16 tokens at a time, in the scratch of this thread (the same bits as below)
@@ -323,7 +325,7 @@ void hc_head_bwd(const HcShape& s, const float* x, const float* hc_fn, const flo
     for (int64_t t = t0; t < t0 + tc; ++t) {
       const float r = rstd[t];
       float dm = 0;
-      stream_dots(n, d, dy + t * d, x + t * K, dyx);
+      stream_dots(n, d, dy + t * d, x + t * K, dyx, t + 1 < N);
       for (int j = 0; j < n; ++j) {
         const float mj = mix[t * n + j];
         const float sg = ref::hc_sigmoid(mj * hc_scale[0] + hc_base[j]);

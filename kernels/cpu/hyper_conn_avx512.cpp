@@ -14,6 +14,7 @@
 #include <immintrin.h>
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include "kernels/cpu/simd_avx512.h"
 #include "kernels/hyper_conn.h"
 
@@ -25,6 +26,26 @@ using avx512::tail_mask;
 // acc += a * b on the lanes of m (a product, then a sum: the baseline loops' two roundings).
 inline __m512 mul_add(__m512 acc, __m512 a, __m512 b, __mmask16 m = 0xFFFF) {
   return _mm512_mask_add_ps(acc, m, acc, _mm512_mul_ps(a, b));
+}
+
+// Stores an output row's 16 columns that no later pass of this kernel reads: streamed past the
+// caches where they fill one aligned line (the rows, 16 KiB a token, outgrow L3 long before
+// they are read again, and a cached store reads each line first), else a masked store. Callers
+// end with _mm_sfence() so the streamed lines are visible to the threads that read them next.
+inline void store_out(float* p, __mmask16 m, __m512 v) {
+  if (m == 0xFFFF && (reinterpret_cast<uintptr_t>(p) & 63) == 0) _mm512_stream_ps(p, v);
+  else _mm512_mask_storeu_ps(p, m, v);
+}
+
+// While columns [i, i + 16) of a token are mixed, the same columns of the next token's streams a
+// [n, d], b [n, d] (may be null) and row f [d] are fetched into L2: the streams of one token are
+// too short for the hardware prefetchers to ramp up on.
+inline void prefetch_next(int n, int64_t d, int64_t i, const float* a, const float* b, const float* f) {
+  for (int j = 0; j < n; ++j) {
+    _mm_prefetch(reinterpret_cast<const char*>(a + j * d + i), _MM_HINT_T1);
+    if (b) _mm_prefetch(reinterpret_cast<const char*>(b + j * d + i), _MM_HINT_T1);
+  }
+  _mm_prefetch(reinterpret_cast<const char*>(f + i), _MM_HINT_T1);
 }
 
 // sum_k w[k] v[k] over k < n, in order (n >= 1)
@@ -43,11 +64,13 @@ float hc_dot_avx512(const float* a, const float* b, int64_t len) {
   return hsum(acc);
 }
 
-void hc_dots_avx512(int n, int64_t d, const float* a, const float* x, float* out) {
+void hc_dots_avx512(int n, int64_t d, const float* a, const float* x, float* out, const float* a_next,
+                    const float* x_next) {
   __m512 acc[kHcMaxStreams];
   for (int j = 0; j < n; ++j) acc[j] = _mm512_setzero_ps();
   for (int64_t i = 0; i < d; i += 16) {
     const __mmask16 m = tail_mask(d - i);
+    if (x_next) prefetch_next(n, d, i, x_next, nullptr, a_next);
     const __m512 av = _mm512_maskz_loadu_ps(m, a + i);
     for (int j = 0; j < n; ++j) acc[j] = mul_add(acc[j], av, _mm512_maskz_loadu_ps(m, x + j * d + i), m);
   }
@@ -124,6 +147,9 @@ void hc_project_avx512(int R, int64_t K, int64_t tc, const float* x, const float
         for (int q = 0; q < qb; ++q) part[t * kOutBlock + q] = _mm512_setzero_ps();
       for (int64_t k0 = 0; k0 < K; k0 += kKBlock) {
         const int64_t k1 = std::min(K, k0 + kKBlock);
+        if (q0 == 0)  // the next tile's block of x into L2, while this one is multiplied
+          for (int64_t t = t0 + kTokTile; t < std::min<int64_t>(tc, t0 + 2 * kTokTile); ++t)
+            for (int64_t k = k0; k < k1; k += 16) _mm_prefetch(reinterpret_cast<const char*>(x + t * K + k), _MM_HINT_T1);
         for (int q = 0; q < qb; q += kOutTile) {
           const int qn = std::min(kOutTile, qb - q);
           const float* fq = fn + (q0 + q) * K;
@@ -146,6 +172,7 @@ namespace {
 
 constexpr int kDxTok = 8;    // tokens of a dx tile: 8 x 2 accumulators, 2 + 8 loads per 16 FMAs
 constexpr int64_t kDxCols = 32;  // columns of a dx tile (a block of the packed fn)
+constexpr int64_t kDxAhead = 4 * kDxCols;  // prefetch distance along a token's rows
 
 // One stream's columns [i, i + 32) of dx for TN tokens (see hc_pre_dx_avx512); fb: the packed
 // block [R, 32] of fn.
@@ -155,7 +182,14 @@ void pre_dx_tile(int n, int R, int64_t d, int j, int64_t i, const float* dmixs, 
   const int64_t K = n * d, c = j * d + i;
   const __mmask16 m[2] = {tail_mask(d - i), tail_mask(d - i - 16)};
   __m512 acc[TN][2];
-  for (int t = 0; t < TN; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+  for (int t = 0; t < TN; ++t) {
+    acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+    // the rows' columns 4 tiles on into L2 (the next stream's, or the next token's, at the end)
+    for (int64_t o = c + kDxAhead; o < c + kDxAhead + kDxCols; o += 16) {
+      _mm_prefetch(reinterpret_cast<const char*>(x + t * K + o), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(dx + t * K + o), _MM_HINT_T1);
+    }
+  }
   for (int q = 0; q < R; ++q) {
     const __m512 f0 = _mm512_loadu_ps(fb + q * kDxCols), f1 = _mm512_loadu_ps(fb + q * kDxCols + 16);
     for (int t = 0; t < TN; ++t) {
@@ -393,15 +427,17 @@ void hc_post_fwd_avx512(int n, int64_t d, int64_t t0, int64_t t1, const float* x
     float* ot = out + t * K;
     for (int64_t i = 0; i < d; i += 16) {
       const __mmask16 m = tail_mask(d - i);
+      if (t + 1 < t1) prefetch_next(n, d, i, xt + K, nullptr, ft + d);
       const __m512 fv = _mm512_maskz_loadu_ps(m, ft + i);
       for (int j = 0; j < n; ++j) xv[j] = _mm512_maskz_loadu_ps(m, xt + j * d + i);
       for (int k = 0; k < n; ++k) {
         __m512 acc = _mm512_mul_ps(_mm512_set1_ps(pt[k]), fv);
         for (int j = 0; j < n; ++j) acc = mul_add(acc, _mm512_set1_ps(cm[j * n + k]), xv[j]);
-        _mm512_mask_storeu_ps(ot + k * d + i, m, acc);
+        store_out(ot + k * d + i, m, acc);
       }
     }
   }
+  _mm_sfence();
 }
 
 void hc_post_bwd_avx512(int n, int64_t d, int64_t t0, int64_t t1, const float* x, const float* f, const float* post,
@@ -419,9 +455,10 @@ void hc_post_bwd_avx512(int n, int64_t d, int64_t t0, int64_t t1, const float* x
     // df and dx: each output column once, the token's gradient rows from L1.
     for (int64_t i = 0; i < d; i += 16) {
       const __mmask16 m = tail_mask(d - i);
+      if (t + 1 < t1) prefetch_next(n, d, i, xt + K, go + K, ft + d);
       for (int k = 0; k < n; ++k) gv[k] = _mm512_maskz_loadu_ps(m, go + k * d + i);
-      _mm512_mask_storeu_ps(df + t * d + i, m, weighted(n, pt, gv));
-      for (int j = 0; j < n; ++j) _mm512_mask_storeu_ps(dxt + j * d + i, m, weighted(n, cm + j * n, gv));
+      store_out(df + t * d + i, m, weighted(n, pt, gv));
+      for (int j = 0; j < n; ++j) store_out(dxt + j * d + i, m, weighted(n, cm + j * n, gv));
     }
     // dpost[k] = g_k . f and dcomb[j][k] = g_k . x_j: one pass per k over g_k, f and the streams.
     for (int k = 0; k < n; ++k) {
@@ -437,6 +474,7 @@ void hc_post_bwd_avx512(int n, int64_t d, int64_t t0, int64_t t1, const float* x
       for (int j = 0; j < n; ++j) dcomb[(t * n + j) * n + k] = hsum(acc[j]);
     }
   }
+  _mm_sfence();
 }
 
 }  // namespace trex::kern::cpu

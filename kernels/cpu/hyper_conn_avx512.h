@@ -14,8 +14,10 @@ namespace trex::kern::cpu {
 // sum_i a[i] * b[i], i < len
 float hc_dot_avx512(const float* a, const float* b, int64_t len);
 
-// out[j] = a . x[j d .. (j + 1) d) for j < n: one pass over a and the n streams x [n, d]
-void hc_dots_avx512(int n, int64_t d, const float* a, const float* x, float* out);
+// out[j] = a . x[j d .. (j + 1) d) for j < n: one pass over a and the n streams x [n, d]. x_next
+// (may be null) [n, d] and a_next [d]: the next token's, fetched into L2 on the way.
+void hc_dots_avx512(int n, int64_t d, const float* a, const float* x, float* out, const float* a_next = nullptr,
+                    const float* x_next = nullptr);
 
 // y [d] = sum_j w[j] * x[j d + i] (x [n, d]; stream order)
 void hc_collapse_avx512(int n, int64_t d, const float* w, const float* x, float* y);
