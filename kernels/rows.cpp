@@ -7,6 +7,17 @@
 #include "kernels/cpu/rows_avx512.h"
 
 namespace trex::kern {
+namespace {
+
+// Rows read (or written) by index are short streams that the hardware prefetchers do not ramp up
+// on: the loops below fetch the next row's lines into L2 while they work on this row's. 8192 tokens
+// x 4 slots x 1024 on 2 Zen 5 cores: combine 7.3-7.8 -> 3.9-4.1 ms, dispatch backward 6.7-6.9 ->
+// 3.7 ms, combine backward 5.2-5.7 -> 4.9 ms, the gather 3.9 -> 3.5-3.6 ms.
+constexpr int64_t kLine = 16;  // floats of a 64-byte cache line
+inline void fetch(const float* p) { __builtin_prefetch(p, 0, 2); }
+inline void fetch_for_write(float* p) { __builtin_prefetch(p, 1, 2); }
+
+}  // namespace
 
 void copy_rows(void* dst, int64_t ldd, const void* src, int64_t lds, int64_t row_bytes, int64_t rows) {
   auto* d = static_cast<char*>(dst);
@@ -59,7 +70,13 @@ void to_bf16(const float* x, int64_t ldx, int64_t rows, int64_t cols, bf16* y) {
 
 void gather_rows(const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst) {
   parallel_for(R, 256, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) std::memcpy(dst + r * d, src + (int64_t)idx[r] * d, d * sizeof(float));
+    for (int64_t r = b; r < e; ++r) {
+      const float* s = src + (int64_t)idx[r] * d;
+      float* o = dst + r * d;
+      if (r + 1 < e)
+        for (int64_t j = 0; j < d; j += kLine) fetch(src + (int64_t)idx[r + 1] * d + j);
+      std::memcpy(o, s, (size_t)d * sizeof(float));
+    }
   });
 }
 
@@ -98,15 +115,22 @@ void sum_heads(const float* x, int64_t N, int64_t H, int64_t ldn, int64_t ldh, i
   });
 }
 
+// The combine and the dispatch's backward walk each token's K rows line by line (k inner, so each
+// element still sums over k in order: the bits of a k-outer loop) and fetch the next token's rows'
+// same line on the way.
 void moe_combine(const float* y, const float* probs, const int32_t* slot_row, int64_t N, int64_t K, int64_t d,
                  float* out) {
   parallel_for(N, 16, [&](int64_t b, int64_t e) {
     for (int64_t n = b; n < e; ++n) {
       float* o = out + n * d;
-      for (int64_t k = 0; k < K; ++k) {
-        const float w = probs[n * K + k];
-        const float* yr = y + (int64_t)slot_row[n * K + k] * d;
-        for (int64_t j = 0; j < d; ++j) o[j] += w * yr[j];
+      for (int64_t j0 = 0; j0 < d; j0 += kLine) {
+        const int64_t j1 = std::min(d, j0 + kLine);
+        for (int64_t k = 0; k < K; ++k) {
+          if (n + 1 < e) fetch(y + (int64_t)slot_row[(n + 1) * K + k] * d + j0);
+          const float w = probs[n * K + k];
+          const float* yr = y + (int64_t)slot_row[n * K + k] * d;
+          for (int64_t j = j0; j < j1; ++j) o[j] += w * yr[j];
+        }
       }
     }
   });
@@ -117,10 +141,14 @@ void moe_combine_bwd(const float* dout, const float* probs, const int32_t* slot_
   parallel_for(N, 16, [&](int64_t b, int64_t e) {
     for (int64_t n = b; n < e; ++n) {
       const float* g = dout + n * d;
-      for (int64_t k = 0; k < K; ++k) {
-        const float w = probs[n * K + k];
-        float* dyr = dy + (int64_t)slot_row[n * K + k] * d;
-        for (int64_t j = 0; j < d; ++j) dyr[j] = w * g[j];
+      for (int64_t j0 = 0; j0 < d; j0 += kLine) {
+        const int64_t j1 = std::min(d, j0 + kLine);
+        for (int64_t k = 0; k < K; ++k) {
+          if (n + 1 < e) fetch_for_write(dy + (int64_t)slot_row[(n + 1) * K + k] * d + j0);
+          const float w = probs[n * K + k];
+          float* dyr = dy + (int64_t)slot_row[n * K + k] * d;
+          for (int64_t j = j0; j < j1; ++j) dyr[j] = w * g[j];
+        }
       }
     }
   });
@@ -135,9 +163,13 @@ void moe_dispatch_bwd(const float* dxs, const int32_t* slot_row, int64_t N, int6
   parallel_for(N, 16, [&](int64_t b, int64_t e) {
     for (int64_t n = b; n < e; ++n) {
       float* o = dx + n * d;
-      for (int64_t k = 0; k < K; ++k) {
-        const float* g = dxs + (int64_t)slot_row[n * K + k] * d;
-        for (int64_t j = 0; j < d; ++j) o[j] += g[j];
+      for (int64_t j0 = 0; j0 < d; j0 += kLine) {
+        const int64_t j1 = std::min(d, j0 + kLine);
+        for (int64_t k = 0; k < K; ++k) {
+          if (n + 1 < e) fetch(dxs + (int64_t)slot_row[(n + 1) * K + k] * d + j0);
+          const float* g = dxs + (int64_t)slot_row[n * K + k] * d;
+          for (int64_t j = j0; j < j1; ++j) o[j] += g[j];
+        }
       }
     }
   });
