@@ -7,17 +7,18 @@
 // The per-token passes over the streams (dots, collapse, post mixing and its backward) run in
 // kernels/cpu/hyper_conn_avx512.cpp on CPUs with AVX-512, else in their baseline loops
 // (kernels/hyper_conn_baseline.h); both give the same bits, as do the coefficients of 4 streams,
-// which AVX-512 computes for 16 tokens at a time. With AVX-512 the forward projection and the
-// input gradient (dx += dmix @ fn + pre (x) dy - c x, one pass over each token's rows where the
-// baseline runs sgemm and then its dx update) run on register-tiled loops there too, with fused
-// multiply-adds. dfn stays on sgemm (a loop of that kind measured slower: it walks x across its
-// rows, 16 KiB apart, where sgemm packs it first).
+// which AVX-512 computes for 16 tokens at a time. With AVX-512 the forward projection, the input
+// gradient (dx += dmix @ fn + pre (x) dy - c x, one pass over each token's rows where the baseline
+// runs sgemm and then its dx update) and the weight gradient dfn (summed chunk by chunk while the
+// chunk's rows are still in cache, where the baseline reads x again in an sgemm over all tokens)
+// run on register-tiled loops there too, with fused multiply-adds.
 //
 // Work is cut into token chunks that depend only on the shape; each chunk runs its passes back
 // to back (projection + norm + coefficients + collapse in forward; dots, coefficient backward,
-// dx in backward). Every GEMM runs on one thread (inside an active parallel region, or with one
-// thread in all), so results are bitwise independent of the thread count. dfn is one GEMM per
-// fixed column block over all tokens; dbase / dscale are summed over tokens in order.
+// dx and dfn in backward). Every GEMM runs on one thread (inside an active parallel region, or
+// with one thread in all), so results are bitwise independent of the thread count. dfn is one GEMM
+// per fixed column block over all tokens, or (AVX-512) partials of fixed chunk groups added in
+// group order; dbase / dscale are summed over tokens in order.
 #include "kernels/hyper_conn.h"
 #include <omp.h>
 #include <algorithm>
@@ -111,17 +112,56 @@ void project_chunk(const HcShape& s, int R, int64_t t0, int64_t tc, const float*
   }
 }
 
-// fn [R, K] packed for the AVX-512 input gradient (kernels/cpu/hyper_conn_avx512.h), at the end of
-// a backward workspace (start: the floats before it), 64-byte aligned: its size with the slack
-// for the alignment (0 without AVX-512), and the packed copy.
-size_t packed_fn_floats(const HcShape& s, int R) {
-  return cpu_isa() >= Isa::Avx512 ? static_cast<size_t>(cpu::hc_pack_fn_floats(s.n, R, s.d)) + 16 : 0;
+// The AVX-512 backward's part of a workspace, after the floats every path uses (start), 64-byte
+// aligned: fn [R, K] packed for the input gradient (kernels/cpu/hyper_conn_avx512.h), then the
+// projection's weight gradient in partials [groups, R, K]: the chunks fall into at most
+// kDfnGroups groups of consecutive chunks (a function of the shape), each group's run in order by
+// one thread, its dfn summed into its own partial, the partials added in group order.
+constexpr int64_t kDfnGroups = 16;
+int64_t dfn_group_chunks(const HcShape& s) { return (num_chunks(s) + kDfnGroups - 1) / kDfnGroups; }
+int64_t dfn_groups(const HcShape& s) { return (num_chunks(s) + dfn_group_chunks(s) - 1) / dfn_group_chunks(s); }
+
+struct AvxBwd {
+  float* fn_packed;  // [hc_pack_fn_floats]
+  float* part;       // [groups, R, K]
+};
+size_t avx_bwd_floats(const HcShape& s, int R) {
+  if (cpu_isa() < Isa::Avx512) return 0;
+  return static_cast<size_t>(cpu::hc_pack_fn_floats(s.n, R, s.d) + dfn_groups(s) * R * s.n * s.d) + 32;
 }
-const float* pack_fn(const HcShape& s, int R, const float* fn, float* start) {
-  const uintptr_t a = (reinterpret_cast<uintptr_t>(start) + 63) & ~uintptr_t{63};
-  float* p = reinterpret_cast<float*>(a);
-  cpu::hc_pack_fn_avx512(s.n, R, s.d, fn, p);
-  return p;
+AvxBwd avx_bwd(const HcShape& s, int R, const float* fn, float* start) {
+  auto align = [](float* p) { return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t{63}); };
+  AvxBwd w;
+  w.fn_packed = align(start);
+  cpu::hc_pack_fn_avx512(s.n, R, s.d, fn, w.fn_packed);
+  w.part = align(w.fn_packed + cpu::hc_pack_fn_floats(s.n, R, s.d));
+  return w;
+}
+
+// The AVX-512 backward's loop: body(c) for every chunk c, then part[g] += dmixs^T x over the chunk's
+// tokens, groups spread over the threads; then dfn += the partials in group order.
+template <class Body>
+void avx_chunks_dfn(const HcShape& s, int R, const AvxBwd& w, const float* dmixs, const float* x, float* dfn,
+                    Body&& body) {
+  const int64_t K = s.n * s.d, ct = chunk_tokens(s), nc = num_chunks(s), per = dfn_group_chunks(s);
+  const int64_t RK = R * K;
+  for_each_block(dfn_groups(s), [&](int64_t g) {
+    float* part = w.part + g * RK;
+    std::fill(part, part + RK, 0.f);
+    for (int64_t c = g * per; c < std::min(nc, (g + 1) * per); ++c) {
+      body(c);
+      const int64_t t0 = c * ct, tc = std::min(ct, s.N - t0);
+      cpu::hc_dfn_acc_avx512(R, K, tc, dmixs + t0 * R, x + t0 * K, part);
+    }
+  });
+  const int64_t ng = dfn_groups(s);
+  parallel_for(RK, 4096, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      float a = w.part[i];
+      for (int64_t g = 1; g < ng; ++g) a += w.part[g * RK + i];
+      dfn[i] += a;
+    }
+  });
 }
 
 // Parameter gradients shared by pre and head backward.
@@ -186,7 +226,7 @@ void hc_pre_fwd(const HcShape& s, const float* x, const float* fn, const float* 
 size_t hc_pre_bwd_workspace_floats(const HcShape& s) {
   const size_t N = static_cast<size_t>(s.N), n = static_cast<size_t>(s.n), R = (2 + n) * n;
   return 2 * N * R + N * n + N + static_cast<size_t>(num_chunks(s)) * ref::hc_coeffs_scratch(s.n, s.iters) +
-         packed_fn_floats(s, static_cast<int>(R));
+         avx_bwd_floats(s, static_cast<int>(R));
 }
 
 void hc_pre_bwd(const HcShape& s, const float* x, const float* fn, const float* base, const float* scale,
@@ -205,8 +245,8 @@ void hc_pre_bwd(const HcShape& s, const float* x, const float* fn, const float* 
   float* cx = pre + N * n;      // [N] coefficient of x in dx (RMSNorm backward)
   float* scr = cx + N;          // [chunks, cs]
   const bool v512 = cpu_isa() >= Isa::Avx512, four = lanes4(s);
-  const float* fnp = v512 ? pack_fn(s, R, fn, scr + num_chunks(s) * cs) : nullptr;
-  for_each_block(num_chunks(s), [&](int64_t c) {
+  const AvxBwd w = v512 ? avx_bwd(s, R, fn, scr + num_chunks(s) * cs) : AvxBwd{};
+  auto chunk = [&](int64_t c) {
     const int64_t t0 = c * ct, tc = std::min(ct, N - t0);
     float dpre[kMaxChunk * kMaxN];  // [tc, n]
     for (int64_t t = t0; t < t0 + tc; ++t) {
@@ -241,13 +281,18 @@ void hc_pre_bwd(const HcShape& s, const float* x, const float* fn, const float* 
     }
     // dx += dmixs @ fn + pre (x) dy - cx * x
     if (v512)
-      return cpu::hc_pre_dx_avx512(n, R, d, tc, dmixs + t0 * R, fnp, pre + t0 * n, cx + t0, dy ? dy + t0 * d : nullptr,
-                                   x + t0 * K, dx + t0 * K, true);
+      return cpu::hc_pre_dx_avx512(n, R, d, tc, dmixs + t0 * R, w.fn_packed, pre + t0 * n, cx + t0,
+                                   dy ? dy + t0 * d : nullptr, x + t0 * K, dx + t0 * K, true);
     gemm_f32(false, false, tc, K, R, 1.f, dmixs + t0 * R, R, fn, K, 1.f, dx + t0 * K, K);
     for (int64_t t = t0; t < t0 + tc; ++t)
       hc_baseline::dx_update(n, d, pre + t * n, cx[t], dy ? dy + t * d : nullptr, x + t * K, dx + t * K);
-  });
-  dfn_gemm(s, R, dmixs, x, dfn);
+  };
+  if (v512) {
+    avx_chunks_dfn(s, R, w, dmixs, x, dfn, chunk);
+  } else {
+    for_each_block(num_chunks(s), chunk);
+    dfn_gemm(s, R, dmixs, x, dfn);
+  }
   reduce_base_scale(s, R, 3, dz, mix, dbase, dscale);
 }
 
@@ -301,7 +346,7 @@ void hc_head_fwd(const HcShape& s, const float* x, const float* hc_fn, const flo
 
 size_t hc_head_bwd_workspace_floats(const HcShape& s) {
   const size_t N = static_cast<size_t>(s.N), n = static_cast<size_t>(s.n);
-  return 3 * N * n + N + packed_fn_floats(s, s.n);
+  return 3 * N * n + N + avx_bwd_floats(s, s.n);
 }
 
 void hc_head_bwd(const HcShape& s, const float* x, const float* hc_fn, const float* hc_base, const float* hc_scale,
@@ -318,8 +363,8 @@ void hc_head_bwd(const HcShape& s, const float* x, const float* hc_fn, const flo
   float* pre = dmixs + N * n;  // [N, n]
   float* cx = pre + N * n;     // [N]
   const bool v512 = cpu_isa() >= Isa::Avx512;
-  const float* fnp = v512 ? pack_fn(s, n, hc_fn, cx + N) : nullptr;
-  for_each_block(num_chunks(s), [&](int64_t c) {
+  const AvxBwd w = v512 ? avx_bwd(s, n, hc_fn, cx + N) : AvxBwd{};
+  auto chunk = [&](int64_t c) {
     const int64_t t0 = c * ct, tc = std::min(ct, N - t0);
     float dyx[kMaxN];
     for (int64_t t = t0; t < t0 + tc; ++t) {
@@ -339,12 +384,18 @@ void hc_head_bwd(const HcShape& s, const float* x, const float* hc_fn, const flo
     }
     // dx = dmixs @ fn + pre (x) dy - cx * x
     if (v512)
-      return cpu::hc_pre_dx_avx512(n, n, d, tc, dmixs + t0 * n, fnp, pre + t0 * n, cx + t0, dy + t0 * d, x + t0 * K,
+      return cpu::hc_pre_dx_avx512(n, n, d, tc, dmixs + t0 * n, w.fn_packed, pre + t0 * n, cx + t0, dy + t0 * d, x + t0 * K,
                                    dx + t0 * K, false);
     gemm_f32(false, false, tc, K, n, 1.f, dmixs + t0 * n, n, hc_fn, K, 0.f, dx + t0 * K, K);
-    for (int64_t t = t0; t < t0 + tc; ++t) hc_baseline::dx_update(n, d, pre + t * n, cx[t], dy + t * d, x + t * K, dx + t * K);
-  });
-  dfn_gemm(s, n, dmixs, x, dfn);
+    for (int64_t t = t0; t < t0 + tc; ++t)
+      hc_baseline::dx_update(n, d, pre + t * n, cx[t], dy + t * d, x + t * K, dx + t * K);
+  };
+  if (v512) {
+    avx_chunks_dfn(s, n, w, dmixs, x, dfn, chunk);
+  } else {
+    for_each_block(num_chunks(s), chunk);
+    dfn_gemm(s, n, dmixs, x, dfn);
+  }
   reduce_base_scale(s, n, 1, dz, mix, dbase, dscale);
 }
 

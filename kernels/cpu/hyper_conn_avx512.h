@@ -43,6 +43,11 @@ void hc_pre_dx_avx512(int n, int R, int64_t d, int64_t tc, const float* dmixs, c
 int64_t hc_pack_fn_floats(int n, int R, int64_t d);
 void hc_pack_fn_avx512(int n, int R, int64_t d, const float* fn, float* packed);
 
+// The projection's weight gradient over tc tokens: part [R, K] += dmixs [tc, R]^T @ x [tc, K], each
+// element summed over the tokens in order with fused multiply-adds (32 columns x up to 12 outputs
+// a tile, the tokens' rows read from L1 / L2 where the input gradient has just read them).
+void hc_dfn_acc_avx512(int R, int64_t K, int64_t tc, const float* dmixs, const float* x, float* part);
+
 // The per-token coefficient math of kernels/hd/hyper_conn.h for n = 4 streams, 16 tokens at a
 // time (one token per lane): the operations of hd::hc_coeffs_fwd_n<float, 4> /
 // hc_coeffs_bwd_n<float, 4> in their order, each exp by std::exp on its lane, no fused

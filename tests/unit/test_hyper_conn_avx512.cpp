@@ -205,4 +205,36 @@ TEST(HyperConnAvx512, FourStreamCoefficientsEqualThePerTokenCode) {
         }
 }
 
+// part [R, K] += dmixs [tc, R]^T @ x [tc, K] against double sums: output counts past one 12-output
+// tile (R = 1, 13, 24, 35), K off the 32-column tiles, 1 to 17 tokens, a nonzero part to add to.
+TEST(HyperConnAvx512, WeightGradientMatchesDoubleSums) {
+  if (trex::cpu_isa() < trex::Isa::Avx512) GTEST_SKIP() << "the CPU has no AVX-512 (or TREX_ISA caps it)";
+  std::mt19937 g(19);
+  std::normal_distribution<float> nd;
+  struct Case {
+    int R;
+    int64_t K, tc;
+  };
+  for (const Case c : {Case{24, 4096, 16}, Case{1, 7, 1}, Case{13, 100, 5}, Case{35, 48, 17}, Case{4, 4000, 3}}) {
+    SCOPED_TRACE("R=" + std::to_string(c.R) + " K=" + std::to_string(c.K) + " tc=" + std::to_string(c.tc));
+    std::vector<float> dm(c.tc * c.R), x(c.tc * c.K), part0(c.R * c.K);
+    for (auto* v : {&dm, &x, &part0})
+      for (float& e : *v) e = nd(g);
+    std::vector<float> part(part0);
+    hc_dfn_acc_avx512(c.R, c.K, c.tc, dm.data(), x.data(), part.data());
+    int bad = 0;
+    for (int q = 0; q < c.R; ++q)
+      for (int64_t k = 0; k < c.K; ++k) {
+        double sum = part0[q * c.K + k], mag = std::fabs(sum);
+        for (int64_t t = 0; t < c.tc; ++t) {
+          const double p = (double)dm[t * c.R + q] * x[t * c.K + k];
+          sum += p;
+          mag += std::fabs(p);
+        }
+        bad += !(std::fabs(part[q * c.K + k] - sum) <= 1e-5 * mag);
+      }
+    EXPECT_EQ(bad, 0);
+  }
+}
+
 }  // namespace
