@@ -473,10 +473,17 @@ void hc_coeffs4_bwd_avx512(int iters, float eps_s, int64_t tc, const float* mix,
   }
 }
 
-void hc_post_fwd_avx512(int n, int64_t d, int64_t t0, int64_t t1, const float* x, const float* f, const float* post,
+namespace {
+
+// The post step's loops for n streams: NC > 0 takes n as the constant NC (DeepSeek-V4's 4), so the
+// loops over streams unroll and the vectors stay in registers; NC = 0 the count at run time. The
+// same operations in the same order: the same bits.
+template <int NC>
+void post_fwd(int n_, int64_t d, int64_t t0, int64_t t1, const float* x, const float* f, const float* post,
                         const float* comb, float* out) {
+  const int n = NC > 0 ? NC : n_;
   const int64_t K = n * d;
-  __m512 xv[kHcMaxStreams];
+  __m512 xv[NC > 0 ? NC : kHcMaxStreams];
   for (int64_t t = t0; t < t1; ++t) {
     const float* xt = x + t * K;
     const float* ft = f + t * d;
@@ -498,11 +505,13 @@ void hc_post_fwd_avx512(int n, int64_t d, int64_t t0, int64_t t1, const float* x
   _mm_sfence();
 }
 
-void hc_post_bwd_avx512(int n, int64_t d, int64_t t0, int64_t t1, const float* x, const float* f, const float* post,
+template <int NC>
+void post_bwd(int n_, int64_t d, int64_t t0, int64_t t1, const float* x, const float* f, const float* post,
                         const float* comb, const float* dout, float* dx, float* df, float* dpost, float* dcomb) {
+  const int n = NC > 0 ? NC : n_;
   const int64_t K = n * d;
-  __m512 gv[kHcMaxStreams];
-  __m512 acc[kHcMaxStreams + 1];
+  __m512 gv[NC > 0 ? NC : kHcMaxStreams];
+  __m512 acc[(NC > 0 ? NC : kHcMaxStreams) + 1];
   for (int64_t t = t0; t < t1; ++t) {
     const float* xt = x + t * K;
     const float* ft = f + t * d;
@@ -533,6 +542,20 @@ void hc_post_bwd_avx512(int n, int64_t d, int64_t t0, int64_t t1, const float* x
     }
   }
   _mm_sfence();
+}
+
+}  // namespace
+
+void hc_post_fwd_avx512(int n, int64_t d, int64_t t0, int64_t t1, const float* x, const float* f, const float* post,
+                        const float* comb, float* out) {
+  if (n == 4) return post_fwd<4>(n, d, t0, t1, x, f, post, comb, out);
+  post_fwd<0>(n, d, t0, t1, x, f, post, comb, out);
+}
+
+void hc_post_bwd_avx512(int n, int64_t d, int64_t t0, int64_t t1, const float* x, const float* f, const float* post,
+                        const float* comb, const float* dout, float* dx, float* df, float* dpost, float* dcomb) {
+  if (n == 4) return post_bwd<4>(n, d, t0, t1, x, f, post, comb, dout, dx, df, dpost, dcomb);
+  post_bwd<0>(n, d, t0, t1, x, f, post, comb, dout, dx, df, dpost, dcomb);
 }
 
 }  // namespace trex::kern::cpu
