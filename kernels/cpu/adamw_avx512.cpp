@@ -6,6 +6,7 @@
 #include "kernels/cpu/adamw_avx512.h"
 #include <immintrin.h>
 #include <algorithm>
+#include <cstdint>
 #include "core/parallel.h"
 #include "kernels/cpu/simd_avx512.h"
 #include "kernels/ref/adamw.h"
@@ -15,6 +16,7 @@ namespace {
 
 constexpr int64_t kBlock = 8192;  // sum_squares block (part of the definition of the result)
 constexpr int64_t kGroup = 4096;  // block sums kept at a time (32 KiB of stack)
+constexpr int64_t kAhead = 256;   // AdamW's prefetch distance in elements (1 KiB)
 
 using avx512::to_bf16;
 
@@ -26,6 +28,12 @@ void adamw_range(const ref::AdamWScalars<float>& s, float* p, const float* g, fl
                gs = _mm512_set1_ps(s.gscale);
   for (int64_t i = b; i < e; i += 16) {
     const __mmask16 k = i + 16 <= e ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (e - i)) - 1u);
+    if (i + kAhead < e) {  // eight streams at once: the hardware prefetchers fall behind
+      _mm_prefetch(reinterpret_cast<const char*>(p + i + kAhead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(g + i + kAhead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(m + i + kAhead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(v + i + kAhead), _MM_HINT_T0);
+    }
     const __m512 gi = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, g + i), gs);
     const __m512 pi = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, p + i), decay);
     const __m512 mo = _mm512_maskz_loadu_ps(k, m + i);
@@ -37,8 +45,14 @@ void adamw_range(const ref::AdamWScalars<float>& s, float* p, const float* g, fl
     _mm512_mask_storeu_ps(p + i, k, pn);
     _mm512_mask_storeu_ps(m + i, k, mi);
     _mm512_mask_storeu_ps(v + i, k, vi);
-    if (p_bf16) _mm256_mask_storeu_epi16(p_bf16 + i, k, to_bf16(pn));
+    if (p_bf16) {  // the bf16 copy is not read here: streamed where it fills aligned 32 bytes
+      bf16* o = p_bf16 + i;
+      if (k == 0xFFFF && (reinterpret_cast<uintptr_t>(o) & 31) == 0)
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(o), to_bf16(pn));
+      else _mm256_mask_storeu_epi16(o, k, to_bf16(pn));
+    }
   }
+  _mm_sfence();
 }
 
 // sum x^2 over one block, in double: 4 accumulators x 8 lanes, then a fixed-order reduction.
