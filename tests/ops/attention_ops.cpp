@@ -250,14 +250,17 @@ TREX_OP_CASES(attention_cases) {
       c.threads = th;
       cases.push_back({attn_cfg_name(kAvx2.tag, c), [c] { return run_test(kAvx2, c); }, nullptr, nullptr});
     }
-  // AVX512_BF16 kernel: T 1, 7, 45, 200 and on and around the tile edges (odd T: the last
-  // pair of a reduction over keys or queries is half zero), odd H, odd Dqk / Dv (odd pairs),
-  // Dqk 40 / Dv 24 (MLA-like, not multiples of 16), documents, windows, 1, 2, 3 threads.
+  // AVX512_BF16 kernel: T 1, 7, 45, 200 and on and around the tile edges (64 and 128 for the
+  // AVX2 / f32 tiles; 192 and 384 for this kernel's; odd T: the last pair of a reduction over keys
+  // or queries is half zero), odd H, odd Dqk / Dv (odd pairs), Dqk 40 / Dv 24 (MLA-like, not
+  // multiples of 16), documents, windows narrower and wider than a tile, 1, 2, 3 threads.
   const AttnCfg bf16[] = {
       {1, 1, 3, 40, 24, 0, false},    {3, 7, 1, 96, 64, 0, true},    {1, 45, 5, 40, 24, 0, true},
       {2, 200, 3, 40, 24, 0, true},   {1, 200, 5, 192, 128, 0, false}, {1, 63, 3, 24, 40, 0, false},
       {2, 65, 3, 96, 64, 0, true},    {1, 130, 5, 33, 17, 65, true}, {1, 257, 1, 96, 64, 9, true},
-      {1, 320, 2, 40, 72, 130, false}, {2, 70, 2, 5, 3, 0, true},
+      {1, 320, 2, 40, 72, 130, false}, {2, 70, 2, 5, 3, 0, true},   {1, 191, 3, 40, 24, 0, false},
+      {2, 193, 2, 96, 64, 0, true},   {1, 385, 3, 33, 17, 0, false}, {1, 577, 2, 40, 24, 250, true},
+      {1, 384, 1, 96, 64, 191, false},
   };
   for (const AttnCfg& c0 : bf16)
     for (int th = 1; th <= 3; ++th) {
@@ -267,13 +270,15 @@ TREX_OP_CASES(attention_cases) {
     }
   // Query rows Tq < T and dk, dv accumulation (context parallelism's chunks): the flash kernels
   // (dispatched f32, AVX2, bf16 dispatched and direct) with the first query on a tile edge
-  // (T - Tq = 64) and off it, one query row, Tq = T, documents, a window, 1, 2, 3 threads.
+  // (T - Tq = 64; 192 for the bf16 kernel) and off it, one query row, Tq = T, documents, a
+  // window, 1, 2, 3 threads.
   const AttnCfg rows[] = {
       {1, 203, 3, 40, 24, 0, false, 0, 139, false}, {1, 203, 3, 40, 24, 0, true, 0, 100, false},
       {2, 150, 5, 33, 17, 0, true, 0, 37, true},     {1, 130, 2, 96, 64, 0, false, 0, 1, false},
       {1, 257, 1, 192, 128, 0, true, 0, 130, true},  {2, 64, 2, 16, 16, 0, false, 0, 64, true},
       {1, 7, 3, 5, 3, 0, true, 0, 3, false},         {1, 321, 2, 24, 40, 0, false, 0, 200, true},
-      {1, 260, 2, 40, 24, 70, true, 0, 150, true},
+      {1, 260, 2, 40, 24, 70, true, 0, 150, true},  {1, 450, 2, 40, 24, 0, true, 0, 258, true},
+      {1, 401, 3, 33, 17, 0, false, 0, 208, false}, {1, 600, 2, 40, 24, 200, true, 0, 216, true},
   };
   for (const Impl* im : {&kImpls[0], &kImpls[2], &kImpls[3], &kImpls[4]})
     for (const AttnCfg& c0 : rows)
