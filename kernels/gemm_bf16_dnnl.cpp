@@ -130,18 +130,48 @@ bool amx_odd_k_faults() {
   return faults;
 }
 
+// Operand descriptors of one matmul: row-major operands as strided 2-d views, op(A) [M, K],
+// op(B) [K, N], C [M, N]. runtime: every size and leading dimension left to run time
+// (DNNL_RUNTIME_DIM_VAL; only which stride is 1 stays), so one primitive serves every shape.
+struct Descs {
+  dnnl_memory_desc_t a, b, c;
+};
+Descs descs(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc,
+            bool runtime) {
+  if (runtime) M = N = K = lda = ldb = ldc = DNNL_RUNTIME_DIM_VAL;
+  const dnnl_dims_t ad = {M, K}, bd = {K, N}, cd = {M, N};
+  const dnnl_dims_t as = {ta ? 1 : lda, ta ? lda : 1}, bs = {tb ? 1 : ldb, tb ? ldb : 1}, cs = {ldc, 1};
+  Descs d;
+  check(dnnl_memory_desc_init_by_strides(&d.a, 2, ad, dnnl_bf16, as), "A descriptor");
+  check(dnnl_memory_desc_init_by_strides(&d.b, 2, bd, dnnl_bf16, bs), "B descriptor");
+  check(dnnl_memory_desc_init_by_strides(&d.c, 2, cd, dnnl_f32, cs), "C descriptor");
+  return d;
+}
+
+// Primitives with the sizes left to run time, where oneDNN cannot use the AMX tiles. oneDNN 2.6
+// then runs its gemm-based matmul (gemm:jit) instead of the brgemm one, and the primitive cache
+// holds one primitive per (ta, tb, alpha, beta). Measured on 2 Zen 5 cores (bf16 dot peak 1148
+// GFLOP/s): the MoE experts' GEMMs change their row counts every step, and each new shape cost
+// oneDNN 0.4-0.6 ms to generate its brgemm kernels, 730-770 times a bench-v4 step at 8192 tokens
+// (400-480 ms); and gemm:jit runs most shapes faster: 4096^3 830 -> 1012 GFLOP/s, the LM head's dh
+// 1024 x 1024 x 16384 864 -> 985, a weight gradient 1024 x 1024 x 8192 (A transposed, C +=) 854 ->
+// 942 (it adds to C in its own loop; brgemm's sum post-op re-reads C), 8192 x 1024 x 1024 equal.
+// Slower: 8192 x 512 x 256 (1018 -> 915) and an expert's dW 1024 x 1024 x 1031 on one thread (505
+// -> 469), which the generation cost outweighs. The AMX tiles run only in the brgemm kernels.
+bool runtime_shapes() {
+  static const bool rt = !dnnl_uses_amx();
+  return rt;
+}
+
 // One oneDNN matmul; false: no implementation for these strides (nothing done).
 bool matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
             const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  // Row-major operands as strided 2-d views: op(A) [M, K], op(B) [K, N], C [M, N].
-  const dnnl_dims_t ad = {M, K}, bd = {K, N}, cd = {M, N};
-  const dnnl_dims_t as = {ta ? 1 : lda, ta ? lda : 1}, bs = {tb ? 1 : ldb, tb ? ldb : 1}, cs = {ldc, 1};
-  dnnl_memory_desc_t amd, bmd, cmd;
-  check(dnnl_memory_desc_init_by_strides(&amd, 2, ad, dnnl_bf16, as), "A descriptor");
-  check(dnnl_memory_desc_init_by_strides(&bmd, 2, bd, dnnl_bf16, bs), "B descriptor");
-  check(dnnl_memory_desc_init_by_strides(&cmd, 2, cd, dnnl_f32, cs), "C descriptor");
+  const Descs mem = descs(ta, tb, M, N, K, lda, ldb, ldc, false);
+  const bool rt = runtime_shapes();
+  const Descs prim = rt ? descs(ta, tb, M, N, K, lda, ldb, ldc, true) : mem;
+  const dnnl_memory_desc_t &amd = mem.a, &bmd = mem.b, &cmd = mem.c;
   dnnl_matmul_desc_t md;
-  check(dnnl_matmul_desc_init(&md, &amd, &bmd, nullptr, &cmd), "matmul descriptor");
+  check(dnnl_matmul_desc_init(&md, &prim.a, &prim.b, nullptr, &prim.c), "matmul descriptor");
   Objects o;
   check(dnnl_primitive_attr_create(&o.attr), "attributes");
   check(dnnl_primitive_attr_set_scratchpad_mode(o.attr, dnnl_scratchpad_mode_user), "scratchpad mode");
