@@ -1,6 +1,9 @@
 // bf16 GEMM on oneDNN's matmul primitive (see gemm_bf16_dnnl.h). One primitive per call: oneDNN's
-// primitive cache (1024 entries by default) keeps the generated kernels, so a repeated shape
-// costs the descriptor set-up only (measured in BENCHMARKS.md with the step it serves).
+// primitive cache (1024 entries by default) keeps the generated kernels, so a repeated primitive
+// costs the descriptor set-up only. Without AMX the primitive of a GEMM with N >= 512 leaves every
+// size to run time, so all such shapes of one (ta, tb, alpha, beta) share it (runtime_shapes
+// below); other shapes, and all on the AMX tiles, have their own (measured in BENCHMARKS.md with
+// the step it serves).
 #include "kernels/gemm_bf16_dnnl.h"
 
 #include <oneapi/dnnl/dnnl.h>
@@ -157,17 +160,23 @@ Descs descs(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda, int6
 // 1024 x 1024 x 16384 864 -> 985, a weight gradient 1024 x 1024 x 8192 (A transposed, C +=) 854 ->
 // 942 (it adds to C in its own loop; brgemm's sum post-op re-reads C), 8192 x 1024 x 1024 equal.
 // Slower: 8192 x 512 x 256 (1018 -> 915) and an expert's dW 1024 x 1024 x 1031 on one thread (505
-// -> 469), which the generation cost outweighs. The AMX tiles run only in the brgemm kernels.
-bool runtime_shapes() {
+// -> 469), which the generation cost outweighs. Only for N >= kRuntimeMinN: with fewer columns
+// (N 96 or less at K 4096 measured) gemm:jit splits the reduction over the threads, so a call's
+// bits would depend on whether it runs alone on all threads or on one (as a grouped GEMM's groups
+// do), and narrow shapes ran up to 1.17x slower on it (8192 x 16 x 1024; 8192 x 128 x 1024 1.07x);
+// from N = 128 to 512, K up to 16384, M 1 to 1024, 1 and 2 threads gave the same bits. The AMX
+// tiles run only in the brgemm kernels.
+constexpr int64_t kRuntimeMinN = 512;
+bool runtime_shapes(int64_t N) {
   static const bool rt = !dnnl_uses_amx();
-  return rt;
+  return rt && N >= kRuntimeMinN;
 }
 
 // One oneDNN matmul; false: no implementation for these strides (nothing done).
 bool matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
             const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   const Descs mem = descs(ta, tb, M, N, K, lda, ldb, ldc, false);
-  const bool rt = runtime_shapes();
+  const bool rt = runtime_shapes(N);
   const Descs prim = rt ? descs(ta, tb, M, N, K, lda, ldb, ldc, true) : mem;
   const dnnl_memory_desc_t &amd = mem.a, &bmd = mem.b, &cmd = mem.c;
   dnnl_matmul_desc_t md;
@@ -220,6 +229,30 @@ void copy_padded(const bf16* src, int64_t ld, int64_t rows, int64_t cols, int64_
   for (int64_t r = 0; r < rows; ++r) std::memcpy(dst.data() + r * cols_pad, src + r * ld, cols * sizeof(bf16));
 }
 
+// M = 1 on the run-time-shape primitives: oneDNN's gemm-based matmul takes a matrix-vector path
+// for a single row, whose sums differ in the last bits from the same row's in any M >= 2 (measured:
+// every M from 2 to 512 gives row 0 the same bits, M = 1 others). A lone row is multiplied as row
+// 0 of two (the second zero, its result dropped), so a row's result does not depend on how many
+// rows share the call (generation gives a prompt the same tokens alone and in a batch).
+struct OneRow {
+  std::vector<bf16> a;
+  std::vector<float> c;
+};
+thread_local OneRow t_one_row;
+
+bool one_row(bool ta, bool tb, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda, const bf16* B,
+             int64_t ldb, float beta, float* C, int64_t ldc) {
+  OneRow& r = t_one_row;
+  r.a.assign(static_cast<size_t>(2 * K), bf16{});  // op(A) [2, K]: stored [K, 2] (ta) or [2, K]
+  for (int64_t k = 0; k < K; ++k) r.a[static_cast<size_t>(ta ? 2 * k : k)] = A[ta ? k * lda : k];
+  r.c.assign(static_cast<size_t>(2 * N), 0.f);
+  if (beta != 0.f) std::memcpy(r.c.data(), C, sizeof(float) * N);
+  if (!matmul(ta, tb, 2, N, K, alpha, r.a.data(), ta ? 2 : K, B, ldb, beta, r.c.data(), N)) return false;
+  std::memcpy(C, r.c.data(), sizeof(float) * N);
+  (void)ldc;
+  return true;
+}
+
 }  // namespace
 
 bool gemm_bf16_dnnl(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
@@ -232,6 +265,7 @@ bool gemm_bf16_dnnl(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alp
   // they would exceed kPadWhole elements, the first K - K % kKBlock steps run in place and only
   // the rest is copied, padded to one block, and accumulated into C by a second matmul.
   static const bool amx = dnnl_uses_amx();
+  if (M == 1 && runtime_shapes(N)) return one_row(ta, tb, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   const int64_t Kp = (K + kKBlock - 1) / kKBlock * kKBlock;
   if (Kp == K || !amx) {
     if ((K & 1) && !tb && amx_odd_k_faults()) return false;  // the caller widens

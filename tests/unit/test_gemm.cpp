@@ -5,6 +5,7 @@
 #include <limits>
 #include <string>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 #include "core/cpu.h"
 #include "core/dtype.h"
@@ -56,6 +57,35 @@ TEST(Gemm, Bf16IsExactOnSmallIntegers) {
 TEST(Gemm, BadLeadingDimensionThrows) {
   float A[6] = {}, B[6] = {}, C[4] = {};
   EXPECT_THROW(gemm_f32(false, false, 2, 2, 3, 1.f, A, 2, B, 2, 0.f, C, 2), trex::Error);  // lda < K
+}
+
+// A row's bf16 product does not depend on how many rows share the call, nor on whether the call
+// runs alone on all threads or on one thread inside a parallel region (a grouped GEMM's groups;
+// generation batches its prompts): narrow and wide N (oneDNN's brgemm and, without AMX, its
+// gemm-based kernels from N = 512 on), M from 1 to 33, K up to 4096, both B layouts.
+TEST(Gemm, Bf16RowsIndependentOfRowCountAndThreads) {
+  for (int64_t N : {24, 96, 512, 1024})
+    for (int64_t K : {24, 1024, 4096})
+      for (bool tb : {false, true}) {
+        SCOPED_TRACE("N=" + std::to_string(N) + " K=" + std::to_string(K) + " tb=" + std::to_string(tb));
+        std::vector<bf16> A(33 * K), B(N * K);
+        unsigned r = 7;
+        for (bf16& x : A) x = f32_to_bf16(static_cast<float>((r = r * 1103515245u + 12345u) >> 20) / 4096.f - 0.5f);
+        for (bf16& x : B) x = f32_to_bf16(static_cast<float>((r = r * 1103515245u + 12345u) >> 20) / 4096.f - 0.5f);
+        std::vector<float> one(N);
+        gemm_bf16(false, tb, 1, N, K, 1.f, A.data(), K, B.data(), tb ? K : N, 0.f, one.data(), N);
+        for (int64_t M : {2, 3, 9, 33}) {
+          std::vector<float> all(M * N), inner(M * N);
+          gemm_bf16(false, tb, M, N, K, 1.f, A.data(), K, B.data(), tb ? K : N, 0.f, all.data(), N);
+#pragma omp parallel num_threads(2)
+          {
+#pragma omp master
+            gemm_bf16(false, tb, M, N, K, 1.f, A.data(), K, B.data(), tb ? K : N, 0.f, inner.data(), N);
+          }
+          EXPECT_EQ(0, std::memcmp(one.data(), all.data(), N * sizeof(float))) << "M=" << M << ": row 0";
+          EXPECT_EQ(0, std::memcmp(all.data(), inner.data(), M * N * sizeof(float))) << "M=" << M << ": threads";
+        }
+      }
 }
 
 TEST(GroupedGemm, EmptyGroupsAreSkipped) {
