@@ -178,7 +178,6 @@ bool matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, cons
   const Descs mem = descs(ta, tb, M, N, K, lda, ldb, ldc, false);
   const bool rt = runtime_shapes(N);
   const Descs prim = rt ? descs(ta, tb, M, N, K, lda, ldb, ldc, true) : mem;
-  const dnnl_memory_desc_t &amd = mem.a, &bmd = mem.b, &cmd = mem.c;
   dnnl_matmul_desc_t md;
   check(dnnl_matmul_desc_init(&md, &prim.a, &prim.b, nullptr, &prim.c), "matmul descriptor");
   Objects o;
@@ -195,9 +194,9 @@ bool matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, cons
     return false;  // no implementation for these strides: the caller widens
   }
   check(dnnl_primitive_create(&o.prim, o.pd), "primitive");
-  check(dnnl_memory_create(&o.mem[0], &amd, engine(), const_cast<bf16*>(A)), "A memory");
-  check(dnnl_memory_create(&o.mem[1], &bmd, engine(), const_cast<bf16*>(B)), "B memory");
-  check(dnnl_memory_create(&o.mem[2], &cmd, engine(), C), "C memory");
+  check(dnnl_memory_create(&o.mem[0], &mem.a, engine(), const_cast<bf16*>(A)), "A memory");
+  check(dnnl_memory_create(&o.mem[1], &mem.b, engine(), const_cast<bf16*>(B)), "B memory");
+  check(dnnl_memory_create(&o.mem[2], &mem.c, engine(), C), "C memory");
   const dnnl_memory_desc_t* smd = dnnl_primitive_desc_query_md(o.pd, dnnl_query_scratchpad_md, 0);
   const size_t sbytes = smd ? dnnl_memory_desc_get_size(smd) : 0;
   if (t_local.scratch.size() < sbytes) t_local.scratch.resize(sbytes);
@@ -241,7 +240,7 @@ struct OneRow {
 thread_local OneRow t_one_row;
 
 bool one_row(bool ta, bool tb, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda, const bf16* B,
-             int64_t ldb, float beta, float* C, int64_t ldc) {
+             int64_t ldb, float beta, float* C) {
   OneRow& r = t_one_row;
   r.a.assign(static_cast<size_t>(2 * K), bf16{});  // op(A) [2, K]: stored [K, 2] (ta) or [2, K]
   for (int64_t k = 0; k < K; ++k) r.a[static_cast<size_t>(ta ? 2 * k : k)] = A[ta ? k * lda : k];
@@ -249,7 +248,6 @@ bool one_row(bool ta, bool tb, int64_t N, int64_t K, float alpha, const bf16* A,
   if (beta != 0.f) std::memcpy(r.c.data(), C, sizeof(float) * N);
   if (!matmul(ta, tb, 2, N, K, alpha, r.a.data(), ta ? 2 : K, B, ldb, beta, r.c.data(), N)) return false;
   std::memcpy(C, r.c.data(), sizeof(float) * N);
-  (void)ldc;
   return true;
 }
 
@@ -265,7 +263,7 @@ bool gemm_bf16_dnnl(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alp
   // they would exceed kPadWhole elements, the first K - K % kKBlock steps run in place and only
   // the rest is copied, padded to one block, and accumulated into C by a second matmul.
   static const bool amx = dnnl_uses_amx();
-  if (M == 1 && runtime_shapes(N)) return one_row(ta, tb, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (M == 1 && runtime_shapes(N)) return one_row(ta, tb, N, K, alpha, A, lda, B, ldb, beta, C);
   const int64_t Kp = (K + kKBlock - 1) / kKBlock * kKBlock;
   if (Kp == K || !amx) {
     if ((K & 1) && !tb && amx_odd_k_faults()) return false;  // the caller widens

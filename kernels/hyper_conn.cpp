@@ -112,6 +112,16 @@ void project_chunk(const HcShape& s, int R, int64_t t0, int64_t tc, const float*
   }
 }
 
+// Parameter gradients shared by pre and head backward.
+// dmixs: [N, R] (dmix * rstd)  x: [N, K] -> dfn: [R, K] (+=), in fixed column blocks.
+void dfn_gemm(const HcShape& s, int R, const float* dmixs, const float* x, float* dfn) {
+  const int64_t K = s.n * s.d, nb = (K + kColBlock - 1) / kColBlock;
+  for_each_block(nb, [&](int64_t b) {
+    const int64_t c0 = b * kColBlock, cb = std::min(kColBlock, K - c0);
+    gemm_f32(true, false, R, cb, s.N, 1.f, dmixs, R, x + c0, K, 1.f, dfn + c0, K);
+  });
+}
+
 // The AVX-512 backward's part of a workspace, after the floats every path uses (start), 64-byte
 // aligned: fn [R, K] packed for the input gradient (kernels/cpu/hyper_conn_avx512.h), then the
 // projection's weight gradient in partials [groups, R, K]: the chunks fall into at most
@@ -122,8 +132,8 @@ int64_t dfn_group_chunks(const HcShape& s) { return (num_chunks(s) + kDfnGroups 
 int64_t dfn_groups(const HcShape& s) { return (num_chunks(s) + dfn_group_chunks(s) - 1) / dfn_group_chunks(s); }
 
 struct AvxBwd {
-  float* fn_packed;  // [hc_pack_fn_floats]
-  float* part;       // [groups, R, K]
+  float* fn_packed = nullptr;  // [hc_pack_fn_floats]
+  float* part = nullptr;       // [groups, R, K]; null: the baseline path
 };
 size_t avx_bwd_floats(const HcShape& s, int R) {
   if (cpu_isa() < Isa::Avx512) return 0;
@@ -138,11 +148,16 @@ AvxBwd avx_bwd(const HcShape& s, int R, const float* fn, float* start) {
   return w;
 }
 
-// The AVX-512 backward's loop: body(c) for every chunk c, then part[g] += dmixs^T x over the chunk's
-// tokens, groups spread over the threads; then dfn += the partials in group order.
+// The backward's chunk loop and dfn. AVX-512 (w.part set): body(c) for every chunk c, then part[g]
+// += dmixs^T x over the chunk's tokens, groups spread over the threads; then dfn += the partials in
+// group order. Else body(c) for every chunk, then dfn_gemm over all tokens.
 template <class Body>
-void avx_chunks_dfn(const HcShape& s, int R, const AvxBwd& w, const float* dmixs, const float* x, float* dfn,
-                    Body&& body) {
+void chunks_then_dfn(const HcShape& s, int R, const AvxBwd& w, const float* dmixs, const float* x, float* dfn,
+                     Body&& body) {
+  if (!w.part) {
+    for_each_block(num_chunks(s), body);
+    return dfn_gemm(s, R, dmixs, x, dfn);
+  }
   const int64_t K = s.n * s.d, ct = chunk_tokens(s), nc = num_chunks(s), per = dfn_group_chunks(s);
   const int64_t RK = R * K;
   for_each_block(dfn_groups(s), [&](int64_t g) {
@@ -164,15 +179,6 @@ void avx_chunks_dfn(const HcShape& s, int R, const AvxBwd& w, const float* dmixs
   });
 }
 
-// Parameter gradients shared by pre and head backward.
-// dmixs: [N, R] (dmix * rstd)  x: [N, K] -> dfn: [R, K] (+=), in fixed column blocks.
-void dfn_gemm(const HcShape& s, int R, const float* dmixs, const float* x, float* dfn) {
-  const int64_t K = s.n * s.d, nb = (K + kColBlock - 1) / kColBlock;
-  for_each_block(nb, [&](int64_t b) {
-    const int64_t c0 = b * kColBlock, cb = std::min(kColBlock, K - c0);
-    gemm_f32(true, false, R, cb, s.N, 1.f, dmixs, R, x + c0, K, 1.f, dfn + c0, K);
-  });
-}
 
 // dz: [N, R]  mix: [N, R] -> dbase: [R] (+=), dscale: [ngroups] (+=), summed over tokens in order.
 void reduce_base_scale(const HcShape& s, int R, int ngroups, const float* dz, const float* mix, float* dbase,
@@ -287,12 +293,7 @@ void hc_pre_bwd(const HcShape& s, const float* x, const float* fn, const float* 
     for (int64_t t = t0; t < t0 + tc; ++t)
       hc_baseline::dx_update(n, d, pre + t * n, cx[t], dy ? dy + t * d : nullptr, x + t * K, dx + t * K);
   };
-  if (v512) {
-    avx_chunks_dfn(s, R, w, dmixs, x, dfn, chunk);
-  } else {
-    for_each_block(num_chunks(s), chunk);
-    dfn_gemm(s, R, dmixs, x, dfn);
-  }
+  chunks_then_dfn(s, R, w, dmixs, x, dfn, chunk);
   reduce_base_scale(s, R, 3, dz, mix, dbase, dscale);
 }
 
@@ -390,12 +391,7 @@ void hc_head_bwd(const HcShape& s, const float* x, const float* hc_fn, const flo
     for (int64_t t = t0; t < t0 + tc; ++t)
       hc_baseline::dx_update(n, d, pre + t * n, cx[t], dy + t * d, x + t * K, dx + t * K);
   };
-  if (v512) {
-    avx_chunks_dfn(s, n, w, dmixs, x, dfn, chunk);
-  } else {
-    for_each_block(num_chunks(s), chunk);
-    dfn_gemm(s, n, dmixs, x, dfn);
-  }
+  chunks_then_dfn(s, n, w, dmixs, x, dfn, chunk);
   reduce_base_scale(s, n, 1, dz, mix, dbase, dscale);
 }
 

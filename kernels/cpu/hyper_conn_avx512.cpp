@@ -319,16 +319,17 @@ namespace {
 
 constexpr int kN4 = 4, kNN4 = 16, kR4 = (2 + kN4) * kN4;
 
+// Lane t's offset t * stride into a token-major [tc, stride] array.
+inline __m512i lane_offsets(int64_t stride) {
+  return _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                            _mm512_set1_epi32(static_cast<int>(stride)));
+}
 // Column q of a token-major [tc, stride] array as one vector (lane t = token t; lanes >= tc: 0).
 inline __m512 load_col(const float* a, int64_t stride, int64_t tc, int q) {
-  const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                         _mm512_set1_epi32(static_cast<int>(stride)));
-  return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), tail_mask(tc), idx, a + q, 4);
+  return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), tail_mask(tc), lane_offsets(stride), a + q, 4);
 }
 inline void store_col(float* a, int64_t stride, int64_t tc, int q, __m512 v) {
-  const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                         _mm512_set1_epi32(static_cast<int>(stride)));
-  _mm512_mask_i32scatter_ps(a + q, tail_mask(tc), idx, v, 4);
+  _mm512_mask_i32scatter_ps(a + q, tail_mask(tc), lane_offsets(stride), v, 4);
 }
 
 // std::exp on each lane: the scalar code's bits.

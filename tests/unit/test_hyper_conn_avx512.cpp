@@ -26,6 +26,17 @@ bool same(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// A sum formed in double with the sum of its terms' magnitudes: a float result is near it when
+// within 1e-5 of that magnitude (the bound of the FMA kernels' checks below).
+struct DoubleSum {
+  double sum = 0, mag = 0;
+  void add(double p) {
+    sum += p;
+    mag += std::fabs(p);
+  }
+  bool near(float v) const { return std::fabs(v - sum) <= 1e-5 * mag; }
+};
+
 TEST(HyperConnAvx512, EqualsTheBaselineLoopsBitForBit) {
   if (trex::cpu_isa() < trex::Isa::Avx512) GTEST_SKIP() << "the CPU has no AVX-512 (or TREX_ISA caps it)";
   std::mt19937 g(7);
@@ -88,13 +99,9 @@ TEST(HyperConnAvx512, ProjectionMatchesDoubleSums) {
     int bad = 0;
     for (int64_t t = 0; t < c.tc; ++t)
       for (int q = 0; q < c.R; ++q) {
-        double sum = 0, mag = 0;
-        for (int64_t k = 0; k < c.K; ++k) {
-          const double p = (double)x[t * c.K + k] * fn[q * c.K + k];
-          sum += p;
-          mag += std::fabs(p);
-        }
-        bad += !(std::fabs(mix[t * c.R + q] - sum) <= 1e-5 * mag);
+        DoubleSum e;
+        for (int64_t k = 0; k < c.K; ++k) e.add((double)x[t * c.K + k] * fn[q * c.K + k]);
+        bad += !e.near(mix[t * c.R + q]);
       }
     EXPECT_EQ(bad, 0);
     const int64_t t = std::min<int64_t>(1, c.tc - 1);  // a token of the first tile, alone
@@ -137,17 +144,12 @@ TEST(HyperConnAvx512, InputGradientMatchesDoubleSums) {
           for (int j = 0; j < c.n; ++j)
             for (int64_t i = 0; i < c.d; ++i) {
               const int64_t k = j * c.d + i;
-              double sum = acc ? dx0[t * K + k] : 0.0, mag = std::fabs(sum);
-              for (int q = 0; q < c.R; ++q) {
-                const double p = (double)dm[t * c.R + q] * fn[q * K + k];
-                sum += p;
-                mag += std::fabs(p);
-              }
-              const double a = with_dy ? (double)pre[t * c.n + j] * dy[t * c.d + i] : 0.0,
-                           b = (double)cx[t] * x[t * K + k];
-              sum += a - b;
-              mag += std::fabs(a) + std::fabs(b);
-              bad += !(std::fabs(dx[t * K + k] - sum) <= 1e-5 * mag);
+              DoubleSum e;
+              e.add(acc ? dx0[t * K + k] : 0.0);
+              for (int q = 0; q < c.R; ++q) e.add((double)dm[t * c.R + q] * fn[q * K + k]);
+              e.add(with_dy ? (double)pre[t * c.n + j] * dy[t * c.d + i] : 0.0);
+              e.add(-(double)cx[t] * x[t * K + k]);
+              bad += !e.near(dx[t * K + k]);
             }
         EXPECT_EQ(bad, 0);
         const int64_t t = c.tc - 1;  // the last token, alone
@@ -225,13 +227,10 @@ TEST(HyperConnAvx512, WeightGradientMatchesDoubleSums) {
     int bad = 0;
     for (int q = 0; q < c.R; ++q)
       for (int64_t k = 0; k < c.K; ++k) {
-        double sum = part0[q * c.K + k], mag = std::fabs(sum);
-        for (int64_t t = 0; t < c.tc; ++t) {
-          const double p = (double)dm[t * c.R + q] * x[t * c.K + k];
-          sum += p;
-          mag += std::fabs(p);
-        }
-        bad += !(std::fabs(part[q * c.K + k] - sum) <= 1e-5 * mag);
+        DoubleSum e;
+        e.add(part0[q * c.K + k]);
+        for (int64_t t = 0; t < c.tc; ++t) e.add((double)dm[t * c.R + q] * x[t * c.K + k]);
+        bad += !e.near(part[q * c.K + k]);
       }
     EXPECT_EQ(bad, 0);
   }
