@@ -242,4 +242,67 @@ void grouped_gemm(Prec prec, bool ta, bool tb, float alpha, float beta, const Ge
   parallel_dynamic(left, [&](int64_t k) { run(order[i + k]); });
 }
 
+namespace {
+
+// Column blocks of the row-invariant forms: at most this many columns, a function of N alone.
+constexpr int64_t kInvariantCols = 256;
+
+struct InvTile {
+  int g;
+  int64_t r0, c0;
+};
+
+// One tile: rows [r0, r0 + 16) (fewer at the end: zero rows added) x columns [c0, c0 + nb) of
+// group q, on this thread alone (SerialScope: a lone tile is not inside a parallel region, and
+// oneDNN would take every thread, with another K blocking). A's rows and C's tile are always
+// copied to packed scratch: oneDNN's bf16 matmul picks its kernel by the strides too (a row read
+// at lda = K + 3 differed in the last bits from the same row packed).
+void invariant_tile(Prec prec_a, Prec prec_b, bool tb, float alpha, float beta, const GemmGroup& q, int64_t r0,
+                    int64_t c0) {
+  SerialScope serial(true);
+  const int64_t R = kInvariantRows, rows = std::min(R, q.M - r0), nb = std::min(kInvariantCols, q.N - c0);
+  const int64_t ea = prec_a == Prec::BF16 ? 2 : 4, eb = prec_b == Prec::BF16 ? 2 : 4;
+  const void* b = static_cast<const char*>(q.B) + (tb ? c0 * q.ldb : c0) * eb;
+  const char* a = static_cast<const char*>(q.A) + r0 * q.lda * ea;
+  float* c = q.C + r0 * q.ldc + c0;
+  thread_local std::vector<char> pad_a;
+  thread_local std::vector<float> pad_c;
+  pad_a.assign((size_t)(R * q.K * ea), 0);
+  pad_c.assign((size_t)(R * nb), 0.f);
+  for (int64_t i = 0; i < rows; ++i) {
+    std::memcpy(pad_a.data() + i * q.K * ea, a + i * q.lda * ea, (size_t)(q.K * ea));
+    if (beta != 0.f) std::memcpy(pad_c.data() + i * nb, c + i * q.ldc, nb * sizeof(float));
+  }
+  gemm_any("gemm_rows_invariant", prec_a, prec_b, false, tb, R, nb, q.K, alpha, pad_a.data(), std::max<int64_t>(q.K, 1),
+           b, q.ldb, beta, pad_c.data(), nb);
+  for (int64_t i = 0; i < rows; ++i) std::memcpy(c + i * q.ldc, pad_c.data() + i * nb, nb * sizeof(float));
+}
+
+void invariant_groups(Prec pa, Prec pb, bool tb, float alpha, float beta, const GemmGroup* groups, int n_groups) {
+  std::vector<InvTile> tiles;
+  for (int g = 0; g < n_groups; ++g) {
+    const GemmGroup& q = groups[g];
+    check_args("gemm_rows_invariant", false, tb, q.M, q.N, q.K, q.A, q.lda, q.B, q.ldb, q.C, q.ldc);
+    for (int64_t r0 = 0; r0 < q.M; r0 += kInvariantRows)
+      for (int64_t c0 = 0; c0 < q.N; c0 += kInvariantCols) tiles.push_back({g, r0, c0});
+  }
+  parallel_dynamic((int64_t)tiles.size(), [&](int64_t t) {
+    const InvTile& x = tiles[(size_t)t];
+    invariant_tile(pa, pb, tb, alpha, beta, groups[x.g], x.r0, x.c0);
+  });
+}
+
+}  // namespace
+
+void gemm_rows_invariant(Prec pa, Prec pb, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+                         int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  const GemmGroup g{A, B, C, M, N, K, lda, ldb, ldc};
+  invariant_groups(pa, pb, tb, alpha, beta, &g, 1);
+}
+
+void grouped_gemm_rows_invariant(Prec prec, bool tb, float alpha, float beta, const GemmGroup* groups, int n_groups) {
+  TREX_CHECK(n_groups >= 0 && (n_groups == 0 || groups), "grouped_gemm_rows_invariant: n_groups=", n_groups);
+  invariant_groups(prec, prec, tb, alpha, beta, groups, n_groups);
+}
+
 }  // namespace trex::kern

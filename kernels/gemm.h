@@ -56,4 +56,18 @@ struct GemmGroup {
 // other on all threads; small ones run concurrently, one thread each (largest first).
 void grouped_gemm(Prec prec, bool ta, bool tb, float alpha, float beta, const GemmGroup* groups, int n_groups);
 
+// Row-invariant forms, for generation (model/generate.h: a prompt decoded among others must give
+// what it gives alone). C = alpha * A @ op(B) + beta * C with A stored [M, K] (no transpose):
+// row i of C depends only on row i of A, on B and on (N, K), never on M, on the other rows or
+// on the thread count. The fast forms above give no such promise: oneDNN's sgemm picks another
+// kernel below 16 rows and another K blocking as M or the thread count changes (on AVX-512
+// CPUs a row of a 3-row call differs in the last bits from the same row alone). Here the rows
+// run in tiles of kInvariantRows (a partial tile zero-padded in scratch) and the columns in
+// blocks fixed by N, each tile one single-threaded GEMM of that fixed shape; tiles of all
+// groups share the threads. Host memory only (the CPU backend).
+constexpr int64_t kInvariantRows = 16;
+void gemm_rows_invariant(Prec pa, Prec pb, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+                         int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void grouped_gemm_rows_invariant(Prec prec, bool tb, float alpha, float beta, const GemmGroup* groups, int n_groups);
+
 }  // namespace trex::kern

@@ -82,6 +82,7 @@ void Decoder::feed_v3(const std::vector<DecoderPart>& parts, float* logits) {
   StackArena& A = m_.acts;
   A.reset();
   Ctx ctx{m_.prec, &A, nullptr, &m_.backend()};
+  ctx.rows_invariant = true;  // a part gets what it gets alone
   const float* P = m_.P();
   const bf16* Pb = m_.Pb();
   const float eps = (float)c.rms_norm_eps;

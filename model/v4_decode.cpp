@@ -53,7 +53,7 @@ void grouped_fwd(const Ctx& c, int64_t N, int64_t G, int64_t Dg, int64_t olr, co
   std::vector<kern::GemmGroup> gg;
   for (int64_t k = 0; k < G; ++k)
     gg.push_back({(const char*)x + k * Dg * es, wb + k * olr * Dg * es, Y + k * olr, N, olr, Dg, G * Dg, Dg, G * olr});
-  kern::grouped_gemm(bf ? kern::Prec::BF16 : kern::Prec::F32, false, true, 1.f, 0.f, gg.data(), (int)gg.size());
+  grouped_gemm_fwd(c, bf ? kern::Prec::BF16 : kern::Prec::F32, true, 0.f, gg.data(), (int)gg.size());
   c.ws->release(mk);
 }
 
@@ -248,6 +248,7 @@ void v4_decode_feed(Model& m, const std::vector<V4Feed>& parts, float* logits) {
   StackArena& A = m.acts;
   A.reset();
   Step s{c, m.layout, Ctx{m.prec, &A, nullptr, &m.backend()}, m.P(), m.Pb(), parts, {0}, {}, {}, {}};
+  s.ctx.rows_invariant = true;  // a part gets what it gets alone (model/generate.h)
   int64_t tmax = 1;
   for (const V4Feed& f : parts) {
     TREX_CHECK(f.n > 0 && f.cache, "v4_decode_feed: each part needs a cache and at least one token");
@@ -330,11 +331,9 @@ void v4_decode_feed(Model& m, const std::vector<V4Feed>& parts, float* logits) {
   if (m.prec == kern::Prec::BF16) {
     bf16* hb16 = A.alloc<bf16>(B * d);
     to_bf16(h, hb16, B * d);
-    s.ctx.k().gemm(kern::Prec::BF16, kern::Prec::BF16, false, true, B, V, d, 1.f, hb16, d, s.Pb + m.layout.head, d, 0.f,
-                   logits, V);
+    gemm_fwd(s.ctx, kern::Prec::BF16, kern::Prec::BF16, true, B, V, d, hb16, d, s.Pb + m.layout.head, d, 0.f, logits, V);
   } else {
-    s.ctx.k().gemm(kern::Prec::F32, kern::Prec::F32, false, true, B, V, d, 1.f, h, d, P + m.layout.head, d, 0.f, logits,
-                   V);
+    gemm_fwd(s.ctx, kern::Prec::F32, kern::Prec::F32, true, B, V, d, h, d, P + m.layout.head, d, 0.f, logits, V);
   }
 }
 

@@ -3,13 +3,14 @@
 // the whole row's forward (DeepSeek-V4: Model::v4_last_logits, the training layers; V3.2: a fresh
 // decoder fed the whole row at once), fp32, 1e-5 relative. V4 configs cover every attention kind
 // and odd compress rates and windows; lengths are multiples of no rate but 1. Batched decoding (several
-// sequences per feed, at different lengths) equals decoding each alone, and generate_batch equals
+// sequences per feed, at different lengths) equals decoding each alone bit for bit, and generate_batch equals
 // generate() per prompt, greedy and sampled. (Under TREX_ISA=ref the cached logits are
 // bit-identical to the recompute; the vector kernels' blocking leaves up to 5e-6.)
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include "core/parallel.h"
@@ -158,8 +159,10 @@ TEST(V4Decode, BatchedFeedEqualsOneAtATime) {
         const int64_t b = parts[k].seq;
         const std::vector<float>& one = alone[b].feed(ids[b].data() + at[b], chunk[b][s]);
         at[b] += chunk[b][s];
-        EXPECT_LE(rel_diff(got.data() + k * V, one.data(), V), 1e-5)
-            << "config " << cfg_i << " step " << s << " sequence " << b;
+        // Bit for bit (model::Ctx::rows_invariant): not within a bound.
+        EXPECT_EQ(0, std::memcmp(got.data() + k * V, one.data(), V * sizeof(float)))
+            << "config " << cfg_i << " step " << s << " sequence " << b << ": relative difference "
+            << rel_diff(got.data() + k * V, one.data(), V);
         EXPECT_EQ(batch.len(b), at[b]);
       }
     }
