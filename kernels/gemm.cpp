@@ -5,12 +5,15 @@
 #include "kernels/gemm.h"
 #include <oneapi/dnnl/dnnl.h>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 #include "core/cpu.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "kernels/cpu/gemm_avx512.h"
+#include "kernels/cpu/gemm_rows_avx512.h"
 #include "kernels/gemm_bf16_dnnl.h"
 #include "kernels/ref/gemm.h"
 
@@ -244,65 +247,74 @@ void grouped_gemm(Prec prec, bool ta, bool tb, float alpha, float beta, const Ge
 
 namespace {
 
-// Column blocks of the row-invariant forms: at most this many columns, a function of N alone.
-constexpr int64_t kInvariantCols = 256;
+// Tiles of the row-invariant forms (threads take whole tiles): rows x columns.
+constexpr int64_t kInvRows = 64, kInvCols = 64;
 
 struct InvTile {
   int g;
   int64_t r0, c0;
 };
 
-// One tile: rows [r0, r0 + 16) (fewer at the end: zero rows added) x columns [c0, c0 + nb) of
-// group q, on this thread alone (SerialScope: a lone tile is not inside a parallel region, and
-// oneDNN would take every thread, with another K blocking). A's rows and C's tile are always
-// copied to packed scratch: oneDNN's bf16 matmul picks its kernel by the strides too (a row read
-// at lda = K + 3 differed in the last bits from the same row packed).
-void invariant_tile(Prec prec_a, Prec prec_b, bool tb, float alpha, float beta, const GemmGroup& q, int64_t r0,
-                    int64_t c0) {
-  SerialScope serial(true);
-  const int64_t R = kInvariantRows, rows = std::min(R, q.M - r0), nb = std::min(kInvariantCols, q.N - c0);
-  const int64_t ea = prec_a == Prec::BF16 ? 2 : 4, eb = prec_b == Prec::BF16 ? 2 : 4;
-  const void* b = static_cast<const char*>(q.B) + (tb ? c0 * q.ldb : c0) * eb;
-  const char* a = static_cast<const char*>(q.A) + r0 * q.lda * ea;
-  float* c = q.C + r0 * q.ldc + c0;
-  thread_local std::vector<char> pad_a;
-  thread_local std::vector<float> pad_c;
-  pad_a.assign((size_t)(R * q.K * ea), 0);
-  pad_c.assign((size_t)(R * nb), 0.f);
-  for (int64_t i = 0; i < rows; ++i) {
-    std::memcpy(pad_a.data() + i * q.K * ea, a + i * q.lda * ea, (size_t)(q.K * ea));
-    if (beta != 0.f) std::memcpy(pad_c.data() + i * nb, c + i * q.ldc, nb * sizeof(float));
+// The portable form of cpu::gemm_rows_abt_avx512: per element, 8 partial sums over k (k mod 8),
+// added in a fixed order; the same operations whatever the tile.
+template <class TA, class TB>
+void rows_abt_portable(int64_t i0, int64_t i1, int64_t n0, int64_t n1, int64_t K, float alpha, const void* A,
+                       int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  auto val = [](auto x) -> float {
+    if constexpr (std::is_same_v<decltype(x), bf16>) return bf16_to_f32(x);
+    else return x;
+  };
+  for (int64_t i = i0; i < i1; ++i) {
+    const TA* a = static_cast<const TA*>(A) + i * lda;
+    for (int64_t n = n0; n < n1; ++n) {
+      const TB* b = static_cast<const TB*>(B) + n * ldb;
+      float p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t k = 0;
+      for (; k + 8 <= K; k += 8)
+        for (int j = 0; j < 8; ++j) p[j] += val(a[k + j]) * val(b[k + j]);
+      for (int j = 0; k + j < K; ++j) p[j] += val(a[k + j]) * val(b[k + j]);
+      const float s = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+      float* y = C + i * ldc + n;
+      *y = beta == 0.f ? alpha * s : std::fma(beta, *y, alpha * s);
+    }
   }
-  gemm_any("gemm_rows_invariant", prec_a, prec_b, false, tb, R, nb, q.K, alpha, pad_a.data(), std::max<int64_t>(q.K, 1),
-           b, q.ldb, beta, pad_c.data(), nb);
-  for (int64_t i = 0; i < rows; ++i) std::memcpy(c + i * q.ldc, pad_c.data() + i * nb, nb * sizeof(float));
 }
 
-void invariant_groups(Prec pa, Prec pb, bool tb, float alpha, float beta, const GemmGroup* groups, int n_groups) {
+void invariant_tile(Prec pa, Prec pb, float alpha, float beta, const GemmGroup& q, int64_t r0, int64_t c0) {
+  const int64_t r1 = std::min(q.M, r0 + kInvRows), c1 = std::min(q.N, c0 + kInvCols);
+  const bool abf = pa == Prec::BF16, bbf = pb == Prec::BF16;
+  if (cpu_isa() >= Isa::Avx512 && !isa_ref_forced())
+    return cpu::gemm_rows_abt_avx512(abf, bbf, r0, r1, c0, c1, q.K, alpha, q.A, q.lda, q.B, q.ldb, beta, q.C, q.ldc);
+  auto f = abf ? (bbf ? &rows_abt_portable<bf16, bf16> : &rows_abt_portable<bf16, float>)
+               : (bbf ? &rows_abt_portable<float, bf16> : &rows_abt_portable<float, float>);
+  f(r0, r1, c0, c1, q.K, alpha, q.A, q.lda, q.B, q.ldb, beta, q.C, q.ldc);
+}
+
+void invariant_groups(Prec pa, Prec pb, float alpha, float beta, const GemmGroup* groups, int n_groups) {
   std::vector<InvTile> tiles;
   for (int g = 0; g < n_groups; ++g) {
     const GemmGroup& q = groups[g];
-    check_args("gemm_rows_invariant", false, tb, q.M, q.N, q.K, q.A, q.lda, q.B, q.ldb, q.C, q.ldc);
-    for (int64_t r0 = 0; r0 < q.M; r0 += kInvariantRows)
-      for (int64_t c0 = 0; c0 < q.N; c0 += kInvariantCols) tiles.push_back({g, r0, c0});
+    check_args("gemm_rows_invariant", false, true, q.M, q.N, q.K, q.A, q.lda, q.B, q.ldb, q.C, q.ldc);
+    for (int64_t r0 = 0; r0 < q.M; r0 += kInvRows)
+      for (int64_t c0 = 0; c0 < q.N; c0 += kInvCols) tiles.push_back({g, r0, c0});
   }
   parallel_dynamic((int64_t)tiles.size(), [&](int64_t t) {
     const InvTile& x = tiles[(size_t)t];
-    invariant_tile(pa, pb, tb, alpha, beta, groups[x.g], x.r0, x.c0);
+    invariant_tile(pa, pb, alpha, beta, groups[x.g], x.r0, x.c0);
   });
 }
 
 }  // namespace
 
-void gemm_rows_invariant(Prec pa, Prec pb, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
-                         int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+void gemm_rows_invariant(Prec pa, Prec pb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda,
+                         const void* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   const GemmGroup g{A, B, C, M, N, K, lda, ldb, ldc};
-  invariant_groups(pa, pb, tb, alpha, beta, &g, 1);
+  invariant_groups(pa, pb, alpha, beta, &g, 1);
 }
 
-void grouped_gemm_rows_invariant(Prec prec, bool tb, float alpha, float beta, const GemmGroup* groups, int n_groups) {
+void grouped_gemm_rows_invariant(Prec prec, float alpha, float beta, const GemmGroup* groups, int n_groups) {
   TREX_CHECK(n_groups >= 0 && (n_groups == 0 || groups), "grouped_gemm_rows_invariant: n_groups=", n_groups);
-  invariant_groups(prec, prec, tb, alpha, beta, groups, n_groups);
+  invariant_groups(prec, prec, alpha, beta, groups, n_groups);
 }
 
 }  // namespace trex::kern

@@ -57,17 +57,17 @@ struct GemmGroup {
 void grouped_gemm(Prec prec, bool ta, bool tb, float alpha, float beta, const GemmGroup* groups, int n_groups);
 
 // Row-invariant forms, for generation (model/generate.h: a prompt decoded among others must give
-// what it gives alone). C = alpha * A @ op(B) + beta * C with A stored [M, K] (no transpose):
-// row i of C depends only on row i of A, on B and on (N, K), never on M, on the other rows or
-// on the thread count. The fast forms above give no such promise: oneDNN's sgemm picks another
-// kernel below 16 rows and another K blocking as M or the thread count changes (on AVX-512
-// CPUs a row of a 3-row call differs in the last bits from the same row alone). Here the rows
-// run in tiles of kInvariantRows (a partial tile zero-padded in scratch) and the columns in
-// blocks fixed by N, each tile one single-threaded GEMM of that fixed shape; tiles of all
-// groups share the threads. Host memory only (the CPU backend).
-constexpr int64_t kInvariantRows = 16;
-void gemm_rows_invariant(Prec pa, Prec pb, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
-                         int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc);
-void grouped_gemm_rows_invariant(Prec prec, bool tb, float alpha, float beta, const GemmGroup* groups, int n_groups);
+// what it gives alone): C = alpha * A @ B^T + beta * C with A stored [M, K] and B stored [N, K]
+// (a linear layer's forward; A and B f32 or bf16, bf16 widened exactly). Row i of C depends only
+// on row i of A, on B and on K: never on M, on the other rows or on the thread count. The fast
+// forms above give no such promise: oneDNN's sgemm runs another kernel below 16 rows, and
+// another K blocking as M or the thread count changes, so on AVX-512 CPUs a row of a 3-row call
+// differs in its last bits from the same row alone. Here each element is one fixed sequence of
+// operations (kernels/cpu/gemm_rows_avx512.h: 16-lane partial sums over k, a fixed horizontal
+// sum; a portable form with 8 lanes elsewhere); threads take tiles of 64 x 64 of all groups.
+// Host memory only (the CPU backend).
+void gemm_rows_invariant(Prec pa, Prec pb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda,
+                         const void* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void grouped_gemm_rows_invariant(Prec prec, float alpha, float beta, const GemmGroup* groups, int n_groups);
 
 }  // namespace trex::kern

@@ -103,6 +103,8 @@ void project_chunk(const HcShape& s, int R, int64_t t0, int64_t tc, const float*
                    float* rstd) {
   const int64_t K = s.n * s.d;
   if (cpu_isa() >= Isa::Avx512) cpu::hc_project_avx512(R, K, tc, x + t0 * K, fn, mix + t0 * R);
+  else if (s.rows_invariant)
+    gemm_rows_invariant(Prec::F32, Prec::F32, tc, R, K, 1.f, x + t0 * K, K, fn, K, 0.f, mix + t0 * R, R);
   else gemm_f32(false, true, tc, R, K, 1.f, x + t0 * K, K, fn, K, 0.f, mix + t0 * R, R);
   for (int64_t t = t0; t < t0 + tc; ++t) {
     const float* xt = x + t * K;

@@ -25,6 +25,9 @@ struct HcShape {
   int iters;       // hc_sinkhorn_iters (>= 1)
   float hc_eps;    // hc_eps
   float norm_eps;  // rms_norm_eps of the unweighted RMSNorm
+  // Generation: each token's projection independent of the other tokens (the baseline's sgemm
+  // takes kern::gemm_rows_invariant; the AVX-512 loop is per token already).
+  bool rows_invariant = false;
 };
 
 // x: [N, n, d]  fn: [R, K]  base: [R]  scale: [3]

@@ -24,17 +24,17 @@ bf16* bf16_rows(const Ctx& c, const float* x, int64_t n, int64_t cols, int64_t l
 
 }  // namespace
 
-void gemm_fwd(const Ctx& c, kern::Prec pa, kern::Prec pb, bool tb, int64_t M, int64_t N, int64_t K, const void* A,
-              int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  if (!c.rows_invariant) return c.k().gemm(pa, pb, false, tb, M, N, K, 1.f, A, lda, B, ldb, beta, C, ldc);
+void gemm_fwd(const Ctx& c, kern::Prec pa, kern::Prec pb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda,
+              const void* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (!c.rows_invariant) return c.k().gemm(pa, pb, false, true, M, N, K, 1.f, A, lda, B, ldb, beta, C, ldc);
   TREX_CHECK(c.host_memory(), "row-invariant GEMMs run on host memory (the CPU backend)");
-  kern::gemm_rows_invariant(pa, pb, tb, M, N, K, 1.f, A, lda, B, ldb, beta, C, ldc);
+  kern::gemm_rows_invariant(pa, pb, M, N, K, 1.f, A, lda, B, ldb, beta, C, ldc);
 }
 
-void grouped_gemm_fwd(const Ctx& c, kern::Prec prec, bool tb, float beta, const kern::GemmGroup* groups, int n_groups) {
-  if (!c.rows_invariant) return c.k().grouped_gemm(prec, false, tb, 1.f, beta, groups, n_groups);
+void grouped_gemm_fwd(const Ctx& c, kern::Prec prec, float beta, const kern::GemmGroup* groups, int n_groups) {
+  if (!c.rows_invariant) return c.k().grouped_gemm(prec, false, true, 1.f, beta, groups, n_groups);
   TREX_CHECK(c.host_memory(), "row-invariant GEMMs run on host memory (the CPU backend)");
-  kern::grouped_gemm_rows_invariant(prec, tb, 1.f, beta, groups, n_groups);
+  kern::grouped_gemm_rows_invariant(prec, 1.f, beta, groups, n_groups);
 }
 
 void linear_fwd(const Ctx& c, const float* x, int64_t N, int64_t in, W w, int64_t out, float* y, float beta,
@@ -42,12 +42,12 @@ void linear_fwd(const Ctx& c, const float* x, int64_t N, int64_t in, W w, int64_
   if (N == 0) return;
   const int64_t ldw = w.ld ? w.ld : in, ly = ldy ? ldy : out;
   if (c.prec == kern::Prec::F32 || !w.b) {
-    gemm_fwd(c, kern::Prec::F32, kern::Prec::F32, true, N, out, in, x, in, w.f, ldw, beta, y, ly);
+    gemm_fwd(c, kern::Prec::F32, kern::Prec::F32, N, out, in, x, in, w.f, ldw, beta, y, ly);
     return;
   }
   auto m = c.ws->mark();
   bf16* xb = bf16_rows(c, x, N, in, in);
-  gemm_fwd(c, kern::Prec::BF16, kern::Prec::BF16, true, N, out, in, xb, in, w.b, ldw, beta, y, ly);
+  gemm_fwd(c, kern::Prec::BF16, kern::Prec::BF16, N, out, in, xb, in, w.b, ldw, beta, y, ly);
   c.ws->release(m);
 }
 

@@ -79,11 +79,11 @@ void linear_fwd(const Ctx&, const float* x, int64_t N, int64_t in, W w, int64_t 
 void linear_bwd(const Ctx&, const float* dy, const float* x, int64_t N, int64_t in, W w, int64_t out, float* dx,
                 bool dx_accum, float* dW, int64_t ldy = 0);
 
-// Forward GEMMs through c: C = A @ op(B) (+ beta C), A stored [M, K] (kernels/gemm.h), on the
-// backend, or in the row-invariant form when c.rows_invariant.
-void gemm_fwd(const Ctx& c, kern::Prec pa, kern::Prec pb, bool tb, int64_t M, int64_t N, int64_t K, const void* A,
-              int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc);
-void grouped_gemm_fwd(const Ctx& c, kern::Prec prec, bool tb, float beta, const kern::GemmGroup* groups, int n_groups);
+// Forward GEMMs through c: C = A @ B^T (+ beta C), A stored [M, K], B [N, K] (a weight), on the
+// backend, or in the row-invariant form when c.rows_invariant (kernels/gemm.h).
+void gemm_fwd(const Ctx& c, kern::Prec pa, kern::Prec pb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda,
+              const void* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void grouped_gemm_fwd(const Ctx& c, kern::Prec prec, float beta, const kern::GemmGroup* groups, int n_groups);
 
 // Converts n floats to bf16 (round to nearest even), threaded (host memory).
 void to_bf16(const float* x, bf16* y, int64_t n);

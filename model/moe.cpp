@@ -29,8 +29,8 @@ void over_experts(const Ctx& c, const std::vector<int64_t>& off, bool ta, bool t
     const int64_t r0 = off[e], M = off[e + 1] - r0;
     if (M) g.push_back(make((int64_t)e, r0, M));
   }
-  if (ta) return c.k().grouped_gemm(c.prec, ta, tb, 1.f, beta, g.data(), (int)g.size());
-  grouped_gemm_fwd(c, c.prec, tb, beta, g.data(), (int)g.size());
+  if (ta || !tb) return c.k().grouped_gemm(c.prec, ta, tb, 1.f, beta, g.data(), (int)g.size());
+  grouped_gemm_fwd(c, c.prec, beta, g.data(), (int)g.size());  // the forward: X @ W_e^T
 }
 
 size_t elem(const Ctx& c) { return c.prec == kern::Prec::BF16 ? 2 : 4; }
@@ -209,7 +209,7 @@ double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, Mo
     float* logits = A.alloc<float>(N * E);
     {
       ProfScope ps2(c.prof, "fwd.moe.route.logits");
-      gemm_fwd(c, kern::Prec::F32, kern::Prec::F32, true, N, E, d, x, d, in.P + p.router, d, 0.f, logits, E);
+      gemm_fwd(c, kern::Prec::F32, kern::Prec::F32, N, E, d, x, d, in.P + p.router, d, 0.f, logits, E);
     }
     s.route.scores = logits;  // in place
     s.route.idx = A.alloc<int32_t>(R);

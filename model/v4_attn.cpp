@@ -144,7 +144,7 @@ void grouped_fwd(const Ctx& c, const Grouped& g, const float* X, W w, float* Y) 
   for (int64_t k = 0; k < g.G; ++k)
     gg.push_back({(const char*)x + k * g.Dg * es, wb + k * g.olr * g.Dg * es, Y + k * g.olr, g.N, g.olr, g.Dg,
                   g.G * g.Dg, g.Dg, g.G * g.olr});
-  grouped_gemm_fwd(c, bf ? kern::Prec::BF16 : kern::Prec::F32, true, 0.f, gg.data(), (int)gg.size());
+  grouped_gemm_fwd(c, bf ? kern::Prec::BF16 : kern::Prec::F32, 0.f, gg.data(), (int)gg.size());
   c.ws->release(mk);
 }
 

@@ -53,7 +53,7 @@ void grouped_fwd(const Ctx& c, int64_t N, int64_t G, int64_t Dg, int64_t olr, co
   std::vector<kern::GemmGroup> gg;
   for (int64_t k = 0; k < G; ++k)
     gg.push_back({(const char*)x + k * Dg * es, wb + k * olr * Dg * es, Y + k * olr, N, olr, Dg, G * Dg, Dg, G * olr});
-  grouped_gemm_fwd(c, bf ? kern::Prec::BF16 : kern::Prec::F32, true, 0.f, gg.data(), (int)gg.size());
+  grouped_gemm_fwd(c, bf ? kern::Prec::BF16 : kern::Prec::F32, 0.f, gg.data(), (int)gg.size());
   c.ws->release(mk);
 }
 
@@ -271,7 +271,7 @@ void v4_decode_feed(Model& m, const std::vector<V4Feed>& parts, float* logits) {
   const int64_t N = s.N();
   const float* P = s.P;
   const float eps = (float)c.rms_norm_eps;
-  const kern::HcShape hs{N, (int)n, d, (int)v.hc_sinkhorn_iters, (float)v.hc_eps, eps};
+  const kern::HcShape hs{N, (int)n, d, (int)v.hc_sinkhorn_iters, (float)v.hc_eps, eps, true};
 
   // Embedding rows copied into every stream: X [N, n, d].
   float* X = A.alloc<float>(N * n * d);
@@ -324,16 +324,16 @@ void v4_decode_feed(Model& m, const std::vector<V4Feed>& parts, float* logits) {
   // mode, as the training loss computes it).
   float* Xl = A.alloc<float>(B * n * d);
   for (int64_t b = 0; b < B; ++b) std::memcpy(Xl + b * n * d, X + (s.first[b + 1] - 1) * n * d, n * d * 4);
-  const kern::HcShape hb{B, (int)n, d, (int)v.hc_sinkhorn_iters, (float)v.hc_eps, eps};
+  const kern::HcShape hb{B, (int)n, d, (int)v.hc_sinkhorn_iters, (float)v.hc_eps, eps, true};
   kern::hc_head_fwd(hb, Xl, P + m.layout.hc_head_fn, P + m.layout.hc_head_base, P + m.layout.hc_head_scale, y, mix,
                     rstd);
   s.ctx.k().rmsnorm_fwd(y, B, d, P + m.layout.final_norm, eps, h, nullptr);
   if (m.prec == kern::Prec::BF16) {
     bf16* hb16 = A.alloc<bf16>(B * d);
     to_bf16(h, hb16, B * d);
-    gemm_fwd(s.ctx, kern::Prec::BF16, kern::Prec::BF16, true, B, V, d, hb16, d, s.Pb + m.layout.head, d, 0.f, logits, V);
+    gemm_fwd(s.ctx, kern::Prec::BF16, kern::Prec::BF16, B, V, d, hb16, d, s.Pb + m.layout.head, d, 0.f, logits, V);
   } else {
-    gemm_fwd(s.ctx, kern::Prec::F32, kern::Prec::F32, true, B, V, d, h, d, P + m.layout.head, d, 0.f, logits, V);
+    gemm_fwd(s.ctx, kern::Prec::F32, kern::Prec::F32, B, V, d, h, d, P + m.layout.head, d, 0.f, logits, V);
   }
 }
 
