@@ -63,8 +63,8 @@ void grouped_gemm(Prec prec, bool ta, bool tb, float alpha, float beta, const Ge
 // forms above give no such promise: oneDNN's sgemm runs another kernel below 16 rows, and
 // another K blocking as M or the thread count changes, so on AVX-512 CPUs a row of a 3-row call
 // differs in its last bits from the same row alone. Here each element is one fixed sequence of
-// operations (kernels/cpu/gemm_rows_avx512.h: 16-lane partial sums over k, a fixed horizontal
-// sum; a portable form with 8 lanes elsewhere); threads take tiles of 64 x 64 of all groups.
+// operations (kernels/cpu/gemm_rows_avx512.h: 16-lane partial sums over k added in fixed pairs;
+// a portable form with 8 lanes elsewhere); threads take tiles of 64 x 64 of all groups.
 // Host memory only (the CPU backend).
 void gemm_rows_invariant(Prec pa, Prec pb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda,
                          const void* B, int64_t ldb, float beta, float* C, int64_t ldc);
