@@ -192,11 +192,23 @@ struct Work {
       pack_pair(dst + p * Hp, x + 2 * p * Hp, 2 * p + 1 < L ? x + (2 * p + 1) * Hp : nullptr, Hp);
   }
 
-  // kvp [LP, Dw] = pairs of the listed kv rows (2p, 2p + 1).
-  void pack_kv_pairs(const float* kv, const int32_t* ix, int64_t L) {
-    for (int64_t p = 0; p < pairs_of(L); ++p)
-      pack_pair(kvp.data() + p * Dw, kv + int64_t{ix[2 * p]} * D,
-                2 * p + 1 < L ? kv + int64_t{ix[2 * p + 1]} * D : nullptr, D);
+  // kvp [LP, Dw] = pairs of the listed kv rows (2p, 2p + 1), from their bf16 copies in kvw (a
+  // kvw row is the row's bf16 values in order): the words pack_pair would make from the f32
+  // rows, without converting them again for every query that lists them.
+  void pack_kv_pairs(const W32* kvw, const int32_t* ix, int64_t L) {
+    const int64_t dpw = round16(DP);
+    for (int64_t p = 0; p < pairs_of(L); ++p) {
+      const auto* r0 = reinterpret_cast<const uint16_t*>(kvw + int64_t{ix[2 * p]} * dpw);
+      const auto* r1 = 2 * p + 1 < L ? reinterpret_cast<const uint16_t*>(kvw + int64_t{ix[2 * p + 1]} * dpw) : nullptr;
+      W32* dst = kvp.data() + p * Dw;
+      for (int64_t x = 0; x < D; x += 16) {
+        const __mmask16 m = tail_mask(D - x);
+        const __m512i a = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r0 + x));
+        const __m512i b = r1 ? _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r1 + x)), 16)
+                             : _mm512_setzero_si512();
+        _mm512_storeu_si512(dst + x, _mm512_or_si512(a, b));
+      }
+    }
   }
 
   // out [H, D] = XwT^T kvp over the L listed rows (XwT [LP, Hp] pairs of an [L, Hp] matrix).
@@ -280,7 +292,7 @@ void sparse_attn_fwd_avx512bf16(const SparseAttnShape& sh, const float* q, const
       w.dots(w.S.data(), kvw.data(), ix, L, w.qT.data());
       w.softmax(L, sink, nullptr, li);
       w.pack_rows_pairs(w.PwT.data(), w.S.data(), L);
-      w.pack_kv_pairs(kv, ix, L);
+      w.pack_kv_pairs(kvw.data(), ix, L);
       w.times_kv(oi, w.PwT.data(), L);
     }
   });
@@ -354,7 +366,7 @@ void sparse_attn_bwd_avx512bf16(const SparseAttnShape& sh, const float* q, const
       }
       // dq [H, D] = dS^T kv
       w.pack_rows_pairs(w.SwT.data(), w.dP.data(), L);
-      w.pack_kv_pairs(kv, ix, L);
+      w.pack_kv_pairs(kvw.data(), ix, L);
       w.times_kv(dqi, w.SwT.data(), L);
       // dkv[ix j] += [dS | P][j, 0:2H] . [q ; dO]
       for (int64_t j = 0; j < L; ++j) {
