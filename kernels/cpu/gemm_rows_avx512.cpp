@@ -3,11 +3,12 @@
 // step of 16 k. The 16 accumulators are then summed together by one transposing tree (reduce16),
 // which adds the lanes of each accumulator in the same pairs whatever the tile's shape. So the
 // shape changes how often operands are loaded, never the operations an element goes through.
+// Intrinsics with an internal undefined operand appear in their maskz forms with a full mask:
+// GCC 12 warns that the plain forms' operand is used uninitialized.
 #include "kernels/cpu/gemm_rows_avx512.h"
 
 #include <immintrin.h>
 #include <algorithm>
-#include <cmath>
 
 #include "core/dtype.h"
 #include "kernels/cpu/simd_avx512.h"
@@ -26,7 +27,7 @@ template <bool BF16>
 inline __m512 load16(const void* p, int64_t k, __mmask16 m) {
   if constexpr (BF16) {
     const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const bf16*>(p) + k);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, h), 16));
   } else {
     return _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + k);
   }
@@ -38,12 +39,12 @@ inline __m512 reduce16(const __m512* v) {
   __m512 u[8], x[4], y[2];
 #pragma GCC unroll 8
   for (int i = 0; i < 8; ++i)  // u[i]: v[2i] (l + l+8) in lanes 0-7, v[2i+1] in 8-15
-    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
-                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+    u[i] = _mm512_add_ps(_mm512_maskz_shuffle_f32x4(0xFFFF, v[2 * i], v[2 * i + 1], 0x44),
+                         _mm512_maskz_shuffle_f32x4(0xFFFF, v[2 * i], v[2 * i + 1], 0xEE));
 #pragma GCC unroll 4
   for (int i = 0; i < 4; ++i)  // x[i]: 128-bit lane q holds v[4i + q]'s four partial sums
-    x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
-                         _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xDD));
+    x[i] = _mm512_add_ps(_mm512_maskz_shuffle_f32x4(0xFFFF, u[2 * i], u[2 * i + 1], 0x88),
+                         _mm512_maskz_shuffle_f32x4(0xFFFF, u[2 * i], u[2 * i + 1], 0xDD));
 #pragma GCC unroll 2
   for (int i = 0; i < 2; ++i)  // y[i]: per 128-bit lane q, v[8i + q] two sums, v[8i + 4 + q] two
     y[i] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * i], x[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
@@ -72,15 +73,19 @@ void tile(int64_t K, const void* const* a, const void* const* b, int nc, float* 
       for (int r = 0; r < R; ++r) acc[r * NC + c] = _mm512_fmadd_ps(av[r], bv, acc[r * NC + c]);
     }
   }
-  alignas(64) float sum[16];
-  _mm512_store_ps(sum, reduce16(acc));
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < nc; ++c) {
-      const int e = r * NC + c;
-      float* y = C + r * ldc + c;
-      const float v = alpha * sum[4 * (e % 4) + e / 4];
-      *y = beta == 0.f ? v : std::fma(beta, *y, v);
-    }
+  // Lanes back to element order (lane e = element r NC + c), then alpha (and beta C) on the
+  // vector: the same single roundings as the scalar alpha * s and std::fma(beta, c, .).
+  alignas(64) static constexpr int kOrder[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+  const __m512 v = _mm512_mul_ps(_mm512_set1_ps(alpha),
+                                 _mm512_maskz_permutexvar_ps(0xFFFF, _mm512_load_si512(kOrder), reduce16(acc)));
+  const __mmask16 mc = tail_mask(nc);
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    __m512 y = r == 0 ? v : _mm512_maskz_compress_ps(__mmask16(tail_mask(NC) << (r * NC)), v);
+    float* out = C + r * ldc;
+    if (beta != 0.f) y = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(mc, out), y);
+    _mm512_mask_storeu_ps(out, mc, y);
+  }
 }
 
 template <bool ABF, bool BBF, int R>
