@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <type_traits>
 #include <vector>
 #include "core/cpu.h"
 #include "core/error.h"
@@ -260,10 +259,7 @@ struct InvTile {
 template <class TA, class TB>
 void rows_abt_portable(int64_t i0, int64_t i1, int64_t n0, int64_t n1, int64_t K, float alpha, const void* A,
                        int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  auto val = [](auto x) -> float {
-    if constexpr (std::is_same_v<decltype(x), bf16>) return bf16_to_f32(x);
-    else return x;
-  };
+  auto val = [](auto x) { return ref::widen<float>(x); };
   for (int64_t i = i0; i < i1; ++i) {
     const TA* a = static_cast<const TA*>(A) + i * lda;
     for (int64_t n = n0; n < n1; ++n) {

@@ -181,7 +181,6 @@ void chunks_then_dfn(const HcShape& s, int R, const AvxBwd& w, const float* dmix
   });
 }
 
-
 // dz: [N, R]  mix: [N, R] -> dbase: [R] (+=), dscale: [ngroups] (+=), summed over tokens in order.
 void reduce_base_scale(const HcShape& s, int R, int ngroups, const float* dz, const float* mix, float* dbase,
                        float* dscale) {

@@ -196,10 +196,9 @@ struct Work {
   // kvw row is the row's bf16 values in order): the words pack_pair would make from the f32
   // rows, without converting them again for every query that lists them.
   void pack_kv_pairs(const W32* kvw, const int32_t* ix, int64_t L) {
-    const int64_t dpw = round16(DP);
     for (int64_t p = 0; p < pairs_of(L); ++p) {
-      const auto* r0 = reinterpret_cast<const uint16_t*>(kvw + int64_t{ix[2 * p]} * dpw);
-      const auto* r1 = 2 * p + 1 < L ? reinterpret_cast<const uint16_t*>(kvw + int64_t{ix[2 * p + 1]} * dpw) : nullptr;
+      const auto* r0 = reinterpret_cast<const uint16_t*>(kvw + int64_t{ix[2 * p]} * DPW);
+      const auto* r1 = 2 * p + 1 < L ? reinterpret_cast<const uint16_t*>(kvw + int64_t{ix[2 * p + 1]} * DPW) : nullptr;
       W32* dst = kvp.data() + p * Dw;
       for (int64_t x = 0; x < D; x += 16) {
         const __mmask16 m = tail_mask(D - x);

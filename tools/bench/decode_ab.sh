@@ -13,7 +13,7 @@ cd "$(dirname "$0")/../.."
 A=$(realpath "$1"); B=$(realpath "$2")
 ROUNDS=${ROUNDS:-2}; NEW=${NEW:-64}; OUT=${OUT:-runs/bench-decode-ab}
 mkdir -p "$OUT"
-ROOT=$(pwd)
+OUT=$(realpath "$OUT")  # the run configs name their files from any directory
 cat README.md docs/*.md > "$OUT/corpus.txt"
 [ -f "$OUT/tok/tokenizer.json" ] || "$B" tokenizer train --files "$OUT/corpus.txt" --vocab-size 300 --out "$OUT/tok" \
   --special-tokens "<｜begin▁of▁sentence｜>" "<｜end▁of▁sentence｜>" --bos "<｜begin▁of▁sentence｜>" > /dev/null
@@ -59,8 +59,8 @@ make_model() {  # name, model section function
   { $2; cat <<TOML
 
 [data]
-train = ["$ROOT/$OUT/corpus.txt"]
-tokenizer = "$ROOT/$OUT/tok/tokenizer.json"
+train = ["$OUT/corpus.txt"]
+tokenizer = "$OUT/tok/tokenizer.json"
 seq_len = 64
 cache_dir = "none"
 
@@ -70,7 +70,7 @@ batch_size = 1
 precision = "fp32"
 
 [checkpoint]
-run_dir = "$ROOT/$dir/run"
+run_dir = "$dir/run"
 
 [log]
 progress = "lines"
@@ -93,8 +93,8 @@ for r in $(seq 1 "$ROUNDS"); do
           bin=$A; [ $side = B ] && bin=$B
           line=$("$bin" bench decode --model "$OUT/$m/run/checkpoints/step-00000001" --context 512 --new "$NEW" \
                    --batch $b -t $t 2>/dev/null | tail -n 1)
-          tok=$(echo "$line" | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["decode_tokens_per_s"]))')
-          pre=$(echo "$line" | python3 -c 'import json,sys; print(json.load(sys.stdin)["prefill_s"])')
+          read -r tok pre < <(echo "$line" | python3 -c \
+            'import json,sys; j=json.load(sys.stdin); print(round(j["decode_tokens_per_s"]), j["prefill_s"])')
           k="$m $t $b $side"
           TOK[$k]="${TOK[$k]:+${TOK[$k]} / }$tok"; PRE[$k]="${PRE[$k]:+${PRE[$k]} / }$pre"
         done
