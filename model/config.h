@@ -25,8 +25,10 @@ enum class Recompute { None, Full, Selective };
 //   kRecomputeMoeAct ("moe_act"): the routed experts' SwiGLU output h [rows, F] is not kept; the
 //   backward computes it again from the kept gate|up product (one elementwise pass per layer).
 //   kRecomputeMoeOut ("moe_out"): the routed experts' outputs y [rows, d], kept only for the router
-//   probabilities' gradient (dy . y), are not kept; the experts' backward runs their down
-//   projection again, the forward's own call (the same bits), one grouped GEMM a layer.
+//   probabilities' gradient (dy . y), are not kept; the experts' backward takes that gradient as
+//   dh . h (dh = dy W_down, the down projection's input gradient it computes anyway): no GEMM
+//   more, the same value up to rounding (not bitwise: a dot over the F intermediate columns
+//   instead of the d outputs, and in bf16 runs dh comes from dy rounded to bf16).
 //   kRecomputeSharedExperts ("shared_experts"): the shared experts' gate|up product and SwiGLU
 //   output ([tokens, 3 x shared width]) are not kept; the backward runs their gate|up GEMM and
 //   SwiGLU again (a third of the shared experts' forward).

@@ -124,9 +124,12 @@ struct ExpertInputs {
 
 // Backward of experts_fwd: dy [rows, d] -> dxs [rows, d] (overwrite; it may be dy itself, read in
 // full before dxs is written); the experts' weight gradients accumulate. xs, gu, h: the forward's
-// (h null: computed again from gu, as the forward did). q non-null (the outputs y were not kept):
-// q [rows] = dy . y with y the down projection's output computed again, first, by the forward's
-// own calls (the same bits), in a scratch released before the rest.
+// (h null: computed again from gu, as the forward did). q non-null (the outputs y were not kept,
+// MoeIn::recompute_out): q [rows] = dy . y, the router probabilities' gradient times p
+// (kern::moe_probs_bwd), without y: dy . (h W_down^T) = (dy W_down) . h = dh . h, with dh the down
+// projection's input gradient that the backward computes anyway (a dot of width F a row instead
+// of the down projection run again). The same value up to rounding: the dot runs over F instead of
+// d, and a bf16 run's dh comes from dy rounded to bf16.
 void experts_bwd(const Ctx& c, const MoeIn& in, const std::vector<int64_t>& off, int64_t e0, const ExpertInputs& xs,
                  const float* gu, const float* h, const float* dy, float* dxs, double* q) {
   const int64_t d = in.cfg->hidden_size, F = in.cfg->moe_intermediate_size, R = off.back();
@@ -137,29 +140,19 @@ void experts_bwd(const Ctx& c, const MoeIn& in, const std::vector<int64_t>& off,
     ProfScope ps(c.prof, "bwd.moe.experts.cast");
     return gemm_input(c, x, n);
   };
-  // The forward's h: kept, or (null) computed again from gu into scratch from A, as the forward did.
-  auto h_rows = [&]() -> const float* {
-    if (h) return h;
-    ProfScope ps(c.prof, "bwd.moe.experts.act");
-    float* hr = A.alloc<float>(R * F);
-    c.k().swiglu_fwd(gu, R, F, in.swiglu_limit, hr);
-    return hr;
-  };
-  if (q) {
-    ProfScope ps(c.prof, "bwd.moe.experts.out");
-    auto mq = A.mark();
-    const void* hin = cast(h_rows(), R * F);
-    float* y = A.alloc<float>(R * d);
-    expert_gemm_fwd(c, off, hin, w.down, d, F, y);
-    c.k().row_dot(dy, y, R, d, q);
-    A.release(mq);
-  }
-  // The down projection's backward and the SwiGLU's: dgu first, the rest (h when recomputed, dh,
-  // the GEMM inputs' copies) scratch released before the gate|up projection's backward.
+  // The down projection's backward, q and the SwiGLU's backward: dgu first, the rest (h when
+  // recomputed, dh, the GEMM inputs' copies) scratch released before the gate|up projection's
+  // backward.
   float* dgu = A.alloc<float>(R * 2 * F);
   {
     auto mh = A.mark();
-    const float* hb = h_rows();
+    const float* hb = h;
+    if (!hb) {  // the forward's h computed again from gu, as the forward did
+      ProfScope ps(c.prof, "bwd.moe.experts.act");
+      float* hr = A.alloc<float>(R * F);
+      c.k().swiglu_fwd(gu, R, F, in.swiglu_limit, hr);
+      hb = hr;
+    }
     float* dh = A.alloc<float>(R * F);
     const void* dyin = cast(dy, R * d);
     const void* hin = cast(hb, R * F);
@@ -170,6 +163,7 @@ void experts_bwd(const Ctx& c, const MoeIn& in, const std::vector<int64_t>& off,
     }
     {
       ProfScope ps(c.prof, "bwd.moe.experts.act");
+      if (q) c.k().row_dot(dh, hb, R, F, q);
       c.k().swiglu_bwd(dh, gu, R, F, in.swiglu_limit, dgu);
     }
     A.release(mh);
@@ -312,7 +306,7 @@ void moe_backward(const Ctx& c, const MoeIn& in, const MoeSaved& s, const float*
 
   // Combine adjoint: dy[row] = p * dout[token]; the probabilities' gradient dout[token] . y[row]
   // = q[row] / p with q = dy . y: here from the kept y, else (recompute_out) from the experts'
-  // backward, back along the combine route with the rows' input gradients.
+  // backward as dh . h, back along the combine route with the rows' input gradients.
   const bool overlap = disp.in_flight();
   float* dy = A.alloc<float>(R * d);
   float* dprobs = A.alloc<float>(R);

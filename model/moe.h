@@ -32,7 +32,7 @@ struct MoeSaved {
   float* h = nullptr;   // [Rl, F] (null under MoeIn::recompute_act: the backward recomputes it)
   // The routed experts' outputs before weighting [N*K, d], sorted rows, kept only for the router
   // probabilities' gradient (dy . y = p dout . y, kern::moe_probs_bwd); null under
-  // MoeIn::recompute_out: the experts' backward runs their down projection again for it.
+  // MoeIn::recompute_out: the experts' backward takes dy . y as dh . h (model/moe.cpp).
   float* y = nullptr;
   MlpSaved shared;  // the shared experts' input and activations (gu, h null under recompute_shared)
 };

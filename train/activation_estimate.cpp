@@ -52,7 +52,7 @@ struct StepWalk {
   const bool drop_moe;           // selective recompute of "moe": MoE blocks replayed before their backward
   const bool moe_act;            // selective recompute of "moe_act": the experts' h recomputed in the backward
   const bool shared_act;         // "shared_experts": the shared experts' gu and h recomputed in the backward
-  const bool moe_out;            // "moe_out": the routed experts' outputs y recomputed in the backward
+  const bool moe_out;            // "moe_out": the routed experts' outputs y not kept (scratch of their forward)
   const bool up_proj;            // "mla_up_proj": V4's q_b output qb recomputed in the backward
   const bool mhc;                // "mhc": V4's mid-layer streams and hyper-connection inputs recomputed
   const int64_t tp, ep;          // tensor / expert parallel sizes
@@ -158,13 +158,6 @@ struct StepWalk {
     A.release(m);
   }
   void experts_bwd(int64_t R, int64_t F, bool gather) {  // gather: the rows' inputs gathered again
-    if (moe_out) {  // y computed again for the probabilities' gradient
-      const auto mq = A.mark();
-      if (moe_act) f32(R * F);  // h
-      gemm_input(R * F);
-      f32(R * d);  // y
-      A.release(mq);
-    }
     const auto m = A.mark();
     f32(R * 2 * F);  // dgu
     const auto mh = A.mark();

@@ -20,8 +20,7 @@ namespace trex::train {
 //     ix.recompute_modules holding model::kRecomputeMoe) no MoE block's activations, one block's
 //     rebuilt inside its layer's backward; with "moe_act" (model::kRecomputeMoeAct) no routed
 //     experts' h, a scratch one in their forward and backward; with "moe_out"
-//     (kRecomputeMoeOut) no routed experts' outputs y, scratch in their forward and at the
-//     start of their backward; with "shared_experts"
+//     (kRecomputeMoeOut) no routed experts' outputs y, scratch in their forward; with "shared_experts"
 //     (kRecomputeSharedExperts) no shared experts' gu and h, scratch in their forward and
 //     backward; on DeepSeek-V4 with
 //     "mla_up_proj" (kRecomputeMlaUpProj) no q_b output, with "mhc" (kRecomputeMhc) no mid-layer
