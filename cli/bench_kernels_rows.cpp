@@ -321,7 +321,9 @@ void sparse_attn(Plan& p, const Run& r, const std::string& w, const V4Keys& ks, 
 
 // kern::indexer_topk (forward only): scores nh heads of dI for the valid entries of the queries
 // that have more than min(topk, nw) of them (the fast path), then the top-k. FLOPs 2 nh (dI + 1)
-// per scored entry; bytes: q, wts, the compressed keys and the selection once.
+// per scored entry; bytes: q, wts, the compressed keys and the selection once. A bf16 run scores
+// on the bf16 dot product where the attention core does (kern::IndexerShape::prec): rated against
+// the best peak there.
 void indexer(Plan& p, const Run& r, const std::string& w, int64_t nw, int nh, int dI, int64_t m, int topk) {
   const int64_t B = r.B, T = r.T;
   double scored = 0;
@@ -335,8 +337,11 @@ void indexer(Plan& p, const Run& r, const std::string& w, int64_t nw, int nh, in
   o.shape = fmt("B=%lld T=%lld nw=%lld nh=%d dI=%d topk=%d", (ll)B, (ll)T, (ll)nw, nh, dI, topk);
   o.flops = 2.0 * nh * (dI + 1) * scored;
   o.bytes = 4.0 * (B * T * nh * (dI + 1) + B * nw * dI + B * T * (topk + 1));
+  const kern::Prec prec = r.bf ? kern::Prec::BF16 : kern::Prec::F32;
+  o.gemm_bf16 = kern::attention_bf16_kernels(prec);
   o.make = [=](Bufs& b) -> Runner {
-    const kern::IndexerShape sh{B, T, nw, nh, dI, m, topk, (float)std::pow((double)dI, -0.5)};
+    kern::IndexerShape sh{B, T, nw, nh, dI, m, topk, (float)std::pow((double)dI, -0.5)};
+    sh.prec = prec;
     const float *q = b.f(B * T * nh * dI, 1), *k = b.f(B * nw * dI, 2), *wts = b.f(B * T * nh, 3);
     int32_t* pos = b.i32(B * T);
     for (int64_t i = 0; i < B * T; ++i) pos[i] = (int32_t)(i % T);

@@ -1,9 +1,12 @@
-// Lightning-indexer top-k dispatch: the AVX-512 kernel when the CPU has it, the AVX2 kernel on a
-// CPU with AVX2 + FMA only, else the scalar reference.
+// Lightning-indexer top-k dispatch: the AVX-512 kernel when the CPU has it (its scores on the
+// AVX512_BF16 dot product for a bf16 shape where the attention core's bf16 kernels run:
+// kern::attention_bf16_kernels), the AVX2 kernel on a CPU with AVX2 + FMA only, else the scalar
+// reference.
 #include "kernels/indexer.h"
 #include "core/cpu.h"
 #include "core/error.h"
 #include "kernels/cpu/indexer_avx2.h"
+#include "kernels/attention.h"
 #include "kernels/cpu/indexer_avx512.h"
 #include "kernels/ref/indexer.h"
 
@@ -32,7 +35,8 @@ void indexer_topk(const IndexerShape& sh, const float* q, const float* k, const 
   TREX_CHECK(pos && cnt && (sel || sh.topk == 0), "indexer_topk: null pointer");
   TREX_CHECK(sh.nw == 0 || (q && k && wts && workspace), "indexer_topk: null pointer");
   if (cpu_isa() >= Isa::Avx512)
-    return cpu::indexer_topk_avx512(sh, q, k, wts, pos, cnt, sel, scores_out, workspace);
+    return cpu::indexer_topk_avx512(sh, q, k, wts, pos, cnt, sel, scores_out, workspace,
+                                    attention_bf16_kernels(sh.prec));
   if (cpu_isa() == Isa::Avx2)
     return cpu::indexer_topk_avx2(sh, q, k, wts, pos, cnt, sel, scores_out, workspace);
   ref::indexer_topk<float>(sh, q, k, wts, pos, cnt, sel, scores_out);

@@ -16,6 +16,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include "kernels/gemm.h"
 
 namespace trex::kern {
 
@@ -25,6 +26,11 @@ struct IndexerShape {
   int64_t m;            // compress rate (>= 1)
   int topk;             // index_topk (>= 0)
   float softmax_scale;  // dI^-0.5 in DeepSeek-V4
+  // BF16: on a CPU where the attention core runs on the bf16 dot-product kernels
+  // (kern::attention_bf16_kernels: AVX512_BF16, TREX_ATTN not f32) the scores round q and k to
+  // bf16 (nearest even), each product exact, summed in f32 (DeepSeek's own indexer scores in
+  // FP8); elsewhere (other CPUs, the CUDA backend), and for F32, the scores are f32 throughout.
+  Prec prec = Prec::F32;
 };
 
 // q: [B, T, nh, dI]  k: [B, nw, dI]  wts: [B, T, nh]  pos: [B, T]

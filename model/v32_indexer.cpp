@@ -107,6 +107,7 @@ void v32_attn_forward(const Ctx& c, const AttnIn& in, MlaSaved& s) {
         const int64_t i0 = b * T + j0, n = j1 - j0;
         kern::IndexerShape sh = v32_index_shape(m, n, qidx[j1 - 1] - s0 + 1);
         sh.topk = (int)kt;  // the row's sel stride (a query selects at most its document's keys before it)
+        sh.prec = c.prec;   // a bf16 run scores on the bf16 dot product where the attention core does
         kern::indexer_topk(sh, iq + i0 * nI * dI, ik + (b * TK + s0) * dI, wts + i0 * nI, iota + (q0 - s0), cnt + i0,
                            sel + i0 * kt, nullptr, work);
         for (int64_t j = j0; j < j1; ++j)

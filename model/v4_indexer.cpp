@@ -148,6 +148,7 @@ void v4_index_select(const Ctx& c, const V4AttnIn& in, const float* x, const flo
   const Proj pr = project(c, in, kp, x, qres, pos, nw, false);
   kern::IndexerShape sh{in.B, in.T, nw, (int)v.index_n_heads, (int)v.index_head_dim, m, (int)v.index_topk,
                         (float)std::pow((double)v.index_head_dim, -0.5)};
+  sh.prec = c.prec;  // a bf16 run scores on the bf16 dot product where the attention core does
   float* work = A.alloc<float>(std::max<size_t>(kern::indexer_workspace_floats(sh), 1));
   ProfScope ps(c.prof, "fwd.attn.indexer_topk");
   c.k().indexer_topk(sh, pr.q, pr.k, pr.w, pos.t, cnt, sel, nullptr, work);

@@ -17,7 +17,9 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <vector>
 #include "core/parallel.h"
+#include "kernels/cpu/indexer_avx512bf16.h"
 #include "kernels/cpu/simd_avx512.h"
 
 namespace trex::kern::cpu {
@@ -25,7 +27,7 @@ namespace {
 
 using avx512::tail_mask;
 
-constexpr int64_t kPanel = 32;  // key entries per packed panel (2 vectors)
+constexpr int64_t kPanel = kIndexerPanel;  // key entries per packed panel (2 vectors)
 constexpr int kHeads = 8;       // heads per micro-kernel call
 
 inline int64_t round_panel(int64_t n) { return (n + kPanel - 1) / kPanel * kPanel; }
@@ -149,12 +151,16 @@ void topk_select(float* row, int64_t n, int64_t kk, int32_t* sel) {
 }  // namespace
 
 void indexer_topk_avx512(const IndexerShape& sh, const float* q, const float* k, const float* wts,
-                         const int32_t* pos, int32_t* cnt, int32_t* sel, float* scores_out, float* workspace) {
+                         const int32_t* pos, int32_t* cnt, int32_t* sel, float* scores_out, float* workspace,
+                         bool bf16) {
   const int64_t nw = sh.nw, nwp = round_panel(nw), npan = nwp / kPanel, dI = sh.dI;
   const int64_t kk = std::min<int64_t>(sh.topk, nw);
   float* kp = workspace;                      // [B][npan][dI][32]
+  // bf16: [B][npan][pairs][32] words in the same place ((dI + 1) / 2 <= dI words an entry)
+  uint32_t* kp16 = reinterpret_cast<uint32_t*>(workspace);
   float* rows = workspace + sh.B * nwp * dI;  // [threads][nwp]
-  parallel_for(sh.B * npan, 4, [&](int64_t i0, int64_t i1) {
+  if (bf16) indexer_pack_keys_bf16(sh.B, nw, sh.dI, k, kp16);
+  else parallel_for(sh.B * npan, 4, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t b = i / npan, s0 = (i % npan) * kPanel;
       float* dst = kp + i * dI * kPanel;
@@ -174,15 +180,22 @@ void indexer_topk_avx512(const IndexerShape& sh, const float* q, const float* k,
 #pragma omp parallel num_threads(nt)
   {
     float* row = rows + omp_get_thread_num() * nwp;
+    const int64_t P = indexer_pairs(sh.dI);
+    std::vector<uint32_t> qp(bf16 ? sh.nh * P : 0);  // the query's bf16 pair words
 #pragma omp for schedule(dynamic, 4)
     for (int64_t bt = 0; bt < nq; ++bt) {
       const int64_t b = bt / sh.T, nv = indexer_valid_count(pos[bt], sh.m, nw);
       int32_t* st = sel + bt * sh.topk;
       float* so = scores_out ? scores_out + bt * nw : nullptr;
       const bool pick = nv > kk && kk > 0;  // a real choice among the valid entries
-      if (pick || so)
+      if ((pick || so) && bf16) {
+        indexer_pack_query_bf16(sh.nh, sh.dI, q + bt * sh.nh * dI, qp.data());
+        indexer_score_row_bf16(qp.data(), wts + bt * sh.nh, kp16 + b * npan * P * kPanel, nv, sh.nh, sh.dI,
+                               sh.softmax_scale, row);
+      } else if (pick || so) {
         score_row(q + bt * sh.nh * dI, wts + bt * sh.nh, kp + b * npan * dI * kPanel, nv, sh.nh, sh.dI,
                   sh.softmax_scale, row);
+      }
       if (so) {
         std::copy(row, row + nv, so);
         std::fill(so + nv, so + nw, -std::numeric_limits<float>::infinity());

@@ -5,8 +5,10 @@
 //           independent of the thread count, and both against numbers from the real HF modules;
 //     grad: reference backward in double against finite differences of the reference forward;
 //     perf: GB/s of fwd and bwd at the HCA, CSA and indexer-compressor shapes of DeepSeek-V4.
-//   indexer (kernels/indexer.h), dispatched and the AVX2 kernel called directly ("indexer[avx2]",
-//   kernels/cpu/indexer_avx2.h; skipped on a CPU without AVX2 + FMA):
+//   indexer (kernels/indexer.h), dispatched, the AVX2 kernel called directly ("indexer[avx2]",
+//   kernels/cpu/indexer_avx2.h; skipped on a CPU without AVX2 + FMA) and a bf16 shape
+//   ("indexer[bf16]": the AVX512_BF16 scores; skipped on other CPUs; its data's q and k rounded to
+//   bf16, and the unrounded data must give the same bits):
 //     test: scores against the reference, the selection against the exact top-k of the
 //           reference scores (up to float rounding at the boundary), with and without
 //           scores_out (the fast path skips scoring when it can: same selection required);
@@ -25,7 +27,9 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/parallel.h"
+#include "kernels/attention.h"
 #include "kernels/compress_pool.h"
 #include "kernels/cpu/indexer_avx2.h"
 #include "kernels/gemm.h"
@@ -313,16 +317,35 @@ struct IdxImpl {
   const char* tag;
   IdxFn fn;
   bool (*usable)();
+  const char* lacks = "";   // why it is skipped where usable() is false
+  bool bf16_data = false;  // its scores round q and k to bf16: the test data's are rounded first
 };
 bool idx_always() { return true; }
 bool idx_has_avx2_fma() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
+// "indexer[bf16]": a bf16 shape through the dispatch, where it takes the AVX512_BF16 scores
+// (kern::attention_bf16_kernels; TREX_ATTN=f32 or another CPU: skipped).
+void indexer_bf16(const kern::IndexerShape& sh, const float* q, const float* k, const float* w, const int32_t* pos,
+                  int32_t* cnt, int32_t* sel, float* sc, float* ws) {
+  kern::IndexerShape s = sh;
+  s.prec = kern::Prec::BF16;
+  kern::indexer_topk(s, q, k, w, pos, cnt, sel, sc, ws);
+}
+bool idx_has_bf16() { return kern::attention_bf16_kernels(kern::Prec::BF16); }
 // "indexer[hd]": the host model of the CUDA kernel (tests/ops/indexer_hd_model.h).
-const IdxImpl kIdxImpls[] = {{"indexer", kern::indexer_topk, idx_always},
-                             {"indexer[avx2]", kern::cpu::indexer_topk_avx2, idx_has_avx2_fma},
-                             {"indexer[hd]", hd_model::indexer_topk, idx_always}};
+const IdxImpl kIdxImpls[] = {
+    {"indexer", kern::indexer_topk, idx_always},
+    {"indexer[avx2]", kern::cpu::indexer_topk_avx2, idx_has_avx2_fma, "CPU lacks AVX2 + FMA"},
+    {"indexer[bf16]", indexer_bf16, idx_has_bf16, "no bf16 attention kernels: CPU without AVX512_BF16 or TREX_ATTN=f32",
+     true},
+    {"indexer[hd]", hd_model::indexer_topk, idx_always}};
+
+// q and k rounded to bf16 in place (nearest even).
+void round_to_bf16(std::vector<float>& v) {
+  for (float& x : v) x = round_bf16(x);
+}
 
 std::string idx_name(const IdxImpl& im, const IdxCfg& c, const char* extra = "") {
   return indexer_cfg_name(im.tag, c, extra);
@@ -330,7 +353,7 @@ std::string idx_name(const IdxImpl& im, const IdxCfg& c, const char* extra = "")
 
 bool idx_skipped(const IdxImpl& im, const std::string& name) {
   if (im.usable()) return false;
-  std::printf("skip %-48s (CPU lacks AVX2 + FMA)\n", name.c_str());
+  std::printf("skip %-48s (%s)\n", name.c_str(), im.lacks);
   return true;
 }
 
@@ -342,9 +365,21 @@ bool idx_test(const IdxImpl& im, const IdxCfg& c, bool ties) {
   const size_t nq = c.B * c.T, ns = nq * sh.nw;
   Guarded<float> sc(ns), ws(kern::indexer_workspace_floats(sh));
   Guarded<int32_t> cnt(nq), sel(nq * c.topk), cnt2(nq), sel2(nq * c.topk);
+  bool rounds = true;
+  if (im.bf16_data) {  // the unrounded data first: the kernel must round it itself, to the same bits
+    im.fn(sh, d.q.data(), d.k.data(), d.w.data(), d.pos.data(), cnt2.data(), sel2.data(), sc.data(), ws.data());
+    const std::vector<float> sc_raw(sc.data(), sc.data() + ns);
+    const std::vector<int32_t> sel_raw(sel2.data(), sel2.data() + nq * c.topk);
+    round_to_bf16(d.q), round_to_bf16(d.k);
+    im.fn(sh, d.q.data(), d.k.data(), d.w.data(), d.pos.data(), cnt.data(), sel.data(), sc.data(), ws.data());
+    rounds = std::memcmp(sc_raw.data(), sc.data(), ns * sizeof(float)) == 0 &&
+             std::equal(sel_raw.begin(), sel_raw.end(), sel.data());
+  }
   im.fn(sh, d.q.data(), d.k.data(), d.w.data(), d.pos.data(), cnt.data(), sel.data(), sc.data(), ws.data());
   im.fn(sh, d.q.data(), d.k.data(), d.w.data(), d.pos.data(), cnt2.data(), sel2.data(), nullptr, ws.data());
-  return indexer_check(name, c, d, ties, sc, cnt, sel, cnt2, sel2, ws.guard_ok());
+  bool ok = indexer_check(name, c, d, ties, sc, cnt, sel, cnt2, sel2, ws.guard_ok());
+  if (im.bf16_data) ok &= report(name, "rounds", rounds ? 0.0 : 1.0, 0);
+  return ok;
 }
 
 // cnt, sel and scores_out bitwise equal with 1 thread and with all threads.

@@ -156,8 +156,9 @@ TEST_P(Parity, TenAdamWStepsFp32AndBf16) {
   // 4e-2, or within PyTorch's own bf16 drift (autocast, or the bf16-weights run) + 4e-2 where a
   // routing flip in these tiny random MoEs moves both engines (tests/reference/README.md, "bf16
   // yardsticks").
-  // (a) runs with the f32 attention core, the reference's semantics: on an AVX512_BF16 CPU a bf16
-  // run also rounds the attention's q, k, v, P, dO and dS to bf16 (kernels/cpu/attention_
+  // (a) runs with the f32 attention core (and f32 indexer scores), the reference's semantics: on an
+  // AVX512_BF16 CPU a bf16 run also rounds the indexer's q and k and the attention's q, k, v, P, dO
+  // and dS to bf16 (kernels/cpu/attention_
   // avx512bf16.h; V4's and V3.2's sparse core: sparse_attn_avx512bf16.h), which the reference does
   // not, and in these tiny MoEs that alone flips expert
   // selections from step 0 (measured, Zen 4: v3_tied_greedy step 0 5.4024 against the reference's
