@@ -5,8 +5,8 @@
 #include "kernels/indexer.h"
 #include "core/cpu.h"
 #include "core/error.h"
-#include "kernels/cpu/indexer_avx2.h"
 #include "kernels/attention.h"
+#include "kernels/cpu/indexer_avx2.h"
 #include "kernels/cpu/indexer_avx512.h"
 #include "kernels/ref/indexer.h"
 

@@ -33,8 +33,10 @@ for cfg in "${CONFIGS[@]}"; do
   for r in $(seq "$ROUNDS"); do
     for side in A B; do
       bin=$OLD; [ $side = B ] && bin=$NEW
+      log=$TMP/$(basename "$cfg").$side.prof
       "$bin" bench step --config "$cfg" --steps "$STEPS" --warmup 1 --peak-gflops "$PEAK" "${PROFILE[@]}" "${SET_ARGS[@]}" \
-        2>> "$TMP/$(basename "$cfg").$side.prof" >> "$TMP/$(basename "$cfg").$side.jsonl"
+        2>> "$log" >> "$TMP/$(basename "$cfg").$side.jsonl" \
+        || { echo "$side ($bin) failed on $cfg, round $r; its last lines:" >&2; tail -5 "$log" >&2; exit 1; }
     done
   done
 done
