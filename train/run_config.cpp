@@ -280,7 +280,7 @@ const std::vector<SectionSpec>& sections() {
                    for (const json& e : v) r.train.recompute_modules |= recompute_module_bit(e.get<std::string>());
                  },
                  [](const R& r) { return recompute_module_names(r.train.recompute_modules); });
-             k.type = "list of module names: \"moe\", \"moe_act\", \"mla_up_proj\", \"mhc\"";
+             k.type = "list of module names: " + supported_recompute_modules();
              k.check = [](const Ctx& c, const json& v, const std::string& key) {
                TREX_USER_CHECK(v.is_array() && !v.empty(),
                                "list the modules to recompute, e.g. [\"moe\"] (supported: " +
