@@ -3,6 +3,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #include "kernels/cpu/gemm_avx512.h"
+#include "kernels/cpu/simd_avx512.h"
 
 namespace trex::kern::cpu {
 
@@ -12,16 +13,14 @@ void bf16_to_f32_2d_avx512(const bf16* src, int64_t lds, int64_t rows, int64_t c
     float* d = dst + r * ldd;
     int64_t j = 0;
     for (; j + 32 <= cols; j += 32) {
-      __m512i a = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + j)));
-      __m512i b = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + j + 16)));
-      _mm512_storeu_ps(d + j, _mm512_castsi512_ps(_mm512_slli_epi32(a, 16)));
-      _mm512_storeu_ps(d + j + 16, _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)));
+      _mm512_storeu_ps(d + j, avx512::widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + j))));
+      _mm512_storeu_ps(d + j + 16,
+                       avx512::widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + j + 16))));
     }
     for (; j < cols; j += 16) {
       int64_t n = cols - j < 16 ? cols - j : 16;
       __mmask16 k = static_cast<__mmask16>((1u << n) - 1u);
-      __m512i a = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, s + j));
-      _mm512_mask_storeu_ps(d + j, k, _mm512_castsi512_ps(_mm512_slli_epi32(a, 16)));
+      _mm512_mask_storeu_ps(d + j, k, avx512::widen_bf16(_mm256_maskz_loadu_epi16(k, s + j)));
     }
   }
 }

@@ -26,8 +26,7 @@ constexpr int cols_for(int r) { return r == 1 ? 16 : r == 2 ? 8 : r == 3 ? 5 : 4
 template <bool BF16>
 inline __m512 load16(const void* p, int64_t k, __mmask16 m) {
   if constexpr (BF16) {
-    const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const bf16*>(p) + k);
-    return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, h), 16));
+    return avx512::widen_bf16(_mm256_maskz_loadu_epi16(m, static_cast<const bf16*>(p) + k));
   } else {
     return _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + k);
   }

@@ -1,4 +1,4 @@
-// AVX-512 helpers shared by the kernels/cpu/*_avx512*.cpp files: tail masks, f32 -> bf16, a
+// AVX-512 helpers shared by the kernels/cpu/*_avx512*.cpp files: tail masks, f32 <-> bf16, a
 // fixed-order horizontal sum, exp and exp2, the in-register 16 x 16 transpose, and V16, the
 // 16-float vector traits the ISA-generic tile drivers are written against
 // (kernels/cpu/attention_tiles.h; the AVX2 twin is kernels/cpu/simd_avx2.h). Include only from
@@ -33,6 +33,12 @@ inline __m256i to_bf16(__m512 x) {
   r = _mm512_srli_epi32(r, 16);
   r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
   return _mm512_cvtepi32_epi16(r);
+}
+
+// 16 bf16 -> 16 f32, exact (zero-extend, shift into the high half). The maskz forms: GCC 12 warns
+// -Wuninitialized inside the plain ones.
+inline __m512 widen_bf16(__m256i h) {
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, h), 16));
 }
 
 // Sum of the 16 lanes in a fixed order (halves, then quarters, ...).

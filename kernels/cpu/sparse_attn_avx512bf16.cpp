@@ -204,9 +204,8 @@ struct Work {
         const __mmask16 m = tail_mask(D - x);
         // The maskz forms: GCC 12 warns that the plain ones' internal undefined source is uninitialized.
         const __m512i a = _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_maskz_loadu_epi16(m, r0 + x));
-        const __m512i b =
-            r1 ? _mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_maskz_loadu_epi16(m, r1 + x)), 16)
-               : _mm512_setzero_si512();
+        const __m512i b = r1 ? _mm512_castps_si512(avx512::widen_bf16(_mm256_maskz_loadu_epi16(m, r1 + x)))
+                             : _mm512_setzero_si512();
         _mm512_storeu_si512(dst + x, _mm512_or_si512(a, b));
       }
     }
