@@ -1,11 +1,13 @@
 // Activation recompute (TrainOptions::recompute, [train] recompute = "full" / "selective"): the
 // replayed layer forwards (full) or the selective modules (recompute_modules: "moe" replays MoE
-// blocks, "moe_act" the experts' SwiGLU, "moe_out" their down projection, "shared_experts" the shared experts' gate|up and SwiGLU, DeepSeek-V4's "mla_up_proj" its q_b and "mhc" its
-// hyper-connection streams) rebuild exactly the activations the backward needs, so the loss,
-// every gradient and the expert loads are bitwise those of a step that kept them, in fp32 and
-// bf16, on tiny DeepSeek-V3 (dense + MoE layers, aux loss, MTP layers) and DeepSeek-V4 (hash
-// routing, CSA / HCA / sliding, an MTP block) configs with odd sizes and packed rows; the
-// activation peak is lower, and under selective recompute equal to the estimate
+// blocks, "moe_act" the experts' SwiGLU, "shared_experts" the shared experts' gate|up and SwiGLU,
+// DeepSeek-V4's "mla_up_proj" its q_b and "mhc" its hyper-connection streams) rebuild exactly the
+// activations the backward needs, so the loss, every gradient and the expert loads are bitwise
+// those of a step that kept them, in fp32 and bf16, on tiny DeepSeek-V3 (dense + MoE layers, aux
+// loss, MTP layers) and DeepSeek-V4 (hash routing, CSA / HCA / sliding, an MTP block) configs with
+// odd sizes and packed rows; "moe_out" (the router probabilities' gradient from the down
+// projection's input gradient, no y kept) gives the same loss and loads and gradients within
+// rounding. The activation peak is lower, and under selective recompute equal to the estimate
 // (train/activation_estimate.h) to the byte.
 #include <gtest/gtest.h>
 
