@@ -2,7 +2,8 @@
 // entries ([nw/32][dI][32], zero padded). Per query (dynamic schedule over all B*T queries), only
 // the valid entries s < nv are scored, and only when nv exceeds min(topk, nw) (else every valid
 // entry is selected and no score is needed) or scores_out is requested. Scoring is fused: for a
-// panel of 32 entries a micro-kernel keeps 8 heads x 2 vectors of q.k accumulators in registers
+// panel of 32 entries a micro-kernel (kernels/cpu/indexer_score_avx512.h, shared with the bf16
+// scores) keeps 8 heads x 2 vectors of q.k accumulators in registers
 // (k loads shared by the 8 heads, q broadcast), then adds w_h * relu(acc) into the two score
 // vectors; no [T*nh, nw] product is materialized. Selection is exact and vectorized: the scores
 // become order-preserving 32-bit keys, the kk-th largest key is found bit by bit with vector
@@ -20,6 +21,7 @@
 #include <vector>
 #include "core/parallel.h"
 #include "kernels/cpu/indexer_avx512bf16.h"
+#include "kernels/cpu/indexer_score_avx512.h"
 #include "kernels/cpu/simd_avx512.h"
 
 namespace trex::kern::cpu {
@@ -28,56 +30,18 @@ namespace {
 using avx512::tail_mask;
 
 constexpr int64_t kPanel = kIndexerPanel;  // key entries per packed panel (2 vectors)
-constexpr int kHeads = 8;       // heads per micro-kernel call
 
 inline int64_t round_panel(int64_t n) { return (n + kPanel - 1) / kPanel * kPanel; }
 
-// sc0, sc1 += sum_{i<H} w[i] * relu(q_i . kp[:, 0:32]) for heads q_i = qh + i*dI;
-// kp: [dI][32] panel.
-template <int H>
-inline void score_heads(const float* qh, const float* w, const float* kp, int dI, __m512& sc0, __m512& sc1) {
-  __m512 a0[H], a1[H];
-#pragma GCC unroll 8
-  for (int i = 0; i < H; ++i) a0[i] = a1[i] = _mm512_setzero_ps();
-#pragma GCC unroll 2
-  for (int d = 0; d < dI; ++d) {
-    const __m512 k0 = _mm512_loadu_ps(kp + d * kPanel), k1 = _mm512_loadu_ps(kp + d * kPanel + 16);
-#pragma GCC unroll 8
-    for (int i = 0; i < H; ++i) {
-      const __m512 qb = _mm512_set1_ps(qh[i * dI + d]);
-      a0[i] = _mm512_fmadd_ps(qb, k0, a0[i]);
-      a1[i] = _mm512_fmadd_ps(qb, k1, a1[i]);
-    }
-  }
-  const __m512 z = _mm512_setzero_ps();
-#pragma GCC unroll 8
-  for (int i = 0; i < H; ++i) {  // max(0, x) returns x when x is NaN: relu keeps NaN as torch does
-    const __m512 wi = _mm512_set1_ps(w[i]);
-    sc0 = _mm512_fmadd_ps(wi, _mm512_max_ps(z, a0[i]), sc0);
-    sc1 = _mm512_fmadd_ps(wi, _mm512_max_ps(z, a1[i]), sc1);
-  }
-}
-
-using HeadsFn = void (*)(const float*, const float*, const float*, int, __m512&, __m512&);
-constexpr HeadsFn kHeadsFn[kHeads + 1] = {nullptr,        score_heads<1>, score_heads<2>,
-                                          score_heads<3>, score_heads<4>, score_heads<5>,
-                                          score_heads<6>, score_heads<7>, score_heads<8>};
-
-// row[0 : round_panel(nv)] = scores of query qt (heads [nh][dI], weights w [nh]) against the
-// first panels of kp (entries >= nv of the last panel are garbage).
-void score_row(const float* qt, const float* w, const float* kp, int64_t nv, int nh, int dI, float scale,
-               float* row) {
-  const int64_t np = round_panel(nv) / kPanel;
-  for (int64_t p = 0; p < np; ++p) {
-    __m512 sc0 = _mm512_setzero_ps(), sc1 = sc0;
-    const float* kpp = kp + p * dI * kPanel;
-    for (int h0 = 0; h0 < nh; h0 += kHeads)
-      kHeadsFn[std::min(kHeads, nh - h0)](qt + static_cast<int64_t>(h0) * dI, w + h0, kpp, dI, sc0, sc1);
-    const __m512 s = _mm512_set1_ps(scale);
-    _mm512_storeu_ps(row + p * kPanel, _mm512_mul_ps(sc0, s));
-    _mm512_storeu_ps(row + p * kPanel + 16, _mm512_mul_ps(sc1, s));
-  }
-}
+// The f32 operands of the scoring micro-kernel (kernels/cpu/indexer_score_avx512.h): one
+// dimension a word, one FMA a word.
+struct StepF32 {
+  using Word = float;
+  using Vec = __m512;
+  static Vec load(const float* p) { return _mm512_loadu_ps(p); }
+  static Vec broadcast(float q) { return _mm512_set1_ps(q); }
+  static __m512 madd(__m512 acc, Vec q, Vec k) { return _mm512_fmadd_ps(q, k, acc); }
+};
 
 // Order-preserving 32-bit keys of 16 scores: larger score -> larger key; -0 maps as +0; every
 // NaN maps to the largest key (above +inf).
@@ -193,8 +157,8 @@ void indexer_topk_avx512(const IndexerShape& sh, const float* q, const float* k,
         indexer_score_row_bf16(qp.data(), wts + bt * sh.nh, kp16 + b * npan * P * kPanel, nv, sh.nh, sh.dI,
                                sh.softmax_scale, row);
       } else if (pick || so) {
-        score_row(q + bt * sh.nh * dI, wts + bt * sh.nh, kp + b * npan * dI * kPanel, nv, sh.nh, sh.dI,
-                  sh.softmax_scale, row);
+        indexer_score::score_row<StepF32>(q + bt * sh.nh * dI, wts + bt * sh.nh, kp + b * npan * dI * kPanel, nv,
+                                          sh.nh, sh.dI, sh.softmax_scale, row);
       }
       if (so) {
         std::copy(row, row + nv, so);

@@ -8,8 +8,6 @@
 
 namespace trex::kern::cpu {
 
-constexpr int64_t kIndexerPanel = 32;  // key entries per packed panel (2 vectors)
-
 // Words of one head's (or one key's) bf16 pairs: dimensions (2i, 2i + 1) in word i, 2i in the low
 // half, a zero past dI.
 inline int indexer_pairs(int dI) { return (dI + 1) / 2; }
