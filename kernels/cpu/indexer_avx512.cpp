@@ -124,21 +124,7 @@ void indexer_topk_avx512(const IndexerShape& sh, const float* q, const float* k,
   uint32_t* kp16 = reinterpret_cast<uint32_t*>(workspace);
   float* rows = workspace + sh.B * nwp * dI;  // [threads][nwp]
   if (bf16) indexer_pack_keys_bf16(sh.B, nw, sh.dI, k, kp16);
-  else parallel_for(sh.B * npan, 4, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t b = i / npan, s0 = (i % npan) * kPanel;
-      float* dst = kp + i * dI * kPanel;
-      for (int64_t j = 0; j < kPanel; ++j) {
-        const int64_t s = s0 + j;
-        if (s < nw) {
-          const float* src = k + (b * nw + s) * dI;
-          for (int64_t d = 0; d < dI; ++d) dst[d * kPanel + j] = src[d];
-        } else {
-          for (int64_t d = 0; d < dI; ++d) dst[d * kPanel + j] = 0.f;
-        }
-      }
-    }
-  });
+  else indexer_score::pack_panels(sh.B, nw, sh.dI, sh.dI, k, kp, [](const float* src, int d) { return src[d]; });
   const int64_t nq = sh.B * sh.T;
   const int nt = omp_in_parallel() ? 1 : std::min(num_threads(), kIndexerMaxThreads);
 #pragma omp parallel num_threads(nt)

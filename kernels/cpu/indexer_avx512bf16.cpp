@@ -7,7 +7,6 @@
 #include "kernels/cpu/indexer_avx512bf16.h"
 #include <immintrin.h>
 #include "core/dtype.h"
-#include "core/parallel.h"
 #include "kernels/cpu/indexer_score_avx512.h"
 
 namespace trex::kern::cpu {
@@ -30,19 +29,8 @@ struct StepBf16 {
 }  // namespace
 
 void indexer_pack_keys_bf16(int64_t B, int64_t nw, int dI, const float* k, uint32_t* kp) {
-  const int P = indexer_pairs(dI);
-  const int64_t npan = (nw + kIndexerPanel - 1) / kIndexerPanel;
-  parallel_for(B * npan, 4, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t b = i / npan, s0 = (i % npan) * kIndexerPanel;
-      uint32_t* dst = kp + i * P * kIndexerPanel;
-      for (int64_t j = 0; j < kIndexerPanel; ++j) {
-        const int64_t s = s0 + j;
-        const float* src = k + (b * nw + s) * dI;
-        for (int p = 0; p < P; ++p) dst[p * kIndexerPanel + j] = s < nw ? pair_word(src, 2 * p, dI) : 0u;
-      }
-    }
-  });
+  indexer_score::pack_panels(B, nw, dI, indexer_pairs(dI), k, kp,
+                             [dI](const float* src, int p) { return pair_word(src, 2 * p, dI); });
 }
 
 void indexer_pack_query_bf16(int nh, int dI, const float* q, uint32_t* qp) {
