@@ -4,8 +4,9 @@
 // Every product (scores q.kv, o = P kv; backward q.kv again, dP = dO.kv, dq = dS kv,
 // dkv += dS^T q + P^T dO) rounds its two operands to bf16 (round to nearest even) and accumulates
 // in f32; the softmax (max, exp, sum), lse, the sink, delta = rowsum(dO o) and the scaling of dS
-// stay in f32. Rounding points: q, kv and dO once per call; the normalized probabilities P and
-// the scaled dS per query.
+// stay in f32. Rounding points: q, kv and dO once per call; per query, the forward's
+// exponentials exp(scale q.kv - max) (o is scaled by 1 / their sum in f32 afterwards), the
+// backward's probabilities P = exp(scale q.kv - lse) and the scaled dS.
 #pragma once
 #include <cstddef>
 #include <cstdint>
