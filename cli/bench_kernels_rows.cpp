@@ -101,12 +101,15 @@ void to_bf16(Plan& p, const std::string& w, int64_t n) {
 }
 
 // model::linear_fwd / linear_bwd on rows x in -> out: y = x W^T, dx = dy W, dW += dy^T x; in
-// bf16 mode x is copied to bf16 first (backward: dy, and x again for dW).
-void linear(Plan& p, const Run& r, const std::string& w, int64_t rows, int64_t in, int64_t out, bool backward) {
-  if (r.bf) to_bf16(p, w, rows * in);
+// bf16 mode x is copied to bf16 first (backward: dy, and x again for dW) unless the caller made
+// that copy (x_cast false).
+void linear(Plan& p, const Run& r, const std::string& w, int64_t rows, int64_t in, int64_t out, bool backward,
+            bool x_cast) {
+  if (r.bf && x_cast) to_bf16(p, w, rows * in);
   gemm(p, w, "fwd", r.bf, false, true, rows, out, in, 0.f);
   if (!backward) return;
-  if (r.bf) to_bf16(p, w, rows * out), to_bf16(p, w, rows * in);
+  if (r.bf) to_bf16(p, w, rows * out);
+  if (r.bf && x_cast) to_bf16(p, w, rows * in);
   gemm(p, w, "dx", r.bf, false, false, rows, in, out, 0.f);
   gemm(p, w, "dW", r.bf, true, false, out, in, rows, 1.f);
 }
@@ -212,13 +215,13 @@ void rope(Plan& p, const Run& r, const std::string& w, int64_t N, int H, int64_t
 
 // kern::swiglu (rows x F, clamp `limit`): fwd reads gu [rows, 2F], writes h: bytes 12 rows F;
 // bwd reads dh and gu, writes dgu: bytes 20 rows F. FLOPs ~8 / ~16 per h element.
-void swiglu(Plan& p, const std::string& w, int64_t rows, int64_t F, float limit) {
+void swiglu(Plan& p, const std::string& w, int64_t rows, int64_t F, float limit, bool bf16_grad) {
   for (int v = 0; v < 2; ++v) {
     Op o;
-    o.kernel = v ? "swiglu_bwd" : "swiglu_fwd";
+    o.kernel = v ? (bf16_grad ? "swiglu_bwd_bf16" : "swiglu_bwd") : "swiglu_fwd";
     o.shape = fmt("%lldx%lld", (ll)rows, (ll)F);
     o.flops = (v ? 16.0 : 8.0) * rows * F;
-    o.bytes = (v ? 20.0 : 12.0) * rows * F;
+    o.bytes = (v ? (bf16_grad ? 16.0 : 20.0) : 12.0) * rows * F;
     o.make = [=](Bufs& b) -> Runner {
       const float* gu = b.f(rows * 2 * F, 1, 4.f);
       if (!v) {
@@ -226,6 +229,10 @@ void swiglu(Plan& p, const std::string& w, int64_t rows, int64_t F, float limit)
         return [=] { kern::swiglu_fwd(gu, rows, F, limit, h); };
       }
       const float* dh = b.f(rows * F, 2);
+      if (bf16_grad) {
+        bf16* dgb = b.b(rows * 2 * F, 3);
+        return [=] { kern::swiglu_bwd_bf16(dh, gu, rows, F, limit, dgb); };
+      }
       float* dgu = b.f(rows * 2 * F);
       return [=] { kern::swiglu_bwd(dh, gu, rows, F, limit, dgu); };
     };
@@ -519,8 +526,9 @@ void router(Plan& p, const Run& r, const std::string& w) {
 }
 
 // model/moe.h's row operations (the same functions moe_forward / moe_backward call):
-//   dispatch: moe_sort (counting sort of the R = N K (token, slot) pairs by expert), then
-//     moe_gather of x rows into sorted order (run again in backward for dW of gate|up): bytes 8 R d + 12 R
+//   dispatch: moe_sort (counting sort of the R = N K (token, slot) pairs by expert), then the
+//     gather of x rows into sorted order (run again in backward for dW of gate|up): bytes 8 R d +
+//     12 R; bf16 (one rank): kern::gather_rows_bf16 from x's bf16 copy, bytes 4 R d + 12 R
 //   combine: out[n] += sum_k p[n,k] y[row(n,k)]: bytes 4 (R d + 2 N d), FLOPs 2 R d
 //   combine bwd: dy[row] = p dout[n]: bytes 4 (N d + R d), FLOPs R d (the probabilities' gradient
 //     comes from the experts' backward, kern::moe_probs_bwd)
@@ -529,13 +537,14 @@ void moe_glue(Plan& p, const Run& r, const std::string& w) {
   const int64_t N = r.N, K = r.c.num_experts_per_tok, d = r.c.hidden_size, E = r.c.n_routed_experts, R = N * K;
   const std::vector<int32_t> idx = r.idx;
   const std::vector<float> probs = r.probs;
+  const bool bf = r.bf;
   const char* names[4] = {"moe dispatch", "moe combine", "moe combine bwd", "moe dispatch bwd"};
   for (int v = 0; v < 4; ++v) {
     Op o;
     o.kernel = names[v];
     o.shape = fmt("N=%lld K=%lld d=%lld", (ll)N, (ll)K, (ll)d);
     o.flops = v == 0 ? 0.0 : v == 1 ? 2.0 * R * d : 1.0 * R * d;
-    o.bytes = v == 0 ? 8.0 * R * d + 12.0 * R : v == 2 ? 4.0 * (N * d + R * d) : 4.0 * (R * d + 2 * N * d);
+    o.bytes = v == 0 ? (r.bf ? 4.0 : 8.0) * R * d + 12.0 * R : v == 2 ? 4.0 * (N * d + R * d) : 4.0 * (R * d + 2 * N * d);
     o.make = [=](Bufs& b) -> Runner {
       int32_t *row_token = b.i32(R), *slot_row = b.i32(R);
       auto offsets = std::make_shared<std::vector<int64_t>>();
@@ -543,6 +552,14 @@ void moe_glue(Plan& p, const Run& r, const std::string& w) {
       sort();
       const float* x = b.f(N * d, 1);
       float* xs = b.f(R * d, 2);
+      if (v == 0 && bf) {
+        const bf16* xb = b.b(N * d, 4);
+        bf16* xsb = b.b(R * d, 5);
+        return [=] {
+          sort();
+          kern::gather_rows_bf16(xb, row_token, R, d, xsb);
+        };
+      }
       if (v == 0)
         return [=] {
           sort();

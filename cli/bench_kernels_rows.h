@@ -118,8 +118,10 @@ void gemm(Plan& p, const std::string& w, const char* what, bool bf, bool ta, boo
           int64_t K, float beta);
 // model::to_bf16 of n floats.
 void to_bf16(Plan& p, const std::string& w, int64_t n);
-// model::linear_fwd + linear_bwd on rows x in -> out (GEMMs fwd, dx, dW and the bf16 copies).
-void linear(Plan& p, const Run& r, const std::string& w, int64_t rows, int64_t in, int64_t out, bool backward = true);
+// model::linear_fwd + linear_bwd on rows x in -> out (GEMMs fwd, dx, dW and the bf16 copies; x_cast
+// false: the caller made x's bf16 copy, model::Act).
+void linear(Plan& p, const Run& r, const std::string& w, int64_t rows, int64_t in, int64_t out, bool backward = true,
+            bool x_cast = true);
 // kern::grouped_gemm over the routed experts' rows (weight slab [E, out, in]): fwd, dx, dW.
 void experts(Plan& p, const Run& r, const std::string& w, int64_t out, int64_t in);
 // kern::rmsnorm_fwd (+ rmsnorm_bwd) on rows x d.
@@ -127,8 +129,9 @@ void rmsnorm(Plan& p, const std::string& w, int64_t rows, int64_t d, bool backwa
 // kern::rope_apply on N tokens x H heads of D rotated dims at `off` in rows of stride st (heads sh apart).
 void rope(Plan& p, const Run& r, const std::string& w, int64_t N, int H, int64_t st, int64_t sh, int64_t off, int D,
           bool inverse);
-// kern::swiglu_fwd + swiglu_bwd on rows x F (clamp limit, 0 = none).
-void swiglu(Plan& p, const std::string& w, int64_t rows, int64_t F, float limit);
+// kern::swiglu_fwd + swiglu_bwd on rows x F (clamp limit, 0 = none); bf16_grad: the backward
+// rounds its output to bf16 (kern::swiglu_bwd_bf16, the routed experts of a bf16 run).
+void swiglu(Plan& p, const std::string& w, int64_t rows, int64_t F, float limit, bool bf16_grad = false);
 // kern::attention_fwd + attention_bwd (causal) of the run's B x T tokens.
 void attention(Plan& p, const Run& r, const std::string& w, int H, int dqk, int dv, float scale);
 // kern::sparse_attn_fwd + sparse_attn_bwd over a V4 layer's key lists.
@@ -143,7 +146,7 @@ void hyper_conn(Plan& p, const Run& r, const std::string& w, const char* which);
 void grouped_oa(Plan& p, const Run& r, const std::string& w, int64_t G, int64_t Dg, int64_t olr);
 // The MoE router: gate GEMMs (f32), model::router_select, router backward.
 void router(Plan& p, const Run& r, const std::string& w);
-// model/moe.cpp's dispatch / combine loops and their adjoints.
+// model/moe.cpp's dispatch / combine loops and their adjoints (bf16: the rows gathered in bf16).
 void moe_glue(Plan& p, const Run& r, const std::string& w);
 // kern::lm_head_ce with gradients.
 void lm_head_ce(Plan& p, const Run& r, const std::string& w);

@@ -56,10 +56,11 @@ using ll = long long;
 
 // ---- The step, layer by layer ---------------------------------------------------------------
 
-// Dense SwiGLU MLP (model/mlp.cpp): gate|up, SwiGLU, down.
-void mlp(Plan& p, const Run& r, const std::string& w, int64_t F, float limit) {
+// Dense SwiGLU MLP (model/mlp.cpp): gate|up, SwiGLU, down (x_cast false: x's bf16 copy made by the
+// caller).
+void mlp(Plan& p, const Run& r, const std::string& w, int64_t F, float limit, bool x_cast = true) {
   const int64_t N = r.N, d = r.c.hidden_size;
-  linear(p, r, w + ".gate_up", N, d, 2 * F);
+  linear(p, r, w + ".gate_up", N, d, 2 * F, true, x_cast);
   swiglu(p, w, N, F, limit);
   linear(p, r, w + ".down", N, F, d);
 }
@@ -70,15 +71,15 @@ void moe(Plan& p, const Run& r, float limit) {
   const int64_t N = r.N, d = c.hidden_size, F = c.moe_intermediate_size, R = N * c.num_experts_per_tok;
   router(p, r, "router");
   moe_glue(p, r, "moe");
-  if (r.bf) {
-    for (int i = 0; i < 3; ++i) to_bf16(p, "experts", R * d);  // xs (fwd), dy, xs (bwd)
-    for (int i = 0; i < 2; ++i) to_bf16(p, "experts", R * F);  // h (fwd), h (bwd)
-    to_bf16(p, "experts", R * 2 * F);                          // dgu
+  if (r.bf) {  // one rank: x rounded once in each pass for the routed rows and the shared experts
+    for (int i = 0; i < 2; ++i) to_bf16(p, "moe", N * d);       // x (fwd), x (bwd)
+    to_bf16(p, "experts", R * d);                               // dy
+    for (int i = 0; i < 2; ++i) to_bf16(p, "experts", R * F);  // h (fwd), h (bwd); dgu: swiglu_bwd_bf16
   }
   experts(p, r, "experts.gate_up", 2 * F, d);
-  swiglu(p, "experts", R, F, limit);
+  swiglu(p, "experts", R, F, limit, r.bf);
   experts(p, r, "experts.down", d, F);
-  if (c.n_shared_experts > 0) mlp(p, r, "shared", c.shared_intermediate(), limit);
+  if (c.n_shared_experts > 0) mlp(p, r, "shared", c.shared_intermediate(), limit, false);
 }
 
 // DeepSeek-V3 multi-head latent attention (model/mla.cpp).
@@ -116,20 +117,23 @@ void v4_attention(Plan& p, const Run& r, int64_t l) {
                 qr = c.q_lora_rank, rd = c.qk_rope_head_dim, m = v.rate(l);
   const int64_t nw = kind == AttnKind::Sliding ? 0 : T / m;
   const std::string k = kind_name(kind);
-  linear(p, r, "q_a", N, d, qr);
+  // x rounded to bf16 once in each pass for q_a, kv and the compressor's kv and gate (one rank)
+  if (r.bf)
+    for (int i = 0; i < 2; ++i) to_bf16(p, "attn", N * d);
+  linear(p, r, "q_a", N, d, qr, true, false);
   rmsnorm(p, "q_a_norm", N, qr);
   linear(p, r, "q_b", N, qr, H * hd);
   rmsnorm(p, "q_norm", N * H, hd);
   for (const char* u : {"q", "dO"}) rope(p, r, u, N, (int)H, H * hd, hd, hd - rd, (int)rd, false);
   for (const char* u : {"o", "dq"}) rope(p, r, u, N, (int)H, H * hd, hd, hd - rd, (int)rd, true);
-  linear(p, r, "kv", N, d, hd);
+  linear(p, r, "kv", N, d, hd, true, false);
   rmsnorm(p, "kv_norm", N, hd);
   rope(p, r, "kv", N, 1, hd, hd, hd - rd, (int)rd, false);
   rope(p, r, "dkv", N, 1, hd, hd, hd - rd, (int)rd, true);
   if (kind != AttnKind::Sliding) {
     const int cc = kind == AttnKind::CSA ? 2 : 1;
-    linear(p, r, "c_kv." + k, N, d, cc * hd, nw > 0);
-    linear(p, r, "c_gate." + k, N, d, cc * hd, nw > 0);
+    linear(p, r, "c_kv." + k, N, d, cc * hd, nw > 0, false);
+    linear(p, r, "c_gate." + k, N, d, cc * hd, nw > 0, false);
     if (nw > 0) {
       compress_pool(p, r, "compressor." + k, m, hd, cc, true);
       rmsnorm(p, "c_norm." + k, B * nw, hd);

@@ -76,6 +76,7 @@ class Backend {
                            float* dx, float* dw) = 0;
   virtual void swiglu_fwd(const float* gu, int64_t N, int64_t F, float limit, float* h) = 0;
   virtual void swiglu_bwd(const float* dh, const float* gu, int64_t N, int64_t F, float limit, float* dgu) = 0;
+  virtual void swiglu_bwd_bf16(const float* dh, const float* gu, int64_t N, int64_t F, float limit, bf16* dgu) = 0;
   virtual void rope_apply(float* x, int64_t N, int H, int64_t stride_tok, int64_t stride_head, int D,
                           const int32_t* pos, const float* cos, const float* sin, RopeLayout layout,
                           bool inverse) = 0;
@@ -97,6 +98,7 @@ class Backend {
   virtual void row_dot(const float* a, const float* b, int64_t R, int64_t w, double* out) = 0;
   virtual void to_bf16(const float* x, int64_t ldx, int64_t rows, int64_t cols, bf16* y) = 0;
   virtual void gather_rows(const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst) = 0;
+  virtual void gather_rows_bf16(const bf16* src, const int32_t* idx, int64_t R, int64_t d, bf16* dst) = 0;
   virtual void scatter_add_rows(const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst) = 0;
   virtual void sum_heads(const float* x, int64_t N, int64_t H, int64_t ldn, int64_t ldh, int64_t w, float* y,
                          int64_t ldy) = 0;

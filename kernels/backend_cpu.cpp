@@ -70,6 +70,9 @@ class CpuBackend final : public Backend {
   void swiglu_bwd(const float* dh, const float* gu, int64_t N, int64_t F, float limit, float* dgu) override {
     kern::swiglu_bwd(dh, gu, N, F, limit, dgu);
   }
+  void swiglu_bwd_bf16(const float* dh, const float* gu, int64_t N, int64_t F, float limit, bf16* dgu) override {
+    kern::swiglu_bwd_bf16(dh, gu, N, F, limit, dgu);
+  }
   void rope_apply(float* x, int64_t N, int H, int64_t stride_tok, int64_t stride_head, int D, const int32_t* pos,
                   const float* cos, const float* sin, RopeLayout layout, bool inverse) override {
     kern::rope_apply(x, N, H, stride_tok, stride_head, D, pos, cos, sin, layout, inverse);
@@ -104,6 +107,9 @@ class CpuBackend final : public Backend {
   }
   void gather_rows(const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst) override {
     kern::gather_rows(src, idx, R, d, dst);
+  }
+  void gather_rows_bf16(const bf16* src, const int32_t* idx, int64_t R, int64_t d, bf16* dst) override {
+    kern::gather_rows_bf16(src, idx, R, d, dst);
   }
   void scatter_add_rows(const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst) override {
     kern::scatter_add_rows(src, idx, R, d, dst);

@@ -68,16 +68,31 @@ void to_bf16(const float* x, int64_t ldx, int64_t rows, int64_t cols, bf16* y) {
   });
 }
 
-void gather_rows(const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst) {
+namespace {
+
+// dst [R, d] = src [idx[r], :] for rows of T, the next source row fetched while one is copied.
+template <class T>
+void gather(const T* src, const int32_t* idx, int64_t R, int64_t d, T* dst) {
+  constexpr int64_t line = 64 / sizeof(T);
   parallel_for(R, 256, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
-      const float* s = src + (int64_t)idx[r] * d;
-      float* o = dst + r * d;
+      const T* s = src + (int64_t)idx[r] * d;
+      T* o = dst + r * d;
       if (r + 1 < e)
-        for (int64_t j = 0; j < d; j += kLine) fetch(src + (int64_t)idx[r + 1] * d + j);
-      std::memcpy(o, s, (size_t)d * sizeof(float));
+        for (int64_t j = 0; j < d; j += line) __builtin_prefetch(src + (int64_t)idx[r + 1] * d + j, 0, 2);
+      std::memcpy(o, s, (size_t)d * sizeof(T));
     }
   });
+}
+
+}  // namespace
+
+void gather_rows(const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst) {
+  gather(src, idx, R, d, dst);
+}
+
+void gather_rows_bf16(const bf16* src, const int32_t* idx, int64_t R, int64_t d, bf16* dst) {
+  gather(src, idx, R, d, dst);
 }
 
 void scatter_add_rows(const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst) {

@@ -29,6 +29,9 @@ void to_bf16(const float* x, int64_t ldx, int64_t rows, int64_t cols, bf16* y);
 inline void to_bf16(const float* x, int64_t n, bf16* y) { to_bf16(x, n, 1, n, y); }
 // dst [R, d] = src [idx[r], :] (src has at least max(idx) + 1 rows of d).
 void gather_rows(const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst);
+// The same on bf16 rows (the routed experts' GEMM operands gathered from one bf16 copy of the
+// tokens: the bits to_bf16 would give the gathered f32 rows).
+void gather_rows_bf16(const bf16* src, const int32_t* idx, int64_t R, int64_t d, bf16* dst);
 // dst [idx[r], :] += src [r, :], for each element in ascending r (repeated indices sum in row order).
 void scatter_add_rows(const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst);
 // y [n, 0:w] (row stride ldy) = sum over h in 0..H-1, ascending, of x [n ldn + h ldh + 0:w].

@@ -7,6 +7,7 @@
 // Gradients: no parameters; the activation gradient dgu OVERWRITES.
 #pragma once
 #include <cstdint>
+#include "core/dtype.h"
 
 namespace trex::kern {
 
@@ -15,5 +16,9 @@ void swiglu_fwd(const float* gu, int64_t N, int64_t F, float limit, float* h);
 
 // dh: [N, F]  gu: [N, 2F] (the forward input) -> dgu: [N, 2F] (overwritten)
 void swiglu_bwd(const float* dh, const float* gu, int64_t N, int64_t F, float limit, float* dgu);
+
+// The same with dgu rounded to bf16 (a bf16 run's GEMM operand): the bits to_bf16 (kernels/rows.h)
+// gives swiglu_bwd's output, without the f32 copy.
+void swiglu_bwd_bf16(const float* dh, const float* gu, int64_t N, int64_t F, float limit, bf16* dgu);
 
 }  // namespace trex::kern

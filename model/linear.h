@@ -71,12 +71,24 @@ struct TpSlice {
   bool on() const { return size > 1; }
 };
 
+// The input x of a linear: its f32 values, and optionally b, their bf16 copy (round to nearest even,
+// as the linears make it) made once by a caller that feeds x to several linears; BF16 runs then
+// take b instead of rounding x again. b is ignored by F32 runs.
+struct Act {
+  const float* f = nullptr;
+  const bf16* b = nullptr;
+  Act(const float* x) : f(x) {}  // NOLINT(google-explicit-constructor): a plain f32 input
+  Act(const float* x, const bf16* xb) : f(x), b(xb) {}
+};
+// x [n] with its bf16 copy from c.ws when c.prec is BF16 (else x alone).
+Act act_with_bf16(const Ctx& c, const float* x, int64_t n);
+
 // x: [N, in]  W: [out, in]  ->  y: [N, out] with row stride ldy (0 = out)  (y = beta*y + x @ W^T)
-void linear_fwd(const Ctx&, const float* x, int64_t N, int64_t in, W w, int64_t out, float* y, float beta = 0.f,
+void linear_fwd(const Ctx&, Act x, int64_t N, int64_t in, W w, int64_t out, float* y, float beta = 0.f,
                 int64_t ldy = 0);
 // dy: [N, out] (row stride ldy, 0 = out)  x: [N, in]  ->  dx: [N, in] (= or += dy @ W; skipped if
 // null), dW: [out, in] (row stride w.ld) += dy^T @ x (skipped if null)
-void linear_bwd(const Ctx&, const float* dy, const float* x, int64_t N, int64_t in, W w, int64_t out, float* dx,
+void linear_bwd(const Ctx&, const float* dy, Act x, int64_t N, int64_t in, W w, int64_t out, float* dx,
                 bool dx_accum, float* dW, int64_t ldy = 0);
 
 // Forward GEMMs through c: C = A @ B^T (+ beta C), A stored [M, K], B [N, K] (a weight), on the

@@ -39,13 +39,13 @@ void mlp_forward(const Ctx& c, const MlpW& w, const float* x, int64_t N, float* 
   mlp_forward_saved(c, w, x, N, y, beta, s);
 }
 
-void mlp_forward_saved(const Ctx& c, const MlpW& w, const float* x, int64_t N, float* y, float beta, MlpSaved& s) {
+void mlp_forward_saved(const Ctx& c, const MlpW& w, Act x, int64_t N, float* y, float beta, MlpSaved& s) {
   mlp_hidden(c, w, x, N, s);
   linear_fwd(c, s.h, N, w.F, w.down, w.d, y, beta);
 }
 
-void mlp_hidden(const Ctx& c, const MlpW& w, const float* x, int64_t N, MlpSaved& s) {
-  s.x = x;
+void mlp_hidden(const Ctx& c, const MlpW& w, Act x, int64_t N, MlpSaved& s) {
+  s.x = x.f;
   if (!w.up_off || w.up_off == w.F * w.d) {
     linear_fwd(c, x, N, w.d, w.gu, 2 * w.F, s.gu);
   } else {  // gate and up rows apart (tensor-parallel slice): two GEMMs into the halves of gu
@@ -62,11 +62,12 @@ void mlp_backward(const Ctx& c, const MlpW& w, const MlpSaved& s, int64_t N, con
   linear_bwd(c, dy, s.h, N, w.F, w.down, w.d, dh, false, w.ddown);
   float* dgu = c.ws->alloc<float>(N * 2 * w.F);
   c.k().swiglu_bwd(dh, s.gu, N, w.F, w.limit, dgu);
+  const Act x(s.x, s.xb);
   if (!w.up_off || w.up_off == w.F * w.d) {
-    linear_bwd(c, dgu, s.x, N, w.d, w.gu, 2 * w.F, dx, dx_accum, w.dgu);
+    linear_bwd(c, dgu, x, N, w.d, w.gu, 2 * w.F, dx, dx_accum, w.dgu);
   } else {
-    linear_bwd(c, dgu, s.x, N, w.d, w.gu, w.F, dx, dx_accum, w.dgu, 2 * w.F);
-    linear_bwd(c, dgu + w.F, s.x, N, w.d, up_rows(w.gu, w.up_off), w.F, dx, true, w.dgu ? w.dgu + w.up_off : nullptr,
+    linear_bwd(c, dgu, x, N, w.d, w.gu, w.F, dx, dx_accum, w.dgu, 2 * w.F);
+    linear_bwd(c, dgu + w.F, x, N, w.d, up_rows(w.gu, w.up_off), w.F, dx, true, w.dgu ? w.dgu + w.up_off : nullptr,
                2 * w.F);
   }
   c.ws->release(m);

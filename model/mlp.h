@@ -11,6 +11,9 @@ struct MlpSaved {
   const float* x = nullptr;  // [N, d] input
   float* gu = nullptr;       // [N, 2F] gate|up pre-activation
   float* h = nullptr;        // [N, F] silu(gate)*up
+  // x's bf16 copy for the weight gradient of gate|up (Act::b), set by a backward's caller that made
+  // one for other uses too; null: mlp_backward rounds x itself.
+  const bf16* xb = nullptr;
 };
 
 struct MlpW {
@@ -36,10 +39,10 @@ MlpW mlp_weights_tp(const float* P, const bf16* Pb, float* G, int64_t gu_off, in
 void mlp_forward(const Ctx&, const MlpW&, const float* x, int64_t N, float* y, float beta, MlpSaved& s);
 // The same into s.gu [N, 2F] and s.h [N, F] allocated by the caller (who may have scratch of its
 // own above them in the arena).
-void mlp_forward_saved(const Ctx&, const MlpW&, const float* x, int64_t N, float* y, float beta, MlpSaved& s);
+void mlp_forward_saved(const Ctx&, const MlpW&, Act x, int64_t N, float* y, float beta, MlpSaved& s);
 // The forward without its down projection: x [N, d] -> s.gu [N, 2F], s.h [N, F] (the caller's
 // buffers), the same bits as mlp_forward's (selective recompute rebuilds them for the backward).
-void mlp_hidden(const Ctx&, const MlpW&, const float* x, int64_t N, MlpSaved& s);
+void mlp_hidden(const Ctx&, const MlpW&, Act x, int64_t N, MlpSaved& s);
 // dy: [N, d] -> dx: [N, d] (overwrite, or += when dx_accum)
 void mlp_backward(const Ctx&, const MlpW&, const MlpSaved& s, int64_t N, const float* dy, float* dx, bool dx_accum);
 

@@ -82,15 +82,16 @@ ExpertW expert_w(const Ctx& c, const MoeIn& in, int64_t e0) {
 
 // Routed experts on rows grouped by expert (off: [n + 1], experts e0 ..): xs [rows, d] ->
 // gu [rows, 2F], h [rows, F], y [rows, d]. h null: a scratch one, released (recompute "moe_act").
+// xsb non-null: the rows already in bf16 (a BF16 run's GEMM operand; xs is then not read).
 void experts_fwd(const Ctx& c, const MoeIn& in, const std::vector<int64_t>& off, int64_t e0, const float* xs,
-                 float* gu, float* h, float* y) {
+                 const bf16* xsb, float* gu, float* h, float* y) {
   const int64_t d = in.cfg->hidden_size, F = in.cfg->moe_intermediate_size, R = off.back();
   const ExpertW w = expert_w(c, in, e0);
   StackArena& A = *c.ws;
   auto mk = A.mark();
   if (!h) h = A.alloc<float>(R * F);
-  const void* xin = nullptr;
-  {
+  const void* xin = xsb;
+  if (!xin) {
     ProfScope ps(c.prof, "fwd.moe.experts.cast");
     xin = gemm_input(c, xs, R * d);
   }
@@ -115,11 +116,14 @@ void experts_fwd(const Ctx& c, const MoeIn& in, const std::vector<int64_t>& off,
 }
 
 // The rows' inputs of experts_bwd: the kept rows, or (rows null) gathered from the tokens x
-// [tokens, d] by row_token [rows] when the backward reaches the gate|up projection.
+// [tokens, d] by row_token [rows] when the backward reaches the gate|up projection, from xb, x's
+// bf16 copy, where the caller made one (a BF16 run: the GEMM operand, the bits of rounding the
+// gathered rows).
 struct ExpertInputs {
   const float* rows = nullptr;
   const float* x = nullptr;
   const int32_t* row_token = nullptr;
+  const bf16* xb = nullptr;
 };
 
 // Backward of experts_fwd: dy [rows, d] -> dxs [rows, d] (overwrite; it may be dy itself, read in
@@ -140,10 +144,13 @@ void experts_bwd(const Ctx& c, const MoeIn& in, const std::vector<int64_t>& off,
     ProfScope ps(c.prof, "bwd.moe.experts.cast");
     return gemm_input(c, x, n);
   };
-  // The down projection's backward, q and the SwiGLU's backward: dgu first, the rest (h when
+  // The down projection's backward, q and the SwiGLU's backward: dgu first (the gate|up GEMMs'
+  // operand: in a BF16 run rounded by the SwiGLU's backward itself, no f32 copy), the rest (h when
   // recomputed, dh, the GEMM inputs' copies) scratch released before the gate|up projection's
   // backward.
-  float* dgu = A.alloc<float>(R * 2 * F);
+  const bool bf = c.prec == kern::Prec::BF16;
+  float* dgu = bf ? nullptr : A.alloc<float>(R * 2 * F);
+  bf16* dgub = bf ? A.alloc<bf16>(R * 2 * F) : nullptr;
   {
     auto mh = A.mark();
     const float* hb = h;
@@ -164,18 +171,24 @@ void experts_bwd(const Ctx& c, const MoeIn& in, const std::vector<int64_t>& off,
     {
       ProfScope ps(c.prof, "bwd.moe.experts.act");
       if (q) c.k().row_dot(dh, hb, R, F, q);
-      c.k().swiglu_bwd(dh, gu, R, F, in.swiglu_limit, dgu);
+      if (bf) c.k().swiglu_bwd_bf16(dh, gu, R, F, in.swiglu_limit, dgub);
+      else c.k().swiglu_bwd(dh, gu, R, F, in.swiglu_limit, dgu);
     }
     A.release(mh);
   }
-  const float* xr = xs.rows;
-  if (!xr) {
+  const void* dguin = bf ? static_cast<const void*>(dgub) : cast(dgu, R * 2 * F);
+  const void* xin = nullptr;
+  if (xs.rows) {
+    xin = cast(xs.rows, R * d);
+  } else if (xs.xb) {
+    bf16* g = A.alloc<bf16>(R * d);
+    c.k().gather_rows_bf16(xs.xb, xs.row_token, R, d, g);
+    xin = g;
+  } else {
     float* g = A.alloc<float>(R * d);
     c.k().gather_rows(xs.x, xs.row_token, R, d, g);
-    xr = g;
+    xin = cast(g, R * d);
   }
-  const void* dguin = cast(dgu, R * 2 * F);
-  const void* xin = cast(xr, R * d);
   ProfScope ps(c.prof, "bwd.moe.experts.gemm");
   expert_gemm_dx(c, off, dguin, w.gu, 2 * F, d, dxs);
   expert_gemm_dw(c, off, dguin, xin, 2 * F, d, w.dgu);
@@ -254,28 +267,38 @@ double moe_forward(const Ctx& c, const MoeIn& in, const float* x, float* out, Mo
   auto mk = A.mark();
   float* y = in.recompute_out ? A.alloc<float>(R * d) : s.y;
   if (shared && in.recompute_shared) shared_saved();
+  // A BF16 run with every routed expert here (nothing moves): x rounded to bf16 once, the operand
+  // of the shared experts' gate|up projection and the source of the routed rows, gathered in bf16
+  // (no f32 copy of the rows, no second rounding).
+  const Act xa = !overlap ? act_with_bf16(c, x, N * d) : Act(x);
   auto shared_fwd = [&] {
     ProfScope ps(c.prof, "fwd.moe.shared");
-    if (shared) mlp_forward_saved(c, shared_w(in), x, N, out, 0.f, s.shared);
+    if (shared) mlp_forward_saved(c, shared_w(in), xa, N, out, 0.f, s.shared);
     else c.k().zero(out, N * d * sizeof(float));
   };
   auto mk2 = A.mark();
-  float* xs = A.alloc<float>(R * d);
   MoeExchange xin;
+  bf16* xsb = nullptr;
   {
     ProfScope ps(c.prof, "fwd.moe.dispatch");
-    c.k().gather_rows(x, D.row_token_dev, R, d, xs);
-    xin = disp.dispatch(r, xs, r.inputs, d, A);
+    if (xa.b) {
+      xsb = A.alloc<bf16>(R * d);
+      c.k().gather_rows_bf16(xa.b, D.row_token_dev, R, d, xsb);
+    } else {
+      float* xs = A.alloc<float>(R * d);
+      c.k().gather_rows(x, D.row_token_dev, R, d, xs);
+      xin = disp.dispatch(r, xs, r.inputs, d, A);
+    }
   }
   if (overlap) shared_fwd();
-  {
+  if (!xsb) {
     ProfScope ps(c.prof, "fwd.moe.dispatch");
     disp.wait(r, xin, d);
   }
   float* yl = disp.output_rows(r, y, d, A);
   {
     ProfScope ps(c.prof, "fwd.moe.experts");
-    experts_fwd(c, in, r.offsets, r.first, xin.local, s.gu, s.h, yl);
+    experts_fwd(c, in, r.offsets, r.first, xin.local, xsb, s.gu, s.h, yl);
   }
   {
     ProfScope ps(c.prof, "fwd.moe.combine");
@@ -313,6 +336,9 @@ void moe_backward(const Ctx& c, const MoeIn& in, const MoeSaved& s, const float*
   double* q = A.alloc<double>(R);  // sorted order
   // On one rank the rows' input gradients overwrite dy (experts_bwd reads it in full first).
   float* dxs = overlap ? A.alloc<float>(R * d) : dy;
+  // A BF16 run on one rank: x rounded to bf16 once, for the shared and the routed experts' weight
+  // gradients (the routed rows gathered from it), as in the forward.
+  const Act xa = !overlap ? act_with_bf16(c, s.x, N * d) : Act(s.x);
   auto shared_bwd = [&] {  // writes dx: while dy is in flight, else after the routed experts
     ProfScope ps(c.prof, "bwd.moe.shared");
     if (m.n_shared_experts == 0) {
@@ -322,9 +348,10 @@ void moe_backward(const Ctx& c, const MoeIn& in, const MoeSaved& s, const float*
     const MlpW w = shared_w(in);
     auto ms = A.mark();
     MlpSaved sv = s.shared;
+    sv.xb = xa.b;
     if (!sv.gu) {  // recompute_shared: the forward's gu and h again
       sv.gu = A.alloc<float>(N * 2 * w.F), sv.h = A.alloc<float>(N * w.F);
-      mlp_hidden(c, w, s.shared.x, N, sv);
+      mlp_hidden(c, w, Act(s.shared.x, xa.b), N, sv);
     }
     mlp_backward(c, w, sv, N, dout, dx, false);
     A.release(ms);
@@ -349,7 +376,7 @@ void moe_backward(const Ctx& c, const MoeIn& in, const MoeSaved& s, const float*
   {
     ProfScope ps(c.prof, "bwd.moe.experts");
     // The rows' inputs: kept by the dispatcher, else gathered again inside experts_bwd.
-    const ExpertInputs xl{disp.saved_inputs(r, D, s.x, d, A), s.x, D.row_token_dev};
+    const ExpertInputs xl{disp.saved_inputs(r, D, s.x, d, A), s.x, D.row_token_dev, xa.b};
     experts_bwd(c, in, r.offsets, r.first, xl, s.gu, s.h, dyx.local, dxl, ql);
   }
   {

@@ -235,12 +235,14 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   s.qres = A.alloc<float>(N * qr);
   s.qb = in.drop_qb ? nullptr : A.alloc<float>(N * H * hd);
   s.q_rstd = A.alloc<float>(N * H);
-  auto query_path = [&] {
-    linear_fwd(c, x, N, d, wt(in, p.q_a), qr, s.qa);
+  auto query_rest = [&] {  // after q_a
     c.k().rmsnorm_fwd(s.qa, N, qr, in.P + p.q_a_norm, eps, s.qres, s.qa_rstd);
     if (s.qb) v4_q_up(c, in, s.qres, s.qb);
   };
-  if (!in.cp) query_path();
+  auto query_path = [&] {
+    linear_fwd(c, x, N, d, wt(in, p.q_a), qr, s.qa);
+    query_rest();
+  };
 
   // Sliding key/value rows, then compressed entries.
   s.nw = kind == AttnKind::Sliding ? 0 : Tf / m;
@@ -249,11 +251,30 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
   s.KV = A.alloc<float>(s.M * hd);
   s.kvp = A.alloc<float>(NK * hd);
   s.kv_rstd = A.alloc<float>(NK);
+  const int32_t* cpos = nullptr;
   if (in.cp) {  // the local tokens' key-side projections, their halos exchanged into the held rows
     if (cc) s.ckv = A.alloc<float>(NK * cc * hd), s.cgate = A.alloc<float>(NK * cc * hd);
     v4_cp_gather_keys(c, in, keys, x, s.kvp, s.ckv, s.cgate, query_path);
   } else {
-    linear_fwd(c, x, N, d, wt(in, p.kv), hd, s.kvp);
+    // The projections of x (q_a, kv, the compressor's kv and gate) into their kept buffers, on one
+    // bf16 copy of x (a BF16 run), then the rest of the query path.
+    cpos = positions(c, std::max<int64_t>(B * nw, 1), Tf, nw, m);
+    if (kind != AttnKind::Sliding) {
+      s.ckv = A.alloc<float>(N * cc * hd);
+      s.cgate = A.alloc<float>(N * cc * hd);
+      s.cpool = A.alloc<float>(std::max<int64_t>(B * nw, 1) * hd);
+      s.c_rstd = A.alloc<float>(std::max<int64_t>(B * nw, 1));
+    }
+    const auto mx = A.mark();
+    const Act xa = act_with_bf16(c, x, N * d);
+    linear_fwd(c, xa, N, d, wt(in, p.q_a), qr, s.qa);
+    linear_fwd(c, xa, N, d, wt(in, p.kv), hd, s.kvp);
+    if (kind != AttnKind::Sliding) {
+      linear_fwd(c, xa, N, d, wt(in, p.c_kv), cc * hd, s.ckv);
+      linear_fwd(c, xa, N, d, wt(in, p.c_gate), cc * hd, s.cgate);
+    }
+    A.release(mx);
+    query_rest();
   }
   c.k().rmsnorm_fwd(s.kvp, NK, hd, in.P + p.kv_norm, eps, s.KV, s.kv_rstd);
   rope_heads(c, s.KV, NK, 1, hd, rd, kpos, in.cos, in.sin, false);
@@ -275,14 +296,7 @@ void v4_attn_forward(const Ctx& c, const V4AttnIn& in, const float* x, float* ou
       A.release(mo);
     }
   }
-  const int32_t* cpos = in.cp ? nullptr : positions(c, std::max<int64_t>(B * nw, 1), Tf, nw, m);
   if (!in.cp && kind != AttnKind::Sliding) {
-    s.ckv = A.alloc<float>(N * cc * hd);
-    s.cgate = A.alloc<float>(N * cc * hd);
-    linear_fwd(c, x, N, d, wt(in, p.c_kv), cc * hd, s.ckv);
-    linear_fwd(c, x, N, d, wt(in, p.c_gate), cc * hd, s.cgate);
-    s.cpool = A.alloc<float>(std::max<int64_t>(B * nw, 1) * hd);
-    s.c_rstd = A.alloc<float>(std::max<int64_t>(B * nw, 1));
     if (nw > 0) {
       ProfScope ps(c.prof, "fwd.attn.compress_pool");
       c.k().compress_pool_fwd(B, Tf, m, hd, cc, s.ckv, s.cgate, in.P + p.c_pb, s.cpool);
@@ -412,7 +426,6 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
   rope_heads(c, dKV, NK, 1, hd, rd, kpos, in.cos, in.sin, true);
   float* dkvp = A.alloc<float>(NK * hd);
   c.k().rmsnorm_bwd(dKV, s.kvp, NK, hd, in.P + p.kv_norm, s.kv_rstd, dkvp, gr(in, p.kv_norm));
-  if (!in.cp) linear_bwd(c, dkvp, s.x, N, d, wt(in, p.kv), hd, dx, false, gr(in, p.kv));
 
   // Compressed entries -> kv_norm -> pooling -> kv_proj / gate_proj.
   const int cc = kind == AttnKind::CSA ? 2 : 1;
@@ -452,8 +465,6 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
       c.k().compress_pool_bwd(B, Tf, m, hd, cc, s.ckv, s.cgate, in.P + p.c_pb, dpool, dckv, dcg, dpb, work);
       A.release(mw);
     }
-    linear_bwd(c, dckv, s.x, N, d, wt(in, p.c_kv), cc * hd, dx, true, gr(in, p.c_kv));
-    linear_bwd(c, dcg, s.x, N, d, wt(in, p.c_gate), cc * hd, dx, true, gr(in, p.c_gate));
   }
   if (in.cp) {  // the key-side gradients summed into the owners' rows, then the projections
     const int64_t cw = dckv ? cc * hd : 0;
@@ -483,7 +494,17 @@ void v4_attn_backward(const Ctx& c, const V4AttnIn& in, const V4AttnSaved& s, co
   linear_bwd(c, dqb, s.qres, N, qr, wt(in, qb_off), H * hd, dqres, false, gr(in, qb_off));
   float* dqa = A.alloc<float>(N * qr);
   c.k().rmsnorm_bwd(dqres, s.qa, N, qr, in.P + p.q_a_norm, s.qa_rstd, dqa, gr(in, p.q_a_norm));
-  linear_bwd(c, dqa, s.x, N, d, wt(in, p.q_a), qr, dx, true, gr(in, p.q_a));
+  // The projections of x last, on one bf16 copy of x (a BF16 run; context parallel ran kv and the
+  // compressor's above): kv (dx overwritten), the compressor's kv and gate, q_a (dx +=).
+  const Act xa = in.cp ? Act(s.x) : act_with_bf16(c, s.x, N * d);
+  if (!in.cp) {
+    linear_bwd(c, dkvp, xa, N, d, wt(in, p.kv), hd, dx, false, gr(in, p.kv));
+    if (dckv) {
+      linear_bwd(c, dckv, xa, N, d, wt(in, p.c_kv), cc * hd, dx, true, gr(in, p.c_kv));
+      linear_bwd(c, dcg, xa, N, d, wt(in, p.c_gate), cc * hd, dx, true, gr(in, p.c_gate));
+    }
+  }
+  linear_bwd(c, dqa, xa, N, d, wt(in, p.q_a), qr, dx, true, gr(in, p.q_a));
   A.release(mk);
   if (kind == AttnKind::CSA && in.ix_loss && in.ix_grad != 0.f && in.G) {
     ProfScope ps(c.prof, "bwd.attn.indexer_loss");

@@ -96,11 +96,12 @@ struct StepWalk {
     b16(rows * in);
     A.release(m);
   }
-  void linear_bwd(int64_t rows, int64_t in, int64_t out) {  // bf16: copies of dy and x (dW is always set)
+  // bf16: copies of dy and (unless the caller made x's copy: x_cast false) x (dW is always set)
+  void linear_bwd(int64_t rows, int64_t in, int64_t out, bool x_cast = true) {
     if (!bf) return;
     const auto m = A.mark();
     b16(rows * out);
-    b16(rows * in);
+    if (x_cast) b16(rows * in);
     A.release(m);
   }
   size_t ce_workspace() const {
@@ -118,13 +119,13 @@ struct StepWalk {
     if (split) linear_fwd(n, d);
     linear_fwd(n, F);
   }
-  void mlp_backward(int64_t n, int64_t F, bool split) {
+  void mlp_backward(int64_t n, int64_t F, bool split, bool x_cast = true) {  // x_cast: MlpSaved::xb null
     const auto m = A.mark();
     f32(n * F);  // dh
     linear_bwd(n, F, d);
     f32(n * 2 * F);  // dgu
-    if (split) linear_bwd(n, d, F), linear_bwd(n, d, F);
-    else linear_bwd(n, d, 2 * F);
+    if (split) linear_bwd(n, d, F, x_cast), linear_bwd(n, d, F, x_cast);
+    else linear_bwd(n, d, 2 * F, x_cast);
     A.release(m);
   }
 
@@ -150,25 +151,29 @@ struct StepWalk {
   // rank's rows). Expert parallel: the rows this rank computes depend on the routing; the estimate
   // takes their expectation, R (each rank sends its R rows and receives as many under balanced
   // routing).
-  void experts_fwd(int64_t R, int64_t F) {
+  // rows_bf16: the rows come in bf16 (one rank, bf16: gathered from x's bf16 copy, no rounding
+  // here).
+  void experts_fwd(int64_t R, int64_t F, bool rows_bf16) {
     const auto m = A.mark();
     if (moe_act) f32(R * F);  // h, a scratch one
-    gemm_input(R * d);
+    if (!rows_bf16) gemm_input(R * d);
     gemm_input(R * F);
     A.release(m);
   }
-  void experts_bwd(int64_t R, int64_t F, bool gather) {  // gather: the rows' inputs gathered again
+  // gather: the rows' inputs gathered again (one rank), in bf16 from x's copy when bf.
+  void experts_bwd(int64_t R, int64_t F, bool gather) {
     const auto m = A.mark();
-    f32(R * 2 * F);  // dgu
+    if (bf) b16(R * 2 * F);  // dgu, rounded by the SwiGLU's backward
+    else f32(R * 2 * F);     // dgu
     const auto mh = A.mark();
     if (moe_act) f32(R * F);  // h, computed again
     f32(R * F);          // dh
     gemm_input(R * d);   // dy
     gemm_input(R * F);   // h
     A.release(mh);
-    if (gather) f32(R * d);  // xs
-    gemm_input(R * 2 * F);
-    gemm_input(R * d);   // xs
+    if (gather && bf) b16(R * d);    // xs, gathered in bf16
+    else if (gather) f32(R * d);     // xs, gathered (f32: the GEMM's operand itself)
+    else gemm_input(R * d);          // xs, the kept rows rounded
     A.release(m);
   }
   // model/moe.cpp on this rank's Nl token rows (MoeIn::tokens()), with the dispatcher's own
@@ -188,21 +193,24 @@ struct StepWalk {
     const auto m = A.mark();
     if (moe_out) f32(R * d);                                   // y, scratch
     if (shared && shared_act) f32(Nl * 2 * Fs), f32(Nl * Fs);  // the shared experts' gu, h, scratch
+    if (!moves) gemm_input(Nl * d);                            // x in bf16 (one rank)
     const auto m2 = A.mark();
-    f32(R * d);                                          // xs
+    if (!moves && bf) b16(R * d);                        // xs, gathered in bf16
+    else f32(R * d);                                     // xs
     if (moves) f32(Rl * d);                              // dispatch: received rows
     if (moves && shared) linear_fwd(Nl, d), linear_fwd(Nl, Fs);
     if (moves) f32(Rl * d);                              // output rows
-    experts_fwd(Rl, F);
+    experts_fwd(Rl, F, !moves && bf);
     A.release(m2);
-    if (!moves && shared) linear_fwd(Nl, d), linear_fwd(Nl, Fs);  // after the routed experts
+    if (!moves && shared) linear_fwd(Nl, Fs);  // after the routed experts (gate|up on x's copy)
     A.release(m);
   }
-  void shared_backward() {  // moe_backward's shared_bwd
+  void shared_backward(bool x_cast) {  // moe_backward's shared_bwd; x_cast false: on x's bf16 copy
     const int64_t Fs = c.shared_intermediate();
     const auto m = A.mark();
-    if (shared_act) f32(Nl * 2 * Fs), f32(Nl * Fs), linear_fwd(Nl, d);  // gu, h again
-    mlp_backward(Nl, Fs, false);
+    if (shared_act) f32(Nl * 2 * Fs), f32(Nl * Fs);  // gu, h again
+    if (shared_act && x_cast) linear_fwd(Nl, d);
+    mlp_backward(Nl, Fs, false, x_cast);
     A.release(m);
   }
   void moe_backward() {
@@ -212,15 +220,16 @@ struct StepWalk {
     const auto m = A.mark();
     f32(R * d), f32(R), f32(2 * R);  // dy, dprobs, q (double)
     if (moves) f32(R * d);       // dxs (one rank: dy's buffer)
+    if (!moves) gemm_input(Nl * d);  // x in bf16 (one rank)
     const bool shared = c.n_shared_experts > 0;
     const auto m2 = A.mark();
     if (moves) f32(Rl * d), f32(Rl * d);  // dispatch: received rows, local rows
-    if (moves && shared) shared_backward();  // while dy is in flight
+    if (moves && shared) shared_backward(true);  // while dy is in flight
     if (moves) f32(Rl * d);             // output rows (dxl)
     if (moves && moe_out) f32(2 * Rl);  // and ql (double)
     experts_bwd(Rl, F, !moves);
     A.release(m2);
-    if (!moves && shared) shared_backward();  // after the routed experts
+    if (!moves && shared) shared_backward(false);  // after the routed experts
     f32(Nl * E);  // dscores
     A.release(m);
   }
@@ -607,7 +616,6 @@ struct StepWalk {
       linear_fwd(N, d);
       if (!up_proj) linear_fwd(N, qr);
     };
-    if (!kp) query_path();
     auto mk = A.mark();
     f32(M * hd), f32(NK * hd), f32(NK);  // KV, kvp, kv_rstd
     if (kp) {
@@ -623,13 +631,13 @@ struct StepWalk {
         }
       }
     } else {
-      linear_fwd(N, d);
       i32(std::max<int64_t>(B * nw, 1));  // cpos
       if (kind != model::AttnKind::Sliding) {
-        f32(N * cc * hd), f32(N * cc * hd);  // ckv, cgate
-        linear_fwd(N, d), linear_fwd(N, d);
+        f32(N * cc * hd), f32(N * cc * hd);                                          // ckv, cgate
         f32(std::max<int64_t>(B * nw, 1) * hd), f32(std::max<int64_t>(B * nw, 1));  // cpool, c_rstd
       }
+      linear_fwd(N, d);  // x's bf16 copy: q_a, kv and the compressor's kv and gate on it
+      if (!up_proj) linear_fwd(N, qr);
     }
     if (kind == model::AttnKind::CSA) {  // v4_index_select
       const int64_t dI = v.index_head_dim, nI = v.index_n_heads, topk = v.index_topk;
@@ -701,7 +709,6 @@ struct StepWalk {
     f32((int64_t)std::max<size_t>(kern::sparse_attn_bwd_workspace_floats(sh, M), 1));
     A.release(mw);
     f32(NK * hd);  // dkvp
-    if (cp == 1) linear_bwd(N, d, hd);
     const bool comp = kind != model::AttnKind::Sliding && nw > 0;
     if (comp && kp) {
       const int cc = kind == model::AttnKind::CSA ? 2 : 1;
@@ -718,7 +725,6 @@ struct StepWalk {
       mw = A.mark();
       f32((int64_t)std::max<size_t>(kern::compress_pool_bwd_workspace_floats(B, T, m, hd, cc), 1));
       A.release(mw);
-      if (cp == 1) linear_bwd(N, d, cc * hd), linear_bwd(N, d, cc * hd);
     }
     if (kp) {  // lkvp, lckv, lcg; the return; the projections
       const int64_t cw = comp ? (kind == model::AttnKind::CSA ? 2 : 1) * hd : 0;
@@ -735,7 +741,17 @@ struct StepWalk {
     f32(N * qr);  // dqres
     linear_bwd(N, qr, H * hd);
     f32(N * qr);  // dqa
-    linear_bwd(N, d, qr);
+    if (cp == 1) {  // the projections of x on one bf16 copy of x: kv, the compressor's kv and gate, q_a
+      gemm_input(N * d);
+      linear_bwd(N, d, hd, false);
+      if (comp) {
+        const int64_t cw = (kind == model::AttnKind::CSA ? 2 : 1) * hd;
+        linear_bwd(N, d, cw, false), linear_bwd(N, d, cw, false);
+      }
+      linear_bwd(N, d, qr, false);
+    } else {
+      linear_bwd(N, d, qr);
+    }
     A.release(mk);
     // v4_index_loss_backward (under cp also on a rank without pairs: the exchange needs it)
     if (kind == model::AttnKind::CSA && ix_bwd && nw > 0 && (cp > 1 || v4_index_pairs(l) > 0)) {

@@ -52,15 +52,22 @@ void fwd_rows(const float* gu, int64_t b, int64_t e, int64_t F, float limit, flo
   }
 }
 
-void bwd_rows(const float* dh, const float* gu, int64_t b, int64_t e, int64_t F, float limit, float* dgu) {
+// dgu's 16 columns at p: f32, or bf16 rounded as to_bf16_avx512 rounds (the same bits).
+inline void store_cols(float* p, __mmask16 k, __m512 v) { _mm512_mask_storeu_ps(p, k, v); }
+inline void store_cols(bf16* p, __mmask16 k, __m512 v) {
+  _mm256_mask_storeu_epi16(reinterpret_cast<uint16_t*>(p), k, avx512::to_bf16(v));
+}
+
+template <class T>
+void bwd_rows(const float* dh, const float* gu, int64_t b, int64_t e, int64_t F, float limit, T* dgu) {
   const bool clamp = limit > 0;
   const __m512 hi = _mm512_set1_ps(limit), lo = _mm512_set1_ps(-limit), one = _mm512_set1_ps(1.0f);
   for (int64_t n = b; n < e; ++n) {
     const float* gr = gu + n * 2 * F;
     const float* ur = gr + F;
     const float* dr = dh + n * F;
-    float* dgr = dgu + n * 2 * F;
-    float* dur = dgr + F;
+    T* dgr = dgu + n * 2 * F;
+    T* dur = dgr + F;
     for (int64_t j = 0; j < F; j += 16) {
       const __mmask16 k = col_mask(j, F);
       if (n + 1 < e) prefetch_row(gr + 2 * F + j, ur + 2 * F + j, dr + F + j);
@@ -80,8 +87,8 @@ void bwd_rows(const float* dh, const float* gu, int64_t b, int64_t e, int64_t F,
       const __m512 dg = _mm512_mul_ps(_mm512_mul_ps(d, u), ds);
       const __m512 du = _mm512_mul_ps(d, gs);
       // zero where clamped, inside the row's columns
-      _mm512_mask_storeu_ps(dgr + j, k, _mm512_maskz_mov_ps(pass_g, dg));
-      _mm512_mask_storeu_ps(dur + j, k, _mm512_maskz_mov_ps(pass_u, du));
+      store_cols(dgr + j, k, _mm512_maskz_mov_ps(pass_g, dg));
+      store_cols(dur + j, k, _mm512_maskz_mov_ps(pass_u, du));
     }
   }
 }
@@ -94,6 +101,11 @@ void swiglu_fwd_avx512(const float* gu, int64_t N, int64_t F, float limit, float
 }
 
 void swiglu_bwd_avx512(const float* dh, const float* gu, int64_t N, int64_t F, float limit, float* dgu) {
+  const int64_t grain = std::max<int64_t>(1, 8192 / F);
+  parallel_for(N, grain, [&](int64_t b, int64_t e) { bwd_rows(dh, gu, b, e, F, limit, dgu); });
+}
+
+void swiglu_bwd_bf16_avx512(const float* dh, const float* gu, int64_t N, int64_t F, float limit, bf16* dgu) {
   const int64_t grain = std::max<int64_t>(1, 8192 / F);
   parallel_for(N, grain, [&](int64_t b, int64_t e) { bwd_rows(dh, gu, b, e, F, limit, dgu); });
 }

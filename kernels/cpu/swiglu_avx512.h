@@ -2,6 +2,7 @@
 // Call through kernels/swiglu.h, which checks the arguments and the CPU.
 #pragma once
 #include <cstdint>
+#include "core/dtype.h"
 
 namespace trex::kern::cpu {
 
@@ -10,5 +11,8 @@ void swiglu_fwd_avx512(const float* gu, int64_t N, int64_t F, float limit, float
 
 // dh: [N, F]  gu: [N, 2F] -> dgu: [N, 2F] (overwritten)
 void swiglu_bwd_avx512(const float* dh, const float* gu, int64_t N, int64_t F, float limit, float* dgu);
+
+// The same rounded to bf16 (to_bf16_avx512's bits of swiglu_bwd_avx512's output).
+void swiglu_bwd_bf16_avx512(const float* dh, const float* gu, int64_t N, int64_t F, float limit, bf16* dgu);
 
 }  // namespace trex::kern::cpu

@@ -130,6 +130,9 @@ class CudaBackend final : public Backend {
   void swiglu_bwd(const float* dh, const float* gu, int64_t N, int64_t F, float limit, float* dgu) override {
     cuda::swiglu_bwd(ctx_, dh, gu, N, F, limit, dgu);
   }
+  void swiglu_bwd_bf16(const float* dh, const float* gu, int64_t N, int64_t F, float limit, bf16* dgu) override {
+    cuda::swiglu_bwd_bf16(ctx_, dh, gu, N, F, limit, dgu);
+  }
   void rope_apply(float* x, int64_t N, int H, int64_t stride_tok, int64_t stride_head, int D, const int32_t* pos,
                   const float* cos, const float* sin, RopeLayout layout, bool inverse) override {
     cuda::rope_apply(ctx_, x, N, H, stride_tok, stride_head, D, pos, cos, sin, layout, inverse);
@@ -164,6 +167,9 @@ class CudaBackend final : public Backend {
   }
   void gather_rows(const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst) override {
     cuda::gather_rows(ctx_, src, idx, R, d, dst);
+  }
+  void gather_rows_bf16(const bf16* src, const int32_t* idx, int64_t R, int64_t d, bf16* dst) override {
+    cuda::gather_rows_bf16(ctx_, src, idx, R, d, dst);
   }
   void scatter_add_rows(const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst) override {
     cuda::scatter_add_rows(ctx_, src, idx, R, d, dst);

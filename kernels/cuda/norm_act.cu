@@ -5,6 +5,8 @@
 //                rows a partial column sum, then the partials added in chunk order.
 //   swiglu:      one thread per (row, column) pair of gate and up.
 //   rope:        one thread per (token, head, pair).
+#include <cuda_bf16.h>
+
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
@@ -70,14 +72,19 @@ __global__ void swiglu_fwd_k(const float* __restrict__ gu, int64_t N, int64_t F,
   }
 }
 
+// T: float, or __nv_bfloat16 rounded as to_bf16_k rounds (kernels/cuda/rows.cu): its bits.
+__device__ inline void put(float* p, float v) { *p = v; }
+__device__ inline void put(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+
+template <class T>
 __global__ void swiglu_bwd_k(const float* __restrict__ dh, const float* __restrict__ gu, int64_t N, int64_t F,
-                             float limit, float* __restrict__ dgu) {
+                             float limit, T* __restrict__ dgu) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < N * F; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t n = i / F, j = i % F;
     float dg, du;
     hd::swiglu_bwd(dh[i], gu[n * 2 * F + j], gu[n * 2 * F + F + j], limit, dg, du);
-    dgu[n * 2 * F + j] = dg;
-    dgu[n * 2 * F + F + j] = du;
+    put(dgu + n * 2 * F + j, dg);
+    put(dgu + n * 2 * F + F + j, du);
   }
 }
 
@@ -129,8 +136,15 @@ void swiglu_fwd(const Ctx& c, const float* gu, int64_t N, int64_t F, float limit
 
 void swiglu_bwd(const Ctx& c, const float* dh, const float* gu, int64_t N, int64_t F, float limit, float* dgu) {
   if (N * F <= 0) return;
-  swiglu_bwd_k<<<grid_for(N * F), 256, 0, c.stream>>>(dh, gu, N, F, limit, dgu);
+  swiglu_bwd_k<float><<<grid_for(N * F), 256, 0, c.stream>>>(dh, gu, N, F, limit, dgu);
   TREX_CUDA_LAUNCHED("swiglu_bwd");
+}
+
+void swiglu_bwd_bf16(const Ctx& c, const float* dh, const float* gu, int64_t N, int64_t F, float limit, bf16* dgu) {
+  if (N * F <= 0) return;
+  swiglu_bwd_k<__nv_bfloat16>
+      <<<grid_for(N * F), 256, 0, c.stream>>>(dh, gu, N, F, limit, reinterpret_cast<__nv_bfloat16*>(dgu));
+  TREX_CUDA_LAUNCHED("swiglu_bwd_bf16");
 }
 
 void rope_apply(const Ctx& c, float* x, int64_t N, int H, int64_t stride_tok, int64_t stride_head, int D,

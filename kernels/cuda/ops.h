@@ -78,6 +78,7 @@ void rmsnorm_bwd(const Ctx& c, const float* dy, const float* x, int64_t N, int64
                  const float* rstd, float* dx, float* dw);
 void swiglu_fwd(const Ctx& c, const float* gu, int64_t N, int64_t F, float limit, float* h);
 void swiglu_bwd(const Ctx& c, const float* dh, const float* gu, int64_t N, int64_t F, float limit, float* dgu);
+void swiglu_bwd_bf16(const Ctx& c, const float* dh, const float* gu, int64_t N, int64_t F, float limit, bf16* dgu);
 void rope_apply(const Ctx& c, float* x, int64_t N, int H, int64_t stride_tok, int64_t stride_head, int D,
                 const int32_t* pos, const float* cos, const float* sin, RopeLayout layout, bool inverse);
 void adamw_step(const Ctx& c, const AdamWParams& hp, float* p, const float* g, float* m, float* v, int64_t n,
@@ -95,6 +96,7 @@ void add(const Ctx& c, float* y, const float* x, int64_t n);
 void row_dot(const Ctx& c, const float* a, const float* b, int64_t R, int64_t w, double* out);
 void to_bf16(const Ctx& c, const float* x, int64_t ldx, int64_t rows, int64_t cols, bf16* y);
 void gather_rows(const Ctx& c, const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst);
+void gather_rows_bf16(const Ctx& c, const bf16* src, const int32_t* idx, int64_t R, int64_t d, bf16* dst);
 void scatter_add_rows(const Ctx& c, const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst);
 void sum_heads(const Ctx& c, const float* x, int64_t N, int64_t H, int64_t ldn, int64_t ldh, int64_t w, float* y,
                int64_t ldy);

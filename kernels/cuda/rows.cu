@@ -24,12 +24,14 @@ __global__ void to_bf16_k(const float* __restrict__ x, int64_t ldx, int64_t rows
   }
 }
 
-// One block row per output row (grid-stride over rows), threads over the row.
-__global__ void gather_rows_k(const float* __restrict__ src, const int32_t* __restrict__ idx, int64_t R, int64_t d,
-                              float* __restrict__ dst) {
+// One block row per output row (grid-stride over rows), threads over the row; T: float, or the
+// 16-bit words of bf16 rows.
+template <class T>
+__global__ void gather_rows_k(const T* __restrict__ src, const int32_t* __restrict__ idx, int64_t R, int64_t d,
+                              T* __restrict__ dst) {
   for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
-    const float* s = src + (int64_t)idx[r] * d;
-    float* o = dst + r * d;
+    const T* s = src + (int64_t)idx[r] * d;
+    T* o = dst + r * d;
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) o[j] = s[j];
   }
 }
@@ -127,8 +129,15 @@ void to_bf16(const Ctx& c, const float* x, int64_t ldx, int64_t rows, int64_t co
 
 void gather_rows(const Ctx& c, const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst) {
   if (R <= 0 || d <= 0) return;
-  gather_rows_k<<<row_blocks(R), 128, 0, c.stream>>>(src, idx, R, d, dst);
+  gather_rows_k<float><<<row_blocks(R), 128, 0, c.stream>>>(src, idx, R, d, dst);
   TREX_CUDA_LAUNCHED("gather_rows");
+}
+
+void gather_rows_bf16(const Ctx& c, const bf16* src, const int32_t* idx, int64_t R, int64_t d, bf16* dst) {
+  if (R <= 0 || d <= 0) return;
+  gather_rows_k<uint16_t><<<row_blocks(R), 128, 0, c.stream>>>(reinterpret_cast<const uint16_t*>(src), idx, R, d,
+                                                                 reinterpret_cast<uint16_t*>(dst));
+  TREX_CUDA_LAUNCHED("gather_rows_bf16");
 }
 
 void scatter_add_rows(const Ctx& c, const float* src, const int32_t* idx, int64_t R, int64_t d, float* dst) {

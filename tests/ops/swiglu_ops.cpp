@@ -3,7 +3,8 @@
 // AVX2 kernel called directly ("swiglu[avx2]", kernels/cpu/swiglu_avx2.h; skipped on a CPU
 // without AVX2 + FMA, so it also runs on AVX-512 machines); outputs bitwise the same for 1 and 2
 // threads; gradients in double against finite differences; bandwidth (dispatched and AVX2, at
-// the bench-v3 shapes among others).
+// the bench-v3 shapes among others); the backward rounded to bf16 ("swiglu_bf16", kern::
+// swiglu_bwd_bf16) bit for bit against kern::to_bf16 of the f32 backward, NaN/Inf included.
 #include <omp.h>
 #include <cstring>
 #include <limits>
@@ -12,6 +13,7 @@
 #include "core/parallel.h"
 #include "kernels/cpu/swiglu_avx2.h"
 #include "kernels/ref/swiglu.h"
+#include "kernels/rows.h"
 #include "kernels/swiglu.h"
 #include "tests/ops/harness.h"
 
@@ -77,6 +79,31 @@ bool swiglu_test(const SwiImpl& im, int64_t N, int64_t F, float limit, bool spec
   for (size_t i = 0; i < n2; ++i) zero_mism += (dgu_ref[i] == 0.0f) != (dgu[i] == 0.0f);
   ok &= report(name, "dgu==0", static_cast<double>(zero_mism), 0);
   return ok;
+}
+
+// kern::swiglu_bwd_bf16 against kern::to_bf16 of kern::swiglu_bwd: the same bits.
+bool swiglu_bf16_test(int64_t N, int64_t F, float limit, bool specials) {
+  const std::string name = "swiglu_bf16 N=" + std::to_string(N) + " F=" + std::to_string(F) +
+                           " limit=" + std::to_string(limit).substr(0, 4) + (specials ? " nan/inf" : "");
+  Rng r(41 + N * 3 + F);
+  const size_t n2 = static_cast<size_t>(N * 2 * F), n1 = static_cast<size_t>(N * F);
+  std::vector<float> gu(n2), dh(n1), dgu(n2);
+  fill_normal(gu.data(), n2, r, limit > 0 ? limit : 4.0);
+  fill_normal(dh.data(), n1, r);
+  if (specials) {
+    const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+    const float sv[] = {nan, inf, -inf, 200.0f, -200.0f, 0.0f, -88.5f, 88.5f, 1e-40f, -1e-40f};
+    for (size_t i = 0; i < n2; i += 5) gu[i] = sv[(i / 5) % 10];
+    for (size_t i = 3; i < n1; i += 11) dh[i] = sv[(i / 11) % 10];
+  }
+  kern::swiglu_bwd(dh.data(), gu.data(), N, F, limit, dgu.data());
+  std::vector<bf16> want(n2);
+  kern::to_bf16(dgu.data(), static_cast<int64_t>(n2), want.data());
+  Guarded<bf16> got(n2);
+  kern::swiglu_bwd_bf16(dh.data(), gu.data(), N, F, limit, got.data());
+  size_t diff = 0;
+  for (size_t i = 0; i < n2; ++i) diff += std::memcmp(&got[i], &want[i], sizeof(bf16)) != 0;
+  return report(name, "bits", static_cast<double>(diff), 0, got.guard_ok(), "guard");
 }
 
 bool swiglu_grad(int64_t N, int64_t F, double limit) {
@@ -153,6 +180,12 @@ TREX_OP_CASES(swiglu_cases) {
       cases.push_back({im.tag, [=, &im] { return swiglu_threads(im, 301, 129, limit); }, nullptr, nullptr});
     }
   }
+  for (auto& s : shapes)
+    for (float limit : {0.0f, 7.0f})
+      for (bool sp : {false, true}) {
+        const int64_t N = s[0], F = s[1];
+        cases.push_back({"swiglu_bf16", [=] { return swiglu_bf16_test(N, F, limit, sp); }, nullptr, nullptr});
+      }
   for (double limit : {0.0, 1.5}) {
     cases.push_back({"swiglu", nullptr, [=] { return swiglu_grad(3, 17, limit); }, nullptr});
     cases.push_back({"swiglu", nullptr, [=] { return swiglu_grad(1, 40, limit); }, nullptr});

@@ -1,7 +1,9 @@
 // CUDA cases for RMSNorm, SwiGLU, RoPE, AdamW and the sum of squares: the CUDA kernel on device
 // copies against the reference of kernels/ref in double, with trex_ops's bounds (NaN positions
-// must agree, guards past every output intact); GB/s in perf mode.
+// must agree, guards past every output intact), and SwiGLU's bf16 backward bit for bit against
+// the device's to_bf16 of its f32 one; GB/s in perf mode.
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -78,6 +80,18 @@ bool swiglu_case(int64_t N, int64_t F, float limit) {
   const double e1 = nmse(h.data(), hr.data(), h.n, &m1), e2 = nmse(dgu.data(), dgr.data(), dgu.n, &m2);
   ok &= report(name, "h", e1, 1e-10, !m1 && h.guard_ok(), "nan/guard");
   ok &= report(name, "dgu", e2, 1e-10, !m2 && dgu.guard_ok(), "nan/guard");
+  // The bf16 backward: the device's own rounding of its f32 backward, bit for bit.
+  Guarded<bf16> dgb(N * 2 * F);
+  DevCopy<bf16> DGB(dgb);
+  dev().swiglu_bwd_bf16(DH.get(), GU.get(), N, F, limit, DGB.get());
+  DGB.fetch();
+  Guarded<bf16> dgc(N * 2 * F);
+  DevCopy<bf16> DGC(dgc);
+  auto DGF = upload(std::vector<float>(dgu.data(), dgu.data() + dgu.n));
+  dev().to_bf16(DGF.get(), N * 2 * F, 1, N * 2 * F, DGC.get());
+  DGC.fetch();
+  ok &= report(name, "dgu bf16", std::memcmp(dgb.data(), dgc.data(), dgb.n * sizeof(bf16)) == 0 ? 0 : 1, 0,
+               dgb.guard_ok(), "guard");
   return ok;
 }
 

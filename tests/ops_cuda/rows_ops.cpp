@@ -78,6 +78,18 @@ bool gather_scatter_case(int64_t R, int64_t d, int64_t rows) {
   bool ok = report(name, "gather", same_bits(out.data(), outr.data(), outr.size() * 4) ? 0 : 1, 0, out.guard_ok(), "guard");
   ok &= report(name, "scatter_add", same_bits(acc.data(), accr.data(), accr.size() * 4) ? 0 : 1, 0, acc.guard_ok(),
                "guard (in row order)");
+  // bf16 rows: the rounded source's rows, bit for bit
+  std::vector<bf16> srcb(rows * d), outbr(R * d);
+  for (int64_t i = 0; i < rows * d; ++i) srcb[i] = f32_to_bf16(src[i]);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t j = 0; j < d; ++j) outbr[r * d + j] = srcb[idx[r] * d + j];
+  Guarded<bf16> outb(R * d);
+  auto Sb = upload(srcb);
+  DevCopy<bf16> Ob(outb);
+  dev().gather_rows_bf16(Sb.get(), I.get(), R, d, Ob.get());
+  Ob.fetch();
+  ok &= report(name, "gather_bf16", same_bits(outb.data(), outbr.data(), outbr.size() * 2) ? 0 : 1, 0, outb.guard_ok(),
+               "guard");
   return ok;
 }
 

@@ -51,6 +51,9 @@ class ForwardingBackend : public kern::Backend {
   void swiglu_bwd(const float* dh, const float* gu, int64_t N, int64_t F, float l, float* dgu) override {
     TREX_FORWARD(swiglu_bwd(dh, gu, N, F, l, dgu));
   }
+  void swiglu_bwd_bf16(const float* dh, const float* gu, int64_t N, int64_t F, float l, bf16* dgu) override {
+    TREX_FORWARD(swiglu_bwd_bf16(dh, gu, N, F, l, dgu));
+  }
   void rope_apply(float* x, int64_t N, int H, int64_t st, int64_t sh, int D, const int32_t* pos, const float* c,
                   const float* s, kern::RopeLayout lay, bool inv) override {
     TREX_FORWARD(rope_apply(x, N, H, st, sh, D, pos, c, s, lay, inv));
@@ -84,6 +87,9 @@ class ForwardingBackend : public kern::Backend {
   }
   void gather_rows(const float* s, const int32_t* i, int64_t R, int64_t d, float* o) override {
     TREX_FORWARD(gather_rows(s, i, R, d, o));
+  }
+  void gather_rows_bf16(const bf16* s, const int32_t* i, int64_t R, int64_t d, bf16* o) override {
+    TREX_FORWARD(gather_rows_bf16(s, i, R, d, o));
   }
   void scatter_add_rows(const float* s, const int32_t* i, int64_t R, int64_t d, float* o) override {
     TREX_FORWARD(scatter_add_rows(s, i, R, d, o));
