@@ -26,8 +26,12 @@ int64_t chunk_of(const CeArgs& a) {
   if (a.V * kMinRowsWholeVocab <= kMaxBlockFloats) return a.V;  // pass 2 reuses the logits
   return std::min(a.V, kDefaultChunk);
 }
+// One chunk covering the vocabulary takes blocks of up to twice the floats (128 MiB): at V = 16384,
+// d = 1024 blocks of 2048 rows take 0.97x the time of 1024 (bf16, Zen 5: half as many passes over
+// W and over dW's accumulator).
 int64_t row_block_of(const CeArgs& a, int64_t vc) {
-  return std::max<int64_t>(1, std::min(a.N, std::max<int64_t>(1, kMaxBlockFloats / vc)));
+  const int64_t cap = vc >= a.V ? 2 * kMaxBlockFloats : kMaxBlockFloats;
+  return std::max<int64_t>(1, std::min(a.N, std::max<int64_t>(1, cap / vc)));
 }
 // BF16 on the bf16 dot-product GEMMs: p is rounded to bf16 for the two backward GEMMs (see the
 // header), into [rb, vc] bf16 after the f32 workspace.
