@@ -544,7 +544,7 @@ void moe_glue(Plan& p, const Run& r, const std::string& w) {
     o.kernel = names[v];
     o.shape = fmt("N=%lld K=%lld d=%lld", (ll)N, (ll)K, (ll)d);
     o.flops = v == 0 ? 0.0 : v == 1 ? 2.0 * R * d : 1.0 * R * d;
-    o.bytes = v == 0 ? (r.bf ? 4.0 : 8.0) * R * d + 12.0 * R : v == 2 ? 4.0 * (N * d + R * d) : 4.0 * (R * d + 2 * N * d);
+    o.bytes = v == 0 ? (bf ? 4.0 : 8.0) * R * d + 12.0 * R : v == 2 ? 4.0 * (N * d + R * d) : 4.0 * (R * d + 2 * N * d);
     o.make = [=](Bufs& b) -> Runner {
       int32_t *row_token = b.i32(R), *slot_row = b.i32(R);
       auto offsets = std::make_shared<std::vector<int64_t>>();

@@ -20,6 +20,7 @@
 #include <limits>
 
 #include "core/parallel.h"
+#include "kernels/cpu/indexer_panels.h"
 
 namespace trex::kern::cpu {
 namespace {
@@ -182,17 +183,7 @@ void indexer_topk_avx2(const IndexerShape& sh, const float* q, const float* k, c
   const int64_t kk = std::min<int64_t>(sh.topk, nw);
   float* kp = workspace;                      // [B][npan][dI][16]
   float* rows = workspace + sh.B * nwp * dI;  // [threads][nwp]
-  parallel_for(sh.B * npan, 4, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t b = i / npan, s0 = (i % npan) * kPanel;
-      float* dst = kp + i * dI * kPanel;
-      for (int64_t j = 0; j < kPanel; ++j) {
-        const int64_t s = s0 + j;
-        const float* src = s < nw ? k + (b * nw + s) * dI : nullptr;
-        for (int64_t d = 0; d < dI; ++d) dst[d * kPanel + j] = src ? src[d] : 0.f;
-      }
-    }
-  });
+  pack_key_panels<kPanel>(sh.B, nw, dI, dI, k, kp, [](const float* src, int64_t d) { return src[d]; });
   const int64_t nq = sh.B * sh.T;
   const int nt = omp_in_parallel() ? 1 : std::min(num_threads(), kIndexerMaxThreads);
 #pragma omp parallel num_threads(nt)

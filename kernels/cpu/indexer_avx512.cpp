@@ -124,7 +124,7 @@ void indexer_topk_avx512(const IndexerShape& sh, const float* q, const float* k,
   uint32_t* kp16 = reinterpret_cast<uint32_t*>(workspace);
   float* rows = workspace + sh.B * nwp * dI;  // [threads][nwp]
   if (bf16) indexer_pack_keys_bf16(sh.B, nw, sh.dI, k, kp16);
-  else indexer_score::pack_panels(sh.B, nw, sh.dI, sh.dI, k, kp, [](const float* src, int d) { return src[d]; });
+  else pack_key_panels<kIndexerPanel>(sh.B, nw, sh.dI, sh.dI, k, kp, [](const float* src, int64_t d) { return src[d]; });
   const int64_t nq = sh.B * sh.T;
   const int nt = omp_in_parallel() ? 1 : std::min(num_threads(), kIndexerMaxThreads);
 #pragma omp parallel num_threads(nt)

@@ -29,8 +29,8 @@ struct StepBf16 {
 }  // namespace
 
 void indexer_pack_keys_bf16(int64_t B, int64_t nw, int dI, const float* k, uint32_t* kp) {
-  indexer_score::pack_panels(B, nw, dI, indexer_pairs(dI), k, kp,
-                             [dI](const float* src, int p) { return pair_word(src, 2 * p, dI); });
+  pack_key_panels<kIndexerPanel>(B, nw, dI, indexer_pairs(dI), k, kp,
+                                 [dI](const float* src, int64_t p) { return pair_word(src, 2 * p, dI); });
 }
 
 void indexer_pack_query_bf16(int nh, int dI, const float* q, uint32_t* qp) {

@@ -1,6 +1,6 @@
 // The lightning indexer's scoring micro-kernel, shared by the f32 kernel
-// (kernels/cpu/indexer_avx512.cpp) and the bf16 one (kernels/cpu/indexer_avx512bf16.cpp), and the
-// packing of the keys into its panels: a panel
+// (kernels/cpu/indexer_avx512.cpp) and the bf16 one (kernels/cpu/indexer_avx512bf16.cpp), whose keys
+// pack_key_panels (kernels/cpu/indexer_panels.h) lays out in kIndexerPanel entries: a panel
 // of 32 key entries against up to 8 heads at a time, 8 x 2 accumulators in registers (each key
 // vector loaded once for the 8 heads, each head's word broadcast), then sc += w_h relu(acc) and
 // the scale. The operand format is the Step's:
@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 #include "core/parallel.h"
+#include "kernels/cpu/indexer_panels.h"
 
 namespace trex::kern::cpu {
 
@@ -23,25 +24,6 @@ constexpr int64_t kIndexerPanel = 32;  // key entries per packed panel (2 vector
 namespace indexer_score {
 
 constexpr int kHeads = 8;  // heads per micro-kernel call
-
-// Keys k [B, nw, dI] -> kp [B][npan][len][32] words (npan = round_up(nw, 32) / 32): for each panel
-// of 32 entries and each of the len words of a key, the 32 entries' words side by side; word(src,
-// i) is word i of the key row src, entries past nw are zero words. Threads split the panels.
-template <class Word, class WordOf>
-void pack_panels(int64_t B, int64_t nw, int dI, int len, const float* k, Word* kp, WordOf word) {
-  const int64_t npan = (nw + kIndexerPanel - 1) / kIndexerPanel;
-  parallel_for(B * npan, 4, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t b = i / npan, s0 = (i % npan) * kIndexerPanel;
-      Word* dst = kp + i * len * kIndexerPanel;
-      for (int64_t j = 0; j < kIndexerPanel; ++j) {
-        const int64_t s = s0 + j;
-        const float* src = s < nw ? k + (b * nw + s) * dI : nullptr;
-        for (int w = 0; w < len; ++w) dst[w * kIndexerPanel + j] = src ? word(src, w) : Word{};
-      }
-    }
-  });
-}
 
 // sc0, sc1 += sum_{i<H} w[i] * relu(q_i . kp[:, 0:32]) for heads q_i = qh + i * len; kp: one panel.
 template <class Step, int H>
