@@ -134,6 +134,10 @@ double lm_head_ce(const CeArgs& a, int64_t* n_valid) {
                            : bf ? reinterpret_cast<const char*>(a.W_b) : reinterpret_cast<const char*>(a.W);
   const bool avx = cpu_isa() >= Isa::Avx512;
   const int64_t row_grain = std::max<int64_t>(1, 32768 / vc);
+  // The backward's rows in one visit each where one chunk holds the vocabulary and p is rounded:
+  // their logits read once from memory where three passes (statistics, softmax, rounding) read
+  // them and the softmax wrote them back.
+  const bool fused = grads && round_p && vc >= V && avx;
 
   double loss = 0;
   for (int64_t r0 = 0; r0 < N; r0 += rb) {
@@ -145,6 +149,19 @@ double lm_head_ce(const CeArgs& a, int64_t* n_valid) {
     auto logits = [&](int64_t v0, int64_t vb) {  // L[nb, vb] = h_blk @ W_c^T
       mm(ph, ph, false, true, nb, vb, d, hb, d, Wbase + v0 * d * es, d, 0.f, L, vc);
     };
+    if (fused) {  // one chunk, bf16 p: each row's statistics and p in one visit (gemm_avx512.h)
+      logits(0, V);
+      parallel_for(nb, row_grain, [&](int64_t i0, int64_t i1) {
+        cpu::ce_rows_p_bf16_avx512(L + i0 * vc, vc, i1 - i0, V, y + i0, a.grad_scale, m + i0, lab + i0, Pb + i0 * vc,
+                                   vc);
+      });
+      for (int64_t i = 0; i < nb; ++i)
+        if (y[i] != kIgnore) loss += static_cast<double>(m[i]) - static_cast<double>(lab[i]);
+      float* dh = a.dh + r0 * d;
+      mm(Prec::BF16, ph, false, false, nb, d, V, Pb, vc, Wbase, d, 0.f, dh, d);
+      mm(Prec::BF16, ph, true, false, V, d, nb, Pb, vc, hb, d, 1.f, a.dW, d);
+      continue;
+    }
     // Pass 1: online log-sum-exp and the label logit.
     for (int64_t i = 0; i < nb; ++i) {
       m[i] = -std::numeric_limits<float>::infinity();

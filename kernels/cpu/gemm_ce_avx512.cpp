@@ -68,4 +68,25 @@ void ce_chunk_softmax_avx512(float* logits, int64_t ld, int64_t rows, int64_t co
   }
 }
 
+void ce_rows_p_bf16_avx512(const float* logits, int64_t ld, int64_t rows, int64_t cols, const int32_t* y,
+                           float grad_scale, float* lse, float* lab, bf16* p, int64_t ldp) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* l = logits + r * ld;
+    auto* out = reinterpret_cast<uint16_t*>(p + r * ldp);
+    float m = -std::numeric_limits<float>::infinity(), s = 0.f;
+    ce_chunk_stats_avx512(l, ld, 1, cols, &m, &s);
+    const bool valid = y[r] >= 0 && y[r] < cols;
+    const float ls = m + std::log(s), g = valid ? grad_scale : 0.f;
+    lse[r] = ls;
+    lab[r] = valid ? l[y[r]] : 0.f;
+    const __m512 vl = _mm512_set1_ps(ls), vg = _mm512_set1_ps(g);
+    for (int64_t j = 0; j < cols; j += 16) {
+      const __mmask16 k = tail_mask(cols - j);
+      __m512 v = g == 0.f ? _mm512_setzero_ps() : _mm512_mul_ps(exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, l + j), vl)), vg);
+      if (valid && y[r] >= j && y[r] < j + 16) v = _mm512_mask_sub_ps(v, __mmask16(1u << (y[r] - j)), v, vg);
+      _mm256_mask_storeu_epi16(out + j, k, avx512::to_bf16(v));
+    }
+  }
+}
+
 }  // namespace trex::kern::cpu

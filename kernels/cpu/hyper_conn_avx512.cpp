@@ -89,33 +89,37 @@ void hc_collapse_avx512(int n, int64_t d, const float* w, const float* x, float*
 
 namespace {
 
-constexpr int kTokTile = 4;      // tokens of a projection tile
-constexpr int kOutTile = 6;      // outputs of a tile: 4 x 6 accumulators, 4 + 6 loads per 24 FMAs
-constexpr int kOutBlock = 48;    // outputs whose partial sums stay on the stack (12 KiB)
-constexpr int64_t kKBlock = 512;  // K block: a tile's 4 x and 6 fn rows (20 KiB) stay in L1
+constexpr int kTokTile = 4;    // tokens of a projection tile
+constexpr int kOutTile = kHcProjTile;  // outputs of a tile: 4 x 6 accumulators, 4 + 6 loads per 24 FMAs
+constexpr int kOutBlock = 48;  // outputs whose partial sums stay on the stack (12 KiB)
 
-// acc[t][q] (part[t * kOutBlock + q]) += x_t[k0, k1) . fn_q[k0, k1), lane-wise.
+// acc[t][q] (part[t * kOutBlock + q]) += x_t . fn_q over all of K, lane-wise. Row q of the tile
+// at f + q rs, its next 16 columns gs floats on (packed: rs 16, gs QN 16; fn itself: rs K, gs 16).
+// x_next (may be null): the next tile's tn_next rows, fetched into L2 a line a row per step.
 template <int TN, int QN>
-void project_tile(int64_t K, int64_t k0, int64_t k1, const float* x, const float* fn, __m512* part) {
+void project_tile(int64_t K, const float* x, const float* f, int64_t rs, int64_t gs, __m512* part,
+                  const float* x_next, int tn_next) {
   __m512 acc[TN][QN];
   for (int t = 0; t < TN; ++t)
     for (int q = 0; q < QN; ++q) acc[t][q] = part[t * kOutBlock + q];
-  int64_t i = k0;
-  for (; i + 16 <= k1; i += 16) {
+  int64_t i = 0;
+  for (; i + 16 <= K; i += 16, f += gs) {
+    if (x_next)
+      for (int t = 0; t < tn_next; ++t) _mm_prefetch(reinterpret_cast<const char*>(x_next + t * K + i), _MM_HINT_T1);
     __m512 xv[TN];
     for (int t = 0; t < TN; ++t) xv[t] = _mm512_loadu_ps(x + t * K + i);
     for (int q = 0; q < QN; ++q) {
-      const __m512 f = _mm512_loadu_ps(fn + q * K + i);
-      for (int t = 0; t < TN; ++t) acc[t][q] = _mm512_fmadd_ps(xv[t], f, acc[t][q]);
+      const __m512 fv = _mm512_loadu_ps(f + q * rs);
+      for (int t = 0; t < TN; ++t) acc[t][q] = _mm512_fmadd_ps(xv[t], fv, acc[t][q]);
     }
   }
-  if (i < k1) {  // the masked tail (zeros in the other lanes add nothing)
-    const __mmask16 m = tail_mask(k1 - i);
+  if (i < K) {  // the masked tail (zeros in the other lanes add nothing)
+    const __mmask16 m = tail_mask(K - i);
     __m512 xv[TN];
     for (int t = 0; t < TN; ++t) xv[t] = _mm512_maskz_loadu_ps(m, x + t * K + i);
     for (int q = 0; q < QN; ++q) {
-      const __m512 f = _mm512_maskz_loadu_ps(m, fn + q * K + i);
-      for (int t = 0; t < TN; ++t) acc[t][q] = _mm512_fmadd_ps(xv[t], f, acc[t][q]);
+      const __m512 fv = _mm512_maskz_loadu_ps(m, f + q * rs);
+      for (int t = 0; t < TN; ++t) acc[t][q] = _mm512_fmadd_ps(xv[t], fv, acc[t][q]);
     }
   }
   for (int t = 0; t < TN; ++t)
@@ -123,44 +127,61 @@ void project_tile(int64_t K, int64_t k0, int64_t k1, const float* x, const float
 }
 
 template <int TN>
-void project_tile_q(int qn, int64_t K, int64_t k0, int64_t k1, const float* x, const float* fn, __m512* part) {
+void project_tile_q(int qn, int64_t K, const float* x, const float* f, int64_t rs, int64_t gs, __m512* part,
+                    const float* x_next, int tn_next) {
   switch (qn) {
-    case 1: return project_tile<TN, 1>(K, k0, k1, x, fn, part);
-    case 2: return project_tile<TN, 2>(K, k0, k1, x, fn, part);
-    case 3: return project_tile<TN, 3>(K, k0, k1, x, fn, part);
-    case 4: return project_tile<TN, 4>(K, k0, k1, x, fn, part);
-    case 5: return project_tile<TN, 5>(K, k0, k1, x, fn, part);
-    default: return project_tile<TN, kOutTile>(K, k0, k1, x, fn, part);
+    case 1: return project_tile<TN, 1>(K, x, f, rs, gs, part, x_next, tn_next);
+    case 2: return project_tile<TN, 2>(K, x, f, rs, gs, part, x_next, tn_next);
+    case 3: return project_tile<TN, 3>(K, x, f, rs, gs, part, x_next, tn_next);
+    case 4: return project_tile<TN, 4>(K, x, f, rs, gs, part, x_next, tn_next);
+    case 5: return project_tile<TN, 5>(K, x, f, rs, gs, part, x_next, tn_next);
+    default: return project_tile<TN, kOutTile>(K, x, f, rs, gs, part, x_next, tn_next);
   }
 }
 
+int64_t padded16(int64_t K) { return (K + 15) / 16 * 16; }
+
 }  // namespace
 
-void hc_project_avx512(int R, int64_t K, int64_t tc, const float* x, const float* fn, float* mix) {
+int64_t hc_pack_proj_floats(int R, int64_t K) { return R * padded16(K); }
+
+void hc_pack_proj_avx512(int R, int64_t K, const float* fn, float* packed) {
+  const int64_t Kp = padded16(K);
+  for (int q0 = 0; q0 < R; q0 += kOutTile) {
+    const int qn = std::min(kOutTile, R - q0);
+    float* tile = packed + q0 * Kp;
+    for (int64_t i = 0; i < Kp; i += 16) {
+      const __mmask16 m = tail_mask(K - i);
+      for (int q = 0; q < qn; ++q)
+        _mm512_storeu_ps(tile + (i / 16 * qn + q) * 16, _mm512_maskz_loadu_ps(m, fn + (q0 + q) * K + i));
+    }
+  }
+}
+
+void hc_project_avx512(int R, int64_t K, int64_t tc, const float* x, const float* fn, float* mix, bool packed) {
   static_assert(kOutBlock % kOutTile == 0);
   __m512 part[kTokTile * kOutBlock];
+  const int64_t Kp = padded16(K);
   for (int64_t t0 = 0; t0 < tc; t0 += kTokTile) {
     const int tn = static_cast<int>(std::min<int64_t>(kTokTile, tc - t0));
+    const int tn_next = static_cast<int>(std::clamp<int64_t>(tc - t0 - kTokTile, 0, kTokTile));
     const float* xt = x + t0 * K;
     for (int q0 = 0; q0 < R; q0 += kOutBlock) {
       const int qb = std::min(kOutBlock, R - q0);
       for (int t = 0; t < tn; ++t)
         for (int q = 0; q < qb; ++q) part[t * kOutBlock + q] = _mm512_setzero_ps();
-      for (int64_t k0 = 0; k0 < K; k0 += kKBlock) {
-        const int64_t k1 = std::min(K, k0 + kKBlock);
-        if (q0 == 0)  // the next tile's block of x into L2, while this one is multiplied
-          for (int64_t t = t0 + kTokTile; t < std::min<int64_t>(tc, t0 + 2 * kTokTile); ++t)
-            for (int64_t k = k0; k < k1; k += 16) _mm_prefetch(reinterpret_cast<const char*>(x + t * K + k), _MM_HINT_T1);
-        for (int q = 0; q < qb; q += kOutTile) {
-          const int qn = std::min(kOutTile, qb - q);
-          const float* fq = fn + (q0 + q) * K;
-          __m512* pq = part + q;
-          switch (tn) {
-            case 1: project_tile_q<1>(qn, K, k0, k1, xt, fq, pq); break;
-            case 2: project_tile_q<2>(qn, K, k0, k1, xt, fq, pq); break;
-            case 3: project_tile_q<3>(qn, K, k0, k1, xt, fq, pq); break;
-            default: project_tile_q<kTokTile>(qn, K, k0, k1, xt, fq, pq); break;
-          }
+      for (int q = 0; q < qb; q += kOutTile) {
+        const int qn = std::min(kOutTile, qb - q);
+        const float* f = packed ? fn + (q0 + q) * Kp : fn + (q0 + q) * K;
+        const int64_t rs = packed ? 16 : K, gs = packed ? 16 * qn : 16;
+        // the next tile's rows into L2 during the first pass over this one's (read 4 times from L2)
+        const float* xn = q0 == 0 && q == 0 && tn_next > 0 ? xt + kTokTile * K : nullptr;
+        __m512* pq = part + q;
+        switch (tn) {
+          case 1: project_tile_q<1>(qn, K, xt, f, rs, gs, pq, xn, tn_next); break;
+          case 2: project_tile_q<2>(qn, K, xt, f, rs, gs, pq, xn, tn_next); break;
+          case 3: project_tile_q<3>(qn, K, xt, f, rs, gs, pq, xn, tn_next); break;
+          default: project_tile_q<kTokTile>(qn, K, xt, f, rs, gs, pq, xn, tn_next); break;
         }
       }
       for (int t = 0; t < tn; ++t)

@@ -25,8 +25,17 @@ void hc_collapse_avx512(int n, int64_t d, const float* w, const float* x, float*
 // The pre step's projection for tc tokens (the one loop here with fused multiply-adds, as the
 // sgemm it replaces; the baseline keeps the sgemm): mix [tc, R] = x [tc, K] @ fn^T, fn [R, K],
 // rows of stride K. Each output sums 16 lanes (lane l: the elements i = l mod 16) in K order and
-// adds the lanes in hsum's fixed order: bits that depend on the token's data only.
-void hc_project_avx512(int R, int64_t K, int64_t tc, const float* x, const float* fn, float* mix);
+// adds the lanes in hsum's fixed order: bits that depend on the token's data only, the same with
+// fn packed or not. Tiles of 4 tokens and kHcProjTile outputs run over all of K; the 4 tokens'
+// rows are read once from memory and then from L2. packed: fn as hc_pack_proj_avx512 lays it out
+// (each tile's rows then come in one stream; fn's own rows, 16 KiB apart at K = 4096, share L1
+// sets); worth it from a few dozen tokens on.
+constexpr int kHcProjTile = 6;
+void hc_project_avx512(int R, int64_t K, int64_t tc, const float* x, const float* fn, float* mix, bool packed = false);
+// fn [R, K] -> packed [hc_pack_proj_floats(R, K)] (best 64-byte aligned): for each tile of
+// kHcProjTile rows (the last may be shorter), the rows' 16-column groups side by side (zeros past K).
+int64_t hc_pack_proj_floats(int R, int64_t K);
+void hc_pack_proj_avx512(int R, int64_t K, const float* fn, float* packed);
 
 // The pre step's (and the head's) input gradient for tc tokens, one pass over each token's rows:
 //   dx_t (+)= dmixs_t @ fn + pre_t (x) dy_t - cx_t * x_t

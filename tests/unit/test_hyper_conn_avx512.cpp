@@ -79,8 +79,8 @@ TEST(HyperConnAvx512, EqualsTheBaselineLoopsBitForBit) {
 
 // mix [tc, R] = x [tc, K] @ fn^T against double sums: every token tail of the 4-token tiles, output
 // counts past one 6-output tile and one 48-output block (R = 97, 4224 = the largest at 64 streams),
-// K past one 512 block and off the 16 lanes; each output within 1e-5 of its sum of |products|; a
-// token's outputs do not depend on the tokens beside it (the same bits alone and in a chunk).
+// K off the 16 lanes; each output within 1e-5 of its sum of |products|; a token's outputs do not
+// depend on the tokens beside it (the same bits alone and in a chunk), nor on fn being packed.
 TEST(HyperConnAvx512, ProjectionMatchesDoubleSums) {
   if (trex::cpu_isa() < trex::Isa::Avx512) GTEST_SKIP() << "the CPU has no AVX-512 (or TREX_ISA caps it)";
   std::mt19937 g(11);
@@ -107,6 +107,13 @@ TEST(HyperConnAvx512, ProjectionMatchesDoubleSums) {
     const int64_t t = std::min<int64_t>(1, c.tc - 1);  // a token of the first tile, alone
     std::vector<float> one(c.R);
     hc_project_avx512(c.R, c.K, 1, x.data() + t * c.K, fn.data(), one.data());
+    EXPECT_EQ(0, std::memcmp(one.data(), mix.data() + t * c.R, c.R * sizeof(float)));
+    // fn packed: the same bits (the packing's zeros past K add nothing), alone and in the chunk
+    std::vector<float> packed(hc_pack_proj_floats(c.R, c.K), NAN), pmix(c.tc * c.R, NAN);
+    hc_pack_proj_avx512(c.R, c.K, fn.data(), packed.data());
+    hc_project_avx512(c.R, c.K, c.tc, x.data(), packed.data(), pmix.data(), true);
+    EXPECT_EQ(0, std::memcmp(pmix.data(), mix.data(), mix.size() * sizeof(float)));
+    hc_project_avx512(c.R, c.K, 1, x.data() + t * c.K, packed.data(), one.data(), true);
     EXPECT_EQ(0, std::memcmp(one.data(), mix.data() + t * c.R, c.R * sizeof(float)));
   }
 }
