@@ -9,9 +9,9 @@
 // (kernels/hyper_conn_baseline.h); both give the same bits, as do the coefficients of 4 streams,
 // which AVX-512 computes for 16 tokens at a time. With AVX-512 the forward projection, the input
 // gradient (dx += dmix @ fn + pre (x) dy - c x, one pass over each token's rows where the baseline
-// runs sgemm and then its dx update) and the weight gradient dfn (summed chunk by chunk while the
-// chunk's rows are still in cache, where the baseline reads x again in an sgemm over all tokens)
-// run on register-tiled loops there too, with fused multiply-adds.
+// runs sgemm and then its dx update) and the weight gradient dfn (summed in the same pass while
+// the rows are in L1, where the baseline reads x again in an sgemm over all tokens) run on
+// register-tiled loops there too, with fused multiply-adds.
 //
 // Work is cut into token chunks that depend only on the shape; each chunk runs its passes back
 // to back (projection + norm + coefficients + collapse in forward; dots, coefficient backward,
@@ -150,57 +150,62 @@ void dfn_gemm(const HcShape& s, int R, const float* dmixs, const float* x, float
 
 // The AVX-512 backward's part of a workspace, after the floats every path uses (start), 64-byte
 // aligned: fn [R, K] packed for the input gradient (kernels/cpu/hyper_conn_avx512.h), then the
-// projection's weight gradient in partials [groups, R, K]: the chunks fall into at most
+// projection's weight gradient in partials [groups, packed]: the chunks fall into at most
 // kDfnGroups groups of consecutive chunks (a function of the shape), each group's run in order by
-// one thread, its dfn summed into its own partial, the partials added in group order.
+// one thread, its dfn summed into its own partial (laid out as the packed fn) by the input
+// gradient's pass, the partials added in group order.
 constexpr int64_t kDfnGroups = 16;
 int64_t dfn_group_chunks(const HcShape& s) { return (num_chunks(s) + kDfnGroups - 1) / kDfnGroups; }
 int64_t dfn_groups(const HcShape& s) { return (num_chunks(s) + dfn_group_chunks(s) - 1) / dfn_group_chunks(s); }
 
 struct AvxBwd {
   float* fn_packed = nullptr;  // [hc_pack_fn_floats]
-  float* part = nullptr;       // [groups, R, K]; null: the baseline path
+  float* part = nullptr;       // [groups, hc_pack_fn_floats]; null: the baseline path
 };
 size_t avx_bwd_floats(const HcShape& s, int R) {
   if (cpu_isa() < Isa::Avx512) return 0;
-  return static_cast<size_t>(cpu::hc_pack_fn_floats(s.n, R, s.d) + dfn_groups(s) * R * s.n * s.d) + 32;
+  return static_cast<size_t>((1 + dfn_groups(s)) * cpu::hc_pack_fn_floats(s.n, R, s.d)) + 32;
 }
 AvxBwd avx_bwd(const HcShape& s, int R, const float* fn, float* start) {
   auto align = [](float* p) { return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t{63}); };
   AvxBwd w;
   w.fn_packed = align(start);
   cpu::hc_pack_fn_avx512(s.n, R, s.d, fn, w.fn_packed);
-  w.part = align(w.fn_packed + cpu::hc_pack_fn_floats(s.n, R, s.d));
+  w.part = w.fn_packed + cpu::hc_pack_fn_floats(s.n, R, s.d);
   return w;
 }
 
-// The backward's chunk loop and dfn. AVX-512 (w.part set): body(c) for every chunk c, then part[g]
-// += dmixs^T x over the chunk's tokens, groups spread over the threads; then dfn += the partials in
-// group order. Else body(c) for every chunk, then dfn_gemm over all tokens.
+// The backward's chunk loop and dfn. AVX-512 (w.part set): body(c, part) for every chunk c, with
+// part its group's partial of dfn (packed), which body adds the chunk's dmixs^T x to; groups spread
+// over the threads; then dfn += the partials in group order. Else body(c, nullptr) for every chunk,
+// then dfn_gemm over all tokens.
 template <class Body>
 void chunks_then_dfn(const HcShape& s, int R, const AvxBwd& w, const float* dmixs, const float* x, float* dfn,
                      Body&& body) {
   if (!w.part) {
-    for_each_block(num_chunks(s), body);
+    for_each_block(num_chunks(s), [&](int64_t c) { body(c, nullptr); });
     return dfn_gemm(s, R, dmixs, x, dfn);
   }
-  const int64_t K = s.n * s.d, ct = chunk_tokens(s), nc = num_chunks(s), per = dfn_group_chunks(s);
-  const int64_t RK = R * K;
+  const int64_t nc = num_chunks(s), per = dfn_group_chunks(s), P = cpu::hc_pack_fn_floats(s.n, R, s.d);
   for_each_block(dfn_groups(s), [&](int64_t g) {
-    float* part = w.part + g * RK;
-    std::fill(part, part + RK, 0.f);
-    for (int64_t c = g * per; c < std::min(nc, (g + 1) * per); ++c) {
-      body(c);
-      const int64_t t0 = c * ct, tc = std::min(ct, s.N - t0);
-      cpu::hc_dfn_acc_avx512(R, K, tc, dmixs + t0 * R, x + t0 * K, part);
-    }
+    float* part = w.part + g * P;
+    std::fill(part, part + P, 0.f);
+    for (int64_t c = g * per; c < std::min(nc, (g + 1) * per); ++c) body(c, part);
   });
-  const int64_t ng = dfn_groups(s);
-  parallel_for(RK, 4096, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      float a = w.part[i];
-      for (int64_t g = 1; g < ng; ++g) a += w.part[g * RK + i];
-      dfn[i] += a;
+  // packed: for stream j and block b of 32 columns, [R, 32] (hc_pack_fn_avx512)
+  const int64_t ng = dfn_groups(s), d = s.d, K = s.n * d, nb = (d + 31) / 32;
+  parallel_for(s.n * nb, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t jb = b0; jb < b1; ++jb) {
+      const int64_t j = jb / nb, i0 = jb % nb * 32, w0 = std::min<int64_t>(32, d - i0);
+      for (int q = 0; q < R; ++q) {
+        const int64_t o = (jb * R + q) * 32;
+        float* out = dfn + q * K + j * d + i0;
+        for (int64_t l = 0; l < w0; ++l) {
+          float a = w.part[o + l];
+          for (int64_t g = 1; g < ng; ++g) a += w.part[g * P + o + l];
+          out[l] += a;
+        }
+      }
     }
   });
 }
@@ -278,7 +283,7 @@ void hc_pre_bwd(const HcShape& s, const float* x, const float* fn, const float* 
   float* scr = cx + N;          // [chunks, cs]
   const bool v512 = cpu_isa() >= Isa::Avx512, four = lanes4(s);
   const AvxBwd w = v512 ? avx_bwd(s, R, fn, scr + num_chunks(s) * cs) : AvxBwd{};
-  auto chunk = [&](int64_t c) {
+  auto chunk = [&](int64_t c, float* part) {
     const int64_t t0 = c * ct, tc = std::min(ct, N - t0);
     float dpre[kMaxChunk * kMaxN];  // [tc, n]
     for (int64_t t = t0; t < t0 + tc; ++t) {
@@ -314,7 +319,7 @@ void hc_pre_bwd(const HcShape& s, const float* x, const float* fn, const float* 
     // dx += dmixs @ fn + pre (x) dy - cx * x
     if (v512)
       return cpu::hc_pre_dx_avx512(n, R, d, tc, dmixs + t0 * R, w.fn_packed, pre + t0 * n, cx + t0,
-                                   dy ? dy + t0 * d : nullptr, x + t0 * K, dx + t0 * K, true);
+                                   dy ? dy + t0 * d : nullptr, x + t0 * K, dx + t0 * K, true, part);
     gemm_f32(false, false, tc, K, R, 1.f, dmixs + t0 * R, R, fn, K, 1.f, dx + t0 * K, K);
     for (int64_t t = t0; t < t0 + tc; ++t)
       hc_baseline::dx_update(n, d, pre + t * n, cx[t], dy ? dy + t * d : nullptr, x + t * K, dx + t * K);
@@ -392,7 +397,7 @@ void hc_head_bwd(const HcShape& s, const float* x, const float* hc_fn, const flo
   float* cx = pre + N * n;     // [N]
   const bool v512 = cpu_isa() >= Isa::Avx512;
   const AvxBwd w = v512 ? avx_bwd(s, n, hc_fn, cx + N) : AvxBwd{};
-  auto chunk = [&](int64_t c) {
+  auto chunk = [&](int64_t c, float* part) {
     const int64_t t0 = c * ct, tc = std::min(ct, N - t0);
     float dyx[kMaxN];
     for (int64_t t = t0; t < t0 + tc; ++t) {
@@ -413,7 +418,7 @@ void hc_head_bwd(const HcShape& s, const float* x, const float* hc_fn, const flo
     // dx = dmixs @ fn + pre (x) dy - cx * x
     if (v512)
       return cpu::hc_pre_dx_avx512(n, n, d, tc, dmixs + t0 * n, w.fn_packed, pre + t0 * n, cx + t0, dy + t0 * d, x + t0 * K,
-                                   dx + t0 * K, false);
+                                   dx + t0 * K, false, part);
     gemm_f32(false, false, tc, K, n, 1.f, dmixs + t0 * n, n, hc_fn, K, 0.f, dx + t0 * K, K);
     for (int64_t t = t0; t < t0 + tc; ++t)
       hc_baseline::dx_update(n, d, pre + t * n, cx[t], dy + t * d, x + t * K, dx + t * K);

@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <utility>
 #include "kernels/cpu/simd_avx512.h"
 #include "kernels/hyper_conn.h"
 
@@ -200,7 +199,7 @@ constexpr int64_t kDxAhead = 4 * kDxCols;  // prefetch distance along a token's 
 // block [R, 32] of fn.
 template <int TN>
 void pre_dx_tile(int n, int R, int64_t d, int j, int64_t i, const float* dmixs, const float* fb, const float* pre,
-                 const float* cx, const float* dy, const float* x, float* dx, bool accumulate) {
+                 const float* cx, const float* dy, const float* x, float* dx, bool accumulate, float* pb) {
   const int64_t K = n * d, c = j * d + i;
   const __mmask16 m[2] = {tail_mask(d - i), tail_mask(d - i - 16)};
   __m512 acc[TN][2];
@@ -238,6 +237,24 @@ void pre_dx_tile(int n, int R, int64_t d, int j, int64_t i, const float* dmixs, 
       else store_out(o, m[h], r);  // not read first: streamed
     }
   }
+  if (!pb) return;
+  // dfn's partial, block [R, 32]: pb[q] += sum_t dmixs[t, q] x_t, the tokens in order (x from L1,
+  // where the lines just read sit; the rows' own stride, 16 KiB at d = 1024, would share L1 sets)
+  __m512 xv[TN][2];
+#pragma GCC unroll 8
+  for (int t = 0; t < TN; ++t)
+    for (int h = 0; h < 2; ++h) xv[t][h] = _mm512_maskz_loadu_ps(m[h], x + t * K + c + 16 * h);
+  for (int q = 0; q < R; ++q) {
+    __m512 a0 = _mm512_loadu_ps(pb + q * kDxCols), a1 = _mm512_loadu_ps(pb + q * kDxCols + 16);
+#pragma GCC unroll 8
+    for (int t = 0; t < TN; ++t) {
+      const __m512 w = _mm512_set1_ps(dmixs[t * R + q]);
+      a0 = _mm512_fmadd_ps(w, xv[t][0], a0);
+      a1 = _mm512_fmadd_ps(w, xv[t][1], a1);
+    }
+    _mm512_storeu_ps(pb + q * kDxCols, a0);
+    _mm512_storeu_ps(pb + q * kDxCols + 16, a1);
+  }
 }
 
 int64_t dx_blocks(int64_t d) { return (d + kDxCols - 1) / kDxCols; }
@@ -260,80 +277,34 @@ void hc_pack_fn_avx512(int n, int R, int64_t d, const float* fn, float* packed) 
 }
 
 void hc_pre_dx_avx512(int n, int R, int64_t d, int64_t tc, const float* dmixs, const float* fn_packed,
-                      const float* pre, const float* cx, const float* dy, const float* x, float* dx, bool accumulate) {
+                      const float* pre, const float* cx, const float* dy, const float* x, float* dx, bool accumulate,
+                      float* dfn_part) {
   struct Fence {  // the streamed rows of an overwritten dx, visible to the threads that read them next
     ~Fence() { _mm_sfence(); }
   } fence;
   const int64_t K = n * d, nb = dx_blocks(d);
-  for (int64_t t0 = 0; t0 < tc; t0 += kDxTok) {
-    const int64_t tn = std::min<int64_t>(kDxTok, tc - t0);
-    const float* dm = dmixs + t0 * R;
-    const float* pt = pre + t0 * n;
-    const float* ct = cx + t0;
-    const float* dyt = dy ? dy + t0 * d : nullptr;
-    for (int j = 0; j < n; ++j)
-      for (int64_t b = 0; b < nb; ++b) {
-        const float* fb = fn_packed + (j * nb + b) * R * kDxCols;
-        const int64_t i = b * kDxCols;
+  // Column blocks outer, token tiles inner: a block's dfn partial (3 KiB at R = 24) stays in L1
+  // for all the tiles; each token's sums still run in token order.
+  for (int j = 0; j < n; ++j)
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* fb = fn_packed + (j * nb + b) * R * kDxCols;
+      float* pb = dfn_part ? dfn_part + (j * nb + b) * R * kDxCols : nullptr;
+      const int64_t i = b * kDxCols;
+      for (int64_t t0 = 0; t0 < tc; t0 += kDxTok) {
+        const int64_t tn = std::min<int64_t>(kDxTok, tc - t0);
+        const float* dm = dmixs + t0 * R;
+        const float* pt = pre + t0 * n;
+        const float* ct = cx + t0;
+        const float* dyt = dy ? dy + t0 * d : nullptr;
         if (tn == kDxTok) {
-          pre_dx_tile<kDxTok>(n, R, d, j, i, dm, fb, pt, ct, dyt, x + t0 * K, dx + t0 * K, accumulate);
+          pre_dx_tile<kDxTok>(n, R, d, j, i, dm, fb, pt, ct, dyt, x + t0 * K, dx + t0 * K, accumulate, pb);
           continue;
         }
         for (int64_t t = 0; t < tn; ++t)  // the tail, token by token (the same bits per token)
           pre_dx_tile<1>(n, R, d, j, i, dm + t * R, fb, pt + t * n, ct + t, dyt ? dyt + t * d : nullptr,
-                         x + (t0 + t) * K, dx + (t0 + t) * K, accumulate);
+                         x + (t0 + t) * K, dx + (t0 + t) * K, accumulate, pb);
       }
-  }
-}
-
-namespace {
-
-constexpr int kDfnOut = 12;  // outputs of a dfn tile: 12 x 2 accumulators, 2 + 12 loads per 24 FMAs
-
-// part[q, c .. c + 32) += sum_t dmixs[t, q] x[t, c .. c + 32) for QN outputs q (rows of part at
-// stride K; dmixs rows at stride R); the last vector limited by m1, the first by m0.
-template <int QN>
-void dfn_tile(int R, int64_t K, int64_t tc, int64_t c, __mmask16 m0, __mmask16 m1, const float* dmixs,
-              const float* x, float* part) {
-  __m512 a0[QN], a1[QN];  // in registers: the loops over q unrolled before GCC 12 scalarizes the arrays
-#pragma GCC unroll 16
-  for (int q = 0; q < QN; ++q) {
-    a0[q] = _mm512_maskz_loadu_ps(m0, part + q * K + c);
-    a1[q] = _mm512_maskz_loadu_ps(m1, part + q * K + c + 16);
-  }
-  for (int64_t t = 0; t < tc; ++t) {
-    const __m512 x0 = _mm512_maskz_loadu_ps(m0, x + t * K + c), x1 = _mm512_maskz_loadu_ps(m1, x + t * K + c + 16);
-    const float* w = dmixs + t * R;
-#pragma GCC unroll 16
-    for (int q = 0; q < QN; ++q) {
-      const __m512 wq = _mm512_set1_ps(w[q]);
-      a0[q] = _mm512_fmadd_ps(wq, x0, a0[q]);
-      a1[q] = _mm512_fmadd_ps(wq, x1, a1[q]);
     }
-  }
-#pragma GCC unroll 16
-  for (int q = 0; q < QN; ++q) {
-    _mm512_mask_storeu_ps(part + q * K + c, m0, a0[q]);
-    _mm512_mask_storeu_ps(part + q * K + c + 16, m1, a1[q]);
-  }
-}
-
-template <int... Qs>
-void dfn_tile_q(int qn, std::integer_sequence<int, Qs...>, int R, int64_t K, int64_t tc, int64_t c, __mmask16 m0,
-                __mmask16 m1, const float* dmixs, const float* x, float* part) {
-  ((qn == Qs + 1 ? dfn_tile<Qs + 1>(R, K, tc, c, m0, m1, dmixs, x, part) : void()), ...);
-}
-
-}  // namespace
-
-void hc_dfn_acc_avx512(int R, int64_t K, int64_t tc, const float* dmixs, const float* x, float* part) {
-  for (int64_t c = 0; c < K; c += 32) {
-    const __mmask16 m0 = tail_mask(K - c), m1 = tail_mask(K - c - 16);
-    for (int q0 = 0; q0 < R; q0 += kDfnOut) {
-      const int qn = std::min(kDfnOut, R - q0);
-      dfn_tile_q(qn, std::make_integer_sequence<int, kDfnOut>{}, R, K, tc, c, m0, m1, dmixs + q0, x, part + q0 * K);
-    }
-  }
 }
 
 namespace {

@@ -214,30 +214,37 @@ TEST(HyperConnAvx512, FourStreamCoefficientsEqualThePerTokenCode) {
         }
 }
 
-// part [R, K] += dmixs [tc, R]^T @ x [tc, K] against double sums: output counts past one 12-output
-// tile (R = 1, 13, 24, 35), K off the 32-column tiles, 1 to 17 tokens, a nonzero part to add to.
+// The input gradient's pass also adds dmixs [tc, R]^T @ x [tc, K] to the weight gradient's partial
+// (laid out as the packed fn) against double sums: output counts 1 to 35, widths off the
+// 32-column blocks, token tails of the 8-token tiles, a nonzero partial to add to.
 TEST(HyperConnAvx512, WeightGradientMatchesDoubleSums) {
   if (trex::cpu_isa() < trex::Isa::Avx512) GTEST_SKIP() << "the CPU has no AVX-512 (or TREX_ISA caps it)";
   std::mt19937 g(19);
   std::normal_distribution<float> nd;
   struct Case {
-    int R;
-    int64_t K, tc;
+    int n, R;
+    int64_t d, tc;
   };
-  for (const Case c : {Case{24, 4096, 16}, Case{1, 7, 1}, Case{13, 100, 5}, Case{35, 48, 17}, Case{4, 4000, 3}}) {
-    SCOPED_TRACE("R=" + std::to_string(c.R) + " K=" + std::to_string(c.K) + " tc=" + std::to_string(c.tc));
-    std::vector<float> dm(c.tc * c.R), x(c.tc * c.K), part0(c.R * c.K);
-    for (auto* v : {&dm, &x, &part0})
+  for (const Case c : {Case{4, 24, 1024, 16}, Case{1, 1, 7, 1}, Case{1, 13, 100, 5}, Case{5, 35, 48, 17},
+                       Case{4, 4, 1000, 3}, Case{3, 15, 37, 9}}) {
+    SCOPED_TRACE("n=" + std::to_string(c.n) + " R=" + std::to_string(c.R) + " d=" + std::to_string(c.d) +
+                 " tc=" + std::to_string(c.tc));
+    const int64_t K = c.n * c.d, nb = (c.d + 31) / 32, P = hc_pack_fn_floats(c.n, c.R, c.d);
+    std::vector<float> dm(c.tc * c.R), fn(c.R * K), pre(c.tc * c.n), cx(c.tc), x(c.tc * K), dx(c.tc * K), part0(P);
+    for (auto* v : {&dm, &fn, &pre, &cx, &x, &dx, &part0})
       for (float& e : *v) e = nd(g);
-    std::vector<float> part(part0);
-    hc_dfn_acc_avx512(c.R, c.K, c.tc, dm.data(), x.data(), part.data());
+    std::vector<float> fp(P), part(part0);
+    hc_pack_fn_avx512(c.n, c.R, c.d, fn.data(), fp.data());
+    hc_pre_dx_avx512(c.n, c.R, c.d, c.tc, dm.data(), fp.data(), pre.data(), cx.data(), nullptr, x.data(), dx.data(),
+                     true, part.data());
     int bad = 0;
     for (int q = 0; q < c.R; ++q)
-      for (int64_t k = 0; k < c.K; ++k) {
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t j = k / c.d, i = k % c.d, o = ((j * nb + i / 32) * c.R + q) * 32 + i % 32;
         DoubleSum e;
-        e.add(part0[q * c.K + k]);
-        for (int64_t t = 0; t < c.tc; ++t) e.add((double)dm[t * c.R + q] * x[t * c.K + k]);
-        bad += !e.near(part[q * c.K + k]);
+        e.add(part0[o]);
+        for (int64_t t = 0; t < c.tc; ++t) e.add((double)dm[t * c.R + q] * x[t * K + k]);
+        bad += !e.near(part[o]);
       }
     EXPECT_EQ(bad, 0);
   }
