@@ -137,6 +137,16 @@ class Backend {
                            float* out) = 0;
   virtual void hc_post_bwd(const HcShape& s, const float* x, const float* f, const float* post, const float* comb,
                            const float* dout, float* dx, float* df, float* dpost, float* dcomb) = 0;
+  // hc_pre_bwd, then hc_post_bwd(next) with dout = the dx it leaves (kernels/hyper_conn.h
+  // hc_pre_bwd_then_post). What dx holds afterwards is the backend's choice: the CPU leaves it as it
+  // was, this default (two calls) writes the sum there.
+  virtual void hc_pre_bwd_then_post(const HcShape& s, const float* x, const float* fn, const float* base,
+                                    const float* scale, const float* mix, const float* rstd, const float* dy,
+                                    const float* dpost, const float* dcomb, float* dx, float* dfn, float* dbase,
+                                    float* dscale, float* workspace, const HcPostBwd& next) {
+    hc_pre_bwd(s, x, fn, base, scale, mix, rstd, dy, dpost, dcomb, dx, dfn, dbase, dscale, workspace);
+    hc_post_bwd(s, next.x, next.f, next.post, next.comb, dx, next.dx, next.df, next.dpost, next.dcomb);
+  }
   virtual void hc_head_fwd(const HcShape& s, const float* x, const float* hc_fn, const float* hc_base,
                            const float* hc_scale, float* y, float* mix, float* rstd) = 0;
   virtual void hc_head_bwd(const HcShape& s, const float* x, const float* hc_fn, const float* hc_base,

@@ -266,13 +266,14 @@ size_t hc_pre_bwd_workspace_floats(const HcShape& s) {
          avx_bwd_floats(s, static_cast<int>(R));
 }
 
-void hc_pre_bwd(const HcShape& s, const float* x, const float* fn, const float* base, const float* scale,
-                const float* mix, const float* rstd, const float* dy, const float* dpost, const float* dcomb,
-                float* dx, float* dfn, float* dbase, float* dscale, float* workspace) {
-  check_shape(s, "hc_pre_bwd", true);
-  if (s.N == 0) return;
-  TREX_CHECK(x && fn && base && scale && mix && rstd && dx && dfn && dbase && dscale && workspace,
-             "hc_pre_bwd: null pointer");
+namespace {
+
+// hc_pre_bwd (next null: dx += the gradient, in place) or hc_pre_bwd_then_post (next set: dx is
+// read; each chunk's sum goes to a scratch of the thread, the post step's dout).
+void pre_bwd(const HcShape& s, const float* x, const float* fn, const float* base, const float* scale,
+             const float* mix, const float* rstd, const float* dy, const float* dpost, const float* dcomb,
+             const float* dx_in, float* dx, float* dfn, float* dbase, float* dscale, float* workspace,
+             const HcPostBwd* next) {
   const int n = s.n, R = (2 + n) * n;
   const int64_t d = s.d, K = n * d, N = s.N, ct = chunk_tokens(s);
   const size_t cs = ref::hc_coeffs_scratch(n, s.iters);
@@ -283,8 +284,14 @@ void hc_pre_bwd(const HcShape& s, const float* x, const float* fn, const float* 
   float* scr = cx + N;          // [chunks, cs]
   const bool v512 = cpu_isa() >= Isa::Avx512, four = lanes4(s);
   const AvxBwd w = v512 ? avx_bwd(s, R, fn, scr + num_chunks(s) * cs) : AvxBwd{};
+  // The thread's scratch: the coefficients' history (4 streams), then (next) the chunk's dx rows.
+  const int64_t hist = four ? (cpu::hc_coeffs4_scratch_floats(s.iters) + 15) / 16 * 16 : 0;
+  const int64_t rows = next ? ct * K : 0;
   auto chunk = [&](int64_t c, float* part) {
     const int64_t t0 = c * ct, tc = std::min(ct, N - t0);
+    float* tls = hist + rows > 0 ? cpu::thread_scratch(static_cast<size_t>(hist + rows)) : nullptr;
+    float* dxc = next ? tls + hist : dx + t0 * K;  // this chunk's dx rows
+    if (next) std::memcpy(dxc, dx_in + t0 * K, static_cast<size_t>(tc * K) * sizeof(float));
     float dpre[kMaxChunk * kMaxN];  // [tc, n]
     for (int64_t t = t0; t < t0 + tc; ++t) {
       float* dp = dpre + (t - t0) * n;
@@ -292,11 +299,10 @@ void hc_pre_bwd(const HcShape& s, const float* x, const float* fn, const float* 
       else std::fill(dp, dp + n, 0.f);
     }
     if (four) {  // 16 tokens at a time, in the scratch of this thread (the same bits as below)
-      float* hist = cpu::thread_scratch(static_cast<size_t>(cpu::hc_coeffs4_scratch_floats(s.iters)));
       for (int64_t g0 = t0; g0 < t0 + tc; g0 += cpu::kHcLanes)
         cpu::hc_coeffs4_bwd_avx512(s.iters, s.hc_eps, std::min<int64_t>(cpu::kHcLanes, t0 + tc - g0), mix + g0 * R,
                                    base, scale, dpre + (g0 - t0) * n, dpost ? dpost + g0 * n : nullptr,
-                                   dcomb ? dcomb + g0 * n * n : nullptr, dz + g0 * R, pre + g0 * n, hist);
+                                   dcomb ? dcomb + g0 * n * n : nullptr, dz + g0 * R, pre + g0 * n, tls);
     } else {
       for (int64_t t = t0; t < t0 + tc; ++t)
         ref::hc_coeffs_bwd<float>(n, s.iters, s.hc_eps, mix + t * R, base, scale, dpre + (t - t0) * n,
@@ -317,15 +323,50 @@ void hc_pre_bwd(const HcShape& s, const float* x, const float* fn, const float* 
       cx[t] = r * r * dm / static_cast<float>(K);
     }
     // dx += dmixs @ fn + pre (x) dy - cx * x
-    if (v512)
-      return cpu::hc_pre_dx_avx512(n, R, d, tc, dmixs + t0 * R, w.fn_packed, pre + t0 * n, cx + t0,
-                                   dy ? dy + t0 * d : nullptr, x + t0 * K, dx + t0 * K, true, part);
-    gemm_f32(false, false, tc, K, R, 1.f, dmixs + t0 * R, R, fn, K, 1.f, dx + t0 * K, K);
-    for (int64_t t = t0; t < t0 + tc; ++t)
-      hc_baseline::dx_update(n, d, pre + t * n, cx[t], dy ? dy + t * d : nullptr, x + t * K, dx + t * K);
+    if (v512) {
+      cpu::hc_pre_dx_avx512(n, R, d, tc, dmixs + t0 * R, w.fn_packed, pre + t0 * n, cx + t0,
+                            dy ? dy + t0 * d : nullptr, x + t0 * K, dxc, true, part);
+    } else {
+      gemm_f32(false, false, tc, K, R, 1.f, dmixs + t0 * R, R, fn, K, 1.f, dxc, K);
+      for (int64_t t = 0; t < tc; ++t)
+        hc_baseline::dx_update(n, d, pre + (t0 + t) * n, cx[t0 + t], dy ? dy + (t0 + t) * d : nullptr,
+                               x + (t0 + t) * K, dxc + t * K);
+    }
+    if (!next) return;
+    // The post step on the chunk's tokens, its dout the rows just summed (hc_post_bwd's loops).
+    const HcPostBwd& p = *next;
+    const float *px = p.x + t0 * K, *pf = p.f + t0 * d, *pp = p.post + t0 * n, *pc = p.comb + t0 * n * n;
+    float *pdx = p.dx + t0 * K, *pdf = p.df + t0 * d, *pdp = p.dpost + t0 * n, *pdc = p.dcomb + t0 * n * n;
+    if (v512) cpu::hc_post_bwd_avx512(n, d, 0, tc, px, pf, pp, pc, dxc, pdx, pdf, pdp, pdc);
+    else hc_baseline::post_bwd(n, d, 0, tc, px, pf, pp, pc, dxc, pdx, pdf, pdp, pdc);
   };
   chunks_then_dfn(s, R, w, dmixs, x, dfn, chunk);
   reduce_base_scale(s, R, 3, dz, mix, dbase, dscale);
+}
+
+}  // namespace
+
+void hc_pre_bwd(const HcShape& s, const float* x, const float* fn, const float* base, const float* scale,
+                const float* mix, const float* rstd, const float* dy, const float* dpost, const float* dcomb,
+                float* dx, float* dfn, float* dbase, float* dscale, float* workspace) {
+  check_shape(s, "hc_pre_bwd", true);
+  if (s.N == 0) return;
+  TREX_CHECK(x && fn && base && scale && mix && rstd && dx && dfn && dbase && dscale && workspace,
+             "hc_pre_bwd: null pointer");
+  pre_bwd(s, x, fn, base, scale, mix, rstd, dy, dpost, dcomb, dx, dx, dfn, dbase, dscale, workspace, nullptr);
+}
+
+void hc_pre_bwd_then_post(const HcShape& s, const float* x, const float* fn, const float* base, const float* scale,
+                          const float* mix, const float* rstd, const float* dy, const float* dpost, const float* dcomb,
+                          const float* dx, float* dfn, float* dbase, float* dscale, float* workspace,
+                          const HcPostBwd& next) {
+  check_shape(s, "hc_pre_bwd_then_post", true);
+  if (s.N == 0) return;
+  TREX_CHECK(x && fn && base && scale && mix && rstd && dx && dfn && dbase && dscale && workspace && next.x &&
+                 next.f && next.post && next.comb && next.dx && next.df && next.dpost && next.dcomb,
+             "hc_pre_bwd_then_post: null pointer");
+  TREX_CHECK(next.x != next.dx, "hc_pre_bwd_then_post: the post step's dx must not alias its x");
+  pre_bwd(s, x, fn, base, scale, mix, rstd, dy, dpost, dcomb, dx, nullptr, dfn, dbase, dscale, workspace, &next);
 }
 
 void hc_post_fwd(const HcShape& s, const float* x, const float* f, const float* post, const float* comb,

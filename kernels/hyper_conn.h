@@ -44,6 +44,22 @@ void hc_pre_bwd(const HcShape& s, const float* x, const float* fn, const float* 
                 float* dx, float* dfn, float* dbase, float* dscale, float* workspace);
 size_t hc_pre_bwd_workspace_floats(const HcShape& s);
 
+// The post step that feeds a pre step (a decoder layer's attention post step feeds its MoE pre
+// step): hc_post_bwd's arguments, its dout left out.
+struct HcPostBwd {
+  const float *x, *f, *post, *comb;
+  float *dx, *df, *dpost, *dcomb;
+};
+// hc_pre_bwd, then hc_post_bwd(next) with dout = the dx hc_pre_bwd leaves (dx's old value plus
+// the pre step's gradient): the same bits as the two calls. dx is read and left as it was: each
+// chunk of tokens sums into a scratch of its own thread, still in cache when the post step reads
+// it, which saves writing dx and reading it back (2 N n d floats of memory traffic). next.dpost /
+// next.dcomb may be dpost / dcomb themselves (each chunk reads its tokens' before writing them).
+void hc_pre_bwd_then_post(const HcShape& s, const float* x, const float* fn, const float* base, const float* scale,
+                          const float* mix, const float* rstd, const float* dy, const float* dpost, const float* dcomb,
+                          const float* dx, float* dfn, float* dbase, float* dscale, float* workspace,
+                          const HcPostBwd& next);
+
 // x: [N, n, d]  f: [N, d]  post: [N, n]  comb: [N, n, n] -> out: [N, n, d] (must not alias x)
 void hc_post_fwd(const HcShape& s, const float* x, const float* f, const float* post, const float* comb,
                  float* out);

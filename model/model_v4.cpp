@@ -379,11 +379,13 @@ void layer_backward(Env& e, int64_t l, V4LayerSaved& s, float* dX, const BwdScra
   const float* X_mid = mid();
   const HcSaved hf = e.mhc ? mix_again(e, X_mid, q.ffn_hc_fn, q.ffn_hc_base, q.ffn_hc_scale) : s.hf;
   e.ctx.k().rmsnorm_bwd(w.dnorm, hf.y, N, d, P + lp.post_norm, s.rstd2, w.dy, G + lp.post_norm);
-  e.ctx.k().hc_pre_bwd(e.hs, X_mid, P + q.ffn_hc_fn, P + q.ffn_hc_base, P + q.ffn_hc_scale, hf.mix, hf.rstd,
-                       w.dy, w.dpost, w.dcomb, w.dX2, G + q.ffn_hc_fn, G + q.ffn_hc_base, G + q.ffn_hc_scale,
-                       w.hc_work);
+  // The MoE's pre step, then the attention's post step on the stream gradient it leaves, in one
+  // pass (dX2 is not written back and read again): dX, df, dpost, dcomb of the attention's step.
+  e.ctx.k().hc_pre_bwd_then_post(e.hs, X_mid, P + q.ffn_hc_fn, P + q.ffn_hc_base, P + q.ffn_hc_scale, hf.mix,
+                                 hf.rstd, w.dy, w.dpost, w.dcomb, w.dX2, G + q.ffn_hc_fn, G + q.ffn_hc_base,
+                                 G + q.ffn_hc_scale, w.hc_work,
+                                 {s.X_in, s.a, s.ha.post, s.ha.comb, dX, w.df, w.dpost, w.dcomb});
   A.release(mk);
-  e.ctx.k().hc_post_bwd(e.hs, s.X_in, s.a, s.ha.post, s.ha.comb, w.dX2, dX, w.df, w.dpost, w.dcomb);
   {
     ProfScope ps(e.ctx.prof, "bwd.attn");
     if (e.model) {

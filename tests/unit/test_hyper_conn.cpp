@@ -484,3 +484,71 @@ TEST(HyperConn, CoefficientsWithConstantStreamsEqualRunTime) {
       }
     }
 }
+
+// hc_pre_bwd_then_post gives the bits of hc_pre_bwd followed by hc_post_bwd on the dx it leaves,
+// leaves dx as it was, and may write the post step's dpost / dcomb over the pre step's own:
+// one chunk and several, token tails, 4 streams (the 16-token coefficient path) and others, widths
+// off the 32-column blocks.
+TEST(HyperConn, PreThenPostEqualsTheTwoSteps) {
+  namespace k = trex::kern;
+  std::mt19937 g(23);
+  std::normal_distribution<float> nd;
+  struct Case {
+    int64_t N;
+    int n;
+    int64_t d;
+  };
+  for (const Case c : {Case{70, 4, 100}, Case{301, 4, 257}, Case{33, 3, 37}, Case{16, 1, 7}, Case{9, 4, 64}}) {
+    SCOPED_TRACE("N=" + std::to_string(c.N) + " n=" + std::to_string(c.n) + " d=" + std::to_string(c.d));
+    const HcShape s{c.N, c.n, c.d, 3, 1e-6f, 1e-6f};
+    const int64_t N = c.N, n = c.n, d = c.d, K = n * d, R = (2 + n) * n;
+    auto rnd = [&](int64_t len, float sc = 1.f) {
+      std::vector<float> v(len);
+      for (float& e : v) e = sc * nd(g);
+      return v;
+    };
+    const std::vector<float> x = rnd(N * K), fn = rnd(R * K, 0.05f), base = rnd(R, 0.1f), scale = rnd(3, 0.5f);
+    std::vector<float> y(N * d), post(N * n), comb(N * n * n), mix(N * R), rstd(N);
+    k::hc_pre_fwd(s, x.data(), fn.data(), base.data(), scale.data(), y.data(), post.data(), comb.data(), mix.data(),
+                  rstd.data());
+    const std::vector<float> dy = rnd(N * d), dpost = rnd(N * n), dcomb = rnd(N * n * n), dx0 = rnd(N * K);
+    const std::vector<float> x2 = rnd(N * K), f2 = rnd(N * d), post2 = rnd(N * n), comb2 = rnd(N * n * n);
+    std::vector<float> ws(k::hc_pre_bwd_workspace_floats(s));
+    struct Out {
+      std::vector<float> dX, df, dpost, dcomb, dfn, dbase, dscale;
+    };
+    auto fresh = [&] {
+      return Out{std::vector<float>(N * K, NAN), std::vector<float>(N * d, NAN), std::vector<float>(N * n, NAN),
+                 std::vector<float>(N * n * n, NAN), std::vector<float>(R * K, 0.f), std::vector<float>(R, 0.f),
+                 std::vector<float>(3, 0.f)};
+    };
+    Out a = fresh();
+    std::vector<float> dxa(dx0);
+    k::hc_pre_bwd(s, x.data(), fn.data(), base.data(), scale.data(), mix.data(), rstd.data(), dy.data(),
+                  dpost.data(), dcomb.data(), dxa.data(), a.dfn.data(), a.dbase.data(), a.dscale.data(), ws.data());
+    k::hc_post_bwd(s, x2.data(), f2.data(), post2.data(), comb2.data(), dxa.data(), a.dX.data(), a.df.data(),
+                   a.dpost.data(), a.dcomb.data());
+    for (bool alias : {false, true}) {
+      SCOPED_TRACE(alias ? "dpost / dcomb written over the inputs" : "separate outputs");
+      Out b = fresh();
+      std::vector<float> dxb(dx0), dp(dpost), dc(dcomb);
+      float* op = alias ? dp.data() : b.dpost.data();
+      float* oc = alias ? dc.data() : b.dcomb.data();
+      k::hc_pre_bwd_then_post(s, x.data(), fn.data(), base.data(), scale.data(), mix.data(), rstd.data(), dy.data(),
+                              dp.data(), dc.data(), dxb.data(), b.dfn.data(), b.dbase.data(), b.dscale.data(),
+                              ws.data(), {x2.data(), f2.data(), post2.data(), comb2.data(), b.dX.data(), b.df.data(), op, oc});
+      if (alias) b.dpost = dp, b.dcomb = dc;
+      auto same = [](const std::vector<float>& u, const std::vector<float>& v) {
+        return u.size() == v.size() && std::memcmp(u.data(), v.data(), u.size() * sizeof(float)) == 0;
+      };
+      EXPECT_TRUE(same(dxb, dx0)) << "dx changed";
+      EXPECT_TRUE(same(a.dX, b.dX)) << "dX";
+      EXPECT_TRUE(same(a.df, b.df)) << "df";
+      EXPECT_TRUE(same(a.dpost, b.dpost)) << "dpost";
+      EXPECT_TRUE(same(a.dcomb, b.dcomb)) << "dcomb";
+      EXPECT_TRUE(same(a.dfn, b.dfn)) << "dfn";
+      EXPECT_TRUE(same(a.dbase, b.dbase)) << "dbase";
+      EXPECT_TRUE(same(a.dscale, b.dscale)) << "dscale";
+    }
+  }
+}
