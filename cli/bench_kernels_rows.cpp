@@ -391,13 +391,41 @@ void compress_pool(Plan& p, const Run& r, const std::string& w, int64_t m, int64
 //   post fwd: out[k] = post[k] f + sum_j comb[j][k] x[j]: FLOPs 2 N n (n + 1) d; bytes 4 (2 N K + N d)
 //   post bwd: FLOPs 4 N n (n + 1) d; bytes 4 (3 N K + 2 N d)
 // pre bwd's dx is accumulated into: 4 N K more bytes.
-void hyper_conn(Plan& p, const Run& r, const std::string& w, const char* which) {
+// pre bwd then post bwd (one pass): the two, less the sum written and read back: FLOPs pre bwd +
+// post bwd; bytes 4 (2 N K + N d + 2 R K) + 4 N K (dx read) + 4 (2 N K + 2 N d).
+void hyper_conn(Plan& p, const Run& r, const std::string& w, const char* which, bool fwd, bool bwd) {
   const model::V4Config& v4 = r.c.v4;
   const int64_t N = r.N, n = v4.hc_mult, d = r.c.hidden_size, K = n * d;
   const std::string kind = which;
   const int64_t R = kind == "head" ? n : (2 + n) * n;
   const kern::HcShape s{N, (int)n, d, (int)v4.hc_sinkhorn_iters, (float)v4.hc_eps, (float)r.c.rms_norm_eps};
+  if (kind == "pre_then_post") {
+    Op o;
+    o.kernel = "hc_pre_bwd_then_post";
+    o.shape = fmt("N=%lld n=%lld d=%lld", (ll)N, (ll)n, (ll)d);
+    o.flops = N * (4.0 * R * K + 6.0 * K) + 4.0 * N * n * (n + 1) * d;
+    o.bytes = 4.0 * (2 * N * K + N * d + 2 * R * K) + 4.0 * N * K + 4.0 * (2 * N * K + 2 * N * d);
+    o.make = [=](Bufs& b) -> Runner {
+      const float* x = b.f(N * K, 1);
+      const float *fn = b.f(R * K, 2, 0.02f), *base = b.f(R, 3, 0.1f), *scale = b.f(3, 4);
+      float *y = b.f(N * d), *mix = b.f(N * R), *rstd = b.f(N), *post = b.f(N * n), *comb = b.f(N * n * n);
+      kern::hc_pre_fwd(s, x, fn, base, scale, y, post, comb, mix, rstd);
+      const float *dy = b.f(N * d, 5), *dx = b.f(N * K, 8);
+      float *dfn = b.f(R * K), *dbase = b.f(R), *dscale = b.f(3);
+      float *dpost = b.f(N * n, 6), *dcomb = b.f(N * n * n, 7);  // the pre step's, then the post step's (as in the model)
+      const float *x2 = b.f(N * K, 9), *f2 = b.f(N * d, 10), *post2 = b.f(N * n, 11), *comb2 = b.f(N * n * n, 12, 0.5f);
+      float *dX = b.f(N * K), *df = b.f(N * d);
+      float* work = b.f((int64_t)kern::hc_pre_bwd_workspace_floats(s));
+      return [=] {
+        kern::hc_pre_bwd_then_post(s, x, fn, base, scale, mix, rstd, dy, dpost, dcomb, dx, dfn, dbase, dscale, work,
+                                   {x2, f2, post2, comb2, dX, df, dpost, dcomb});
+      };
+    };
+    p.add(std::move(o), w);
+    return;
+  }
   for (int v = 0; v < 2; ++v) {
+    if (!(v ? bwd : fwd)) continue;
     Op o;
     o.kernel = "hc_" + kind + (v ? "_bwd" : "_fwd");
     o.shape = fmt("N=%lld n=%lld d=%lld", (ll)N, (ll)n, (ll)d);

@@ -140,8 +140,9 @@ void sparse_attn(Plan& p, const Run& r, const std::string& w, const V4Keys& ks, 
 void indexer(Plan& p, const Run& r, const std::string& w, int64_t nw, int nh, int dI, int64_t m, int topk);
 // kern::compress_pool_fwd (+ compress_pool_bwd): windows of m tokens, hd dims, c halves.
 void compress_pool(Plan& p, const Run& r, const std::string& w, int64_t m, int64_t hd, int c, bool backward);
-// kern::hc_{which}_fwd + _bwd, which = "pre", "post" or "head".
-void hyper_conn(Plan& p, const Run& r, const std::string& w, const char* which);
+// kern::hc_{which}_fwd and / or _bwd (fwd, bwd), which = "pre", "post" or "head"; or, which =
+// "pre_then_post", kern::hc_pre_bwd_then_post (a layer's MoE pre step and attention post step).
+void hyper_conn(Plan& p, const Run& r, const std::string& w, const char* which, bool fwd = true, bool bwd = true);
 // V4's grouped output projection o_a (kern::grouped_gemm fwd, dx, dW and the bf16 copies).
 void grouped_oa(Plan& p, const Run& r, const std::string& w, int64_t G, int64_t Dg, int64_t olr);
 // The MoE router: gate GEMMs (f32), model::router_select, router backward.

@@ -193,8 +193,12 @@ void walk_v4(Plan& p, const Run& r) {
   const model::V4Config& v = c.v4;
   const int64_t N = r.N, d = c.hidden_size, n = v.hc_mult;
   for (int64_t l = 0; l < c.num_hidden_layers + v.mtp_layers; ++l) {
-    for (int i = 0; i < 2; ++i) hyper_conn(p, r, i ? "ffn_hc" : "attn_hc", "pre");
-    for (int i = 0; i < 2; ++i) hyper_conn(p, r, i ? "ffn_hc" : "attn_hc", "post");
+    // The backward runs the MoE's pre step and the attention's post step in one pass.
+    hyper_conn(p, r, "attn_hc", "pre");
+    hyper_conn(p, r, "ffn_hc", "pre", true, false);
+    hyper_conn(p, r, "attn_hc", "post", true, false);
+    hyper_conn(p, r, "ffn_hc", "post");
+    hyper_conn(p, r, "ffn_hc + attn_hc", "pre_then_post");
     rmsnorm(p, "input_norm", N, d);
     v4_attention(p, r, l);
     rmsnorm(p, "post_attn_norm", N, d);

@@ -105,7 +105,7 @@ common = ["gemm_bf16 fwd", "gemm_bf16 dx", "gemm_bf16 dW", "gemm_f32 fwd", "gemm
 expect = {"v3": common + ["attention_fwd", "attention_bwd"],
           "v4": common + ["sparse_attn_fwd", "sparse_attn_bwd", "indexer_topk", "compress_pool_fwd",
                           "compress_pool_bwd", "hc_pre_fwd", "hc_pre_bwd", "hc_post_fwd", "hc_post_bwd",
-                          "hc_head_fwd", "hc_head_bwd"]}
+                          "hc_pre_bwd_then_post", "hc_head_fwd", "hc_head_bwd"]}
 d = {"v3": 70, "v4": 22}
 N = {"v3": 3 * 47, "v4": 3 * 45}
 
@@ -166,7 +166,10 @@ for cfg in ("v3", "v4"):
         assert calls("sparse_attn_fwd") == 4 and calls("sparse_attn_bwd") == 4
         assert len([r for r in ks if r["kernel"] == "sparse_attn_fwd"]) == 3  # sliding, csa, hca
         assert calls("indexer_topk") == 1 and calls("compress_pool_bwd") == 2 and calls("compress_pool_fwd") == 3
-        assert calls("hc_pre_fwd") == 8 and calls("hc_post_bwd") == 8 and calls("hc_head_bwd") == 2
+        assert calls("hc_pre_fwd") == 8 and calls("hc_head_bwd") == 2
+        # each block's backward: the attention's pre step, the MoE's post step, and the MoE's pre
+        # step with the attention's post step in one pass
+        assert calls("hc_pre_bwd") == 4 and calls("hc_post_bwd") == 4 and calls("hc_pre_bwd_then_post") == 4
         assert calls("router_select") == 4
         # q and dO rotated, o and dq rotated back, in each of the 4 blocks
         nh = [r for r in ks if r["shape"].startswith(f"N={N[cfg]} H=3 D=6 ")]
