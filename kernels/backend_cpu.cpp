@@ -172,14 +172,14 @@ class CpuBackend final : public Backend {
   void hc_post_bwd(const HcShape& s, const float* x, const float* f, const float* post, const float* comb,
                    const float* dout, float* dx, float* df, float* dpost, float* dcomb) override {
     kern::hc_post_bwd(s, x, f, post, comb, dout, dx, df, dpost, dcomb);
-  }  void hc_pre_bwd_then_post(const HcShape& s, const float* x, const float* fn, const float* base, const float* scale,
+  }
+  void hc_pre_bwd_then_post(const HcShape& s, const float* x, const float* fn, const float* base, const float* scale,
                             const float* mix, const float* rstd, const float* dy, const float* dpost,
                             const float* dcomb, float* dx, float* dfn, float* dbase, float* dscale, float* workspace,
                             const HcPostBwd& next) override {
     kern::hc_pre_bwd_then_post(s, x, fn, base, scale, mix, rstd, dy, dpost, dcomb, dx, dfn, dbase, dscale, workspace,
                                next);
   }
-
   void hc_head_fwd(const HcShape& s, const float* x, const float* fn, const float* base, const float* scale, float* y,
                    float* mix, float* rstd) override {
     kern::hc_head_fwd(s, x, fn, base, scale, y, mix, rstd);

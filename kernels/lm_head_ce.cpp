@@ -149,7 +149,7 @@ double lm_head_ce(const CeArgs& a, int64_t* n_valid) {
     auto logits = [&](int64_t v0, int64_t vb) {  // L[nb, vb] = h_blk @ W_c^T
       mm(ph, ph, false, true, nb, vb, d, hb, d, Wbase + v0 * d * es, d, 0.f, L, vc);
     };
-    if (fused) {  // one chunk, bf16 p: each row's statistics and p in one visit (gemm_avx512.h)
+    if (fused) {  // one chunk, bf16 p: each row's lse (in m), label logit and p in one visit (gemm_avx512.h)
       logits(0, V);
       parallel_for(nb, row_grain, [&](int64_t i0, int64_t i1) {
         cpu::ce_rows_p_bf16_avx512(L + i0 * vc, vc, i1 - i0, V, y + i0, a.grad_scale, m + i0, lab + i0, Pb + i0 * vc,
@@ -157,47 +157,45 @@ double lm_head_ce(const CeArgs& a, int64_t* n_valid) {
       });
       for (int64_t i = 0; i < nb; ++i)
         if (y[i] != kIgnore) loss += static_cast<double>(m[i]) - static_cast<double>(lab[i]);
-      float* dh = a.dh + r0 * d;
-      mm(Prec::BF16, ph, false, false, nb, d, V, Pb, vc, Wbase, d, 0.f, dh, d);
-      mm(Prec::BF16, ph, true, false, V, d, nb, Pb, vc, hb, d, 1.f, a.dW, d);
-      continue;
-    }
-    // Pass 1: online log-sum-exp and the label logit.
-    for (int64_t i = 0; i < nb; ++i) {
-      m[i] = -std::numeric_limits<float>::infinity();
-      s[i] = 0.f;
-      lab[i] = 0.f;
-    }
-    for (int64_t v0 = 0; v0 < V; v0 += vc) {
-      const int64_t vb = std::min(vc, V - v0);
-      logits(v0, vb);
-      parallel_for(nb, row_grain, [&](int64_t i0, int64_t i1) {
-        if (avx) cpu::ce_chunk_stats_avx512(L + i0 * vc, vc, i1 - i0, vb, m + i0, s + i0);
-        else stats_scalar(L + i0 * vc, vc, i1 - i0, vb, m + i0, s + i0);
-        for (int64_t i = i0; i < i1; ++i)
-          if (y[i] >= v0 && y[i] < v0 + vb) lab[i] = L[i * vc + (y[i] - v0)];
-      });
-    }
-    for (int64_t i = 0; i < nb; ++i) {
-      m[i] = m[i] + std::log(s[i]);  // lse
-      if (y[i] != kIgnore) loss += static_cast<double>(m[i]) - static_cast<double>(lab[i]);
-      s[i] = y[i] != kIgnore ? a.grad_scale : 0.f;  // g
+    } else {
+      // Pass 1: online log-sum-exp and the label logit.
+      for (int64_t i = 0; i < nb; ++i) {
+        m[i] = -std::numeric_limits<float>::infinity();
+        s[i] = 0.f;
+        lab[i] = 0.f;
+      }
+      for (int64_t v0 = 0; v0 < V; v0 += vc) {
+        const int64_t vb = std::min(vc, V - v0);
+        logits(v0, vb);
+        parallel_for(nb, row_grain, [&](int64_t i0, int64_t i1) {
+          if (avx) cpu::ce_chunk_stats_avx512(L + i0 * vc, vc, i1 - i0, vb, m + i0, s + i0);
+          else stats_scalar(L + i0 * vc, vc, i1 - i0, vb, m + i0, s + i0);
+          for (int64_t i = i0; i < i1; ++i)
+            if (y[i] >= v0 && y[i] < v0 + vb) lab[i] = L[i * vc + (y[i] - v0)];
+        });
+      }
+      for (int64_t i = 0; i < nb; ++i) {
+        m[i] = m[i] + std::log(s[i]);  // lse
+        if (y[i] != kIgnore) loss += static_cast<double>(m[i]) - static_cast<double>(lab[i]);
+        s[i] = y[i] != kIgnore ? a.grad_scale : 0.f;  // g
+      }
     }
     if (!grads) continue;
     // Pass 2: p = g * (softmax - onehot); dh_blk = sum_c p_c @ W_c; dW_c += p_c^T @ h_blk.
-    // One chunk: L still holds its logits from pass 1.
+    // One chunk: L still holds its logits from pass 1 (fused: Pb holds p already).
     float* dh = a.dh + r0 * d;
     for (int64_t v0 = 0; v0 < V; v0 += vc) {
       const int64_t vb = std::min(vc, V - v0);
       if (vc < V) logits(v0, vb);
-      parallel_for(nb, row_grain, [&](int64_t i0, int64_t i1) {
-        if (avx) cpu::ce_chunk_softmax_avx512(L + i0 * vc, vc, i1 - i0, vb, m + i0, s + i0);
-        else softmax_scalar(L + i0 * vc, vc, i1 - i0, vb, m + i0, s + i0);
-        for (int64_t i = i0; i < i1; ++i)
-          if (y[i] >= v0 && y[i] < v0 + vb) L[i * vc + (y[i] - v0)] -= s[i];
-        if (round_p)  // row by row: Pb keeps L's row stride vc
-          for (int64_t i = i0; i < i1; ++i) to_bf16(L + i * vc, vb, 1, vb, Pb + i * vc);
-      });
+      if (!fused)
+        parallel_for(nb, row_grain, [&](int64_t i0, int64_t i1) {
+          if (avx) cpu::ce_chunk_softmax_avx512(L + i0 * vc, vc, i1 - i0, vb, m + i0, s + i0);
+          else softmax_scalar(L + i0 * vc, vc, i1 - i0, vb, m + i0, s + i0);
+          for (int64_t i = i0; i < i1; ++i)
+            if (y[i] >= v0 && y[i] < v0 + vb) L[i * vc + (y[i] - v0)] -= s[i];
+          if (round_p)  // row by row: Pb keeps L's row stride vc
+            for (int64_t i = i0; i < i1; ++i) to_bf16(L + i * vc, vb, 1, vb, Pb + i * vc);
+        });
       const Prec pp = round_p ? Prec::BF16 : Prec::F32;
       const void* P = round_p ? static_cast<const void*>(Pb) : static_cast<const void*>(L);
       mm(pp, ph, false, false, nb, d, vb, P, vc, Wbase + v0 * d * es, d, v0 == 0 ? 0.f : 1.f, dh, d);
