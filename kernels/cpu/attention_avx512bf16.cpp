@@ -296,16 +296,29 @@ void fwd_block(const FwdCtx& c, const Dims& dm, const FwdBufs& w, int bh, int qb
     const bool diag = ks == qs;  // then query i sees key j only if j <= i
     gemm<false>(nk, nq, dm.DqkP, w.Kw + ks * DqkW, DqkW, 1, w.QT, kB, ST, kB,
                 w.Kw + (ks + kB) * DqkW, 4 * nnext * DqkW, diag ? Tri::NLo : Tri::None, 0);
-    int jmin = nk, jmax = -1;
-    for (int ci = 0; ci < nc; ++ci) {
-      // Keys of this tile that some query of the 16-column chunk may see: [jlo, jhi].
+    // Keys of this tile that some query of the 16-column chunk ci may see: [jlo, jhi]; over
+    // the tile, [jmin, jmax].
+    auto keys_of = [&](int ci) {
       const int q0 = qs + L * ci, q1 = std::min(q0 + L - 1, qs + nq - 1);
-      const int jlo = W > 0 ? std::max(0, q0 - W + 1 - ks) : 0, jhi = std::min(nk - 1, q1 - ks);
+      return std::pair{W > 0 ? std::max(0, q0 - W + 1 - ks) : 0, std::min(nk - 1, q1 - ks)};
+    };
+    int jmin = nk, jmax = -1;
+    for (int ci = 0; ci < nc; ++ci)
+      if (const auto [jlo, jhi] = keys_of(ci); jlo <= jhi)
+        jmin = std::min(jmin, jlo), jmax = std::max(jmax, jhi);
+    if (jmax < 0) continue;
+    // P^T goes straight from registers into key row pairs je/2 + [0, np) (je = jmin rounded
+    // down to a pair boundary), the A operand of O += P^T V: zero outside [jlo, jhi] and
+    // on query columns past nq.
+    const int je = jmin & ~1, np = (jmax - je + 2) / 2;
+    for (int ci = 0; ci < nc; ++ci) {
+      const auto [jlo, jhi] = keys_of(ci);
+      const int q0 = qs + L * ci;
       if (jlo > jhi) {
         V16::storeu(alpha + L * ci, V16::set1(1.0f));
+        for (int q = 0; q < np; ++q) _mm512_storeu_si512(w.PT + q * kB + L * ci, _mm512_setzero_si512());
         continue;
       }
-      jmin = std::min(jmin, jlo), jmax = std::max(jmax, jhi);
       T mx = ninf;
       if (kind == 2) {
         for (int j = jlo; j <= jhi; ++j) mx = V16::max(mx, V16::loadu(ST + j * kB + L * ci));
@@ -328,36 +341,29 @@ void fwd_block(const FwdCtx& c, const Dims& dm, const FwdBufs& w, int bh, int qb
       const T mnew = V16::max(mold, V16::mul(mx, c2v));
       const T msafe = V16::select(V16::eqf(mnew, ninf), V16::zero(), mnew);
       const T al = V16::exp2(V16::sub(mold, msafe));
-      T l0 = V16::mul(V16::loadu(lrow + L * ci), al), l1 = V16::zero();
-      int j = jlo;
-      for (; j + 1 <= jhi; j += 2) {  // two chains: the adds do not serialize the exp2s
-        float* sp = ST + j * kB + L * ci;
-        const T p0 = V16::exp2(V16::fmsub(V16::loadu(sp), c2v, msafe));
-        const T p1 = V16::exp2(V16::fmsub(V16::loadu(sp + kB), c2v, msafe));
-        V16::storeu(sp, p0);
-        V16::storeu(sp + kB, p1);
-        l0 = V16::add(l0, p0);
-        l1 = V16::add(l1, p1);
-      }
-      if (j <= jhi) {
-        float* sp = ST + j * kB + L * ci;
-        const T p = V16::exp2(V16::fmsub(V16::loadu(sp), c2v, msafe));
-        V16::storeu(sp, p);
-        l0 = V16::add(l0, p);
+      // The row sum in two chains (the adds do not serialize the exp2s): chain 0 takes keys
+      // jlo, jlo + 2, ... and the old sum, chain 1 the others, each in increasing j. le sums
+      // the even keys, lo the odd ones.
+      const bool odd = jlo & 1;
+      const T l0 = V16::mul(V16::loadu(lrow + L * ci), al);
+      T le = odd ? V16::zero() : l0, lo = odd ? l0 : V16::zero();
+      const __mmask16 cm = tail_mask(nq - L * ci);
+      for (int q = 0; q < np; ++q) {
+        const int j = je + 2 * q;  // even
+        T pe = V16::zero(), po = V16::zero();
+        if (j >= jlo && j <= jhi) {
+          pe = V16::exp2(V16::fmsub(V16::loadu(ST + j * kB + L * ci), c2v, msafe));
+          le = V16::add(le, pe);
+        }
+        if (j + 1 >= jlo && j + 1 <= jhi) {
+          po = V16::exp2(V16::fmsub(V16::loadu(ST + (j + 1) * kB + L * ci), c2v, msafe));
+          lo = V16::add(lo, po);
+        }
+        _mm512_storeu_si512(w.PT + q * kB + L * ci, pair_words(V16::maskz(cm, pe), V16::maskz(cm, po)));
       }
       V16::storeu(mrow + L * ci, mnew);
-      V16::storeu(lrow + L * ci, V16::add(l0, l1));
+      V16::storeu(lrow + L * ci, odd ? V16::add(lo, le) : V16::add(le, lo));
       V16::storeu(alpha + L * ci, al);
-    }
-    if (jmax < 0) continue;
-    // Rows of P^T in [jmin, jmax] outside a column chunk's own range must read as zero.
-    for (int ci = 0; ci < nc; ++ci) {
-      const int q0 = qs + L * ci, q1 = std::min(q0 + L - 1, qs + nq - 1);
-      const int jlo = W > 0 ? std::max(0, q0 - W + 1 - ks) : 0, jhi = std::min(nk - 1, q1 - ks);
-      for (int j = jmin; j < std::min(jlo, jmax + 1); ++j)
-        V16::storeu(ST + j * kB + L * ci, V16::zero());
-      for (int j = std::max(jhi + 1, jmin); j <= jmax; ++j)
-        V16::storeu(ST + j * kB + L * ci, V16::zero());
     }
     for (int i = 0; i < nq; ++i) {
       const float a = alpha[i];
@@ -366,10 +372,7 @@ void fwd_block(const FwdCtx& c, const Dims& dm, const FwdBufs& w, int bh, int qb
       for (int d = 0; d < Dv; d += L)
         V16::storeu(O + i * Dvp + d, V16::mul(av, V16::loadu(O + i * Dvp + d)));
     }
-    // O[i, :] += sum_j P^T[j, i] v_j over keys [je, jmax], je = jmin rounded down to a pair
-    // boundary (row je reads as zero when it is below jmin).
-    const int je = jmin & ~1, np = (jmax - je + 2) / 2;
-    pack_pairs_bf(w.PT, kB, ST + jmin * kB, kB, je / 2, je / 2 + np, jmin, jmax + 1, nq);
+    // O[i, :] += sum_j P^T[j, i] v_j over keys [je, jmax].
     gemm<true>(nq, Dv, np, w.PT, 1, kB, w.Vv + (ks + je) / 2 * Dvp, Dvp, O, Dvp,
                w.Vv + (ks + kB) / 2 * Dvp, 4 * pairs_of(static_cast<int>(nnext)) * Dvp, diag ? Tri::KHi : Tri::None,
                -je);
@@ -432,6 +435,14 @@ struct BwdCtx {
   const int32_t* seg;
   int nkb, nsplit;
   float* dq_part;  // [B*H, nsplit, Tq, Dqk] when nsplit > 1
+};
+
+// One query row of a backward tile: its S and dP rows, and what decides its visible keys.
+struct BwdRow {
+  const float *pr, *dr;  // S and dP of the row, [key j]
+  bool live;             // the row is present and sees some key of the tile
+  __m512 Lv, dl;         // lse (log2 units), delta
+  __m512i tsg, lo, hi;   // its segment; visible keys j satisfy lo < j < hi
 };
 
 // One (b, h) and the key blocks split, split + nsplit, ...: dk, dv of those blocks (overwrite or,
@@ -527,42 +538,61 @@ void bwd_item(const BwdCtx& c, int bh, int split) {
                 tkh = diag ? Tri::KHi : Tri::None;
       gemm<false>(nq, nk, dm.DqkP, Qt, DqkW, 1, KT, kB, P, kB, Qt + kB * DqkW, 4 * nnext * DqkW, tn);
       gemm<false>(nq, nk, dm.DvP, dOt, DvW, 1, VT, kB, DS, kB, dOt + kB * DvW, 4 * nnext * DvW, tn);
-      for (int i = 0; i < nq; ++i) {
-        const int t = qs + i;
-        const int jlo = W > 0 ? std::max(0, t - W + 1 - ks) : 0, jhi = std::min(nk - 1, t - ks);
-        float* pr = P + i * kB;
-        float* dr = DS + i * kB;
-        if (jlo > jhi || lse2[t] == kNegInf) {
-          for (int cj = 0; cj < nck; ++cj) {
-            V16::storeu(pr + L * cj, V16::zero());
-            V16::storeu(dr + L * cj, V16::zero());
-          }
-          continue;
+      // P = exp2(S c2 - lse2) and dS = P scale (dP - delta) on the visible pairs, zero elsewhere
+      // (absent or blind rows, masked pairs, columns past nk), packed straight from registers
+      // into P and dS row pairs (the A operands of dV and dK) and dS rows (dQ's A).
+      // Column chunks of 16 are taken two at a time: 32 columns of a row make 16 words.
+      const int ncw = (nk + 2 * L - 1) / (2 * L);  // 32-column groups
+      for (int pp = 0; pp < np; ++pp) {
+        BwdRow rw[2];
+        for (int r = 0; r < 2; ++r) {
+          const int i = 2 * pp + r, t = qs + i;
+          BwdRow& x = rw[r];
+          x.pr = P + i * kB, x.dr = DS + i * kB;
+          const int jlo = W > 0 ? std::max(0, t - W + 1 - ks) : 0, jhi = std::min(nk - 1, t - ks);
+          x.live = i < nq && jlo <= jhi && lse2[t] != kNegInf;
+          if (!x.live) continue;
+          x.Lv = V16::set1(lse2[t]), x.dl = V16::set1(delta[t]);
+          x.tsg = V16::seti(segrow ? segrow[t] : 0);
+          x.lo = V16::seti(jlo - 1), x.hi = V16::seti(jhi + 1);
         }
-        const T Lv = V16::set1(lse2[t]), dl = V16::set1(delta[t]);
-        const __m512i tsg = V16::seti(segrow ? segrow[t] : 0);
-        const __m512i lo = V16::seti(jlo - 1), hi = V16::seti(jhi + 1);
-        for (int cj = 0; cj < nck; ++cj) {
-          const T p = V16::exp2(V16::fmsub(V16::loadu(pr + L * cj), c2v, Lv));
-          const T ds = V16::mul(V16::mul(p, scv), V16::sub(V16::loadu(dr + L * cj), dl));
-          if (kind == 2) {
-            V16::storeu(pr + L * cj, p);
-            V16::storeu(dr + L * cj, ds);
-            continue;
+        // Row r's p and dS on the columns of chunk cj.
+        auto vals = [&](const BwdRow& x, int cj, T& p, T& ds) {
+          if (!x.live || cj >= nck) {
+            p = ds = V16::zero();
+            return;
           }
-          const __m512i jv = V16::iota(L * cj);
-          __mmask16 m = V16::mand(V16::gt(jv, lo), V16::gt(hi, jv));
-          if (segrow) m = V16::mand(m, V16::eq(V16::loadi(kseg + L * cj), tsg));
+          p = V16::exp2(V16::fmsub(V16::loadu(x.pr + L * cj), c2v, x.Lv));
+          ds = V16::mul(V16::mul(p, scv), V16::sub(V16::loadu(x.dr + L * cj), x.dl));
+          __mmask16 m = tail_mask(nk - L * cj);
+          if (kind != 2) {
+            const __m512i jv = V16::iota(L * cj);
+            m = V16::mand(m, V16::mand(V16::gt(jv, x.lo), V16::gt(x.hi, jv)));
+            if (segrow) m = V16::mand(m, V16::eq(V16::loadi(kseg + L * cj), x.tsg));
+          }
           // Masked lanes may hold stale values (trimmed columns): the mask clears even NaN.
-          V16::storeu(pr + L * cj, V16::maskz(m, p));
-          V16::storeu(dr + L * cj, V16::maskz(m, ds));
+          p = V16::maskz(m, p), ds = V16::maskz(m, ds);
+        };
+        for (int g = 0; g < ncw; ++g) {
+          T p[2][2], ds[2][2];  // [row][chunk 2g + h]
+          for (int r = 0; r < 2; ++r)
+            for (int h = 0; h < 2; ++h) vals(rw[r], 2 * g + h, p[r][h], ds[r][h]);
+          for (int h = 0; h < 2 && 2 * g + h < nck; ++h) {
+            const int64_t o = int64_t{pp} * kB + 2 * L * g + L * h;
+            _mm512_storeu_si512(PP + o, pair_words(p[0][h], p[1][h]));
+            _mm512_storeu_si512(DSP + o, pair_words(ds[0][h], ds[1][h]));
+          }
+          for (int r = 0; r < 2 && 2 * pp + r < nq; ++r)
+            _mm512_storeu_si512(DSr + (2 * pp + r) * (kB / 2) + L * g,
+                                (__m512i)_mm512_cvtne2ps_pbh(ds[r][1], ds[r][0]));
         }
       }
-      pack_pairs_bf(PP, kB, P, kB, 0, np, 0, nq, nk);
-      pack_pairs_bf(DSP, kB, DS, kB, 0, np, 0, nq, nk);
-      pack_rows_bf(DSr, kB / 2, DS, kB, 0, nq, nk);
-      gemm<true>(nk, Dv, np, PP, 1, kB, dOv + qs / 2 * Dvp, Dvp, dVa, Dvp, nullptr, 0, tkl);  // dV += P^T dO
-      gemm<true>(nk, Dqk, np, DSP, 1, kB, Qv + qs / 2 * Dqkp, Dqkp, dKa, Dqkp, nullptr, 0, tkl);  // dK += dS^T Q
+      // dV += P^T dO and dK += dS^T Q, prefetching the next query tile's dO and q row pairs.
+      const int64_t npn = pairs_of(static_cast<int>(nnext));
+      gemm<true>(nk, Dv, np, PP, 1, kB, dOv + qs / 2 * Dvp, Dvp, dVa, Dvp, dOv + (qs + kB) / 2 * Dvp,
+                 4 * npn * Dvp, tkl);
+      gemm<true>(nk, Dqk, np, DSP, 1, kB, Qv + qs / 2 * Dqkp, Dqkp, dKa, Dqkp,
+                 Qv + (qs + kB) / 2 * Dqkp, 4 * npn * Dqkp, tkl);
       gemm<true>(nq, Dqk, pairs_of(nk), DSr, kB / 2, 1, Kv, Dqkp, dQc + qs * Dqkp, Dqkp,  // dQ += dS K
                  dQc + (qs + kB) * Dqkp, 4 * nnext * Dqkp, tkh);
     }
