@@ -20,6 +20,10 @@ constexpr int64_t kDefaultChunk = 4096;
 constexpr int64_t kMaxBlockFloats = int64_t{1} << 24;  // logits block: at most 64 MiB
 constexpr int64_t kMinRowsWholeVocab = 256;            // rows per block when one chunk is the vocabulary
 constexpr int64_t kIgnore = -100;
+// Rows of the logits (f32) and of p (bf16) are one cache line longer than the chunk. Unpadded, at
+// V = 16384 they lie 64 / 32 KiB apart, a multiple of the L2's way size, and the GEMMs' walks down
+// a column of rows meet in a few L2 sets (bench-v4's head: 0.94x its time a step with the pad).
+constexpr int64_t kPadFloats = 16, kPadBf16 = 32;
 
 int64_t chunk_of(const CeArgs& a) {
   if (a.chunk > 0) return std::max<int64_t>(1, std::min(a.V, a.chunk));
@@ -86,8 +90,8 @@ double lm_head_ce_flops(const CeArgs& a, bool grads) {
 
 size_t lm_head_ce_workspace_floats(const CeArgs& a) {
   if (a.N <= 0 || a.V <= 0) return 0;
-  const int64_t vc = chunk_of(a), rb = row_block_of(a, vc);
-  return static_cast<size_t>(rb * vc + 3 * rb + (rounds_p(a) ? (rb * vc + 1) / 2 : 0) +
+  const int64_t vc = chunk_of(a), rb = row_block_of(a, vc), ldl = vc + kPadFloats, ldp = vc + kPadBf16;
+  return static_cast<size_t>(rb * ldl + 3 * rb + (rounds_p(a) ? (rb * ldp + 1) / 2 : 0) +
                              (widens_once(a) ? (a.V + rb) * a.d : 0));
 }
 
@@ -110,18 +114,19 @@ double lm_head_ce(const CeArgs& a, int64_t* n_valid) {
   }
 
   const int64_t N = a.N, d = a.d, V = a.V, vc = chunk_of(a), rb = row_block_of(a, vc);
+  const int64_t ldl = vc + kPadFloats, ldp = vc + kPadBf16;  // row strides of L and Pb
   std::vector<float> own;
   float* ws = a.workspace;
   if (!ws) {
     own.resize(lm_head_ce_workspace_floats(a));
     ws = own.data();
   }
-  float* L = ws;             // [rb, vc] logits / p of one chunk (row stride vc)
-  float* m = L + rb * vc;    // [rb] running max, then lse
+  float* L = ws;             // [rb, vc] logits / p of one chunk (row stride ldl)
+  float* m = L + rb * ldl;   // [rb] running max, then lse
   float* s = m + rb;         // [rb] running sum of exp, then g (per-row gradient scale)
   float* lab = s + rb;       // [rb] logit of the label
   const bool round_p = rounds_p(a);
-  bf16* Pb = round_p ? reinterpret_cast<bf16*>(lab + rb) : nullptr;  // [rb, vc] p in bf16 (row stride vc)
+  bf16* Pb = round_p ? reinterpret_cast<bf16*>(lab + rb) : nullptr;  // [rb, vc] p in bf16 (row stride ldp)
   const bool once = widens_once(a);
   float* Wf = once ? lab + rb : nullptr;  // [V, d] W_b widened (once)
   float* hf = once ? Wf + V * d : nullptr;  // [rb, d] the row block of h_b widened
@@ -147,13 +152,13 @@ double lm_head_ce(const CeArgs& a, int64_t* n_valid) {
     else hb = hbase + r0 * d * es;
     const int32_t* y = a.labels + r0;
     auto logits = [&](int64_t v0, int64_t vb) {  // L[nb, vb] = h_blk @ W_c^T
-      mm(ph, ph, false, true, nb, vb, d, hb, d, Wbase + v0 * d * es, d, 0.f, L, vc);
+      mm(ph, ph, false, true, nb, vb, d, hb, d, Wbase + v0 * d * es, d, 0.f, L, ldl);
     };
     if (fused) {  // one chunk, bf16 p: each row's lse (in m), label logit and p in one visit (gemm_avx512.h)
       logits(0, V);
       parallel_for(nb, row_grain, [&](int64_t i0, int64_t i1) {
-        cpu::ce_rows_p_bf16_avx512(L + i0 * vc, vc, i1 - i0, V, y + i0, a.grad_scale, m + i0, lab + i0, Pb + i0 * vc,
-                                   vc);
+        cpu::ce_rows_p_bf16_avx512(L + i0 * ldl, ldl, i1 - i0, V, y + i0, a.grad_scale, m + i0, lab + i0,
+                                   Pb + i0 * ldp, ldp);
       });
       for (int64_t i = 0; i < nb; ++i)
         if (y[i] != kIgnore) loss += static_cast<double>(m[i]) - static_cast<double>(lab[i]);
@@ -168,10 +173,10 @@ double lm_head_ce(const CeArgs& a, int64_t* n_valid) {
         const int64_t vb = std::min(vc, V - v0);
         logits(v0, vb);
         parallel_for(nb, row_grain, [&](int64_t i0, int64_t i1) {
-          if (avx) cpu::ce_chunk_stats_avx512(L + i0 * vc, vc, i1 - i0, vb, m + i0, s + i0);
-          else stats_scalar(L + i0 * vc, vc, i1 - i0, vb, m + i0, s + i0);
+          if (avx) cpu::ce_chunk_stats_avx512(L + i0 * ldl, ldl, i1 - i0, vb, m + i0, s + i0);
+          else stats_scalar(L + i0 * ldl, ldl, i1 - i0, vb, m + i0, s + i0);
           for (int64_t i = i0; i < i1; ++i)
-            if (y[i] >= v0 && y[i] < v0 + vb) lab[i] = L[i * vc + (y[i] - v0)];
+            if (y[i] >= v0 && y[i] < v0 + vb) lab[i] = L[i * ldl + (y[i] - v0)];
         });
       }
       for (int64_t i = 0; i < nb; ++i) {
@@ -189,17 +194,18 @@ double lm_head_ce(const CeArgs& a, int64_t* n_valid) {
       if (vc < V) logits(v0, vb);
       if (!fused)
         parallel_for(nb, row_grain, [&](int64_t i0, int64_t i1) {
-          if (avx) cpu::ce_chunk_softmax_avx512(L + i0 * vc, vc, i1 - i0, vb, m + i0, s + i0);
-          else softmax_scalar(L + i0 * vc, vc, i1 - i0, vb, m + i0, s + i0);
+          if (avx) cpu::ce_chunk_softmax_avx512(L + i0 * ldl, ldl, i1 - i0, vb, m + i0, s + i0);
+          else softmax_scalar(L + i0 * ldl, ldl, i1 - i0, vb, m + i0, s + i0);
           for (int64_t i = i0; i < i1; ++i)
-            if (y[i] >= v0 && y[i] < v0 + vb) L[i * vc + (y[i] - v0)] -= s[i];
-          if (round_p)  // row by row: Pb keeps L's row stride vc
-            for (int64_t i = i0; i < i1; ++i) to_bf16(L + i * vc, vb, 1, vb, Pb + i * vc);
+            if (y[i] >= v0 && y[i] < v0 + vb) L[i * ldl + (y[i] - v0)] -= s[i];
+          if (round_p)  // row by row, into Pb's rows
+            for (int64_t i = i0; i < i1; ++i) to_bf16(L + i * ldl, vb, 1, vb, Pb + i * ldp);
         });
       const Prec pp = round_p ? Prec::BF16 : Prec::F32;
       const void* P = round_p ? static_cast<const void*>(Pb) : static_cast<const void*>(L);
-      mm(pp, ph, false, false, nb, d, vb, P, vc, Wbase + v0 * d * es, d, v0 == 0 ? 0.f : 1.f, dh, d);
-      mm(pp, ph, true, false, vb, d, nb, P, vc, hb, d, 1.f, a.dW + v0 * d, d);
+      const int64_t ld = round_p ? ldp : ldl;
+      mm(pp, ph, false, false, nb, d, vb, P, ld, Wbase + v0 * d * es, d, v0 == 0 ? 0.f : 1.f, dh, d);
+      mm(pp, ph, true, false, vb, d, nb, P, ld, hb, d, 1.f, a.dW + v0 * d, d);
     }
   }
   if (n_valid) *n_valid = valid;
