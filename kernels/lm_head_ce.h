@@ -3,11 +3,12 @@
 // without ever forming the [N, V] logits: the vocabulary is processed in chunks with an online
 // log-sum-exp (pass 1); with gradients, pass 2 forms p = grad_scale * (softmax - onehot) chunk by
 // chunk, then dh += p @ W_c and dW_c += p^T @ h (GEMMs). Rows are processed in blocks so the
-// workspace is [row_block, chunk] floats (at most 64 MiB a chunk; 128 MiB when one chunk is the
-// vocabulary: at V = 16384, blocks of 1024 rows take 0.88x the time of 512 on the fp32 units and
-// 0.80x on AMX, and 2048 rows 0.97x the time of 1024 on Zen 5's bf16 dot product, as every block
-// streams all of W). By default one chunk covers the whole vocabulary when a block of 256 rows fits
-// in 64 MiB (V <= 65536): pass 2 then reuses pass 1's logits.
+// workspace is [row_block, chunk + 16] floats (rows a cache line longer than the chunk; at most
+// 64 MiB a chunk; 128 MiB when one chunk is the vocabulary: at V = 16384, blocks of 1024 rows
+// take 0.88x the time of 512 on the fp32 units and 0.80x on AMX, and 2048 rows 0.97x the time of
+// 1024 on Zen 5's bf16 dot product, as every block streams all of W). By default one chunk covers
+// the whole vocabulary when a block of 256 rows fits in 64 MiB (V <= 65536): pass 2 then reuses
+// pass 1's logits.
 // With more than one chunk pass 2 recomputes each chunk's logits.
 // FLOPs: 2*N*V*d for the loss alone; with gradients 6*N*V*d (one chunk) or 8*N*V*d (logits
 // formed twice): lm_head_ce_flops.
