@@ -445,6 +445,99 @@ struct BwdRow {
   __m512i tsg, lo, hi;   // its segment; visible keys j satisfy lo < j < hi
 };
 
+// A backward tile that every one of its query rows sees whole (no mask, no trim, no absent row):
+// S = Q K^T and dP = dO V^T in blocks of R <= kR rows x 32 keys held together in registers, then
+// P and dS formed and packed from there as bwd_item's general path does (the same operations, so
+// the same bits), the f32 S and dP never stored.
+struct WholeTile {
+  int nq, nk, DqkP, DvP;
+  int64_t DqkW, DvW;
+  const W32 *Qt, *KT, *dOt, *VT;  // q, dO rows of the tile; K^T, V^T of the key tile
+  const float *lse2, *delta;      // of the tile's first row
+  float c2, scale;
+  W32 *PP, *DSP, *DSr;            // as in bwd_item
+  const char *pfq, *pfd;          // the next tile's q, dO rows, fetched into L2 on the way
+  int64_t nlq, nld;               // their cache lines
+};
+
+template <int R>
+void whole_block(const WholeTile& a, int m0, int n0, int64_t lq0, int64_t lq1, int64_t ld0, int64_t ld1) {
+  constexpr int L = 16;
+  __m512 s[R][2], d[R][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) s[r][0] = s[r][1] = d[r][0] = d[r][1] = _mm512_setzero_ps();
+  // Both products step through their reduction together while both last (24 independent
+  // accumulator chains), then the longer one alone; each chain's order is its GEMM's.
+  const W32* q = a.Qt + int64_t{m0} * a.DqkW;
+  const W32* o = a.dOt + int64_t{m0} * a.DvW;
+  auto step = [&](const W32* A, int64_t lda, const W32* B, int p, __m512 (*c)[2]) {
+    const __m512i b0 = _mm512_loadu_si512(B + int64_t{p} * kB + n0);
+    const __m512i b1 = _mm512_loadu_si512(B + int64_t{p} * kB + n0 + L);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512i ar = _mm512_set1_epi32(static_cast<int>(A[r * lda + p]));
+      c[r][0] = _mm512_dpbf16_ps(c[r][0], (__m512bh)ar, (__m512bh)b0);
+      c[r][1] = _mm512_dpbf16_ps(c[r][1], (__m512bh)ar, (__m512bh)b1);
+    }
+  };
+  const int both = std::min(a.DqkP, a.DvP);
+  int p = 0;
+  for (; p < both; ++p) {
+    if (lq0 + p < lq1) _mm_prefetch(a.pfq + 64 * (lq0 + p), _MM_HINT_T1);
+    if (ld0 + p < ld1) _mm_prefetch(a.pfd + 64 * (ld0 + p), _MM_HINT_T1);
+    step(q, a.DqkW, a.KT, p, s);
+    step(o, a.DvW, a.VT, p, d);
+  }
+  for (int p1 = p; p1 < a.DqkP; ++p1) {
+    if (lq0 + p1 < lq1) _mm_prefetch(a.pfq + 64 * (lq0 + p1), _MM_HINT_T1);
+    step(q, a.DqkW, a.KT, p1, s);
+  }
+  for (int p1 = p; p1 < a.DvP; ++p1) {
+    if (ld0 + p1 < ld1) _mm_prefetch(a.pfd + 64 * (ld0 + p1), _MM_HINT_T1);
+    step(o, a.DvW, a.VT, p1, d);
+  }
+  // P = exp2(S c2 - lse2), dS = P scale (dP - delta); zero past nk and on rows that see nothing.
+  const __m512 c2v = V16::set1(a.c2), scv = V16::set1(a.scale);
+  const __mmask16 mk[2] = {tail_mask(a.nk - n0), tail_mask(a.nk - n0 - L)};
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const float l2 = a.lse2[m0 + r];
+    const __m512 Lv = V16::set1(l2), dl = V16::set1(a.delta[m0 + r]);
+    for (int h = 0; h < 2; ++h) {
+      const __mmask16 m = l2 == kNegInf ? __mmask16(0) : mk[h];
+      const __m512 pv = V16::exp2(V16::fmsub(s[r][h], c2v, Lv));
+      const __m512 ds = V16::mul(V16::mul(pv, scv), V16::sub(d[r][h], dl));
+      s[r][h] = V16::maskz(m, pv), d[r][h] = V16::maskz(m, ds);
+    }
+  }
+#pragma GCC unroll 4
+  for (int q2 = 0; q2 < (R + 1) / 2; ++q2) {
+    const int r0 = 2 * q2, r1 = 2 * q2 + 1;
+    for (int h = 0; h < 2 && n0 + L * h < a.nk; ++h) {
+      const int64_t at = int64_t{m0 / 2 + q2} * kB + n0 + L * h;
+      _mm512_storeu_si512(a.PP + at, pair_words(s[r0][h], r1 < R ? s[r1][h] : _mm512_setzero_ps()));
+      _mm512_storeu_si512(a.DSP + at, pair_words(d[r0][h], r1 < R ? d[r1][h] : _mm512_setzero_ps()));
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+    _mm512_storeu_si512(a.DSr + int64_t{m0 + r} * (kB / 2) + n0 / 2, (__m512i)_mm512_cvtne2ps_pbh(d[r][1], d[r][0]));
+}
+
+void whole_tile(const WholeTile& a) {
+  using Fn = void (*)(const WholeTile&, int, int, int64_t, int64_t, int64_t, int64_t);
+  static constexpr Fn kFns[kR] = {&whole_block<1>, &whole_block<2>, &whole_block<3>,
+                                  &whole_block<4>, &whole_block<5>, &whole_block<6>};
+  static_assert(kR == 6);
+  const int ng = (a.nq + kR - 1) / kR, ncb = (a.nk + 31) / 32, nb = ng * ncb;
+  const int64_t sq = (a.nlq + nb - 1) / nb, sd = (a.nld + nb - 1) / nb;  // lines a block
+  int b = 0;
+  for (int n0 = 0; n0 < a.nk; n0 += 32)
+    for (int m0 = 0; m0 < a.nq; m0 += kR, ++b)
+      kFns[std::min(kR, a.nq - m0) - 1](a, m0, n0, b * sq, std::min(a.nlq, (b + 1) * sq), b * sd,
+                                        std::min(a.nld, (b + 1) * sd));
+}
+
 // One (b, h) and the key blocks split, split + nsplit, ...: dk, dv of those blocks (overwrite or,
 // with sh.acc_dkv, add) and their contribution to dq.
 void bwd_item(const BwdCtx& c, int bh, int split) {
@@ -536,55 +629,61 @@ void bwd_item(const BwdCtx& c, int bh, int split) {
       const bool diag = ks == qs;  // then query i sees key j only if j <= i
       const Tri tn = diag ? Tri::NHi : Tri::None, tkl = diag ? Tri::KLo : Tri::None,
                 tkh = diag ? Tri::KHi : Tri::None;
-      gemm<false>(nq, nk, dm.DqkP, Qt, DqkW, 1, KT, kB, P, kB, Qt + kB * DqkW, 4 * nnext * DqkW, tn);
-      gemm<false>(nq, nk, dm.DvP, dOt, DvW, 1, VT, kB, DS, kB, dOt + kB * DvW, 4 * nnext * DvW, tn);
-      // P = exp2(S c2 - lse2) and dS = P scale (dP - delta) on the visible pairs, zero elsewhere
-      // (absent or blind rows, masked pairs, columns past nk), packed straight from registers
-      // into P and dS row pairs (the A operands of dV and dK) and dS rows (dQ's A).
-      // Column chunks of 16 are taken two at a time: 32 columns of a row make 16 words.
-      const int ncw = (nk + 2 * L - 1) / (2 * L);  // 32-column groups
-      for (int pp = 0; pp < np; ++pp) {
-        BwdRow rw[2];
-        for (int r = 0; r < 2; ++r) {
-          const int i = 2 * pp + r, t = qs + i;
-          BwdRow& x = rw[r];
-          x.pr = P + i * kB, x.dr = DS + i * kB;
-          const int jlo = W > 0 ? std::max(0, t - W + 1 - ks) : 0, jhi = std::min(nk - 1, t - ks);
-          x.live = i < nq && jlo <= jhi && lse2[t] != kNegInf;
-          if (!x.live) continue;
-          x.Lv = V16::set1(lse2[t]), x.dl = V16::set1(delta[t]);
-          x.tsg = V16::seti(segrow ? segrow[t] : 0);
-          x.lo = V16::seti(jlo - 1), x.hi = V16::seti(jhi + 1);
-        }
-        // Row r's p and dS on the columns of chunk cj.
-        auto vals = [&](const BwdRow& x, int cj, T& p, T& ds) {
-          if (!x.live || cj >= nck) {
-            p = ds = V16::zero();
-            return;
+      if (kind == 2 && !diag && qp == qs) {
+        whole_tile(WholeTile{nq, nk, dm.DqkP, dm.DvP, DqkW, DvW, Qt, KT, dOt, VT, lse2 + qs, delta + qs, c2,
+                             sh.scale, PP, DSP, DSr, reinterpret_cast<const char*>(Qt + kB * DqkW),
+                             reinterpret_cast<const char*>(dOt + kB * DvW), nnext * DqkW / 16, nnext * DvW / 16});
+      } else {
+        gemm<false>(nq, nk, dm.DqkP, Qt, DqkW, 1, KT, kB, P, kB, Qt + kB * DqkW, 4 * nnext * DqkW, tn);
+        gemm<false>(nq, nk, dm.DvP, dOt, DvW, 1, VT, kB, DS, kB, dOt + kB * DvW, 4 * nnext * DvW, tn);
+        // P = exp2(S c2 - lse2) and dS = P scale (dP - delta) on the visible pairs, zero elsewhere
+        // (absent or blind rows, masked pairs, columns past nk), packed straight from registers
+        // into P and dS row pairs (the A operands of dV and dK) and dS rows (dQ's A).
+        // Column chunks of 16 are taken two at a time: 32 columns of a row make 16 words.
+        const int ncw = (nk + 2 * L - 1) / (2 * L);  // 32-column groups
+        for (int pp = 0; pp < np; ++pp) {
+          BwdRow rw[2];
+          for (int r = 0; r < 2; ++r) {
+            const int i = 2 * pp + r, t = qs + i;
+            BwdRow& x = rw[r];
+            x.pr = P + i * kB, x.dr = DS + i * kB;
+            const int jlo = W > 0 ? std::max(0, t - W + 1 - ks) : 0, jhi = std::min(nk - 1, t - ks);
+            x.live = i < nq && jlo <= jhi && lse2[t] != kNegInf;
+            if (!x.live) continue;
+            x.Lv = V16::set1(lse2[t]), x.dl = V16::set1(delta[t]);
+            x.tsg = V16::seti(segrow ? segrow[t] : 0);
+            x.lo = V16::seti(jlo - 1), x.hi = V16::seti(jhi + 1);
           }
-          p = V16::exp2(V16::fmsub(V16::loadu(x.pr + L * cj), c2v, x.Lv));
-          ds = V16::mul(V16::mul(p, scv), V16::sub(V16::loadu(x.dr + L * cj), x.dl));
-          __mmask16 m = tail_mask(nk - L * cj);
-          if (kind != 2) {
-            const __m512i jv = V16::iota(L * cj);
-            m = V16::mand(m, V16::mand(V16::gt(jv, x.lo), V16::gt(x.hi, jv)));
-            if (segrow) m = V16::mand(m, V16::eq(V16::loadi(kseg + L * cj), x.tsg));
+          // Row r's p and dS on the columns of chunk cj.
+          auto vals = [&](const BwdRow& x, int cj, T& p, T& ds) {
+            if (!x.live || cj >= nck) {
+              p = ds = V16::zero();
+              return;
+            }
+            p = V16::exp2(V16::fmsub(V16::loadu(x.pr + L * cj), c2v, x.Lv));
+            ds = V16::mul(V16::mul(p, scv), V16::sub(V16::loadu(x.dr + L * cj), x.dl));
+            __mmask16 m = tail_mask(nk - L * cj);
+            if (kind != 2) {
+              const __m512i jv = V16::iota(L * cj);
+              m = V16::mand(m, V16::mand(V16::gt(jv, x.lo), V16::gt(x.hi, jv)));
+              if (segrow) m = V16::mand(m, V16::eq(V16::loadi(kseg + L * cj), x.tsg));
+            }
+            // Masked lanes may hold stale values (trimmed columns): the mask clears even NaN.
+            p = V16::maskz(m, p), ds = V16::maskz(m, ds);
+          };
+          for (int g = 0; g < ncw; ++g) {
+            T p[2][2], ds[2][2];  // [row][chunk 2g + h]
+            for (int r = 0; r < 2; ++r)
+              for (int h = 0; h < 2; ++h) vals(rw[r], 2 * g + h, p[r][h], ds[r][h]);
+            for (int h = 0; h < 2 && 2 * g + h < nck; ++h) {
+              const int64_t o = int64_t{pp} * kB + 2 * L * g + L * h;
+              _mm512_storeu_si512(PP + o, pair_words(p[0][h], p[1][h]));
+              _mm512_storeu_si512(DSP + o, pair_words(ds[0][h], ds[1][h]));
+            }
+            for (int r = 0; r < 2 && 2 * pp + r < nq; ++r)
+              _mm512_storeu_si512(DSr + (2 * pp + r) * (kB / 2) + L * g,
+                                  (__m512i)_mm512_cvtne2ps_pbh(ds[r][1], ds[r][0]));
           }
-          // Masked lanes may hold stale values (trimmed columns): the mask clears even NaN.
-          p = V16::maskz(m, p), ds = V16::maskz(m, ds);
-        };
-        for (int g = 0; g < ncw; ++g) {
-          T p[2][2], ds[2][2];  // [row][chunk 2g + h]
-          for (int r = 0; r < 2; ++r)
-            for (int h = 0; h < 2; ++h) vals(rw[r], 2 * g + h, p[r][h], ds[r][h]);
-          for (int h = 0; h < 2 && 2 * g + h < nck; ++h) {
-            const int64_t o = int64_t{pp} * kB + 2 * L * g + L * h;
-            _mm512_storeu_si512(PP + o, pair_words(p[0][h], p[1][h]));
-            _mm512_storeu_si512(DSP + o, pair_words(ds[0][h], ds[1][h]));
-          }
-          for (int r = 0; r < 2 && 2 * pp + r < nq; ++r)
-            _mm512_storeu_si512(DSr + (2 * pp + r) * (kB / 2) + L * g,
-                                (__m512i)_mm512_cvtne2ps_pbh(ds[r][1], ds[r][0]));
         }
       }
       // dV += P^T dO and dK += dS^T Q, prefetching the next query tile's dO and q row pairs.
