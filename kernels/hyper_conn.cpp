@@ -268,6 +268,13 @@ size_t hc_pre_bwd_workspace_floats(const HcShape& s) {
 
 namespace {
 
+// hc_post_bwd on tokens [t0, t1) (pointers at token 0): the AVX-512 loops or the baseline's.
+void post_bwd_tokens(int n, int64_t d, int64_t t0, int64_t t1, const float* x, const float* f, const float* post,
+                     const float* comb, const float* dout, float* dx, float* df, float* dpost, float* dcomb) {
+  if (cpu_isa() >= Isa::Avx512) cpu::hc_post_bwd_avx512(n, d, t0, t1, x, f, post, comb, dout, dx, df, dpost, dcomb);
+  else hc_baseline::post_bwd(n, d, t0, t1, x, f, post, comb, dout, dx, df, dpost, dcomb);
+}
+
 // hc_pre_bwd (next null: dx += the gradient, in place) or hc_pre_bwd_then_post (next set: dx is
 // read; each chunk's sum goes to a scratch of the thread, the post step's dout).
 void pre_bwd(const HcShape& s, const float* x, const float* fn, const float* base, const float* scale,
@@ -337,8 +344,7 @@ void pre_bwd(const HcShape& s, const float* x, const float* fn, const float* bas
     const HcPostBwd& p = *next;
     const float *px = p.x + t0 * K, *pf = p.f + t0 * d, *pp = p.post + t0 * n, *pc = p.comb + t0 * n * n;
     float *pdx = p.dx + t0 * K, *pdf = p.df + t0 * d, *pdp = p.dpost + t0 * n, *pdc = p.dcomb + t0 * n * n;
-    if (v512) cpu::hc_post_bwd_avx512(n, d, 0, tc, px, pf, pp, pc, dxc, pdx, pdf, pdp, pdc);
-    else hc_baseline::post_bwd(n, d, 0, tc, px, pf, pp, pc, dxc, pdx, pdf, pdp, pdc);
+    post_bwd_tokens(n, d, 0, tc, px, pf, pp, pc, dxc, pdx, pdf, pdp, pdc);
   };
   chunks_then_dfn(s, R, w, dmixs, x, dfn, chunk);
   reduce_base_scale(s, R, 3, dz, mix, dbase, dscale);
@@ -391,10 +397,8 @@ void hc_post_bwd(const HcShape& s, const float* x, const float* f, const float* 
   TREX_CHECK(x && f && post && comb && dout && dx && df && dpost && dcomb, "hc_post_bwd: null pointer");
   const int n = s.n;
   const int64_t d = s.d, K = n * d;
-  const bool v512 = cpu_isa() >= Isa::Avx512;
   parallel_for(s.N, std::max<int64_t>(1, 8192 / K), [&](int64_t t0, int64_t t1) {
-    if (v512) cpu::hc_post_bwd_avx512(n, d, t0, t1, x, f, post, comb, dout, dx, df, dpost, dcomb);
-    else hc_baseline::post_bwd(n, d, t0, t1, x, f, post, comb, dout, dx, df, dpost, dcomb);
+    post_bwd_tokens(n, d, t0, t1, x, f, post, comb, dout, dx, df, dpost, dcomb);
   });
 }
 

@@ -445,6 +445,16 @@ struct BwdRow {
   __m512i tsg, lo, hi;   // its segment; visible keys j satisfy lo < j < hi
 };
 
+// The backward's P = exp2(S c2 - lse2) and dS = P scale (dP - delta) of 16 keys of one query row,
+// zero on the lanes outside m (masked lanes may hold stale values: the mask clears even NaN).
+// Both of bwd_item's paths form them here, so they give the same bits.
+inline void p_and_ds(__m512 S, __m512 dP, __m512 Lv, __m512 dl, __m512 c2v, __m512 scv, __mmask16 m, __m512& p,
+                     __m512& ds) {
+  const __m512 e = V16::exp2(V16::fmsub(S, c2v, Lv));
+  p = V16::maskz(m, e);
+  ds = V16::maskz(m, V16::mul(V16::mul(e, scv), V16::sub(dP, dl)));
+}
+
 // A backward tile that every one of its query rows sees whole (no mask, no trim, no absent row):
 // S = Q K^T and dP = dO V^T in blocks of R <= kR rows x 32 keys held together in registers, then
 // P and dS formed and packed from there as bwd_item's general path does (the same operations, so
@@ -503,12 +513,8 @@ void whole_block(const WholeTile& a, int m0, int n0, int64_t lq0, int64_t lq1, i
   for (int r = 0; r < R; ++r) {
     const float l2 = a.lse2[m0 + r];
     const __m512 Lv = V16::set1(l2), dl = V16::set1(a.delta[m0 + r]);
-    for (int h = 0; h < 2; ++h) {
-      const __mmask16 m = l2 == kNegInf ? __mmask16(0) : mk[h];
-      const __m512 pv = V16::exp2(V16::fmsub(s[r][h], c2v, Lv));
-      const __m512 ds = V16::mul(V16::mul(pv, scv), V16::sub(d[r][h], dl));
-      s[r][h] = V16::maskz(m, pv), d[r][h] = V16::maskz(m, ds);
-    }
+    for (int h = 0; h < 2; ++h)
+      p_and_ds(s[r][h], d[r][h], Lv, dl, c2v, scv, l2 == kNegInf ? __mmask16(0) : mk[h], s[r][h], d[r][h]);
   }
 #pragma GCC unroll 4
   for (int q2 = 0; q2 < (R + 1) / 2; ++q2) {
@@ -660,16 +666,13 @@ void bwd_item(const BwdCtx& c, int bh, int split) {
               p = ds = V16::zero();
               return;
             }
-            p = V16::exp2(V16::fmsub(V16::loadu(x.pr + L * cj), c2v, x.Lv));
-            ds = V16::mul(V16::mul(p, scv), V16::sub(V16::loadu(x.dr + L * cj), x.dl));
             __mmask16 m = tail_mask(nk - L * cj);
             if (kind != 2) {
               const __m512i jv = V16::iota(L * cj);
               m = V16::mand(m, V16::mand(V16::gt(jv, x.lo), V16::gt(x.hi, jv)));
               if (segrow) m = V16::mand(m, V16::eq(V16::loadi(kseg + L * cj), x.tsg));
             }
-            // Masked lanes may hold stale values (trimmed columns): the mask clears even NaN.
-            p = V16::maskz(m, p), ds = V16::maskz(m, ds);
+            p_and_ds(V16::loadu(x.pr + L * cj), V16::loadu(x.dr + L * cj), x.Lv, x.dl, c2v, scv, m, p, ds);
           };
           for (int g = 0; g < ncw; ++g) {
             T p[2][2], ds[2][2];  // [row][chunk 2g + h]
