@@ -15,6 +15,7 @@
 #include "plan/context.h"
 #include "plan/planner.h"
 #include "plan/report.h"
+#include "train/preflight.h"
 
 namespace trex::cli {
 
@@ -69,6 +70,7 @@ void run_plan(const PlanOpts& o) {
                   "trex plan needs --model, --cluster and --devices");
   plan::ArchModel a = plan::resolve_model(o.model);
   plan::ClusterSpec s = plan::load_spec(o.cluster, o.calibration);
+  if (s.runs_trex) s.engine_memory = train::layout_memory;  // memory as trex train's start-up check counts it
   plan::Layout base = plan::parse_layout(o.layout, base_layout(o.model));
   std::unique_ptr<plan::Routing> routing;
   if (!o.routing.empty()) {

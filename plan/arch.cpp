@@ -396,10 +396,7 @@ ArchModel arch_from_v4(const model::ModelConfig& c, const std::string& name) {
   return a;
 }
 
-}  // namespace
-
-ArchModel arch_from_config(const model::ModelConfig& c, const std::string& name) {
-  if (c.is_v4()) return arch_from_v4(c, name);
+ArchModel arch_from_v3(const model::ModelConfig& c, const std::string& name) {
   ArchModel a;
   a.name = name;
   a.family = "deepseek_v3";
@@ -421,6 +418,14 @@ ArchModel arch_from_config(const model::ModelConfig& c, const std::string& name)
   a.mtp_block = v3_layer(last, c.num_hidden_layers - 1);
   a.mtp_extra_params = 2 * d * d + 2 * d;
   a.mtp_extra_matmul_params = 2 * d * d;
+  return a;
+}
+
+}  // namespace
+
+ArchModel arch_from_config(const model::ModelConfig& c, const std::string& name) {
+  ArchModel a = c.is_v4() ? arch_from_v4(c, name) : arch_from_v3(c, name);
+  a.config = std::make_shared<const model::ModelConfig>(c);
   return a;
 }
 

@@ -7,6 +7,7 @@
 // parallel split; "fwd" FLOPs are forward only (training = fwd + 2 x fwd for the backward).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 #include "model/config.h"
@@ -142,6 +143,9 @@ struct ArchModel {
   double final_norm_params = 0;  // held with the head: final norm (V4: + the hc_head stream collapse)
   double final_mix_params = 0;   // of which matmul weights a token goes through (V4 hc_head projection)
   bool tied_embeddings = false;
+  // The parsed config the figures come from (arch_from_config): what trex's own engine would
+  // build, for the memory of a cpu-this plan (plan/memory.h).
+  std::shared_ptr<const model::ModelConfig> config;
 
   int64_t n_layers() const { return (int64_t)layers.size(); }
   double total_params() const;   // all trained parameters (MTP modules excluded)

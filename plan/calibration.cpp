@@ -184,8 +184,11 @@ ClusterSpec cpu_spec_from_calibration(const Calibration& c) {
   s.peak_fp8 = 0;
   s.mem_bytes = c.mem_gb * 1e9 / r;
   s.mem_bw = c.mem_bw_gbs * 1e9 / r;
-  s.reserved_bytes = 0;
+  // The rest of a training process (runtime libraries, threads, scratch, heap): the allowance the
+  // start-up memory check adds (train/preflight.h kRuntimeBytes).
+  s.reserved_bytes = 512.0 * 1024 * 1024;
   s.activation_bytes = 4;  // trex's CPU engine saves its activations in f32
+  s.runs_trex = true;  // its memory: ClusterSpec::engine_memory where the CLI installs it
   s.replicated_f32_master = true;  // and keeps the f32 master on every data-parallel rank
   s.dp_reduce_temp = 1;            // OpenMPI's in-flight non-blocking reduce-scatter temporaries
   s.devices_per_node = c.ranks_per_node;

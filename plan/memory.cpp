@@ -68,6 +68,8 @@ MemoryReport plan_memory(const ArchModel& a, const ClusterSpec& s, const Layout&
   std::vector<ChunkContent> content;
   for (const Chunk& c : chunks) content.push_back(chunk_content(a, s, l, c));
   const int64_t m = l.micro_batches();
+  RankMemory engine;  // the engine's own count (every rank: the largest stage's), where it runs the layout
+  rep.engine = s.engine_memory && s.engine_memory(a, l, engine);
   const double dp = (double)l.dpcp(), edp = (double)l.edp();  // ZeRO shards: dense over dp x cp
   // bf16 weights, and f32 master + two moments; or (trex's CPU engine) the f32 master held
   // with the bf16 weights, only the moments in the optimizer state.
@@ -129,6 +131,10 @@ MemoryReport plan_memory(const ArchModel& a, const ClusterSpec& s, const Layout&
           mx = std::max(mx, L.dense_params / l.tp + L.expert_params / (double)(l.ep * l.etp));
         }
       rm.buffers += 2.0 * 2 * mx;
+    }
+    if (rep.engine) {
+      rm.params = engine.params, rm.grads = engine.grads, rm.optimizer = engine.optimizer;
+      rm.activations = engine.activations, rm.buffers = engine.buffers;
     }
     rep.ranks.push_back(rm);
   }

@@ -13,6 +13,11 @@
 //                and the routed SwiGLU output (SavedTensor::mlp)
 //   held in flight: 1F1B rank r min(pp - r, m) micro-batches; DualPipe (pp + 1) chunk's worth;
 //   the last stage adds one micro-batch of f32 logits [tokens, vocab].
+// A spec whose devices run trex (cpu-this, ClusterSpec::engine_memory installed): every rank's
+// parameters, gradients, optimizer state, activations and buffers are what trex train's start-up
+// memory check counts for the same run (train/preflight.h; its activations are the engine's
+// arena replayed on sizes, its parameters those of the engine's own tensors), so a plan that fits
+// is a run the check admits; the formulas above stay for layouts the engine does not run.
 #pragma once
 #include <vector>
 #include "plan/arch.h"
@@ -45,6 +50,7 @@ struct MemoryReport {
   int64_t worst = 0;              // rank with the largest total
   double usable = 0;              // device memory minus the runtime reserve
   bool fits = false;
+  bool engine = false;            // the figures of the engine's start-up check (ClusterSpec::engine_memory)
   // Activation bytes per token of one MoE layer (or the first layer) under none / selective /
   // full recompute, for the report.
   double act_per_token_layer[3] = {0, 0, 0};

@@ -68,10 +68,14 @@ std::string format_plan(const Plan& p) {
        params(r.expert_params / (double)(l.ep * l.etp)) + " expert parameters on this device)\n";
   o += "  gradients   " + gb(r.grads) + "\n";
   o += "  optimizer   " + gb(r.optimizer) + "\n";
-  o += "  activations " + gb(r.activations) + "   (" + fmt("%.1f", r.inflight) +
-       " micro-batches in flight; per token per layer: none " + fmt("%.0f", p.memory.act_per_token_layer[0] / 1e3) +
-       " KB, selective " + fmt("%.0f", p.memory.act_per_token_layer[1] / 1e3) + " KB, full " +
-       fmt("%.1f", p.memory.act_per_token_layer[2] / 1e3) + " KB)\n";
+  if (p.memory.engine)
+    o += "  activations " + gb(r.activations) + "   (" + fmt("%.1f", r.inflight) +
+         " micro-batches in flight; as trex train's start-up memory check counts them)\n";
+  else
+    o += "  activations " + gb(r.activations) + "   (" + fmt("%.1f", r.inflight) +
+         " micro-batches in flight; per token per layer: none " + fmt("%.0f", p.memory.act_per_token_layer[0] / 1e3) +
+         " KB, selective " + fmt("%.0f", p.memory.act_per_token_layer[1] / 1e3) + " KB, full " +
+         fmt("%.1f", p.memory.act_per_token_layer[2] / 1e3) + " KB)\n";
   o += "              by recompute mode, largest rank: none " + fmt("%.2f", p.activations_by_recompute[0] / 1e9) +
        ", selective " + fmt("%.2f", p.activations_by_recompute[1] / 1e9) + ", full " +
        fmt("%.2f", p.activations_by_recompute[2] / 1e9) + " GB\n";
@@ -154,6 +158,7 @@ json plan_to_json(const Plan& p) {
         {"overlap", {{"ep", l.overlap_ep}, {"tp", l.overlap_tp}, {"dp", l.overlap_dp}, {"pp", l.overlap_pp}}}}},
       {"memory",
        {{"fits", p.memory.fits}, {"usable_gb", p.memory.usable / 1e9}, {"peak_rank", p.memory.worst},
+        {"memory_from", p.memory.engine ? "engine_check" : "formula"},
         {"peak_total_gb", p.memory.peak().total() / 1e9},
         {"activations_gb_by_recompute",
          {{"none", p.activations_by_recompute[0] / 1e9}, {"selective", p.activations_by_recompute[1] / 1e9},

@@ -6,10 +6,15 @@
 // Units inside the program are SI: FLOP/s, bytes, bytes/s, seconds, watts, dollars.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 namespace trex::plan {
+
+struct ArchModel;
+struct Layout;
+struct RankMemory;
 
 // Fractions of a peak a class of work reaches on this device with the software at hand. These are
 // the only knobs the validation may tune (docs/PLAN.md says which and why).
@@ -92,6 +97,14 @@ struct ClusterSpec {
   // (ZeRO-1 shards the AdamW moments only, and the all-gather after the update moves f32); false:
   // the master is sharded with the moments and bf16 parameters are gathered (Megatron-Core).
   bool replicated_f32_master = false;
+  // true for cpu-this: the devices run trex's own engine.
+  bool runs_trex = false;
+  // The memory per device of a layout as the engine that runs it counts it: on cpu-this trex's
+  // start-up memory check (train::layout_memory, train/preflight.h), installed by the CLI, which
+  // sees the trainer. It fills a pipeline rank's parameters, gradients, optimizer state,
+  // activations and buffers, or returns false for a layout the engine does not run (the formulas
+  // of plan/memory.h then stand). Null: the formulas.
+  std::function<bool(const ArchModel&, const Layout&, RankMemory&)> engine_memory;
   // Share of the data-parallel gradient that the communication library copies while the bucket
   // reduce-scatters are in flight, per (dp-1)/dp of it: 1 for cpu-this (OpenMPI's non-blocking
   // in-place reduce-scatter works on a temporary, and trex keeps every bucket in flight until the

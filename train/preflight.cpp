@@ -163,6 +163,33 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks) {
   return e;
 }
 
+bool layout_memory(const plan::ArchModel& a, const plan::Layout& l, plan::RankMemory& out) {
+  if (!a.config || l.schedule != plan::Schedule::OneF1B || l.vp > 1 || l.etp > 1 ||
+      l.precision != plan::Precision::BF16 || l.zero > 2)
+    return false;
+  RunConfig rc;
+  rc.model = *a.config;
+  rc.data.seq_len = l.seq;
+  rc.train.batch_size = l.mbs;
+  rc.train.grad_accum = std::max<int64_t>(1, l.micro_batches());
+  rc.train.precision = kern::Prec::BF16;
+  rc.train.mtp_loss_weight = l.mtp && a.config->num_nextn_predict_layers > 0 ? 1.0 : 0.0;
+  rc.train.indexer_loss_weight = l.indexer_loss ? 1.0 : 0.0;
+  const bool sel = l.recompute == plan::Recompute::Selective;
+  rc.train.recompute = l.recompute == plan::Recompute::Full ? model::Recompute::Full
+                       : sel || l.recompute_mlp               ? model::Recompute::Selective
+                                                              : model::Recompute::None;
+  rc.train.recompute_modules = (sel ? model::kRecomputeMoe : 0u) |
+                               (l.recompute_mlp ? model::kRecomputeMoeAct | model::kRecomputeSharedExperts : 0u);
+  rc.parallel.dp = l.dp, rc.parallel.tp = l.tp, rc.parallel.cp = l.cp, rc.parallel.ep = l.ep, rc.parallel.pp = l.pp;
+  rc.parallel.sequence_parallel = l.tp > 1;
+  rc.parallel.zero_stage = std::max<int64_t>(1, l.zero);
+  const MemoryEstimate e = estimate_train_memory(rc, (int)l.world());
+  out.params = e.weights, out.grads = e.grads, out.optimizer = e.optimizer;
+  out.activations = e.activations, out.buffers = e.buffers;
+  return true;
+}
+
 model::TrainOptions train_options(const RunConfig& rc) {
   const TrainConfig& t = rc.train;
   return {t.aux_loss_alpha, t.mtp_loss_weight, t.recompute,        t.indexer_loss_weight,

@@ -25,6 +25,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include "plan/memory.h"
 #include "train/activation_estimate.h"
 #include "train/run_config.h"
 
@@ -59,6 +60,17 @@ double available_memory_bytes();
 
 // Peak resident set of this process so far (getrusage), bytes.
 double peak_rss_bytes();
+
+// The memory per device this check counts for a planner layout run on trex's own engine
+// (`trex plan --cluster cpu-this`: plan::ClusterSpec::engine_memory, installed by the CLI): the
+// run of a.config with batch_size = mbs, seq_len = seq, grad_accum = gbs / (mbs dp), bf16, the
+// layout's dp, tp (with sequence_parallel, as the planner assumes), cp, ep, pp and ZeRO stage, MTP
+// and the indexer loss trained where the layout says so, and its recompute as trex's: none, full,
+// selective = recompute_modules ["moe"] (the default), mlp = ["moe_act", "shared_experts"] (the
+// routed and shared experts' SwiGLU outputs), selective+mlp = all three. Every pipeline rank gets
+// the estimate's figures (the largest stage's). False, out untouched, for a layout the engine does
+// not run: no parsed config, DualPipe, vp > 1, etp > 1, a precision other than bf16, ZeRO-3.
+bool layout_memory(const plan::ArchModel& a, const plan::Layout& l, plan::RankMemory& out);
 
 // The selective recompute modules the memory refusal names first: the first of the model's module
 // sets, fastest first, whose estimate times local_ranks fits in `have` bytes, as the TOML value of
