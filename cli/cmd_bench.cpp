@@ -49,7 +49,7 @@ namespace trex::cli {
 
 namespace {
 
-double peak_rss_mb() { return train::peak_rss_bytes() / 1048576.0; }
+double peak_rss_mb() { return peak_rss_bytes() / 1048576.0; }
 
 // MPI when a launcher started this process (the context outlives the communicator).
 struct MaybeMpi {

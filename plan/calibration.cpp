@@ -94,6 +94,7 @@ Calibration parse_calibration(const json& j, const std::string& where) {
   if (j.contains("memory")) {
     c.mem_gb = num(j["memory"], "gb", c.mem_gb, "memory.");
     c.mem_bw_gbs = num(j["memory"], "bandwidth_gbs", c.mem_bw_gbs, "memory.");
+    c.mem_available_gb = num(j["memory"], "available_gb", 0, "memory.");
   }
   if (j.contains("efficiency")) {
     TREX_USER_CHECK(j["efficiency"].is_object(), hint, where, ": 'efficiency' must be an object");
@@ -151,7 +152,7 @@ json calibration_to_json(const Calibration& c) {
             {"threads", c.threads},
             {"ranks_per_node", c.ranks_per_node},
             {"peak", {{"bf16_gflops", c.bf16_gflops}, {"fp32_gflops", c.fp32_gflops}}},
-            {"memory", {{"gb", c.mem_gb}, {"bandwidth_gbs", c.mem_bw_gbs}}},
+            {"memory", {{"gb", c.mem_gb}, {"available_gb", c.mem_available_gb}, {"bandwidth_gbs", c.mem_bw_gbs}}},
             {"efficiency", json::object()},
             {"network",
              {{"intra_node_gbs", c.intra_node_gbs},
@@ -182,7 +183,8 @@ ClusterSpec cpu_spec_from_calibration(const Calibration& c) {
   s.note = c.note;
   s.peak_bf16 = c.bf16_gflops * 1e9 / r;
   s.peak_fp8 = 0;
-  s.mem_bytes = c.mem_gb * 1e9 / r;
+  // What a training process can take (MemAvailable when calibrated), as trex train's start-up check counts.
+  s.mem_bytes = (c.mem_available_gb > 0 ? std::min(c.mem_available_gb, c.mem_gb) : c.mem_gb) * 1e9 / r;
   s.mem_bw = c.mem_bw_gbs * 1e9 / r;
   // The rest of a training process (runtime libraries, threads, scratch, heap): the allowance the
   // start-up memory check adds (train/preflight.h kRuntimeBytes).

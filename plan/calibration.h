@@ -31,6 +31,9 @@ struct Calibration {
   int threads = 0, ranks_per_node = 1;
   double bf16_gflops = 0, fp32_gflops = 0;
   double mem_gb = 0, mem_bw_gbs = 0;
+  // Memory a process could take when calibrated (MemAvailable, at most mem_gb: what trex train's
+  // start-up check compares with); 0: not measured, mem_gb stands. The cpu-this device's memory.
+  double mem_available_gb = 0;
   std::map<std::string, double> efficiency;  // plan::Efficiency field name -> fraction
   double intra_node_gbs = 0, intra_node_latency_us = 0, inter_node_gbs = 0, inter_node_latency_us = 0;
   double price_per_device_hour = 0, power_w = 0;

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 #include "core/cpu.h"
+#include "core/host_memory.h"
 #include "core/parallel.h"
 #include "core/rng.h"
 #include "core/timer.h"
@@ -272,7 +273,8 @@ Calibration measure_calibration(double seconds) {
   c.isa = isa_name(cpu_isa());
   c.threads = num_threads();
   c.ranks_per_node = 1;
-  c.mem_gb = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGE_SIZE) / 1e9;
+  c.mem_gb = machine_memory_bytes() / 1e9;
+  c.mem_available_gb = available_memory_bytes() / 1e9;
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   c.machine = std::string(host) + " (" + std::to_string(c.threads) + " threads)";

@@ -1,7 +1,5 @@
 #include "train/preflight.h"
 
-#include <sys/resource.h>
-#include <unistd.h>
 #include <algorithm>
 #include <cstring>
 #include <cstdio>
@@ -28,18 +26,6 @@ std::string gib_str(double b) {
   char s[32];
   std::snprintf(s, sizeof s, "%.2f GiB", gib(b));
   return s;
-}
-
-// A number from the first line of a file, or -1.
-double read_number(const char* path) {
-  std::ifstream f(path);
-  std::string s;
-  if (!(f >> s) || s == "max") return -1;
-  try {
-    return std::stod(s);
-  } catch (...) {
-    return -1;
-  }
 }
 
 // The parameters of the largest block whose backward writes its gradients at once: a layer
@@ -194,39 +180,6 @@ model::TrainOptions train_options(const RunConfig& rc) {
   const TrainConfig& t = rc.train;
   return {t.aux_loss_alpha, t.mtp_loss_weight, t.recompute,        t.indexer_loss_weight,
           t.indexer_stage,  t.indexer_recall,  t.recompute_modules};
-}
-
-namespace {
-double meminfo_bytes(const std::string& field) {  // a /proc/meminfo field ("MemTotal:"), or -1
-  std::ifstream f("/proc/meminfo");
-  std::string key, unit;
-  double kb;
-  while (f >> key >> kb >> unit)
-    if (key == field) return kb * 1024;
-  return -1;
-}
-}  // namespace
-
-double machine_memory_bytes() {
-  double total = meminfo_bytes("MemTotal:");
-  if (total <= 0) total = (double)::sysconf(_SC_PHYS_PAGES) * (double)::sysconf(_SC_PAGESIZE);
-  for (const char* p : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
-    const double lim = read_number(p);
-    if (lim > 0 && lim < total) total = lim;
-  }
-  return std::max(total, 0.0);
-}
-
-double available_memory_bytes() {
-  const double total = machine_memory_bytes(), avail = meminfo_bytes("MemAvailable:");
-  if (avail <= 0) return total;
-  return std::clamp(avail, 0.0, total);
-}
-
-double peak_rss_bytes() {
-  struct rusage u {};
-  ::getrusage(RUSAGE_SELF, &u);
-  return (double)u.ru_maxrss * 1024.0;  // Linux: kilobytes
 }
 
 std::string fitting_recompute_modules(const RunConfig& rc, int ranks, int local_ranks, double have) {

@@ -25,6 +25,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include "core/host_memory.h"
 #include "plan/memory.h"
 #include "train/activation_estimate.h"
 #include "train/run_config.h"
@@ -49,17 +50,6 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks);
 // model with, and so what the estimate counts.
 model::TrainOptions train_options(const RunConfig& rc);
 
-// Physical memory of this machine as this process sees it: min(MemTotal, cgroup v2 memory.max /
-// v1 memory.limit_in_bytes); 0 if unknown.
-double machine_memory_bytes();
-
-// Memory a new allocation can take now without swapping: MemAvailable (free memory and the
-// reclaimable caches; the kernel and other processes hold the rest), at most
-// machine_memory_bytes(); machine_memory_bytes() where MemAvailable is unknown.
-double available_memory_bytes();
-
-// Peak resident set of this process so far (getrusage), bytes.
-double peak_rss_bytes();
 
 // The memory per device this check counts for a planner layout run on trex's own engine
 // (`trex plan --cluster cpu-this`: plan::ClusterSpec::engine_memory, installed by the CLI): the

@@ -156,3 +156,18 @@ TEST(PlanEngineMemory, LongestContextIsWhatTheCheckAdmits) {
     }
   }
 }
+
+// The cpu-this device's memory is what a process could take when the machine was calibrated
+// (memory.available_gb: MemAvailable, what the check compares with), not the physical total; a
+// calibration without it keeps memory.gb. `trex bench calibrate` writes both, and they round-trip.
+TEST(PlanEngineMemory, DeviceMemoryIsTheAvailable) {
+  json j = {{"version", 1}, {"peak", {{"bf16_gflops", 150.0}}}, {"memory", {{"gb", 64.0}, {"bandwidth_gbs", 20.0}}}};
+  EXPECT_DOUBLE_EQ(plan::cpu_spec_from_calibration(plan::parse_calibration(j, "cal.json")).mem_bytes, 64e9);
+  j["memory"]["available_gb"] = 61.5;
+  const plan::Calibration c = plan::parse_calibration(j, "cal.json");
+  EXPECT_DOUBLE_EQ(plan::cpu_spec_from_calibration(c).mem_bytes, 61.5e9);
+  const plan::Calibration back = plan::parse_calibration(plan::calibration_to_json(c), "back.json");
+  EXPECT_DOUBLE_EQ(back.mem_available_gb, 61.5);
+  j["memory"]["available_gb"] = 70.0;  // never above the machine's memory
+  EXPECT_DOUBLE_EQ(plan::cpu_spec_from_calibration(plan::parse_calibration(j, "cal.json")).mem_bytes, 64e9);
+}

@@ -99,7 +99,7 @@ TEST(Preflight, EstimateParts) {
   EXPECT_NEAR(train::estimate_train_memory(rc, 1).activations, 2 * e1.activations, 0.02 * e1.activations);
   rc.train.precision = kern::Prec::F32;
   EXPECT_DOUBLE_EQ(train::estimate_train_memory(rc, 1).weights, 4 * P);
-  EXPECT_GT(train::machine_memory_bytes(), 0);
+  EXPECT_GT(machine_memory_bytes(), 0);
 }
 
 // ZeRO-2 (parallel.zero_stage = 2): a rank holds its shard of the gradients, the accumulator's
@@ -191,9 +191,9 @@ TEST(Preflight, RanksOnOneMachineShareItsMemory) {
             {"qk_nope_head_dim", 16}, {"qk_rope_head_dim", 8}, {"v_head_dim", 16}};
   json j = {{"model", mc}, {"data", {{"seq_len", 4096}}}, {"train", {{"batch_size", 1}}}};
   const train::RunConfig rc = train::parse_run_config(j, "run.toml");
-  const double one = train::estimate_train_memory(rc, 1).total(), have = train::available_memory_bytes();
+  const double one = train::estimate_train_memory(rc, 1).total(), have = available_memory_bytes();
   ASSERT_GT(have, 0);
-  EXPECT_LE(have, train::machine_memory_bytes());
+  EXPECT_LE(have, machine_memory_bytes());
   // Ranks that fit now; halved and doubled, as other processes' memory moves while tests run.
   const int fit = (int)(have / one);
   ASSERT_GE(fit, 2) << "one rank of the test model needs " << one << " bytes; " << have << " available";
@@ -218,7 +218,7 @@ TEST(Preflight, RefusalNamesZero2WhenItFits) {
   const int ranks = 64;
   const double one = train::estimate_train_memory(rc, ranks).total(), two = train::estimate_train_memory(r2, ranks).total();
   ASSERT_LT(two, 0.8 * one);  // the gradients and the MPI copies of every bucket: most of the model's memory
-  const double have = train::available_memory_bytes();
+  const double have = available_memory_bytes();
   ASSERT_GT(have, 0);
   // Ranks on this machine for which ZeRO-1 does not fit and ZeRO-2 does (a margin of 5% of the
   // memory on both sides, as other processes' memory moves while tests run).
