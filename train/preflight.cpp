@@ -151,7 +151,7 @@ MemoryEstimate estimate_train_memory(const RunConfig& rc, int ranks) {
 
 bool layout_memory(const plan::ArchModel& a, const plan::Layout& l, plan::RankMemory& out) {
   if (!a.config || l.schedule != plan::Schedule::OneF1B || l.vp > 1 || l.etp > 1 ||
-      l.precision != plan::Precision::BF16 || l.zero > 2)
+      l.precision != plan::Precision::BF16 || l.zero < 1 || l.zero > 2)
     return false;
   RunConfig rc;
   rc.model = *a.config;
@@ -169,7 +169,7 @@ bool layout_memory(const plan::ArchModel& a, const plan::Layout& l, plan::RankMe
                                (l.recompute_mlp ? model::kRecomputeMoeAct | model::kRecomputeSharedExperts : 0u);
   rc.parallel.dp = l.dp, rc.parallel.tp = l.tp, rc.parallel.cp = l.cp, rc.parallel.ep = l.ep, rc.parallel.pp = l.pp;
   rc.parallel.sequence_parallel = l.tp > 1;
-  rc.parallel.zero_stage = std::max<int64_t>(1, l.zero);
+  rc.parallel.zero_stage = l.zero;
   const MemoryEstimate e = estimate_train_memory(rc, (int)l.world());
   out.params = e.weights, out.grads = e.grads, out.optimizer = e.optimizer;
   out.activations = e.activations, out.buffers = e.buffers;

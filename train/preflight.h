@@ -59,7 +59,7 @@ model::TrainOptions train_options(const RunConfig& rc);
 // selective = recompute_modules ["moe"] (the default), mlp = ["moe_act", "shared_experts"] (the
 // routed and shared experts' SwiGLU outputs), selective+mlp = all three. Every pipeline rank gets
 // the estimate's figures (the largest stage's). False, out untouched, for a layout the engine does
-// not run: no parsed config, DualPipe, vp > 1, etp > 1, a precision other than bf16, ZeRO-3.
+// not run: no parsed config, DualPipe, vp > 1, etp > 1, a precision other than bf16, ZeRO 0 or 3.
 bool layout_memory(const plan::ArchModel& a, const plan::Layout& l, plan::RankMemory& out);
 
 // The selective recompute modules the memory refusal names first: the first of the model's module

@@ -115,15 +115,15 @@ TEST(PlanEngineMemory, CpuThisIsTheStartupCheck) {
   EXPECT_EQ(checked, 60);  // 75 less tp 3 on V3 / V3.2 (50 dense columns) and ep 5 on V3.2 (6 experts)
 }
 
-// Layouts trex's engine does not run keep the planner's formulas: DualPipe, interleaved stages,
-// expert tensor parallel.
+// Layouts trex's engine does not run keep the planner's formulas: DualPipe, expert tensor
+// parallel, ZeRO 0 and 3.
 TEST(PlanEngineMemory, OtherLayoutsKeepTheFormulas) {
   const plan::ClusterSpec s = cpu_this();
   const train::RunConfig rc = run_of(models()[2].cfg, 1, 90, "none");
   const plan::ArchModel a = plan::arch_from_config(rc.model, "tiny_v4");
   const plan::Layout base = layout_of(rc, "none", 1);
   EXPECT_TRUE(plan::plan_memory(a, s, base).engine);
-  for (const char* extra : {"pp=3,schedule=dualpipe", "dp=5,ep=5,etp=3,tp=3"}) {
+  for (const char* extra : {"pp=3,schedule=dualpipe", "dp=5,ep=5,etp=3,tp=3", "zero=0", "zero=3"}) {
     plan::Layout l = plan::parse_layout(extra, base);
     EXPECT_FALSE(plan::plan_memory(a, s, l).engine) << extra;
   }
