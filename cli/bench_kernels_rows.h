@@ -9,6 +9,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <new>
 #include <string>
 #include <vector>
 #include "core/dtype.h"
@@ -22,17 +23,35 @@ using Runner = std::function<void()>;
 // snprintf into a std::string (shapes, notes).
 std::string fmt(const char* f, ...);
 
-// Operands of one row: allocated right before it is timed, freed after. Values uniform in
-// [-amp, amp) from (seed, index), filled in parallel; seed 0 gives zeros.
+// Storage on 64-byte boundaries, as the step's activation arena hands out (core/stack_arena.h), so
+// that kernels whose path depends on alignment (rows streamed past the caches where they start on a
+// cache line) take the step's path here too.
+template <class T>
+struct Aligned64 {
+  using value_type = T;
+  Aligned64() = default;
+  template <class U>
+  Aligned64(const Aligned64<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64})); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
+  template <class U>
+  bool operator==(const Aligned64<U>&) const {
+    return true;
+  }
+};
+
+// Operands of one row: allocated right before it is timed, freed after, each on a 64-byte
+// boundary (Aligned64). Values uniform in [-amp, amp) from (seed, index), filled in parallel; seed
+// 0 gives zeros.
 class Bufs {
  public:
   float* f(int64_t n, uint64_t seed = 0, float amp = 1.f) {
-    std::vector<float>& v = f_.emplace_back(std::max<int64_t>(n, 1), 0.f);
+    Vec<float>& v = f_.emplace_back(std::max<int64_t>(n, 1), 0.f);
     if (seed) fill(n, seed, [&](int64_t i, float x) { v[i] = amp * x; });
     return v.data();
   }
   bf16* b(int64_t n, uint64_t seed) {
-    std::vector<bf16>& v = b_.emplace_back(std::max<int64_t>(n, 1));
+    Vec<bf16>& v = b_.emplace_back(std::max<int64_t>(n, 1));
     fill(n, seed, [&](int64_t i, float x) { v[i] = f32_to_bf16(x); });
     return v.data();
   }
@@ -50,10 +69,12 @@ class Bufs {
       }
     });
   }
-  std::deque<std::vector<float>> f_;
-  std::deque<std::vector<bf16>> b_;
-  std::deque<std::vector<int32_t>> i_;
-  std::deque<std::vector<int64_t>> l_;
+  template <class T>
+  using Vec = std::vector<T, Aligned64<T>>;
+  std::deque<Vec<float>> f_;
+  std::deque<Vec<bf16>> b_;
+  std::deque<Vec<int32_t>> i_;
+  std::deque<Vec<int64_t>> l_;
 };
 
 // One row: a kernel at one shape, with its calls per step and, once timed, its ms per call.
