@@ -9,9 +9,9 @@
 #include <deque>
 #include <functional>
 #include <map>
-#include <new>
 #include <string>
 #include <vector>
+#include "core/aligned.h"
 #include "core/dtype.h"
 #include "core/parallel.h"
 #include "model/config.h"
@@ -23,25 +23,9 @@ using Runner = std::function<void()>;
 // snprintf into a std::string (shapes, notes).
 std::string fmt(const char* f, ...);
 
-// Storage on 64-byte boundaries, as the step's activation arena hands out (core/stack_arena.h), so
-// that kernels whose path depends on alignment (rows streamed past the caches where they start on a
-// cache line) take the step's path here too.
-template <class T>
-struct Aligned64 {
-  using value_type = T;
-  Aligned64() = default;
-  template <class U>
-  Aligned64(const Aligned64<U>&) {}
-  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64})); }
-  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
-  template <class U>
-  bool operator==(const Aligned64<U>&) const {
-    return true;
-  }
-};
-
 // Operands of one row: allocated right before it is timed, freed after, each on a 64-byte
-// boundary (Aligned64). Values uniform in [-amp, amp) from (seed, index), filled in parallel; seed
+// boundary (aligned_vector, as the step's activation arena hands out rows: kernels whose path
+// depends on alignment take the step's path here too). Values uniform in [-amp, amp) from (seed, index), filled in parallel; seed
 // 0 gives zeros.
 class Bufs {
  public:
@@ -70,7 +54,7 @@ class Bufs {
     });
   }
   template <class T>
-  using Vec = std::vector<T, Aligned64<T>>;
+  using Vec = aligned_vector<T>;
   std::deque<Vec<float>> f_;
   std::deque<Vec<bf16>> b_;
   std::deque<Vec<int32_t>> i_;

@@ -37,6 +37,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/aligned.h"
 #include "core/parallel.h"
 #include "kernels/cpu/kernel_scratch.h"
 #include "kernels/cpu/sparse_attn_avx512.h"
@@ -182,8 +183,9 @@ struct Work {
   int H, D;
   int64_t Hp, DP, DPW, Dw, XW, Lmax, LP;
   float scale;
-  std::vector<W32> qrow, qT, dOT, PwT, SwT, kvp, Xw, Yp;
-  std::vector<float> S, dP, xt, ob;
+  // On cache lines (aligned_vector): the GEMMs' 64-byte B rows and C rows never straddle two.
+  aligned_vector<W32> qrow, qT, dOT, PwT, SwT, kvp, Xw, Yp;
+  aligned_vector<float> S, dP, xt, ob;
   std::vector<const W32*> rows;
   std::vector<float*> crow;
   std::vector<float> inv_h;  // [H] 1 / the softmax's sum (the forward)
@@ -322,8 +324,8 @@ int64_t max_keys(int64_t N, const int64_t* off) {
 }
 
 // kv [M, D] -> kvw [M, DPW] (pairs along D).
-std::vector<W32> pack_kv(const float* kv, int64_t M, int D, int64_t DPW) {
-  std::vector<W32> w(M * DPW);
+aligned_vector<W32> pack_kv(const float* kv, int64_t M, int D, int64_t DPW) {
+  aligned_vector<W32> w(M * DPW);
   parallel_for(M, 256, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) pack_row(w.data() + r * DPW, DPW, kv + r * D, D);
   });
@@ -337,7 +339,7 @@ void sparse_attn_fwd_avx512bf16(const SparseAttnShape& sh, const float* q, const
                                 const float* sink, float* o, float* lse) {
   const int H = sh.H, D = sh.D;
   const int64_t HD = int64_t{H} * D, lmax = max_keys(sh.N, off);
-  const std::vector<W32> kvw = pack_kv(kv, M, D, round16(pairs_of(D)));
+  const aligned_vector<W32> kvw = pack_kv(kv, M, D, round16(pairs_of(D)));
   parallel_for(sh.N, 1, [&](int64_t i0, int64_t i1) {
     const FlushDenormals ftz;
     Work w(sh, lmax, false);
@@ -372,7 +374,7 @@ void sparse_attn_bwd_avx512bf16(const SparseAttnShape& sh, const float* q, const
   const int H = sh.H, D = sh.D;
   const int64_t N = sh.N, C = sparse_attn_bwd_chunks(N), HD = int64_t{H} * D;
   const int64_t Hp = round16(H), lmax = max_keys(N, off);
-  const std::vector<W32> kvw = pack_kv(kv, M, D, round16(pairs_of(D)));
+  const aligned_vector<W32> kvw = pack_kv(kv, M, D, round16(pairs_of(D)));
   float* part = workspace;                     // [C - 1, M, D]: chunks 1.. (0 uses dkv)
   float* sinkp = workspace + (C - 1) * M * D;  // [C, Hp]
   std::vector<int64_t> lo(C, 0), hi(C, -1);    // row range each chunk touches
