@@ -19,6 +19,7 @@
 #include <cstring>
 #include <limits>
 #include <vector>
+#include "core/aligned.h"
 #include "core/parallel.h"
 #include "kernels/cpu/indexer_avx512bf16.h"
 #include "kernels/cpu/indexer_score_avx512.h"
@@ -131,7 +132,7 @@ void indexer_topk_avx512(const IndexerShape& sh, const float* q, const float* k,
   {
     float* row = rows + omp_get_thread_num() * nwp;
     const int64_t P = indexer_pairs(sh.dI);
-    std::vector<uint32_t> qp(bf16 ? sh.nh * P : 0);  // the query's bf16 pair words
+    aligned_vector<uint32_t> qp(bf16 ? sh.nh * P : 0);  // the query's bf16 pair words
 #pragma omp for schedule(dynamic, 4)
     for (int64_t bt = 0; bt < nq; ++bt) {
       const int64_t b = bt / sh.T, nv = indexer_valid_count(pos[bt], sh.m, nw);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <vector>
+#include "core/aligned.h"
 #include "core/parallel.h"
 #include "kernels/cpu/simd_avx512.h"
 
@@ -112,7 +113,7 @@ void rmsnorm_bwd_avx512(const float* dy, const float* x, int64_t N, int64_t d, c
   const int64_t nch = (N + rows - 1) / rows;
   const int64_t ld = (d + 15) / 16 * 16;
   // Bounded scratch of the calling thread (at most kChunks x d floats), reused across calls.
-  thread_local std::vector<float> scratch;
+  thread_local aligned_vector<float> scratch;  // rows of ld floats on cache lines
   if (scratch.size() < static_cast<size_t>(nch * ld)) scratch.resize(static_cast<size_t>(nch * ld));
   float* part = scratch.data();
   parallel_dynamic(nch, [&](int64_t c) {
