@@ -23,7 +23,7 @@ namespace {
 // A run of `model` as trex train reads it: bf16, B rows of T tokens, MTP trained where the model
 // has MTP blocks, the layout's recompute and parallel sizes.
 train::RunConfig run_of(const json& model, int64_t B, int64_t T, const std::string& recompute, int64_t cp = 1,
-                        int64_t tp = 1, int64_t ep = 1) {
+                        int64_t tp = 1, int64_t ep = 1, int64_t pp = 1) {
   json j = {{"model", model},
             {"data", {{"seq_len", T}}},
             {"train",
@@ -31,7 +31,7 @@ train::RunConfig run_of(const json& model, int64_t B, int64_t T, const std::stri
               {"precision", "bf16"},
               {"recompute", recompute == "mlp" || recompute == "selective+mlp" ? "selective" : recompute},
               {"mtp_loss_weight", model.value("num_nextn_predict_layers", 0) > 0 ? 0.3 : 0.0}}},
-            {"parallel", {{"cp", cp}, {"tp", tp}, {"ep", ep}, {"sequence_parallel", tp > 1}}}};
+            {"parallel", {{"cp", cp}, {"tp", tp}, {"ep", ep}, {"pp", pp}, {"sequence_parallel", tp > 1}}}};
   if (recompute == "mlp") j["train"]["recompute_modules"] = {"moe_act", "shared_experts"};
   if (recompute == "selective+mlp") j["train"]["recompute_modules"] = {"moe", "moe_act", "shared_experts"};
   return train::parse_run_config(j, "run.toml");
@@ -40,6 +40,7 @@ train::RunConfig run_of(const json& model, int64_t B, int64_t T, const std::stri
 plan::Layout layout_of(const train::RunConfig& rc, const std::string& recompute, int64_t dp) {
   const auto& p = rc.parallel;
   const std::string s = "dp=" + std::to_string(dp) + ",cp=" + std::to_string(p.cp) + ",tp=" + std::to_string(p.tp) +
+                        ",pp=" + std::to_string(p.pp) +
                         ",ep=" + std::to_string(p.ep) + ",mbs=" + std::to_string(rc.train.batch_size) +
                         ",gbs=" + std::to_string(rc.train.batch_size * dp) + ",seq=" + std::to_string(rc.data.seq_len) +
                         ",recompute=" + recompute + ",mtp=" + (rc.train.mtp_loss_weight > 0 ? "1" : "0");
@@ -68,25 +69,27 @@ std::vector<Model> models() {
 
 // The planner's layout against the run config a user writes for it: recompute none / selective /
 // full / mlp / selective+mlp, context parallel 2 and 3 (rows of 132 tokens: chunks of 33 and 22),
-// tensor parallel 3 (sequence parallel), expert parallel 5 over dp 5, where the model allows
-// them; every part of every pipeline rank equal to the check's estimate.
+// tensor parallel 3 (sequence parallel), expert parallel 5 over dp 5, pipeline parallel 2 (stages
+// of 2 and 1 layers), where the model allows them; every part of every pipeline rank equal to the
+// check's estimate (the largest stage's).
 TEST(PlanEngineMemory, CpuThisIsTheStartupCheck) {
   const plan::ClusterSpec s = cpu_this();
   ASSERT_TRUE(s.runs_trex);
   EXPECT_DOUBLE_EQ(s.reserved_bytes, train::kRuntimeBytes);  // the check's allowance for the rest of the process
   struct Par {
-    int64_t cp, tp, ep, dp;
+    int64_t cp, tp, ep, dp, pp;
   };
   int checked = 0;
   for (const Model& m : models())
     for (const char* rec : {"none", "selective", "full", "mlp", "selective+mlp"})
-      for (const Par& p : {Par{1, 1, 1, 1}, Par{2, 1, 1, 1}, Par{3, 1, 1, 1}, Par{1, 3, 1, 1}, Par{1, 1, 5, 5}}) {
+      for (const Par& p : {Par{1, 1, 1, 1, 1}, Par{2, 1, 1, 1, 1}, Par{3, 1, 1, 1, 1}, Par{1, 3, 1, 1, 1},
+                           Par{1, 1, 5, 5, 1}, Par{1, 1, 1, 1, 2}}) {
         const std::string what = std::string(m.name) + " recompute " + rec + " cp " + std::to_string(p.cp) + " tp " +
-                                 std::to_string(p.tp) + " ep " + std::to_string(p.ep);
-        const int64_t ranks = p.dp * p.cp * p.tp;
+                                 std::to_string(p.tp) + " ep " + std::to_string(p.ep) + " pp " + std::to_string(p.pp);
+        const int64_t ranks = p.dp * p.cp * p.tp * p.pp;
         train::RunConfig rc;
         try {
-          rc = run_of(m.cfg, 2, 132, rec, p.cp, p.tp, p.ep);
+          rc = run_of(m.cfg, 2, 132, rec, p.cp, p.tp, p.ep, p.pp);
           (void)train::resolve_parallel(rc, (int)ranks);
         } catch (const UserError&) {
           continue;  // a layout the engine refuses for this model (heads, experts, dense columns)
@@ -112,7 +115,7 @@ TEST(PlanEngineMemory, CpuThisIsTheStartupCheck) {
         EXPECT_DOUBLE_EQ(r.peak().total() + s.reserved_bytes, e.total()) << what;
         ++checked;
       }
-  EXPECT_EQ(checked, 60);  // 75 less tp 3 on V3 / V3.2 (50 dense columns) and ep 5 on V3.2 (6 experts)
+  EXPECT_EQ(checked, 75);  // 90 less tp 3 on V3 / V3.2 (50 dense columns) and ep 5 on V3.2 (6 experts)
 }
 
 // Layouts trex's engine does not run keep the planner's formulas: DualPipe, expert tensor
