@@ -5,6 +5,13 @@
 
 namespace trex {
 
+// The rest of a training process, outside its weights, gradients, optimizer state, activations and
+// buffers: the runtime libraries (oneDNN, OpenMP, MPI), thread stacks, the kernels' per-thread
+// scratch and the heap (RELIABILITY.md: at most 0.3 GiB measured on the bench configs up to 65536
+// tokens). trex train's start-up check adds it (train/preflight.h); `trex plan` reserves it on
+// cpu-this (plan/calibration.cpp).
+inline constexpr double kRuntimeBytes = 512.0 * 1024 * 1024;
+
 // Physical memory of this machine as this process sees it: min(MemTotal, cgroup v2 memory.max /
 // v1 memory.limit_in_bytes); 0 if unknown.
 double machine_memory_bytes();

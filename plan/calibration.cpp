@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include "core/error.h"
+#include "core/host_memory.h"
 
 namespace trex::plan {
 
@@ -186,9 +187,7 @@ ClusterSpec cpu_spec_from_calibration(const Calibration& c) {
   // What a training process can take (MemAvailable when calibrated), as trex train's start-up check counts.
   s.mem_bytes = (c.mem_available_gb > 0 ? std::min(c.mem_available_gb, c.mem_gb) : c.mem_gb) * 1e9 / r;
   s.mem_bw = c.mem_bw_gbs * 1e9 / r;
-  // The rest of a training process (runtime libraries, threads, scratch, heap): the allowance the
-  // start-up memory check adds (train/preflight.h kRuntimeBytes).
-  s.reserved_bytes = 512.0 * 1024 * 1024;
+  s.reserved_bytes = kRuntimeBytes;  // the rest of a training process, as the start-up check counts it
   s.activation_bytes = 4;  // trex's CPU engine saves its activations in f32
   s.runs_trex = true;  // its memory: ClusterSpec::engine_memory where the CLI installs it
   s.replicated_f32_master = true;  // and keeps the f32 master on every data-parallel rank

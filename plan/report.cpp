@@ -68,14 +68,12 @@ std::string format_plan(const Plan& p) {
        params(r.expert_params / (double)(l.ep * l.etp)) + " expert parameters on this device)\n";
   o += "  gradients   " + gb(r.grads) + "\n";
   o += "  optimizer   " + gb(r.optimizer) + "\n";
-  if (p.memory.engine)
-    o += "  activations " + gb(r.activations) + "   (" + fmt("%.1f", r.inflight) +
-         " micro-batches in flight; as trex train's start-up memory check counts them)\n";
-  else
-    o += "  activations " + gb(r.activations) + "   (" + fmt("%.1f", r.inflight) +
-         " micro-batches in flight; per token per layer: none " + fmt("%.0f", p.memory.act_per_token_layer[0] / 1e3) +
-         " KB, selective " + fmt("%.0f", p.memory.act_per_token_layer[1] / 1e3) + " KB, full " +
-         fmt("%.1f", p.memory.act_per_token_layer[2] / 1e3) + " KB)\n";
+  o += "  activations " + gb(r.activations) + "   (" + fmt("%.1f", r.inflight) + " micro-batches in flight; " +
+       (p.memory.engine ? std::string("as trex train's start-up memory check counts them")
+                        : "per token per layer: none " + fmt("%.0f", p.memory.act_per_token_layer[0] / 1e3) +
+                              " KB, selective " + fmt("%.0f", p.memory.act_per_token_layer[1] / 1e3) + " KB, full " +
+                              fmt("%.1f", p.memory.act_per_token_layer[2] / 1e3) + " KB") +
+       ")\n";
   o += "              by recompute mode, largest rank: none " + fmt("%.2f", p.activations_by_recompute[0] / 1e9) +
        ", selective " + fmt("%.2f", p.activations_by_recompute[1] / 1e9) + ", full " +
        fmt("%.2f", p.activations_by_recompute[2] / 1e9) + " GB\n";

@@ -20,7 +20,7 @@
 //               of batch_size x seq_len tokens: activation_peak_bytes (train/activation_estimate.h)
 //   buffers     data parallel: the planner's (plan/memory.h) copies of the in-flight buckets
 //               (ZeRO-2: of the 2 buckets it keeps in flight)
-//   runtime     kRuntimeBytes: libraries, threads, per-thread scratch, heap
+//   runtime     kRuntimeBytes (core/host_memory.h): libraries, threads, per-thread scratch, heap
 // It is checked against measured peak RSS in RELIABILITY.md.
 #pragma once
 #include <cstdint>
@@ -31,11 +31,6 @@
 #include "train/run_config.h"
 
 namespace trex::train {
-
-// The rest of a training process, outside the parts above: the runtime libraries (oneDNN,
-// OpenMP, MPI), thread stacks, the kernels' per-thread scratch and the heap (RELIABILITY.md: at
-// most 0.3 GiB measured on the bench configs up to 65536 tokens).
-inline constexpr double kRuntimeBytes = 512.0 * 1024 * 1024;
 
 struct MemoryEstimate {
   double weights = 0, grads = 0, optimizer = 0, activations = 0;

@@ -75,7 +75,7 @@ std::vector<Model> models() {
 TEST(PlanEngineMemory, CpuThisIsTheStartupCheck) {
   const plan::ClusterSpec s = cpu_this();
   ASSERT_TRUE(s.runs_trex);
-  EXPECT_DOUBLE_EQ(s.reserved_bytes, train::kRuntimeBytes);  // the check's allowance for the rest of the process
+  EXPECT_DOUBLE_EQ(s.reserved_bytes, kRuntimeBytes);  // the check's allowance for the rest of the process
   struct Par {
     int64_t cp, tp, ep, dp, pp;
   };
